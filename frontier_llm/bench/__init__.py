@@ -1,0 +1,1 @@
+"""The distributed GPT training benchmark that runs inside each job and writes a trace."""

@@ -1,0 +1,68 @@
+"""Pieces shared by the command modules: how a command is declared, common options, output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import pandas as pd
+
+
+def add_command(
+    sub: argparse._SubParsersAction,
+    name: str,
+    summary: str,
+    description: str,
+    examples: list[str],
+    parents: list[argparse.ArgumentParser] | None = None,
+) -> argparse.ArgumentParser:
+    """Declare a command whose --help says what it does and shows examples."""
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=description,
+        epilog="examples:\n" + "\n".join(f"  {e}" for e in examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=parents or [],
+    )
+
+
+def db_parent() -> argparse.ArgumentParser:
+    """``--db URL`` for every command that touches the results database."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument(
+        "--db",
+        metavar="URL",
+        default=None,
+        help="database URL (sqlite:///PATH or postgresql://...); default: $FLM_DB, "
+        "else sqlite:///flm.db in the working directory",
+    )
+    return p
+
+
+def add_format(parser: argparse.ArgumentParser, choices: tuple[str, ...] = ("table", "csv", "json"),
+               default: str = "table") -> None:
+    parser.add_argument("--format", choices=choices, default=default,
+                        help=f"output format (default: {default})")
+
+
+def emit_frame(df: pd.DataFrame, fmt: str, out=None) -> None:
+    """Print a DataFrame as an aligned table, CSV or JSON records."""
+    out = out or sys.stdout
+    if fmt == "csv":
+        df.to_csv(out, index=False)
+    elif fmt == "json":
+        out.write(df.to_json(orient="records", indent=1) + "\n")
+    else:
+        if df.empty:
+            out.write("(no rows)\n")
+        else:
+            with pd.option_context("display.width", 200, "display.max_columns", None,
+                                   "display.max_colwidth", 60):
+                out.write(df.to_string(index=False) + "\n")
+
+
+def emit_json(obj: Any, out=None) -> None:
+    (out or sys.stdout).write(json.dumps(obj, indent=1, sort_keys=False, default=str) + "\n")

@@ -1,0 +1,1 @@
+"""The analytical cost model: FLOPs, memory, communication and step time (pure functions)."""

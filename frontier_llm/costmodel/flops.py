@@ -1,0 +1,84 @@
+"""FLOPs per training iteration.
+
+Narayanan et al. 2021 (SC21, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", eq. 3): for a GPT with multi-head attention and a 4h GeLU MLP,
+
+    F = 72 · B · s · l · h² · (1 + s/(6h) + V/(12·h·l))          (no recompute)
+    F = 96 · B · s · l · h² · (1 + s/(6h) + V/(16·h·l))          (full recompute)
+
+counting only matrix multiplications (2 FLOPs per multiply-add) and a backward pass of twice the
+forward. The functions below derive the same numbers from the per-layer matrix shapes so that
+grouped-query attention and SwiGLU MLPs (Llama) are counted exactly; for a GPT shape they reduce to
+eq. 3 (tests pin that). Every function works on scalars and on numpy arrays alike, so the planner
+can evaluate a whole table of layouts at once and the benchmark imports the same code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from frontier_llm.specs.model import ModelSpec
+
+ArrayLike = Any  # float or numpy array
+
+
+def layer_forward_flops_per_token(model: ModelSpec) -> tuple[float, float]:
+    """(dense, attention) forward FLOPs per token of one transformer block.
+
+    ``dense`` is the weight matmuls (QKV, output projection, MLP); ``attention`` is Q·Kᵀ and
+    scores·V, which grow with the sequence length (causal masking is not discounted, as in eq. 3).
+    """
+    h, f, kv, s = model.hidden, model.ffn_hidden, model.kv_dim, model.seq_len
+    dense = 2.0 * (h * (h + 2 * kv) + h * h + model.mlp_matrices * h * f)
+    attention = 2.0 * 2.0 * s * h
+    return dense, attention
+
+
+def logits_forward_flops_per_token(model: ModelSpec) -> float:
+    return 2.0 * model.hidden * model.vocab
+
+
+def model_flops(model: ModelSpec, batch_tokens: ArrayLike) -> ArrayLike:
+    """Model FLOPs (no recompute) for ``batch_tokens`` = B·s tokens: forward + 2x backward."""
+    dense, attn = layer_forward_flops_per_token(model)
+    forward = model.layers * (dense + attn) + logits_forward_flops_per_token(model)
+    return 3.0 * forward * batch_tokens
+
+
+def recompute_flops(model: ModelSpec, batch_tokens: ArrayLike, recompute: str) -> ArrayLike:
+    """Extra forward FLOPs spent recomputing activations.
+
+    ``full`` reruns every block's forward (not the logits): the 72 -> 96 factor of eq. 3.
+    ``selective`` (Korthikanti et al. 2022 §4.2) reruns only the attention core, Q·Kᵀ, softmax and
+    scores·V.
+    """
+    dense, attn = layer_forward_flops_per_token(model)
+    if recompute == "full":
+        return model.layers * (dense + attn) * batch_tokens
+    if recompute == "selective":
+        return model.layers * attn * batch_tokens
+    if recompute == "none":
+        return 0.0 * batch_tokens
+    raise ValueError(f"recompute must be none, selective or full (got {recompute!r})")
+
+
+def hardware_flops(model: ModelSpec, batch_tokens: ArrayLike, recompute: str) -> ArrayLike:
+    """Hardware FLOPs: model FLOPs plus recomputation (the numerator of HFU)."""
+    return model_flops(model, batch_tokens) + recompute_flops(model, batch_tokens, recompute)
+
+
+def iteration_flops(model: ModelSpec, global_batch: ArrayLike, recompute: str = "none") -> dict:
+    """Model and hardware FLOPs of one iteration of ``global_batch`` sequences."""
+    tokens = global_batch * model.seq_len
+    return {
+        "model": model_flops(model, tokens),
+        "hardware": hardware_flops(model, tokens, recompute),
+    }
+
+
+def narayanan_eq3(model: ModelSpec, global_batch: float, full_recompute: bool = False) -> float:
+    """Eq. 3 exactly as printed, for GPT shapes; kept to check :func:`model_flops` against."""
+    B, s, l, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
+    if full_recompute:
+        return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * h * l))
+    return 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * h * l))

@@ -1,0 +1,1 @@
+"""Sweeps as jobs: render batch scripts, submit to SLURM or run locally, classify what happened."""

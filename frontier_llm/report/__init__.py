@@ -1,0 +1,1 @@
+"""Weak and strong scaling reports and figures."""

@@ -1,0 +1,36 @@
+"""A canonical identity for "this layout of this model on this system".
+
+The store keys layouts by it and the trace carries it, so a re-run of the same layout (another
+job, another day) lands on the same row. Free-text fields do not take part.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.parallel import ParallelConfig
+
+_IGNORED = {"description", "sources", "source"}
+
+
+def _strip(obj):
+    if isinstance(obj, dict):
+        return {k: _strip(v) for k, v in sorted(obj.items()) if k not in _IGNORED}
+    if isinstance(obj, list | tuple):
+        return [_strip(v) for v in obj]
+    return obj
+
+
+def layout_hash(model: ModelSpec | dict, system_name: str, layout: ParallelConfig | dict) -> str:
+    """sha256 (hex, 16 chars) of the canonical JSON of model shape, system name and layout."""
+    m = model.to_dict() if isinstance(model, ModelSpec) else dict(model)
+    p = layout.to_dict() if isinstance(layout, ParallelConfig) else dict(layout)
+    m.pop("name", None)  # two names for one shape are one layout
+    blob = json.dumps(
+        {"model": _strip(m), "system": system_name, "layout": _strip(p)},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

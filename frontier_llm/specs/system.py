@@ -1,0 +1,120 @@
+"""SystemSpec: the accelerators of a machine and the links between them.
+
+Each number that a calibration or a datasheet gave carries its source beside it in the YAML, so a
+reader can tell a measured figure from a vendor's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+from frontier_llm.errors import SpecError
+
+LinkScope = Literal["package", "node", "network"]
+DTypeName = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+
+
+@dataclass(frozen=True)
+class LinkTier:
+    """One level of the interconnect, as seen by one GPU.
+
+    ``scope``: ``package`` joins the dies of one package (an MI250X's two GCDs), ``node`` the GPUs
+    of one node, ``network`` the nodes. ``bandwidth`` is bytes/s per GPU in each direction for a
+    collective that spans this tier; ``latency`` is the per-message start-up time in seconds.
+    """
+
+    scope: LinkScope
+    bandwidth: float
+    latency: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.bandwidth <= 0:
+            raise SpecError(f"links.{self.scope}.bandwidth must be positive", "bandwidth")
+        if self.latency < 0:
+            raise SpecError(f"links.{self.scope}.latency must not be negative", "latency")
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """An achievable fraction (0 < value <= 1) of a datasheet figure, with where it came from."""
+
+    value: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.value <= 1:
+            raise SpecError(f"an efficiency must be in (0, 1] (got {self.value})", "value")
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    """A homogeneous GPU system.
+
+    ``gpus_per_node`` counts what the scheduler exposes as GPUs (Frontier: 8 GCDs per node, not 4
+    MI250X packages); ``gpus_per_package`` groups them when dies share a package.
+    ``peak_flops`` is dense FLOP/s per GPU for each dtype; ``memory_bytes`` is per GPU.
+    ``efficiency`` holds the few fitted knobs the cost model reads (see docs/costmodel.md).
+    """
+
+    name: str
+    gpu: str
+    gpus_per_node: int
+    memory_bytes: float
+    peak_flops: dict[str, float]
+    links: dict[str, LinkTier]
+    efficiency: dict[str, Efficiency] = field(default_factory=dict)
+    gpus_per_package: int = 1
+    memory_bandwidth: float = 0.0  # bytes/s per GPU; used for the optimizer step
+    description: str = ""
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_node < 1:
+            raise SpecError("gpus_per_node must be at least 1", "gpus_per_node")
+        if self.gpus_per_package < 1 or self.gpus_per_node % self.gpus_per_package:
+            raise SpecError(
+                f"gpus_per_node ({self.gpus_per_node}) is not divisible by gpus_per_package "
+                f"({self.gpus_per_package})",
+                "gpus_per_package",
+            )
+        if self.memory_bytes <= 0:
+            raise SpecError("memory_bytes must be positive", "memory_bytes")
+        if not self.peak_flops:
+            raise SpecError("peak_flops needs at least one dtype", "peak_flops")
+        for dtype, value in self.peak_flops.items():
+            if value <= 0:
+                raise SpecError(f"peak_flops.{dtype} must be positive", "peak_flops")
+        for needed in ("node", "network"):
+            if needed not in self.links:
+                raise SpecError(f"links needs a '{needed}' tier", "links")
+        for scope, tier in self.links.items():
+            if scope != tier.scope:
+                raise SpecError(f"links.{scope} has scope '{tier.scope}'", "links")
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s per GPU for ``dtype``; 16-bit types fall back to each other."""
+        if dtype in self.peak_flops:
+            return self.peak_flops[dtype]
+        for alias in {"bf16": ("fp16",), "fp16": ("bf16",)}.get(dtype, ()):
+            if alias in self.peak_flops:
+                return self.peak_flops[alias]
+        raise SpecError(
+            f"system {self.name} has no peak for dtype {dtype} "
+            f"(it has {', '.join(sorted(self.peak_flops))})",
+            "dtype",
+        )
+
+    def eff(self, name: str, default: float = 1.0) -> float:
+        e = self.efficiency.get(name)
+        return e.value if e is not None else default
+
+    def link(self, scope: str) -> LinkTier:
+        if scope == "package" and "package" not in self.links:
+            return self.links["node"]
+        return self.links[scope]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

@@ -1,0 +1,78 @@
+"""YAML loading that remembers where each key stands, so errors can name file, line and field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from frontier_llm.errors import SpecError
+
+
+class LineMap(dict):
+    """A mapping from a YAML file that knows the line of each of its keys (1-based)."""
+
+    source: str = "<string>"
+    start_line: int = 0
+    key_lines: dict[str, int]
+
+    def copy(self) -> LineMap:
+        out = LineMap(self)
+        out.source, out.start_line, out.key_lines = self.source, self.start_line, dict(self.key_lines)
+        return out
+
+    def line_of(self, key: str) -> int:
+        return self.key_lines.get(key, self.start_line)
+
+    def where(self, key: str | None = None) -> str:
+        line = self.line_of(key) if key is not None else self.start_line
+        return f"{self.source}:{line}"
+
+
+class _LineLoader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> LineMap:
+    loader.flatten_mapping(node)
+    out = LineMap()
+    out.key_lines = {}
+    out.source = loader.name
+    out.start_line = node.start_mark.line + 1
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in out:
+            raise SpecError(f"{loader.name}:{key_node.start_mark.line + 1}: duplicate key '{key}'")
+        out[key] = loader.construct_object(value_node, deep=True)
+        out.key_lines[str(key)] = key_node.start_mark.line + 1
+    return out
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml(path: str | Path) -> Any:
+    """Parse a YAML file; mappings come back as :class:`LineMap`. Syntax errors name file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror}") from None
+    return loads_yaml(text, source=str(path))
+
+
+def loads_yaml(text: str, source: str = "<string>") -> Any:
+    loader = _LineLoader(text)
+    loader.name = source
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 0
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise SpecError(f"{source}:{line}: invalid YAML: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{source}: invalid YAML: {exc}") from None
+    finally:
+        loader.dispose()

@@ -1,0 +1,1 @@
+"""The results database: schema, trace ingestion, queries that return DataFrames."""

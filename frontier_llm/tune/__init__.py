@@ -1,0 +1,1 @@
+"""Optuna studies over measured objectives, seeded and constrained by the cost model."""
