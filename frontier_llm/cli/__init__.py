@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"frontier_llm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        if importlib.util.find_spec(f"frontier_llm.cli.{name}") is None:  # TODO(foundation): drop once all exist
+        # TODO(foundation): drop once every command module exists.
+        if importlib.util.find_spec(f"frontier_llm.cli.{name}") is None:
             continue
         module = importlib.import_module(f"frontier_llm.cli.{name}")
         module.register(sub)

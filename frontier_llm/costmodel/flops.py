@@ -78,7 +78,7 @@ def iteration_flops(model: ModelSpec, global_batch: ArrayLike, recompute: str = 
 
 def narayanan_eq3(model: ModelSpec, global_batch: float, full_recompute: bool = False) -> float:
     """Eq. 3 exactly as printed, for GPT shapes; kept to check :func:`model_flops` against."""
-    B, s, l, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
+    B, s, L, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
     if full_recompute:
-        return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * h * l))
-    return 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * h * l))
+        return 96.0 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * h * L))
+    return 72.0 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))

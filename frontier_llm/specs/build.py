@@ -67,7 +67,9 @@ def build(cls: type[T], data: Mapping[str, Any], *, nested: Mapping[str, Any] | 
     ``nested`` maps a field name to a callable that builds that field's value from its raw data.
     """
     if not isinstance(data, Mapping):
-        raise SpecError(f"expected a mapping of fields for {cls.__name__}, got {type(data).__name__}")
+        raise SpecError(
+            f"expected a mapping of fields for {cls.__name__}, got {type(data).__name__}"
+        )
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs: dict[str, Any] = {}
@@ -96,7 +98,8 @@ def build(cls: type[T], data: Mapping[str, Any], *, nested: Mapping[str, Any] | 
     ]
     if missing:
         raise SpecError(
-            f"{_where(data, None)}{cls.__name__} is missing required field(s): {', '.join(missing)}",
+            f"{_where(data, None)}{cls.__name__} is missing required field(s): "
+            f"{', '.join(missing)}",
             missing[0],
         )
     try:

@@ -68,7 +68,7 @@ class ModelSpec:
 
     @property
     def mlp_matrices(self) -> int:
-        """Weight matrices of width ffn_hidden in the MLP: 2 for GeLU, 3 for SwiGLU (gate, up, down)."""
+        """Weight matrices of width ffn_hidden in the MLP: 2 for GeLU, 3 for SwiGLU."""
         return 3 if self.activation == "swiglu" else 2
 
     # Parameter counts, split the way pipeline stages and tensor parallelism split them.

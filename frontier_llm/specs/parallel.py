@@ -1,4 +1,4 @@
-"""ParallelConfig: one training layout (TP x PP x DP, micro-batching, schedule, recompute, sharding).
+"""ParallelConfig: one training layout (TP x PP x DP, micro-batches, schedule, recompute, sharding).
 
 Sharding follows AMSP (arXiv 2311.00257): parameters, gradients and optimizer states each choose
 ``replicate`` (Full-Replica), ``full`` (Full-Sharding over all DP ranks) or ``partial`` (sharding
@@ -57,8 +57,10 @@ class Placement:
             )
         if kind == "partial":
             if not group.isdigit() or int(group) < 1:
-                raise SpecError(f"partial sharding needs a group size, e.g. partial:8 (got {text!r})",
-                                "sharding")
+                raise SpecError(
+                    f"partial sharding needs a group size, e.g. partial:8 (got {text!r})",
+                    "sharding",
+                )
             return cls(kind="partial", group=int(group))
         return cls(kind=kind)
 

@@ -1,4 +1,4 @@
-"""YAML loading that remembers where each key stands, so errors can name file, line and field."""
+"""YAML loading that remembers where each key stands, so errors can name file, line, field."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ class LineMap(dict):
 
     def copy(self) -> LineMap:
         out = LineMap(self)
-        out.source, out.start_line, out.key_lines = self.source, self.start_line, dict(self.key_lines)
+        out.source, out.start_line = self.source, self.start_line
+        out.key_lines = dict(self.key_lines)
         return out
 
     def line_of(self, key: str) -> int:
@@ -53,7 +54,7 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _con
 
 
 def load_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; mappings come back as :class:`LineMap`. Syntax errors name file and line."""
+    """Parse a YAML file; mappings come back as :class:`LineMap`; errors name file and line."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -71,6 +72,9 @@ def loads_yaml(text: str, source: str = "<string>") -> Any:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 0
         problem = exc.problem or exc.context or "invalid YAML"
+        if exc.context and exc.context_mark and exc.problem:
+            # An unclosed bracket is detected at the end of the file; say where it opened.
+            problem += f" ({exc.context} started at line {exc.context_mark.line + 1})"
         raise SpecError(f"{source}:{line}: invalid YAML: {problem}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{source}: invalid YAML: {exc}") from None
