@@ -1,1 +1,0 @@
-"""Weak and strong scaling reports and figures."""

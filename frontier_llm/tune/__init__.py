@@ -1,1 +1,0 @@
-"""Optuna studies over measured objectives, seeded and constrained by the cost model."""
