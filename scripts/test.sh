@@ -16,5 +16,5 @@ for script in scripts/slurm-cluster.sh scripts/postgres.sh; do
 done
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-python -m ruff check frontier_llm tests benchmarks analysis
+python -m ruff check .
 exec python -m pytest "$@"

@@ -1,1 +1,1 @@
-"""Enumerate every valid layout of a model on N GPUs, keep why each rejected one was rejected, rank."""
+"""Enumerate every valid layout of a model on N GPUs, keep why rejected ones were rejected."""
