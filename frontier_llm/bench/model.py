@@ -1,0 +1,249 @@
+"""The benchmark's GPT, built from a :class:`ModelSpec` (GPT style or Llama style).
+
+One class serves the single-process reference and every pipeline stage: a stage is the same
+model built with only its layers (``layer_ids``) and, on the first stage, the embeddings, on the
+last the final norm and the output head. Module names are what the tensor-parallel plan in
+``parallelize.py`` refers to (``tok_embeddings``, ``layers.<i>.attention.wq`` ...), and what the
+per-parameter initialisation is keyed by, so every layout starts from exactly the same weights as
+the reference.
+
+Attention uses ``scaled_dot_product_attention`` (the flash / memory-efficient kernels where the
+device has them); ``flash_attention=False`` is the explicit matmul-softmax-matmul path that keeps
+the ``s x s`` scores for backward (Korthikanti et al. 2022's ``5·a·s/h`` term).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from frontier_llm.specs.model import ModelSpec
+
+INIT_STD = 0.02
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _norm(spec: ModelSpec) -> nn.Module:
+    if spec.norm == "rmsnorm":
+        return nn.RMSNorm(spec.hidden, eps=1e-5)
+    # GPT's LayerNorm always has a bias (ModelSpec counts 2h per norm).
+    return nn.LayerNorm(spec.hidden, eps=1e-5)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, rotate-half form (real arithmetic, so DTensor/compile friendly)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def _rope_tables(seq: int, head_dim: int, device: torch.device, dtype: torch.dtype,
+                 theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32)
+                           / head_dim))
+    angles = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), inv)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, flash: bool,
+                   dropout: float, training: bool) -> torch.Tensor:
+    """softmax(q kᵀ/√d) v, causal; q is (b, heads, s, d), k and v (b, kv_heads, s, d)."""
+    p = dropout if training else 0.0
+    if flash:
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=p, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
+        )
+    if q.shape[1] != k.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    s = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+    probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
+    if p:
+        probs = F.dropout(probs, p=p, training=True)
+    return probs @ v
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, flash: bool, selective_recompute: bool) -> None:
+        super().__init__()
+        h, kv = spec.hidden, spec.kv_dim
+        self.head_dim = spec.head_dim
+        self.rope = spec.position == "rope"
+        self.flash = flash
+        self.selective = selective_recompute
+        self.dropout = spec.dropout
+        # Separate Q, K, V projections: column-parallel sharding then splits whole heads.
+        self.wq = nn.Linear(h, h, bias=spec.bias)
+        self.wk = nn.Linear(h, kv, bias=spec.bias)
+        self.wv = nn.Linear(h, kv, bias=spec.bias)
+        self.wo = nn.Linear(h, h, bias=spec.bias)
+        self._rope_cache: dict = {}
+
+    def _tables(self, s: int, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (s, ref.device, ref.dtype)
+        if key not in self._rope_cache:
+            self._rope_cache[key] = _rope_tables(s, self.head_dim, ref.device, ref.dtype)
+        return self._rope_cache[key]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        # -1 heads: under tensor parallelism each rank sees only its own heads.
+        q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        if self.rope:
+            cos, sin = self._tables(s, q)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        kwargs = {"flash": self.flash, "dropout": self.dropout, "training": self.training}
+        if self.selective:
+            # Korthikanti et al. 2022 §4.2: recompute only the attention core.
+            out = checkpoint(attention_core, q, k, v, use_reentrant=False, **kwargs)
+        else:
+            out = attention_core(q, k, v, **kwargs)
+        out = out.transpose(1, 2).reshape(b, s, -1)
+        return F.dropout(self.wo(out), p=self.dropout, training=self.training)
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, f = spec.hidden, spec.ffn_hidden
+        self.swiglu = spec.activation == "swiglu"
+        self.dropout = spec.dropout
+        self.w1 = nn.Linear(h, f, bias=spec.bias)
+        self.w2 = nn.Linear(f, h, bias=spec.bias)
+        self.w3 = nn.Linear(h, f, bias=spec.bias) if self.swiglu else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            y = F.silu(self.w1(x)) * self.w3(x)
+        else:
+            y = F.gelu(self.w1(x), approximate="tanh")
+        return F.dropout(self.w2(y), p=self.dropout, training=self.training)
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, flash: bool, recompute: str) -> None:
+        super().__init__()
+        self.attention_norm = _norm(spec)
+        self.attention = Attention(spec, flash, selective_recompute=recompute == "selective")
+        self.ffn_norm = _norm(spec)
+        self.feed_forward = MLP(spec)
+        self.full_recompute = recompute == "full"
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.full_recompute and torch.is_grad_enabled():
+            # Full recompute keeps only the block input (Korthikanti et al. 2022: 2·s·b·h).
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+
+class PositionEmbedding(nn.Module):
+    """Learned positions, added to the token embeddings (GPT)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(spec.seq_len, spec.hidden))
+        self.dropout = spec.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x + self.weight[: x.shape[1]], p=self.dropout, training=self.training)
+
+
+class GPT(nn.Module):
+    """The whole model, or one pipeline stage of it (``layer_ids``, ``first``, ``last``).
+
+    Input: token ids (b, s) on the first stage, hidden states otherwise. Output: logits (b, s, V)
+    on the last stage, hidden states otherwise.
+    """
+
+    def __init__(self, spec: ModelSpec, *, layer_ids: Iterable[int] | None = None,
+                 first: bool = True, last: bool = True, flash: bool = True,
+                 recompute: str = "none") -> None:
+        super().__init__()
+        self.spec = spec
+        ids = list(range(spec.layers)) if layer_ids is None else list(layer_ids)
+        self.first, self.last = first, last
+        self.tok_embeddings = nn.Embedding(spec.vocab, spec.hidden) if first else None
+        self.pos_embeddings = (PositionEmbedding(spec)
+                               if first and spec.position == "learned" else None)
+        # Keyed by global layer index so names (and the init) are the same in every layout.
+        self.layers = nn.ModuleDict({str(i): Block(spec, flash, recompute) for i in ids})
+        self.norm = _norm(spec) if last else None
+        self.output = nn.Linear(spec.hidden, spec.vocab, bias=False) if last else None
+        self.emb_dropout = spec.dropout if spec.position != "learned" else 0.0
+        if first and last and spec.tied_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tok_embeddings is not None:
+            x = self.tok_embeddings(x)
+            if self.pos_embeddings is not None:
+                x = self.pos_embeddings(x)
+            elif self.emb_dropout:
+                x = F.dropout(x, p=self.emb_dropout, training=self.training)
+        for layer in self.layers.values():
+            x = layer(x)
+        if self.norm is not None:
+            x = self.norm(x)
+        if self.output is not None:
+            x = self.output(x)
+        return x
+
+
+def _param_seed(seed: int, name: str) -> int:
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
+
+
+def init_weights(model: GPT, seed: int) -> None:
+    """Initialise every parameter from a generator keyed by (seed, parameter name).
+
+    The values then do not depend on which parameters a stage holds or in which order they were
+    created, which is what lets a pipeline stage match the single-process reference exactly.
+    GPT-2 / Megatron scheme: N(0, 0.02), output projections N(0, 0.02/√(2L)), zero biases,
+    unit norm weights.
+    """
+    spec = model.spec
+    out_std = INIT_STD / math.sqrt(2.0 * spec.layers)
+    tied = spec.tied_embeddings
+    with torch.no_grad():
+        for name, p in model.named_parameters(remove_duplicate=True):
+            leaf = name.rsplit(".", 1)[-1]
+            key = "tok_embeddings.weight" if tied and name == "output.weight" else name
+            if "norm" in name:
+                values = (torch.ones if leaf == "weight" else torch.zeros)(p.shape)
+            elif leaf == "bias":
+                values = torch.zeros(p.shape)
+            else:
+                gen = torch.Generator().manual_seed(_param_seed(seed, key))
+                std = out_std if name.endswith(("wo.weight", "w2.weight")) else INIT_STD
+                values = torch.randn(p.shape, generator=gen) * std
+            p.copy_(values.to(p.dtype))
+
+
+def build_model(spec: ModelSpec, *, seed: int, dtype: str = "fp32",
+                device: torch.device | str = "cpu", layer_ids: Iterable[int] | None = None,
+                first: bool = True, last: bool = True, flash: bool = True,
+                recompute: str = "none") -> GPT:
+    """A model (or stage) with deterministic weights, in ``dtype`` on ``device``."""
+    model = GPT(spec, layer_ids=layer_ids, first=first, last=last, flash=flash,
+                recompute=recompute)
+    init_weights(model, seed)
+    return model.to(device=torch.device(device), dtype=DTYPES[dtype])
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy over the micro-batch (computed in fp32)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
