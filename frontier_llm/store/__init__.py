@@ -1,1 +1,154 @@
-"""The results database: schema, trace ingestion, queries that return DataFrames."""
+"""The results database: schema, trace ingestion, queries that return DataFrames.
+
+    from frontier_llm.store import open_store
+    store = open_store(None)          # --db, else $FLM_DB, else sqlite:///flm.db here
+    store.engine, store.url_redacted
+
+SQLite (the default) and PostgreSQL are both first-class. SQLite runs in WAL mode with a long
+busy timeout, and write transactions begin with ``BEGIN IMMEDIATE`` so two writers queue for the
+lock instead of failing half-way when one upgrades a read lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from frontier_llm.errors import UserError
+from frontier_llm.store import migrate
+from frontier_llm.store.schema import SCHEMA_VERSION
+from frontier_llm.store.url import parse_url, redact, resolve_url
+
+__all__ = ["SCHEMA_VERSION", "Store", "open_store", "redact", "resolve_url"]
+
+# Seconds a SQLite writer waits for another's lock before "database is locked".
+SQLITE_BUSY_TIMEOUT_S = 60.0
+
+
+class Store:
+    """An open results database. ``url_redacted`` is safe to print; the full URL is not kept
+    in any attribute that a log line would pick up by accident."""
+
+    def __init__(self, engine: Engine, url_redacted: str) -> None:
+        self.engine = engine
+        self.url_redacted = url_redacted
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def __repr__(self) -> str:
+        return f"Store({self.url_redacted!r})"
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[Connection]:
+        """One write transaction (BEGIN IMMEDIATE on SQLite); commits on success."""
+        with self.engine.connect() as conn:
+            conn.execution_options(flm_begin="IMMEDIATE")
+            with conn.begin():
+                yield conn
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn, conn.begin():
+            yield conn
+
+    def schema_version(self) -> int | None:
+        with self.read() as conn:
+            return migrate.stored_version(conn)
+
+    def upgrade(self) -> list[int]:
+        """Bring an older database to this frontier_llm's schema; returns the versions run."""
+        with self.write() as conn:
+            return migrate.upgrade(conn)
+
+    def size_bytes(self) -> int:
+        """Bytes the database takes on disk (SQLite file + WAL, or pg_database_size)."""
+        if self.dialect == "sqlite":
+            path = self.engine.url.database
+            if not path or path == ":memory:":
+                return 0
+            return sum(os.path.getsize(p) for p in (path, f"{path}-wal") if os.path.exists(p))
+        with self.read() as conn:
+            return int(conn.exec_driver_sql(
+                "SELECT pg_database_size(current_database())").scalar_one())
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _sqlite_engine(url: str) -> Engine:
+    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:
+        # Let SQLAlchemy (the "begin" hook below) emit BEGIN instead of pysqlite, which
+        # otherwise defers it and never begins a transaction around DDL.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA foreign_keys=ON")
+        if engine.url.database not in (None, "", ":memory:"):
+            cur.execute("PRAGMA journal_mode=WAL")  # readers do not block the collector
+            cur.execute("PRAGMA synchronous=NORMAL")  # durable at each WAL checkpoint
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get("flm_begin", "DEFERRED")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine
+
+
+def _connect_error(url_redacted: str, password: str | None, exc: Exception) -> UserError:
+    orig = getattr(exc, "orig", None) or exc
+    detail = (str(orig).strip().splitlines() or ["unknown error"])[0]
+    if password:
+        detail = detail.replace(password, "***")
+    return UserError(f"cannot open database {url_redacted}: {detail}")
+
+
+def open_store(url: str | None = None, *, upgrade: bool = False) -> Store:
+    """Open (and on first use create) the database at ``url`` (see :func:`resolve_url`).
+
+    A database at an older schema version is refused with the command that upgrades it, unless
+    ``upgrade`` is true (``flm db upgrade``); a newer one is always refused.
+    """
+    full = resolve_url(url)
+    parsed = parse_url(full)
+    shown = redact(parsed)
+    if parsed.get_backend_name() == "sqlite":
+        db = parsed.database
+        if db and db != ":memory:" and not Path(db).parent.is_dir():
+            raise UserError(
+                f"cannot open database {shown}: folder {Path(db).parent} does not exist")
+        engine = _sqlite_engine(full)
+    elif parsed.get_backend_name() == "postgresql":
+        engine = create_engine(full)
+    else:
+        raise UserError(
+            f"--db: unsupported database {parsed.get_backend_name()!r} in {shown} "
+            "(use sqlite:///PATH or postgresql://...)"
+        )
+    store = Store(engine, shown)
+    try:
+        with store.read() as conn:
+            version = migrate.stored_version(conn)
+            if version is not None and not upgrade:
+                migrate.check(conn, shown)
+        if version is None or (upgrade and version != SCHEMA_VERSION):
+            # New database (or an explicit upgrade): lock, re-check and migrate; another
+            # process may have created the tables since the read above.
+            store.upgrade()
+    except (OperationalError, DBAPIError) as exc:
+        engine.dispose()
+        raise _connect_error(shown, parsed.password, exc) from None
+    except BaseException:
+        engine.dispose()
+        raise
+    return store

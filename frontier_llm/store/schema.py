@@ -1,0 +1,177 @@
+"""The results database's tables (SQLAlchemy 2 Core).
+
+Every table name starts with ``flm_`` so that Optuna's tables (studies, trials, alembic_version,
+...) live in the same database without clashing. The layout of these tables is versioned by
+``SCHEMA_VERSION`` (stored in ``flm_meta``); see :mod:`frontier_llm.store.migrate`.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+# Bump with a new entry in migrate.MIGRATIONS whenever the tables change.
+SCHEMA_VERSION = 2
+
+metadata = MetaData()
+
+# Byte counts overflow 32-bit integers (a 175B model's states are terabytes).
+Bytes = BigInteger
+
+flm_meta = Table(
+    "flm_meta", metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+flm_sweeps = Table(
+    "flm_sweeps", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("spec_yaml", Text),
+    Column("directory", Text),
+    Column("created_at", DateTime(timezone=True)),
+)
+
+flm_layouts = Table(
+    "flm_layouts", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("layout_hash", String(16), nullable=False, unique=True),
+    Column("model_name", String(200), nullable=False),
+    Column("system_name", String(200), nullable=False),
+    Column("tp", Integer, nullable=False),
+    Column("pp", Integer, nullable=False),
+    Column("dp", Integer, nullable=False),
+    Column("micro_batch", Integer, nullable=False),
+    Column("global_batch", Integer, nullable=False),
+    Column("schedule", String(32), nullable=False),
+    Column("virtual_stages", Integer, nullable=False),
+    Column("sequence_parallel", Boolean, nullable=False),
+    Column("recompute", String(32), nullable=False),
+    Column("flash_attention", Boolean, nullable=False),
+    Column("dtype", String(16), nullable=False),
+    Column("sharding", String(200), nullable=False),
+    Column("zero_stage", Integer),
+    Column("model_json", Text, nullable=False),
+    Column("layout_json", Text, nullable=False),
+)
+
+flm_jobs = Table(
+    "flm_jobs", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("sweep_id", Integer, ForeignKey("flm_sweeps.id", ondelete="CASCADE"), nullable=False),
+    Column("job_key", String(200), nullable=False),
+    Column("layout_id", Integer, ForeignKey("flm_layouts.id"), nullable=True),
+    Column("script_path", Text),
+    Column("executor", String(16)),  # 'slurm' | 'local'
+    Column("scheduler_job_id", String(64)),
+    Column("array_index", Integer),
+    Column("state", String(32), nullable=False),
+    Column("reason", Text),
+    Column("exit_code", String(32)),
+    Column("nodes", Text),
+    Column("submitted_at", DateTime(timezone=True)),
+    Column("started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("run_id", String(128)),
+    Column("updated_at", DateTime(timezone=True)),
+    UniqueConstraint("sweep_id", "job_key", name="uq_flm_jobs_sweep_key"),
+)
+
+flm_runs = Table(
+    "flm_runs", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("run_id", String(128), nullable=False, unique=True),
+    Column("layout_id", Integer, ForeignKey("flm_layouts.id"), nullable=False),
+    Column("sweep_name", String(200)),
+    Column("job_key", String(200)),
+    Column("status", String(16), nullable=False),
+    Column("error", Text),
+    Column("engine", String(64), nullable=False),
+    Column("started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("world_size", Integer, nullable=False),
+    Column("steps_measured", Integer, nullable=False),
+    Column("step_time_s", Float),
+    Column("tokens_per_s", Float),
+    Column("model_tflops_per_gpu", Float),
+    Column("hardware_tflops_per_gpu", Float),
+    Column("mfu", Float),
+    Column("hfu", Float),
+    Column("peak_memory_bytes", Bytes),
+    # Which cost-model version the trace's own prediction came from: the default join key
+    # into flm_predictions, so a run is compared with what was predicted when it ran.
+    Column("costmodel_version", String(64)),
+    Column("trace_path", Text, nullable=False),
+    # sha256 of the trace file's bytes: equal digest = nothing to do; a new one = rewritten.
+    Column("trace_digest", String(64), nullable=False),
+    Column("labels_json", Text, nullable=False),
+    Column("environment_json", Text, nullable=False),
+)
+
+flm_steps = Table(
+    "flm_steps", metadata,
+    Column("run", Integer, primary_key=True),
+    Column("step", Integer, primary_key=True),
+    Column("time_s", Float, nullable=False),
+    Column("loss", Float),
+    Column("warmup", Boolean, nullable=False),
+    ForeignKeyConstraint(["run"], ["flm_runs.id"], ondelete="CASCADE"),
+)
+
+flm_rank_memory = Table(
+    "flm_rank_memory", metadata,
+    Column("run", Integer, primary_key=True),
+    Column("rank", Integer, primary_key=True),
+    Column("pp_stage", Integer, nullable=False),
+    Column("tp_rank", Integer, nullable=False),
+    Column("dp_rank", Integer, nullable=False),
+    Column("params_bytes", Bytes),
+    Column("grads_bytes", Bytes),
+    Column("optimizer_bytes", Bytes),
+    Column("activations_peak_bytes", Bytes),
+    Column("device_allocated_peak_bytes", Bytes),
+    Column("device_reserved_peak_bytes", Bytes),
+    Column("host_rss_peak_bytes", Bytes),
+    ForeignKeyConstraint(["run"], ["flm_runs.id"], ondelete="CASCADE"),
+)
+
+flm_predictions = Table(
+    "flm_predictions", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("layout_id", Integer, ForeignKey("flm_layouts.id"), nullable=False),
+    Column("costmodel_version", String(64), nullable=False),
+    Column("step_time_s", Float),
+    Column("model_tflops_per_gpu", Float),
+    Column("hardware_tflops_per_gpu", Float),
+    Column("mfu", Float),
+    Column("peak_memory_bytes", Bytes),
+    Column("fits", Boolean),
+    Column("breakdown_json", Text),
+    UniqueConstraint("layout_id", "costmodel_version", name="uq_flm_predictions_layout_version"),
+)
+
+# Schema version 2: indexes for the query paths (runs of a sweep, runs of a layout, jobs by
+# state). Kept apart from the tables so that migration 2 can add them to a version-1 database.
+INDEXES_V2 = (
+    Index("ix_flm_runs_sweep_name", flm_runs.c.sweep_name),
+    Index("ix_flm_runs_layout_id", flm_runs.c.layout_id),
+    Index("ix_flm_jobs_state", flm_jobs.c.state),
+)
+
+TABLES = tuple(metadata.sorted_tables)
