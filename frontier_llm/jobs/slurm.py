@@ -1,0 +1,314 @@
+"""A small SLURM client: sbatch, squeue, sacct, scontrol and scancel through argument lists.
+
+Never a shell: every value goes to the command as its own argv element, so nothing in a sweep
+can be read as shell syntax. Polling is batched: one ``squeue`` call for every tracked job, plus
+at most one ``sacct`` call for the jobs that have just ended (their exit codes), so the number
+of commands per poll does not grow with the number of jobs. Without accounting (no slurmdbd, as
+on the test cluster) ``sacct --completion`` reads the job-completion log instead.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from frontier_llm.errors import UserError
+
+# States after which a job never runs again (SLURM's squeue/sacct vocabulary).
+TERMINAL_STATES = frozenset({
+    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+    "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT",
+})
+ACTIVE_STATES = frozenset({
+    "PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_FED",
+    "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "SUSPENDED",
+    "RESV_DEL_HOLD",
+})
+
+_SQUEUE_FORMAT = "%i|%A|%T|%r|%N|%S|%e"
+_SACCT_FIELDS = "JobID,JobIDRaw,State,ExitCode,NodeList,Start,End"
+_EMPTY = {"", "(null)", "N/A", "None", "Unknown", "unknown"}
+
+Runner = Callable[..., subprocess.CompletedProcess]
+
+
+class SlurmError(UserError):
+    """A SLURM command failed; the message is SLURM's own."""
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What SLURM says about one job (one array task counts as one job: ``"123_4"``)."""
+
+    job_id: str
+    state: str  # SLURM's word: PENDING, RUNNING, COMPLETED, FAILED, TIMEOUT, ... or UNKNOWN
+    reason: str | None = None
+    exit_code: str | None = None  # "code:signal", as sacct and scontrol print it
+    nodes: str | None = None
+    start: str | None = None
+    end: str | None = None
+    raw_id: str | None = None  # the scheduler's own id of this task (for sacct --completion)
+
+    @property
+    def terminal(self) -> bool:
+        # "CANCELLED by 0" is how sacct words a cancellation.
+        return self.state.split()[0] in TERMINAL_STATES if self.state else False
+
+
+def _clean(value: str) -> str | None:
+    value = value.strip()
+    return None if value in _EMPTY else value
+
+
+def base_id(job_id: str) -> str:
+    """``"123_4"`` -> ``"123"``; the id sbatch returned for the whole array."""
+    return job_id.split("_", 1)[0]
+
+
+class SlurmClient:
+    """Talks to one SLURM controller (the one $SLURM_CONF names, if set).
+
+    ``commands`` counts every SLURM command run, by name: the sweep benchmark reports it per poll.
+    """
+
+    def __init__(
+        self,
+        env: Mapping[str, str] | None = None,
+        *,
+        runner: Runner = subprocess.run,
+        timeout_s: float = 120.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.env = dict(env) if env is not None else None
+        self._runner = runner
+        self._timeout = timeout_s
+        self._sleep = sleep
+        self.commands: Counter[str] = Counter()
+        self._accounting: bool | None = None  # unknown until sacct first answers
+        self._raw_ids: dict[str, str] = {}  # "123_4" -> raw id, learnt from squeue %A
+
+    # --- plumbing ---------------------------------------------------------------------------
+    def _run(self, argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess:
+        self.commands[argv[0]] += 1
+        try:
+            proc = self._runner(
+                list(argv), capture_output=True, text=True, timeout=self._timeout, env=self.env,
+                check=False,
+            )
+        except FileNotFoundError:
+            raise SlurmError(
+                f"{argv[0]} not found: is SLURM installed here? (scripts/slurm-cluster.sh "
+                "install sets up a local one)"
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{argv[0]} did not answer within {self._timeout:.0f} s") from None
+        if check and proc.returncode != 0:
+            raise SlurmError(_first_error(proc.stderr) or f"{argv[0]} exited {proc.returncode}")
+        return proc
+
+    # --- submission -------------------------------------------------------------------------
+    def submit(
+        self,
+        script: str | Path,
+        *,
+        array: str | None = None,
+        hold: bool = False,
+        dependency: str | None = None,
+        extra_args: Sequence[str] = (),
+        chdir: str | Path | None = None,
+    ) -> str:
+        """sbatch the script; return the job id. A refusal raises SlurmError with SLURM's words."""
+        argv = ["sbatch", "--parsable"]
+        if array:
+            argv.append(f"--array={array}")
+        if hold:
+            argv.append("--hold")
+        if dependency:
+            argv.append(f"--dependency={dependency}")
+        if chdir is not None:
+            argv.append(f"--chdir={chdir}")
+        argv.extend(extra_args)
+        argv.append(str(script))
+        proc = self._run(argv)
+        # --parsable prints "jobid" or "jobid;cluster".
+        job_id = proc.stdout.strip().splitlines()[-1].split(";")[0] if proc.stdout.strip() else ""
+        if not job_id.isdigit():
+            raise SlurmError(f"sbatch gave no job id (stdout: {proc.stdout.strip()!r})")
+        return job_id
+
+    def cancel(self, job_ids: Iterable[str], *, signal: str | None = None) -> None:
+        ids = sorted(set(job_ids))
+        if not ids:
+            return
+        argv = ["scancel"] + ([f"--signal={signal}"] if signal else []) + ids
+        self._run(argv)
+
+    def release(self, job_ids: Iterable[str]) -> None:
+        ids = sorted(set(job_ids))
+        if ids:
+            self._run(["scontrol", "release", ",".join(ids)])
+
+    # --- queries ----------------------------------------------------------------------------
+    def query(self, job_ids: Iterable[str]) -> dict[str, JobStatus]:
+        """Status of each job: one squeue call, plus one sacct call for jobs that ended.
+
+        ``job_ids`` may hold plain ids and array-task ids (``"12_3"``); an array's id (``"12"``)
+        stands for all its tasks. Jobs neither command knows come back as state UNKNOWN.
+        """
+        wanted = list(dict.fromkeys(job_ids))
+        if not wanted:
+            return {}
+        bases = sorted({base_id(j) for j in wanted}, key=int)
+        found = self._squeue(bases)
+        ended = [j for j, s in found.items() if s.terminal]
+        missing = [j for j in wanted if j not in found and not any(
+            k.startswith(f"{j}_") for k in found)]
+        if ended or missing:
+            for job_id, status in self._sacct(ended + missing).items():
+                prev = found.get(job_id)
+                if prev is None:
+                    found[job_id] = status
+                elif status.terminal:
+                    found[job_id] = replace(
+                        prev, state=status.state.split()[0], exit_code=status.exit_code,
+                        nodes=prev.nodes or status.nodes, end=prev.end or status.end,
+                    )
+        out: dict[str, JobStatus] = {}
+        for j in wanted:
+            if j in found:
+                out[j] = found[j]
+            elif "_" not in j and any(k.startswith(f"{j}_") for k in found):
+                out.update({k: v for k, v in found.items() if k.startswith(f"{j}_")})
+            else:
+                out[j] = JobStatus(job_id=j, state="UNKNOWN")
+        return out
+
+    def _squeue(self, bases: Sequence[str]) -> dict[str, JobStatus]:
+        proc = self._run(
+            ["squeue", "--noheader", "--array", "--states=all", f"--jobs={','.join(bases)}",
+             f"--format={_SQUEUE_FORMAT}"],
+            check=False,
+        )
+        if proc.returncode != 0:
+            # An id the controller has already forgotten makes some versions refuse the query;
+            # the jobs it did know about are then looked up in sacct.
+            if "Invalid job id" in proc.stderr:
+                return {}
+            raise SlurmError(_first_error(proc.stderr) or "squeue failed")
+        found: dict[str, JobStatus] = {}
+        for line in proc.stdout.splitlines():
+            parts = line.split("|")
+            if len(parts) != 7:
+                continue
+            job_id, raw, state, reason, nodes, start, end = (p.strip() for p in parts)
+            self._raw_ids[job_id] = raw
+            found[job_id] = JobStatus(
+                job_id=job_id, state=state, reason=_clean(reason), nodes=_clean(nodes),
+                start=_clean(start), end=_clean(end), raw_id=raw,
+            )
+        return found
+
+    def _sacct(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        if not job_ids:
+            return {}
+        if self._accounting is not False:
+            proc = self._run(
+                ["sacct", "--noheader", "--parsable2", "--allocations",
+                 f"--jobs={','.join(job_ids)}", f"--format={_SACCT_FIELDS}"],
+                check=False,
+            )
+            if proc.returncode == 0:
+                self._accounting = True
+                return self._parse_sacct(proc.stdout, by_raw=False)
+            if "accounting storage is disabled" not in proc.stderr.lower():
+                raise SlurmError(_first_error(proc.stderr) or "sacct failed")
+            self._accounting = False
+        # The job-completion log knows only raw ids: array tasks are found by the raw id that
+        # squeue reported while they lived.
+        raw_to_ids: dict[str, list[str]] = {}
+        for j in job_ids:
+            raw_to_ids.setdefault(self._raw_ids.get(j, base_id(j) if "_" not in j else j),
+                                  []).append(j)
+        raws = [r for r in raw_to_ids if r.isdigit()]
+        if not raws:
+            return {}
+        proc = self._run(
+            ["sacct", "--completion", "--noheader", "--parsable2", f"--jobs={','.join(raws)}",
+             f"--format={_SACCT_FIELDS}"],
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise SlurmError(_first_error(proc.stderr) or "sacct --completion failed")
+        by_raw = self._parse_sacct(proc.stdout, by_raw=True)
+        out: dict[str, JobStatus] = {}
+        for raw, status in by_raw.items():
+            for j in raw_to_ids.get(raw, []):
+                out[j] = replace(status, job_id=j)
+        return out
+
+    @staticmethod
+    def _parse_sacct(text: str, *, by_raw: bool) -> dict[str, JobStatus]:
+        out: dict[str, JobStatus] = {}
+        for line in text.splitlines():
+            parts = line.split("|")
+            if len(parts) < 7:
+                continue
+            job_id, raw, state, exit_code, nodes, start, end = (p.strip() for p in parts[:7])
+            if "." in job_id:  # job steps (batch, extern, 0, ...): the allocation speaks for all
+                continue
+            status = JobStatus(
+                job_id=job_id, state=state.split()[0] if state else "UNKNOWN",
+                exit_code=_clean(exit_code), nodes=_clean(nodes), start=_clean(start),
+                end=_clean(end), raw_id=raw,
+            )
+            out[raw if by_raw else job_id] = status
+        return out
+
+    # --- waiting ----------------------------------------------------------------------------
+    def wait(
+        self,
+        job_ids: Iterable[str],
+        *,
+        timeout_s: float,
+        until: Callable[[Mapping[str, JobStatus]], bool] | None = None,
+        min_interval_s: float = 0.5,
+        max_interval_s: float = 10.0,
+    ) -> dict[str, JobStatus]:
+        """Poll with exponential back-off (x1.5 up to ``max_interval_s``) until every job ended
+        (or ``until(statuses)`` is true); return the last statuses."""
+        ids = list(job_ids)
+        deadline = time.monotonic() + timeout_s
+        interval = min_interval_s
+        while True:
+            statuses = self.query(ids)
+            done = until(statuses) if until else all(s.terminal for s in statuses.values())
+            if done or time.monotonic() >= deadline:
+                return statuses
+            self._sleep(min(interval, max(0.0, deadline - time.monotonic())))
+            interval = min(max_interval_s, interval * 1.5)
+
+
+def _first_error(stderr: str) -> str:
+    """SLURM's own message, without the program prefix noise: the most telling stderr line."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for ln in lines:
+        if "error" in ln.lower():
+            return ln
+    return lines[0] if lines else ""
+
+
+def slurm_available(env: Mapping[str, str] | None = None) -> bool:
+    """True when a SLURM controller answers (used to choose a default executor)."""
+    try:
+        proc = subprocess.run(
+            ["sinfo", "--noheader", "--format=%T"], capture_output=True, text=True, timeout=10,
+            env=dict(env) if env is not None else os.environ.copy(), check=False,
+        )
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
