@@ -1,0 +1,422 @@
+"""``flm collect``: ingest trace files into the store.
+
+Properties the rest of the system relies on:
+
+- Idempotent. A run is keyed by its ``run_id``; ``trace_digest`` (sha256 of the file's bytes)
+  says whether the file changed since it was stored. Equal digest: nothing is written. A new
+  digest (a trace rewritten with more steps): the run row is updated and its steps and per-rank
+  memory rows are replaced.
+- One transaction per batch of files: a crash loses at most the batch in flight, and a re-run
+  picks it up (nothing is marked "done" outside the database).
+- Bad files do not stop the rest: a file that is not JSON or breaks the trace schema moves to a
+  quarantine folder (``<DIR>/quarantine/`` by default) beside ``<file>.reason.txt``.
+- Two collectors at once neither duplicate nor lose rows. Every write is an upsert
+  (``INSERT ... ON CONFLICT``) on a unique key, so the database decides who inserts a row; the
+  run upsert only touches a row whose digest differs and returns the rows it wrote, and only
+  those get their steps written. Rows are written in key order so PostgreSQL writers take row
+  locks in one order (no deadlock cycles); SQLite writers queue on ``BEGIN IMMEDIATE`` with a
+  long busy timeout, and a "database is locked" (or a PostgreSQL deadlock / serialization
+  failure) retries the whole batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Table, bindparam, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from frontier_llm.bench.trace import TRACE_SUFFIX, TraceError, validate_trace
+from frontier_llm.errors import UserError
+from frontier_llm.specs.parallel import Sharding
+from frontier_llm.store import Store
+from frontier_llm.store.schema import (
+    flm_layouts,
+    flm_predictions,
+    flm_rank_memory,
+    flm_runs,
+    flm_steps,
+)
+
+QUARANTINE_DIR = "quarantine"
+REASON_SUFFIX = ".reason.txt"
+DEFAULT_BATCH = 500
+MAX_ATTEMPTS = 8
+
+_PREDICTION_COLUMNS = ("step_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu",
+                       "peak_memory_bytes", "fits")
+_SUMMARY_COLUMNS = ("steps_measured", "step_time_s", "tokens_per_s", "model_tflops_per_gpu",
+                    "hardware_tflops_per_gpu", "mfu", "hfu", "peak_memory_bytes")
+_MEMORY_COLUMNS = ("pp_stage", "tp_rank", "dp_rank", "params_bytes", "grads_bytes",
+                   "optimizer_bytes", "activations_peak_bytes", "device_allocated_peak_bytes",
+                   "device_reserved_peak_bytes", "host_rss_peak_bytes")
+_LAYOUT_COLUMNS = ("tp", "pp", "dp", "micro_batch", "global_batch", "schedule", "virtual_stages",
+                   "sequence_parallel", "recompute", "flash_attention", "dtype")
+
+
+@dataclass
+class IngestReport:
+    """What one ``collect`` did. ``quarantined`` holds (new path, reason) pairs."""
+
+    seen: int = 0
+    inserted: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    vanished: int = 0  # listed, then gone before reading (moved by another collector)
+    quarantined: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    batches: int = 0
+    retries: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "seen": self.seen, "inserted": self.inserted, "updated": self.updated,
+            "unchanged": self.unchanged, "vanished": self.vanished,
+            "quarantined": [{"path": p, "reason": r} for p, r in self.quarantined],
+            "warnings": list(self.warnings), "batches": self.batches, "retries": self.retries,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+class RowError(ValueError):
+    """A trace that passes the JSON schema but cannot be stored (e.g. a step listed twice)."""
+
+
+# --- finding files ---------------------------------------------------------------------------
+
+def find_traces(dirs: Iterable[str | Path], quarantine: str | Path | None = None,
+                ) -> list[tuple[Path, Path]]:
+    """``(trace file, the DIR it was found under)`` for every ``*.trace.json`` below ``dirs``,
+    in a stable order, skipping quarantine folders."""
+    skip = Path(quarantine).resolve() if quarantine else None
+    out: dict[Path, Path] = {}
+    for d in dirs:
+        root = Path(d)
+        if root.is_file():
+            out.setdefault(root.resolve(), root.parent)
+            continue
+        if not root.is_dir():
+            raise UserError(f"collect: {root} is not a folder or a trace file")
+        for path in root.rglob(f"*{TRACE_SUFFIX}"):
+            rel = path.relative_to(root)
+            if QUARANTINE_DIR in rel.parts[:-1] or path.name.startswith("."):
+                continue
+            real = path.resolve()
+            if skip is not None and real.is_relative_to(skip):
+                continue
+            out.setdefault(real, root)
+    return sorted(out.items())
+
+
+def quarantine_file(path: Path, root: Path, reason: str, folder: str | Path | None = None,
+                    ) -> Path | None:
+    """Move ``path`` into the quarantine folder with ``<name>.reason.txt`` beside it.
+
+    Returns the new path, or None when the file was gone (another collector moved it first).
+    """
+    dest_dir = Path(folder) if folder else root / QUARANTINE_DIR
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest = dest_dir / path.name
+    n = 0
+    while dest.exists():
+        n += 1
+        dest = dest_dir / f"{path.name}.{n}"
+    try:
+        os.replace(path, dest)  # same file system (the default folder is beside the file)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        import shutil
+
+        try:
+            shutil.move(str(path), str(dest))
+        except FileNotFoundError:
+            return None
+    stamp = datetime.now(UTC).isoformat(timespec="seconds")
+    Path(f"{dest}{REASON_SUFFIX}").write_text(
+        f"{reason}\noriginal path: {path}\nquarantined at: {stamp} by flm collect (pid "
+        f"{os.getpid()})\n"
+    )
+    return dest
+
+
+# --- turning one trace into rows -------------------------------------------------------------
+
+def _utc(text: str | None, field_name: str) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise RowError(f"{field_name} {text!r} is not an ISO 8601 time") from None
+    # The trace's times are UTC by contract; a time without an offset is read as UTC.
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+@lru_cache(maxsize=4096)
+def _sharding_text(params: str, grads: str, optim: str) -> str:
+    try:
+        return Sharding.parse({"params": params, "grads": grads, "optim": optim}).describe()
+    except UserError as exc:
+        raise RowError(f"layout/sharding: {exc}") from None
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass
+class TraceRows:
+    """One trace, flattened into the rows of each table (run and layout rows without ids)."""
+
+    path: Path
+    digest: str
+    layout: dict
+    prediction: dict | None
+    run: dict
+    steps: list[dict]
+    memory: list[dict]
+
+
+def trace_rows(trace: dict, path: Path, digest: str) -> TraceRows:
+    """Flatten a schema-valid trace; RowError for what the schema cannot express."""
+    lay = trace["layout"]
+    sh = lay["sharding"]
+    layout = {k: lay[k] for k in _LAYOUT_COLUMNS}
+    layout.update(
+        layout_hash=trace["layout_hash"], model_name=trace["model"]["name"],
+        system_name=trace["system"]["name"],
+        sharding=_sharding_text(sh["params"], sh["grads"], sh["optim"]),
+        zero_stage=lay.get("zero_stage"), model_json=_dumps(trace["model"]),
+        layout_json=_dumps(lay),
+    )
+    pred = trace["prediction"]
+    prediction = None
+    if pred is not None:
+        prediction = {k: pred.get(k) for k in _PREDICTION_COLUMNS}
+        if prediction["peak_memory_bytes"] is not None:
+            prediction["peak_memory_bytes"] = int(prediction["peak_memory_bytes"])
+        prediction.update(costmodel_version=pred["costmodel_version"],
+                          breakdown_json=_dumps(pred))
+    labels = trace["labels"]
+    summary = trace["summary"]
+    run = {k: summary.get(k) for k in _SUMMARY_COLUMNS}
+    run.update(
+        run_id=trace["run_id"], sweep_name=labels.get("sweep"), job_key=labels.get("job_key"),
+        status=trace["status"], error=trace["error"], engine=trace["engine"],
+        started_at=_utc(trace["started_at"], "started_at"),
+        finished_at=_utc(trace["finished_at"], "finished_at"),
+        world_size=trace["environment"]["world_size"],
+        costmodel_version=pred["costmodel_version"] if pred is not None else None,
+        trace_path=str(path), trace_digest=digest, labels_json=_dumps(labels),
+        environment_json=_dumps(trace["environment"]),
+    )
+    steps = [{"step": s["step"], "time_s": s["time_s"], "loss": s["loss"],
+              "warmup": s["warmup"]} for s in trace["steps"]]
+    if len({s["step"] for s in steps}) != len(steps):
+        raise RowError("steps: a step number appears twice")
+    memory = [{"rank": m["rank"], **{k: m.get(k) for k in _MEMORY_COLUMNS}}
+              for m in trace["memory"]]
+    if len({m["rank"] for m in memory}) != len(memory):
+        raise RowError("memory: a rank appears twice")
+    return TraceRows(path, digest, layout, prediction, run, steps, memory)
+
+
+# --- writing a batch -------------------------------------------------------------------------
+
+def _insert(conn: Connection, table: Table):
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table)
+
+
+def _layout_ids(conn: Connection, layouts: dict[str, dict]) -> dict[str, int]:
+    rows = [layouts[h] for h in sorted(layouts)]
+    conn.execute(_insert(conn, flm_layouts).on_conflict_do_nothing(
+        index_elements=["layout_hash"]), rows)
+    found = conn.execute(
+        select(flm_layouts.c.layout_hash, flm_layouts.c.id)
+        .where(flm_layouts.c.layout_hash.in_(bindparam("hashes", expanding=True))),
+        {"hashes": sorted(layouts)},
+    )
+    return dict(found.all())
+
+
+def _write_predictions(conn: Connection, preds: dict[tuple[int, str], dict]) -> None:
+    if not preds:
+        return
+    stmt = _insert(conn, flm_predictions)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["layout_id", "costmodel_version"],
+        set_={c: stmt.excluded[c] for c in (*_PREDICTION_COLUMNS, "breakdown_json")},
+    )
+    conn.execute(stmt, [preds[k] for k in sorted(preds)])
+
+
+def _write_runs(conn: Connection, runs: list[dict]) -> tuple[dict[str, int], set[str]]:
+    """Upsert run rows; returns ({run_id: pk} of rows written, run_ids that existed before)."""
+    ids = [r["run_id"] for r in runs]
+    before = set(conn.execute(
+        select(flm_runs.c.run_id)
+        .where(flm_runs.c.run_id.in_(bindparam("ids", expanding=True))), {"ids": ids},
+    ).scalars())
+    stmt = _insert(conn, flm_runs)
+    cols = [c.name for c in flm_runs.columns if c.name not in ("id", "run_id")]
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["run_id"],
+        set_={c: stmt.excluded[c] for c in cols},
+        # Equal digest: the stored run already is this file; leave it (and report unchanged).
+        where=flm_runs.c.trace_digest != stmt.excluded.trace_digest,
+    ).returning(flm_runs.c.run_id, flm_runs.c.id)
+    written = dict(conn.execute(stmt, runs).all())
+    return written, before
+
+
+def _write_batch(conn: Connection, rows: list[TraceRows]) -> tuple[int, int]:
+    """All rows of one batch in the caller's transaction; returns (inserted, updated)."""
+    layouts = {r.layout["layout_hash"]: r.layout for r in rows}
+    layout_ids = _layout_ids(conn, layouts)
+    preds: dict[tuple[int, str], dict] = {}
+    runs = []
+    for r in sorted(rows, key=lambda r: r.run["run_id"]):
+        lid = layout_ids[r.layout["layout_hash"]]
+        if r.prediction is not None:
+            preds[(lid, r.prediction["costmodel_version"])] = {**r.prediction, "layout_id": lid}
+        runs.append({**r.run, "layout_id": lid})
+    _write_predictions(conn, preds)
+    written, before = _write_runs(conn, runs)
+    if not written:
+        return 0, 0
+    replaced = [written[i] for i in written if i in before]
+    if replaced:
+        for table in (flm_steps, flm_rank_memory):
+            conn.execute(table.delete().where(
+                table.c.run.in_(bindparam("pks", expanding=True))), {"pks": replaced})
+    by_id = {r.run["run_id"]: r for r in rows}
+    steps = [{**s, "run": pk} for rid, pk in sorted(written.items(), key=lambda kv: kv[1])
+             for s in by_id[rid].steps]
+    memory = [{**m, "run": pk} for rid, pk in sorted(written.items(), key=lambda kv: kv[1])
+              for m in by_id[rid].memory]
+    if steps:
+        conn.execute(flm_steps.insert(), steps)
+    if memory:
+        conn.execute(flm_rank_memory.insert(), memory)
+    return len(written) - len(replaced), len(replaced)
+
+
+def _retryable(exc: DBAPIError) -> bool:
+    text = str(getattr(exc, "orig", exc)).lower()
+    if "database is locked" in text or "database is busy" in text:
+        return True
+    code = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    return code in ("40P01", "40001")  # deadlock_detected, serialization_failure
+
+
+def write_with_retry(store: Store, rows: list[TraceRows], report: IngestReport) -> tuple[int, int]:
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        try:
+            with store.write() as conn:
+                return _write_batch(conn, rows)
+        except (OperationalError, DBAPIError) as exc:
+            if attempt == MAX_ATTEMPTS or not _retryable(exc):
+                raise
+            report.retries += 1
+            time.sleep(min(2.0, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.5))
+    raise AssertionError("unreachable")
+
+
+# --- the collector ---------------------------------------------------------------------------
+
+def _known_digests(store: Store, digests: Sequence[str]) -> set[str]:
+    if not digests:
+        return set()
+    with store.read() as conn:
+        return set(conn.execute(
+            select(flm_runs.c.trace_digest)
+            .where(flm_runs.c.trace_digest.in_(bindparam("d", expanding=True))),
+            {"d": list(digests)},
+        ).scalars())
+
+
+def collect(store: Store, dirs: Iterable[str | Path], *, quarantine: str | Path | None = None,
+            batch_size: int = DEFAULT_BATCH, progress: Callable[[str], None] | None = None,
+            ) -> IngestReport:
+    """Ingest every ``*.trace.json`` below ``dirs``; see the module docstring."""
+    if batch_size < 1:
+        raise UserError(f"collect: --batch-size must be at least 1 (got {batch_size})")
+    t0 = time.perf_counter()
+    report = IngestReport()
+    files = find_traces(dirs, quarantine)
+    report.seen = len(files)
+    nbatches = (len(files) + batch_size - 1) // batch_size
+    for b in range(nbatches):
+        tb = time.perf_counter()
+        chunk = files[b * batch_size:(b + 1) * batch_size]
+        counts = _collect_batch(store, chunk, quarantine, report)
+        report.batches += 1
+        if progress:
+            progress(f"collect: batch {b + 1}/{nbatches}: {len(chunk)} files, "
+                     f"{counts[0]} new, {counts[1]} updated, {counts[2]} unchanged, "
+                     f"{counts[3]} quarantined ({time.perf_counter() - tb:.2f} s)")
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _collect_batch(store: Store, chunk: list[tuple[Path, Path]], quarantine: str | Path | None,
+                   report: IngestReport) -> tuple[int, int, int, int]:
+    raw: list[tuple[Path, Path, bytes, str]] = []
+    for path, root in chunk:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            report.vanished += 1
+            continue
+        raw.append((path, root, data, hashlib.sha256(data).hexdigest()))
+    known = _known_digests(store, sorted({d for *_, d in raw}))
+    unchanged = sum(1 for *_, d in raw if d in known)
+    rows: dict[str, TraceRows] = {}
+    nquarantined = 0
+    for path, root, data, digest in raw:
+        if digest in known:
+            continue
+        try:
+            try:
+                trace = json.loads(data)
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise TraceError(f"not valid JSON: {exc}") from None
+            validate_trace(trace)
+            row = trace_rows(trace, path, digest)
+        except (TraceError, RowError) as exc:
+            dest = quarantine_file(path, root, str(exc), quarantine)
+            if dest is None:
+                report.vanished += 1
+            else:
+                report.quarantined.append((str(dest), str(exc)))
+                nquarantined += 1
+            continue
+        rid = row.run["run_id"]
+        if rid in rows:
+            report.warnings.append(
+                f"run_id {rid} is in two files: {rows[rid].path} and {path}; kept {path}")
+            unchanged += 1
+        rows[rid] = row
+    inserted = updated = 0
+    if rows:
+        inserted, updated = write_with_retry(store, list(rows.values()), report)
+    # Rows the database already held with this digest (another collector got there first).
+    unchanged += len(rows) - inserted - updated
+    report.inserted += inserted
+    report.updated += updated
+    report.unchanged += unchanged
+    return inserted, updated, unchanged, nquarantined
