@@ -24,7 +24,7 @@ from frontier_llm.store import migrate
 from frontier_llm.store.schema import SCHEMA_VERSION
 from frontier_llm.store.url import parse_url, redact, resolve_url
 
-__all__ = ["SCHEMA_VERSION", "Store", "open_store", "redact", "resolve_url"]
+__all__ = ["SCHEMA_VERSION", "Store", "connect", "open_store", "redact", "resolve_url"]
 
 # Seconds a SQLite writer waits for another's lock before "database is locked".
 SQLITE_BUSY_TIMEOUT_S = 60.0
@@ -37,6 +37,7 @@ class Store:
     def __init__(self, engine: Engine, url_redacted: str) -> None:
         self.engine = engine
         self.url_redacted = url_redacted
+        self._password: str | None = None
 
     @property
     def dialect(self) -> str:
@@ -113,12 +114,8 @@ def _connect_error(url_redacted: str, password: str | None, exc: Exception) -> U
     return UserError(f"cannot open database {url_redacted}: {detail}")
 
 
-def open_store(url: str | None = None, *, upgrade: bool = False) -> Store:
-    """Open (and on first use create) the database at ``url`` (see :func:`resolve_url`).
-
-    A database at an older schema version is refused with the command that upgrades it, unless
-    ``upgrade`` is true (``flm db upgrade``); a newer one is always refused.
-    """
+def connect(url: str | None = None) -> Store:
+    """A Store on ``url`` without looking at or creating its schema (see :func:`open_store`)."""
     full = resolve_url(url)
     parsed = parse_url(full)
     shown = redact(parsed)
@@ -136,19 +133,31 @@ def open_store(url: str | None = None, *, upgrade: bool = False) -> Store:
             "(use sqlite:///PATH or postgresql://...)"
         )
     store = Store(engine, shown)
+    store._password = parsed.password  # only to scrub it from driver messages
+    return store
+
+
+def open_store(url: str | None = None, *, check: bool = True) -> Store:
+    """Open (and on first use create) the database at ``url`` (see :func:`resolve_url`).
+
+    A database at an older schema version is refused with the command that upgrades it
+    (``flm db upgrade``, i.e. :meth:`Store.upgrade`); a newer one is refused too. ``check=False``
+    opens any version without changing it (for ``flm db version`` and ``flm db upgrade``).
+    """
+    store = connect(url)
     try:
         with store.read() as conn:
             version = migrate.stored_version(conn)
-            if version is not None and not upgrade:
-                migrate.check(conn, shown)
-        if version is None or (upgrade and version != SCHEMA_VERSION):
-            # New database (or an explicit upgrade): lock, re-check and migrate; another
-            # process may have created the tables since the read above.
+            if version is not None and check:
+                migrate.check(conn, store.url_redacted)
+        if version is None:
+            # A new database: lock, re-check and create; another process may have created the
+            # tables since the read above.
             store.upgrade()
     except (OperationalError, DBAPIError) as exc:
-        engine.dispose()
-        raise _connect_error(shown, parsed.password, exc) from None
+        store.close()
+        raise _connect_error(store.url_redacted, store._password, exc) from None
     except BaseException:
-        engine.dispose()
+        store.close()
         raise
     return store

@@ -1,0 +1,173 @@
+"""flm collect, flm results, flm validate, flm db: the results database from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pandas as pd
+
+from frontier_llm.cli.common import add_command, add_format, db_parent, emit_frame, emit_json
+from frontier_llm.store import SCHEMA_VERSION, open_store
+from frontier_llm.store.ingest import DEFAULT_BATCH, collect
+from frontier_llm.store.queries import error_stats, runs_frame, validation_frame
+
+# What `flm results` shows as a table; csv and json carry every column.
+_RESULT_TABLE_COLUMNS = ["run_id", "sweep_name", "status", "model", "system", "tp", "pp", "dp",
+                         "micro_batch", "global_batch", "sharding", "step_time_s",
+                         "predicted_step_time_s", "tokens_per_s", "mfu", "peak_memory_bytes"]
+
+
+def _err(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _collect(args: argparse.Namespace) -> int:
+    store = open_store(args.db)
+    try:
+        report = collect(store, args.dirs, quarantine=args.quarantine,
+                         batch_size=args.batch_size, progress=None if args.quiet else _err)
+    finally:
+        store.close()
+    for path, reason in report.quarantined:
+        _err(f"flm collect: quarantined {path}: {reason}")
+    for warning in report.warnings:
+        _err(f"flm collect: warning: {warning}")
+    if args.format == "json":
+        emit_json({"db": store.url_redacted, **report.as_dict()})
+    else:
+        print(f"collected {report.seen} trace files into {store.url_redacted}: "
+              f"{report.inserted} new, {report.updated} updated, {report.unchanged} unchanged, "
+              f"{len(report.quarantined)} quarantined ({report.seconds:.2f} s)")
+    return 0
+
+
+def _results(args: argparse.Namespace) -> int:
+    store = open_store(args.db)
+    try:
+        df = runs_frame(store, sweep=args.sweep)
+    finally:
+        store.close()
+    if args.format == "table":
+        df = df[_RESULT_TABLE_COLUMNS]
+    else:
+        for c in ("started_at", "finished_at"):
+            df[c] = df[c].map(lambda t: t.isoformat() if pd.notna(t) else None)
+    emit_frame(df, args.format)
+    return 0
+
+
+def _fmt_table(df: pd.DataFrame) -> pd.DataFrame:
+    return df.round({c: 2 for c in df.columns if c.endswith("_pct")})
+
+
+def _validate(args: argparse.Namespace) -> int:
+    store = open_store(args.db)
+    try:
+        runs = validation_frame(store, sweep=args.sweep, costmodel_version=args.costmodel_version)
+    finally:
+        store.close()
+    stats = error_stats(runs)
+    if args.format == "json":
+        emit_json({"runs": runs.to_dict(orient="records"),
+                   "stats": stats.to_dict(orient="records")})
+    elif args.format == "csv":
+        emit_frame(stats if args.stats_only else runs, "csv")
+    else:
+        if not args.stats_only:
+            print("predicted vs measured (error = (predicted - measured) / measured):")
+            emit_frame(_fmt_table(runs), "table")
+            print()
+        print("error statistics per system (MAPE = mean absolute percentage error):")
+        emit_frame(_fmt_table(stats), "table")
+    return 0
+
+
+def _db(args: argparse.Namespace) -> int:
+    if args.action == "upgrade":
+        store = open_store(args.db, check=False)
+        try:
+            before = store.schema_version()
+            ran = store.upgrade()
+        finally:
+            store.close()
+        if ran:
+            print(f"upgraded {store.url_redacted} from schema version {before} to "
+                  f"{SCHEMA_VERSION} (migrations {', '.join(map(str, ran))})")
+        else:
+            print(f"{store.url_redacted} is at schema version {SCHEMA_VERSION}; nothing to do")
+        return 0
+    store = open_store(args.db, check=False)
+    try:
+        version = store.schema_version()
+    finally:
+        store.close()
+    state = ("current" if version == SCHEMA_VERSION else
+             "older: run 'flm db upgrade'" if (version or 0) < SCHEMA_VERSION else
+             "newer: upgrade frontier_llm")
+    print(f"database: {store.url_redacted}\nschema version: {version} ({state}; this "
+          f"frontier_llm uses {SCHEMA_VERSION})")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    db = db_parent()
+    p = add_command(
+        sub, "collect", "ingest trace files into the results database",
+        "Ingest every *.trace.json below the given folders. Idempotent: a file already stored "
+        "is skipped, a rewritten one (more steps) updates its run. One transaction per batch. "
+        "A corrupt or schema-invalid file moves to DIR/quarantine/ (or --quarantine) with a "
+        "<file>.reason.txt and the rest goes on. Several collectors may run at once.",
+        ["flm collect runs/", "flm collect runs/ --db postgresql://me@dbhost/flm",
+         "flm collect runs/a runs/b --quarantine bad/ --format json"],
+        parents=[db],
+    )
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="folders (searched recursively)")
+    p.add_argument("--quarantine", metavar="DIR", default=None,
+                   help="where bad files go (default: quarantine/ in the DIR they were found in)")
+    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, metavar="N",
+                   help=f"traces per transaction (default {DEFAULT_BATCH})")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_format(p, choices=("table", "json"))
+    p.set_defaults(func=_collect)
+
+    p = add_command(
+        sub, "results", "list stored runs with their layouts and predictions",
+        "One row per run: status, layout, measured step time, throughput, MFU and peak memory, "
+        "and the cost model's prediction for the same layout. The table shows the main "
+        "columns; csv and json carry all of them.",
+        ["flm results", "flm results --sweep tp-study --format csv > runs.csv"],
+        parents=[db],
+    )
+    p.add_argument("--sweep", metavar="NAME", help="only runs of this sweep")
+    add_format(p)
+    p.set_defaults(func=_results)
+
+    p = add_command(
+        sub, "validate", "compare predicted with measured step time and memory",
+        "For each completed run with a prediction: measured and predicted step time and peak "
+        "memory with the signed error in percent; then per system the mean absolute percentage "
+        "error (MAPE) and the largest one. json holds both; csv the per-run rows (or the "
+        "statistics with --stats-only).",
+        ["flm validate", "flm validate --sweep tp-study --stats-only",
+         "flm validate --format json"],
+        parents=[db],
+    )
+    p.add_argument("--sweep", metavar="NAME", help="only runs of this sweep")
+    p.add_argument("--costmodel-version", metavar="V",
+                   help="compare with this cost-model version's predictions (default: the one "
+                   "each run's trace carried)")
+    p.add_argument("--stats-only", action="store_true", help="only the error statistics")
+    add_format(p)
+    p.set_defaults(func=_validate)
+
+    p = add_command(
+        sub, "db", "database schema version and upgrades",
+        "'version' prints the database's schema version and this frontier_llm's; 'upgrade' "
+        "runs the migrations that bring an older database to it (other commands refuse an "
+        "older database until then, and always refuse a newer one).",
+        ["flm db version", "flm db upgrade --db sqlite:///runs/flm.db"],
+        parents=[db],
+    )
+    p.add_argument("action", choices=("upgrade", "version"))
+    p.set_defaults(func=_db)

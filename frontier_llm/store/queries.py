@@ -1,0 +1,127 @@
+"""Read the store as pandas DataFrames: runs with their layouts and predictions, and the cost
+model's error against measurements (the calibration loop)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from sqlalchemy import and_, func, literal, select
+
+from frontier_llm.store import Store
+from frontier_llm.store.schema import flm_layouts, flm_predictions, flm_runs
+
+_LAYOUT_COLUMNS = ("model_name", "system_name", "tp", "pp", "dp", "micro_batch", "global_batch",
+                   "schedule", "virtual_stages", "sequence_parallel", "recompute",
+                   "flash_attention", "dtype", "sharding", "zero_stage", "layout_hash")
+_RUN_COLUMNS = ("run_id", "sweep_name", "job_key", "status", "error", "engine", "world_size",
+                "steps_measured", "step_time_s", "tokens_per_s", "model_tflops_per_gpu",
+                "hardware_tflops_per_gpu", "mfu", "hfu", "peak_memory_bytes", "started_at",
+                "finished_at", "trace_path")
+_PREDICTED_COLUMNS = ("costmodel_version", "step_time_s", "model_tflops_per_gpu", "mfu",
+                      "peak_memory_bytes", "fits")
+
+
+def runs_frame(store: Store, sweep: str | None = None,
+               costmodel_version: str | None = None) -> pd.DataFrame:
+    """One row per run: its measurements, its layout's columns and the prediction for it.
+
+    The prediction joined is the one the run's trace carried (same cost-model version), or the
+    one of ``costmodel_version`` for every run when given. Predicted columns are prefixed
+    ``predicted_``; ``model``/``system`` name the model and system.
+    """
+    r, lay, p = flm_runs, flm_layouts, flm_predictions
+    version = r.c.costmodel_version if costmodel_version is None else literal(costmodel_version)
+    cols = [r.c[c] for c in _RUN_COLUMNS]
+    cols += [lay.c.model_name.label("model"), lay.c.system_name.label("system")]
+    cols += [lay.c[c] for c in _LAYOUT_COLUMNS if c not in ("model_name", "system_name")]
+    cols += [p.c[c].label(f"predicted_{c}") for c in _PREDICTED_COLUMNS]
+    stmt = (
+        select(*cols)
+        .select_from(r.join(lay, r.c.layout_id == lay.c.id).outerjoin(
+            p, and_(p.c.layout_id == r.c.layout_id, p.c.costmodel_version == version)))
+        .order_by(r.c.sweep_name, r.c.run_id)
+    )
+    if sweep is not None:
+        stmt = stmt.where(r.c.sweep_name == sweep)
+    with store.read() as conn:
+        result = conn.execute(stmt)
+        # Plain tuples: a Row has a "dtype" attribute here (the layout column) that pandas
+        # would mistake for the row's NumPy dtype.
+        df = pd.DataFrame([tuple(row) for row in result], columns=list(result.keys()))
+    for c in ("started_at", "finished_at"):
+        # SQLite hands back naive UTC, PostgreSQL aware times: one form for both.
+        df[c] = pd.to_datetime(df[c], utc=True)
+    for c in ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu",
+              "mfu", "hfu", "predicted_step_time_s", "predicted_model_tflops_per_gpu",
+              "predicted_mfu"):
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
+    for c in ("peak_memory_bytes", "predicted_peak_memory_bytes"):
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
+    return df
+
+
+def sweep_names(store: Store) -> list[str]:
+    with store.read() as conn:
+        return [s for s in conn.execute(
+            select(flm_runs.c.sweep_name).distinct().order_by(flm_runs.c.sweep_name)).scalars()
+            if s is not None]
+
+
+def count_runs(store: Store) -> int:
+    with store.read() as conn:
+        return int(conn.execute(select(func.count()).select_from(flm_runs)).scalar_one())
+
+
+def _ape(predicted: pd.Series, measured: pd.Series) -> pd.Series:
+    """Signed percentage error of the prediction; NaN where either side is missing or zero."""
+    m = measured.astype(float)
+    out = (predicted.astype(float) - m) / m.where(m != 0) * 100.0
+    return out.replace([np.inf, -np.inf], np.nan)
+
+
+def validation_frame(store: Store, sweep: str | None = None,
+                     costmodel_version: str | None = None) -> pd.DataFrame:
+    """Predicted against measured, one row per completed run that has a prediction.
+
+    Errors are signed percentages, ``(predicted - measured) / measured * 100``: positive means
+    the model predicted too slow / too much memory.
+    """
+    df = runs_frame(store, sweep, costmodel_version)
+    df = df[(df["status"] == "completed") & df["predicted_costmodel_version"].notna()]
+    out = pd.DataFrame({
+        "run_id": df["run_id"], "system": df["system"], "model": df["model"],
+        "tp": df["tp"], "pp": df["pp"], "dp": df["dp"], "micro_batch": df["micro_batch"],
+        "global_batch": df["global_batch"], "sharding": df["sharding"],
+        "costmodel_version": df["predicted_costmodel_version"],
+        "measured_step_time_s": df["step_time_s"],
+        "predicted_step_time_s": df["predicted_step_time_s"],
+        "step_time_error_pct": _ape(df["predicted_step_time_s"], df["step_time_s"]),
+        "measured_peak_memory_bytes": df["peak_memory_bytes"],
+        "predicted_peak_memory_bytes": df["predicted_peak_memory_bytes"],
+        "memory_error_pct": _ape(df["predicted_peak_memory_bytes"], df["peak_memory_bytes"]),
+        "measured_mfu": df["mfu"], "predicted_mfu": df["predicted_mfu"],
+    })
+    return out.reset_index(drop=True)
+
+
+def error_stats(validation: pd.DataFrame) -> pd.DataFrame:
+    """Per system (and over all, system ``(all)``): runs compared, mean absolute percentage
+    error (MAPE) and the largest absolute percentage error, for step time and peak memory."""
+    rows = []
+    groups = [(name, g) for name, g in validation.groupby("system", sort=True)]
+    if len(groups) != 1:
+        groups.append(("(all)", validation))
+    for name, g in groups:
+        st = g["step_time_error_pct"].astype(float).abs().dropna()
+        mem = g["memory_error_pct"].astype(float).abs().dropna()
+        rows.append({
+            "system": name, "runs": len(g),
+            "step_time_mape_pct": st.mean() if len(st) else np.nan,
+            "step_time_max_ape_pct": st.max() if len(st) else np.nan,
+            "memory_runs": len(mem),
+            "memory_mape_pct": mem.mean() if len(mem) else np.nan,
+            "memory_max_ape_pct": mem.max() if len(mem) else np.nan,
+        })
+    cols = ["system", "runs", "step_time_mape_pct", "step_time_max_ape_pct", "memory_runs",
+            "memory_mape_pct", "memory_max_ape_pct"]
+    return pd.DataFrame(rows, columns=cols)
