@@ -1,1 +1,87 @@
-"""The analytical cost model: FLOPs, memory, communication and step time (pure functions)."""
+"""The analytical cost model: FLOPs, per-rank memory and step time of a training layout.
+
+Pure functions over a :class:`~frontier_llm.costmodel.layouts.LayoutTable` (numpy columns), so the
+planner evaluates every candidate layout at once; :func:`predict` is the scalar entry point for one
+``ParallelConfig`` and runs the same code on a table of one row. Formulas, citations and what is
+not modelled: docs/costmodel.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from frontier_llm.costmodel.flops import hardware_flops, model_flops
+from frontier_llm.costmodel.layouts import DTYPES, LayoutTable, from_configs
+from frontier_llm.costmodel.memory import peak_memory
+from frontier_llm.costmodel.steptime import step_time
+from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.parallel import ParallelConfig
+from frontier_llm.specs.system import SystemSpec
+
+# Bump when a formula or a default changes what the model predicts; stored beside every
+# prediction so that old predictions are never compared with new ones unknowingly.
+COSTMODEL_VERSION = "1.0"
+
+TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "pp_comm", "pp_bubble", "head",
+              "dp_comm", "optimizer")
+MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "buffers", "reserved")
+
+
+def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable) -> dict[str, np.ndarray]:
+    """Every figure of the model for every layout in ``table`` (numpy columns)."""
+    times = step_time(model, system, table)
+    mem = peak_memory(model, system, table)
+    tokens = table.global_batch * model.seq_len
+    gpus = table.world_size
+    peak = np.array([system.peak_flops.get(d, np.nan) if d in system.peak_flops
+                     else _peak_or_nan(system, d) for d in DTYPES])[table.dtype]
+    hw = np.array([hardware_flops(model, 1.0, r) for r in ("none", "selective", "full")])
+    model_f = model_flops(model, tokens.astype(float))
+    hardware_f = hw[table.recompute] * tokens
+    step = times["step_time"]
+    out = {
+        "step_time_s": step,
+        "tokens_per_s": tokens / step,
+        "model_tflops_per_gpu": model_f / step / gpus / 1e12,
+        "hardware_tflops_per_gpu": hardware_f / step / gpus / 1e12,
+        "mfu": model_f / step / gpus / peak,
+        "hfu": hardware_f / step / gpus / peak,
+        "peak_memory_bytes": mem["peak"],
+        "peak_memory_stage": mem["stage"],
+        "fits": mem["peak"] <= system.memory_bytes,
+    }
+    out.update({f"time_{k}_s": times[k] for k in TIME_PARTS})
+    out.update({f"mem_{k}_bytes": mem[k] for k in MEMORY_PARTS})
+    return out
+
+
+def _peak_or_nan(system: SystemSpec, dtype: str) -> float:
+    try:
+        return system.peak(dtype)
+    except Exception:
+        return float("nan")
+
+
+def predict(model: ModelSpec, system: SystemSpec, layout: ParallelConfig) -> dict:
+    """One layout's prediction as a JSON-able dict (what a trace's ``prediction`` holds)."""
+    layout.check_model(model)
+    row = {k: v[0].item() for k, v in evaluate(model, system, from_configs([layout])).items()}
+    return {
+        "costmodel_version": COSTMODEL_VERSION,
+        "step_time_s": row["step_time_s"],
+        "tokens_per_s": row["tokens_per_s"],
+        "model_tflops_per_gpu": row["model_tflops_per_gpu"],
+        "hardware_tflops_per_gpu": row["hardware_tflops_per_gpu"],
+        "mfu": row["mfu"],
+        "hfu": row["hfu"],
+        "peak_memory_bytes": row["peak_memory_bytes"],
+        "fits": bool(row["fits"]),
+        "breakdown": {
+            "time_s": {k: row[f"time_{k}_s"] for k in TIME_PARTS},
+            "memory_bytes": {k: row[f"mem_{k}_bytes"] for k in MEMORY_PARTS},
+            "peak_memory_stage": int(row["peak_memory_stage"]),
+        },
+    }
+
+
+__all__ = ["COSTMODEL_VERSION", "LayoutTable", "evaluate", "from_configs", "predict"]

@@ -37,16 +37,22 @@ class LinkTier:
             raise SpecError(f"links.{self.scope}.latency must not be negative", "latency")
 
 
+# Efficiencies that scale a rate: zero would mean an infinite time.
+RATE_EFFICIENCIES = ("matmul", "memory", "collective")
+
+
 @dataclass(frozen=True)
 class Efficiency:
-    """An achievable fraction (0 < value <= 1) of a datasheet figure, with where it came from."""
+    """A fraction (0 <= value <= 1), with where it came from: an achievable share of a datasheet
+    rate (``matmul``, ``memory``, ``collective``) or a share of communication hidden behind
+    compute (``tp_overlap``, ``dp_overlap``)."""
 
     value: float
     source: str = ""
 
     def __post_init__(self) -> None:
-        if not 0 < self.value <= 1:
-            raise SpecError(f"an efficiency must be in (0, 1] (got {self.value})", "value")
+        if not 0 <= self.value <= 1:
+            raise SpecError(f"an efficiency must be in [0, 1] (got {self.value})", "value")
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,9 @@ class SystemSpec:
     efficiency: dict[str, Efficiency] = field(default_factory=dict)
     gpus_per_package: int = 1
     memory_bandwidth: float = 0.0  # bytes/s per GPU; used for the optimizer step
+    # Memory no tensor of the model can use: runtime context, collective-library buffers,
+    # allocator fragmentation.
+    memory_reserved_bytes: float = 0.0
     description: str = ""
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -90,6 +99,9 @@ class SystemSpec:
         for needed in ("node", "network"):
             if needed not in self.links:
                 raise SpecError(f"links needs a '{needed}' tier", "links")
+        for rate in RATE_EFFICIENCIES:
+            if rate in self.efficiency and self.efficiency[rate].value <= 0:
+                raise SpecError(f"efficiency.{rate} must be above 0", "efficiency")
         for scope, tier in self.links.items():
             if scope != tier.scope:
                 raise SpecError(f"links.{scope} has scope '{tier.scope}'", "links")

@@ -1,0 +1,73 @@
+"""Fit a system's efficiency knobs to the published runs of its GPU (calibration_runs.csv).
+
+Coordinate search over a grid per knob, minimising the mean absolute percentage error of the
+calibration protocol (frontier_llm.planner.calibration). Prints the fitted values to paste into
+the system's YAML with this script named as their source, and the per-row table.
+
+    python analysis/fit_efficiency.py --system dgx-a100 --gpu A100
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import numpy as np
+
+from frontier_llm.catalog import load_system
+from frontier_llm.planner.calibration import error_summary, load_runs, validate_runs
+from frontier_llm.specs.system import Efficiency
+
+GRIDS = {
+    "matmul": np.round(np.arange(0.40, 0.951, 0.01), 2),
+    "collective": np.round(np.arange(0.30, 1.001, 0.05), 2),
+    "memory": np.round(np.arange(0.30, 1.001, 0.05), 2),
+    "tp_overlap": np.round(np.arange(0.0, 1.001, 0.1), 2),
+    "dp_overlap": np.round(np.arange(0.0, 1.001, 0.1), 2),
+}
+
+
+def with_eff(system, values):
+    eff = dict(system.efficiency)
+    for k, v in values.items():
+        eff[k] = Efficiency(float(v), "fit")
+    return dataclasses.replace(system, efficiency=eff)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--system", required=True)
+    ap.add_argument("--gpu", required=True, help="substring of gpu_type selecting the rows")
+    ap.add_argument("--csv", default="../shared/data/calibration_runs.csv")
+    ap.add_argument("--knobs", default=",".join(GRIDS))
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    runs = load_runs(args.csv)
+    runs = runs[runs["gpu_type"].str.contains(args.gpu, case=False)]
+    base = load_system(args.system)
+    knobs = args.knobs.split(",")
+    values = {k: base.eff(k, 1.0 if k in ("matmul", "collective", "memory") else 0.0)
+              for k in knobs}
+
+    def score(vals):
+        table = validate_runs(runs, {base.name: with_eff(base, vals)})
+        return error_summary(table)["mape"], table
+
+    best, _ = score(values)
+    for rnd in range(args.rounds):
+        for k in knobs:
+            for v in GRIDS[k]:
+                trial = {**values, k: v}
+                s, _ = score(trial)
+                if s < best - 1e-6:
+                    best, values = s, trial
+            print(f"round {rnd + 1} {k}: mape {best:.4f} {values}", flush=True)
+    _, table = score(values)
+    print(table.drop(columns=["source"]).to_string())
+    print(error_summary(table))
+    print("fitted:", {k: float(v) for k, v in values.items()})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Parameters held by one rank: how tensor and pipeline parallelism split a GPT (Megatron's way).
+
+Tensor parallelism (Shoeybi et al. 2019, Megatron-LM) splits QKV and the MLP's first matrices by
+columns and the attention output projection and the MLP's last matrix by rows; the row-parallel
+biases and the norms stay whole on every rank. The token embedding and the output head are split
+over the vocabulary; learned positions are replicated. With grouped-query attention and fewer KV
+heads than TP ranks, each rank keeps one KV head (replicated). Pipeline rank 0 holds the
+embeddings, the last rank the final norm and the head; with tied embeddings and more than one
+stage the last stage keeps its own copy of the embedding matrix (its gradient is all-reduced with
+the first stage's), as Megatron does.
+
+All functions take numpy arrays (or ints) for ``tp``/``pp`` and return arrays of the same shape.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from frontier_llm.specs.model import ModelSpec
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def kv_width_per_rank(model: ModelSpec, tp):
+    """Width of K (or V) on one TP rank: a share of the KV heads, or one whole head."""
+    tp = np.asarray(tp)
+    return np.where(model.kv_heads % tp == 0, model.kv_dim // np.maximum(tp, 1), model.head_dim)
+
+
+def layer_params_per_rank(model: ModelSpec, tp):
+    """Parameters of one transformer block on one TP rank."""
+    tp = np.asarray(tp)
+    h, f = model.hidden, model.ffn_hidden
+    kv = kv_width_per_rank(model, tp)
+    q = h // tp
+    column = h * (q + 2 * kv) + (model.mlp_matrices - 1) * h * (f // tp)
+    row = q * h + (f // tp) * h
+    norms = 2 * (2 * h if model.norm == "layernorm" else h)
+    bias = 0
+    if model.bias:
+        bias = (q + 2 * kv) + (model.mlp_matrices - 1) * (f // tp) + 2 * h  # 2 row biases whole
+    return column + row + norms + bias
+
+
+def embedding_params_per_rank(model: ModelSpec, tp):
+    """Token embedding (vocabulary-parallel) plus learned positions (replicated)."""
+    pos = model.seq_len * model.hidden if model.position == "learned" else 0
+    return _cdiv(model.vocab, np.asarray(tp)) * model.hidden + pos
+
+
+def head_params_per_rank(model: ModelSpec, tp, pp):
+    """Final norm plus the output projection on the last stage."""
+    tp, pp = np.asarray(tp), np.asarray(pp)
+    norm = 2 * model.hidden if model.norm == "layernorm" else model.hidden
+    separate = (not model.tied_embeddings) | (pp > 1)
+    return norm + np.where(separate, _cdiv(model.vocab, tp) * model.hidden, 0)
+
+
+def stage_params_per_rank(model: ModelSpec, tp, pp, pp_rank):
+    """Parameters on one rank of pipeline stage ``pp_rank`` (all chunks of that rank)."""
+    tp, pp, pp_rank = np.asarray(tp), np.asarray(pp), np.asarray(pp_rank)
+    n = (model.layers // pp) * layer_params_per_rank(model, tp)
+    n = n + np.where(pp_rank == 0, embedding_params_per_rank(model, tp), 0)
+    return n + np.where(pp_rank == pp - 1, head_params_per_rank(model, tp, pp), 0)

@@ -1,0 +1,164 @@
+"""Step time of one training iteration, with its breakdown.
+
+Per micro-batch and transformer block, a rank spends:
+
+- matrix work: the block's FLOPs (Narayanan et al. 2021; :mod:`.flops`) over ``t`` ranks at the
+  system's achievable ``matmul`` fraction of peak, backward twice the forward;
+- memory-bound element-wise work (norms, bias + dropout + residual, GeLU, softmax when attention
+  is not fused): the bytes it reads and writes at the ``memory`` fraction of HBM bandwidth;
+- tensor-parallel communication (Shoeybi et al. 2019; Korthikanti et al. 2022 §4.2.2): two
+  all-reduces of ``b·s·h`` elements forward and two backward (with sequence parallelism an
+  all-gather and a reduce-scatter each, the same volume); the ``tp_overlap`` fraction hides
+  behind matrix work;
+- recomputation: full recompute replays the forward (and its TP communication); selective replays
+  the attention core only.
+
+A stage is ``l/p`` blocks; the first adds the embedding, the last the output head and the loss.
+Pipeline stages exchange ``b·s·h/t`` elements per micro-batch each way (Megatron's scatter/gather
+optimization), once per virtual stage. With ``m`` micro-batches the pipeline takes
+``m·t_max + (p−1)/v·t_avg`` (the bubble of Narayanan et al. 2021 §2.2). Data parallelism reduces
+gradients once per step (all-reduce, or reduce-scatter + all-gather of parameters when optimizer
+states are sharded); only the last micro-batch's backward can hide it (``dp_overlap``). Sharded
+parameters (ZeRO-3, FSDP) are gathered forward and backward for every micro-batch and gradients
+reduce-scattered, behind compute where ``dp_overlap`` allows. The optimizer step streams the
+rank's parameters, gradients and optimizer states through memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from frontier_llm.costmodel import comm
+from frontier_llm.costmodel.flops import (
+    layer_forward_flops_per_token,
+    logits_forward_flops_per_token,
+)
+from frontier_llm.costmodel.layouts import DTYPES, LayoutTable
+from frontier_llm.costmodel.memory import ACT_BYTES, STATE_BYTES
+from frontier_llm.costmodel.params import stage_params_per_rank
+from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.system import SystemSpec
+
+# Bytes an Adam step moves per parameter: read parameter, gradient, master weight and two
+# moments, write all but the gradient (fp32 training has no separate master copy).
+OPTIMIZER_TRAFFIC = np.array([4 + 4 + 8 + 4 + 8, 2 + 4 + 12 + 2 + 12, 2 + 4 + 12 + 2 + 12])
+
+
+def _peaks(system: SystemSpec, t: LayoutTable) -> np.ndarray:
+    per_dtype = np.array([system.peak(d) if _has_peak(system, d) else np.nan for d in DTYPES])
+    return per_dtype[t.dtype]
+
+
+def _has_peak(system: SystemSpec, dtype: str) -> bool:
+    try:
+        system.peak(dtype)
+    except Exception:
+        return False
+    return True
+
+
+def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict[str, np.ndarray]:
+    """Seconds per iteration and its parts (seconds, summed over the iteration, on the slowest
+    pipeline stage), for every layout of ``t``."""
+    s, h, f, V = model.seq_len, model.hidden, model.ffn_hidden, model.vocab
+    b, tp, pp, dp, v = t.micro_batch, t.tp, t.pp, t.dp, t.virtual_stages
+    m = t.num_microbatches
+    e = ACT_BYTES[t.dtype]
+    tokens = b * s
+    flops_rate = _peaks(system, t) * system.eff("matmul")
+    mem_rate = system.memory_bandwidth * system.eff("memory")
+    rep = np.where(t.sequence_parallel, 1.0 / tp, 1.0)
+    heads = model.heads / tp
+    fused_attention = t.flash_attention
+
+    # --- one block, one micro-batch, forward ---
+    dense, attn = layer_forward_flops_per_token(model)
+    f_dense = dense * tokens / tp / flops_rate
+    f_attn = attn * tokens / tp / flops_rate
+    drop = model.dropout > 0
+    # Element-wise passes over b·s·h: 2 norms (read + write) and 2 bias-dropout-residual adds
+    # (read 2, write 1, plus the mask); over b·s·f/t: the fused bias + activation (read, write).
+    whole_bytes = tokens * h * e * rep * (4 + 2 * (3 + (0.5 if drop else 0)))
+    act_passes = 2 if model.activation == "gelu" else 3
+    split_bytes = tokens * (f / tp) * e * act_passes
+    # Without a fused attention kernel, scale + mask + softmax (+ dropout) stream the scores.
+    score_bytes = heads * s * tokens * e * (2 + (2.5 if drop else 0))
+    f_elem = (whole_bytes + split_bytes) / mem_rate
+    f_softmax = np.where(fused_attention, 0.0, score_bytes / mem_rate)
+    fwd = f_dense + f_attn + f_elem + f_softmax
+
+    tp_msg = tokens * h * e
+    tp_ar = comm.all_reduce(system, tp, 1, tp_msg)
+    fwd_comm = 2 * tp_ar
+    bwd_comm = 2 * tp_ar
+    recompute_compute = np.select(
+        [t.recompute == 2, t.recompute == 1], [fwd, f_attn + f_softmax], 0.0
+    )
+    recompute_comm = np.where(t.recompute == 2, fwd_comm, 0.0)
+    block_compute = 3 * fwd + recompute_compute
+    block_comm = (fwd_comm + bwd_comm + recompute_comm) * (1 - system.eff("tp_overlap", 0.0))
+
+    # --- a stage, one micro-batch ---
+    per_stage_layers = model.layers // pp
+    head_flops = logits_forward_flops_per_token(model) * tokens / tp
+    loss_bytes = tokens * V / tp * 4 * 3  # fp32 logits: cast, softmax, gradient
+    last_extra = 3 * head_flops / flops_rate + loss_bytes / mem_rate
+    last_extra = last_extra + comm.all_reduce(system, tp, 1, tokens * 4 * 3)  # CE statistics
+    p2p = np.where(pp > 1, 2 * v * comm.send_recv(system, tp * dp, tokens * h * e / tp), 0.0)
+    middle = per_stage_layers * (block_compute + block_comm) + p2p
+    last = middle + last_extra
+    t_max = np.maximum(middle, last)
+    t_avg = np.where(pp > 1, (pp * middle + last_extra) / pp, last)
+    compute_mb = per_stage_layers * block_compute + np.where(pp > 1, 0.0, last_extra)
+
+    pipeline = m * t_max + (pp - 1) / v * t_avg
+    bubble = (pp - 1) / v * t_avg
+
+    # --- data parallelism ---
+    n_stage = np.maximum(stage_params_per_rank(model, tp, pp, 0),
+                         stage_params_per_rank(model, tp, pp, pp - 1))
+    grad_bytes = n_stage * STATE_BYTES[t.dtype][:, 1]
+    param_bytes = n_stage * STATE_BYTES[t.dtype][:, 0]
+    kp, kg, ko = t.degree("params"), t.degree("grads"), t.degree("optim")
+    shard = np.maximum(kg, ko)
+    # Gradients: reduce-scatter inside a sharding group and all-reduce of the shard across groups
+    # (a plain all-reduce when nothing is sharded); it can start only once the last micro-batch's
+    # backward produces them. Parameters updated from sharded optimizer states are gathered back,
+    # which can overlap the next iteration's first forward (Megatron's overlap-param-gather).
+    grad_sync = np.where(
+        shard > 1,
+        # With sharded parameters the reduce-scatter happens per micro-batch (below).
+        np.where(kp > 1, 0.0, comm.reduce_scatter(system, shard, tp, grad_bytes))
+        + comm.all_reduce(system, dp // shard, tp * shard, grad_bytes / shard),
+        comm.all_reduce(system, dp, tp, grad_bytes),
+    )
+    param_gather = np.where(
+        (shard > 1) & (kp < shard),
+        comm.all_gather(system, shard // kp, tp * kp, param_bytes / kp), 0.0)
+    overlap = system.eff("dp_overlap", 0.0)
+    fwd_mb = per_stage_layers * fwd
+    dp_exposed = (np.maximum(0.0, grad_sync - overlap * 2 * fwd_mb)
+                  + np.maximum(0.0, param_gather - overlap * fwd_mb))
+    # Sharded parameters: gathered for forward and backward of every micro-batch, gradients
+    # reduce-scattered; prefetching hides them behind the same micro-batch's compute.
+    per_mb = np.where(kp > 1, 2 * comm.all_gather(system, kp, tp, param_bytes)
+                      + comm.reduce_scatter(system, kp, tp, grad_bytes), 0.0)
+    fsdp_exposed = m * np.maximum(0.0, per_mb - overlap * compute_mb)
+    dp_exposed = dp_exposed + fsdp_exposed
+
+    optimizer = np.ceil(n_stage / ko) * OPTIMIZER_TRAFFIC[t.dtype] / mem_rate
+    total = pipeline + dp_exposed + optimizer
+
+    layers = per_stage_layers * m
+    return {
+        "step_time": total,
+        "compute": layers * 3 * (f_dense + f_attn),
+        "elementwise": layers * 3 * (f_elem + f_softmax),
+        "recompute": layers * recompute_compute,
+        "tp_comm": layers * block_comm,
+        "pp_comm": m * p2p,
+        "pp_bubble": bubble,
+        "head": m * last_extra,
+        "dp_comm": dp_exposed,
+        "optimizer": optimizer,
+    }

@@ -1,0 +1,76 @@
+"""Say why the planner's winner wins: what each alternative choice would cost, and what the
+rules rejected."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from frontier_llm.costmodel import TIME_PARTS
+from frontier_llm.planner.plan import Plan
+from frontier_llm.planner.space import OOM
+
+# Knobs compared one at a time: the fastest layout that differs from the winner in this knob.
+KNOBS = ("tp", "pp", "micro_batch", "schedule", "recompute", "sequence_parallel")
+PART_NAMES = {
+    "compute": "matrix compute", "elementwise": "element-wise work",
+    "recompute": "recomputation", "tp_comm": "TP communication", "pp_comm": "PP communication",
+    "pp_bubble": "pipeline bubble", "head": "output layer", "dp_comm": "exposed DP communication",
+    "optimizer": "optimizer step",
+}
+
+
+def _layout_text(plan: Plan, i: int) -> str:
+    c = plan.layout(i)
+    sched = f"{c.schedule}:{c.virtual_stages}" if c.schedule == "interleaved" else c.schedule
+    return (f"tp={c.tp} pp={c.pp} dp={c.dp} micro_batch={c.micro_batch} {sched} "
+            f"recompute={c.recompute}{' sequence-parallel' if c.sequence_parallel else ''} "
+            f"{c.sharding.describe()}")
+
+
+def _main_difference(plan: Plan, best: int, other: int) -> str:
+    """The breakdown term that grows most from the winner to ``other``."""
+    deltas = {k: plan.figures[f"time_{k}_s"][other] - plan.figures[f"time_{k}_s"][best]
+              for k in TIME_PARTS}
+    part = max(deltas, key=deltas.get)
+    return f"+{deltas[part]:.3g} s of {PART_NAMES[part]}"
+
+
+def explain(plan: Plan) -> str:
+    lines = []
+    total = len(plan.reason)
+    valid = int(plan.valid.sum())
+    lines.append(f"Evaluated {total:,} layouts: {valid:,} valid and fit in "
+                 f"{plan.system.memory_bytes / 1e9:.0f} GB, {total - valid:,} rejected:")
+    for reason, count in sorted(plan.rejections().items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {count:>10,}  {reason}")
+    order = plan.order()
+    if not len(order):
+        lines.append("No layout is valid and fits.")
+        return "\n".join(lines)
+    best = int(order[0])
+    f = plan.figures
+    step = f["step_time_s"][best]
+    lines.append("")
+    lines.append(f"Winner: {_layout_text(plan, best)}")
+    lines.append(f"  {step:.4g} s per step, {f['tokens_per_s'][best]:,.0f} tokens/s, MFU "
+                 f"{f['mfu'][best]:.1%}, peak memory {f['peak_memory_bytes'][best] / 1e9:.1f} GB")
+    parts = sorted(((f[f"time_{k}_s"][best], k) for k in TIME_PARTS), reverse=True)
+    lines.append("  time: " + ", ".join(f"{PART_NAMES[k]} {v / step:.0%}" for v, k in parts
+                                        if v / step >= 0.005))
+    lines.append("Why: the fastest layout with a different choice of each knob")
+    layouts = plan.layouts
+    for knob in KNOBS:
+        col = getattr(layouts, knob)
+        other = order[col[order] != col[best]]
+        if not len(other):
+            lines.append(f"  {knob:<18} no valid alternative fits")
+            continue
+        j = int(other[0])
+        slower = f["step_time_s"][j] / step
+        lines.append(f"  {knob:<18} {_layout_text(plan, j)}: {slower:.2f}x the step time "
+                     f"({_main_difference(plan, best, j)})")
+    faster_oom = np.flatnonzero((plan.reason == OOM)
+                                & (f["tokens_per_s"] > f["tokens_per_s"][best]))
+    if len(faster_oom):
+        lines.append(f"  {len(faster_oom):,} layouts would be faster but do not fit in memory")
+    return "\n".join(lines)

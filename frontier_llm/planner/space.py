@@ -1,0 +1,162 @@
+"""The search space: every combination of layout knobs for a model on N GPUs, with the rule each
+rejected combination breaks.
+
+Enumeration is a cartesian product built with numpy (no Python loop per layout), so a space of
+hundreds of thousands of layouts costs a fraction of a second. Combinations that are not layouts
+at all (tp·pp·dp ≠ N) are never generated; every other rule is a rejection with a reason, so the
+planner can say how many layouts each rule removed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from frontier_llm.costmodel.layouts import DTYPES, PLACEMENTS, RECOMPUTES, SCHEDULES, LayoutTable
+from frontier_llm.errors import UserError
+from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.parallel import COMPONENTS, Placement, Sharding, zero_preset
+from frontier_llm.specs.system import SystemSpec
+
+# Rejection reasons, by code (0 = valid). The planner appends "does not fit in memory".
+REASONS = (
+    "",
+    "heads not divisible by tp",
+    "kv_heads and tp do not divide one another",
+    "ffn_hidden not divisible by tp",
+    "layers not divisible by pp x virtual_stages",
+    "global_batch not divisible by micro_batch x dp",
+    "interleaved needs micro-batches to be a multiple of pp",
+    "seq_len not divisible by tp (sequence parallel)",
+    "partial sharding group does not divide dp",
+    "does not fit in memory",
+)
+OOM = REASONS.index("does not fit in memory")
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Candidate values for each knob; ``None`` means the planner's default list."""
+
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    micro_batch: tuple[int, ...] | None = None
+    schedule: tuple[str, ...] = SCHEDULES
+    virtual_stages: tuple[int, ...] = (2, 3, 4, 6, 8)  # for the interleaved schedule
+    recompute: tuple[str, ...] = RECOMPUTES
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    flash_attention: tuple[bool, ...] = (True,)
+    dtype: str = "bf16"
+    sharding: tuple[Sharding, ...] | None = None  # None: ZeRO-0..3 and node-local partial ones
+    max_tp: int = 64
+    max_micro_batch: int = 16
+
+
+def _shardings(system: SystemSpec, tp: int, dp: int) -> list[Sharding]:
+    """ZeRO-0..3 plus AMSP's partial placements over the DP ranks that share a node."""
+    out = [zero_preset(s) for s in range(4)]
+    k = system.gpus_per_node // tp if tp <= system.gpus_per_node else 1
+    if 1 < k < dp and dp % k == 0:
+        levels = [Placement("replicate"), Placement("partial", k), Placement("full")]
+        for p, g, o in itertools.combinations_with_replacement(range(3), 3):
+            s = Sharding(levels[p], levels[g], levels[o])
+            if 1 in (p, g, o) and s not in out:
+                out.append(s)
+    return out
+
+
+def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int,
+                      space: SearchSpace | None = None) -> tuple[LayoutTable, np.ndarray]:
+    """Every candidate layout as a table, and the reason code of each (0 = valid)."""
+    space = space or SearchSpace()
+    if gpus < 1:
+        raise UserError(f"--gpus must be at least 1 (got {gpus})")
+    if global_batch < 1:
+        raise UserError(f"global batch must be at least 1 (got {global_batch})")
+    tps = space.tp or tuple(d for d in divisors(gpus) if d <= space.max_tp)
+    bad_tp = [t for t in tps if gpus % t]
+    if bad_tp:
+        raise UserError(f"tp {bad_tp[0]} does not divide the {gpus} GPUs")
+    micro = space.micro_batch or tuple(
+        b for b in (1, 2, 4, 8, 16, 32) if b <= space.max_micro_batch)
+    sched_v = []
+    for name in space.schedule:
+        if name == "interleaved":
+            sched_v += [(SCHEDULES.index(name), v) for v in space.virtual_stages if v > 1]
+        else:
+            sched_v.append((SCHEDULES.index(name), 1))
+    blocks = []
+    for tp in tps:
+        pps = space.pp or tuple(d for d in divisors(gpus // tp) if d <= model.layers)
+        for pp in pps:
+            if (gpus // tp) % pp:
+                continue
+            dp = gpus // (tp * pp)
+            shard = space.sharding or tuple(_shardings(system, tp, dp))
+            blocks.append(_product(tp, pp, dp, micro, sched_v, space, shard, global_batch))
+    if not blocks:
+        raise UserError(f"no tp x pp x dp layout of {gpus} GPUs matches the requested degrees")
+    cols = {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
+    table = LayoutTable(**cols)
+    return table, _reasons(model, table)
+
+
+def _product(tp, pp, dp, micro, sched_v, space, shardings, global_batch) -> dict:
+    rec = [RECOMPUTES.index(r) for r in space.recompute]
+    sp = [s for s in space.sequence_parallel if tp > 1 or not s]
+    shard_rows = [
+        [v for c in COMPONENTS
+         for v in (PLACEMENTS.index(getattr(s, c).kind), getattr(s, c).group)]
+        for s in shardings
+    ]
+    grids = np.meshgrid(
+        np.arange(len(micro)), np.arange(len(sched_v)), np.arange(len(rec)),
+        np.arange(len(sp)), np.arange(len(space.flash_attention)), np.arange(len(shard_rows)),
+        indexing="ij",
+    )
+    i_mb, i_sv, i_rc, i_sp, i_fa, i_sh = (g.ravel() for g in grids)
+    n = len(i_mb)
+    sv = np.array(sched_v)
+    sh = np.array(shard_rows)
+    cols = {
+        "tp": np.full(n, tp), "pp": np.full(n, pp), "dp": np.full(n, dp),
+        "micro_batch": np.array(micro)[i_mb], "global_batch": np.full(n, global_batch),
+        "schedule": sv[i_sv, 0], "virtual_stages": sv[i_sv, 1],
+        "sequence_parallel": np.array(sp, dtype=bool)[i_sp],
+        "recompute": np.array(rec)[i_rc],
+        "flash_attention": np.array(space.flash_attention, dtype=bool)[i_fa],
+        "dtype": np.full(n, DTYPES.index(space.dtype)),
+    }
+    for j, comp in enumerate(COMPONENTS):
+        cols[f"{comp}_kind"] = sh[i_sh, 2 * j]
+        cols[f"{comp}_group"] = sh[i_sh, 2 * j + 1]
+    return cols
+
+
+def _reasons(model: ModelSpec, t: LayoutTable) -> np.ndarray:
+    """The first rule each layout breaks (index into REASONS), 0 when it breaks none."""
+    mb_dp = t.micro_batch * t.dp
+    m = t.global_batch // mb_dp
+    rules = [
+        model.heads % t.tp != 0,
+        (model.kv_heads % t.tp != 0) & (t.tp % model.kv_heads != 0),
+        model.ffn_hidden % t.tp != 0,
+        model.layers % (t.pp * t.virtual_stages) != 0,
+        t.global_batch % mb_dp != 0,
+        (t.schedule == SCHEDULES.index("interleaved")) & ((m % t.pp != 0) | (t.pp < 2)),
+        t.sequence_parallel & (model.seq_len % t.tp != 0),
+        np.zeros(len(t), dtype=bool),
+    ]
+    for comp in COMPONENTS:
+        kind = getattr(t, f"{comp}_kind")
+        rules[-1] |= (kind == 2) & (t.dp % np.maximum(getattr(t, f"{comp}_group"), 1) != 0)
+    reason = np.zeros(len(t), dtype=np.int8)
+    for code in range(len(rules), 0, -1):  # the first rule broken wins
+        reason[rules[code - 1]] = code
+    return reason
