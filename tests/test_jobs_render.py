@@ -1,0 +1,170 @@
+"""Job templates: golden files, bash -n, shellcheck, and hostile sweep values kept literal.
+
+Regenerate the golden files after an intended template change with
+``FLM_UPDATE_GOLDEN=1 python -m pytest tests/test_jobs_render.py``, then review the diff.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from frontier_llm.errors import SpecError
+from frontier_llm.jobs.render import JobScript, Resources, Task, render
+
+GOLDEN = Path(__file__).parent / "golden"
+HOSTILE = "$(touch pwned) `touch pwned2`; rm -rf / ;\nsecond line 'quote' \"dq\" \\ $HOME *"
+
+BENCH = ("--model", "gpt-175b", "--system", "frontier", "--tp", "8", "--pp", "16", "--dp", "8",
+         "--micro-batch", "1", "--global-batch", "1024", "--steps", "10", "--warmup", "3",
+         "--label", "sweep=frontier-175b-weak", "--label", "job_key=gpt-175b-n128-tp8-pp16")
+
+
+def _examples() -> dict[str, JobScript]:
+    return {
+        "frontier": JobScript(
+            template="frontier", sweep="frontier-175b-weak", job_name="flm-frontier-175b-weak-g0",
+            trace_dir="/lustre/orion/proj/sweeps/frontier-175b-weak/traces",
+            log_pattern="/lustre/orion/proj/sweeps/frontier-175b-weak/logs/g0/%a-%A.out",
+            resources=Resources(nodes=128, ntasks_per_node=8, cpus_per_task=7, gpus_per_node=8,
+                                time="02:00:00", account="ABC123", partition="batch",
+                                qos="normal", constraint="nvme"),
+            tasks=(Task(0, "gpt-175b-n128-tp8-pp16", BENCH),),
+            env=(("TORCH_EXTENSIONS_DIR", "/lustre/orion/proj/torch_ext"),),
+            setup=("source /lustre/orion/proj/venv/bin/activate",),
+            options={"rccl_plugin_dir": "/lustre/orion/proj/aws-ofi-rccl/lib"},
+        ),
+        "nvidia": JobScript(
+            template="nvidia", sweep="h100-explore", job_name="flm-h100-explore-g1",
+            trace_dir="/scratch/sweeps/h100-explore/traces",
+            log_pattern="/scratch/sweeps/h100-explore/logs/g1/%a-%A.out",
+            resources=Resources(nodes=2, ntasks_per_node=8, cpus_per_task=12, gpus_per_node=8,
+                                time="00:30:00", partition="gpu", exclusive=True),
+            tasks=(Task(0, "a-tp8-pp2", ("--model", "gpt-22b", "--tp", "8", "--pp", "2")),
+                   Task(1, "b-tp4-pp4", ("--model", "gpt-22b", "--tp", "4", "--pp", "4"))),
+            options={"launcher": "torchrun", "ib_hca": "mlx5_0,mlx5_1"},
+        ),
+        "nvidia-srun": JobScript(
+            template="nvidia", sweep="a100", job_name="flm-a100-g0",
+            trace_dir="/scratch/a100/traces", log_pattern="/scratch/a100/logs/g0/%a-%A.out",
+            resources=Resources(nodes=1, ntasks_per_node=8, gpus_per_node=8),
+            tasks=(Task(0, "k", ("--model", "gpt3-1.3b")),),
+        ),
+        "local": JobScript(
+            template="local", sweep="tiny-cpu", job_name="flm-tiny-cpu-g0",
+            trace_dir="/tmp/sweeps/tiny-cpu/traces",
+            log_pattern="/tmp/sweeps/tiny-cpu/logs/g0/%a-%A.out",
+            resources=Resources(nodes=1, ntasks_per_node=4, time="00:05:00", overcommit=True),
+            tasks=(Task(0, "tiny-gpt-tp2-dp2", ("--model", "tiny-gpt", "--tp", "2", "--dp", "2")),
+                   Task(1, "tiny-gpt-pp2-dp2", ("--model", "tiny-gpt", "--pp", "2", "--dp", "2"))),
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_examples()))
+def test_golden(name):
+    text = render(_examples()[name])
+    path = GOLDEN / f"{name}.sh"
+    if os.environ.get("FLM_UPDATE_GOLDEN"):
+        path.write_text(text)
+    expected = path.read_text()
+    diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
+                                        f"golden/{name}.sh", "rendered"))
+    assert not diff, f"rendered script differs from the golden file:\n{diff}"
+
+
+def test_render_is_pure():
+    job = _examples()["local"]
+    assert render(job) == render(job)
+
+
+@pytest.mark.parametrize("name", sorted(_examples()))
+def test_bash_n_and_shellcheck(name, tmp_path):
+    script = tmp_path / f"{name}.sh"
+    script.write_text(render(_examples()[name]))
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    out = subprocess.run(["shellcheck", "--shell=bash", "--severity=style", str(script)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _hostile_job(tmp_path: Path) -> JobScript:
+    return JobScript(
+        template="local", sweep="hostile", job_name="flm-hostile",
+        trace_dir=str(tmp_path / "traces"), log_pattern=str(tmp_path / "logs" / "%a-%A.out"),
+        resources=Resources(ntasks_per_node=1),
+        tasks=(Task(0, "hostile", ("--label", f"note={HOSTILE}")),),
+        env=(("FLM_NOTE", HOSTILE),),
+    )
+
+
+def test_hostile_values_stay_literal_in_the_environment(tmp_path):
+    """Run the script's environment part; the values come out exactly as given, nothing ran."""
+    text = render(_hostile_job(tmp_path))
+    env_part = text.split("# --- environment ---\n", 1)[1].split("# --- end environment ---", 1)[0]
+    probe = env_part + 'printf "%s\\0" "$FLM_SWEEP" "$FLM_NOTE"\n'
+    out = subprocess.run(["bash", "-c", probe], cwd=tmp_path, capture_output=True, check=True)
+    assert out.stdout.split(b"\0")[:2] == [b"hostile", HOSTILE.encode()]
+    assert out.stderr == b""
+    assert not list(tmp_path.glob("pwned*"))
+
+
+def test_hostile_values_reach_the_command_as_one_argument(tmp_path):
+    """Run the whole script with a stand-in for srun/flm that prints its arguments."""
+    job = _hostile_job(tmp_path)
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    # The only fakes: srun (no cluster needed for this check) prints its argv NUL-separated.
+    (fake_bin / "srun").write_text('#!/bin/bash\nprintf "%s\\0" "$@"\n')
+    (fake_bin / "scontrol").write_text("#!/bin/bash\necho localhost\n")
+    for f in fake_bin.iterdir():
+        f.chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text(render(job))
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "SLURM_JOB_ID": "7"}
+    out = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
+                         check=True)
+    assert out.stderr == b""
+    argv = out.stdout.split(b"\0")
+    assert f"note={HOSTILE}".encode() in argv
+    run_id = argv[argv.index(b"--run-id") + 1]
+    assert run_id == b"hostile-j7"
+    assert not list(tmp_path.glob("pwned*"))
+
+
+@pytest.mark.parametrize("field,value", [("account", "a\nb"), ("partition", "p\n#SBATCH -x"),
+                                          ("time", "1\r")])
+def test_newlines_in_directives_are_refused(field, value):
+    with pytest.raises(SpecError, match=f"{field} must be one line"):
+        Resources(**{field: value})
+
+
+def test_bad_names_refused():
+    with pytest.raises(SpecError, match="job key"):
+        Task(0, "../escape", ())
+    with pytest.raises(SpecError, match="sweep name"):
+        JobScript(template="local", sweep=HOSTILE, job_name="j", trace_dir="/t",
+                  log_pattern="/l", resources=Resources(), tasks=(Task(0, "k", ()),))
+    with pytest.raises(SpecError, match="not a valid shell name"):
+        JobScript(template="local", sweep="s", job_name="j", trace_dir="/t", log_pattern="/l",
+                  resources=Resources(), tasks=(Task(0, "k", ()),), env=(("A B", "x"),))
+    job = _examples()["nvidia"]
+    bad = JobScript(**{**job.__dict__, "options": {"launcher": "mpirun"}})
+    with pytest.raises(SpecError, match="launcher must be srun or torchrun"):
+        render(bad)
+    with pytest.raises(SpecError, match="template must be one of"):
+        render(JobScript(**{**job.__dict__, "template": "nope"}))
+
+
+def test_frontier_script_has_the_frontier_recipe():
+    text = render(_examples()["frontier"])
+    for needle in ("--gpus-per-node=8", "--gpu-bind=closest", "--cpus-per-task=7",
+                   "module load rocm/", "MIOPEN_USER_DB_PATH", "NCCL_SOCKET_IFNAME=hsn0",
+                   "aws-ofi-rccl", "exec srun"):
+        assert needle in text, needle
+    assert re.search(r"MIOPEN_USER_DB_PATH=.*SLURM_JOB_ID", text)
