@@ -1,0 +1,237 @@
+"""NativeEngine: one rank of a PyTorch-native TP x PP x (FSDP | DDP | ZeRO-1) training run.
+
+Build order (TorchTitan's): mesh -> this rank's pipeline stage modules with deterministic weights
+-> tensor/sequence parallel -> FSDP2 -> pipeline schedule -> optimizer. ``step()`` runs one
+optimizer step over the rank's share of the global batch and returns the loss this rank saw
+(last pipeline stage only; ``None`` elsewhere).
+
+:func:`reference_losses` is the single-process, no-parallelism run every layout must match.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from frontier_llm.bench.activations import SavedTensorMeter
+from frontier_llm.bench.data import TokenSource
+from frontier_llm.bench.mesh import DIM_NAMES, MeshDims, check_layout
+from frontier_llm.bench.model import GPT, build_model, loss_fn
+from frontier_llm.bench.optim import LocalAdam, allreduce_mean, local
+from frontier_llm.bench.parallelize import apply_fsdp, apply_tp, local_bytes
+from frontier_llm.bench.pipeline import build_schedule, stage_ids, stage_layers
+from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.parallel import ParallelConfig
+
+LR = 1e-3
+
+
+@dataclass
+class RankState:
+    """Model-state bytes this rank holds (its local shards)."""
+
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+
+
+class NativeEngine:
+    """Build and train one rank's part of the model (call after init_process_group)."""
+
+    name = "native"
+
+    def __init__(self, spec: ModelSpec, layout: ParallelConfig, *, rank: int, world_size: int,
+                 device: torch.device, seed: int = 0, data: str | None = None) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.spec, self.layout, self.device, self.seed = spec, layout, device, seed
+        self.dims: MeshDims = check_layout(spec, layout, world_size)
+        self.coords = self.dims.coords(rank)
+        self.rank = rank
+        d = self.dims
+        self.mesh = init_device_mesh(device.type, d.shape, mesh_dim_names=DIM_NAMES)
+        # Same seed on the ranks of one TP group: dropout on replicated activations must agree.
+        torch.manual_seed(seed + 7919 * self.coords["dp"] + 104729 * self.coords["pp"])
+        self.data = TokenSource(spec.vocab, spec.seq_len, seed, data)
+        self.meter = SavedTensorMeter()
+
+        num_stages = layout.pp * layout.virtual_stages
+        self.stage_indices = stage_ids(layout.pp, layout.virtual_stages, self.coords["pp"])
+        self.modules: list[GPT] = []
+        for g in self.stage_indices:
+            m = build_model(
+                spec, seed=seed, dtype=layout.dtype, device=device,
+                layer_ids=stage_layers(spec, num_stages, g), first=g == 0,
+                last=g == num_stages - 1, flash=layout.flash_attention,
+                recompute=layout.recompute,
+            )
+            if layout.tp > 1:
+                apply_tp(m, self.mesh["tp"], layout.sequence_parallel)
+            if d.data_parallel in ("fsdp", "hsdp") and d.dp > 1:
+                dp_mesh = (self.mesh["dp_replicate", "dp_shard"] if d.data_parallel == "hsdp"
+                           else self.mesh["dp_shard"])
+                apply_fsdp(m, dp_mesh, d.reshard_after_forward)
+            m.train()
+            self.modules.append(m)
+        self.has_first = 0 in self.stage_indices
+        self.has_last = num_stages - 1 in self.stage_indices
+        self.schedule = None
+        if layout.pp > 1:
+            self.schedule = build_schedule(
+                layout.schedule, self.modules, self.stage_indices, num_stages,
+                layout.num_microbatches, loss_fn, device, self.mesh["pp"].get_group(),
+            )
+        self.dp_group = (self.mesh["dp_replicate"].get_group()
+                         if d.data_parallel in ("ddp", "zero1") and d.dp > 1 else None)
+        self.tied_group = self._tied_group() if spec.tied_embeddings and layout.pp > 1 else None
+        self.optimizer = LocalAdam(
+            self.parameters(), lr=LR,
+            shard_group=self.dp_group if d.data_parallel == "zero1" else None,
+        )
+        self.params_peak = 0
+        self.grads_bytes = 0
+
+    # -- building blocks -------------------------------------------------------------------
+    def parameters(self) -> list[nn.Parameter]:
+        seen: dict[int, nn.Parameter] = {}
+        for m in self.modules:
+            for p in m.parameters():
+                seen.setdefault(id(p), p)
+        return list(seen.values())
+
+    def _tied_group(self) -> dist.ProcessGroup | None:
+        """Megatron's embedding group: first and last pipeline rank of each (dp, tp) position.
+
+        Every rank must create every group (new_group is collective), in the same order.
+        """
+        d = self.dims
+        mine = None
+        for dr, ds, t in itertools.product(range(d.dp_replicate), range(d.dp_shard), range(d.tp)):
+            ranks = [d.rank_of(0, dr, ds, t), d.rank_of(d.pp - 1, dr, ds, t)]
+            group = dist.new_group(ranks)
+            if self.rank in ranks:
+                mine = group
+        return mine
+
+    def _tied_params(self) -> list[nn.Parameter]:
+        out = []
+        for m in self.modules:
+            if m.tok_embeddings is not None:
+                out.append(m.tok_embeddings.weight)
+            if m.output is not None and m.tok_embeddings is None:
+                out.append(m.output.weight)
+        return out
+
+    # -- one training step -----------------------------------------------------------------
+    def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> float | None:
+        lay = self.layout
+        n = lay.num_microbatches
+        if self.schedule is None:
+            model = self.modules[0]
+            fsdp = hasattr(model, "set_requires_gradient_sync")
+            total = torch.zeros((), device=self.device)
+            for i, (x, y) in enumerate(zip(inputs.split(lay.micro_batch),
+                                           targets.split(lay.micro_batch), strict=True)):
+                if fsdp:
+                    # Reduce-scatter gradients once, after the last micro-batch.
+                    model.set_requires_gradient_sync(i == n - 1)
+                loss = loss_fn(model(x), y) / n
+                loss.backward()
+                total += loss.detach()
+            self._measure_params()
+            return float(total)
+        losses: list[torch.Tensor] = []
+        kwargs = {}
+        if self.has_last:
+            kwargs = {"target": targets, "losses": losses}
+        args = (inputs,) if self.has_first else ()
+        self.schedule.step(*args, **kwargs)
+        self._measure_params()
+        if self.has_last:
+            return float(torch.stack([t.detach().float() for t in losses]).mean())
+        return None
+
+    def _measure_params(self) -> None:
+        # After the forward/backward: with zero2 (reshard_after_forward=False) this is when the
+        # most parameter storage is held; at rest FSDP2 holds only the shards.
+        self.params_peak = max(self.params_peak, local_bytes(self.parameters()))
+
+    def _settle_grads(self) -> list[torch.Tensor]:
+        """Gradients in their parameter's placement.
+
+        DTensor's embedding backward leaves the vocab-parallel embedding's gradient replicated
+        (every rank computes all V rows); keeping only the local rows (a slice, no
+        communication) is what Megatron's vocab-parallel embedding holds.
+        """
+        from torch.distributed.tensor import DTensor
+
+        grads = []
+        for p in self.parameters():
+            g = p.grad
+            if g is None:
+                continue
+            if isinstance(g, DTensor) and g.placements != p.placements:
+                p.grad = g = g.redistribute(p.device_mesh, p.placements)
+            grads.append(g)
+        return grads
+
+    def step(self, step: int, measure_activations: bool = False) -> float | None:
+        """One optimizer step over this rank's slice of global batch ``step``."""
+        inputs, targets = self.data.rank_batch(step, self.layout.global_batch, self.layout.dp,
+                                               self.coords["dp"])
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        if measure_activations:
+            self.meter.reset_peak()
+            with self.meter.measuring():
+                loss = self._forward_backward(inputs, targets)
+        else:
+            loss = self._forward_backward(inputs, targets)
+        grads = self._settle_grads()
+        if self.dp_group is not None:
+            allreduce_mean([local(g) for g in grads], self.dp_group)
+        if self.tied_group is not None:
+            for p in self._tied_params():
+                if p.grad is not None:
+                    dist.all_reduce(local(p.grad), group=self.tied_group)
+        self.grads_bytes = max(self.grads_bytes, local_bytes(grads))
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self._measure_params()
+        return loss
+
+    # -- what this rank holds --------------------------------------------------------------
+    def state_bytes(self) -> RankState:
+        return RankState(params_bytes=self.params_peak, grads_bytes=self.grads_bytes,
+                         optimizer_bytes=self.optimizer.state_bytes())
+
+    @property
+    def activations_peak_bytes(self) -> int:
+        return self.meter.peak
+
+
+def reference_losses(spec: ModelSpec, layout: ParallelConfig, steps: int, seed: int = 0,
+                     data: str | None = None) -> list[float]:
+    """Losses of the single-process run (no parallelism) on the same global batches."""
+    torch.manual_seed(seed)
+    model = build_model(spec, seed=seed, dtype=layout.dtype, flash=layout.flash_attention)
+    model.train()
+    opt = LocalAdam(list(model.parameters()), lr=LR)
+    source = TokenSource(spec.vocab, spec.seq_len, seed, data)
+    chunks = layout.global_batch // layout.micro_batch
+    out = []
+    for step in range(steps):
+        inputs, targets = source.rank_batch(step, layout.global_batch, 1, 0)
+        total = 0.0
+        for x, y in zip(inputs.split(layout.micro_batch), targets.split(layout.micro_batch),
+                        strict=True):
+            loss = loss_fn(model(x), y) / chunks
+            loss.backward()
+            total += float(loss.detach())
+        opt.step()
+        opt.zero_grad()
+        out.append(total)
+    return out

@@ -1,0 +1,158 @@
+"""Who am I? Rank discovery under torchrun, srun and mpiexec, and local spawning otherwise.
+
+* torchrun (and ``flm bench``'s own local spawner): ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+  ``MASTER_ADDR``, ``MASTER_PORT``.
+* srun: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``; the master is the first host of
+  the step's node list (``scontrol show hostnames``, else a built-in expansion of the list, else
+  an ``mpi4py`` broadcast); the port derives from the job and step ids, so concurrent jobs on one
+  node do not collide. Only inside an srun step (``SLURM_STEP_ID`` set): a batch script's own
+  shell is one process even when the job has many tasks.
+* mpiexec (MPICH ``PMI_RANK``/``PMI_SIZE``, Open MPI ``OMPI_COMM_WORLD_*``): rank 0's hostname and
+  a free port are broadcast with ``mpi4py`` (MPI discovers, gloo/NCCL communicate).
+
+Outside all of these, :func:`spawn_local` starts ``--nproc`` copies of the command with the
+torchrun variables set, watches them, and ends the survivors when one fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    launcher: str
+    slurm_job_id: str | None = None
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand a SLURM node list (``nid[001-003,007],login1``) without scontrol."""
+    hosts: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist):
+        m = re.fullmatch(r"(.*?)\[([^\]]*)\](.*)", part)
+        if not m:
+            hosts.append(part)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for r in ranges.split(","):
+            lo, _, hi = r.partition("-")
+            for i in range(int(lo), int(hi or lo) + 1):
+                hosts.append(f"{prefix}{str(i).zfill(len(lo))}{suffix}")
+    return hosts
+
+
+def first_host(nodelist: str) -> str:
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                             text=True, timeout=20, check=True).stdout.split()
+        if out:
+            return out[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return expand_nodelist(nodelist)[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _mpi_master(rank: int) -> tuple[str, int]:
+    from mpi4py import MPI  # optional dependency: pip install "frontier_llm[mpi]"
+
+    data = (socket.gethostname(), free_port()) if rank == 0 else None
+    return MPI.COMM_WORLD.bcast(data, root=0)
+
+
+def detect(env: os._Environ | dict | None = None) -> RankEnv | None:
+    """The launcher this process runs under, or None when it runs alone."""
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env:
+        launcher = env.get("FLM_LAUNCHER") or (
+            "torchrun" if "TORCHELASTIC_RUN_ID" in env else "env"
+        )
+        return RankEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
+                       env["MASTER_ADDR"], int(env.get("MASTER_PORT", 29500)), launcher,
+                       env.get("SLURM_JOB_ID"))
+    if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env:
+        job = env.get("SLURM_JOB_ID", "0")
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "localhost")
+        addr = env.get("MASTER_ADDR") or first_host(nodelist)
+        step = env["SLURM_STEP_ID"]
+        step_n = int(step) if step.isdigit() else 0
+        job_n = int(job) if job.isdigit() else 0
+        port = int(env.get("MASTER_PORT") or 20000 + (job_n * 31 + step_n) % 20000)
+        world = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS", 1))
+        return RankEnv(int(env["SLURM_PROCID"]), world, int(env.get("SLURM_LOCALID", 0)),
+                       addr, port, "srun", job)
+    for rank_key, size_key, local_key in (
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+        ("PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_RANK"),
+    ):
+        if rank_key in env and size_key in env:
+            rank = int(env[rank_key])
+            if "MASTER_ADDR" in env:
+                addr, port = env["MASTER_ADDR"], int(env.get("MASTER_PORT", 29500))
+            else:
+                addr, port = _mpi_master(rank)
+            return RankEnv(rank, int(env[size_key]), int(env.get(local_key, 0)), addr, port,
+                           "mpiexec", env.get("SLURM_JOB_ID"))
+    return None
+
+
+def spawn_local(argv: list[str], nproc: int, grace_s: float = 15.0) -> list[int]:
+    """Run ``python -m frontier_llm.cli bench ARGV`` as ``nproc`` local ranks; their exit codes.
+
+    When a rank fails, the others get ``grace_s`` to notice (collective errors, rank 0 writing
+    the failed trace) and are then terminated, so a hung rank can not hold the run.
+    """
+    port = free_port()
+    procs: list[subprocess.Popen] = []
+    for rank in range(nproc):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), FLM_LAUNCHER="local")
+        env.setdefault("OMP_NUM_THREADS", "1")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "frontier_llm.cli", "bench", *argv], env=env
+        ))
+    failed_at: float | None = None
+    try:
+        while any(p.poll() is None for p in procs):
+            if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > grace_s:
+                _terminate(procs)
+                break
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        _terminate(procs)
+        raise
+    return [p.wait() for p in procs]
+
+
+def _terminate(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -1,0 +1,122 @@
+"""Tensor/sequence parallelism and FSDP2 applied to one pipeline stage (a :class:`GPT`).
+
+The tensor-parallel plan is Megatron's (Shoeybi et al. 2019) written with
+``torch.distributed.tensor.parallel``:
+
+* Q, K, V and MLP fc1 (and the SwiGLU gate) column-parallel (whole heads per rank, biases
+  sharded); attention out-projection and MLP fc2 row-parallel (biases replicated);
+* token embedding vocab-parallel (``RowwiseParallel`` on ``nn.Embedding``: vocab/tp rows);
+* output head column-parallel over the vocabulary, logits gathered for the loss;
+* norms and learned positions replicated.
+
+With sequence parallelism (Korthikanti et al. 2022) the residual stream between blocks is
+sharded along the sequence: norms run on s/tp tokens (``SequenceParallel``), the all-reduce after
+a row-parallel layer becomes a reduce-scatter and an all-gather precedes each column-parallel one.
+
+FSDP2 (``fully_shard``) then wraps each block and the stage root over the data-parallel mesh
+(1-D, or 2-D replicate x shard for HSDP).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from frontier_llm.bench.model import GPT
+
+
+def tp_plan(model: GPT, sequence_parallel: bool) -> dict:
+    """The ``parallelize_module`` plan for the parts this stage holds."""
+    sp = sequence_parallel
+    plan: dict = {}
+    if model.tok_embeddings is not None:
+        plan["tok_embeddings"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1) if sp else Replicate()
+        )
+        if sp and model.pos_embeddings is not None:
+            # Each rank adds the positions of its own sequence chunk; the weight's gradient is
+            # gathered back to a replicated one by DTensor.
+            plan["pos_embeddings"] = SequenceParallel(use_local_output=True)
+    for name, block in model.layers.items():
+        p = f"layers.{name}"
+        plan[f"{p}.attention.wq"] = ColwiseParallel()
+        plan[f"{p}.attention.wk"] = ColwiseParallel()
+        plan[f"{p}.attention.wv"] = ColwiseParallel()
+        plan[f"{p}.attention.wo"] = RowwiseParallel(output_layouts=Shard(1) if sp else Replicate())
+        plan[f"{p}.feed_forward.w1"] = ColwiseParallel()
+        if block.feed_forward.w3 is not None:
+            plan[f"{p}.feed_forward.w3"] = ColwiseParallel()
+        plan[f"{p}.feed_forward.w2"] = RowwiseParallel(
+            output_layouts=Shard(1) if sp else Replicate()
+        )
+        if sp:
+            plan[f"{p}.attention_norm"] = SequenceParallel()
+            plan[f"{p}.ffn_norm"] = SequenceParallel()
+            gather = PrepareModuleInput(input_layouts=(Shard(1),),
+                                        desired_input_layouts=(Replicate(),))
+            plan[f"{p}.attention"] = gather
+            plan[f"{p}.feed_forward"] = gather
+    if model.output is not None:
+        if sp:
+            plan["norm"] = SequenceParallel()
+        plan["output"] = ColwiseParallel(
+            input_layouts=Shard(1) if sp else Replicate(), output_layouts=Replicate()
+        )
+    return plan
+
+
+def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> GPT:
+    tied = model.tok_embeddings is not None and model.output is not None and (
+        model.output.weight is model.tok_embeddings.weight
+    )
+    parallelize_module(model, tp_mesh, tp_plan(model, sequence_parallel))
+    if tied:
+        # Vocab-parallel embedding and column-parallel head shard the same matrix the same way
+        # (Shard(0) over the vocabulary), so one DTensor serves both.
+        model.output.weight = model.tok_embeddings.weight
+    return model
+
+
+def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, reshard_after_forward: bool,
+               mp_policy=None) -> GPT:
+    """FSDP2 over ``dp_mesh``: one unit per block, the embeddings/head in the root unit."""
+    offload: OffloadPolicy = OffloadPolicy()
+    if dp_mesh.device_type == "cpu":
+        # The default offload policy pins host memory, which needs an accelerator.
+        offload = CPUOffloadPolicy(pin_memory=False)
+    kwargs = {"mesh": dp_mesh, "offload_policy": offload}
+    if mp_policy is not None:
+        kwargs["mp_policy"] = mp_policy
+    for block in model.layers.values():
+        fully_shard(block, reshard_after_forward=reshard_after_forward, **kwargs)
+    fully_shard(model, reshard_after_forward=reshard_after_forward, **kwargs)
+    return model
+
+
+def local_bytes(tensors) -> int:
+    """Bytes this rank stores for ``tensors`` (each storage counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        loc = t._local_tensor if hasattr(t, "_local_tensor") else t
+        key = loc.untyped_storage().data_ptr() if loc.numel() else id(loc)
+        view_key = (key, loc.storage_offset(), tuple(loc.shape))
+        if view_key in seen:
+            continue
+        seen.add(view_key)
+        total += loc.numel() * loc.element_size()
+    return total
+
+
+__all__ = ["apply_fsdp", "apply_tp", "local_bytes", "torch", "tp_plan"]

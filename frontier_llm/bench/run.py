@@ -1,0 +1,380 @@
+"""The per-rank main of ``flm bench``: set up, time the steps, gather, write the trace, tear down.
+
+Timing: every step is bracketed by barriers (and a device synchronize on GPUs), so the recorded
+time is the slowest rank's; warm-up steps are recorded but flagged and left out of the summary.
+The saved-activation peak is measured with ``saved_tensors_hooks`` on the first step only (a
+warm-up step when there is one), so the hooks' Python cost never lands in a measured step.
+
+Failure handling: any exception on a rank is classified (out of memory or not) and written to a
+small status file beside the trace; collectives carry a timeout, so the other ranks fail too
+instead of hanging; rank 0 then writes a ``failed``/``oom`` trace naming the first error. Every
+rank ends with ``os._exit`` (gloo's threads can abort a normal interpreter exit: machine-notes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import resource
+import socket
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from frontier_llm import __version__
+from frontier_llm.bench.launch import RankEnv
+from frontier_llm.bench.mesh import check_layout
+from frontier_llm.bench.trace import heartbeat_path, trace_path, write_heartbeat, write_trace
+from frontier_llm.costmodel.flops import hardware_flops, model_flops
+from frontier_llm.specs.identity import layout_hash
+from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.parallel import ParallelConfig
+from frontier_llm.specs.system import SystemSpec
+
+EXIT_OK, EXIT_FAILED, EXIT_OOM = 0, 1, 3
+ENGINE = "native"
+
+
+def collective_timeout_s() -> float:
+    """Seconds a collective may wait for a peer before the rank gives up (FLM_COLLECTIVE_TIMEOUT).
+
+    30 s keeps a hung or dead rank from holding a run for more than about a minute.
+    """
+    return float(os.environ.get("FLM_COLLECTIVE_TIMEOUT", "30"))
+
+
+@dataclass
+class BenchConfig:
+    model: ModelSpec
+    system: SystemSpec
+    layout: ParallelConfig
+    steps: int = 10
+    warmup: int = 2
+    seed: int = 0
+    trace_dir: str = "traces"
+    run_id: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    memory_limit: int | None = None
+    data: str | None = None
+    fault: str | None = None
+    fault_step: int = 0
+    model_ref: str = ""  # the name or path given, for the spawned ranks' command line
+    system_ref: str = ""
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _status_path(cfg: BenchConfig, rank: int) -> Path:
+    return Path(cfg.trace_dir) / f".{cfg.run_id}.rank{rank}.status.json"
+
+
+def versions() -> dict[str, str]:
+    import numpy
+    import torch
+
+    out = {"python": platform.python_version(), "torch": torch.__version__,
+           "numpy": numpy.__version__, "frontier_llm": __version__}
+    if torch.cuda.is_available():
+        out["cuda"] = str(torch.version.cuda or "")
+        out["hip"] = str(getattr(torch.version, "hip", "") or "")
+    return out
+
+
+def skeleton_trace(cfg: BenchConfig, world_size: int, launcher: str, backend: str, device: str,
+                   started_at: str, slurm_job_id: str | None = None) -> dict:
+    """A trace with everything known before the run (status failed until it completes)."""
+    model = cfg.model.to_dict()
+    model.pop("description", None)
+    return {
+        "schema_version": 1,
+        "run_id": cfg.run_id,
+        "status": "failed",
+        "error": None,
+        "engine": ENGINE,
+        "started_at": started_at,
+        "finished_at": None,
+        "model": model,
+        "system": {"name": cfg.system.name, "gpu": cfg.system.gpu},
+        "layout": cfg.layout.to_dict(),
+        "layout_hash": layout_hash(cfg.model, cfg.system.name, cfg.layout),
+        "labels": dict(cfg.labels),
+        "environment": {
+            "hostnames": [socket.gethostname()], "world_size": world_size, "backend": backend,
+            "device": device, "launcher": launcher, "versions": versions(),
+            "slurm_job_id": slurm_job_id or os.environ.get("SLURM_JOB_ID"),
+        },
+        "steps": [],
+        "memory": [],
+        "summary": {"steps_measured": 0, "step_time_s": None, "tokens_per_s": None,
+                    "model_tflops_per_gpu": None, "hardware_tflops_per_gpu": None, "mfu": None,
+                    "hfu": None, "peak_memory_bytes": None},
+        "prediction": prediction(cfg),
+    }
+
+
+def prediction(cfg: BenchConfig) -> dict | None:
+    """The cost model's figures for this layout, with its per-stage memory; None if it can't."""
+    try:
+        from frontier_llm.costmodel import predict
+
+        pred = predict(cfg.model, cfg.system, cfg.layout)
+    except Exception:  # the benchmark must run even where the cost model has no answer
+        return None
+    try:
+        from frontier_llm.costmodel.memory import rank_activation_bytes, rank_state_bytes
+
+        pred["memory_per_rank"] = [
+            {"pp_stage": s, **{k: int(v) for k, v in
+                               rank_state_bytes(cfg.model, cfg.layout, s).items()},
+             "activations_bytes": int(rank_activation_bytes(cfg.model, cfg.layout, s))}
+            for s in range(cfg.layout.pp)
+        ]
+    except Exception:
+        pass
+    return json.loads(json.dumps(pred, default=float))
+
+
+def summarize(cfg: BenchConfig, steps: list[dict], memory: list[dict], world: int) -> dict:
+    measured = [s["time_s"] for s in steps if not s["warmup"]]
+    out = {"steps_measured": len(measured), "step_time_s": None, "step_time_mean_s": None,
+           "step_time_std_s": None, "tokens_per_s": None, "model_tflops_per_gpu": None,
+           "hardware_tflops_per_gpu": None, "mfu": None, "hfu": None,
+           "peak_memory_bytes": None}
+    peaks = [m["device_allocated_peak_bytes"] if m["device_allocated_peak_bytes"] is not None
+             else sum(m[k] or 0 for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
+                                          "activations_peak_bytes"))
+             for m in memory]
+    out["peak_memory_bytes"] = max(peaks) if peaks else None
+    if not measured:
+        return out
+    t = statistics.median(measured)
+    tokens = cfg.layout.global_batch * cfg.model.seq_len
+    model_tf = model_flops(cfg.model, tokens) / t / world / 1e12
+    hw_tf = hardware_flops(cfg.model, tokens, cfg.layout.recompute) / t / world / 1e12
+    peak = cfg.system.peak_flops.get(cfg.layout.dtype)
+    out.update({
+        "step_time_s": t, "step_time_mean_s": statistics.fmean(measured),
+        "step_time_std_s": statistics.pstdev(measured), "tokens_per_s": tokens / t,
+        "model_tflops_per_gpu": model_tf, "hardware_tflops_per_gpu": hw_tf,
+        "mfu": model_tf * 1e12 / peak if peak else None,
+        "hfu": hw_tf * 1e12 / peak if peak else None,
+    })
+    return out
+
+
+def _first_error(cfg: BenchConfig, world: int, own: dict | None, wait_s: float = 5.0) -> dict:
+    """The root cause among the ranks' status files (an OOM anywhere wins)."""
+    deadline = time.monotonic() + wait_s
+    found: dict[int, dict] = {}
+    while True:
+        for r in range(world):
+            p = _status_path(cfg, r)
+            if r not in found and p.exists():
+                with contextlib.suppress(OSError, ValueError):
+                    found[r] = json.loads(p.read_text())
+        if len(found) == world or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    reports = sorted(found.items(), key=lambda kv: kv[1].get("time", 0.0))
+    ooms = [r for r in reports if r[1].get("status") == "oom"]
+    # A collective error on a healthy rank is a symptom; prefer the rank that failed on its own.
+    causes = ooms or [r for r in reports if not r[1].get("collateral")] or reports
+    if causes:
+        rank, rep = causes[0]
+        return {"status": rep["status"], "error": f"rank {rank}: {rep['error']}"}
+    return own or {"status": "failed", "error": "a rank failed without a report"}
+
+
+def _is_collateral(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return any(w in text for w in ("connection closed", "connection reset", "timed out",
+                                   "timeout", "broken pipe", "peer"))
+
+
+def _rss_peak() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run_rank(cfg: BenchConfig, renv: RankEnv) -> int:
+    """Run this rank to the end; returns the exit code (0, 1, or 3 for out of memory)."""
+    started = _now()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    import torch.distributed as dist
+
+    from frontier_llm.bench.engine import NativeEngine
+    from frontier_llm.bench.memlimit import apply_limit, is_oom
+
+    rank, world = renv.rank, renv.world_size
+    check_layout(cfg.model, cfg.layout, world)  # before any process group
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(renv.local_rank)
+        device = torch.device("cuda", renv.local_rank)
+        backend, device_name = "nccl", torch.cuda.get_device_name(device)
+    else:
+        device, backend, device_name = torch.device("cpu"), "gloo", "cpu"
+    trace = skeleton_trace(cfg, world, renv.launcher, backend, device_name, started,
+                           renv.slurm_job_id) if rank == 0 else None
+    Path(cfg.trace_dir).mkdir(parents=True, exist_ok=True)
+    _status_path(cfg, rank).unlink(missing_ok=True)
+    steps: list[dict] = []
+    engine = None
+    code = EXIT_OK
+    try:
+        dist.init_process_group(
+            backend, init_method=f"tcp://{renv.master_addr}:{renv.master_port}", rank=rank,
+            world_size=world, timeout=timedelta(seconds=collective_timeout_s()),
+            device_id=device if cuda else None,
+        )
+        if cfg.memory_limit:
+            apply_limit(cfg.memory_limit)
+        engine = NativeEngine(cfg.model, cfg.layout, rank=rank, world_size=world, device=device,
+                              seed=cfg.seed, data=cfg.data)
+        total = cfg.warmup + cfg.steps
+        for step in range(total):
+            if cfg.fault and step == cfg.fault_step and rank == world - 1:
+                _inject(cfg.fault, rank, step)
+            if cuda:
+                torch.cuda.synchronize()
+            dist.barrier()
+            t0 = time.perf_counter()
+            loss = engine.step(step, measure_activations=step == 0)
+            if cuda:
+                torch.cuda.synchronize()
+            dist.barrier()
+            elapsed = time.perf_counter() - t0
+            steps.append({"step": step, "time_s": elapsed, "loss": loss,
+                          "warmup": step < cfg.warmup})
+            if rank == 0:
+                write_heartbeat(cfg.trace_dir, cfg.run_id, step + 1, total, rank=rank)
+        record = _rank_record(engine, rank, steps, cuda)
+        records: list = [None] * world
+        dist.all_gather_object(records, record)
+        if rank == 0:
+            trace["steps"] = _merge_steps(records)
+            trace["memory"] = [r["memory"] for r in records]
+            trace["environment"]["hostnames"] = sorted({r["host"] for r in records})
+            trace["summary"] = summarize(cfg, trace["steps"], trace["memory"], world)
+            trace["status"], trace["finished_at"] = "completed", _now()
+            write_trace(cfg.trace_dir, trace)
+        dist.barrier()
+    except BaseException as exc:
+        oom = is_oom(exc)
+        code = EXIT_OOM if oom else EXIT_FAILED
+        text = str(exc).strip()
+        own = {"status": "oom" if oom else "failed",
+               "error": f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:2000],
+               "collateral": _is_collateral(exc) and not oom, "time": time.time()}
+        traceback.print_exc()
+        try:
+            from frontier_llm.bench.trace import write_json_atomic
+
+            write_json_atomic(_status_path(cfg, rank), own)
+        except OSError:
+            pass
+        if rank == 0:
+            try:
+                cause = _first_error(cfg, world, own)
+                trace["status"], trace["error"] = cause["status"], cause["error"]
+                trace["finished_at"] = _now()
+                trace["steps"] = [{**s, "loss": s["loss"]} for s in steps]
+                if engine is not None:
+                    trace["memory"] = [_rank_record(engine, rank, steps, cuda)["memory"]]
+                trace["summary"] = summarize(cfg, trace["steps"], trace["memory"], world)
+                write_trace(cfg.trace_dir, trace)
+                code = EXIT_OOM if cause["status"] == "oom" else EXIT_FAILED
+            except Exception:
+                traceback.print_exc()
+        return _teardown(code, clean=False)
+    return _teardown(code, clean=True)
+
+
+def _inject(kind: str, rank: int, step: int) -> None:
+    print(f"flm bench: injected {kind} on rank {rank} at step {step}", file=sys.stderr,
+          flush=True)
+    if kind == "crash":
+        os._exit(EXIT_FAILED)  # a rank that dies without cleaning up
+    while True:  # hang: never reach the next collective
+        time.sleep(3600)
+
+
+def _rank_record(engine, rank: int, steps: list[dict], cuda: bool) -> dict:
+    import torch
+
+    state = engine.state_bytes()
+    c = engine.coords
+    return {
+        "host": socket.gethostname(),
+        "losses": [s["loss"] for s in steps],
+        "is_loss_rank": engine.has_last and c["tp"] == 0,
+        "memory": {
+            "rank": rank, "pp_stage": c["pp"], "tp_rank": c["tp"], "dp_rank": c["dp"],
+            "params_bytes": state.params_bytes, "grads_bytes": state.grads_bytes,
+            "optimizer_bytes": state.optimizer_bytes,
+            "activations_peak_bytes": engine.activations_peak_bytes,
+            "device_allocated_peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+            "device_reserved_peak_bytes": torch.cuda.max_memory_reserved() if cuda else None,
+            "host_rss_peak_bytes": _rss_peak(),
+        },
+        "steps": steps,
+    }
+
+
+def _merge_steps(records: list[dict]) -> list[dict]:
+    """Rank 0's timings (barrier-bracketed: every rank's are the same) with the mean loss over
+    the data-parallel replicas of the last pipeline stage."""
+    base = records[0]["steps"]
+    loss_ranks = [r for r in records if r["is_loss_rank"]]
+    out = []
+    for i, s in enumerate(base):
+        losses = [r["losses"][i] for r in loss_ranks if r["losses"][i] is not None]
+        out.append({"step": s["step"], "time_s": s["time_s"],
+                    "loss": statistics.fmean(losses) if losses else None,
+                    "warmup": s["warmup"]})
+    return out
+
+
+def _teardown(code: int, clean: bool) -> int:
+    """Barrier, destroy the process group, flush, os._exit (machine-notes: gloo exit aborts)."""
+    import torch.distributed as dist
+
+    try:
+        if dist.is_initialized() and clean:
+            dist.barrier()
+            dist.destroy_process_group()
+    except Exception:
+        code = code or EXIT_FAILED
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def write_launcher_failure(cfg: BenchConfig, world: int, codes: list[int], started: str) -> None:
+    """The local spawner's fallback when rank 0 died before writing any trace."""
+    if trace_path(cfg.trace_dir, cfg.run_id).exists():
+        return
+    trace = skeleton_trace(cfg, world, "local", "gloo", "cpu", started)
+    oom = any(c == EXIT_OOM for c in codes)
+    trace["status"] = "oom" if oom else "failed"
+    cause = _first_error(cfg, world, None, wait_s=0.0)
+    detail = cause["error"] if cause.get("error") else ""
+    trace["error"] = f"ranks exited with codes {codes}" + (f"; {detail}" if detail else "")
+    trace["finished_at"] = _now()
+    write_trace(cfg.trace_dir, trace)
+
+
+def cleanup_status_files(cfg: BenchConfig, world: int) -> None:
+    for r in range(world):
+        _status_path(cfg, r).unlink(missing_ok=True)
+
+
+__all__ = ["BenchConfig", "heartbeat_path", "run_rank", "skeleton_trace"]
