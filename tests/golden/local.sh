@@ -4,7 +4,7 @@
 # shellcheck disable=SC1090,SC1091
 #SBATCH --job-name=flm-tiny-cpu-g0
 #SBATCH --nodes=1
-#SBATCH --ntasks-per-node=4
+#SBATCH --ntasks=4
 #SBATCH --time=00:05:00
 #SBATCH --overcommit
 #SBATCH --output=/tmp/sweeps/tiny-cpu/logs/g0/%a-%A.out

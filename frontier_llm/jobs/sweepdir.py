@@ -1,0 +1,238 @@
+"""A sweep's folder: batch scripts, a manifest, logs and traces, all inside one directory.
+
+    DIR/manifest.json          every job: key, script, array index, layout, bench argv, prediction
+    DIR/sweep.yaml             the sweep file as it was when rendered
+    DIR/scripts/<group>.sh     one script per group of jobs that share resources (a job array)
+    DIR/logs/<group>/          SLURM output, one file per task and attempt (%a-%A.out)
+    DIR/traces/                what flm bench writes (<run-id>.trace.json, .heartbeat.json)
+
+Every path is built from the sweep's own safe names and checked to stay inside DIR.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from frontier_llm import __version__
+from frontier_llm.errors import UserError
+from frontier_llm.jobs.render import JobScript, Resources, Task, render
+from frontier_llm.jobs.sweepspec import Sweep, SweepJob
+from frontier_llm.specs.identity import layout_hash
+
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    script: str  # path relative to the sweep folder
+    nodes: int
+    ranks_per_node: int
+    time: str
+    keys: tuple[str, ...]
+
+    @property
+    def log_dir(self) -> str:
+        return f"logs/{self.name}"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What ``render_sweep`` wrote; the executors and the job tracker work from it."""
+
+    directory: Path
+    data: dict[str, Any]
+
+    @property
+    def sweep(self) -> str:
+        return self.data["sweep"]
+
+    @property
+    def jobs(self) -> list[dict[str, Any]]:
+        return self.data["jobs"]
+
+    @property
+    def groups(self) -> list[dict[str, Any]]:
+        return self.data["groups"]
+
+    @property
+    def trace_dir(self) -> Path:
+        return self.directory / "traces"
+
+    def job(self, key: str) -> dict[str, Any]:
+        for j in self.jobs:
+            if j["key"] == key:
+                return j
+        raise UserError(f"no job {key!r} in sweep {self.sweep}")
+
+    def group(self, name: str) -> dict[str, Any]:
+        for g in self.groups:
+            if g["name"] == name:
+                return g
+        raise UserError(f"no group {name!r} in sweep {self.sweep}")
+
+    def path(self, relative: str) -> Path:
+        return inside(self.directory, relative)
+
+
+def inside(root: Path, relative: str | os.PathLike) -> Path:
+    """``root / relative``, refusing anything that would land outside ``root``."""
+    root = root.resolve()
+    path = (root / relative).resolve()
+    if path != root and root not in path.parents:
+        raise UserError(f"path {relative!s} leaves the sweep folder {root}")
+    return path
+
+
+def group_jobs(sweep: Sweep) -> list[Group]:
+    """Jobs with the same nodes, ranks per node and time limit share a job array (chunked to
+    the sweep's max_array_size), in the order the sweep lists them."""
+    buckets: dict[tuple[int, int, str], list[SweepJob]] = {}
+    for job in sweep.jobs:
+        buckets.setdefault((job.nodes, job.ranks_per_node, job.time), []).append(job)
+    groups = []
+    size = sweep.spec.max_array_size
+    for (nodes, rpn, time), jobs in buckets.items():
+        for start in range(0, len(jobs), size):
+            chunk = jobs[start:start + size]
+            name = f"g{len(groups):03d}-n{nodes}x{rpn}"
+            groups.append(Group(name=name, script=f"scripts/{name}.sh", nodes=nodes,
+                                ranks_per_node=rpn, time=time,
+                                keys=tuple(j.key for j in chunk)))
+    return groups
+
+
+def _resources(sweep: Sweep, group: Group) -> Resources:
+    r = sweep.spec.resources
+    # CPU ranks (the local cluster) ask for no GPUs and may outnumber the cores.
+    local = "cpu" in str(getattr(sweep.system, "gpu", "")).lower()
+    gpus = None if local else group.ranks_per_node
+    cpus = r.cpus_per_task
+    if cpus is None and sweep.template == "frontier":
+        cpus = 7  # 8 GCDs share 56 usable cores (one per L3 region is the system's)
+    return Resources(
+        nodes=group.nodes, ntasks_per_node=group.ranks_per_node, cpus_per_task=cpus,
+        gpus_per_node=gpus, time=group.time, account=r.account, partition=r.partition,
+        qos=r.qos, constraint=r.constraint, mem=r.mem, exclusive=r.exclusive,
+        overcommit=local, extra=tuple(r.extra_sbatch or ()),
+    )
+
+
+def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
+    """The JobScript of every group (pure: no file is touched)."""
+    directory = directory.resolve()
+    by_key = {j.key: j for j in sweep.jobs}
+    env = sweep.spec.environment
+    out = []
+    for group in group_jobs(sweep):
+        tasks = tuple(Task(index=i, key=k, argv=by_key[k].bench_args)
+                      for i, k in enumerate(group.keys))
+        out.append((group, JobScript(
+            template=sweep.template,
+            sweep=sweep.name,
+            job_name=f"flm-{sweep.name}-{group.name}",
+            trace_dir=str(inside(directory, "traces")),
+            log_pattern=str(inside(directory, group.log_dir)) + "/%a-%A.out",
+            resources=_resources(sweep, group),
+            tasks=tasks,
+            modules=tuple(env.modules or ()),
+            env=tuple((str(k), _env_value(v)) for k, v in (env.env or {}).items()),
+            setup=tuple(env.setup or ()),
+            options={k: None if v is None else str(v)
+                     for k, v in (sweep.spec.template_options or {}).items()},
+            command=tuple(sweep.spec.command or ("flm", "bench")),
+        )))
+    return out
+
+
+def _env_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
+
+
+def with_resources(sweep: Sweep, **overrides: str | None) -> Sweep:
+    """The sweep with account / partition / qos / time replaced where given."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if not given:
+        return sweep
+    res = dataclasses.replace(sweep.spec.resources, **given)
+    spec = dataclasses.replace(sweep.spec, resources=res)
+    jobs = sweep.jobs
+    if "time" in given:
+        jobs = tuple(dataclasses.replace(j, time=given["time"]) for j in jobs)
+    return dataclasses.replace(sweep, spec=spec, jobs=jobs)
+
+
+def render_sweep(sweep: Sweep, directory: str | Path) -> Manifest:
+    """Write scripts, manifest and the sweep file into ``directory``; return the manifest."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    directory = directory.resolve()
+    by_key = {j.key: j for j in sweep.jobs}
+    groups = []
+    jobs = []
+    for group, script in job_scripts(sweep, directory):
+        path = inside(directory, group.script)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        inside(directory, group.log_dir).mkdir(parents=True, exist_ok=True)
+        _write(path, render(script))
+        path.chmod(0o755)
+        groups.append({"name": group.name, "script": group.script, "nodes": group.nodes,
+                       "ranks_per_node": group.ranks_per_node, "time": group.time,
+                       "size": len(group.keys), "log_dir": group.log_dir})
+        for index, key in enumerate(group.keys):
+            job = by_key[key]
+            jobs.append({
+                "key": key, "group": group.name, "index": index, "script": group.script,
+                "model": job.model.name, "model_ref": job.model_ref,
+                "system": sweep.system.name, "nodes": job.nodes,
+                "ranks_per_node": job.ranks_per_node, "world_size": job.world_size,
+                "time": job.time,
+                "layout": job.layout.to_dict(),
+                "layout_hash": layout_hash(job.model, sweep.system.name, job.layout),
+                "command": list(script.command), "argv": list(job.bench_args),
+                "prediction": dict(job.prediction),
+            })
+    inside(directory, "traces").mkdir(exist_ok=True)
+    data = {
+        "sweep": sweep.name, "source": sweep.source, "template": sweep.template,
+        "executor": sweep.spec.executor, "system": sweep.system.name,
+        "frontier_llm": __version__, "skipped": dict(sweep.skipped),
+        "groups": groups, "jobs": jobs,
+    }
+    _write(inside(directory, "sweep.yaml"), sweep.text)
+    _write(inside(directory, MANIFEST), json.dumps(data, indent=1) + "\n")
+    return Manifest(directory, data)
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def load_manifest(directory: str | Path) -> Manifest:
+    directory = Path(directory).resolve()
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise UserError(f"{directory} holds no rendered sweep ({MANIFEST} is missing): run "
+                        "'flm sweep render' or 'flm sweep submit' first")
+    return Manifest(directory, json.loads(path.read_text()))
+
+
+def keys_of(manifest: Manifest, keys: Iterable[str] | None) -> list[str]:
+    """The given job keys (checked) or all of them."""
+    known = [j["key"] for j in manifest.jobs]
+    if not keys:
+        return known
+    unknown = sorted(set(keys) - set(known))
+    if unknown:
+        raise UserError(f"no job {unknown[0]!r} in sweep {manifest.sweep}")
+    return list(keys)

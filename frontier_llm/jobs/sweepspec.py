@@ -1,0 +1,524 @@
+"""Sweep specs: a YAML file that names models, a system, node counts and a layout space, and
+expands to one job per (model, node count, layout).
+
+The layout space is either an explicit list of layouts (``layouts:``) or a ``space:`` of value
+lists that the planner enumerates, keeping only valid layouts (``auto: true`` lets the planner
+choose every knob not listed; ``fits_only`` and ``top`` keep the layouts predicted to fit, or the
+K fastest). Errors name the file, the line and the key (frontier_llm.specs.yamlio).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from frontier_llm.catalog import load_model, load_system
+from frontier_llm.errors import SpecError, UserError
+from frontier_llm.jobs.render import TEMPLATE_OPTIONS, TEMPLATES, template_path
+from frontier_llm.specs import ModelSpec, ParallelConfig, Sharding, SystemSpec
+from frontier_llm.specs.build import build
+from frontier_llm.specs.yamlio import LineMap, load_yaml
+
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# flm bench options a sweep (or one layout of it) may add; the rest are set from the layout.
+BENCH_ARGS = {"memory_limit": "--memory-limit", "data": "--data", "fault": "--fault",
+              "fault_step": "--fault-step"}
+# Knob values an explicit space uses when it does not list them (auto: the planner's defaults).
+_GRID_DEFAULTS = {"schedule": ("1f1b",), "virtual_stages": (2,), "recompute": ("none",),
+                  "sequence_parallel": (False,), "flash_attention": (True,)}
+
+
+@dataclass(frozen=True)
+class ResourcesSpec:
+    """What each job asks SLURM for, besides nodes and tasks (those follow from the layout)."""
+
+    time: str = "00:30:00"
+    account: str | None = None
+    partition: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    mem: str | None = None
+    exclusive: bool = False
+    cpus_per_task: int | None = None
+    extra_sbatch: list | None = None
+
+    def __post_init__(self) -> None:
+        if not re.match(r"^(\d+-)?\d+(:\d+){0,2}$", self.time):
+            raise SpecError(f"time must be a SLURM time limit such as 00:30:00 or 1-00:00:00 "
+                            f"(got {self.time!r})", "time")
+        _str_list(self.extra_sbatch, "extra_sbatch")
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """How a job sets itself up: modules to load, variables to export, and raw setup lines."""
+
+    modules: list | None = None
+    env: dict | None = None
+    setup: list | None = None
+
+    def __post_init__(self) -> None:
+        _str_list(self.modules, "modules")
+        _str_list(self.setup, "setup")
+        if self.env is not None:
+            if not isinstance(self.env, Mapping):
+                raise SpecError("env must be a mapping of NAME: value", "env")
+            for k, v in self.env.items():
+                if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(k)):
+                    raise SpecError(f"env name {k!r} is not a valid variable name", "env")
+                if not isinstance(v, str | int | float | bool):
+                    raise SpecError(f"env {k} must be a string or number", "env")
+
+
+@dataclass(frozen=True)
+class SpaceSpec:
+    """Value lists the planner enumerates (with ``auto``, unlisted knobs take its defaults)."""
+
+    auto: bool = False
+    fits_only: bool = True
+    top: int | None = None
+    tp: list | None = None
+    pp: list | None = None
+    micro_batch: list | None = None
+    schedule: list | None = None
+    virtual_stages: list | None = None
+    recompute: list | None = None
+    sequence_parallel: list | None = None
+    flash_attention: list | None = None
+    zero: list | None = None
+    sharding: list | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "micro_batch", "virtual_stages", "zero"):
+            _int_list(getattr(self, name), name)
+        for name in ("schedule", "recompute", "sharding"):
+            _str_list(getattr(self, name), name)
+        for name in ("sequence_parallel", "flash_attention"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, list)
+                                      or not all(isinstance(v, bool) for v in value)):
+                raise SpecError(f"{name} must be a list of true/false", name)
+        if self.top is not None and self.top < 1:
+            raise SpecError(f"top must be at least 1 (got {self.top})", "top")
+        if self.zero and self.sharding:
+            raise SpecError("give zero or sharding, not both", "sharding")
+
+
+@dataclass(frozen=True)
+class SweepFile:
+    """The top level of a sweep YAML file, as written."""
+
+    name: str
+    system: str
+    description: str = ""
+    reference: str = ""
+    model: str | None = None
+    models: list | None = None
+    template: str | None = None
+    executor: Literal["slurm", "local"] = "slurm"
+    # The benchmark engine inside each job; the native PyTorch engine is the one flm bench has.
+    engine: Literal["native"] = "native"
+    nodes: list | None = None
+    gpus: list | None = None
+    gpus_per_node: int | None = None
+    global_batch: int | None = None
+    global_batch_per_node: int | None = None
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    steps: int = 10
+    warmup: int = 2
+    seed: int = 0
+    space: Any = None
+    layouts: list | None = None
+    resources: ResourcesSpec = field(default_factory=ResourcesSpec)
+    environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
+    template_options: dict | None = None
+    labels: dict | None = None
+    bench_args: dict | None = None
+    command: list | None = None
+    max_array_size: int = 1000
+
+    def __post_init__(self) -> None:
+        if not SAFE_NAME.match(self.name):
+            raise SpecError(f"name {self.name!r} may hold only letters, digits, '.', '_', '-' "
+                            "(it names files and jobs)", "name")
+        if (self.model is None) == (self.models is None):
+            raise SpecError("give exactly one of model or models", "models")
+        _str_list(self.models, "models")
+        if self.nodes is not None and self.gpus is not None:
+            raise SpecError("give nodes or gpus, not both", "gpus")
+        _int_list(self.nodes, "nodes")
+        _int_list(self.gpus, "gpus")
+        if self.global_batch is not None and self.global_batch_per_node is not None:
+            raise SpecError("give global_batch or global_batch_per_node, not both",
+                            "global_batch_per_node")
+        if (self.space is None) == (self.layouts is None):
+            raise SpecError("give exactly one of space or layouts", "space")
+        if self.space is not None and self.nodes is None and self.gpus is None:
+            raise SpecError("a space needs nodes (or gpus) to lay out", "nodes")
+        if self.layouts is not None and not (isinstance(self.layouts, list) and self.layouts):
+            raise SpecError("layouts must be a non-empty list of layouts", "layouts")
+        for name in ("steps", "max_array_size"):
+            if getattr(self, name) < 1:
+                raise SpecError(f"{name} must be at least 1", name)
+        if self.warmup < 0:
+            raise SpecError("warmup must be 0 or more", "warmup")
+        _str_list(self.command, "command")
+        for name in ("template_options", "labels", "bench_args"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Mapping):
+                raise SpecError(f"{name} must be a mapping", name)
+
+
+@dataclass(frozen=True)
+class SweepJob:
+    """One job: a layout of a model on a number of nodes, and the bench arguments that run it."""
+
+    key: str
+    model: ModelSpec
+    model_ref: str
+    layout: ParallelConfig
+    nodes: int
+    ranks_per_node: int
+    bench_args: tuple[str, ...]
+    time: str
+    prediction: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A validated sweep: its settings and the jobs it expands to."""
+
+    spec: SweepFile
+    source: str
+    text: str
+    system: SystemSpec
+    system_ref: str
+    template: str
+    jobs: tuple[SweepJob, ...]
+    skipped: Mapping[str, int]  # layouts the space named that were not valid, by reason
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def _str_list(value: Any, name: str) -> None:
+    if value is not None and (not isinstance(value, list)
+                              or not all(isinstance(v, str) for v in value)):
+        raise SpecError(f"{name} must be a list of strings", name)
+
+
+def _int_list(value: Any, name: str) -> None:
+    if value is not None and (
+        not isinstance(value, list) or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    ):
+        raise SpecError(f"{name} must be a non-empty list of whole numbers", name)
+
+
+def _where(data: Any, key: str | None = None) -> str:
+    return data.where(key) + ": " if isinstance(data, LineMap) else ""
+
+
+def _layout_key(model_name: str, nodes: int, p: ParallelConfig) -> str:
+    """A readable key that differs for every layout knob that differs from the defaults."""
+    parts = [re.sub(r"[^A-Za-z0-9._-]", "_", model_name), f"n{nodes}", f"tp{p.tp}", f"pp{p.pp}",
+             f"dp{p.dp}", f"mb{p.micro_batch}", f"gb{p.global_batch}"]
+    if p.pp > 1 or p.schedule != "1f1b":
+        parts.append(p.schedule + (f"v{p.virtual_stages}" if p.virtual_stages > 1 else ""))
+    if p.sequence_parallel:
+        parts.append("sp")
+    if p.recompute != "none":
+        parts.append(f"r{p.recompute}")
+    stage = p.zero_stage
+    if stage:
+        parts.append(f"z{stage}")
+    elif stage is None:
+        parts.append("s" + re.sub(r"[^A-Za-z0-9]", "", p.sharding.describe()))
+    if not p.flash_attention:
+        parts.append("noflash")
+    parts.append(p.dtype)
+    return "-".join(parts)
+
+
+def bench_argv(sweep_name: str, key: str, model_ref: str, system_ref: str, p: ParallelConfig,
+               spec: SweepFile, extra: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ``flm bench`` arguments of one job (the run id and trace dir are added by the job)."""
+    argv = ["--model", model_ref, "--system", system_ref, "--tp", str(p.tp), "--pp", str(p.pp),
+            "--dp", str(p.dp), "--micro-batch", str(p.micro_batch),
+            "--global-batch", str(p.global_batch), "--schedule", p.schedule,
+            "--virtual-stages", str(p.virtual_stages), "--recompute", p.recompute,
+            "--dtype", p.dtype]
+    if p.sequence_parallel:
+        argv.append("--sequence-parallel")
+    if not p.flash_attention:
+        argv.append("--no-flash-attention")
+    stage = p.zero_stage
+    if stage is not None:
+        argv += ["--zero", str(stage)]
+    else:
+        s = p.sharding
+        argv += ["--sharding", f"p={s.params},g={s.grads},o={s.optim}"]
+    argv += ["--steps", str(spec.steps), "--warmup", str(spec.warmup), "--seed", str(spec.seed)]
+    argv += ["--label", f"sweep={sweep_name}", "--label", f"job_key={key}"]
+    for k, v in (spec.labels or {}).items():
+        argv += ["--label", f"{k}={v}"]
+    for k, v in extra.items():
+        if v is None or v is False:
+            continue
+        argv.append(BENCH_ARGS[k])
+        if v is not True:
+            argv.append(str(v))
+    return tuple(argv)
+
+
+def _bench_args(raw: Any, where: str) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where}bench_args must be a mapping", "bench_args")
+    for k in raw:
+        if k not in BENCH_ARGS:
+            raise SpecError(f"{_where(raw, k) or where}unknown bench_args key '{k}' (valid: "
+                            f"{', '.join(BENCH_ARGS)})", "bench_args")
+    return dict(raw)
+
+
+def _placement(ranks: int, per_node: int) -> tuple[int, int]:
+    """(nodes, ranks per node) for a job of ``ranks`` ranks on nodes of ``per_node`` slots."""
+    if ranks <= per_node:
+        return 1, ranks
+    if ranks % per_node:
+        raise SpecError(f"{ranks} ranks do not fill whole nodes of {per_node}", "gpus_per_node")
+    return ranks // per_node, per_node
+
+
+def _space_jobs(spec: SweepFile, raw_space: Any, models: list[tuple[str, ModelSpec]],
+                system: SystemSpec, per_node: int, skipped: Counter) -> list[SweepJob]:
+    from frontier_llm.planner import SearchSpace, layout_from_row, plan
+
+    if raw_space == "auto":
+        space = SpaceSpec(auto=True)
+    elif isinstance(raw_space, Mapping):
+        space = build(SpaceSpec, raw_space)
+    else:
+        raise SpecError(f"{_where(raw_space)}space must be 'auto' or a mapping of value lists",
+                        "space")
+    knobs: dict[str, Any] = {}
+    for name in ("tp", "pp", "micro_batch", "schedule", "virtual_stages", "recompute",
+                 "sequence_parallel", "flash_attention"):
+        value = getattr(space, name)
+        if value is not None:
+            knobs[name] = tuple(value)
+        elif not space.auto and name in _GRID_DEFAULTS:
+            knobs[name] = _GRID_DEFAULTS[name]
+    if space.zero is not None:
+        knobs["sharding"] = tuple(Sharding.parse(z) for z in space.zero)
+    elif space.sharding is not None:
+        from frontier_llm.cli.layout_args import parse_sharding
+        knobs["sharding"] = tuple(parse_sharding(s) for s in space.sharding)
+    elif not space.auto:
+        knobs["sharding"] = (Sharding.parse(0),)
+    if not space.auto and "micro_batch" not in knobs:
+        knobs["micro_batch"] = (1,)
+    counts = [(n, n * per_node) for n in spec.nodes] if spec.nodes else [
+        (_placement(g, per_node)[0], g) for g in spec.gpus]
+    jobs = []
+    for model_ref, model in models:
+        for nodes, gpus in counts:
+            if spec.global_batch_per_node is not None:
+                gb = spec.global_batch_per_node * nodes
+            else:
+                gb = spec.global_batch
+            tps = knobs.get("tp")
+            sub = dict(knobs)
+            if tps is not None:
+                sub["tp"] = tuple(t for t in tps if gpus % t == 0)
+                if len(sub["tp"]) < len(tps):
+                    skipped["tp does not divide the GPU count"] += len(tps) - len(sub["tp"])
+                if not sub["tp"]:
+                    continue
+            try:
+                result = plan(model, system, gpus, gb, SearchSpace(dtype=spec.dtype, **sub))
+            except UserError as exc:
+                skipped[str(exc)] += 1
+                continue
+            for reason, count in result.rejections().items():
+                if reason != "does not fit in memory" or space.fits_only:
+                    skipped[reason] += count
+            ranked = result.ranked(top=space.top, fits_only=space.fits_only)
+            for _, row in ranked.iterrows():
+                layout = layout_from_row(row)
+                n, rpn = _placement(layout.world_size, per_node)
+                key = _layout_key(model.name, n, layout)
+                prediction = {k: _plain(row[k]) for k in (
+                    "step_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu",
+                    "peak_memory_bytes", "fits") if k in row}
+                jobs.append(SweepJob(
+                    key=key, model=model, model_ref=model_ref, layout=layout, nodes=n,
+                    ranks_per_node=rpn,
+                    bench_args=bench_argv(spec.name, key, model_ref, "", layout, spec,
+                                          _bench_args(spec.bench_args, "")),
+                    time=spec.resources.time, prediction=prediction,
+                ))
+    return jobs
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
+
+
+def _explicit_jobs(spec: SweepFile, entries: list, models: list[tuple[str, ModelSpec]],
+                   per_node: int) -> list[SweepJob]:
+    jobs = []
+    for entry in entries:
+        if not isinstance(entry, Mapping):
+            raise SpecError(f"{_where(entries)}each layout is a mapping of layout fields",
+                            "layouts")
+        data = entry.copy() if isinstance(entry, LineMap) else dict(entry)
+        where = _where(entry)
+        name = data.pop("name", None)
+        only_model = data.pop("model", None)
+        extra = _bench_args(data.pop("bench_args", None), where)
+        time = data.pop("time", spec.resources.time)
+        ResourcesSpec(time=time)  # same rule as the sweep-wide time limit
+        if name is not None and not (isinstance(name, str) and SAFE_NAME.match(name)):
+            raise SpecError(f"{where}name {name!r} may hold only letters, digits, '.', '_', '-'",
+                            "name")
+        data.setdefault("dtype", spec.dtype)
+        if "global_batch" not in data:
+            if spec.global_batch is not None:
+                data["global_batch"] = spec.global_batch
+            else:
+                data["global_batch"] = int(data.get("micro_batch", 1)) * int(data.get("dp", 1))
+        layout = ParallelConfig.from_dict(data)
+        n, rpn = _placement(layout.world_size, per_node)
+        targets = [(r, m) for r, m in models if only_model is None or r == only_model]
+        if not targets:
+            raise SpecError(f"{where}model {only_model!r} is not one of the sweep's models",
+                            "model")
+        for model_ref, model in targets:
+            try:
+                layout.check_model(model)
+            except SpecError as exc:
+                raise SpecError(f"{where}{model.name}: {exc}", exc.field) from None
+            key = name if name and len(targets) == 1 else (
+                f"{name}-{model.name}" if name else _layout_key(model.name, n, layout))
+            jobs.append(SweepJob(
+                key=key, model=model, model_ref=model_ref, layout=layout, nodes=n,
+                ranks_per_node=rpn,
+                bench_args=bench_argv(spec.name, key, model_ref, "", layout, spec,
+                                      {**_bench_args(spec.bench_args, ""), **extra}),
+                time=time,
+            ))
+    return jobs
+
+
+def default_template(system: SystemSpec) -> str:
+    """frontier for AMD GCD systems, local for CPU ranks, nvidia otherwise."""
+    gpu = system.gpu.lower() if isinstance(getattr(system, "gpu", None), str) else ""
+    if "cpu" in gpu:
+        return "local"
+    if "mi250" in gpu or "gcd" in gpu or system.name == "frontier":
+        return "frontier"
+    return "nvidia"
+
+
+def _ref(name: str, source: Path) -> str:
+    """A catalog name stays a name; a YAML path is made absolute (jobs run elsewhere)."""
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml"):
+        if not p.is_absolute():
+            p = (source.parent / p) if (source.parent / p).is_file() else p
+        return str(p.resolve())
+    return name
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read, validate and expand a sweep file."""
+    path = Path(path)
+    data = load_yaml(path)
+    if not isinstance(data, LineMap):
+        raise SpecError(f"{path}:1: a sweep file holds a mapping of settings")
+    # Nested sections are built on their own so that their errors keep their own line.
+    top = data.copy()
+    nested = {}
+    for key, cls in (("resources", ResourcesSpec), ("environment", EnvironmentSpec)):
+        if key in top:
+            raw = top.pop(key)
+            if not isinstance(raw, Mapping):
+                raise SpecError(f"{data.where(key)}: {key} must be a mapping", key)
+            nested[key] = build(cls, raw)
+    spec = build(SweepFile, top)
+    if nested:
+        spec = dataclasses.replace(spec, **nested)
+    template = spec.template
+    system_ref = _ref(spec.system, path)
+    try:
+        system = load_system(system_ref)
+    except UserError as exc:
+        raise SpecError(f"{data.where('system')}: {exc}", "system") from None
+    template = template or default_template(system)
+    if template not in TEMPLATES:
+        template = str(template_path(_ref(template, path) if template.endswith(".j2")
+                                     else template))
+    base = template if template in TEMPLATES else "local"
+    for k in spec.template_options or {}:
+        if k not in TEMPLATE_OPTIONS[base]:
+            raise SpecError(f"{data['template_options'].where(k)}: unknown template option "
+                            f"'{k}' for {base} (valid: {', '.join(TEMPLATE_OPTIONS[base])})",
+                            "template_options")
+    models = []
+    for ref in spec.models or [spec.model]:
+        ref = _ref(ref, path)
+        try:
+            models.append((ref, load_model(ref)))
+        except UserError as exc:
+            key = "models" if spec.models else "model"
+            raise SpecError(f"{data.where(key)}: {exc}", key) from None
+    per_node = spec.gpus_per_node or system.gpus_per_node
+    skipped: Counter = Counter()
+    try:
+        if spec.layouts is not None:
+            jobs = _explicit_jobs(spec, spec.layouts, models, per_node)
+        else:
+            jobs = _space_jobs(spec, spec.space, models, system, per_node, skipped)
+    except SpecError as exc:
+        msg = str(exc)
+        if not msg.startswith(str(path)):
+            key = "layouts" if spec.layouts is not None else "space"
+            msg = f"{data.where(key)}: {msg}"
+        raise SpecError(msg, exc.field) from None
+    # The system goes into every job's argv here, now that its reference is known.
+    jobs = [SweepJob(**{**j.__dict__, "bench_args": _with_system(j.bench_args, system_ref)})
+            for j in jobs]
+    seen: dict[str, int] = {}
+    for j in jobs:
+        seen[j.key] = seen.get(j.key, 0) + 1
+    dups = [k for k, c in seen.items() if c > 1]
+    if dups:
+        raise SpecError(f"{data.where('layouts' if spec.layouts else 'space')}: two jobs share "
+                        f"the key {dups[0]!r}; give each layout its own name", "layouts")
+    if not jobs:
+        why = "; ".join(f"{r}: {c}" for r, c in skipped.most_common(3))
+        raise SpecError(f"{path}: the sweep expands to no valid layout ({why or 'empty'})",
+                        "space")
+    return Sweep(spec=spec, source=str(path), text=path.read_text(), system=system,
+                 system_ref=system_ref, template=template, jobs=tuple(jobs),
+                 skipped=dict(skipped))
+
+
+def _with_system(argv: tuple[str, ...], system_ref: str) -> tuple[str, ...]:
+    out = list(argv)
+    i = out.index("--system")
+    out[i + 1] = system_ref
+    return tuple(out)

@@ -1,0 +1,161 @@
+"""Sweep files: the shipped ones expand; bad ones are refused with file:line and the key."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from frontier_llm.errors import SpecError, UserError
+from frontier_llm.jobs.sweepdir import inside, load_manifest, render_sweep, with_resources
+from frontier_llm.jobs.sweepspec import load_sweep
+
+SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
+SHIPPED = sorted(SWEEPS.glob("*.yaml"))
+
+
+def _write(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+BASE = "name: t\nmodel: tiny-gpt\nsystem: cpu-local\n"
+
+
+def test_the_papers_sweeps_and_the_tiny_one_are_shipped():
+    names = {p.stem for p in SHIPPED}
+    assert {"frontier-22b-explore", "frontier-175b-weak", "frontier-1t-weak",
+            "frontier-175b-strong", "frontier-1t-strong", "tiny-cpu"} <= names
+    for path in SHIPPED:
+        if path.stem.startswith("frontier"):
+            assert "2312.12705" in path.read_text(), f"{path.name} must cite Dash et al. 2023"
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_shipped_sweeps_expand_and_render(path, tmp_path):
+    sweep = load_sweep(path)
+    assert sweep.jobs
+    manifest = render_sweep(sweep, tmp_path / "out")
+    assert len(manifest.jobs) == len(sweep.jobs)
+    for group in manifest.groups:
+        script = manifest.path(group["script"])
+        subprocess.run(["bash", "-n", str(script)], check=True)
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["sweep"] == sweep.name
+
+
+def test_tiny_cpu_has_four_layouts_one_of_four_ranks():
+    sweep = load_sweep(SWEEPS / "tiny-cpu.yaml")
+    assert len(sweep.jobs) >= 4
+    assert any(j.world_size == 4 for j in sweep.jobs)
+    assert all(j.model.name == "tiny-gpt" for j in sweep.jobs)
+
+
+def test_weak_scaling_grows_the_batch_with_the_nodes():
+    sweep = load_sweep(SWEEPS / "frontier-175b-weak.yaml")
+    per_node = {j.layout.global_batch / j.nodes for j in sweep.jobs}
+    assert per_node == {16.0}
+    assert {j.layout.tp for j in sweep.jobs} == {4}
+    assert max(j.world_size for j in sweep.jobs) == 1024
+
+
+def test_strong_scaling_keeps_the_batch():
+    sweep = load_sweep(SWEEPS / "frontier-1t-strong.yaml")
+    assert {j.layout.global_batch for j in sweep.jobs} == {3072}
+    assert max(j.world_size for j in sweep.jobs) == 3072
+
+
+def test_auto_space_top_k_and_fits_only(tmp_path):
+    path = _write(tmp_path, BASE + "gpus: [4]\nglobal_batch: 8\nspace:\n  auto: true\n  top: 3\n")
+    sweep = load_sweep(path)
+    assert len(sweep.jobs) == 3
+    assert all(j.prediction["fits"] for j in sweep.jobs)
+    assert all(j.world_size == 4 for j in sweep.jobs)
+    # The planner's best comes first.
+    tps = [j.prediction["tokens_per_s"] for j in sweep.jobs]
+    assert tps == sorted(tps, reverse=True)
+    assert sweep.skipped  # the planner's rejections are counted, by rule
+
+
+def test_explicit_space_is_the_product_of_its_lists(tmp_path):
+    path = _write(tmp_path, BASE + "gpus: [4]\nglobal_batch: 8\nspace:\n  tp: [1, 2, 4]\n"
+                  "  pp: [1, 2]\n  micro_batch: [1, 2]\n")
+    sweep = load_sweep(path)
+    combos = {(j.layout.tp, j.layout.pp, j.layout.micro_batch) for j in sweep.jobs}
+    # tp 4 x pp 2 needs 8 ranks: never generated; everything else on 4 ranks is valid here.
+    assert combos == {(t, p, m) for t in (1, 2, 4) for p in (1, 2) for m in (1, 2)
+                      if t * p <= 4}
+    assert {j.layout.schedule for j in sweep.jobs} == {"1f1b"}
+    assert {j.layout.zero_stage for j in sweep.jobs} == {0}
+
+
+@pytest.mark.parametrize("text,where", [
+    (BASE + "layouts:\n  - {tp: 3}\n", ":5: tiny-gpt: heads (4) is not divisible by tp (3)"),
+    (BASE + "layouts:\n  - {tp: 1, bogus: 2}\n", ":5: unknown field 'bogus'"),
+    (BASE + "resources:\n  time: '00:05:00'\n  acount: x\nlayouts:\n  - {tp: 1}\n",
+     ":6: unknown field 'acount' for ResourcesSpec (did you mean 'account'?)"),
+    (BASE + "resources:\n  time: soon\nlayouts:\n  - {tp: 1}\n", ":5: time must be a SLURM"),
+    (BASE + "layouts:\n  - tp: 1\n    bench_args: {memory: 1}\n", ":6: unknown bench_args key"),
+    (BASE + "stpes: 3\nlayouts:\n  - {tp: 1}\n", ":4: unknown field 'stpes' for SweepFile "
+     "(did you mean 'steps'?)"),
+    ("name: 'a b'\nmodel: tiny-gpt\nsystem: cpu-local\nlayouts:\n  - {tp: 1}\n",
+     ":1: name 'a b' may hold only"),
+    (BASE.replace("tiny-gpt", "tiny-gtp") + "layouts:\n  - {tp: 1}\n",
+     ":2: unknown model 'tiny-gtp'. Did you mean 'tiny-gpt'?"),
+    (BASE + "template_options: {rccl_plugin_dir: /x}\nlayouts:\n  - {tp: 1}\n",
+     ":4: unknown template option 'rccl_plugin_dir' for local"),
+    (BASE + "layouts:\n  - {tp: 1}\n  - {tp: 1}\n", ":4: two jobs share the key"),
+    (BASE + "space: auto\n", "a space needs nodes"),
+    (BASE + "gpus: [4]\nglobal_batch: 3\nspace:\n  tp: [1]\n  pp: [1]\n",
+     "expands to no valid layout (global_batch not divisible by micro_batch x dp"),
+])
+def test_bad_sweeps_name_file_line_and_key(tmp_path, text, where):
+    path = _write(tmp_path, text)
+    with pytest.raises(SpecError) as info:
+        load_sweep(path)
+    assert str(info.value).startswith(str(path)), str(info.value)
+    assert where in str(info.value)
+
+
+def test_fault_layouts_get_their_own_names_and_bench_args(tmp_path):
+    path = _write(tmp_path, BASE + "layouts:\n  - {tp: 1, name: ok}\n"
+                  "  - {tp: 1, name: crash, bench_args: {fault: crash, fault_step: 1}}\n"
+                  "  - {tp: 1, name: slow, time: '00:01:00'}\n")
+    jobs = {j.key: j for j in load_sweep(path).jobs}
+    assert set(jobs) == {"ok", "crash", "slow"}
+    argv = jobs["crash"].bench_args
+    assert argv[argv.index("--fault") + 1] == "crash"
+    assert jobs["slow"].time == "00:01:00" and jobs["ok"].time == "00:30:00"
+
+
+def test_groups_share_resources_and_paths_stay_inside(tmp_path):
+    sweep = load_sweep(SWEEPS / "tiny-cpu.yaml")
+    manifest = render_sweep(sweep, tmp_path / "run")
+    for g in manifest.groups:
+        members = [j for j in manifest.jobs if j["group"] == g["name"]]
+        assert {(j["nodes"], j["ranks_per_node"], j["time"]) for j in members} == {
+            (g["nodes"], g["ranks_per_node"], g["time"])}
+        assert sorted(j["index"] for j in members) == list(range(g["size"]))
+    assert load_manifest(tmp_path / "run").data == manifest.data
+    with pytest.raises(UserError, match="leaves the sweep folder"):
+        inside(tmp_path / "run", "../elsewhere")
+    with pytest.raises(UserError, match="holds no rendered sweep"):
+        load_manifest(tmp_path)
+
+
+def test_resource_overrides_reach_the_script(tmp_path):
+    sweep = with_resources(load_sweep(SWEEPS / "tiny-cpu.yaml"), account="proj42",
+                           partition="debug")
+    manifest = render_sweep(sweep, tmp_path / "run")
+    text = manifest.path(manifest.groups[0]["script"]).read_text()
+    assert "#SBATCH --account=proj42" in text and "#SBATCH --partition=debug" in text
+
+
+def test_hostile_label_is_one_argument(tmp_path):
+    hostile = "$(touch pwned); `id`\nx"
+    path = _write(tmp_path, BASE + f"labels:\n  note: {json.dumps(hostile)}\n"
+                  "layouts:\n  - {tp: 1}\n")
+    argv = load_sweep(path).jobs[0].bench_args
+    assert f"note={hostile}" in argv
