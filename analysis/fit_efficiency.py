@@ -19,19 +19,28 @@ from frontier_llm.planner.calibration import error_summary, load_runs, validate_
 from frontier_llm.specs.system import Efficiency
 
 GRIDS = {
-    "matmul": np.round(np.arange(0.40, 0.951, 0.01), 2),
-    "collective": np.round(np.arange(0.30, 1.001, 0.05), 2),
-    "memory": np.round(np.arange(0.30, 1.001, 0.05), 2),
+    "matmul": np.round(np.arange(0.50, 0.901, 0.01), 2),
+    "collective": np.round(np.arange(0.30, 1.001, 0.1), 2),
+    "memory": np.round(np.arange(0.30, 1.001, 0.1), 2),
     "tp_overlap": np.round(np.arange(0.0, 1.001, 0.1), 2),
     "dp_overlap": np.round(np.arange(0.0, 1.001, 0.1), 2),
+    "layer_overhead_s": np.round(np.arange(0.0, 301e-6, 20e-6), 6),
+    "matmul_half_hidden": np.arange(0.0, 2001.0, 100.0),
 }
+
+
+FIELDS = ("layer_overhead_s", "matmul_half_hidden")  # SystemSpec fields, not efficiencies
 
 
 def with_eff(system, values):
     eff = dict(system.efficiency)
+    fields = {}
     for k, v in values.items():
-        eff[k] = Efficiency(float(v), "fit")
-    return dataclasses.replace(system, efficiency=eff)
+        if k in GRIDS and k in FIELDS:
+            fields[k] = float(v)
+        else:
+            eff[k] = Efficiency(float(v), "fit")
+    return dataclasses.replace(system, efficiency=eff, **fields)
 
 
 def main() -> None:
@@ -42,13 +51,19 @@ def main() -> None:
     ap.add_argument("--csv", default="../shared/data/calibration_runs.csv")
     ap.add_argument("--knobs", default=",".join(GRIDS))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--fix", nargs="*", default=[], metavar="KNOB=VALUE",
+                    help="knobs held at a physical value instead of fitted")
     args = ap.parse_args()
     runs = load_runs(args.csv)
     runs = runs[runs["gpu_type"].str.contains(args.gpu, case=False)]
     base = load_system(args.system)
     knobs = args.knobs.split(",")
-    values = {k: base.eff(k, 1.0 if k in ("matmul", "collective", "memory") else 0.0)
+    values = {k: getattr(base, k) if k in FIELDS else
+              base.eff(k, 1.0 if k in ("matmul", "collective", "memory") else 0.0)
               for k in knobs}
+    for fixed in args.fix:
+        k, v = fixed.split("=")
+        base = with_eff(base, {k: v})
 
     def score(vals):
         table = validate_runs(runs, {base.name: with_eff(base, vals)})

@@ -133,11 +133,22 @@ def test_system_validation_needs_node_and_network_tiers():
 
 
 def test_efficiency_must_be_a_fraction():
-    with pytest.raises(SpecError, match=r"efficiency must be in \(0, 1\]"):
+    with pytest.raises(SpecError, match=r"efficiency must be in \[0, 1\]"):
         system_from_mapping({
             "name": "s", "gpu": "g", "gpus_per_node": 8, "memory_bytes": 8e10,
             "peak_flops": {"bf16": 1e15},
             "links": {"node": {"bandwidth": 1e11, "latency": 1e-6},
                       "network": {"bandwidth": 1e10, "latency": 1e-6}},
             "efficiency": {"matmul": 1.5},
+        })
+
+
+def test_rate_efficiency_must_be_positive():
+    with pytest.raises(SpecError, match="efficiency.matmul must be above 0"):
+        system_from_mapping({
+            "name": "s", "gpu": "g", "gpus_per_node": 8, "memory_bytes": 8e10,
+            "peak_flops": {"bf16": 1e15},
+            "links": {"node": {"bandwidth": 1e11, "latency": 1e-6},
+                      "network": {"bandwidth": 1e10, "latency": 1e-6}},
+            "efficiency": {"matmul": 0.0, "tp_overlap": 0.0},
         })

@@ -8,8 +8,8 @@ Per micro-batch and transformer block, a rank spends:
   is not fused): the bytes it reads and writes at the ``memory`` fraction of HBM bandwidth;
 - tensor-parallel communication (Shoeybi et al. 2019; Korthikanti et al. 2022 §4.2.2): two
   all-reduces of ``b·s·h`` elements forward and two backward (with sequence parallelism an
-  all-gather and a reduce-scatter each, the same volume); the ``tp_overlap`` fraction hides
-  behind matrix work;
+  all-gather and a reduce-scatter each, the same volume); up to the ``tp_overlap`` fraction of
+  the block's GEMM time hides it;
 - recomputation: full recompute replays the forward (and its TP communication); selective replays
   the attention core only.
 
@@ -65,7 +65,8 @@ def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict[str,
     m = t.num_microbatches
     e = ACT_BYTES[t.dtype]
     tokens = b * s
-    flops_rate = _peaks(system, t) * system.eff("matmul")
+    flops_rate = (_peaks(system, t) * system.eff("matmul")
+                  * model.hidden / (model.hidden + system.matmul_half_hidden))
     mem_rate = system.memory_bandwidth * system.eff("memory")
     rep = np.where(t.sequence_parallel, 1.0 / tp, 1.0)
     heads = model.heads / tp
@@ -85,7 +86,8 @@ def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict[str,
     score_bytes = heads * s * tokens * e * (2 + (2.5 if drop else 0))
     f_elem = (whole_bytes + split_bytes) / mem_rate
     f_softmax = np.where(fused_attention, 0.0, score_bytes / mem_rate)
-    fwd = f_dense + f_attn + f_elem + f_softmax
+    f_fixed = system.layer_overhead_s
+    fwd = f_dense + f_attn + f_elem + f_softmax + f_fixed
 
     tp_msg = tokens * h * e
     tp_ar = comm.all_reduce(system, tp, 1, tp_msg)
@@ -96,7 +98,13 @@ def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict[str,
     )
     recompute_comm = np.where(t.recompute == 2, fwd_comm, 0.0)
     block_compute = 3 * fwd + recompute_compute
-    block_comm = (fwd_comm + bwd_comm + recompute_comm) * (1 - system.eff("tp_overlap", 0.0))
+    # Overlapped TP communication (Megatron's tp-comm-overlap) hides behind the GEMMs it is
+    # pipelined with, never more than they last.
+    block_comm = np.maximum(
+        0.0,
+        fwd_comm + bwd_comm + recompute_comm
+        - system.eff("tp_overlap", 0.0) * (3 * f_dense + np.where(t.recompute == 2, f_dense, 0)),
+    )
 
     # --- a stage, one micro-batch ---
     per_stage_layers = model.layers // pp
@@ -153,7 +161,7 @@ def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict[str,
     return {
         "step_time": total,
         "compute": layers * 3 * (f_dense + f_attn),
-        "elementwise": layers * 3 * (f_elem + f_softmax),
+        "elementwise": layers * 3 * (f_elem + f_softmax + f_fixed),
         "recompute": layers * recompute_compute,
         "tp_comm": layers * block_comm,
         "pp_comm": m * p2p,

@@ -3,8 +3,9 @@
 Protocol (docs/costmodel.md, "Calibration"): each row becomes a GPT-style model (GeLU 4h MLP,
 learned positions, tied embeddings, Megatron's 0.1 dropout), the catalog system for its GPU, and a
 search space pinned to every knob the row states. Knobs the row leaves empty (micro-batch,
-recompute, schedule, sharding, flash attention, and for some rows TP/PP/DP) are searched, and the
-fastest layout that fits is the prediction, as the authors tuned theirs. The figure compared is
+recompute, schedule, ZeRO-0/1, flash attention, and for some rows TP/PP/DP) are searched over
+what Megatron-LM offers, and the fastest layout that fits is the prediction, as the authors tuned
+theirs. The figure compared is
 the iteration time where the row gives it, else TFLOP/s per GPU, else the percentage of peak. No
 row is treated specially: the same function runs on rows the model has never seen.
 """
@@ -79,10 +80,12 @@ def row_space(row: pd.Series) -> SearchSpace:
         kw["schedule"] = ("interleaved",)
         if stages:
             kw["virtual_stages"] = (stages[0],)
-    # An unstated sharding is searched over the ZeRO presets, the ones the sources' frameworks
-    # (Megatron-LM, Megatron-DeepSpeed) offer; AMSP's partial placements are not among them.
-    stages = (int(row["zero_stage"]),) if _given(row.get("zero_stage")) else range(4)
+    # The search covers what the sources' framework offers: Megatron-LM shards nothing or the
+    # optimizer states (its distributed optimizer, ZeRO-1), and schedules pipelines with 1F1B or
+    # interleaved 1F1B (Megatron-DeepSpeed's pipelines likewise take ZeRO-0/1 only).
+    stages = (int(row["zero_stage"]),) if _given(row.get("zero_stage")) else (0, 1)
     kw["sharding"] = tuple(zero_preset(s) for s in stages)
+    kw.setdefault("schedule", ("1f1b", "interleaved"))
     kw.setdefault("flash_attention", (False, True))
     return SearchSpace(**kw)
 

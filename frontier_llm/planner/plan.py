@@ -10,6 +10,7 @@ import pandas as pd
 
 from frontier_llm.costmodel import evaluate
 from frontier_llm.costmodel.layouts import DTYPES, PLACEMENTS, RECOMPUTES, SCHEDULES, LayoutTable
+from frontier_llm.errors import UserError
 from frontier_llm.planner.space import OOM, REASONS, SearchSpace, enumerate_layouts
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.parallel import COMPONENTS, ParallelConfig
@@ -107,7 +108,9 @@ class Plan:
 def _sharding_labels(t: LayoutTable) -> pd.Categorical:
     """'zero0'..'zero3' for the presets, else AMSP's per-component placements."""
     codes = np.stack([np.stack([getattr(t, f"{c}_kind"), getattr(t, f"{c}_group")], 1)
-                      for c in COMPONENTS], 1).reshape(len(t), -1)
+                      for c in COMPONENTS], 1).reshape(len(t), 2 * len(COMPONENTS))
+    if not len(t):
+        return pd.Categorical([])
     uniq, inverse = np.unique(codes, axis=0, return_inverse=True)
     labels = []
     for row in uniq:
@@ -128,6 +131,8 @@ def _sharding_labels(t: LayoutTable) -> pd.Categorical:
 def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | None = None,
          space: SearchSpace | None = None) -> Plan:
     """Evaluate every layout of ``space`` for ``model`` on ``gpus`` GPUs of ``system``."""
+    if gpus < 1:
+        raise UserError(f"--gpus must be at least 1 (got {gpus})")
     gb = global_batch or default_global_batch(model, gpus)
     layouts, reason = enumerate_layouts(model, system, gpus, gb, space or SearchSpace())
     # The cost model runs on the layouts no rule rejected; the others get NaN figures.

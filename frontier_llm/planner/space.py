@@ -21,16 +21,17 @@ from frontier_llm.specs.parallel import COMPONENTS, Placement, Sharding, zero_pr
 from frontier_llm.specs.system import SystemSpec
 
 # Rejection reasons, by code (0 = valid). The planner appends "does not fit in memory".
+# In the order ParallelConfig checks them, so both name the same first broken rule.
 REASONS = (
     "",
+    "global_batch not divisible by micro_batch x dp",
+    "interleaved needs micro-batches to be a multiple of pp",
+    "partial sharding group does not divide dp",
     "heads not divisible by tp",
     "kv_heads and tp do not divide one another",
     "ffn_hidden not divisible by tp",
     "layers not divisible by pp x virtual_stages",
-    "global_batch not divisible by micro_batch x dp",
-    "interleaved needs micro-batches to be a multiple of pp",
     "seq_len not divisible by tp (sequence parallel)",
-    "partial sharding group does not divide dp",
     "does not fit in memory",
 )
 OOM = REASONS.index("does not fit in memory")
@@ -48,7 +49,8 @@ class SearchSpace:
     pp: tuple[int, ...] | None = None
     micro_batch: tuple[int, ...] | None = None
     schedule: tuple[str, ...] = SCHEDULES
-    virtual_stages: tuple[int, ...] = (2, 3, 4, 6, 8)  # for the interleaved schedule
+    # For the interleaved schedule; None: every v > 1 that divides the layers of a stage.
+    virtual_stages: tuple[int, ...] | None = None
     recompute: tuple[str, ...] = RECOMPUTES
     sequence_parallel: tuple[bool, ...] = (False, True)
     flash_attention: tuple[bool, ...] = (True,)
@@ -85,12 +87,6 @@ def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_ba
         raise UserError(f"tp {bad_tp[0]} does not divide the {gpus} GPUs")
     micro = space.micro_batch or tuple(
         b for b in (1, 2, 4, 8, 16, 32) if b <= space.max_micro_batch)
-    sched_v = []
-    for name in space.schedule:
-        if name == "interleaved":
-            sched_v += [(SCHEDULES.index(name), v) for v in space.virtual_stages if v > 1]
-        else:
-            sched_v.append((SCHEDULES.index(name), 1))
     blocks = []
     for tp in tps:
         pps = space.pp or tuple(d for d in divisors(gpus // tp) if d <= model.layers)
@@ -99,7 +95,10 @@ def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_ba
                 continue
             dp = gpus // (tp * pp)
             shard = space.sharding or tuple(_shardings(system, tp, dp))
-            blocks.append(_product(tp, pp, dp, micro, sched_v, space, shard, global_batch))
+            block = _product(tp, pp, dp, micro, _schedules(model, pp, space), space, shard,
+                             global_batch)
+            if block is not None:
+                blocks.append(block)
     if not blocks:
         raise UserError(f"no tp x pp x dp layout of {gpus} GPUs matches the requested degrees")
     cols = {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
@@ -107,9 +106,25 @@ def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_ba
     return table, _reasons(model, table)
 
 
-def _product(tp, pp, dp, micro, sched_v, space, shardings, global_batch) -> dict:
+def _schedules(model: ModelSpec, pp: int, space: SearchSpace) -> list[tuple[int, int]]:
+    """(schedule code, virtual stages) pairs for a pipeline of ``pp`` stages."""
+    out = []
+    for name in space.schedule:
+        if name != "interleaved":
+            out.append((SCHEDULES.index(name), 1))
+        elif pp > 1:  # interleaving without a pipeline is not a layout
+            per_stage = model.layers // pp if model.layers % pp == 0 else 0
+            vs = space.virtual_stages or tuple(v for v in divisors(per_stage) if v > 1)
+            out += [(SCHEDULES.index(name), v) for v in vs if v > 1]
+    return out
+
+
+def _product(tp, pp, dp, micro, sched_v, space, shardings, global_batch) -> dict | None:
     rec = [RECOMPUTES.index(r) for r in space.recompute]
+    # Sequence parallelism without TP and interleaving without a pipeline are not layouts.
     sp = [s for s in space.sequence_parallel if tp > 1 or not s]
+    if not sched_v:
+        return None
     shard_rows = [
         [v for c in COMPONENTS
          for v in (PLACEMENTS.index(getattr(s, c).kind), getattr(s, c).group)]
@@ -143,19 +158,20 @@ def _reasons(model: ModelSpec, t: LayoutTable) -> np.ndarray:
     """The first rule each layout breaks (index into REASONS), 0 when it breaks none."""
     mb_dp = t.micro_batch * t.dp
     m = t.global_batch // mb_dp
+    partial = np.zeros(len(t), dtype=bool)
+    for comp in COMPONENTS:
+        kind = getattr(t, f"{comp}_kind")
+        partial |= (kind == 2) & (t.dp % np.maximum(getattr(t, f"{comp}_group"), 1) != 0)
     rules = [
+        t.global_batch % mb_dp != 0,
+        (t.schedule == SCHEDULES.index("interleaved")) & (m % t.pp != 0),
+        partial,
         model.heads % t.tp != 0,
         (model.kv_heads % t.tp != 0) & (t.tp % model.kv_heads != 0),
         model.ffn_hidden % t.tp != 0,
         model.layers % (t.pp * t.virtual_stages) != 0,
-        t.global_batch % mb_dp != 0,
-        (t.schedule == SCHEDULES.index("interleaved")) & ((m % t.pp != 0) | (t.pp < 2)),
         t.sequence_parallel & (model.seq_len % t.tp != 0),
-        np.zeros(len(t), dtype=bool),
     ]
-    for comp in COMPONENTS:
-        kind = getattr(t, f"{comp}_kind")
-        rules[-1] |= (kind == 2) & (t.dp % np.maximum(getattr(t, f"{comp}_group"), 1) != 0)
     reason = np.zeros(len(t), dtype=np.int8)
     for code in range(len(rules), 0, -1):  # the first rule broken wins
         reason[rules[code - 1]] = code

@@ -1,0 +1,109 @@
+"""flm plan and flm predict from the command line: defaults, formats, every catalog entry, and
+one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from frontier_llm.catalog import model_names, system_names
+from frontier_llm.cli import main
+
+
+def test_plan_default_is_175b_on_1024_frontier_gcds(capsys):
+    assert main(["plan", "--top", "3"]) == 0
+    captured = capsys.readouterr()
+    assert "gpt-175b on 1024 x AMD MI250X GCD" in captured.err
+    lines = captured.out.strip().splitlines()
+    assert lines[0].split()[:4] == ["rank", "tp", "pp", "dp"]
+    assert len(lines) == 4
+
+
+def test_plan_json_and_explain(capsys):
+    assert main(["plan", "--model", "gpt-1t", "--system", "frontier", "--gpus", "3072",
+                 "--top", "5", "--format", "json", "--explain"]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["gpus"] == 3072 and len(doc["layouts"]) == 5
+    first = doc["layouts"][0]
+    assert first["tp"] * first["pp"] * first["dp"] == 3072
+    assert first["fits"] is True and first["peak_memory_bytes"] <= 64e9
+    assert doc["rejected"]["does not fit in memory"] > 0
+    assert "Winner:" in captured.err and "rejected" in captured.err
+    assert "x the step time" in captured.err
+
+
+def test_plan_csv_has_every_column(capsys):
+    assert main(["plan", "--model", "gpt-22b", "--gpus", "16", "--top", "2",
+                 "--format", "csv"]) == 0
+    header = capsys.readouterr().out.splitlines()[0].split(",")
+    assert {"tp", "pp", "dp", "micro_batch", "sharding", "step_time_s", "mfu",
+            "peak_memory_bytes", "reject_reason"} <= set(header)
+
+
+@pytest.mark.parametrize("system", system_names())
+def test_plan_works_for_every_catalog_model(system, capsys):
+    for model in model_names():
+        assert main(["plan", "--model", model, "--system", system, "--gpus", "64",
+                     "--top", "1", "--format", "json"]) in (0, 1), model
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["evaluated"] > 0
+
+
+def test_predict_json_has_the_promised_keys(capsys):
+    assert main(["predict", "--model", "gpt-175b", "--system", "frontier", "--tp", "8",
+                 "--pp", "16", "--dp", "8", "--micro-batch", "1", "--global-batch", "1024",
+                 "--zero", "1", "--recompute", "selective", "--sequence-parallel",
+                 "--schedule", "interleaved", "--virtual-stages", "2", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("step_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu",
+                "peak_memory_bytes", "fits", "breakdown"):
+        assert key in out
+    assert out["hardware_tflops_per_gpu"] > out["model_tflops_per_gpu"]
+    assert out["layout"]["zero_stage"] == 1
+    assert set(out["breakdown"]["time_s"]) >= {"compute", "tp_comm", "pp_bubble", "dp_comm",
+                                               "optimizer"}
+
+
+def test_predict_table(capsys):
+    assert main(["predict", "--model", "llama3-8b", "--system", "dgx-h100", "--tp", "2",
+                 "--dp", "4", "--global-batch", "64", "--sharding", "p=full,g=full,o=full"]) == 0
+    out = capsys.readouterr().out
+    assert "zero3" in out and "MFU" in out and "GB peak" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "--model", "gpt-9000"], "unknown model"),
+        (["plan", "--system", "summit"], "frontier"),
+        (["plan", "--gpus", "7", "--tp", "8"], "tp 8 does not divide the 7 GPUs"),
+        (["predict", "--model", "gpt-175b", "--system", "frontier", "--tp", "7"],
+         "heads (96) is not divisible by tp (7)"),
+        (["predict", "--model", "gpt-175b", "--system", "frontier", "--tp", "8", "--pp", "5"],
+         "layers (96) is not divisible by pp"),
+        (["predict", "--model", "gpt-175b", "--system", "frontier", "--tp", "8", "--dp", "2",
+          "--gpus", "8"], "does not match the 8 GPUs"),
+        (["predict", "--model", "gpt-175b", "--system", "frontier", "--tp", "8",
+          "--sharding", "p=sometimes"], "placement"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(argv, message):
+    proc = subprocess.run([sys.executable, "-m", "frontier_llm.cli", *argv],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_model_yaml_path_with_error_names_file_and_line(tmp_path):
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("name: mine\nlayers: 4\nhidden: 64\nheads: 5\nseq_len: 32\nvocab: 100\n")
+    proc = subprocess.run([sys.executable, "-m", "frontier_llm.cli", "plan", "--model",
+                           str(bad), "--gpus", "4"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "mine.yaml" in proc.stderr and "heads" in proc.stderr

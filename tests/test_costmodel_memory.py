@@ -1,0 +1,136 @@
+"""Per-rank memory: parameter split, ZeRO/AMSP sharding, and Korthikanti et al.'s activation
+formulas reproduced term by term."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from frontier_llm.catalog import load_model, load_system
+from frontier_llm.costmodel.layouts import from_configs
+from frontier_llm.costmodel.memory import (
+    activation_bytes,
+    layer_activation_bytes,
+    rank_state_bytes,
+)
+from frontier_llm.costmodel.params import stage_params_per_rank
+from frontier_llm.specs.parallel import ParallelConfig, Sharding
+
+
+def _gpt175_dropout():
+    return dataclasses.replace(load_model("gpt-175b"), dropout=0.1)
+
+
+# Korthikanti et al. 2022, Table 2 (16-bit, per layer, bytes / (s·b·h)).
+@pytest.mark.parametrize(
+    ("layout", "formula"),
+    [
+        (dict(tp=1), lambda a, s, h, t: 34 + 5 * a * s / h),
+        (dict(tp=8), lambda a, s, h, t: 10 + 24 / t + 5 * a * s / (h * t)),
+        (dict(tp=8, sequence_parallel=True), lambda a, s, h, t: (34 + 5 * a * s / h) / t),
+        (dict(tp=8, sequence_parallel=True, recompute="selective"), lambda a, s, h, t: 34 / t),
+    ],
+)
+def test_layer_activations_match_korthikanti(layout, formula):
+    m = _gpt175_dropout()
+    cfg = ParallelConfig(flash_attention=False, **layout)
+    got = layer_activation_bytes(m, from_configs([cfg]))[0]
+    expected = m.seq_len * m.hidden * formula(m.heads, m.seq_len, m.hidden, cfg.tp)
+    # The only addition to the paper's count: fp32 norm statistics (8 bytes per token per norm).
+    assert got == pytest.approx(expected, rel=2e-4)
+    assert got >= expected
+
+
+def test_flash_attention_drops_the_score_terms():
+    m = _gpt175_dropout()
+    unfused = layer_activation_bytes(m, from_configs([ParallelConfig(flash_attention=False)]))[0]
+    fused = layer_activation_bytes(m, from_configs([ParallelConfig(flash_attention=True)]))[0]
+    s, a = m.seq_len, m.heads
+    assert unfused - fused == pytest.approx(5 * a * s * s, rel=1e-3)
+
+
+def test_full_recompute_keeps_layer_inputs_only():
+    m = _gpt175_dropout()
+    cfg = ParallelConfig(tp=8, pp=4, micro_batch=1, global_batch=16, recompute="full",
+                         sequence_parallel=True)
+    t = from_configs([cfg])
+    stored = activation_bytes(m, t, 1)[0]  # a middle stage: no embedding or logits
+    per_layer = 2 * m.seq_len * m.hidden / 8
+    full_layer = layer_activation_bytes(m, t)[0]
+    in_flight = 4 - 1  # 1F1B: p - r micro-batches on stage r
+    assert stored == pytest.approx(in_flight * (m.layers // 4) * per_layer + full_layer)
+
+
+def test_schedules_keep_the_micro_batches_the_papers_say():
+    m = load_model("gpt-22b")
+    base = dict(tp=1, pp=4, dp=1, micro_batch=1, global_batch=16, flash_attention=True)
+    per_stage = {}
+    for name, extra in [("gpipe", dict(schedule="gpipe")), ("1f1b", dict(schedule="1f1b")),
+                        ("il2", dict(schedule="interleaved", virtual_stages=2))]:
+        t = from_configs([ParallelConfig(**base, **extra)])
+        per_stage[name] = [activation_bytes(m, t, r)[0] for r in range(4)]
+    layer = layer_activation_bytes(m, from_configs([ParallelConfig(**base)]))[0]
+    stage_layers = m.layers // 4
+    # Stage 1 has neither embeddings nor logits: 1F1B keeps p - r = 3 micro-batches, GPipe all 16.
+    assert per_stage["1f1b"][1] == pytest.approx(3 * stage_layers * layer)
+    assert per_stage["gpipe"][1] == pytest.approx(16 * stage_layers * layer)
+    # Interleaving on the first stage: p·(1 + (p−1)/(p·v)) micro-batches of a whole stage.
+    first_il = per_stage["il2"][0] - (per_stage["1f1b"][0] - 4 * stage_layers * layer)
+    # (up to the token ids and embedding dropout masks of the micro-batches in flight: 0.1 %)
+    assert first_il == pytest.approx(4 * (1 + 3 / 8) * stage_layers * layer, rel=2e-3)
+    assert per_stage["1f1b"][0] > per_stage["1f1b"][2]
+
+
+def test_stage_params_sum_to_the_model():
+    for name in ("gpt-22b", "llama3-70b", "tiny-llama"):
+        m = dataclasses.replace(load_model(name), tied_embeddings=False)
+        total = sum(int(stage_params_per_rank(m, 1, 4, r)) for r in range(4))
+        assert total == m.num_params()
+
+
+def test_tensor_parallel_ranks_hold_the_split_plus_replicated_parts():
+    m = load_model("gpt-22b")
+    tp1 = int(stage_params_per_rank(m, 1, 1, 0))
+    tp8 = int(stage_params_per_rank(m, 8, 1, 0))
+    replicated = m.layers * (4 * m.hidden + 2 * m.hidden) + m.seq_len * m.hidden + 2 * m.hidden
+    assert 8 * (tp8 - replicated) == tp1 - replicated
+
+
+@pytest.mark.parametrize(
+    ("zero", "divided"),
+    [(0, ()), (1, ("optimizer",)), (2, ("optimizer", "grads")),
+     (3, ("optimizer", "grads", "params"))],
+)
+def test_zero_stages_divide_the_right_states(zero, divided):
+    m = load_model("gpt-22b")
+    base = rank_state_bytes(m, ParallelConfig(dp=8, global_batch=8, sharding=0), 0)
+    got = rank_state_bytes(m, ParallelConfig(dp=8, global_batch=8, sharding=zero), 0)
+    for part in ("params", "grads", "optimizer"):
+        factor = 8 if part in divided else 1
+        assert got[f"{part}_bytes"] == pytest.approx(base[f"{part}_bytes"] / factor, rel=1e-6)
+    assert base["params_bytes"] + base["grads_bytes"] + base["optimizer_bytes"] == \
+        18 * m.num_params()  # Megatron bf16: 2 + 4 + 12 bytes per parameter
+
+
+def test_partial_sharding_divides_by_the_group():
+    m = load_model("gpt-22b")
+    cfg = ParallelConfig(dp=16, global_batch=16,
+                         sharding=Sharding.parse({"optim": "partial:4", "grads": "partial:4"}))
+    got = rank_state_bytes(m, cfg, 0)
+    assert got["optimizer_bytes"] == pytest.approx(12 * m.num_params() / 4, rel=1e-6)
+    assert got["params_bytes"] == 2 * m.num_params()
+
+
+def test_peak_memory_fits_flag_against_capacity():
+    from frontier_llm.costmodel import predict
+
+    m, s = load_model("gpt-175b"), load_system("frontier")
+    small = predict(m, s, ParallelConfig(tp=1, pp=1, dp=1))
+    assert not small["fits"] and small["peak_memory_bytes"] > 175e9 * 18
+    ok = predict(m, s, ParallelConfig(tp=8, pp=16, dp=8, global_batch=1024, sharding=1))
+    assert ok["fits"]
+    parts = ok["breakdown"]["memory_bytes"]
+    assert sum(parts.values()) == pytest.approx(ok["peak_memory_bytes"])
+    assert np.isfinite(ok["step_time_s"])

@@ -1,0 +1,127 @@
+"""Step time: the breakdown adds up, each term responds to its knob as the formulas say, and the
+vectorized path equals the scalar one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from frontier_llm.catalog import load_model, load_system
+from frontier_llm.costmodel import TIME_PARTS, evaluate, predict
+from frontier_llm.costmodel.comm import all_reduce, link_for_span, reduce_scatter, send_recv
+from frontier_llm.costmodel.layouts import from_configs
+from frontier_llm.planner import SearchSpace, plan
+from frontier_llm.specs.parallel import ParallelConfig
+
+
+def _ideal(system):
+    """The system with perfect efficiencies and no overlap, so formulas can be checked exactly."""
+    return dataclasses.replace(system, efficiency={}, matmul_half_hidden=0.0,
+                               layer_overhead_s=0.0)
+
+
+def test_breakdown_sums_to_step_time():
+    m, s = load_model("gpt-175b"), load_system("frontier")
+    p = predict(m, s, ParallelConfig(tp=8, pp=16, dp=8, global_batch=1024, sharding=1,
+                                     schedule="interleaved", virtual_stages=2,
+                                     sequence_parallel=True, recompute="selective"))
+    assert sum(p["breakdown"]["time_s"].values()) == pytest.approx(p["step_time_s"], rel=1e-9)
+    assert all(v >= 0 for v in p["breakdown"]["time_s"].values())
+
+
+def test_single_gpu_compute_is_flops_over_peak():
+    m, s = load_model("gpt3-1.3b"), _ideal(load_system("dgx-a100"))
+    p = predict(m, s, ParallelConfig(global_batch=8, micro_batch=8))
+    t = p["breakdown"]["time_s"]
+    assert t["tp_comm"] == t["pp_comm"] == t["pp_bubble"] == t["dp_comm"] == 0
+    from frontier_llm.costmodel.flops import model_flops
+
+    flops = model_flops(m, 8 * m.seq_len)
+    # Matrix work (blocks + output layer) at peak.
+    matrix = t["compute"] + 3 * 2 * m.hidden * m.vocab * 8 * m.seq_len / s.peak("bf16")
+    assert matrix == pytest.approx(flops / s.peak("bf16"), rel=1e-9)
+
+
+def test_full_recompute_adds_one_forward():
+    m, s = load_model("gpt-22b"), load_system("dgx-a100")
+    base = dict(tp=8, global_batch=4, micro_batch=4, sequence_parallel=True)
+    none = predict(m, s, ParallelConfig(**base))["breakdown"]["time_s"]
+    full = predict(m, s, ParallelConfig(recompute="full", **base))["breakdown"]["time_s"]
+    forward = (none["compute"] + none["elementwise"]) / 3
+    assert full["recompute"] == pytest.approx(forward, rel=1e-9)
+    assert full["tp_comm"] == pytest.approx(none["tp_comm"] * 1.5, rel=1e-9)  # 6 vs 4 all-reduces
+
+
+def test_bubble_follows_narayanan():
+    m, s = load_model("gpt-175b"), _ideal(load_system("dgx-a100"))
+    for schedule, v in (("1f1b", 1), ("interleaved", 2), ("interleaved", 4)):
+        cfg = ParallelConfig(tp=8, pp=8, micro_batch=1, global_batch=32, schedule=schedule,
+                             virtual_stages=v)
+        t = predict(m, s, cfg)["breakdown"]["time_s"]
+        per_mb = (t["compute"] + t["elementwise"] + t["tp_comm"] + t["pp_comm"]) / 32
+        # (p-1)/v stage-times of a micro-batch, the average stage carrying 1/p of the head.
+        assert t["pp_bubble"] == pytest.approx(7 / v * (per_mb + t["head"] / 32 / 8), rel=1e-9)
+
+
+def test_collectives_follow_alpha_beta():
+    s = _ideal(load_system("frontier"))
+    pkg, node, net = s.links["package"], s.links["node"], s.links["network"]
+    assert link_for_span(s, 2)[0] == pkg.bandwidth
+    assert link_for_span(s, 8)[0] == node.bandwidth
+    assert link_for_span(s, 9)[0] == net.bandwidth
+    n, nbytes = 8, 1e9
+    assert all_reduce(s, n, 1, nbytes) == pytest.approx(
+        2 * 7 / 8 * nbytes / node.bandwidth + 14 * node.latency)
+    assert reduce_scatter(s, n, 1, nbytes) == pytest.approx(all_reduce(s, n, 1, nbytes) / 2)
+    assert all_reduce(s, 1, 1, nbytes) == 0
+    # Eight ranks 8 apart cross nodes: the network bounds them.
+    assert all_reduce(s, 8, 8, nbytes) > all_reduce(s, 8, 1, nbytes)
+    assert send_recv(s, 8, nbytes) == pytest.approx(nbytes / net.bandwidth + net.latency)
+
+
+def test_tp_inside_a_node_beats_tp_across_nodes():
+    m, s = load_model("gpt-175b"), load_system("frontier")
+    inside = predict(m, s, ParallelConfig(tp=8, pp=16, dp=2, global_batch=64))
+    across = predict(m, s, ParallelConfig(tp=16, pp=8, dp=2, global_batch=64))
+    assert across["breakdown"]["time_s"]["tp_comm"] > 3 * inside["breakdown"]["time_s"][
+        "tp_comm"]
+
+
+def test_zero3_gathers_parameters_every_micro_batch():
+    m, s = load_model("gpt-22b"), load_system("frontier")
+    base = dict(tp=8, dp=16, micro_batch=1)
+    few = predict(m, s, ParallelConfig(global_batch=16, sharding=3, **base))
+    many = predict(m, s, ParallelConfig(global_batch=128, sharding=3, **base))
+    z1 = predict(m, s, ParallelConfig(global_batch=128, sharding=1, **base))
+    assert many["breakdown"]["time_s"]["dp_comm"] > 4 * few["breakdown"]["time_s"]["dp_comm"]
+    assert many["breakdown"]["time_s"]["dp_comm"] > z1["breakdown"]["time_s"]["dp_comm"]
+
+
+def test_vectorized_equals_scalar_for_every_layout():
+    m, s = load_model("gpt-22b"), load_system("frontier")
+    result = plan(m, s, 64, 128, SearchSpace(micro_batch=(1, 2)))
+    idx = np.flatnonzero(result.reason == 0)[::37]
+    assert len(idx) > 20
+    for i in idx:
+        scalar = predict(m, s, result.layout(int(i)))
+        assert scalar["step_time_s"] == pytest.approx(result.figures["step_time_s"][i], rel=1e-12)
+        assert scalar["peak_memory_bytes"] == pytest.approx(
+            result.figures["peak_memory_bytes"][i], rel=1e-12)
+
+
+def test_mfu_and_hfu_relation():
+    m, s = load_model("gpt-175b"), load_system("dgx-a100")
+    t = from_configs([ParallelConfig(tp=8, pp=8, global_batch=64, recompute="full")])
+    f = evaluate(m, s, t)
+    assert f["hfu"][0] / f["mfu"][0] == pytest.approx(
+        1 + (m.layers * sum(_layer(m))) / (3 * (m.layers * sum(_layer(m)) + 2 * m.hidden
+                                                 * m.vocab)), rel=1e-9)
+    assert set(TIME_PARTS) <= {k[5:-2] for k in f if k.startswith("time_")}
+
+
+def _layer(m):
+    from frontier_llm.costmodel.flops import layer_forward_flops_per_token
+
+    return layer_forward_flops_per_token(m)

@@ -1,0 +1,110 @@
+"""The planner: every layout it calls valid is one ParallelConfig accepts, every rejection names
+the rule ParallelConfig would have named, and the ranking is by predicted throughput."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from frontier_llm.catalog import load_model, load_system
+from frontier_llm.errors import SpecError, UserError
+from frontier_llm.planner import REASONS, SearchSpace, default_global_batch, layout_from_row, plan
+from frontier_llm.specs.parallel import ParallelConfig
+
+
+@pytest.fixture(scope="module")
+def frontier_22b():
+    return plan(load_model("gpt-22b"), load_system("frontier"), 64, 128)
+
+
+def test_valid_layouts_are_valid_configs(frontier_22b):
+    model = frontier_22b.model
+    valid = np.flatnonzero(frontier_22b.reason == 0)
+    assert len(valid) > 100
+    for i in valid[:: max(1, len(valid) // 200)]:
+        cfg = frontier_22b.layout(int(i))
+        cfg.check_model(model)
+        cfg.check_world(64)
+
+
+RULE_FIELDS = {
+    "heads not divisible by tp": "heads",
+    "layers not divisible by pp x virtual_stages": "layers",
+    "global_batch not divisible by micro_batch x dp": "global_batch",
+    "interleaved needs micro-batches to be a multiple of pp": "micro-batches",
+}
+
+
+def test_rejected_layouts_break_the_rule_they_name(frontier_22b):
+    model = frontier_22b.model
+    seen = set()
+    t = frontier_22b.layouts
+    for code, reason in enumerate(REASONS):
+        if reason not in RULE_FIELDS:
+            continue
+        rows = np.flatnonzero(frontier_22b.reason == code)
+        for i in rows[:: max(1, len(rows) // 20)]:
+            with pytest.raises(SpecError) as err:
+                cfg = ParallelConfig(
+                    tp=int(t.tp[i]), pp=int(t.pp[i]), dp=int(t.dp[i]),
+                    micro_batch=int(t.micro_batch[i]), global_batch=int(t.global_batch[i]),
+                    schedule=("gpipe", "1f1b", "interleaved")[t.schedule[i]],
+                    virtual_stages=int(t.virtual_stages[i]),
+                )
+                cfg.check_model(model)
+            assert RULE_FIELDS[reason] in str(err.value)
+            seen.add(reason)
+    assert len(seen) >= 3
+
+
+def test_ranking_is_by_throughput_and_fits(frontier_22b):
+    ranked = frontier_22b.ranked(50)
+    assert ranked["fits"].all()
+    assert (np.diff(ranked["tokens_per_s"].to_numpy()) <= 1e-9).all()
+    assert (ranked["peak_memory_bytes"] <= 64e9).all()
+    best = layout_from_row(ranked.iloc[0])
+    assert best == frontier_22b.best()
+
+
+def test_oom_layouts_are_rejected_with_their_reason():
+    p = plan(load_model("gpt-175b"), load_system("frontier"), 64, 64)
+    counts = p.rejections()
+    assert counts["does not fit in memory"] > 0
+    oom = p.reason == REASONS.index("does not fit in memory")
+    assert (p.figures["peak_memory_bytes"][oom] > 64e9).all()
+    assert (p.figures["peak_memory_bytes"][p.valid] <= 64e9).all()
+
+
+def test_rejection_counts_add_up(frontier_22b):
+    total = int(frontier_22b.valid.sum()) + sum(frontier_22b.rejections().values())
+    assert total == len(frontier_22b.reason)
+
+
+def test_space_restrictions_are_honoured():
+    p = plan(load_model("gpt-175b"), load_system("frontier"), 1024, 2048,
+             SearchSpace(tp=(8,), pp=(16,), recompute=("full",), micro_batch=(1,)))
+    df = p.table
+    assert set(df["tp"]) == {8} and set(df["pp"]) == {16} and set(df["dp"]) == {8}
+    assert set(df["recompute"].astype(str)) == {"full"}
+
+
+def test_default_global_batch_suits_every_dp():
+    m = load_model("gpt-1t")
+    gb = default_global_batch(m, 3072)
+    assert gb % 3072 == 0 and gb * m.seq_len >= 4 * 1024 * 1024
+
+
+def test_impossible_requests_explain_themselves():
+    m, s = load_model("gpt-22b"), load_system("frontier")
+    with pytest.raises(UserError, match="tp 8 does not divide the 7 GPUs"):
+        plan(m, s, 7, 7, SearchSpace(tp=(8,)))
+    with pytest.raises(UserError, match="at least 1"):
+        plan(m, s, 0)
+
+
+def test_amsp_partial_sharding_is_in_the_space():
+    p = plan(load_model("gpt-175b"), load_system("frontier"), 1024, 2048,
+             SearchSpace(tp=(4,), pp=(16,)))
+    labels = set(p.table["sharding"].astype(str))
+    assert {"zero0", "zero1", "zero2", "zero3"} <= labels
+    assert any("partial:2" in lab for lab in labels)
