@@ -15,15 +15,16 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from frontier_llm.bench.activations import SavedTensorMeter
 from frontier_llm.bench.data import TokenSource
 from frontier_llm.bench.mesh import DIM_NAMES, MeshDims, check_layout
-from frontier_llm.bench.model import GPT, build_model, loss_fn
+from frontier_llm.bench.model import DTYPES, GPT, build_model, loss_fn
 from frontier_llm.bench.optim import LocalAdam, allreduce_mean, local
 from frontier_llm.bench.parallelize import apply_fsdp, apply_tp, local_bytes
-from frontier_llm.bench.pipeline import build_schedule, stage_ids, stage_layers
+from frontier_llm.bench.pipeline import build_schedule, stage_ids, stage_io, stage_layers
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.parallel import ParallelConfig
 
@@ -76,14 +77,21 @@ class NativeEngine:
                            else self.mesh["dp_shard"])
                 apply_fsdp(m, dp_mesh, d.reshard_after_forward)
             m.train()
+            if d.data_parallel == "fsdp" and d.dp > 1 and not d.reshard_after_forward:
+                # ZeRO-2 holds whole parameters from forward to backward: measure them there.
+                m.register_forward_hook(lambda *_: self._measure_params())
             self.modules.append(m)
         self.has_first = 0 in self.stage_indices
         self.has_last = num_stages - 1 in self.stage_indices
         self.schedule = None
+        # Sequence parallelism passes each TP rank's s/tp tokens between stages.
+        seq_local = spec.seq_len // layout.tp if layout.sequence_parallel else spec.seq_len
         if layout.pp > 1:
             self.schedule = build_schedule(
                 layout.schedule, self.modules, self.stage_indices, num_stages,
-                layout.num_microbatches, loss_fn, device, self.mesh["pp"].get_group(),
+                layout.num_microbatches, self.loss_fn, device, self.mesh["pp"].get_group(),
+                io=[stage_io(g, num_stages, layout.micro_batch, seq_local, spec,
+                             DTYPES[layout.dtype], layout.tp) for g in self.stage_indices],
             )
         self.dp_group = (self.mesh["dp_replicate"].get_group()
                          if d.data_parallel in ("ddp", "zero1") and d.dp > 1 else None)
@@ -94,6 +102,17 @@ class NativeEngine:
         )
         self.params_peak = 0
         self.grads_bytes = 0
+
+    def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Cross entropy; under TP the vocab-parallel one over each rank's slice of the logits
+        (needs the ``loss_parallel`` context, which :meth:`_forward_backward` holds open)."""
+        if self.layout.tp == 1:
+            return loss_fn(logits, targets)
+        from torch.distributed.tensor import DTensor, Shard
+
+        dt = DTensor.from_local(logits, self.mesh["tp"], [Shard(-1)], run_check=False)
+        loss = F.cross_entropy(dt.flatten(0, 1).float(), targets.flatten(0, 1))
+        return loss.to_local() if isinstance(loss, DTensor) else loss
 
     # -- building blocks -------------------------------------------------------------------
     def parameters(self) -> list[nn.Parameter]:
@@ -128,6 +147,14 @@ class NativeEngine:
 
     # -- one training step -----------------------------------------------------------------
     def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> float | None:
+        if self.layout.tp == 1:
+            return self._fwd_bwd(inputs, targets)
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        with loss_parallel():
+            return self._fwd_bwd(inputs, targets)
+
+    def _fwd_bwd(self, inputs: torch.Tensor, targets: torch.Tensor) -> float | None:
         lay = self.layout
         n = lay.num_microbatches
         if self.schedule is None:
@@ -139,10 +166,9 @@ class NativeEngine:
                 if fsdp:
                     # Reduce-scatter gradients once, after the last micro-batch.
                     model.set_requires_gradient_sync(i == n - 1)
-                loss = loss_fn(model(x), y) / n
+                loss = self.loss_fn(model(x), y) / n
                 loss.backward()
                 total += loss.detach()
-            self._measure_params()
             return float(total)
         losses: list[torch.Tensor] = []
         kwargs = {}
@@ -150,14 +176,14 @@ class NativeEngine:
             kwargs = {"target": targets, "losses": losses}
         args = (inputs,) if self.has_first else ()
         self.schedule.step(*args, **kwargs)
-        self._measure_params()
         if self.has_last:
             return float(torch.stack([t.detach().float() for t in losses]).mean())
         return None
 
     def _measure_params(self) -> None:
-        # After the forward/backward: with zero2 (reshard_after_forward=False) this is when the
-        # most parameter storage is held; at rest FSDP2 holds only the shards.
+        """Parameter storage held now; called at rest (after the optimizer step) and, for zero2,
+        after each forward. Under zero3/HSDP FSDP2's one-unit-at-a-time all-gathers are
+        communication buffers, not held state, and are not counted."""
         self.params_peak = max(self.params_peak, local_bytes(self.parameters()))
 
     def _settle_grads(self) -> list[torch.Tensor]:

@@ -82,11 +82,12 @@ class LocalAdam:
                 self.numel = sum(t.numel() for t in locals_)
                 self.shard = math.ceil(self.numel / world)
                 lo = self.rank * self.shard
-                flat = self._flat(locals_, torch.float32)
-                # Padded to world * shard so every rank's slice has the same length.
-                self.master = [flat[lo:lo + self.shard].clone()]
-                self.exp_avg = [torch.zeros_like(self.master[0])]
-                self.exp_avg_sq = [torch.zeros_like(self.master[0])]
+                # Padded to world * shard so every rank's slice has the same length. In fp32 the
+                # parameters themselves are the master weights: the slice is cut afresh each step.
+                self.master = ([self._flat(locals_, torch.float32)[lo:lo + self.shard].clone()]
+                               if self.mixed else None)
+                self.exp_avg = [torch.zeros(self.shard, device=locals_[0].device)]
+                self.exp_avg_sq = [torch.zeros(self.shard, device=locals_[0].device)]
 
     def _locals(self) -> list[torch.Tensor]:
         # Looked up at every use: FSDP2 may swap which tensor a parameter's shard lives in.
@@ -103,9 +104,7 @@ class LocalAdam:
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds (master copy, exp_avg, exp_avg_sq)."""
-        tensors = [*self.exp_avg, *self.exp_avg_sq]
-        if self.master is not None and (self.mixed or self.group is not None):
-            tensors += self.master
+        tensors = [*self.exp_avg, *self.exp_avg_sq, *(self.master or [])]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def zero_grad(self) -> None:
@@ -144,10 +143,11 @@ class LocalAdam:
             return
         lo = self.rank * self.shard
         flat_grad = self._flat(grads, torch.float32)[lo:lo + self.shard]
-        self._adam(self.master, [flat_grad])
+        master = self.master or [self._flat(locals_, torch.float32)[lo:lo + self.shard]]
+        self._adam(master, [flat_grad])
         gathered = torch.empty(self.shard * dist.get_world_size(self.group),
                                dtype=torch.float32, device=flat_grad.device)
-        dist.all_gather_into_tensor(gathered, self.master[0], group=self.group)
+        dist.all_gather_into_tensor(gathered, master[0], group=self.group)
         offset = 0
         for t in locals_:
             t.copy_(gathered[offset:offset + t.numel()].view_as(t))

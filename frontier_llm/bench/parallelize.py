@@ -6,7 +6,8 @@ The tensor-parallel plan is Megatron's (Shoeybi et al. 2019) written with
 * Q, K, V and MLP fc1 (and the SwiGLU gate) column-parallel (whole heads per rank, biases
   sharded); attention out-projection and MLP fc2 row-parallel (biases replicated);
 * token embedding vocab-parallel (``RowwiseParallel`` on ``nn.Embedding``: vocab/tp rows);
-* output head column-parallel over the vocabulary, logits gathered for the loss;
+* output head column-parallel over the vocabulary; the logits stay sharded and the loss is
+  the vocab-parallel cross entropy (``loss_parallel``), as in Megatron;
 * norms and learned positions replicated.
 
 With sequence parallelism (Korthikanti et al. 2022) the residual stream between blocks is
@@ -19,7 +20,6 @@ FSDP2 (``fully_shard``) then wraps each block and the stage root over the data-p
 
 from __future__ import annotations
 
-import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard
@@ -69,7 +69,7 @@ def tp_plan(model: GPT, sequence_parallel: bool) -> dict:
         if sp:
             plan["norm"] = SequenceParallel()
         plan["output"] = ColwiseParallel(
-            input_layouts=Shard(1) if sp else Replicate(), output_layouts=Replicate()
+            input_layouts=Shard(1) if sp else Replicate(), output_layouts=Shard(-1)
         )
     return plan
 
@@ -119,4 +119,3 @@ def local_bytes(tensors) -> int:
     return total
 
 
-__all__ = ["apply_fsdp", "apply_tp", "local_bytes", "torch", "tp_plan"]

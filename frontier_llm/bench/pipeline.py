@@ -7,6 +7,7 @@ the last global stage the final norm and the output head.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from frontier_llm.specs.model import ModelSpec
@@ -24,9 +25,28 @@ def stage_layers(spec: ModelSpec, num_stages: int, stage: int) -> list[int]:
     return list(range(stage * per, (stage + 1) * per))
 
 
+def stage_io(stage: int, num_stages: int, micro_batch: int, seq_local: int, spec: ModelSpec,
+             dtype: torch.dtype, tp: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input, output) of a stage for one micro-batch, as meta tensors.
+
+    Given to ``PipelineStage`` up front, they let it skip its runtime shape inference, which
+    runs an extra forward on the first step and keeps that forward's graph alive for the
+    rest of the run (one micro-batch of saved activations on the first stage).
+    """
+    # requires_grad marks what carries a gradient back to the previous stage.
+    hidden = torch.empty(micro_batch, seq_local, spec.hidden, dtype=dtype, device="meta",
+                         requires_grad=True)
+    tokens = torch.empty(micro_batch, spec.seq_len, dtype=torch.long, device="meta")
+    # Under TP each rank's head produces its vocab/tp slice of the logits.
+    logits = torch.empty(micro_batch, spec.seq_len, spec.vocab // tp, dtype=dtype, device="meta",
+                         requires_grad=True)
+    return (tokens if stage == 0 else hidden), (logits if stage == num_stages - 1 else hidden)
+
+
 def build_schedule(name: str, modules: list[nn.Module], stage_indices: list[int],
-                   num_stages: int, n_microbatches: int, loss_fn, device, group):
-    """The schedule object for this rank's stage modules."""
+                   num_stages: int, n_microbatches: int, loss_fn, device, group,
+                   io: list[tuple[torch.Tensor, torch.Tensor]] | None = None):
+    """The schedule object for this rank's stage modules (``io``: per-stage meta shapes)."""
     from torch.distributed.pipelining import (
         PipelineStage,
         Schedule1F1B,
@@ -34,8 +54,9 @@ def build_schedule(name: str, modules: list[nn.Module], stage_indices: list[int]
         ScheduleInterleaved1F1B,
     )
 
-    stages = [PipelineStage(m, i, num_stages, device, group=group)
-              for m, i in zip(modules, stage_indices, strict=True)]
+    io = io or [(None, None)] * len(modules)
+    stages = [PipelineStage(m, i, num_stages, device, input_args=x, output_args=y, group=group)
+              for m, i, (x, y) in zip(modules, stage_indices, io, strict=True)]
     if name == "interleaved":
         return ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
     cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
