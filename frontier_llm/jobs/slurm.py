@@ -269,6 +269,18 @@ class SlurmClient:
             out[raw if by_raw else job_id] = status
         return out
 
+    def find_by_comment(self, prefix: str) -> dict[str, str]:
+        """Live or recent jobs whose comment starts with ``prefix``: job id -> comment (one
+        squeue call; finds a submission whose id was never recorded)."""
+        proc = self._run(["squeue", "--noheader", "--array", "--states=all", "--me",
+                          "--format=%i|%k"])
+        out = {}
+        for line in proc.stdout.splitlines():
+            job_id, _, comment = line.partition("|")
+            if comment.strip().startswith(prefix):
+                out[job_id.strip()] = comment.strip()
+        return out
+
     # --- waiting ----------------------------------------------------------------------------
     def wait(
         self,

@@ -1,0 +1,228 @@
+"""flm sweep render|submit|status|cancel|retry: sweeps of layouts as SLURM (or local) jobs."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+import pandas as pd
+
+from frontier_llm.cli.common import add_command, add_format, db_parent, emit_frame
+from frontier_llm.errors import UserError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(
+        sub, "sweep", "render, submit and track sweeps of layouts as SLURM jobs",
+        "A sweep file (sweeps/*.yaml) names models, a system, node counts and a layout space; "
+        "each layout becomes a job that runs flm bench and writes a trace. Jobs that share "
+        "resources are submitted as one job array. Job state lives in the project database, "
+        "so a repeated or interrupted command resumes without submitting anything twice.",
+        [
+            "flm sweep render sweeps/tiny-cpu.yaml --out runs/tiny-cpu",
+            "flm sweep submit sweeps/tiny-cpu.yaml --out runs/tiny-cpu --max-in-flight 2",
+            "flm sweep status tiny-cpu --wait --timeout 600",
+            "flm sweep cancel tiny-cpu --hung",
+            "flm sweep retry tiny-cpu --failed-only",
+        ],
+    )
+    actions = p.add_subparsers(dest="sweep_command", metavar="ACTION")
+    db = db_parent()
+
+    def resources(q: argparse.ArgumentParser) -> None:
+        g = q.add_argument_group("resources (override the sweep file)")
+        for name in ("account", "partition", "qos", "time"):
+            g.add_argument(f"--{name}", default=None)
+
+    r = add_command(actions, "render", "write the job scripts and a manifest (no submission)",
+                    "Expand the sweep and write DIR/scripts/*.sh (one per job array), "
+                    "DIR/manifest.json and DIR/sweep.yaml. Nothing is submitted.",
+                    ["flm sweep render sweeps/frontier-175b-weak.yaml --out runs/175b "
+                     "--account ABC123"])
+    r.add_argument("sweep", metavar="SWEEP.yaml")
+    r.add_argument("--out", required=True, metavar="DIR", help="the sweep's folder")
+    resources(r)
+    r.set_defaults(func=_render)
+
+    s = add_command(actions, "submit", "render and submit the sweep's jobs",
+                    "Render into --out (default runs/NAME), record the jobs in the database and "
+                    "submit every job not submitted yet, as job arrays. --max-in-flight N lets "
+                    "at most N jobs of the sweep run at once (throttled arrays, one after the "
+                    "other). With executor: local the jobs run here, in the foreground.",
+                    ["flm sweep submit sweeps/tiny-cpu.yaml --dry-run",
+                     "flm sweep submit sweeps/tiny-cpu.yaml --out runs/tiny --max-in-flight 2"],
+                    parents=[db])
+    s.add_argument("sweep", metavar="SWEEP.yaml")
+    s.add_argument("--out", default=None, metavar="DIR",
+                   help="the sweep's folder (default runs/NAME)")
+    s.add_argument("--dry-run", action="store_true",
+                   help="render and show what would be submitted; touch neither SLURM nor the "
+                        "database")
+    s.add_argument("--max-in-flight", type=int, default=None, metavar="N")
+    s.add_argument("--hold", action="store_true", help="submit held (release with scontrol)")
+    s.add_argument("--executor", choices=("slurm", "local"), default=None,
+                   help="override the sweep's executor")
+    resources(s)
+    s.set_defaults(func=_submit)
+
+    st = add_command(actions, "status", "poll the jobs and show what became of each",
+                     "One batched scheduler query for all live jobs; each job is classified "
+                     "from its state, exit code, log, trace and heartbeat as COMPLETED, OOM, "
+                     "TIMEOUT, NODE_FAIL, CANCELLED, FAILED (with the first error line) or HUNG.",
+                     ["flm sweep status tiny-cpu", "flm sweep status runs/tiny-cpu --wait "
+                      "--timeout 900 --collect"],
+                     parents=[db])
+    _target(st)
+    st.add_argument("--wait", action="store_true", help="poll (with back-off) until no job "
+                    "is pending or running")
+    st.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits")
+    st.add_argument("--hung-after", type=float, default=None, metavar="S",
+                    help="a running job whose heartbeat is older than S seconds is HUNG "
+                         "(default 1800)")
+    st.add_argument("--collect", action="store_true",
+                    help="also ingest the sweep's traces into the database (flm collect)")
+    add_format(st)
+    st.set_defaults(func=_status)
+
+    c = add_command(actions, "cancel", "cancel the sweep's live jobs",
+                    "scancel every pending or running job of the sweep (or the given ones).",
+                    ["flm sweep cancel tiny-cpu", "flm sweep cancel tiny-cpu --hung"],
+                    parents=[db])
+    _target(c)
+    c.add_argument("--job", action="append", default=None, metavar="KEY",
+                   help="only this job (repeatable)")
+    c.add_argument("--hung", action="store_true", help="only the jobs classified HUNG")
+    c.set_defaults(func=_cancel)
+
+    rt = add_command(actions, "retry", "resubmit ended jobs",
+                     "Resubmit the jobs that ended: with --failed-only those that did not "
+                     "complete (OOM, TIMEOUT, NODE_FAIL, CANCELLED, FAILED, HUNG), else all.",
+                     ["flm sweep retry tiny-cpu --failed-only"], parents=[db])
+    _target(rt)
+    rt.add_argument("--failed-only", action="store_true")
+    rt.add_argument("--max-in-flight", type=int, default=None, metavar="N")
+    rt.set_defaults(func=_retry)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def _target(q: argparse.ArgumentParser) -> None:
+    q.add_argument("sweep", metavar="SWEEP",
+                   help="the sweep's file, its folder, or its name in the database")
+    q.add_argument("--out", default=None, metavar="DIR", help="the sweep's folder")
+
+
+def _overrides(args) -> dict:
+    return {k: getattr(args, k) for k in ("account", "partition", "qos", "time")}
+
+
+def _render(args) -> int:
+    from frontier_llm.jobs.runner import sweep_with_overrides
+    from frontier_llm.jobs.sweepdir import render_sweep
+
+    sweep = sweep_with_overrides(args.sweep, **_overrides(args))
+    manifest = render_sweep(sweep, args.out)
+    print(f"{len(manifest.jobs)} jobs in {len(manifest.groups)} scripts: {manifest.directory}")
+    _print_skipped(sweep.skipped)
+    return 0
+
+
+def _print_skipped(skipped: dict) -> None:
+    for reason, count in sorted(skipped.items(), key=lambda kv: -kv[1]):
+        print(f"  skipped {count} layouts: {reason}", file=sys.stderr)
+
+
+def _store(args):
+    from frontier_llm.store import open_store
+
+    return open_store(args.db)
+
+
+def _submit(args) -> int:
+    from frontier_llm.jobs import runner
+    from frontier_llm.jobs.sweepdir import render_sweep
+
+    if args.max_in_flight is not None and args.max_in_flight < 1:
+        raise UserError("--max-in-flight must be at least 1")
+    sweep = runner.sweep_with_overrides(args.sweep, **_overrides(args))
+    out = args.out or runner.default_out(sweep.name)
+    if args.dry_run:
+        manifest = render_sweep(sweep, out)
+        executor = args.executor or sweep.spec.executor
+        print(f"dry run: {len(manifest.jobs)} jobs in {len(manifest.groups)} arrays, "
+              f"executor {executor}, folder {manifest.directory}")
+        for g in manifest.groups:
+            spec = f"0-{g['size'] - 1}" + (f"%{args.max_in_flight}" if args.max_in_flight else "")
+            argv = ["sbatch", "--parsable", f"--array={spec}", str(manifest.path(g["script"]))]
+            print("  " + shlex.join(argv))
+        _print_skipped(sweep.skipped)
+        return 0
+    store = _store(args)
+    try:
+        session = runner.prepare(sweep, out, store, executor=args.executor)
+        counts = runner.submit(session, max_in_flight=args.max_in_flight, hold=args.hold)
+        rows = session.state.rows()
+    finally:
+        store.close()
+    print(f"submitted {counts['submitted']} jobs"
+          + (f", adopted {counts['adopted']} from an interrupted submit" if counts["adopted"]
+             else "")
+          + (f", {counts['already']} already submitted" if counts["already"] else "")
+          + f" ({session.manifest.directory})")
+    print(runner.summary(rows))
+    return 0
+
+
+def _status(args) -> int:
+    from frontier_llm.jobs import runner
+
+    store = _store(args)
+    try:
+        session = runner.resolve(args.sweep, args.out, store)
+        if args.hung_after is not None:
+            session.hung_after_s = args.hung_after
+        rows = (runner.wait(session, args.timeout) if args.wait else runner.refresh(session))
+        if args.collect:
+            from frontier_llm.store.ingest import collect
+
+            report = collect(store, [session.manifest.trace_dir])
+            runner.link_layouts(session)
+            rows = session.state.rows()
+            print(f"collected: {report.as_dict()}", file=sys.stderr)
+    finally:
+        store.close()
+    frame = pd.DataFrame(rows, columns=["job_key", "state", "reason", "scheduler_job_id",
+                                        "attempts", "run_id", "exit_code"])
+    emit_frame(frame, args.format)
+    print(runner.summary(rows), file=sys.stderr)
+    return 0
+
+
+def _cancel(args) -> int:
+    from frontier_llm.jobs import runner
+
+    store = _store(args)
+    try:
+        session = runner.resolve(args.sweep, args.out, store)
+        keys = runner.require_keys(session.manifest, args.job)
+        n = runner.cancel(session, keys, hung_only=args.hung)
+    finally:
+        store.close()
+    print(f"cancelled {n} jobs of sweep {session.manifest.sweep}")
+    return 0
+
+
+def _retry(args) -> int:
+    from frontier_llm.jobs import runner
+
+    store = _store(args)
+    try:
+        session = runner.resolve(args.sweep, args.out, store)
+        counts = runner.retry(session, failed_only=args.failed_only,
+                              max_in_flight=args.max_in_flight)
+        rows = session.state.rows()
+    finally:
+        store.close()
+    print(f"resubmitted {counts['submitted']} jobs of sweep {session.manifest.sweep}")
+    print(runner.summary(rows))
+    return 0

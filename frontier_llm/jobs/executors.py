@@ -1,0 +1,298 @@
+"""Executors: where a sweep's jobs run. One interface, two implementations.
+
+``slurm`` submits each group's script as a job array (sbatch) and observes all jobs with one
+batched query per poll. ``local`` runs the same ``flm bench`` command lines as processes on this
+machine (flm bench starts its own ranks), with the same trace and log layout, so a sweep can be
+tried on a laptop and the tests need no cluster for it.
+
+Both report to a :class:`Recorder` as they go, so what is recorded never lags what happened:
+a crash between two sbatch calls loses nothing already submitted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from frontier_llm.errors import UserError
+from frontier_llm.jobs.slurm import SlurmClient, base_id
+from frontier_llm.jobs.sweepdir import Manifest
+
+# key -> (scheduler job id, array index, run id)
+Submission = tuple[str, int | None, str]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the executor sees of one job (SLURM's words for SLURM; EXITED for a process)."""
+
+    state: str
+    exit_code: str | None = None
+    nodes: str | None = None
+    start: str | None = None
+    end: str | None = None
+
+
+class Recorder(Protocol):
+    def submitted(self, jobs: Mapping[str, Submission], state: str) -> None: ...
+    def observed(self, jobs: Mapping[str, Observation]) -> None: ...
+
+
+class Executor(ABC):
+    name: str
+
+    @abstractmethod
+    def submit(self, manifest: Manifest, keys: Sequence[str], recorder: Recorder, *,
+               token: str, max_in_flight: int | None = None, hold: bool = False) -> None:
+        """Start ``keys``; tell ``recorder`` about each submission as soon as it is made."""
+
+    @abstractmethod
+    def observe(self, manifest: Manifest, rows: Sequence[Mapping[str, Any]]
+                ) -> dict[str, Observation]:
+        """The current state of the jobs in ``rows`` (job rows with scheduler ids)."""
+
+    @abstractmethod
+    def cancel(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Stop the jobs in ``rows``."""
+
+    @abstractmethod
+    def log_path(self, manifest: Manifest, row: Mapping[str, Any]) -> Path | None:
+        """The output file of the job's current attempt."""
+
+    def find_submitted(self, manifest: Manifest, token: str) -> dict[str, Submission]:
+        """Submissions made under ``token`` that were never recorded (after a crash)."""
+        return {}
+
+
+def array_spec(indices: Sequence[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8" (sbatch --array syntax)."""
+    out = []
+    ids = sorted(set(indices))
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+class SlurmExecutor(Executor):
+    name = "slurm"
+
+    def __init__(self, client: SlurmClient | None = None) -> None:
+        self.client = client or SlurmClient()
+
+    def submit(self, manifest, keys, recorder, *, token, max_in_flight=None, hold=False):
+        by_group: dict[str, list[dict]] = {}
+        for key in keys:
+            job = manifest.job(key)
+            by_group.setdefault(job["group"], []).append(job)
+        previous = None
+        for group in manifest.groups:  # the manifest's order: predictable submission order
+            jobs = by_group.get(group["name"])
+            if not jobs:
+                continue
+            spec = array_spec([j["index"] for j in jobs])
+            if max_in_flight:
+                spec += f"%{max_in_flight}"
+            # With a limit, arrays run one after the other (each throttled), so at most
+            # max_in_flight jobs of the sweep hold the machine at any time.
+            dependency = f"afterany:{previous}" if (max_in_flight and previous) else None
+            job_id = self.client.submit(
+                manifest.path(group["script"]), array=spec, hold=hold, dependency=dependency,
+                chdir=manifest.directory,
+                extra_args=[f"--comment=flm:{manifest.sweep}:{token}:{group['name']}"],
+            )
+            previous = job_id
+            recorder.submitted(
+                {j["key"]: (f"{job_id}_{j['index']}", j["index"], f"{j['key']}-j{job_id}")
+                 for j in jobs}, "PENDING")
+
+    def observe(self, manifest, rows):
+        ids = {r["scheduler_job_id"]: r["job_key"] for r in rows if r.get("scheduler_job_id")}
+        statuses = self.client.query(list(ids))
+        return {ids[j]: Observation(s.state, s.exit_code, s.nodes, s.start, s.end)
+                for j, s in statuses.items() if j in ids}
+
+    def cancel(self, rows):
+        self.client.cancel([r["scheduler_job_id"] for r in rows if r.get("scheduler_job_id")])
+
+    def log_path(self, manifest, row):
+        sid = row.get("scheduler_job_id")
+        if not sid:
+            return None
+        group = manifest.job(row["job_key"])["group"]
+        return manifest.path(f"logs/{group}/{row['array_index']}-{base_id(sid)}.out")
+
+    def find_submitted(self, manifest, token):
+        prefix = f"flm:{manifest.sweep}:{token}:"
+        found: dict[str, Submission] = {}
+        for job_id, comment in self.client.find_by_comment(prefix).items():
+            group = comment[len(prefix):]
+            base, _, index = job_id.partition("_")
+            if not index.isdigit():
+                continue
+            for j in manifest.jobs:
+                if j["group"] == group and j["index"] == int(index):
+                    found[j["key"]] = (job_id, j["index"], f"{j['key']}-j{base}")
+        return found
+
+
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def time_limit_s(text: str) -> float:
+    """SLURM's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    m = _TIME.match(text.strip())
+    if not m:
+        raise UserError(f"time limit {text!r} is not a SLURM time")
+    days, a, b, c = (int(x) if x else None for x in m.groups())
+    if days is not None:
+        return days * 86400 + (a or 0) * 3600 + (b or 0) * 60 + (c or 0)
+    if c is not None:
+        return a * 3600 + b * 60 + c
+    if b is not None:
+        return a * 60 + b
+    return a * 60
+
+
+class LocalExecutor(Executor):
+    """Runs jobs as processes here, ``max_in_flight`` at a time (default 1), in the foreground.
+
+    Each process gets its own session so a time limit or a cancel stops all its ranks.
+    """
+
+    name = "local"
+
+    def __init__(self, poll_s: float = 0.2, extra_env: Mapping[str, str] | None = None) -> None:
+        self.poll_s = poll_s
+        self.extra_env = dict(extra_env or {})
+
+    def _argv(self, manifest: Manifest, job: Mapping[str, Any], run_id: str) -> list[str]:
+        return [*job["command"], *job["argv"], "--run-id", run_id,
+                "--trace-dir", str(manifest.trace_dir)]
+
+    def submit(self, manifest, keys, recorder, *, token, max_in_flight=None, hold=False):
+        if hold:
+            raise UserError("--hold needs the slurm executor")
+        queue = [manifest.job(k) for k in keys]
+        limit = max(1, max_in_flight or 1)
+        running: dict[str, tuple[subprocess.Popen, float, float, Any]] = {}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "FLM_SWEEP": manifest.sweep,
+               **self.extra_env}
+        try:
+            while queue or running:
+                while queue and len(running) < limit:
+                    job = queue.pop(0)
+                    run_id = f"{job['key']}-{token}"
+                    log = manifest.path(f"logs/{job['group']}/{job['index']}-{token}.out")
+                    log.parent.mkdir(parents=True, exist_ok=True)
+                    fh = open(log, "wb")  # noqa: SIM115 (closed when the process ends)
+                    proc = subprocess.Popen(
+                        self._argv(manifest, job, run_id), stdout=fh, stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL, cwd=manifest.directory, start_new_session=True,
+                        env={**env, "FLM_JOB_KEY": job["key"], "FLM_RUN_ID": run_id},
+                    )
+                    running[job["key"]] = (proc, time.monotonic(), time_limit_s(job["time"]), fh)
+                    recorder.submitted(
+                        {job["key"]: (f"local:{proc.pid}:{token}", job["index"], run_id)},
+                        "RUNNING")
+                done = {}
+                for key, (proc, started, limit_s, fh) in list(running.items()):
+                    code = proc.poll()
+                    if code is None and time.monotonic() - started > limit_s:
+                        _kill_session(proc)
+                        proc.wait()
+                        done[key] = Observation("TIMEOUT", f"{proc.returncode}:0")
+                    elif code is not None:
+                        done[key] = Observation(
+                            "EXITED", f"{code}:0" if code >= 0 else f"0:{-code}")
+                    if key in done:
+                        fh.close()
+                        del running[key]
+                if done:
+                    recorder.observed(done)
+                elif running:
+                    time.sleep(self.poll_s)
+        finally:
+            # Interrupted (Ctrl-C): stop what runs and say so.
+            if running:
+                for proc, _, _, fh in running.values():
+                    _kill_session(proc)
+                    proc.wait()
+                    fh.close()
+                recorder.observed({k: Observation("CANCELLED") for k in running})
+
+    def observe(self, manifest, rows):
+        out = {}
+        for r in rows:
+            pid = _local_pid(r.get("scheduler_job_id"))
+            if pid is None:
+                continue
+            out[r["job_key"]] = Observation("RUNNING" if _alive(pid) else "EXITED")
+        return out
+
+    def cancel(self, rows):
+        for r in rows:
+            pid = _local_pid(r.get("scheduler_job_id"))
+            if pid is not None and _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGTERM)
+
+    def log_path(self, manifest, row):
+        sid = row.get("scheduler_job_id") or ""
+        if not sid.startswith("local:"):
+            return None
+        token = sid.split(":")[2]
+        group = manifest.job(row["job_key"])["group"]
+        return manifest.path(f"logs/{group}/{row['array_index']}-{token}.out")
+
+
+def _local_pid(sid: str | None) -> int | None:
+    if not sid or not sid.startswith("local:"):
+        return None
+    return int(sid.split(":")[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie of ours is not alive.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return True
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def make_executor(name: str, client: SlurmClient | None = None) -> Executor:
+    if name == "slurm":
+        return SlurmExecutor(client)
+    if name == "local":
+        return LocalExecutor()
+    raise UserError(f"executor must be slurm or local (got {name!r})")

@@ -1,0 +1,263 @@
+"""The sweep commands' logic: submit, refresh (status), cancel, retry, over an executor and the
+job rows in the database. The CLI (frontier_llm/cli/sweep.py) is a thin layer over this."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from frontier_llm.errors import UserError
+from frontier_llm.jobs.classify import (
+    CANCELLED,
+    COMPLETED,
+    HUNG,
+    PENDING,
+    RENDERED,
+    RETRYABLE,
+    RUNNING,
+    TERMINAL,
+    classify,
+    heartbeat_age,
+    load_trace,
+)
+from frontier_llm.jobs.executors import Executor, Observation, Submission, make_executor
+from frontier_llm.jobs.slurm import SlurmClient, SlurmError
+from frontier_llm.jobs.state import SUBMITTING, JobState
+from frontier_llm.jobs.sweepdir import Manifest, load_manifest, render_sweep, with_resources
+from frontier_llm.jobs.sweepspec import Sweep, load_sweep
+from frontier_llm.store import Store
+
+ACTIVE = frozenset({PENDING, RUNNING, HUNG, "UNKNOWN"})
+DEFAULT_HUNG_AFTER_S = 1800.0
+
+
+@dataclass
+class Session:
+    manifest: Manifest
+    state: JobState
+    executor: Executor
+    hung_after_s: float | None = DEFAULT_HUNG_AFTER_S
+
+
+def default_out(name: str) -> Path:
+    return Path("runs") / name
+
+
+def prepare(sweep: Sweep, out: str | Path | None, store: Store,
+            client: SlurmClient | None = None, executor: str | None = None) -> Session:
+    """Render ``sweep`` into its folder and open (or create) its rows in the database."""
+    manifest = render_sweep(sweep, out or default_out(sweep.name))
+    state = JobState.open(store, manifest, sweep.text)
+    return Session(manifest, state, make_executor(executor or sweep.spec.executor, client))
+
+
+def resolve(target: str, out: str | None, store: Store, client: SlurmClient | None = None
+            ) -> Session:
+    """A submitted sweep named by its file, its folder or its name."""
+    path = Path(target)
+    if out:
+        manifest = load_manifest(out)
+    elif path.is_dir():
+        manifest = load_manifest(path)
+    elif path.suffix in (".yaml", ".yml") and path.is_file():
+        name = load_sweep(path).name
+        manifest = load_manifest(JobState.find(store, name).directory)
+    else:
+        manifest = load_manifest(JobState.find(store, target).directory)
+    state = JobState.find(store, manifest.sweep)
+    return Session(manifest, state, make_executor(manifest.data["executor"], client))
+
+
+class _Recorder:
+    """Writes what an executor reports, as it reports it."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def submitted(self, jobs: Mapping[str, Submission], state: str) -> None:
+        self.session.state.mark_submitted(jobs, state=state)
+
+    def observed(self, jobs: Mapping[str, Observation]) -> None:
+        rows = {r["job_key"]: r for r in self.session.state.rows(list(jobs))}
+        self.session.state.record([_verdict_update(self.session, rows[k], o)
+                                   for k, o in jobs.items() if k in rows])
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text).astimezone()
+    except ValueError:
+        return None
+
+
+def _verdict_update(session: Session, row: Mapping[str, Any], obs: Observation
+                    ) -> dict[str, Any]:
+    manifest = session.manifest
+    trace, problem = load_trace(manifest.trace_dir, row.get("run_id"))
+    log = session.executor.log_path(manifest, row)
+    log_text = ""
+    if log is not None and log.is_file():
+        log_text = log.read_text(errors="replace")[-200_000:]
+    started = _parse_time(obs.start)
+    running_for = None
+    if started is not None and obs.state in ("RUNNING", "COMPLETING"):
+        running_for = (datetime.now().astimezone() - started).total_seconds()
+    verdict = classify(
+        obs.state, obs.exit_code, trace=trace, trace_problem=problem, log_text=log_text,
+        heartbeat_age_s=heartbeat_age(manifest.trace_dir, row.get("run_id")),
+        running_for_s=running_for, hung_after_s=session.hung_after_s,
+    )
+    update = {"k": row["job_key"], "state": verdict.state, "reason": verdict.reason}
+    if obs.exit_code is not None:
+        update["exit_code"] = obs.exit_code
+    if obs.nodes:
+        update["nodes"] = obs.nodes
+    if started is not None:
+        update["started_at"] = started
+    if verdict.terminal:
+        update["finished_at"] = _parse_time(obs.end) or datetime.now().astimezone()
+    return update
+
+
+def _resume(session: Session) -> int:
+    """Adopt submissions a crashed command made but did not record; revert the others."""
+    stuck = [r for r in session.state.rows() if r["state"] == SUBMITTING]
+    if not stuck:
+        return 0
+    tokens = {(r["reason"] or "").removeprefix("token ") for r in stuck}
+    found: dict[str, Submission] = {}
+    for token in tokens:
+        found.update(session.executor.find_submitted(session.manifest, token))
+    found = {k: v for k, v in found.items() if k in {r["job_key"] for r in stuck}}
+    session.state.mark_submitted(found)
+    lost = [r["job_key"] for r in stuck if r["job_key"] not in found]
+    session.state.revert_submitting(lost, "not found in the queue after an interrupted submit")
+    return len(found)
+
+
+def submit(session: Session, keys: Iterable[str] | None = None, *,
+           max_in_flight: int | None = None, hold: bool = False) -> dict[str, int]:
+    """Submit every job not yet submitted (or ``keys``); returns counts for the summary."""
+    adopted = _resume(session)
+    rows = session.state.rows()
+    wanted = set(keys) if keys is not None else None
+    todo = [r["job_key"] for r in rows if r["state"] == RENDERED
+            and (wanted is None or r["job_key"] in wanted)]
+    if not todo:
+        return {"submitted": 0, "adopted": adopted, "already": len(rows)}
+    token = uuid.uuid4().hex[:12]
+    session.state.mark_submitting(todo, token, session.executor.name)
+    try:
+        session.executor.submit(session.manifest, todo, _Recorder(session), token=token,
+                                max_in_flight=max_in_flight, hold=hold)
+    except SlurmError as exc:
+        # Nothing of a refused sbatch reached the queue: those rows are not submitted.
+        left = [r["job_key"] for r in session.state.rows(todo) if r["state"] == SUBMITTING]
+        session.state.revert_submitting(left, f"sbatch refused: {exc}")
+        raise
+    return {"submitted": len(todo), "adopted": adopted, "already": len(rows) - len(todo)}
+
+
+def refresh(session: Session) -> list[dict[str, Any]]:
+    """Observe every live job once (one batched query) and record the verdicts."""
+    rows = session.state.rows()
+    live = [r for r in rows if r["state"] in ACTIVE and r.get("scheduler_job_id")]
+    if live:
+        seen = session.executor.observe(session.manifest, live)
+        by_key = {r["job_key"]: r for r in live}
+        session.state.record([_verdict_update(session, by_key[k], o) for k, o in seen.items()])
+        rows = session.state.rows()
+    if link_layouts(session, rows):
+        rows = session.state.rows()
+    return rows
+
+
+def link_layouts(session: Session, rows: Sequence[Mapping[str, Any]] | None = None) -> int:
+    """Point ended jobs at their layout row (made by the collector); returns how many lacked
+    one."""
+    rows = session.state.rows() if rows is None else rows
+    loose = {r["job_key"]: session.manifest.job(r["job_key"])["layout_hash"] for r in rows
+             if r["layout_id"] is None and r["state"] in TERMINAL}
+    session.state.link_layouts(loose)
+    return len(loose)
+
+
+def wait(session: Session, timeout_s: float, *, min_interval_s: float = 1.0,
+         max_interval_s: float = 15.0) -> list[dict[str, Any]]:
+    """Refresh with back-off until no job is live (HUNG ones count as live) or the timeout."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    interval = min_interval_s
+    while True:
+        rows = refresh(session)
+        if not any(r["state"] in ACTIVE | {SUBMITTING} for r in rows):
+            return rows
+        if time.monotonic() >= deadline:
+            return rows
+        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+        interval = min(max_interval_s, interval * 1.5)
+
+
+def cancel(session: Session, keys: Sequence[str] | None = None, *, hung_only: bool = False
+           ) -> int:
+    rows = refresh(session)
+    targets = [r for r in rows if r["state"] in ACTIVE and r.get("scheduler_job_id")
+               and (keys is None or r["job_key"] in keys)
+               and (not hung_only or r["state"] == HUNG)]
+    session.executor.cancel(targets)
+    if session.executor.name == "local":
+        session.state.record([{"k": r["job_key"], "state": CANCELLED,
+                               "reason": "cancelled by flm sweep cancel"} for r in targets])
+    return len(targets)
+
+
+def retry(session: Session, *, failed_only: bool, max_in_flight: int | None = None,
+          hold: bool = False) -> dict[str, int]:
+    """Resubmit ended jobs: those that did not complete (``failed_only``) or all of them."""
+    rows = refresh(session)
+    hung = [r for r in rows if r["state"] == HUNG]
+    if hung:
+        session.executor.cancel(hung)
+    pick = RETRYABLE if failed_only else TERMINAL | {HUNG}
+    keys = [r["job_key"] for r in rows if r["state"] in pick]
+    if not keys:
+        return {"submitted": 0, "adopted": 0, "already": len(rows)}
+    session.state.record([{"k": k, "state": RENDERED, "reason": None} for k in keys])
+    return submit(session, keys, max_in_flight=max_in_flight, hold=hold)
+
+
+def summary(rows: Sequence[Mapping[str, Any]]) -> str:
+    counts = Counter(r["state"] for r in rows)
+    order = [COMPLETED, RUNNING, PENDING, HUNG, "OOM", "TIMEOUT", "NODE_FAIL", CANCELLED,
+             "FAILED", SUBMITTING, RENDERED, "UNKNOWN"]
+    parts = [f"{counts[s]} {s}" for s in order if counts.get(s)]
+    parts += [f"{c} {s}" for s, c in counts.items() if s not in order]
+    return f"{len(rows)} jobs: " + ", ".join(parts)
+
+
+def sweep_with_overrides(path: str, **overrides: str | None) -> Sweep:
+    sweep = load_sweep(path)
+    return with_resources(sweep, **overrides)
+
+
+def unknown_keys(manifest: Manifest, keys: Iterable[str]) -> list[str]:
+    known = {j["key"] for j in manifest.jobs}
+    return [k for k in keys if k not in known]
+
+
+def require_keys(manifest: Manifest, keys: Iterable[str] | None) -> list[str] | None:
+    if keys is None:
+        return None
+    keys = list(keys)
+    bad = unknown_keys(manifest, keys)
+    if bad:
+        raise UserError(f"no job {bad[0]!r} in sweep {manifest.sweep}")
+    return keys
