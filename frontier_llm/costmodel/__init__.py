@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from frontier_llm.costmodel.flops import hardware_flops, model_flops
-from frontier_llm.costmodel.layouts import DTYPES, LayoutTable, from_configs
+from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks, from_configs
 from frontier_llm.costmodel.memory import peak_memory
 from frontier_llm.costmodel.steptime import step_time
 from frontier_llm.specs.model import ModelSpec
@@ -33,8 +33,7 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable) -> dict[s
     mem = peak_memory(model, system, table)
     tokens = table.global_batch * model.seq_len
     gpus = table.world_size
-    peak = np.array([system.peak_flops.get(d, np.nan) if d in system.peak_flops
-                     else _peak_or_nan(system, d) for d in DTYPES])[table.dtype]
+    peak = dtype_peaks(system)[table.dtype]
     hw = np.array([hardware_flops(model, 1.0, r) for r in ("none", "selective", "full")])
     model_f = model_flops(model, tokens.astype(float))
     hardware_f = hw[table.recompute] * tokens
@@ -53,13 +52,6 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable) -> dict[s
     out.update({f"time_{k}_s": times[k] for k in TIME_PARTS})
     out.update({f"mem_{k}_bytes": mem[k] for k in MEMORY_PARTS})
     return out
-
-
-def _peak_or_nan(system: SystemSpec, dtype: str) -> float:
-    try:
-        return system.peak(dtype)
-    except Exception:
-        return float("nan")
 
 
 def predict(model: ModelSpec, system: SystemSpec, layout: ParallelConfig) -> dict:

@@ -12,7 +12,9 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from frontier_llm.errors import SpecError
 from frontier_llm.specs.parallel import COMPONENTS, ParallelConfig, Placement, Sharding
+from frontier_llm.specs.system import SystemSpec
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTES = ("none", "selective", "full")
@@ -82,6 +84,17 @@ class LayoutTable:
             dtype=DTYPES[int(self.dtype[i])],
             sharding=Sharding(**{c: place(c) for c in COMPONENTS}),
         )
+
+
+def dtype_peaks(system: SystemSpec) -> np.ndarray:
+    """Peak FLOP/s per DTYPES code (NaN where the system has no peak for that dtype)."""
+    out = []
+    for name in DTYPES:
+        try:
+            out.append(system.peak(name))
+        except SpecError:
+            out.append(np.nan)
+    return np.array(out)
 
 
 def from_configs(configs: Sequence[ParallelConfig]) -> LayoutTable:

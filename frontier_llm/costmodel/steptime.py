@@ -33,7 +33,7 @@ from frontier_llm.costmodel.flops import (
     layer_forward_flops_per_token,
     logits_forward_flops_per_token,
 )
-from frontier_llm.costmodel.layouts import DTYPES, LayoutTable
+from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks
 from frontier_llm.costmodel.memory import ACT_BYTES, STATE_BYTES
 from frontier_llm.costmodel.params import stage_params_per_rank
 from frontier_llm.specs.model import ModelSpec
@@ -44,19 +44,6 @@ from frontier_llm.specs.system import SystemSpec
 OPTIMIZER_TRAFFIC = np.array([4 + 4 + 8 + 4 + 8, 2 + 4 + 12 + 2 + 12, 2 + 4 + 12 + 2 + 12])
 
 
-def _peaks(system: SystemSpec, t: LayoutTable) -> np.ndarray:
-    per_dtype = np.array([system.peak(d) if _has_peak(system, d) else np.nan for d in DTYPES])
-    return per_dtype[t.dtype]
-
-
-def _has_peak(system: SystemSpec, dtype: str) -> bool:
-    try:
-        system.peak(dtype)
-    except Exception:
-        return False
-    return True
-
-
 def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict[str, np.ndarray]:
     """Seconds per iteration and its parts (seconds, summed over the iteration, on the slowest
     pipeline stage), for every layout of ``t``."""
@@ -65,7 +52,7 @@ def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict[str,
     m = t.num_microbatches
     e = ACT_BYTES[t.dtype]
     tokens = b * s
-    flops_rate = (_peaks(system, t) * system.eff("matmul")
+    flops_rate = (dtype_peaks(system)[t.dtype] * system.eff("matmul")
                   * model.hidden / (model.hidden + system.matmul_half_hidden))
     mem_rate = system.memory_bandwidth * system.eff("memory")
     rep = np.where(t.sequence_parallel, 1.0 / tp, 1.0)
