@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,6 +85,23 @@ class Store:
         self.engine.dispose()
 
 
+def _enable_wal(cur: sqlite3.Cursor) -> None:
+    """WAL mode, so readers do not block the collector. The mode is stored in the file; once set,
+    this is a read. Switching needs an exclusive lock and SQLite answers "database is locked" at
+    once, without its busy handler, while another connection (a second collector creating the
+    same new database) holds one, so wait for it here."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _sqlite_engine(url: str) -> Engine:
     engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
 
@@ -94,7 +113,7 @@ def _sqlite_engine(url: str) -> Engine:
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA foreign_keys=ON")
         if engine.url.database not in (None, "", ":memory:"):
-            cur.execute("PRAGMA journal_mode=WAL")  # readers do not block the collector
+            _enable_wal(cur)
             cur.execute("PRAGMA synchronous=NORMAL")  # durable at each WAL checkpoint
         cur.close()
 

@@ -74,6 +74,9 @@ class IngestReport:
     updated: int = 0
     unchanged: int = 0
     vanished: int = 0  # listed, then gone before reading (moved by another collector)
+    # Parsed and sent to the database, which already held them: another collector stored the
+    # same file in the meantime (counted in ``unchanged`` too).
+    contended: int = 0
     quarantined: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     batches: int = 0
@@ -84,6 +87,7 @@ class IngestReport:
         return {
             "seen": self.seen, "inserted": self.inserted, "updated": self.updated,
             "unchanged": self.unchanged, "vanished": self.vanished,
+            "contended": self.contended,
             "quarantined": [{"path": p, "reason": r} for p, r in self.quarantined],
             "warnings": list(self.warnings), "batches": self.batches, "retries": self.retries,
             "seconds": round(self.seconds, 3),
@@ -256,11 +260,10 @@ def _layout_ids(conn: Connection, layouts: dict[str, dict]) -> dict[str, int]:
 def _write_predictions(conn: Connection, preds: dict[tuple[int, str], dict]) -> None:
     if not preds:
         return
-    stmt = _insert(conn, flm_predictions)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["layout_id", "costmodel_version"],
-        set_={c: stmt.excluded[c] for c in (*_PREDICTION_COLUMNS, "breakdown_json")},
-    )
+    # A cost-model version's prediction for a layout is deterministic, so the first one stored
+    # stays: re-ingesting or rewriting traces never flips it.
+    stmt = _insert(conn, flm_predictions).on_conflict_do_nothing(
+        index_elements=["layout_id", "costmodel_version"])
     conn.execute(stmt, [preds[k] for k in sorted(preds)])
 
 
@@ -292,7 +295,8 @@ def _write_batch(conn: Connection, rows: list[TraceRows]) -> tuple[int, int]:
     for r in sorted(rows, key=lambda r: r.run["run_id"]):
         lid = layout_ids[r.layout["layout_hash"]]
         if r.prediction is not None:
-            preds[(lid, r.prediction["costmodel_version"])] = {**r.prediction, "layout_id": lid}
+            preds.setdefault((lid, r.prediction["costmodel_version"]),
+                             {**r.prediction, "layout_id": lid})
         runs.append({**r.run, "layout_id": lid})
     _write_predictions(conn, preds)
     written, before = _write_runs(conn, runs)
@@ -415,7 +419,9 @@ def _collect_batch(store: Store, chunk: list[tuple[Path, Path]], quarantine: str
     if rows:
         inserted, updated = write_with_retry(store, list(rows.values()), report)
     # Rows the database already held with this digest (another collector got there first).
-    unchanged += len(rows) - inserted - updated
+    contended = len(rows) - inserted - updated
+    report.contended += contended
+    unchanged += contended
     report.inserted += inserted
     report.updated += updated
     report.unchanged += unchanged
