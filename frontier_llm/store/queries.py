@@ -39,7 +39,7 @@ def runs_frame(store: Store, sweep: str | None = None,
         select(*cols)
         .select_from(r.join(lay, r.c.layout_id == lay.c.id).outerjoin(
             p, and_(p.c.layout_id == r.c.layout_id, p.c.costmodel_version == version)))
-        .order_by(r.c.sweep_name, r.c.run_id)
+        .order_by(r.c.sweep_name.asc().nulls_last(), r.c.run_id)  # same order on both
     )
     if sweep is not None:
         stmt = stmt.where(r.c.sweep_name == sweep)
