@@ -21,7 +21,14 @@ except ImportError:  # pragma: no cover
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    return t._local_tensor if isinstance(t, DTensor) else t
+    """The plain tensor holding the data: a DTensor's shard, an async collective's result."""
+    while True:
+        if isinstance(t, DTensor):
+            t = t._local_tensor
+        elif type(t) is not torch.Tensor and isinstance(getattr(t, "elem", None), torch.Tensor):
+            t = t.elem  # AsyncCollectiveTensor (functional collectives under SP)
+        else:
+            return t
 
 
 def _is_param(t: torch.Tensor) -> bool:

@@ -29,9 +29,42 @@ INIT_STD = 0.02
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+class _RMSNormFn(torch.autograd.Function):
+    """RMSNorm that keeps only its input and the per-token 1/rms for backward, as fused kernels
+    (Megatron, Apex, Transformer Engine) do; the composite ``torch.rms_norm`` on CPU keeps a
+    second full-size tensor."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, rstd, weight)
+        return (xf * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, rstd, weight = ctx.saved_tensors
+        xhat = x.to(rstd.dtype) * rstd
+        g = grad.to(rstd.dtype)
+        grad_w = (g * xhat).sum(dim=tuple(range(g.dim() - 1))).to(weight.dtype)
+        gx = g * weight.to(rstd.dtype)
+        grad_x = rstd * (gx - xhat * (gx * xhat).mean(-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_w, None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _RMSNormFn.apply(x, self.weight, self.eps)
+
+
 def _norm(spec: ModelSpec) -> nn.Module:
     if spec.norm == "rmsnorm":
-        return nn.RMSNorm(spec.hidden, eps=1e-5)
+        return RMSNorm(spec.hidden, eps=1e-5)
     # GPT's LayerNorm always has a bias (ModelSpec counts 2h per norm).
     return nn.LayerNorm(spec.hidden, eps=1e-5)
 
@@ -42,8 +75,27 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+_TABLES: dict = {}
+
+
 def _rope_tables(seq: int, head_dim: int, device: torch.device, dtype: torch.dtype,
                  theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables, one copy per shape shared by every layer (backward keeps them)."""
+    key = (seq, head_dim, device, dtype, theta)
+    if key not in _TABLES:
+        _TABLES[key] = _make_rope_tables(seq, head_dim, device, dtype, theta)
+    return _TABLES[key]
+
+
+def _causal_mask(s: int, device: torch.device) -> torch.Tensor:
+    key = ("mask", s, device)
+    if key not in _TABLES:
+        _TABLES[key] = torch.ones(s, s, dtype=torch.bool, device=device).triu(1)
+    return _TABLES[key]
+
+
+def _make_rope_tables(seq: int, head_dim: int, device: torch.device, dtype: torch.dtype,
+                      theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32)
                            / head_dim))
     angles = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), inv)
@@ -64,7 +116,7 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, flash: 
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     s = q.shape[-2]
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+    mask = _causal_mask(s, q.device)
     probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
     if p:
         probs = F.dropout(probs, p=p, training=True)
@@ -85,13 +137,6 @@ class Attention(nn.Module):
         self.wk = nn.Linear(h, kv, bias=spec.bias)
         self.wv = nn.Linear(h, kv, bias=spec.bias)
         self.wo = nn.Linear(h, h, bias=spec.bias)
-        self._rope_cache: dict = {}
-
-    def _tables(self, s: int, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (s, ref.device, ref.dtype)
-        if key not in self._rope_cache:
-            self._rope_cache[key] = _rope_tables(s, self.head_dim, ref.device, ref.dtype)
-        return self._rope_cache[key]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -100,7 +145,7 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         if self.rope:
-            cos, sin = self._tables(s, q)
+            cos, sin = _rope_tables(s, self.head_dim, q.device, q.dtype)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         kwargs = {"flash": self.flash, "dropout": self.dropout, "training": self.training}
         if self.selective:
@@ -146,7 +191,7 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.full_recompute and torch.is_grad_enabled():
             # Full recompute keeps only the block input (Korthikanti et al. 2022: 2·s·b·h).
-            return checkpoint(self._forward, x, use_reentrant=False)
+            return checkpoint(self._forward, x, use_reentrant=True)
         return self._forward(x)
 
 
