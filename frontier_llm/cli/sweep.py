@@ -77,6 +77,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     st.add_argument("--wait", action="store_true", help="poll (with back-off) until no job "
                     "is pending or running")
     st.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits")
+    st.add_argument("--max-interval", type=float, default=15.0, metavar="S",
+                    help="longest pause between two polls of --wait (back-off from 1 s)")
     st.add_argument("--hung-after", type=float, default=None, metavar="S",
                     help="a running job whose heartbeat is older than S seconds is HUNG "
                          "(default 1800)")
@@ -181,7 +183,10 @@ def _status(args) -> int:
         session = runner.resolve(args.sweep, args.out, store)
         if args.hung_after is not None:
             session.hung_after_s = args.hung_after
-        rows = (runner.wait(session, args.timeout) if args.wait else runner.refresh(session))
+        if args.wait:
+            rows = runner.wait(session, args.timeout, max_interval_s=args.max_interval)
+        else:
+            rows = runner.refresh(session)
         if args.collect:
             from frontier_llm.store.ingest import collect
 

@@ -28,8 +28,8 @@ _ACTIVE = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", 
            "RESV_DEL_HOLD", "STOPPED"}
 _RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"}
 _ERROR_LINE = re.compile(
-    r"(^\w*(Error|Exception|Interrupt)\b.*:|\berror\b|\bFATAL\b|\bKilled\b|Segmentation fault"
-    r"|out of memory|Traceback)", re.IGNORECASE)
+    r"(^[\w.]*(Error|Exception|Interrupt)\b[^:]*:|\berror\b|\bfatal\b|\bkilled\b|\bcrash"
+    r"|\babort|segmentation fault|core dumped|out of memory)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -43,15 +43,16 @@ class Verdict:
 
 
 def first_error_line(text: str) -> str | None:
-    """The line that says what went wrong: the exception line of a traceback if there is one,
-    else the first line that looks like an error."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in lines:
-        # "ValueError: ..." / "torch.OutOfMemoryError: ..." after a traceback.
-        if re.match(r"^[\w.]*(Error|Exception)\b[^:]*:", ln):
-            return ln[:500]
-    for ln in lines:
-        if _ERROR_LINE.search(ln) and not ln.startswith("Traceback"):
+    """The first line of ``text`` that says something went wrong (in log order, so the root
+    cause on one rank comes before the other ranks' reports of a lost peer)."""
+    for line in text.splitlines():
+        ln = line.strip()
+        if not ln:
+            continue
+        # The job script's own banner names the job key, which may be any word.
+        if ln.startswith(("Traceback", "flm: task ")):
+            continue
+        if _ERROR_LINE.search(ln):
             return ln[:500]
     return None
 
@@ -141,7 +142,7 @@ def classify(
             return Verdict(FAILED, error or "trace status failed")
         return Verdict(FAILED, f"exit 0 but {trace_problem or 'no valid trace'}")
     if state in ("FAILED", "EXITED", "SPECIAL_EXIT"):
-        reason = error or first_error_line(log_text)
+        reason = first_error_line(log_text) or error
         if not reason:
             reason = f"exit code {code}" if code else (f"signal {sig}" if sig else "failed")
         return Verdict(FAILED, reason)

@@ -389,7 +389,7 @@ def _explicit_jobs(spec: SweepFile, entries: list, models: list[tuple[str, Model
         name = data.pop("name", None)
         only_model = data.pop("model", None)
         extra = _bench_args(data.pop("bench_args", None), where)
-        time = data.pop("time", spec.resources.time)
+        time = str(data.pop("time", spec.resources.time))
         ResourcesSpec(time=time)  # same rule as the sweep-wide time limit
         if name is not None and not (isinstance(name, str) and SAFE_NAME.match(name)):
             raise SpecError(f"{where}name {name!r} may hold only letters, digits, '.', '_', '-'",

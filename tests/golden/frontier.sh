@@ -50,5 +50,5 @@ export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 exec srun --nodes=128 --ntasks-per-node=8 \
     --gpus-per-node=8 --gpu-bind=closest \
-    --cpus-per-task=7 --kill-on-bad-exit=1 \
+    --cpus-per-task=7 \
     flm bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"

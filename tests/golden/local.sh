@@ -31,5 +31,5 @@ MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}" | head
 MASTER_PORT="$(( 29500 + ${SLURM_JOB_ID:-0} % 20000 ))"
 export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-exec srun --overcommit --ntasks=4 --kill-on-bad-exit=1 \
+exec srun --overcommit --ntasks=4 \
     flm bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"

@@ -34,5 +34,5 @@ MASTER_PORT="$(( 29500 + ${SLURM_JOB_ID:-0} % 20000 ))"
 export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 exec srun --nodes=1 --ntasks-per-node=8 \
-    --gpus-per-node=8 --kill-on-bad-exit=1 \
+    --gpus-per-node=8 \
     flm bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"

@@ -38,7 +38,7 @@ MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}" | head
 MASTER_PORT="$(( 29500 + ${SLURM_JOB_ID:-0} % 20000 ))"
 export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-exec srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 \
+exec srun --nodes=2 --ntasks-per-node=1 \
     torchrun --nnodes=2 --nproc-per-node=8 \
     --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$run_id" \
     -m frontier_llm.cli bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"

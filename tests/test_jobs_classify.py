@@ -1,0 +1,111 @@
+"""The classifier: one verdict from scheduler state, exit code, log, trace and heartbeat.
+
+The inputs here are the strings SLURM and flm bench really produce (see test_sweep_slurm.py for
+the same verdicts reached end to end on the real SLURM)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from frontier_llm.bench.trace import write_heartbeat
+from frontier_llm.jobs.classify import (
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    HUNG,
+    NODE_FAIL,
+    OOM,
+    PENDING,
+    RUNNING,
+    TIMEOUT,
+    classify,
+    exit_status,
+    first_error_line,
+    heartbeat_age,
+    load_trace,
+)
+from frontier_llm.jobs.executors import array_spec, time_limit_s
+
+TRACEBACK = """flm: task 0 job crash-error run crash-error-j12 on vm
+flm bench: injected crash on rank 1 at step 1
+Traceback (most recent call last):
+  File "run.py", line 244, in main
+    _inject(cfg.fault, rank, step)
+RuntimeError: injected crash at step 1 on rank 1
+srun: error: vm: task 1: Exited with exit code 1
+"""
+
+
+@pytest.mark.parametrize("state,code,trace,log,expected,reason", [
+    ("COMPLETED", "0:0", {"status": "completed", "error": None}, "", COMPLETED, None),
+    ("COMPLETED", "0:0", None, "", FAILED, "exit 0 but no valid trace"),
+    ("FAILED", "3:0", {"status": "oom", "error": "MemoryError: rank 0"}, "", OOM,
+     "MemoryError: rank 0"),
+    ("FAILED", "3:0", None, "", OOM, "out of memory"),
+    ("OUT_OF_MEMORY", "0:125", None, "", OOM, "out of memory"),
+    ("TIMEOUT", "0:0", None, "", TIMEOUT, "time limit reached"),
+    ("CANCELLED", "0:15", None, "slurmstepd: *** JOB 5 CANCELLED AT x DUE TO TIME LIMIT ***",
+     TIMEOUT, "time limit reached"),
+    ("CANCELLED by 0", "0:15", None, "", CANCELLED, "SLURM state CANCELLED"),
+    ("NODE_FAIL", "0:0", None, "", NODE_FAIL, "SLURM state NODE_FAIL"),
+    ("FAILED", "1:0", None, TRACEBACK, FAILED, "flm bench: injected crash on rank 1 at step 1"),
+    ("FAILED", "1:0", {"status": "failed", "error": "ValueError: bad"}, "", FAILED,
+     "ValueError: bad"),
+    ("FAILED", "1:0", {"status": "failed", "error": "ValueError: bad"}, TRACEBACK, FAILED,
+     "flm bench: injected crash on rank 1 at step 1"),
+    ("FAILED", "42:0", None, "", FAILED, "exit code 42"),
+    ("FAILED", "0:9", None, "", FAILED, "signal 9"),
+    ("EXITED", "0:0", {"status": "completed", "error": None}, "", COMPLETED, None),
+    ("EXITED", None, {"status": "completed", "error": None}, "", COMPLETED, None),
+    ("PENDING", None, None, "", PENDING, None),
+    ("RUNNING", None, None, "", RUNNING, None),
+])
+def test_verdicts(state, code, trace, log, expected, reason):
+    verdict = classify(state, code, trace=trace, log_text=log)
+    assert (verdict.state, verdict.reason) == (expected, reason)
+
+
+def test_hung_from_heartbeat_age_and_from_a_missing_first_heartbeat():
+    assert classify("RUNNING", heartbeat_age_s=700, hung_after_s=600).state == HUNG
+    assert classify("RUNNING", heartbeat_age_s=10, hung_after_s=600).state == RUNNING
+    late = classify("RUNNING", running_for_s=900, hung_after_s=600)
+    assert late.state == HUNG and "first heartbeat" in late.reason
+    assert classify("RUNNING", running_for_s=900).state == RUNNING  # no limit, no HUNG
+    assert not classify("RUNNING", heartbeat_age_s=700, hung_after_s=600).terminal
+
+
+def test_heartbeat_age_and_trace_loading(tmp_path):
+    assert heartbeat_age(tmp_path, "r1") is None
+    write_heartbeat(tmp_path, "r1", 1, 3)
+    path = tmp_path / "r1.heartbeat.json"
+    old = time.time() - 500
+    os.utime(path, (old, old))
+    assert 499 < heartbeat_age(tmp_path, "r1") < 510
+    assert load_trace(tmp_path, "r1") == (None, "no trace written")
+    (tmp_path / "r2.trace.json").write_text("{not json")
+    trace, problem = load_trace(tmp_path, "r2")
+    assert trace is None and problem.startswith("invalid trace")
+
+
+def test_first_error_line_prefers_the_exception():
+    assert first_error_line(TRACEBACK) == "flm bench: injected crash on rank 1 at step 1"
+    assert first_error_line("x\nTraceback (most recent call last):\n  f()\nKeyError: 'a'\n") == (
+        "KeyError: 'a'")
+    assert first_error_line("ok\nsrun: error: task 0 failed\n") == "srun: error: task 0 failed"
+    assert first_error_line("all good\n") is None
+
+
+def test_exit_status_and_helpers():
+    assert exit_status("42:0") == (42, 0)
+    assert exit_status("0:15") == (0, 15)
+    assert exit_status(-9) == (None, 9)
+    assert exit_status(None) == (None, None)
+    assert array_spec([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert array_spec([3]) == "3"
+    assert time_limit_s("00:05:00") == 300
+    assert time_limit_s("1-02:00:00") == 93600
+    assert time_limit_s("7") == 420
+    assert time_limit_s("2:30") == 150

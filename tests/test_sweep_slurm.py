@@ -1,0 +1,206 @@
+"""Sweeps end to end on the real one-node SLURM: flm sweep submit/status/cancel/retry running
+flm bench in every job (tiny-gpt on CPU ranks over gloo), with faults of every kind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from slurm_fixtures import slurm_cluster  # noqa: F401  (pytest fixture)
+from sqlalchemy import func, select
+
+from frontier_llm.bench.trace import read_trace, trace_path
+from frontier_llm.jobs import runner
+from frontier_llm.jobs.slurm import SlurmClient
+from frontier_llm.jobs.state import SUBMITTING
+from frontier_llm.jobs.sweepspec import load_sweep
+from frontier_llm.store import open_store
+from frontier_llm.store.schema import flm_jobs, flm_runs
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
+
+FAULTS = """\
+name: faults
+model: tiny-gpt
+system: cpu-local
+template: local
+gpus_per_node: 4
+dtype: fp32
+steps: 3
+warmup: 1
+global_batch: 4
+resources:
+  time: "00:05:00"
+layouts:
+  - {dp: 2, micro_batch: 2, name: ok}
+  - {dp: 2, micro_batch: 2, name: crash, bench_args: {fault: crash, fault_step: 1}}
+  - {dp: 1, micro_batch: 2, name: oom, bench_args: {memory_limit: 100M}}
+  - {dp: 1, micro_batch: 2, name: slow, time: "1", bench_args: {fault: hang, fault_step: 1}}
+  - {dp: 1, micro_batch: 2, name: cancel, bench_args: {fault: hang, fault_step: 1}}
+"""
+
+
+def flm(*args: object, check: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, "-m", "frontier_llm.cli", *map(str, args)],
+                         capture_output=True, text=True, timeout=600, env=os.environ.copy())
+    if check and out.returncode != 0:
+        raise AssertionError(f"flm {' '.join(map(str, args))} exited {out.returncode}:\n"
+                             f"{out.stdout}\n{out.stderr}")
+    return out
+
+
+def status(name: str, db: str, *extra: object) -> dict[str, dict]:
+    out = flm("sweep", "status", name, "--db", db, "--format", "json", *extra)
+    return {r["job_key"]: r for r in json.loads(out.stdout)}
+
+
+def test_tiny_cpu_sweep_end_to_end(slurm_cluster, tmp_path):  # noqa: F811
+    db = f"sqlite:///{tmp_path}/flm.db"
+    out = tmp_path / "run"
+    sweep = SWEEPS / "tiny-cpu.yaml"
+    first = flm("sweep", "submit", sweep, "--out", out, "--db", db)
+    assert "submitted 4 jobs" in first.stdout
+    again = flm("sweep", "submit", sweep, "--out", out, "--db", db)
+    assert "submitted 0 jobs, 4 already submitted" in again.stdout
+
+    rows = status("tiny-cpu", db, "--wait", "--timeout", 300, "--max-interval", 2,
+                  "--collect")
+    assert {r["state"] for r in rows.values()} == {"COMPLETED"}, rows
+    jobs = load_sweep(sweep).jobs
+    assert set(rows) == {j.key for j in jobs}
+    for job in jobs:
+        trace = read_trace(trace_path(out / "traces", rows[job.key]["run_id"]))
+        assert trace["status"] == "completed"
+        assert trace["labels"]["sweep"] == "tiny-cpu"
+        assert trace["labels"]["job_key"] == job.key
+        assert trace["layout"]["tp"] == job.layout.tp and trace["layout"]["dp"] == job.layout.dp
+    assert any(j.world_size == 4 for j in jobs)
+
+    # One array per group was submitted, never a second copy.
+    arrays = {r["scheduler_job_id"].split("_")[0] for r in rows.values()}
+    assert len(arrays) == 3
+    store = open_store(db)
+    try:
+        with store.read() as conn:
+            assert conn.execute(select(func.count()).select_from(flm_runs)).scalar_one() == 4
+            linked = conn.execute(select(func.count()).select_from(flm_jobs).where(
+                flm_jobs.c.layout_id.is_not(None))).scalar_one()
+        assert linked == 4
+    finally:
+        store.close()
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1.0)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_faults_are_classified_and_lose_nothing(slurm_cluster, tmp_path):  # noqa: F811
+    db = f"sqlite:///{tmp_path}/flm.db"
+    out = tmp_path / "run"
+    spec = tmp_path / "faults.yaml"
+    spec.write_text(FAULTS)
+    flm("sweep", "submit", spec, "--out", out, "--db", db)
+
+    # The hanging jobs stop beating: HUNG while they are still in the queue.
+    def hung():
+        rows = status("faults", db, "--hung-after", 3)
+        return rows if {rows["slow"]["state"], rows["cancel"]["state"]} == {"HUNG"} else None
+
+    rows = _wait_for(hung, 120, "the hanging jobs to be classified HUNG")
+    assert "heartbeat" in rows["slow"]["reason"]
+
+    cancelled = flm("sweep", "cancel", "faults", "--db", db, "--job", "cancel")
+    assert "cancelled 1 jobs" in cancelled.stdout
+
+    rows = status("faults", db, "--wait", "--timeout", 240, "--max-interval", 2)
+    states = {k: r["state"] for k, r in rows.items()}
+    assert states == {"ok": "COMPLETED", "crash": "FAILED", "oom": "OOM", "slow": "TIMEOUT",
+                      "cancel": "CANCELLED"}, rows
+    assert "injected crash" in rows["crash"]["reason"]
+    assert "allocate memory" in rows["oom"]["reason"]
+    # The faults cost no other job its result.
+    ok = read_trace(trace_path(out / "traces", rows["ok"]["run_id"]))
+    assert ok["status"] == "completed"
+    oom = read_trace(trace_path(out / "traces", rows["oom"]["run_id"]))
+    assert oom["status"] == "oom"
+
+    # retry --failed-only resubmits the four faults, never the completed job.
+    retried = flm("sweep", "retry", "faults", "--db", db, "--failed-only")
+    assert "resubmitted 4 jobs" in retried.stdout
+    store = open_store(db)
+    try:
+        with store.read() as conn:
+            attempts = dict(conn.execute(select(flm_jobs.c.job_key, flm_jobs.c.attempts)).all())
+    finally:
+        store.close()
+    assert attempts == {"ok": 1, "crash": 2, "oom": 2, "slow": 2, "cancel": 2}
+    flm("sweep", "cancel", "faults", "--db", db)
+    rows = status("faults", db, "--wait", "--timeout", 120, "--max-interval", 2)
+    assert rows["ok"]["state"] == "COMPLETED" and rows["ok"]["attempts"] == 1
+
+
+def test_sbatch_refusal_records_nothing(slurm_cluster, tmp_path):  # noqa: F811
+    db = f"sqlite:///{tmp_path}/flm.db"
+    out = flm("sweep", "submit", SWEEPS / "tiny-cpu.yaml", "--out", tmp_path / "run", "--db", db,
+              "--partition", "no-such-partition", check=False)
+    assert out.returncode == 2
+    assert "invalid partition specified: no-such-partition" in out.stderr
+    assert "Traceback" not in out.stderr
+    store = open_store(db)
+    try:
+        with store.read() as conn:
+            rows = conn.execute(select(flm_jobs.c.state, flm_jobs.c.scheduler_job_id,
+                                       flm_jobs.c.attempts)).all()
+    finally:
+        store.close()
+    assert rows and all(r.state == "RENDERED" and r.scheduler_job_id is None and r.attempts == 0
+                        for r in rows)
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_interrupted_submit_resumes_without_duplicates(slurm_cluster, tmp_path, monkeypatch):  # noqa: F811
+    """The command dies right after sbatch, before recording: the next submit finds the array
+    by its comment token and adopts it instead of submitting it again."""
+    store = open_store(f"sqlite:///{tmp_path}/flm.db")
+    client = SlurmClient(slurm_cluster.env())
+    try:
+        session = runner.prepare(load_sweep(SWEEPS / "tiny-cpu.yaml"), tmp_path / "run", store,
+                                 client=client)
+
+        def die(self, jobs, state):
+            raise _Crash()
+
+        monkeypatch.setattr(runner._Recorder, "submitted", die)
+        with pytest.raises(_Crash):
+            runner.submit(session, hold=True)
+        monkeypatch.undo()
+        assert {r["state"] for r in session.state.rows()} == {SUBMITTING}
+        sbatch_before = client.commands["sbatch"]
+        counts = runner.submit(session, hold=True)
+        # The first array (1 job) is adopted; the other groups are submitted once now.
+        assert counts["adopted"] == 1 and counts["submitted"] == 3
+        assert client.commands["sbatch"] - sbatch_before == 2
+        rows = session.state.rows()
+        ids = [r["scheduler_job_id"] for r in rows]
+        assert len(set(ids)) == 4 and all(ids)
+        mine = client.find_by_comment("flm:tiny-cpu:")
+        assert sorted(mine) == sorted(ids)  # exactly one submission per job in the queue
+    finally:
+        runner.cancel(session)
+        store.close()
