@@ -1,0 +1,241 @@
+"""The bench's single-process parts: layout refusals, mesh mapping, launcher detection, data,
+optimizer, model pieces, memory limits and the command line (no process group needed)."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+import torch
+
+from frontier_llm.bench import launch
+from frontier_llm.bench.data import TokenSource, write_token_file
+from frontier_llm.bench.memlimit import is_oom, parse_bytes
+from frontier_llm.bench.mesh import check_layout, mesh_dims
+from frontier_llm.bench.model import GPT, _RMSNormFn, build_model, loss_fn
+from frontier_llm.bench.optim import LocalAdam
+from frontier_llm.bench.pipeline import stage_ids, stage_layers
+from frontier_llm.catalog import load_model
+from frontier_llm.cli import build_parser
+from frontier_llm.cli.bench import build_config, child_argv
+from frontier_llm.errors import UserError
+from frontier_llm.specs.parallel import ParallelConfig, zero_preset
+
+
+def layout(**kw) -> ParallelConfig:
+    kw.setdefault("global_batch", kw.get("dp", 1))
+    return ParallelConfig(dtype="fp32", **kw)
+
+
+# -- the sharding map -------------------------------------------------------------------------
+@pytest.mark.parametrize("zero, kind, rep, shard, reshard", [
+    (0, "ddp", 4, 1, False), (1, "zero1", 4, 1, False), (2, "fsdp", 1, 4, False),
+    (3, "fsdp", 1, 4, True),
+])
+def test_zero_stages_map_to_pytorch(zero, kind, rep, shard, reshard):
+    d = mesh_dims(layout(dp=4, sharding=zero_preset(zero)))
+    assert (d.data_parallel, d.dp_replicate, d.dp_shard, d.reshard_after_forward) == (
+        kind, rep, shard, reshard)
+
+
+def test_partial_sharding_is_hsdp_over_a_2d_mesh():
+    d = mesh_dims(layout(dp=8, sharding={"params": "partial:2", "grads": "partial:2",
+                                         "optim": "partial:2"}))
+    assert (d.data_parallel, d.dp_replicate, d.dp_shard) == ("hsdp", 4, 2)
+
+
+def test_mesh_coordinates_put_tp_innermost():
+    d = mesh_dims(layout(tp=2, pp=2, dp=2, global_batch=4))
+    assert d.coords(1) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "tp": 1, "dp": 0}
+    assert d.coords(2)["dp"] == 1 and d.coords(4)["pp"] == 1
+    assert all(d.rank_of(**{k: v for k, v in d.coords(r).items() if k != "dp"}) == r
+               for r in range(8))
+
+
+# -- refusals, before any process group ------------------------------------------------------
+@pytest.mark.parametrize("model, kw, rule", [
+    ("tiny-gpt", dict(tp=3), "heads .4. is not divisible by tp .3."),
+    ("tiny-gpt", dict(pp=3, global_batch=3), r"layers .4. is not divisible by pp x virtual"),
+    ("tiny-gpt-8l", dict(pp=2, virtual_stages=3, schedule="interleaved", global_batch=2),
+     "virtual_stages"),
+    ("tiny-llama", dict(tp=4), r"kv_heads \(2\) < tp \(4\)"),
+    ("tiny-gpt", dict(pp=2, global_batch=1), "at least one micro-batch per stage"),
+    ("tiny-gpt", dict(dp=4, sharding={"params": "replicate", "grads": "replicate",
+                                      "optim": "partial:2"}), "no PyTorch-native equivalent"),
+])
+def test_bad_layouts_are_refused_with_the_rule(model, kw, rule):
+    with pytest.raises(UserError, match=rule):
+        check_layout(load_model(model), layout(**kw))
+
+
+def test_world_size_must_match():
+    with pytest.raises(UserError, match="does not match the 3 GPUs/ranks"):
+        check_layout(load_model("tiny-gpt"), layout(tp=2, dp=2, global_batch=2), 3)
+
+
+def test_fp16_is_refused():
+    with pytest.raises(UserError, match="fp16 needs loss scaling"):
+        check_layout(load_model("tiny-gpt"), ParallelConfig(dtype="fp16"))
+
+
+# -- launcher detection -----------------------------------------------------------------------
+def test_torchrun_environment():
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "n1",
+           "MASTER_PORT": "1234", "TORCHELASTIC_RUN_ID": "x"}
+    assert launch.detect(env) == launch.RankEnv(3, 4, 1, "n1", 1234, "torchrun", None)
+
+
+def test_srun_step_environment_uses_the_node_list():
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0",
+           "SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "nid[004-005]"}
+    r = launch.detect(env)
+    assert (r.rank, r.world_size, r.local_rank, r.master_addr, r.launcher, r.slurm_job_id) == (
+        5, 8, 1, "nid004", "srun", "77")
+    assert 20000 <= r.master_port < 40000
+
+
+def test_batch_script_is_not_an_srun_step():
+    # Inside sbatch's own shell SLURM_PROCID is set but there is no step: run alone (spawn).
+    assert launch.detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "9"}) is None
+
+
+def test_mpiexec_environment_with_master():
+    env = {"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "2", "MASTER_ADDR": "h0",
+           "MASTER_PORT": "999"}
+    assert launch.detect(env) == launch.RankEnv(2, 4, 2, "h0", 999, "mpiexec", None)
+
+
+def test_nodelist_expansion():
+    assert launch.expand_nodelist("nid[001-003,007],login1") == [
+        "nid001", "nid002", "nid003", "nid007", "login1"]
+    assert launch.expand_nodelist("a[1-2]b,c") == ["a1b", "a2b", "c"]
+
+
+# -- data ---------------------------------------------------------------------------------------
+def test_synthetic_batches_are_deterministic_and_sliced_by_dp():
+    src = TokenSource(vocab=256, seq_len=32, seed=3)
+    full = src.global_batch(5, 8)
+    assert torch.equal(full, TokenSource(256, 32, 3).global_batch(5, 8))
+    assert not torch.equal(full, src.global_batch(6, 8))
+    x1, y1 = src.rank_batch(5, 8, dp=2, dp_rank=1)
+    assert torch.equal(x1, full[4:, :-1]) and torch.equal(y1, full[4:, 1:])
+    assert int(full.max()) < 256
+
+
+def test_token_file_is_memory_mapped(tmp_path):
+    tokens = np.arange(1000) % 250
+    path = write_token_file(tmp_path / "t.bin", tokens, vocab=256)
+    assert path.stat().st_size == 2000  # uint16
+    batch = TokenSource(256, 32, seed=0, path=path).global_batch(0, 4)
+    assert batch.shape == (4, 33)
+    assert ((batch.diff(dim=1) % 250) == 1).all()  # contiguous windows of the file
+    with pytest.raises(UserError, match="outside the model's vocabulary"):
+        TokenSource(128, 32, seed=0, path=path).global_batch(0, 64)
+    with pytest.raises(UserError, match="does not exist"):
+        TokenSource(256, 32, seed=0, path=tmp_path / "missing.bin")
+
+
+# -- optimizer and model ------------------------------------------------------------------------
+def test_local_adam_is_torch_adam():
+    a = torch.nn.Parameter(torch.randn(10, 3))
+    b = torch.nn.Parameter(a.detach().clone())
+    mine = LocalAdam([a], lr=1e-2)
+    ref = torch.optim.Adam([b], lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    for _ in range(3):
+        g = torch.randn(10, 3)
+        a.grad, b.grad = g.clone(), g.clone()
+        mine.step()
+        ref.step()
+    assert torch.equal(a, b)
+    assert mine.state_bytes() == 2 * 4 * 30
+
+
+def test_bf16_keeps_an_fp32_master_copy():
+    p = torch.nn.Parameter(torch.randn(100).bfloat16())
+    assert LocalAdam([p]).state_bytes() == 12 * 100  # master + exp_avg + exp_avg_sq
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt", "tiny-llama", "gpt3-1.3b", "llama3-8b"])
+def test_model_has_the_specs_parameter_count(name):
+    spec = load_model(name)
+    with torch.device("meta"):
+        model = GPT(spec)
+    assert sum(p.numel() for p in model.parameters()) == spec.num_params()
+
+
+def test_stages_hold_their_layers_and_weights_match_the_whole_model():
+    spec = load_model("tiny-gpt-8l")
+    assert stage_ids(pp=2, virtual_stages=2, pp_rank=1) == [1, 3]
+    assert stage_layers(spec, 4, 3) == [6, 7]
+    whole = dict(build_model(spec, seed=1).named_parameters())
+    last = build_model(spec, seed=1, layer_ids=[6, 7], first=False, last=True)
+    assert last.tok_embeddings is None
+    for name, p in last.named_parameters():
+        assert torch.equal(p, whole[name]), name
+
+
+def test_rmsnorm_gradients():
+    x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: _RMSNormFn.apply(x, w, 1e-5), (x, w))
+    ref = torch.nn.functional.rms_norm(x, (8,), w, 1e-5)
+    assert torch.allclose(_RMSNormFn.apply(x, w, 1e-5), ref)
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_recompute_gives_the_same_gradients(recompute):
+    spec = load_model("tiny-llama")
+    x = torch.randint(0, 256, (2, 33))
+    grads = []
+    for rc in ("none", recompute):
+        m = build_model(spec, seed=0, recompute=rc, flash=rc == "none")
+        loss_fn(m(x[:, :-1]), x[:, 1:]).backward()
+        grads.append(m.layers["0"].attention.wq.weight.grad)
+    assert torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-7)
+
+
+# -- memory limit -------------------------------------------------------------------------------
+def test_memory_sizes():
+    assert parse_bytes("512M") == 512 * 2**20 and parse_bytes("1.5G") == int(1.5 * 2**30)
+    assert parse_bytes("1000") == 1000
+    with pytest.raises(UserError, match="--memory-limit"):
+        parse_bytes("lots")
+
+
+def test_oom_classification():
+    assert is_oom(MemoryError())
+    assert is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to ..."))
+    assert is_oom(torch.OutOfMemoryError("CUDA out of memory"))
+    assert not is_oom(RuntimeError("Connection closed by peer"))
+
+
+# -- command line -------------------------------------------------------------------------------
+def parse(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["bench", *argv])
+
+
+def test_config_file_with_flag_overrides(tmp_path):
+    cfg_file = tmp_path / "layout.yaml"
+    cfg_file.write_text("model: tiny-gpt\nsteps: 3\nlayout:\n  tp: 2\n  pp: 2\n  zero: 1\n"
+                        "  global_batch: 4\n  dtype: fp32\n")
+    cfg = build_config(parse("--config", str(cfg_file), "--pp", "1", "--label", "sweep=s1"))
+    lay = cfg.layout
+    assert (lay.tp, lay.pp, lay.global_batch, lay.zero_stage, cfg.steps) == (2, 1, 4, 1, 3)
+    assert cfg.labels == {"sweep": "s1"} and cfg.model.name == "tiny-gpt"
+
+
+def test_child_command_line_round_trips():
+    args = parse("--model", "tiny-gpt-8l", "--pp", "2", "--virtual-stages", "2",
+                 "--global-batch", "4", "--sharding", "p=replicate,g=full,o=full", "--dp", "1",
+                 "--sequence-parallel", "--tp", "2", "--memory-limit", "1G", "--dtype", "fp32")
+    cfg = build_config(args)
+    cfg.run_id = "r1"
+    again = build_config(parse(*child_argv(cfg, args)))
+    assert again.layout == cfg.layout and again.memory_limit == 2**30
+    assert again.run_id == "r1" and again.model == cfg.model
+
+
+def test_model_is_required():
+    with pytest.raises(UserError, match="--model is required"):
+        build_config(parse("--tp", "1"))
