@@ -37,7 +37,7 @@ from sqlalchemy import Connection, Table, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from frontier_llm.bench.trace import TRACE_SUFFIX, TraceError, validate_trace
+from frontier_llm.bench.trace import TRACE_SUFFIX, TraceError
 from frontier_llm.errors import UserError
 from frontier_llm.specs.parallel import Sharding
 from frontier_llm.store import Store
@@ -48,6 +48,7 @@ from frontier_llm.store.schema import (
     flm_runs,
     flm_steps,
 )
+from frontier_llm.store.schema_check import validate_trace_fast
 
 QUARANTINE_DIR = "quarantine"
 REASON_SUFFIX = ".reason.txt"
@@ -377,6 +378,20 @@ def collect(store: Store, dirs: Iterable[str | Path], *, quarantine: str | Path 
     return report
 
 
+def _parse(item: tuple[Path, Path, bytes, str]) -> tuple[TraceRows | None, str]:
+    """(rows, "") for a good trace file, (None, reason) for one to quarantine."""
+    path, _, data, digest = item
+    try:
+        try:
+            trace = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TraceError(f"not valid JSON: {exc}") from None
+        validate_trace_fast(trace)
+        return trace_rows(trace, path, digest), ""
+    except (TraceError, RowError) as exc:
+        return None, str(exc)
+
+
 def _collect_batch(store: Store, chunk: list[tuple[Path, Path]], quarantine: str | Path | None,
                    report: IngestReport) -> tuple[int, int, int, int]:
     raw: list[tuple[Path, Path, bytes, str]] = []
@@ -391,22 +406,14 @@ def _collect_batch(store: Store, chunk: list[tuple[Path, Path]], quarantine: str
     unchanged = sum(1 for *_, d in raw if d in known)
     rows: dict[str, TraceRows] = {}
     nquarantined = 0
-    for path, root, data, digest in raw:
-        if digest in known:
-            continue
-        try:
-            try:
-                trace = json.loads(data)
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise TraceError(f"not valid JSON: {exc}") from None
-            validate_trace(trace)
-            row = trace_rows(trace, path, digest)
-        except (TraceError, RowError) as exc:
-            dest = quarantine_file(path, root, str(exc), quarantine)
+    todo = [item for item in raw if item[3] not in known]
+    for (path, root, _, _), (row, error) in zip(todo, map(_parse, todo), strict=True):
+        if row is None:
+            dest = quarantine_file(path, root, error, quarantine)
             if dest is None:
                 report.vanished += 1
             else:
-                report.quarantined.append((str(dest), str(exc)))
+                report.quarantined.append((str(dest), error))
                 nquarantined += 1
             continue
         rid = row.run["run_id"]
