@@ -215,9 +215,11 @@ class LocalExecutor(Executor):
                         _kill_session(proc)
                         proc.wait()
                         done[key] = Observation("TIMEOUT", f"{proc.returncode}:0")
+                    elif code is not None and code < 0:
+                        # Killed by a signal that was not our time limit: flm sweep cancel.
+                        done[key] = Observation("CANCELLED", f"0:{-code}")
                     elif code is not None:
-                        done[key] = Observation(
-                            "EXITED", f"{code}:0" if code >= 0 else f"0:{-code}")
+                        done[key] = Observation("EXITED", f"{code}:0")
                     if key in done:
                         fh.close()
                         del running[key]

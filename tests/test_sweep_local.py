@@ -1,0 +1,113 @@
+"""The local executor: the same sweep, the same flm bench command lines and trace layout, run
+as processes on this machine (no SLURM). Real bench runs of tiny-gpt over gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from frontier_llm.bench.trace import read_trace, trace_path
+from frontier_llm.cli import main
+from frontier_llm.errors import UserError
+from frontier_llm.jobs.state import JobState
+from frontier_llm.store import open_store
+
+pytestmark = [pytest.mark.slow]
+
+SWEEP = """\
+name: local-tiny
+model: tiny-gpt
+system: cpu-local
+executor: local
+gpus_per_node: 4
+dtype: fp32
+steps: 2
+warmup: 1
+global_batch: 4
+resources:
+  time: "00:05:00"
+layouts:
+  - {dp: 2, micro_batch: 2, name: dp2}
+  - {dp: 1, micro_batch: 2, name: crash, bench_args: {fault: crash, fault_step: 0}}
+  - {dp: 1, micro_batch: 2, name: slow, time: "0:03", bench_args: {fault: hang, fault_step: 1}}
+"""
+
+
+def test_local_sweep_runs_classifies_and_resumes(tmp_path, capsys):
+    spec = tmp_path / "local.yaml"
+    spec.write_text(SWEEP)
+    db = f"sqlite:///{tmp_path}/flm.db"
+    out = tmp_path / "run"
+    assert main(["sweep", "submit", str(spec), "--out", str(out), "--db", db,
+                 "--max-in-flight", "3"]) == 0
+    assert "submitted 3 jobs" in capsys.readouterr().out
+    assert main(["sweep", "status", "local-tiny", "--db", db, "--format", "json"]) == 0
+    rows = {r["job_key"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["dp2"]["state"] == "COMPLETED"
+    assert rows["crash"]["state"] == "FAILED"
+    assert "injected crash" in rows["crash"]["reason"]
+    assert rows["slow"]["state"] == "TIMEOUT"
+    trace = read_trace(trace_path(out / "traces", rows["dp2"]["run_id"]))
+    assert trace["labels"] == {"sweep": "local-tiny", "job_key": "dp2"}
+    # A repeated submit starts nothing.
+    assert main(["sweep", "submit", str(spec), "--out", str(out), "--db", db]) == 0
+    assert "submitted 0 jobs" in capsys.readouterr().out
+
+
+def test_local_cancel_stops_a_running_job(tmp_path):
+    """flm sweep cancel, from another process, ends a running local job and all its ranks."""
+    spec = tmp_path / "local.yaml"
+    spec.write_text(SWEEP.replace('name: slow, time: "0:03"', "name: slow"))
+    db = f"sqlite:///{tmp_path}/flm.db"
+    out = tmp_path / "run"
+    submit = subprocess.Popen(
+        [sys.executable, "-m", "frontier_llm.cli", "sweep", "submit", str(spec), "--out",
+         str(out), "--db", db, "--max-in-flight", "3"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        store = open_store(db)
+        state = JobState.find(store, "local-tiny") if _wait(lambda: _has_sweep(store)) else None
+        row = _wait(lambda: _beating(state, out))
+        assert main(["sweep", "cancel", "local-tiny", "--db", db, "--job", "slow"]) == 0
+        submit.wait(timeout=120)
+        final = state.rows(["slow"])[0]
+        assert final["state"] == "CANCELLED", final
+        pid = int(row["scheduler_job_id"].split(":")[1])
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)  # no rank of the job is left
+        assert {r["job_key"]: r["state"] for r in state.rows()}["dp2"] == "COMPLETED"
+        store.close()
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+            submit.wait()
+
+
+def _wait(predicate, timeout_s: float = 120.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError("timed out")
+
+
+def _has_sweep(store) -> bool:
+    try:
+        JobState.find(store, "local-tiny")
+    except UserError:
+        return False
+    return True
+
+
+def _beating(state: JobState, out):
+    row = state.rows(["slow"])[0]
+    if row["state"] == "RUNNING" and (out / "traces" / f"{row['run_id']}.heartbeat.json").exists():
+        return row
+    return None
