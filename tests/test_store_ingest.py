@@ -213,3 +213,38 @@ def test_two_collectors_at_once_neither_duplicate_nor_lose(tmp_path, db_url):  #
         ids = conn.execute(select(flm_runs.c.run_id)).scalars().all()
     assert sorted(ids) == sorted(t["run_id"] for t in traces)
     store.close()
+
+
+@pytest.fixture(scope="module")
+def bench_trace_dir(tmp_path_factory):
+    """A trace written by a real `flm bench` run (2 gloo ranks, tiny model, 3 steps)."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("bench")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "frontier_llm.cli", "bench", "--model", "tiny-gpt", "--tp", "2",
+         "--micro-batch", "1", "--global-batch", "2", "--steps", "3", "--warmup", "1",
+         "--trace-dir", str(out), "--run-id", "e2e-tp2", "--label", "sweep=e2e"],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+@pytest.mark.slow
+def test_a_real_flm_bench_trace_flows_in(bench_trace_dir, db_url):  # noqa: F811
+    trace = json.loads((bench_trace_dir / "e2e-tp2.trace.json").read_text())
+    store = open_store(db_url)
+    assert collect(store, [bench_trace_dir]).inserted == 1
+    from frontier_llm.store.queries import runs_frame, validation_frame
+
+    row = runs_frame(store, sweep="e2e").iloc[0]
+    assert (row["run_id"], row["tp"], row["world_size"], row["status"]) == (
+        "e2e-tp2", 2, 2, "completed")
+    assert row["step_time_s"] == pytest.approx(trace["summary"]["step_time_s"])
+    assert row["predicted_step_time_s"] == pytest.approx(trace["prediction"]["step_time_s"])
+    assert len(validation_frame(store)) == 1
+    assert counts(store)["flm_rank_memory"] == 2
+    store.close()
