@@ -133,11 +133,15 @@ def spawn_local(argv: list[str], nproc: int, grace_s: float = 15.0) -> list[int]
     failed_at: float | None = None
     try:
         while any(p.poll() is None for p in procs):
+            now = time.monotonic()
             if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
-                failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() - failed_at > grace_s:
-                _terminate(procs)
-                break
+                failed_at = now
+            if failed_at is not None:
+                # Rank 0 writes the trace; once it is gone the survivors have nothing to add.
+                limit = 2.0 if procs[0].returncode is not None else grace_s
+                if now - failed_at > limit:
+                    _terminate(procs)
+                    break
             time.sleep(0.05)
     except KeyboardInterrupt:
         _terminate(procs)
