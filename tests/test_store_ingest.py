@@ -248,3 +248,39 @@ def test_a_real_flm_bench_trace_flows_in(bench_trace_dir, db_url):  # noqa: F811
     assert len(validation_frame(store)) == 1
     assert counts(store)["flm_rank_memory"] == 2
     store.close()
+
+
+def test_sqlite_writer_waits_and_retries_on_a_held_lock(tmp_path, monkeypatch):
+    """Another connection holds SQLite's write lock for a second while the busy timeout is cut
+    to 0.1 s: the batch hits a real "database is locked", backs off, retries and succeeds."""
+    import sqlite3
+    import threading
+
+    import frontier_llm.store as store_module
+
+    monkeypatch.setattr(store_module, "SQLITE_BUSY_TIMEOUT_S", 0.1)
+    for t in many_traces(5):
+        write_trace(tmp_path / "runs", t)
+    path = tmp_path / "flm.db"
+    store = open_store(f"sqlite:///{path}")
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(1.0, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        report = collect(store, [tmp_path / "runs"])
+    finally:
+        release.join()
+        holder.close()
+    assert report.inserted == 5 and report.retries >= 1 and report.seconds >= 0.9
+    assert counts(store)["flm_runs"] == 5
+    store.close()
+
+
+def test_collect_of_a_missing_folder_is_a_user_error(tmp_path):
+    from frontier_llm.errors import UserError
+
+    store = open_store(f"sqlite:///{tmp_path / 'x.db'}")
+    with pytest.raises(UserError, match="is not a folder or a trace file"):
+        collect(store, [tmp_path / "nope"])
+    store.close()
