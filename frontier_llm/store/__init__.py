@@ -33,8 +33,9 @@ SQLITE_BUSY_TIMEOUT_S = 60.0
 
 
 class Store:
-    """An open results database. ``url_redacted`` is safe to print; the full URL is not kept
-    in any attribute that a log line would pick up by accident."""
+    """An open results database. ``url_redacted`` and ``repr`` are safe to print (SQLAlchemy's
+    own URL repr masks the password too); the password is kept only to scrub it from driver
+    error messages."""
 
     def __init__(self, engine: Engine, url_redacted: str) -> None:
         self.engine = engine
