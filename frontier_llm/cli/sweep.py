@@ -198,6 +198,8 @@ def _status(args) -> int:
         store.close()
     frame = pd.DataFrame(rows, columns=["job_key", "state", "reason", "scheduler_job_id",
                                         "attempts", "run_id", "exit_code"])
+    if args.format == "table":
+        frame = frame.astype(object).where(frame.notna(), "")
     emit_frame(frame, args.format)
     print(runner.summary(rows), file=sys.stderr)
     return 0
