@@ -265,7 +265,9 @@ def run_rank(cfg: BenchConfig, renv: RankEnv) -> int:
             trace["environment"]["hostnames"] = sorted({r["host"] for r in records})
             trace["summary"] = summarize(cfg, trace["steps"], trace["memory"], world)
             trace["status"], trace["finished_at"] = "completed", _now()
-            write_trace(cfg.trace_dir, trace)
+            path = write_trace(cfg.trace_dir, trace)
+            if renv.launcher != "local":  # the local spawner prints its own line
+                print(summary_line(trace, path), flush=True)
         dist.barrier()
     except BaseException as exc:
         oom = is_oom(exc)
@@ -356,6 +358,15 @@ def _teardown(code: int, clean: bool) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def summary_line(trace: dict, path: Path) -> str:
+    """The one JSON line ``flm bench`` prints for a finished run."""
+    s, pred = trace["summary"], trace.get("prediction") or {}
+    return json.dumps({"run_id": trace["run_id"], "status": trace["status"], "trace": str(path),
+                       "step_time_s": s["step_time_s"], "tokens_per_s": s["tokens_per_s"],
+                       "mfu": s["mfu"], "predicted_step_time_s": pred.get("step_time_s"),
+                       "peak_memory_bytes": s["peak_memory_bytes"]})
 
 
 def write_launcher_failure(cfg: BenchConfig, world: int, codes: list[int], started: str) -> None:

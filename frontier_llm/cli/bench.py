@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -230,6 +229,7 @@ def _run_local(cfg, args: argparse.Namespace, world: int) -> int:
         EXIT_OK,
         EXIT_OOM,
         cleanup_status_files,
+        summary_line,
         write_launcher_failure,
     )
     from frontier_llm.bench.trace import read_trace, trace_path
@@ -251,10 +251,5 @@ def _run_local(cfg, args: argparse.Namespace, world: int) -> int:
         print(f"flm bench: run {cfg.run_id} {status}: {trace['error']} (trace: {path})",
               file=sys.stderr)
     else:
-        s = trace["summary"]
-        pred = trace.get("prediction") or {}
-        print(json.dumps({"run_id": cfg.run_id, "status": status, "trace": str(path),
-                          "step_time_s": s["step_time_s"], "tokens_per_s": s["tokens_per_s"],
-                          "mfu": s["mfu"], "predicted_step_time_s": pred.get("step_time_s"),
-                          "peak_memory_bytes": s["peak_memory_bytes"]}))
+        print(summary_line(trace, path))
     return {"completed": EXIT_OK, "oom": EXIT_OOM}.get(status, EXIT_FAILED)
