@@ -74,3 +74,20 @@ def test_user_yaml_path_is_accepted_anywhere(tmp_path):
 def test_missing_yaml_path_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         load_model(str(tmp_path / "nope.yaml"))
+
+
+def test_error_inside_a_nested_section_names_its_own_line(tmp_path):
+    from frontier_llm.catalog import load_system
+    from frontier_llm.errors import SpecError
+
+    path = tmp_path / "sys.yaml"
+    path.write_text(
+        "name: s\ngpu: g\ngpus_per_node: 8\nmemory_bytes: 8.0e+10\n"
+        "peak_flops: {bf16: 1.0e+15}\nlinks:\n  node:\n    bandwidth: 1.0e+11\n"
+        "    latency: 1.0e-6\n    colour: red\n  network: {bandwidth: 1.0e+10, latency: 0.0}\n"
+    )
+    with pytest.raises(SpecError) as err:
+        load_system(str(path))
+    message = str(err.value)
+    assert message.startswith(f"{path}:10: unknown field 'colour'")
+    assert message.count(str(path)) == 1

@@ -59,7 +59,15 @@ def system_from_mapping(data: LineMap | dict) -> SystemSpec:
     def links(raw: dict) -> dict[str, LinkTier]:
         if not isinstance(raw, dict):
             raise SpecError("links must map a scope (package, node, network) to a tier", "links")
-        return {scope: build(LinkTier, {"scope": scope, **tier}) for scope, tier in raw.items()}
+        out = {}
+        for scope, tier in raw.items():
+            if not isinstance(tier, dict):
+                raise SpecError(f"links.{scope} must map bandwidth, latency, source", "links")
+            # A copy keeps the YAML line of each key, so errors point inside the tier.
+            tier = tier.copy()
+            tier["scope"] = scope
+            out[scope] = build(LinkTier, tier)
+        return out
 
     def efficiency(raw: dict) -> dict[str, Efficiency]:
         if not isinstance(raw, dict):

@@ -21,6 +21,12 @@ def _where(data: Mapping, key: str | None) -> str:
     return ""
 
 
+def _located(message: str, where: str) -> bool:
+    """Whether ``message`` already names a place in the same file (a nested section's error)."""
+    path = where[:-2].rsplit(":", 1)[0]
+    return bool(path) and message.startswith(path + ":")
+
+
 def _coerce(value: Any, hint: Any, name: str) -> Any:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
@@ -86,7 +92,7 @@ def build(cls: type[T], data: Mapping[str, Any], *, nested: Mapping[str, Any] | 
             else:
                 kwargs[key] = _coerce(value, hints[key], key)
         except SpecError as exc:
-            if _where(data, key) and not str(exc).startswith(_where(data, key)[:-2]):
+            if _where(data, key) and not _located(str(exc), _where(data, key)):
                 raise SpecError(f"{_where(data, key)}{exc}", key) from None
             raise
     missing = [
@@ -106,6 +112,6 @@ def build(cls: type[T], data: Mapping[str, Any], *, nested: Mapping[str, Any] | 
         return cls(**kwargs)
     except SpecError as exc:
         where = _where(data, exc.field)
-        if where:
+        if where and not _located(str(exc), where):
             raise SpecError(f"{where}{exc}", exc.field) from None
         raise
