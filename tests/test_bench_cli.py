@@ -15,6 +15,7 @@ import pytest
 from slurm_fixtures import slurm_cluster  # noqa: F401  (pytest fixture)
 
 from frontier_llm.bench.data import write_token_file
+from frontier_llm.bench.launch import free_port
 from frontier_llm.bench.trace import read_trace
 
 FLM = [sys.executable, "-m", "frontier_llm.cli"]
@@ -138,3 +139,22 @@ def test_under_srun(tmp_path, slurm_cluster):  # noqa: F811
     assert trace["environment"]["launcher"] == "srun"
     assert trace["environment"]["slurm_job_id"]
     assert {m["pp_stage"] for m in trace["memory"]} == {0, 1}
+
+
+@pytest.mark.slow
+def test_sigterm_from_the_scheduler_is_a_timeout_trace(tmp_path):
+    """SLURM ends a job at its time limit with SIGTERM: the rank writes a `timeout` trace."""
+    environ = env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT=str(free_port()))
+    proc = subprocess.Popen([*FLM, "bench", "--model", "tiny-gpt", "--dtype", "fp32",
+                             "--steps", "100000", "--trace-dir", str(tmp_path), "--run-id", "run"],
+                            env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    beat = tmp_path / "run.heartbeat.json"
+    deadline = time.monotonic() + 120
+    while not beat.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.terminate()
+    assert proc.wait(timeout=60) == 1
+    trace = read_trace(tmp_path / "run.trace.json")
+    assert trace["status"] == "timeout" and "SIGTERM" in trace["error"]
+    assert trace["steps"] and trace["environment"]["launcher"] == "env"

@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import socket
 import statistics
 import sys
@@ -229,6 +230,7 @@ def run_rank(cfg: BenchConfig, renv: RankEnv) -> int:
     steps: list[dict] = []
     engine = None
     code = EXIT_OK
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         dist.init_process_group(
             backend, init_method=f"tcp://{renv.master_addr}:{renv.master_port}", rank=rank,
@@ -273,7 +275,8 @@ def run_rank(cfg: BenchConfig, renv: RankEnv) -> int:
         oom = is_oom(exc)
         code = EXIT_OOM if oom else EXIT_FAILED
         text = str(exc).strip()
-        own = {"status": "oom" if oom else "failed",
+        status = "oom" if oom else "timeout" if isinstance(exc, Terminated) else "failed"
+        own = {"status": status,
                "error": f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:2000],
                "collateral": _is_collateral(exc) and not oom, "time": time.time()}
         traceback.print_exc()
@@ -288,7 +291,7 @@ def run_rank(cfg: BenchConfig, renv: RankEnv) -> int:
                 cause = _first_error(cfg, world, own)
                 trace["status"], trace["error"] = cause["status"], cause["error"]
                 trace["finished_at"] = _now()
-                trace["steps"] = [{**s, "loss": s["loss"]} for s in steps]
+                trace["steps"] = list(steps)
                 if engine is not None:
                     trace["memory"] = [_rank_record(engine, rank, steps, cuda)["memory"]]
                 trace["summary"] = summarize(cfg, trace["steps"], trace["memory"], world)
@@ -298,6 +301,14 @@ def run_rank(cfg: BenchConfig, renv: RankEnv) -> int:
                 traceback.print_exc()
         return _teardown(code, clean=False)
     return _teardown(code, clean=True)
+
+
+class Terminated(Exception):
+    """SIGTERM: SLURM's time limit (or a cancel) ending the job; recorded as status timeout."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated("terminated by SIGTERM (job time limit or cancellation)")
 
 
 def _inject(kind: str, rank: int, step: int) -> None:
