@@ -130,3 +130,14 @@ def test_flm_collect_subprocess(traces_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "collected 16 trace files" in proc.stdout and "15 new" in proc.stdout
     assert proc.stderr.count("collect: batch") == 2
+
+
+def test_reading_a_missing_sqlite_database_is_an_error_not_a_new_file(tmp_path, monkeypatch):
+    """`flm results` in the wrong directory must say so, not create an empty flm.db."""
+    from frontier_llm.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FLM_DB", raising=False)
+    for command in (["results"], ["validate"]):
+        assert main(command) == 2
+    assert not (tmp_path / "flm.db").exists()

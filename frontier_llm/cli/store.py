@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import pandas as pd
+from sqlalchemy.engine import make_url
 
 from frontier_llm.cli.common import add_command, add_format, db_parent, emit_frame, emit_json
+from frontier_llm.errors import UserError
 from frontier_llm.store import SCHEMA_VERSION, open_store
 from frontier_llm.store.ingest import DEFAULT_BATCH, collect
 from frontier_llm.store.queries import error_stats, runs_frame, validation_frame
+from frontier_llm.store.url import resolve_url
 
 # What `flm results` shows as a table; csv and json carry every column.
 _RESULT_TABLE_COLUMNS = ["run_id", "sweep_name", "status", "model", "system", "tp", "pp", "dp",
@@ -20,6 +24,17 @@ _RESULT_TABLE_COLUMNS = ["run_id", "sweep_name", "status", "model", "system", "t
 
 def _err(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def _open_existing(db: str | None):
+    """Open a database that reads expect to exist: a missing SQLite file is a mistake (wrong
+    directory, no --db), not an empty result, and must not be created by a read."""
+    url = make_url(resolve_url(db))
+    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:" \
+            and not Path(url.database).exists():
+        raise UserError(f"no database at {url.database}: run 'flm collect DIR' first, or pass "
+                        "--db URL (or set $FLM_DB)")
+    return open_store(db)
 
 
 def _collect(args: argparse.Namespace) -> int:
@@ -43,7 +58,7 @@ def _collect(args: argparse.Namespace) -> int:
 
 
 def _results(args: argparse.Namespace) -> int:
-    store = open_store(args.db)
+    store = _open_existing(args.db)
     try:
         df = runs_frame(store, sweep=args.sweep)
     finally:
@@ -62,7 +77,7 @@ def _fmt_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    store = open_store(args.db)
+    store = _open_existing(args.db)
     try:
         runs = validation_frame(store, sweep=args.sweep, costmodel_version=args.costmodel_version)
     finally:
