@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -216,6 +217,9 @@ def run_rank(cfg: BenchConfig, renv: RankEnv) -> int:
 
     rank, world = renv.rank, renv.world_size
     check_layout(cfg.model, cfg.layout, world)  # before any process group
+    # The stage's output under TP is the local view of the logits; nothing writes to it in place
+    # (the loss wraps it in a new DTensor), so FSDP2's warning about views does not apply.
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(renv.local_rank)
