@@ -60,7 +60,31 @@ def test_full_recompute_keeps_layer_inputs_only():
     per_layer = 2 * m.seq_len * m.hidden / 8
     full_layer = layer_activation_bytes(m, t)[0]
     in_flight = 4 - 1  # 1F1B: p - r micro-batches on stage r
-    assert stored == pytest.approx(in_flight * (m.layers // 4) * per_layer + full_layer)
+    # The layer being rebuilt holds its full activations, its stored input among them.
+    assert stored == pytest.approx(in_flight * (m.layers // 4) * per_layer + full_layer - per_layer)
+
+
+def test_last_stage_logits_and_a_rebuilt_layer_are_not_alive_together():
+    m = load_model("gpt-22b")
+    cfg = ParallelConfig(tp=8, micro_batch=1, global_batch=1, recompute="full",
+                         sequence_parallel=True)
+    t = from_configs([cfg])
+    e, s, h = 2, m.seq_len, m.hidden
+    stored = m.layers * s * h * e / 8
+    logits = 4 * s * m.vocab / 8
+    total = activation_bytes(m, t, 0)[0]  # pp = 1: the only stage is first and last
+    rebuilt = layer_activation_bytes(m, t)[0] - s * h * e / 8
+    assert total < stored + rebuilt + logits
+    assert total >= stored + max(rebuilt, logits)
+
+
+def test_native_sequence_parallel_saves_gathered_linear_inputs():
+    """PyTorch's DTensor SP keeps the gathered input of QKV and fc1; Megatron keeps 1/t."""
+    m = load_model("gpt-22b")
+    t = from_configs([ParallelConfig(tp=8, sequence_parallel=True)])
+    megatron = layer_activation_bytes(m, t, "megatron")[0]
+    native = layer_activation_bytes(m, t, "native")[0]
+    assert native - megatron == pytest.approx(2 * 2 * m.seq_len * m.hidden * (1 - 1 / 8))
 
 
 def test_schedules_keep_the_micro_batches_the_papers_say():

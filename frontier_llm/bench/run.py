@@ -127,7 +127,8 @@ def prediction(cfg: BenchConfig) -> dict | None:
     try:
         from frontier_llm.costmodel import predict
 
-        pred = predict(cfg.model, cfg.system, cfg.layout)
+        # The engine's own activation-saving convention (PyTorch-native SP keeps gathered inputs).
+        pred = predict(cfg.model, cfg.system, cfg.layout, engine="native")
     except Exception:  # the benchmark must run even where the cost model has no answer
         return None
     try:
@@ -136,7 +137,8 @@ def prediction(cfg: BenchConfig) -> dict | None:
         pred["memory_per_rank"] = [
             {"pp_stage": s, **{k: int(v) for k, v in
                                rank_state_bytes(cfg.model, cfg.layout, s).items()},
-             "activations_bytes": int(rank_activation_bytes(cfg.model, cfg.layout, s))}
+             "activations_bytes": int(rank_activation_bytes(cfg.model, cfg.layout, s,
+                                                            engine="native"))}
             for s in range(cfg.layout.pp)
         ]
     except Exception:

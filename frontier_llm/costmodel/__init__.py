@@ -27,10 +27,12 @@ TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "pp_comm", "pp_b
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "buffers", "reserved")
 
 
-def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable) -> dict[str, np.ndarray]:
-    """Every figure of the model for every layout in ``table`` (numpy columns)."""
+def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
+             engine: str = "megatron") -> dict[str, np.ndarray]:
+    """Every figure of the model for every layout in ``table`` (numpy columns). ``engine``
+    selects the framework's activation-saving convention (memory.ENGINES)."""
     times = step_time(model, system, table)
-    mem = peak_memory(model, system, table)
+    mem = peak_memory(model, system, table, engine)
     tokens = table.global_batch * model.seq_len
     gpus = table.world_size
     peak = dtype_peaks(system)[table.dtype]
@@ -54,10 +56,12 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable) -> dict[s
     return out
 
 
-def predict(model: ModelSpec, system: SystemSpec, layout: ParallelConfig) -> dict:
+def predict(model: ModelSpec, system: SystemSpec, layout: ParallelConfig,
+            engine: str = "megatron") -> dict:
     """One layout's prediction as a JSON-able dict (what a trace's ``prediction`` holds)."""
     layout.check_model(model)
-    row = {k: v[0].item() for k, v in evaluate(model, system, from_configs([layout])).items()}
+    row = {k: v[0].item()
+           for k, v in evaluate(model, system, from_configs([layout]), engine).items()}
     return {
         "costmodel_version": COSTMODEL_VERSION,
         "step_time_s": row["step_time_s"],

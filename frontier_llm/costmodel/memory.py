@@ -53,7 +53,14 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> dict[str, np.ndarr
     }
 
 
-def layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
+# Frameworks differ in one saved tensor: with sequence parallelism Megatron saves the 1/t shard of
+# a column-parallel linear's input and gathers it again in backward; PyTorch's DTensor
+# (``native``, the flm bench engine) saves the gathered input.
+ENGINES = ("megatron", "native")
+
+
+def layer_activation_bytes(model: ModelSpec, t: LayoutTable, engine: str = "megatron"
+                           ) -> np.ndarray:
     """Bytes one transformer block saves for backward per micro-batch (no recompute)."""
     e = ACT_BYTES[t.dtype]
     tp = t.tp
@@ -64,7 +71,8 @@ def layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
     drop = MASK_BYTES if model.dropout > 0 else 0
     stats = 8 if model.norm == "layernorm" else 4  # fp32 mean and rstd (or rstd) per token
     # Two norm inputs, the QKV and MLP inputs (norm outputs), two residual dropout masks.
-    whole = sb * rep * (4 * e * h + 2 * drop * h + 2 * stats)
+    linear_in = rep if engine == "megatron" else 1.0
+    whole = sb * (rep * (2 * e * h + 2 * drop * h + 2 * stats) + linear_in * 2 * e * h)
     mlp_saved = 2 if model.activation == "gelu" else 4  # fc1 out + act out | gate, up, silu, prod
     split = sb * e * ((q + kv) + kv + q + mlp_saved * f_rank)  # Q,K | V | proj input | MLP
     # Q·Kᵀ softmax output, its dropout mask and output; flash attention and selective recompute
@@ -86,7 +94,8 @@ def _in_flight_chunks(t: LayoutTable, pp_rank) -> np.ndarray:
     return chunks
 
 
-def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> np.ndarray:
+def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, engine: str = "megatron"
+                     ) -> np.ndarray:
     """Peak bytes saved for backward on one rank of stage ``pp_rank``."""
     e = ACT_BYTES[t.dtype]
     r = np.asarray(pp_rank)
@@ -95,10 +104,11 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> np.ndarray:
     rep = np.where(t.sequence_parallel, 1.0 / t.tp, 1.0)
     chunks = _in_flight_chunks(t, r)
     layers_per_chunk = model.layers // (t.pp * t.virtual_stages)
-    full = layer_activation_bytes(model, t)
-    # Full recompute keeps only each layer's input, and rebuilds one layer at a time.
+    full = layer_activation_bytes(model, t, engine)
+    # Full recompute keeps only each layer's input, and rebuilds one layer at a time (its input
+    # is then part of the rebuilt layer).
     per_layer = np.where(t.recompute == 2, sb * h * e * rep, full)
-    transient = np.where(t.recompute == 2, full, 0)
+    transient = np.where(t.recompute == 2, full - per_layer, 0)
     layers = chunks * layers_per_chunk
     micro_in_flight = np.where(t.schedule == 2, _cdiv(chunks, t.virtual_stages), chunks)
     drop = MASK_BYTES if model.dropout > 0 else 0
@@ -110,7 +120,8 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> np.ndarray:
         logits_mb * sb * (e * h * rep + stats * rep + e * h + 4 * _cdiv(model.vocab, t.tp)),
         0,
     )
-    return layers * per_layer + transient + first + last
+    # The head's tensors (logits) are freed by its backward before any layer is rebuilt.
+    return layers * per_layer + first + np.maximum(transient, last)
 
 
 def buffer_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
@@ -123,14 +134,15 @@ def buffer_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
     return gathered + sp
 
 
-def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank) -> dict:
+def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank,
+                engine: str = "megatron") -> dict:
     """Every memory term of one rank of stage ``pp_rank``, and their total ``peak``."""
     states = state_bytes(model, t, pp_rank)
     out = {
         "params": states["params"],
         "grads": states["grads"],
         "optimizer": states["optimizer"],
-        "activations": activation_bytes(model, t, pp_rank),
+        "activations": activation_bytes(model, t, pp_rank, engine),
         "buffers": buffer_bytes(model, t),
         "reserved": np.full(len(t), system.memory_reserved_bytes, dtype=float),
     }
@@ -138,11 +150,12 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank) -
     return out
 
 
-def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict:
+def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
+                engine: str = "megatron") -> dict:
     """The rank with the most memory: the first stage (embeddings, most micro-batches in flight)
     or the last (head, logits); middle stages hold less than the first."""
-    first = rank_memory(model, system, t, 0)
-    last = rank_memory(model, system, t, t.pp - 1)
+    first = rank_memory(model, system, t, 0, engine)
+    last = rank_memory(model, system, t, t.pp - 1, engine)
     use_last = last["peak"] > first["peak"]
     out = {k: np.where(use_last, last[k], first[k]) for k in first}
     out["stage"] = np.where(use_last, t.pp - 1, 0)
@@ -155,5 +168,6 @@ def rank_state_bytes(model: ModelSpec, layout: ParallelConfig, pp_rank: int) -> 
     return {f"{k}_bytes": int(v[0]) for k, v in s.items()}
 
 
-def rank_activation_bytes(model: ModelSpec, layout: ParallelConfig, pp_rank: int) -> int:
-    return int(activation_bytes(model, from_configs([layout]), pp_rank)[0])
+def rank_activation_bytes(model: ModelSpec, layout: ParallelConfig, pp_rank: int,
+                          engine: str = "megatron") -> int:
+    return int(activation_bytes(model, from_configs([layout]), pp_rank, engine)[0])
