@@ -144,7 +144,7 @@ def test_efficiency_must_be_a_fraction():
 
 
 def test_rate_efficiency_must_be_positive():
-    with pytest.raises(SpecError, match="efficiency.matmul must be above 0"):
+    with pytest.raises(SpecError, match=r"efficiency\.matmul must be above 0"):
         system_from_mapping({
             "name": "s", "gpu": "g", "gpus_per_node": 8, "memory_bytes": 8e10,
             "peak_flops": {"bf16": 1e15},

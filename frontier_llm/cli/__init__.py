@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import os
 import sys
 
@@ -41,9 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"frontier_llm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        # TODO(foundation): drop once every command module exists.
-        if importlib.util.find_spec(f"frontier_llm.cli.{name}") is None:
-            continue
         module = importlib.import_module(f"frontier_llm.cli.{name}")
         module.register(sub)
     return parser
