@@ -109,3 +109,11 @@ def test_exit_status_and_helpers():
     assert time_limit_s("1-02:00:00") == 93600
     assert time_limit_s("7") == 420
     assert time_limit_s("2:30") == 150
+
+
+def test_cancel_beats_the_traces_sigterm_timeout():
+    """flm bench writes status 'timeout' on any SIGTERM; scancel sends one too."""
+    trace = {"status": "timeout", "error": "terminated by SIGTERM"}
+    assert classify("CANCELLED", "0:15", trace=trace).state == "CANCELLED"
+    assert classify("TIMEOUT", "0:15", trace=trace).state == "TIMEOUT"
+    assert classify("FAILED", "1:0", trace=trace).state == "TIMEOUT"

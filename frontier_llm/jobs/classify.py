@@ -126,14 +126,18 @@ def classify(
     # The run's own account of an out-of-memory beats the scheduler's generic FAILED.
     if status == "oom" or state == "OUT_OF_MEMORY" or code == EXIT_OOM:
         return Verdict(OOM, error or first_error_line(log_text) or "out of memory")
-    if state in ("TIMEOUT", "DEADLINE") or status == "timeout":
+    if state in ("TIMEOUT", "DEADLINE"):
         return Verdict(TIMEOUT, "time limit reached")
     if state in ("NODE_FAIL", "BOOT_FAIL"):
         return Verdict(NODE_FAIL, f"SLURM state {state}")
+    # Before the trace's "timeout": flm bench writes that on any SIGTERM, and scancel sends one
+    # too, so only the scheduler knows whether the job was cancelled or ran out of time.
     if state in ("CANCELLED", "REVOKED", "PREEMPTED"):
         if "DUE TO TIME LIMIT" in log_text:
             return Verdict(TIMEOUT, "time limit reached")
         return Verdict(CANCELLED, f"SLURM state {state}")
+    if status == "timeout":
+        return Verdict(TIMEOUT, "time limit reached")
     if state == "COMPLETED" or (state == "EXITED" and (
             code == 0 or (code is None and status == "completed"))):
         if status == "completed":
