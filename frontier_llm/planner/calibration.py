@@ -13,6 +13,7 @@ row is treated specially: the same function runs on rows the model has never see
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,8 @@ from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.parallel import zero_preset
 from frontier_llm.specs.system import SystemSpec
 
+# "interleaved pipeline with 3 stages per rank": the interleaving depth a row's notes state.
+_STAGES_PER_RANK = re.compile(r"(\d+)\s+(?:virtual\s+)?stages\s+per\s+rank", re.IGNORECASE)
 GPU_SYSTEMS = {"a100": "dgx-a100", "h100": "dgx-h100", "mi250x": "frontier"}
 
 
@@ -76,10 +79,10 @@ def row_space(row: pd.Series) -> SearchSpace:
             kw["sequence_parallel"] = (True,)
     notes = str(row.get("notes") or "")
     if "interleaved" in notes:
-        stages = [int(w) for w in notes.replace("(", " ").split() if w.isdigit()]
         kw["schedule"] = ("interleaved",)
-        if stages:
-            kw["virtual_stages"] = (stages[0],)
+        depth = _STAGES_PER_RANK.search(notes)
+        if depth:
+            kw["virtual_stages"] = (int(depth.group(1)),)
     # The search covers what the sources' framework offers: Megatron-LM shards nothing or the
     # optimizer states (its distributed optimizer, ZeRO-1), and schedules pipelines with 1F1B or
     # interleaved 1F1B (Megatron-DeepSpeed's pipelines likewise take ZeRO-0/1 only).
