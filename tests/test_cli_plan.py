@@ -45,12 +45,32 @@ def test_plan_csv_has_every_column(capsys):
 
 
 @pytest.mark.parametrize("system", system_names())
-def test_plan_works_for_every_catalog_model(system, capsys):
+def test_plan_and_predict_work_for_every_catalog_model(system, capsys):
     for model in model_names():
         assert main(["plan", "--model", model, "--system", system, "--gpus", "64",
                      "--top", "1", "--format", "json"]) in (0, 1), model
         doc = json.loads(capsys.readouterr().out)
         assert doc["evaluated"] > 0
+        # The planner's winner (or, when nothing fits, a plain layout) through flm predict.
+        best = doc["layouts"][0] if doc["layouts"] else {
+            "tp": 1, "pp": 1, "dp": 64, "micro_batch": 1, "global_batch": 64,
+            "schedule": "1f1b", "virtual_stages": 1, "recompute": "none"}
+        argv = ["predict", "--model", model, "--system", system, "--gpus", "64",
+                "--tp", str(best["tp"]), "--pp", str(best["pp"]), "--dp", str(best["dp"]),
+                "--micro-batch", str(best["micro_batch"]),
+                "--global-batch", str(best["global_batch"]), "--schedule", best["schedule"],
+                "--virtual-stages", str(best["virtual_stages"]),
+                "--recompute", best["recompute"], "--format", "json"]
+        if best.get("sequence_parallel"):
+            argv.append("--sequence-parallel")
+        if best.get("sharding"):
+            argv += ["--sharding" if "=" in best["sharding"] else "--zero",
+                     best["sharding"].removeprefix("zero")]
+        assert main(argv) == 0, (model, argv)
+        pred = json.loads(capsys.readouterr().out)
+        if doc["layouts"]:
+            assert pred["step_time_s"] == pytest.approx(best["step_time_s"], rel=1e-9)
+            assert pred["fits"] is True
 
 
 def test_predict_json_has_the_promised_keys(capsys):
