@@ -4,20 +4,25 @@ Coordinate search over a grid per knob, minimising the mean absolute percentage 
 calibration protocol (frontier_llm.planner.calibration). Prints the fitted values to paste into
 the system's YAML with this script named as their source, and the per-row table.
 
-    python analysis/fit_efficiency.py --system dgx-a100 --gpu A100
+    python analysis/fit_efficiency.py --system dgx-a100 --gpu A100 \
+        --knobs matmul,tp_overlap,matmul_half_hidden --fix memory=0.8 collective=0.8
+    python analysis/fit_efficiency.py ... --leave-one-out --rounds 1   # out-of-sample errors
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from frontier_llm.catalog import load_system
 from frontier_llm.planner.calibration import error_summary, load_runs, validate_runs
 from frontier_llm.specs.system import Efficiency
 
+RUNS_CSV = Path(__file__).resolve().parents[1] / "tests" / "data" / "calibration_runs.csv"
 GRIDS = {
     "matmul": np.round(np.arange(0.50, 0.901, 0.01), 2),
     "collective": np.round(np.arange(0.30, 1.001, 0.1), 2),
@@ -48,11 +53,16 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--system", required=True)
     ap.add_argument("--gpu", required=True, help="substring of gpu_type selecting the rows")
-    ap.add_argument("--csv", default="../shared/data/calibration_runs.csv")
+    ap.add_argument("--csv", default=str(RUNS_CSV),
+                    help="published runs (default: the repository's copy of "
+                         "../shared/data/calibration_runs.csv)")
     ap.add_argument("--knobs", default=",".join(GRIDS))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fix", nargs="*", default=[], metavar="KNOB=VALUE",
                     help="knobs held at a physical value instead of fitted")
+    ap.add_argument("--leave-one-out", action="store_true",
+                    help="refit without each row and predict it (out-of-sample errors), "
+                         "starting from the system's current values")
     args = ap.parse_args()
     runs = load_runs(args.csv)
     runs = runs[runs["gpu_type"].str.contains(args.gpu, case=False)]
@@ -65,23 +75,48 @@ def main() -> None:
         k, v = fixed.split("=")
         base = with_eff(base, {k: v})
 
-    def score(vals):
-        table = validate_runs(runs, {base.name: with_eff(base, vals)})
-        return error_summary(table)["mape"], table
-
-    best, _ = score(values)
-    for rnd in range(args.rounds):
-        for k in knobs:
-            for v in GRIDS[k]:
-                trial = {**values, k: v}
-                s, _ = score(trial)
-                if s < best - 1e-6:
-                    best, values = s, trial
-            print(f"round {rnd + 1} {k}: mape {best:.4f} {values}", flush=True)
-    _, table = score(values)
+    if args.leave_one_out:
+        leave_one_out(runs, base, knobs, values, args.rounds)
+        return
+    values = fit(runs, base, knobs, values, args.rounds, log=True)
+    table = validate_runs(runs, {base.name: with_eff(base, values)})
     print(table.drop(columns=["source"]).to_string())
     print(error_summary(table))
     print("fitted:", {k: float(v) for k, v in values.items()})
+
+
+def fit(runs, base, knobs, values, rounds, log=False) -> dict:
+    """Coordinate search: each knob in turn over its grid, keeping what lowers the MAPE."""
+    def score(vals):
+        return error_summary(validate_runs(runs, {base.name: with_eff(base, vals)}))["mape"]
+
+    best = score(values)
+    for rnd in range(rounds):
+        for k in knobs:
+            for v in GRIDS[k]:
+                trial = {**values, k: v}
+                s = score(trial)
+                if s < best - 1e-6:
+                    best, values = s, trial
+            if log:
+                print(f"round {rnd + 1} {k}: mape {best:.4f} {values}", flush=True)
+    return values
+
+
+def leave_one_out(runs, base, knobs, values, rounds) -> None:
+    """Refit without each row in turn and predict that row: out-of-sample errors."""
+    rows = []
+    for i in range(len(runs)):
+        held = runs.iloc[[i]]
+        fitted = fit(runs.drop(runs.index[i]), base, knobs, values, rounds)
+        out = validate_runs(held, {base.name: with_eff(base, fitted)})
+        out["fitted"] = str({k: round(float(v), 3) for k, v in fitted.items()})
+        rows.append(out)
+        print(f"held out {held.iloc[0]['model']}: error {out.iloc[0]['error']:+.3f} "
+              f"with {out.iloc[0]['fitted']}", flush=True)
+    table = pd.concat(rows, ignore_index=True)
+    print(table[["model", "gpus", "metric", "measured", "predicted", "error"]].to_string())
+    print("leave-one-out:", error_summary(table))
 
 
 if __name__ == "__main__":
