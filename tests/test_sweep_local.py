@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -84,8 +85,14 @@ def test_local_cancel_stops_a_running_job(tmp_path):
         store.close()
     finally:
         if submit.poll() is None:
-            submit.kill()
-            submit.wait()
+            # Ctrl-C first: the local executor then stops the jobs it started (each in its own
+            # session, which a SIGKILL of the submitter would leave running).
+            submit.send_signal(signal.SIGINT)
+            try:
+                submit.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                submit.kill()
+                submit.wait()
 
 
 def _wait(predicate, timeout_s: float = 120.0):
