@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from frontier_llm.catalog import load_system
 from frontier_llm.errors import SpecError
 from frontier_llm.jobs.render import JobScript, Resources, Task, render
+from frontier_llm.specs.site import merge
 
 GOLDEN = Path(__file__).parent / "golden"
 HOSTILE = "$(touch pwned) `touch pwned2`; rm -rf / ;\nsecond line 'quote' \"dq\" \\ $HOME *"
@@ -37,23 +39,42 @@ def _examples() -> dict[str, JobScript]:
             tasks=(Task(0, "gpt-175b-n128-tp8-pp16", BENCH),),
             env=(("TORCH_EXTENSIONS_DIR", "/lustre/orion/proj/torch_ext"),),
             setup=("source /lustre/orion/proj/venv/bin/activate",),
-            options={"rccl_plugin_dir": "/lustre/orion/proj/aws-ofi-rccl/lib"},
+            site=load_system("frontier").site,
+        ),
+        "lumi-g": JobScript(
+            template="frontier", sweep="lumi-22b", job_name="flm-lumi-22b-g0",
+            trace_dir="/scratch/project_465000000/lumi-22b/traces",
+            log_pattern="/scratch/project_465000000/lumi-22b/logs/g0/%a-%A.out",
+            resources=Resources(nodes=2, ntasks_per_node=8, cpus_per_task=7, gpus_per_node=8,
+                                time="01:00:00", account="project_465000000",
+                                partition="standard-g", mem="0"),
+            tasks=(Task(0, "gpt-22b-n2-tp8-pp2", ("--model", "gpt-22b", "--tp", "8")),),
+            modules=("LUMI", "partition/G", "aws-ofi-rccl"),
+            options={"rccl_plugin_dir": "/project/project_465000000/aws-ofi-rccl/lib"},
+            site=load_system("lumi-g").site,
         ),
         "nvidia": JobScript(
             template="nvidia", sweep="h100-explore", job_name="flm-h100-explore-g1",
             trace_dir="/scratch/sweeps/h100-explore/traces",
             log_pattern="/scratch/sweeps/h100-explore/logs/g1/%a-%A.out",
-            resources=Resources(nodes=2, ntasks_per_node=8, cpus_per_task=12, gpus_per_node=8,
-                                time="00:30:00", partition="gpu", exclusive=True),
-            tasks=(Task(0, "a-tp8-pp2", ("--model", "gpt-22b", "--tp", "8", "--pp", "2")),
-                   Task(1, "b-tp4-pp4", ("--model", "gpt-22b", "--tp", "4", "--pp", "4"))),
-            options={"launcher": "torchrun", "ib_hca": "mlx5_0,mlx5_1"},
+            resources=Resources(nodes=2, ntasks_per_node=8, cpus_per_task=14, gpus_per_node=8,
+                                time="00:30:00", partition="gpu", exclusive=True, mem="0"),
+            tasks=(Task(0, "a-tp8-pp2", ("--model", "gpt-22b", "--tp", "8", "--pp", "2"),
+                        env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),)),
+                   Task(1, "b-fsdp", ("--model", "gpt-22b", "--zero", "3"))),
+            options={"ib_hca": "mlx5_0,mlx5_1"},
+            command=("python", "-m", "frontier_llm.cli", "bench"),
+            site=merge(load_system("dgx-h100").site, {
+                "launcher": "torchrun",
+                "container_image": "/scratch/images/pytorch+flm.sqsh",
+                "container_mounts": "/scratch:/scratch"}),
         ),
         "nvidia-srun": JobScript(
             template="nvidia", sweep="a100", job_name="flm-a100-g0",
             trace_dir="/scratch/a100/traces", log_pattern="/scratch/a100/logs/g0/%a-%A.out",
-            resources=Resources(nodes=1, ntasks_per_node=8, gpus_per_node=8),
+            resources=Resources(nodes=1, ntasks_per_node=8, cpus_per_task=16, gpus_per_node=8),
             tasks=(Task(0, "k", ("--model", "gpt3-1.3b")),),
+            site=load_system("dgx-a100").site,
         ),
         "local": JobScript(
             template="local", sweep="tiny-cpu", job_name="flm-tiny-cpu-g0",
@@ -62,6 +83,7 @@ def _examples() -> dict[str, JobScript]:
             resources=Resources(nodes=1, ntasks_per_node=4, time="00:05:00", overcommit=True),
             tasks=(Task(0, "tiny-gpt-tp2-dp2", ("--model", "tiny-gpt", "--tp", "2", "--dp", "2")),
                    Task(1, "tiny-gpt-pp2-dp2", ("--model", "tiny-gpt", "--pp", "2", "--dp", "2"))),
+            site=load_system("cpu-local").site,
         ),
     }
 
@@ -154,8 +176,10 @@ def test_bad_names_refused():
         JobScript(template="local", sweep="s", job_name="j", trace_dir="/t", log_pattern="/l",
                   resources=Resources(), tasks=(Task(0, "k", ()),), env=(("A B", "x"),))
     job = _examples()["nvidia"]
-    bad = JobScript(**{**job.__dict__, "options": {"launcher": "mpirun"}})
-    with pytest.raises(SpecError, match="launcher must be srun or torchrun"):
+    with pytest.raises(SpecError, match="site.launcher must be one of srun, torchrun, mpiexec"):
+        merge(job.site, {"launcher": "mpirun"})
+    bad = JobScript(**{**job.__dict__, "options": {"launcher": "torchrun"}})
+    with pytest.raises(SpecError, match="unknown template option 'launcher'"):
         render(bad)
     with pytest.raises(SpecError, match="template must be one of"):
         render(JobScript(**{**job.__dict__, "template": "nope"}))
@@ -163,8 +187,10 @@ def test_bad_names_refused():
 
 def test_frontier_script_has_the_frontier_recipe():
     text = render(_examples()["frontier"])
-    for needle in ("--gpus-per-node=8", "--gpu-bind=closest", "--cpus-per-task=7",
-                   "module load rocm/", "MIOPEN_USER_DB_PATH", "NCCL_SOCKET_IFNAME=hsn0",
-                   "aws-ofi-rccl", "exec srun"):
+    for needle in ("--gpus-per-task=1 --gpu-bind=closest", "--cpus-per-task=7",
+                   "module load rocm/7", "module load rccl-net-plugin", "MIOPEN_USER_DB_PATH",
+                   "NCCL_SOCKET_IFNAME=hsn0", "#SBATCH --network=disable_rdzv_get",
+                   "export NCCL_NET=OFI", "export FI_CXI_RDZV_PROTO=alt_read", "exec srun"):
         assert needle in text, needle
+    assert "rocm/5" not in text
     assert re.search(r"MIOPEN_USER_DB_PATH=.*SLURM_JOB_ID", text)

@@ -38,6 +38,11 @@ def test_the_papers_sweeps_and_the_tiny_one_are_shipped():
 def test_shipped_sweeps_expand_and_render(path, tmp_path):
     sweep = load_sweep(path)
     assert sweep.jobs
+    if sweep.site.account_required:  # Frontier: refused without a project, nothing written
+        with pytest.raises(SpecError, match="account_required: an account"):
+            render_sweep(sweep, tmp_path / "refused")
+        assert not (tmp_path / "refused").exists()
+        sweep = with_resources(sweep, account="ABC123")
     manifest = render_sweep(sweep, tmp_path / "out")
     assert len(manifest.jobs) == len(sweep.jobs)
     for group in manifest.groups:

@@ -13,6 +13,7 @@ from pathlib import Path
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.specs import Efficiency, LinkTier, ModelSpec, SystemSpec
 from frontier_llm.specs.build import build
+from frontier_llm.specs.site import site_from_mapping
 from frontier_llm.specs.yamlio import LineMap, load_yaml
 
 HERE = Path(__file__).parent
@@ -86,7 +87,8 @@ def system_from_mapping(data: LineMap | dict) -> SystemSpec:
     return build(
         SystemSpec,
         data,
-        nested={"links": links, "efficiency": efficiency, "peak_flops": numbers},
+        nested={"links": links, "efficiency": efficiency, "peak_flops": numbers,
+                "site": site_from_mapping},
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 
@@ -32,7 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     def resources(q: argparse.ArgumentParser) -> None:
         g = q.add_argument_group("resources (override the sweep file)")
-        for name in ("account", "partition", "qos", "time"):
+        g.add_argument("--account", default=None,
+                       help="project to charge (sbatch -A); default $FLM_ACCOUNT. Required where "
+                            "the site requires one (Frontier, LUMI)")
+        for name in ("partition", "qos", "time"):
             g.add_argument(f"--{name}", default=None)
 
     r = add_command(actions, "render", "write the job scripts and a manifest (no submission)",
@@ -115,7 +119,10 @@ def _target(q: argparse.ArgumentParser) -> None:
 
 
 def _overrides(args) -> dict:
-    return {k: getattr(args, k) for k in ("account", "partition", "qos", "time")}
+    out = {k: getattr(args, k) for k in ("account", "partition", "qos", "time")}
+    # The project to charge may come from the environment, so shipped sweeps need no edit.
+    out["account"] = out["account"] or os.environ.get("FLM_ACCOUNT") or None
+    return out
 
 
 def _render(args) -> int:

@@ -14,46 +14,46 @@ positional parameters, never re-parsed by the shell.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 
 import jinja2
+from jinja2 import nodes
 
 from frontier_llm import __version__
 from frontier_llm.errors import SpecError
+from frontier_llm.jobs.launchers import LaunchJob, launcher_for
+from frontier_llm.specs.site import Site
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "job_templates"
+# Shipped templates are package data (frontier_llm/job_templates), read through importlib.resources.
+TEMPLATE_PACKAGE = "frontier_llm"
+TEMPLATE_FOLDER = "job_templates"
 TEMPLATES = ("frontier", "nvidia", "local")
 
-# Options each template understands (sweep key ``template_options``) and their defaults.
+# Options each template understands (sweep key ``template_options``) and their defaults. What a
+# site requires (modules, binding, launcher, communication settings) is in the system's
+# ``site:`` section instead (frontier_llm.specs.site).
+_COMMON_OPTIONS: dict[str, str | None] = {"master_port": "29500"}
 TEMPLATE_OPTIONS: dict[str, dict[str, str | None]] = {
     "frontier": {
-        # The aws-ofi-rccl plugin's lib folder; it is a site install, so no default path: the
-        # job then needs RCCL_PLUGIN_DIR in its environment.
+        # The RCCL network plugin's lib folder, for a self-built plugin; by default the site's
+        # rccl-net-plugin module provides it (OLCF PyTorch guide, "RCCL Network Plugin").
         "rccl_plugin_dir": None,
-        "socket_ifname": "hsn0",
         "miopen_cache_root": "/tmp",
-        "master_port": "29500",
+        **_COMMON_OPTIONS,
     },
     "nvidia": {
-        "launcher": "srun",  # srun (one task per GPU) or torchrun (one per node)
         "socket_ifname": None,
         "ib_hca": None,
-        "master_port": "29500",
+        **_COMMON_OPTIONS,
     },
-    "local": {
-        "master_port": "29500",
-    },
-}
-# ROCm stack the Frontier jobs load unless the sweep names its own modules (OLCF user guide).
-DEFAULT_MODULES = {
-    "frontier": ("PrgEnv-gnu", "rocm/5.7.1", "craype-accel-amd-gfx90a"),
-    "nvidia": (),
-    "local": (),
+    "local": dict(_COMMON_OPTIONS),
 }
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -102,16 +102,26 @@ class Task:
     index: int
     key: str
     argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()  # exported for this task only (e.g. per layout)
 
     def __post_init__(self) -> None:
         if not _SAFE_NAME.match(self.key):
             raise SpecError(f"job key {self.key!r} may hold only letters, digits, '.', '_', '-'",
                             "key")
+        for name, _ in self.env:
+            if not _ENV_NAME.match(name):
+                raise SpecError(
+                    f"environment variable name {name!r} is not a valid shell name", "env")
 
 
 @dataclass(frozen=True)
 class JobScript:
-    """Everything a template needs; rendering it has no other input."""
+    """Everything a template needs; rendering it has no other input.
+
+    ``resources`` describes the ranks (tasks per node = ranks per node, CPUs per rank); the
+    launcher reshapes the allocation where it needs to (torchrun: one task per node).
+    ``modules`` None takes the site's list; an empty tuple loads none.
+    """
 
     template: str  # a name in TEMPLATES or a path to a .sh.j2 file
     sweep: str
@@ -120,11 +130,12 @@ class JobScript:
     log_pattern: str  # sbatch --output pattern (%A array job id, %a task index)
     resources: Resources
     tasks: tuple[Task, ...]
-    modules: tuple[str, ...] = ()
+    modules: tuple[str, ...] | None = None
     env: tuple[tuple[str, str], ...] = ()
     setup: tuple[str, ...] = ()
     options: Mapping[str, str | None] = field(default_factory=dict)
     command: tuple[str, ...] = ("flm", "bench")  # what runs each rank, before the task's args
+    site: Site = field(default_factory=Site)
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -154,10 +165,23 @@ def shell_quote(value: object) -> str:
     return shlex.quote(str(value))
 
 
+def _shipped(name: str) -> str | None:
+    """A shipped template's text (package data), or None for a name that is not shipped."""
+    if "/" in name or not name.endswith(".sh.j2"):
+        return None
+    item = resources.files(TEMPLATE_PACKAGE).joinpath(TEMPLATE_FOLDER, name)
+    return item.read_text() if item.is_file() else None
+
+
 @lru_cache(maxsize=8)
-def _environment(folder: str) -> jinja2.Environment:
+def _environment(folder: str | None) -> jinja2.Environment:
+    # Shipped names first, so "{% extends 'frontier.sh.j2' %}" always means the shipped one;
+    # then the custom template's own folder for its own parents.
+    loaders: list[jinja2.BaseLoader] = [jinja2.FunctionLoader(_shipped)]
+    if folder:
+        loaders.append(jinja2.FileSystemLoader(folder))
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader([folder, str(TEMPLATE_DIR)]),
+        loader=jinja2.ChoiceLoader(loaders),
         undefined=jinja2.StrictUndefined,
         autoescape=False,  # shell, not HTML: quoting is the q filter's job
         keep_trailing_newline=True,
@@ -168,11 +192,11 @@ def _environment(folder: str) -> jinja2.Environment:
     return env
 
 
-def template_path(name: str) -> Path:
-    """The file behind a template name (or a user's own template file)."""
-    if name in TEMPLATES:
-        return TEMPLATE_DIR / f"{name}.sh.j2"
+def template_path(name: str, base: Path | None = None) -> Path:
+    """The file behind a user's template path (relative to ``base``, the sweep's folder)."""
     path = Path(name)
+    if base is not None and not path.is_absolute():
+        path = base / path
     if path.suffix != ".j2" or not path.is_file():
         raise SpecError(
             f"template must be one of {', '.join(TEMPLATES)} or a path to a .sh.j2 file "
@@ -180,24 +204,95 @@ def template_path(name: str) -> Path:
     return path.resolve()
 
 
+def _parent(source: str, env: jinja2.Environment) -> str | None:
+    """The template a source extends (a constant name), or None."""
+    try:
+        tree = env.parse(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise SpecError(f"template syntax error, line {exc.lineno}: {exc.message}",
+                        "template") from None
+    for node in tree.find_all(nodes.Extends):
+        if isinstance(node.template, nodes.Const):
+            return str(node.template.value)
+    return None
+
+
+def template_family(template: str) -> str | None:
+    """The shipped template a template is, or extends (through its own parents); None for a
+    custom template that extends none (its options are its own)."""
+    if template in TEMPLATES:
+        return template
+    path = template_path(template)
+    env = _environment(str(path.parent))
+    seen: set[str] = set()
+    source = path.read_text()
+    while True:
+        parent = _parent(source, env)
+        if parent is None or parent in seen:
+            return None
+        seen.add(parent)
+        if parent.endswith(".sh.j2") and parent[:-len(".sh.j2")] in TEMPLATES:
+            return parent[:-len(".sh.j2")]
+        if parent == "_base.sh.j2":
+            return "local"  # the skeleton: the common options only
+        nxt = path.parent / parent
+        if not nxt.is_file():
+            raise SpecError(f"template {path.name} extends {parent!r}, which is neither shipped "
+                            f"({', '.join(t + '.sh.j2' for t in TEMPLATES)}) nor beside it",
+                            "template")
+        source = nxt.read_text()
+
+
+def template_options(template: str) -> dict[str, str | None] | None:
+    """The options (with defaults) a template accepts; None: any (a standalone template)."""
+    family = template_family(template)
+    return None if family is None else TEMPLATE_OPTIONS[family]
+
+
 def render(job: JobScript) -> str:
     """The batch script text for ``job``: same input, same text (no clock, no host)."""
-    path = template_path(job.template)
-    base = job.template if job.template in TEMPLATES else "local"
-    options = {**TEMPLATE_OPTIONS.get(base, {}), **dict(job.options)}
-    if base == "nvidia" and options.get("launcher") not in ("srun", "torchrun"):
-        raise SpecError(
-            f"template_options.launcher must be srun or torchrun (got {options.get('launcher')!r})",
-            "template_options")
+    if job.template in TEMPLATES:
+        env = _environment(None)
+        template = env.get_template(f"{job.template}.sh.j2")
+    else:
+        path = template_path(job.template)
+        env = _environment(str(path.parent))
+        template = env.from_string(path.read_text())
+    known = template_options(job.template)
+    options = {**_COMMON_OPTIONS, **(known or {}), **dict(job.options)}
+    if known is not None:
+        for k in job.options:
+            if k not in known:
+                raise SpecError(f"unknown template option '{k}' for {job.template} "
+                                f"(valid: {', '.join(known)})", "template_options")
     if not str(options.get("master_port", "29500")).isdigit():
         raise SpecError("template_options.master_port must be a port number", "template_options")
-    modules = job.modules or DEFAULT_MODULES.get(base, ())
-    template = _environment(str(path.parent)).get_template(path.name)
-    return template.render(
-        job=job,
-        r=job.resources,
-        tasks=job.tasks,
-        modules=modules,
-        options=options,
-        version=__version__,
-    )
+    site, r = job.site, job.resources
+    launcher = launcher_for(LaunchJob(
+        nodes=r.nodes, ranks_per_node=r.ntasks_per_node, gpus_per_node=r.gpus_per_node,
+        cpus_per_task=r.cpus_per_task, command=job.command, site=site, overcommit=r.overcommit))
+    shape = launcher.sbatch_shape()
+    extra = r.extra
+    if site.sbatch_network and not any(o.startswith("--network") for o in extra):
+        extra = (f"--network={site.sbatch_network}", *extra)
+    sbatch = dataclasses.replace(r, ntasks_per_node=shape.ntasks_per_node,
+                                 cpus_per_task=shape.cpus_per_task, extra=extra)
+    modules = (site.modules or ()) if job.modules is None else job.modules
+    # NCCL_NET=OFI only when the job spans nodes: on one node the network plugin does not
+    # initialize (OLCF PyTorch guide), so the choice is made here, where the node count is known.
+    site_env = site.env + (site.env_multi_node if r.nodes > 1 else site.env_single_node)
+    try:
+        return template.render(
+            job=job,
+            r=sbatch,
+            tasks=job.tasks,
+            modules=modules,
+            options=options,
+            site=site,
+            site_env=site_env,
+            launch=launcher.command(),
+            rank_cpus=r.cpus_per_task,
+            version=__version__,
+        )
+    except jinja2.UndefinedError as exc:
+        raise SpecError(f"template {job.template}: {exc.message}", "template") from None

@@ -21,6 +21,7 @@ from typing import Any
 
 from frontier_llm import __version__
 from frontier_llm.errors import UserError
+from frontier_llm.jobs import site_policy
 from frontier_llm.jobs.render import JobScript, Resources, Task, render
 from frontier_llm.jobs.sweepspec import Sweep, SweepJob
 from frontier_llm.specs.identity import layout_hash
@@ -109,19 +110,25 @@ def group_jobs(sweep: Sweep) -> list[Group]:
 
 
 def _resources(sweep: Sweep, group: Group) -> Resources:
-    r = sweep.spec.resources
-    # CPU ranks (the local cluster) ask for no GPUs and may outnumber the cores.
-    local = "cpu" in str(getattr(sweep.system, "gpu", "")).lower()
-    gpus = None if local else group.ranks_per_node
-    cpus = r.cpus_per_task
-    if cpus is None and sweep.template == "frontier":
-        cpus = 7  # 8 GCDs share 56 usable cores (one per L3 region is the system's)
+    """The ranks' resources: the sweep's ``resources:`` first, then the site's defaults."""
+    r, site = sweep.spec.resources, sweep.site
+    pick = lambda mine, sites: mine if mine is not None else sites  # noqa: E731
     return Resources(
-        nodes=group.nodes, ntasks_per_node=group.ranks_per_node, cpus_per_task=cpus,
-        gpus_per_node=gpus, time=group.time, account=r.account, partition=r.partition,
-        qos=r.qos, constraint=r.constraint, mem=r.mem, exclusive=r.exclusive,
-        overcommit=local, extra=tuple(r.extra_sbatch or ()),
+        nodes=group.nodes, ntasks_per_node=group.ranks_per_node,
+        cpus_per_task=pick(r.cpus_per_task, site.cpus_per_task),
+        gpus_per_node=group.ranks_per_node if site.gpus else None, time=group.time,
+        account=r.account, partition=pick(r.partition, site.partition),
+        qos=pick(r.qos, site.qos), constraint=r.constraint, mem=pick(r.mem, site.mem),
+        exclusive=r.exclusive or site.exclusive, overcommit=site.overcommit,
+        extra=tuple(r.extra_sbatch or ()),
     )
+
+
+def _task_env(sweep: Sweep, job: SweepJob) -> tuple[tuple[str, str], ...]:
+    """Variables for one task: the site's ``env_without_fsdp`` unless the layout shards its
+    parameters (NVIDIA: CUDA_DEVICE_MAX_CONNECTIONS=1 must not be set with FSDP)."""
+    fsdp = job.layout.sharding.params.kind != "replicate" and job.layout.dp > 1
+    return () if fsdp else sweep.site.env_without_fsdp
 
 
 def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
@@ -131,7 +138,8 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
     env = sweep.spec.environment
     out = []
     for group in group_jobs(sweep):
-        tasks = tuple(Task(index=i, key=k, argv=by_key[k].bench_args)
+        tasks = tuple(Task(index=i, key=k, argv=by_key[k].bench_args,
+                           env=_task_env(sweep, by_key[k]))
                       for i, k in enumerate(group.keys))
         out.append((group, JobScript(
             template=sweep.template,
@@ -141,12 +149,13 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
             log_pattern=str(inside(directory, group.log_dir)) + "/%a-%A.out",
             resources=_resources(sweep, group),
             tasks=tasks,
-            modules=tuple(env.modules or ()),
+            modules=None if env.modules is None else tuple(env.modules),
             env=tuple((str(k), _env_value(v)) for k, v in (env.env or {}).items()),
             setup=tuple(env.setup or ()),
             options={k: None if v is None else str(v)
                      for k, v in (sweep.spec.template_options or {}).items()},
             command=tuple(sweep.spec.command or ("flm", "bench")),
+            site=sweep.site,
         )))
     return out
 
@@ -172,13 +181,16 @@ def with_resources(sweep: Sweep, **overrides: str | None) -> Sweep:
 
 def render_sweep(sweep: Sweep, directory: str | Path) -> Manifest:
     """Write scripts, manifest and the sweep file into ``directory``; return the manifest."""
-    directory = Path(directory)
+    directory = Path(directory).resolve()
+    scripts = job_scripts(sweep, directory)
+    # The site's rules first: a refused sweep leaves nothing written (docs/sites.md).
+    site_policy.check(sweep.system.name, sweep.site,
+                      [(len(g.keys), js.resources) for g, js in scripts])
     directory.mkdir(parents=True, exist_ok=True)
-    directory = directory.resolve()
     by_key = {j.key: j for j in sweep.jobs}
     groups = []
     jobs = []
-    for group, script in job_scripts(sweep, directory):
+    for group, script in scripts:
         path = inside(directory, group.script)
         path.parent.mkdir(parents=True, exist_ok=True)
         inside(directory, group.log_dir).mkdir(parents=True, exist_ok=True)

@@ -19,9 +19,10 @@ from typing import Any, Literal
 
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.errors import SpecError, UserError
-from frontier_llm.jobs.render import TEMPLATE_OPTIONS, TEMPLATES, template_path
+from frontier_llm.jobs.render import TEMPLATES, template_options, template_path
 from frontier_llm.specs import ModelSpec, ParallelConfig, Sharding, SystemSpec
 from frontier_llm.specs.build import build
+from frontier_llm.specs.site import Site, merge
 from frontier_llm.specs.yamlio import LineMap, load_yaml
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -141,6 +142,8 @@ class SweepFile:
     bench_args: dict | None = None
     command: list | None = None
     max_array_size: int = 1000
+    # Overrides of the system's site section (frontier_llm.specs.site; docs/sites.md).
+    site: dict | None = None
 
     def __post_init__(self) -> None:
         if not SAFE_NAME.match(self.name):
@@ -168,7 +171,7 @@ class SweepFile:
         if self.warmup < 0:
             raise SpecError("warmup must be 0 or more", "warmup")
         _str_list(self.command, "command")
-        for name in ("template_options", "labels", "bench_args"):
+        for name in ("template_options", "labels", "bench_args", "site"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Mapping):
                 raise SpecError(f"{name} must be a mapping", name)
@@ -205,6 +208,7 @@ class Sweep:
     template: str
     jobs: tuple[SweepJob, ...]
     skipped: Mapping[str, int]  # layouts the space named that were not valid, by reason
+    site: Site = field(default_factory=Site)  # the system's site with the sweep's overrides
 
     @property
     def name(self) -> str:
@@ -423,16 +427,6 @@ def _explicit_jobs(spec: SweepFile, entries: list, models: list[tuple[str, Model
     return jobs
 
 
-def default_template(system: SystemSpec) -> str:
-    """frontier for AMD GCD systems, local for CPU ranks, nvidia otherwise."""
-    gpu = system.gpu.lower() if isinstance(getattr(system, "gpu", None), str) else ""
-    if "cpu" in gpu:
-        return "local"
-    if "mi250" in gpu or "gcd" in gpu or system.name == "frontier":
-        return "frontier"
-    return "nvidia"
-
-
 def _ref(name: str, source: Path) -> str:
     """A catalog name stays a name; a YAML path is made absolute (jobs run elsewhere)."""
     p = Path(name)
@@ -467,15 +461,27 @@ def load_sweep(path: str | Path) -> Sweep:
         system = load_system(system_ref)
     except UserError as exc:
         raise SpecError(f"{data.where('system')}: {exc}", "system") from None
-    template = template or default_template(system)
+    try:
+        site = merge(system.site, spec.site)
+    except SpecError as exc:
+        raise SpecError(f"{data.where('site')}: {exc}", "site") from None
+    # The site names its template family; the sweep may name another or its own file (a path
+    # relative to the sweep file).
+    template = template or site.template
     if template not in TEMPLATES:
-        template = str(template_path(_ref(template, path) if template.endswith(".j2")
-                                     else template))
-    base = template if template in TEMPLATES else "local"
+        try:
+            template = str(template_path(template, base=path.parent))
+        except SpecError as exc:
+            raise SpecError(f"{data.where('template')}: {exc}", "template") from None
+    try:
+        known = template_options(template)
+    except SpecError as exc:
+        raise SpecError(f"{data.where('template')}: {exc}", "template") from None
     for k in spec.template_options or {}:
-        if k not in TEMPLATE_OPTIONS[base]:
+        if known is not None and k not in known:
+            name = template if template in TEMPLATES else Path(template).name
             raise SpecError(f"{data['template_options'].where(k)}: unknown template option "
-                            f"'{k}' for {base} (valid: {', '.join(TEMPLATE_OPTIONS[base])})",
+                            f"'{k}' for {name} (valid: {', '.join(known)})",
                             "template_options")
     models = []
     for ref in spec.models or [spec.model]:
@@ -514,7 +520,7 @@ def load_sweep(path: str | Path) -> Sweep:
                         "space")
     return Sweep(spec=spec, source=str(path), text=path.read_text(), system=system,
                  system_ref=system_ref, template=template, jobs=tuple(jobs),
-                 skipped=dict(skipped))
+                 skipped=dict(skipped), site=site)
 
 
 def _with_system(argv: tuple[str, ...], system_ref: str) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from frontier_llm.errors import SpecError
+from frontier_llm.specs.site import Site
 
 LinkScope = Literal["package", "node", "network"]
 DTypeName = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
@@ -85,6 +86,9 @@ class SystemSpec:
     matmul_half_hidden: float = 0.0
     description: str = ""
     sources: dict[str, str] = field(default_factory=dict)
+    # What the centre requires of a batch job (partition, launcher, binding, modules, limits);
+    # None: a plain SLURM cluster with no site rules (docs/sites.md).
+    site: Site | None = None
 
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1:

@@ -12,19 +12,33 @@
 #SBATCH --partition=batch
 #SBATCH --qos=normal
 #SBATCH --constraint=nvme
+#SBATCH --network=disable_rdzv_get
 #SBATCH --output=/lustre/orion/proj/sweeps/frontier-175b-weak/logs/g0/%a-%A.out
 set -eo pipefail
 
 # --- environment ---
-module load PrgEnv-gnu
-module load rocm/5.7.1
+module load PrgEnv-gnu/8.7.0
+module load cpe/26.03
+module load rocm/7.1.1
+module load rccl-net-plugin
 module load craype-accel-amd-gfx90a
+export LD_LIBRARY_PATH="$CRAY_LD_LIBRARY_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 source /lustre/orion/proj/venv/bin/activate
-export NCCL_SOCKET_IFNAME=hsn0
-export FI_CXI_ATS=0
-export NCCL_NET_GDR_LEVEL=3
 export NCCL_CROSS_NIC=1
-export LD_LIBRARY_PATH=/lustre/orion/proj/aws-ofi-rccl/lib"${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export NCCL_NET_GDR_LEVEL=PHB
+export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3
+export HSA_FORCE_FINE_GRAIN_PCIE=1
+export FI_MR_CACHE_MONITOR=kdreg2
+export FI_CXI_DISABLE_HOST_REGISTER=1
+export FI_CXI_DEFAULT_CQ_SIZE=131072
+export FI_CXI_RDZV_PROTO=alt_read
+export FI_CXI_RDZV_EAGER_SIZE=0
+export FI_CXI_RDZV_THRESHOLD=0
+export FI_CXI_RDZV_GET_MIN=0
+export FI_CXI_DEFAULT_TX_SIZE=2048
+export FI_CXI_RX_MATCH_MODE=hybrid
+export NCCL_NET=OFI
+export FLM_BINDING=closest
 MIOPEN_USER_DB_PATH=/tmp"/miopen-${USER:-flm}-${SLURM_JOB_ID:-0}"
 export MIOPEN_USER_DB_PATH MIOPEN_CUSTOM_CACHE_DIR="$MIOPEN_USER_DB_PATH"
 mkdir -p "$MIOPEN_USER_DB_PATH"
@@ -43,12 +57,14 @@ trace_dir=/lustre/orion/proj/sweeps/frontier-175b-weak/traces
 run_id="${key}-j${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}"
 mkdir -p "$trace_dir"
 export FLM_JOB_KEY="$key" FLM_RUN_ID="$run_id"
+# The first host, read whole and cut here: a pipe into head would let scontrol die of SIGPIPE
+# once the host list passes the pipe's buffer (~290 Frontier nodes) and end the job (pipefail).
+MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}")"
+MASTER_ADDR="${MASTER_ADDR%%$'\n'*}"
+: "${MASTER_ADDR:?flm: scontrol listed no host for SLURM_JOB_NODELIST}"
 # A port of this job's own: several jobs may share a node.
-MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}" | head -n 1)"
 MASTER_PORT="$(( 29500 + ${SLURM_JOB_ID:-0} % 20000 ))"
 export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-exec srun --nodes=128 --ntasks-per-node=8 \
-    --gpus-per-node=8 --gpu-bind=closest \
-    --cpus-per-task=7 \
+exec srun --nodes=128 --ntasks-per-node=8 --cpus-per-task=7 --gpus-per-task=1 --gpu-bind=closest \
     flm bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"

@@ -11,6 +11,7 @@
 set -eo pipefail
 
 # --- environment ---
+export FLM_BINDING=none
 export OMP_NUM_THREADS=1
 export FLM_SWEEP=tiny-cpu
 # --- end environment ---
@@ -26,8 +27,12 @@ trace_dir=/tmp/sweeps/tiny-cpu/traces
 run_id="${key}-j${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}"
 mkdir -p "$trace_dir"
 export FLM_JOB_KEY="$key" FLM_RUN_ID="$run_id"
+# The first host, read whole and cut here: a pipe into head would let scontrol die of SIGPIPE
+# once the host list passes the pipe's buffer (~290 Frontier nodes) and end the job (pipefail).
+MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}")"
+MASTER_ADDR="${MASTER_ADDR%%$'\n'*}"
+: "${MASTER_ADDR:?flm: scontrol listed no host for SLURM_JOB_NODELIST}"
 # A port of this job's own: several jobs may share a node.
-MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}" | head -n 1)"
 MASTER_PORT="$(( 29500 + ${SLURM_JOB_ID:-0} % 20000 ))"
 export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"

@@ -5,16 +5,15 @@
 #SBATCH --job-name=flm-a100-g0
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=8
+#SBATCH --cpus-per-task=16
 #SBATCH --gpus-per-node=8
 #SBATCH --time=00:30:00
 #SBATCH --output=/scratch/a100/logs/g0/%a-%A.out
 set -eo pipefail
 
 # --- environment ---
-export NCCL_DEBUG=WARN
-export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
-export CUDA_DEVICE_MAX_CONNECTIONS=1
-export OMP_NUM_THREADS=1
+export FLM_BINDING=none
+export OMP_NUM_THREADS=16
 export FLM_SWEEP=a100
 # --- end environment ---
 
@@ -28,11 +27,14 @@ trace_dir=/scratch/a100/traces
 run_id="${key}-j${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}"
 mkdir -p "$trace_dir"
 export FLM_JOB_KEY="$key" FLM_RUN_ID="$run_id"
+# The first host, read whole and cut here: a pipe into head would let scontrol die of SIGPIPE
+# once the host list passes the pipe's buffer (~290 Frontier nodes) and end the job (pipefail).
+MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}")"
+MASTER_ADDR="${MASTER_ADDR%%$'\n'*}"
+: "${MASTER_ADDR:?flm: scontrol listed no host for SLURM_JOB_NODELIST}"
 # A port of this job's own: several jobs may share a node.
-MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}" | head -n 1)"
 MASTER_PORT="$(( 29500 + ${SLURM_JOB_ID:-0} % 20000 ))"
 export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-exec srun --nodes=1 --ntasks-per-node=8 \
-    --gpus-per-node=8 \
+exec srun --nodes=1 --ntasks-per-node=8 --cpus-per-task=16 --gpus-per-node=8 \
     flm bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"

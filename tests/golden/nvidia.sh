@@ -4,41 +4,43 @@
 # shellcheck disable=SC1090,SC1091
 #SBATCH --job-name=flm-h100-explore-g1
 #SBATCH --nodes=2
-#SBATCH --ntasks-per-node=8
-#SBATCH --cpus-per-task=12
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=112
 #SBATCH --gpus-per-node=8
 #SBATCH --time=00:30:00
 #SBATCH --partition=gpu
+#SBATCH --mem=0
 #SBATCH --exclusive
 #SBATCH --output=/scratch/sweeps/h100-explore/logs/g1/%a-%A.out
 set -eo pipefail
 
 # --- environment ---
+export FLM_BINDING=none
 export NCCL_IB_HCA=mlx5_0,mlx5_1
-export NCCL_DEBUG=WARN
-export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
-export CUDA_DEVICE_MAX_CONNECTIONS=1
-export OMP_NUM_THREADS=12
+export OMP_NUM_THREADS=14
 export FLM_SWEEP=h100-explore
 # --- end environment ---
 
 # --- task ---
 task="${SLURM_ARRAY_TASK_ID:-0}"
 case "$task" in
-    0) key=a-tp8-pp2; set -- --model gpt-22b --tp 8 --pp 2 ;;
-    1) key=b-tp4-pp4; set -- --model gpt-22b --tp 4 --pp 4 ;;
+    0) key=a-tp8-pp2; export CUDA_DEVICE_MAX_CONNECTIONS=1; set -- --model gpt-22b --tp 8 --pp 2 ;;
+    1) key=b-fsdp; set -- --model gpt-22b --zero 3 ;;
     *) echo "flm: this script has no task $task" >&2; exit 2 ;;
 esac
 trace_dir=/scratch/sweeps/h100-explore/traces
 run_id="${key}-j${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}"
 mkdir -p "$trace_dir"
 export FLM_JOB_KEY="$key" FLM_RUN_ID="$run_id"
+# The first host, read whole and cut here: a pipe into head would let scontrol die of SIGPIPE
+# once the host list passes the pipe's buffer (~290 Frontier nodes) and end the job (pipefail).
+MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}")"
+MASTER_ADDR="${MASTER_ADDR%%$'\n'*}"
+: "${MASTER_ADDR:?flm: scontrol listed no host for SLURM_JOB_NODELIST}"
 # A port of this job's own: several jobs may share a node.
-MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}" | head -n 1)"
 MASTER_PORT="$(( 29500 + ${SLURM_JOB_ID:-0} % 20000 ))"
 export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-exec srun --nodes=2 --ntasks-per-node=1 \
-    torchrun --nnodes=2 --nproc-per-node=8 \
-    --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$run_id" \
-    -m frontier_llm.cli bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"
+exec srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=112 --gpus-per-node=8 --container-image=/scratch/images/pytorch+flm.sqsh --container-mounts=/scratch:/scratch \
+    torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$run_id" --no-python \
+    python -m frontier_llm.cli bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"

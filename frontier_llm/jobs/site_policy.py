@@ -1,0 +1,88 @@
+"""The site's rules, checked before anything is written or submitted.
+
+Each rule that a job breaks is refused with one line naming the rule and its source (the site's
+documentation, from the system YAML's ``site:`` section), so a job the scheduler would reject —
+or accept and then hold forever — never reaches sbatch. docs/sites.md lists the rules per site.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+
+from frontier_llm.errors import SpecError
+from frontier_llm.jobs.render import Resources
+from frontier_llm.specs.site import Site, time_seconds
+
+# Environment variables that give sbatch an account when the script has none (sbatch man page:
+# SBATCH_ACCOUNT; flm sweep render/submit read FLM_ACCOUNT into --account).
+ACCOUNT_ENV = ("SBATCH_ACCOUNT",)
+
+
+class SiteRuleError(SpecError):
+    """A job breaks one of the site's rules."""
+
+
+def _refuse(site_name: str, site: Site, rule: str, message: str) -> SiteRuleError:
+    source = site.source(rule)
+    where = f" (source: {source})" if source else ""
+    return SiteRuleError(f"site rule {site_name}.{rule}: {message}{where}", rule)
+
+
+def check(site_name: str, site: Site, jobs: Iterable[tuple[int, Resources]],
+          env: Mapping[str, str] | None = None) -> None:
+    """Refuse the first rule broken by ``jobs``: (array size, resources of each array task).
+
+    The resources are the ranks' (tasks per node = ranks per node, CPUs per rank).
+    """
+    env = os.environ if env is None else env
+    jobs = list(jobs)
+    total = sum(size for size, _ in jobs)
+    for size, r in jobs:
+        if site.account_required and not r.account and not any(env.get(k) for k in ACCOUNT_ENV):
+            raise _refuse(site_name, site, "account_required",
+                          "an account (project) is required: give --account, set FLM_ACCOUNT "
+                          "or SBATCH_ACCOUNT, or set resources.account in the sweep")
+        asked = time_seconds(r.time)
+        if site.time_bins:
+            b = site.time_bin(r.nodes)
+            if b is None:
+                top = max(x.max_nodes for x in site.time_bins)
+                raise _refuse(site_name, site, "time_bins",
+                              f"a job of {r.nodes} nodes is larger than the largest bin "
+                              f"({top} nodes)")
+            if asked > time_seconds(b.max_time):
+                raise _refuse(site_name, site, "time_bins",
+                              f"a job of {r.nodes} nodes ({b.min_nodes}-{b.max_nodes} bin) may "
+                              f"run at most {b.max_time}; it asks for {r.time}")
+        if site.usable_cores_per_node and r.cpus_per_task and not r.overcommit:
+            cores = r.cpus_per_task * r.ntasks_per_node
+            if cores > site.usable_cores_per_node:
+                raise _refuse(site_name, site, "usable_cores_per_node",
+                              f"{r.ntasks_per_node} ranks x {r.cpus_per_task} CPUs = {cores} "
+                              f"cores per node, over the {site.usable_cores_per_node} usable")
+        for kind, name in (("qos", r.qos), ("partition", r.partition)):
+            rule = site.queue(name, kind)
+            if rule is None:
+                continue
+            label = f"{kind} {name}"
+            if not rule.arrays and size > 1:
+                raise _refuse(site_name, site, "queues",
+                              f"{label} allows no job arrays; this script is an array of {size} "
+                              "(use another QoS, or one layout)")
+            if rule.max_jobs is not None and total > rule.max_jobs:
+                raise _refuse(site_name, site, "queues",
+                              f"{label} lets a user have {rule.max_jobs} job(s); the sweep has "
+                              f"{total} (split it or use another {kind})")
+            if rule.max_time is not None and asked > time_seconds(rule.max_time):
+                raise _refuse(site_name, site, "queues",
+                              f"{label} allows at most {rule.max_time}; a job asks for {r.time}")
+            if rule.max_nodes is not None and r.nodes > rule.max_nodes:
+                raise _refuse(site_name, site, "queues",
+                              f"{label} allows at most {rule.max_nodes} nodes; a job asks for "
+                              f"{r.nodes}")
+    if site.max_queued_jobs is not None and total > site.max_queued_jobs:
+        raise _refuse(site_name, site, "max_queued_jobs",
+                      f"a user may queue {site.max_queued_jobs} jobs (each array task counts); "
+                      f"the sweep has {total}: split it into sweeps of at most "
+                      f"{site.max_queued_jobs} jobs")
