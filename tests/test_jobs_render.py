@@ -176,7 +176,7 @@ def test_bad_names_refused():
         JobScript(template="local", sweep="s", job_name="j", trace_dir="/t", log_pattern="/l",
                   resources=Resources(), tasks=(Task(0, "k", ()),), env=(("A B", "x"),))
     job = _examples()["nvidia"]
-    with pytest.raises(SpecError, match="site.launcher must be one of srun, torchrun, mpiexec"):
+    with pytest.raises(SpecError, match=r"site\.launcher must be one of srun, torchrun, mpiexec"):
         merge(job.site, {"launcher": "mpirun"})
     bad = JobScript(**{**job.__dict__, "options": {"launcher": "torchrun"}})
     with pytest.raises(SpecError, match="unknown template option 'launcher'"):
