@@ -98,6 +98,9 @@ def test_token_file_and_labels(tmp_path):
     trace = read_trace(tmp_path / "run.trace.json")
     assert trace["labels"] == {"sweep": "s", "job_key": "k1"}
     assert trace["status"] == "completed" and trace["summary"]["steps_measured"] == 3
+    e = trace["environment"]  # gloo on CPUs: the transport is gloo; no binding, one node
+    assert (e["transport"], e["binding"], e["nodes"], e["visible_devices"]) == (
+        "gloo", "none", 1, {})
     assert [s["warmup"] for s in trace["steps"]] == [True, False, False, False]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["status"] == "completed" and summary["tokens_per_s"] > 0

@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from frontier_llm import __version__
+from frontier_llm.bench import placement
 from frontier_llm.bench.launch import RankEnv
 from frontier_llm.bench.mesh import check_layout
 from frontier_llm.bench.trace import heartbeat_path, trace_path, write_heartbeat, write_trace
@@ -43,12 +44,11 @@ EXIT_OK, EXIT_FAILED, EXIT_OOM = 0, 1, 3
 ENGINE = "native"
 
 
-def collective_timeout_s() -> float:
-    """Seconds a collective may wait for a peer before the rank gives up (FLM_COLLECTIVE_TIMEOUT).
-
-    30 s keeps a hung or dead rank from holding a run for more than about a minute.
-    """
-    return float(os.environ.get("FLM_COLLECTIVE_TIMEOUT", "30"))
+def collective_timeout_s(world_size: int = 1) -> float:
+    """Seconds a collective may wait for a peer before the rank gives up: FLM_COLLECTIVE_TIMEOUT,
+    else 30 s growing with the job's size (bench.placement), so a hung or dead rank cannot hold
+    a small run for long and a large one has time to set up its communicators."""
+    return placement.collective_timeout_s(world_size, os.environ)
 
 
 @dataclass
@@ -223,14 +223,28 @@ def run_rank(cfg: BenchConfig, renv: RankEnv) -> int:
     # (the loss wraps it in a new DTensor), so FSDP2's warning about views does not apply.
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     cuda = torch.cuda.is_available()
+    nccl_log = Path(cfg.trace_dir) / f".{cfg.run_id}.nccl.log"
     if cuda:
-        torch.cuda.set_device(renv.local_rank)
-        device = torch.device("cuda", renv.local_rank)
+        # The local rank modulo the devices this rank sees: one under --gpu-bind=closest, all of
+        # the node's under CPU-mask binding or plain --gpus-per-node.
+        index = placement.device_index(renv.local_rank, torch.cuda.device_count())
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
         backend, device_name = "nccl", torch.cuda.get_device_name(device)
+        if rank == 0 and "NCCL_DEBUG" not in os.environ:
+            # Rank 0's INIT/NET log says which network the collectives use (OFI, IB, Socket).
+            os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET",
+                              NCCL_DEBUG_FILE=str(nccl_log))
     else:
         device, backend, device_name = torch.device("cpu"), "gloo", "cpu"
     trace = skeleton_trace(cfg, world, renv.launcher, backend, device_name, started,
                            renv.slurm_job_id) if rank == 0 else None
+    nodes = placement.node_count(os.environ)
+    if trace is not None:
+        trace["environment"].update(
+            nodes=nodes, binding=os.environ.get("FLM_BINDING", "none"),
+            visible_devices=placement.visible_devices(os.environ),
+            transport=placement.transport(backend, os.environ))
     Path(cfg.trace_dir).mkdir(parents=True, exist_ok=True)
     _status_path(cfg, rank).unlink(missing_ok=True)
     steps: list[dict] = []
@@ -240,7 +254,7 @@ def run_rank(cfg: BenchConfig, renv: RankEnv) -> int:
     try:
         dist.init_process_group(
             backend, init_method=f"tcp://{renv.master_addr}:{renv.master_port}", rank=rank,
-            world_size=world, timeout=timedelta(seconds=collective_timeout_s()),
+            world_size=world, timeout=timedelta(seconds=collective_timeout_s(world)),
             device_id=device if cuda else None,
         )
         if cfg.memory_limit:
@@ -273,6 +287,7 @@ def run_rank(cfg: BenchConfig, renv: RankEnv) -> int:
             trace["environment"]["hostnames"] = sorted({r["host"] for r in records})
             trace["summary"] = summarize(cfg, trace["steps"], trace["memory"], world)
             trace["status"], trace["finished_at"] = "completed", _now()
+            _judge_transport(trace, backend, nccl_log, nodes)
             path = write_trace(cfg.trace_dir, trace)
             if renv.launcher != "local":  # the local spawner prints its own line
                 print(summary_line(trace, path), flush=True)
@@ -311,6 +326,20 @@ def run_rank(cfg: BenchConfig, renv: RankEnv) -> int:
 
 class Terminated(Exception):
     """SIGTERM: SLURM's time limit (or a cancel) ending the job; recorded as status timeout."""
+
+
+def _judge_transport(trace: dict, backend: str, nccl_log: Path, nodes: int) -> None:
+    """Record the transport the collectives used; a multi-node run over sockets is suspect."""
+    try:
+        log = nccl_log.read_text(errors="replace")
+    except OSError:
+        log = ""
+    used = placement.transport(backend, os.environ, log)
+    trace["environment"]["transport"] = used
+    if placement.is_suspect(used, nodes):
+        trace["status"] = "suspect"
+        trace["error"] = (f"collectives of this {nodes}-node run went over TCP sockets (the "
+                          "network plugin did not load?): not a clean measurement")
 
 
 def _on_sigterm(signum, frame) -> None:

@@ -139,9 +139,11 @@ def classify(
     if status == "timeout":
         return Verdict(TIMEOUT, "time limit reached")
     if state == "COMPLETED" or (state == "EXITED" and (
-            code == 0 or (code is None and status == "completed"))):
+            code == 0 or (code is None and status in ("completed", "suspect")))):
         if status == "completed":
             return Verdict(COMPLETED)
+        if status == "suspect":  # ran to the end; the trace says why its figures are doubtful
+            return Verdict(COMPLETED, error or "suspect measurement")
         if status in ("failed", None) and trace is not None:
             return Verdict(FAILED, error or "trace status failed")
         return Verdict(FAILED, f"exit 0 but {trace_problem or 'no valid trace'}")

@@ -1,0 +1,79 @@
+"""Where a rank runs and how its collectives travel: pure functions of the environment.
+
+* The device: the local rank modulo the devices this rank can see. Under ``--gpu-bind=closest``
+  (Frontier) each rank sees one GCD, relabelled 0; with CPU masks and every GCD visible (LUMI),
+  or plain ``--gpus-per-node`` (DGX), it sees all of the node's and takes its own.
+* The transport: what RCCL/NCCL used between nodes — from its debug log when there is one
+  (``NET/OFI``, ``Using network Socket``), else from ``NCCL_NET``, else unknown; gloo on CPUs.
+  A run of several nodes whose collectives went over TCP sockets is ``suspect``: RCCL falls back
+  to sockets when the network plugin does not load, and its collectives are then 10-20x slower
+  (OLCF PyTorch guide, "RCCL Network Plugin").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+_CHOSEN = re.compile(r"Using network (\S+)")
+_NET = re.compile(r"NET/(OFI|Socket|IB)\b")
+
+
+def device_index(local_rank: int, visible: int) -> int:
+    """The index (among the visible devices) this rank drives."""
+    if visible < 1:
+        raise RuntimeError("this rank sees no GPU (check the job's GPU binding)")
+    return local_rank % visible
+
+
+def visible_devices(env: Mapping[str, str]) -> dict[str, str]:
+    """The device-visibility variables the launcher set for this rank."""
+    return {k: env[k] for k in VISIBLE_VARS if k in env}
+
+
+def node_count(env: Mapping[str, str]) -> int:
+    """Nodes of this run's job step (SLURM), else 1."""
+    for key in ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        value = env.get(key, "")
+        if value.isdigit():
+            return int(value)
+    return 1
+
+
+def transport_from_log(text: str) -> str | None:
+    """The network NCCL/RCCL reports in its INFO log (``OFI``, ``Socket``, ``IB``), or None.
+
+    The "Using network X" line names the one chosen; without it, a plugin's ``NET/OFI`` line
+    (LUMI's PyTorch guide quotes ``NET/OFI Using aws-ofi-rccl``) beats ``NET/Socket``.
+    """
+    chosen = _CHOSEN.findall(text)
+    if chosen:
+        name = chosen[-1]
+        return "OFI" if name.lower().startswith(("aws", "libfabric", "ofi")) else name
+    names = _NET.findall(text)
+    if not names:
+        return None
+    return next((n for n in names if n != "Socket"), "Socket")
+
+
+def transport(backend: str, env: Mapping[str, str], log_text: str = "") -> str:
+    """The collective transport: gloo, or NCCL/RCCL's network (log, else NCCL_NET)."""
+    if backend != "nccl":
+        return backend
+    return transport_from_log(log_text) or env.get("NCCL_NET") or "unknown"
+
+
+def is_suspect(transport_name: str, nodes: int) -> bool:
+    """A run across nodes over TCP sockets is not a clean measurement."""
+    return nodes > 1 and transport_name.lower() == "socket"
+
+
+def collective_timeout_s(world_size: int, env: Mapping[str, str]) -> float:
+    """Seconds a collective waits for a peer: ``FLM_COLLECTIVE_TIMEOUT`` when set, else 30 s
+    plus 0.1 s per rank, since communicator set-up and the first collectives grow with the job
+    (3072 ranks: about 5.6 minutes)."""
+    given = env.get("FLM_COLLECTIVE_TIMEOUT")
+    if given:
+        return float(given)
+    return 30.0 + 0.1 * max(world_size, 1)
