@@ -215,3 +215,14 @@ def test_every_catalog_site_cites_its_sources():
         for key in ("launcher", "binding", "cpus_per_task"):
             assert key in given, f"{name}: site.{key} has no source"
         assert all(v for _, v in site.sources), name
+
+
+def test_mpiexec_launcher_starts_every_rank_from_the_batch_shell():
+    from frontier_llm.jobs.launchers import LaunchJob, launcher_for
+    from frontier_llm.specs.site import merge
+
+    site = merge(load_system("dgx-a100").site, {"launcher": "mpiexec"})
+    launcher = launcher_for(LaunchJob(nodes=2, ranks_per_node=8, gpus_per_node=8,
+                                      cpus_per_task=16, command=("flm", "bench"), site=site))
+    assert launcher.command().startswith("mpiexec -n 16 -ppn 8 \\\n    flm bench \"$@\"")
+    assert launcher.sbatch_shape().ntasks_per_node == 8
