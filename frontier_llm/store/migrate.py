@@ -30,6 +30,7 @@ from sqlalchemy.schema import CreateTable
 
 from frontier_llm.errors import UserError
 from frontier_llm.store import schema
+from frontier_llm.store.calibration_tables import migrate_v3
 
 VERSION_KEY = "schema_version"
 
@@ -57,6 +58,7 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[Connection], None]], ...] = (
     (1, "create the flm_ tables", _v1_create_tables),
     (2, "indexes on flm_runs(sweep_name), flm_runs(layout_id), flm_jobs(state)",
      _v2_query_indexes),
+    (3, "flm_calibrations, flm_calibration_samples (store/calibration_tables.py)", migrate_v3),
 )
 
 assert [v for v, _, _ in MIGRATIONS] == list(range(1, schema.SCHEMA_VERSION + 1))

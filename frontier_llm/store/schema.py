@@ -25,7 +25,7 @@ from sqlalchemy import (
 )
 
 # Bump with a new entry in migrate.MIGRATIONS whenever the tables change.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: the calibration tables (store/calibration_tables.py)
 
 metadata = MetaData()
 
