@@ -211,9 +211,54 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from frontier_llm.calibrate.submit import submit_calibration
+    import os
 
-    return submit_calibration(args)
+    from frontier_llm.calibrate.submit import CPU_RANKS_PER_NODE, job_script, results_path
+    from frontier_llm.catalog import load_system
+    from frontier_llm.jobs import site_policy
+    from frontier_llm.jobs.render import render
+    from frontier_llm.jobs.slurm import SlurmClient
+    from frontier_llm.specs.site import Site
+
+    system = load_system(args.system)
+    site = system.site or Site()
+    if args.nodes < 1:
+        raise UserError(f"--nodes must be at least 1 (got {args.nodes})")
+    rpn = args.ranks_per_node or (system.gpus_per_node if site.gpus else CPU_RANKS_PER_NODE)
+    if rpn < 1 or args.nodes * rpn < 2:
+        raise UserError("a calibration needs at least 2 ranks (--nodes x --ranks-per-node)")
+    _measure_defaults(args, rpn)
+    _gemms(args)
+    if args.out and not Path(args.out).resolve().parent.is_dir():
+        raise UserError(f"--out: folder {Path(args.out).parent} does not exist")
+    account = args.account or os.environ.get("FLM_ACCOUNT") or None
+    directory = Path(args.dir).resolve()
+    job, resources = job_script(system, args.nodes, rpn, _worker_argv(args), directory,
+                                args.time, account, args.partition)
+    site_policy.check(system.name, site, [(1, resources)])
+    text = render(job)  # refuses a bad template or option before anything is written
+    for sub in ("results", "logs"):
+        (directory / sub).mkdir(parents=True, exist_ok=True)
+    script = directory / f"calibrate-{system.name}-{time.strftime('%Y%m%d-%H%M%S')}.sh"
+    script.write_text(text)
+    script.chmod(0o755)
+    if args.dry_run:
+        print(f"wrote {script} (not submitted)")
+        return 0
+    client = SlurmClient()
+    job_id = client.submit(script)
+    results = results_path(directory, job_id)
+    print(f"submitted calibration job {job_id} ({args.nodes} node(s) x {rpn} ranks): {script}",
+          flush=True)
+    if not args.wait:
+        print(f"when it ends: flm calibrate fit {results} --system {args.system} --out FILE")
+        return 0
+    status = client.wait([job_id], timeout_s=args.wait_timeout)[job_id]
+    if not status.terminal or not results.exists():
+        _err(f"flm calibrate: job {job_id} {status.state}: no results at {results} "
+             f"(log: {directory / 'logs' / (job_id + '.out')})")
+        return 1
+    return _fit_and_write(results, args.system, args.out, args.name, args.db, args.format)
 
 
 def _from_runs(args: argparse.Namespace) -> int:
