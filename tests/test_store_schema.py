@@ -69,15 +69,18 @@ def test_older_database_is_refused_until_upgraded(db_url):  # noqa: F811
     _make_old_database(db_url, 1)
     with pytest.raises(migrate.SchemaVersionError) as info:
         open_store(db_url)
-    assert "schema version 1, older than this frontier_llm's 2" in str(info.value)
+    assert f"schema version 1, older than this frontier_llm's {SCHEMA_VERSION}" in str(info.value)
     assert "flm db upgrade" in str(info.value)
 
     store = open_store(db_url, check=False)
     with store.read() as conn:
         assert "ix_flm_runs_sweep_name" not in {
             ix["name"] for ix in inspect(conn).get_indexes("flm_runs")}
-    assert store.upgrade() == [2]
+    assert store.upgrade() == list(range(2, SCHEMA_VERSION + 1))
     assert store.upgrade() == []  # idempotent
+    with store.read() as conn:  # version 3: the calibration tables
+        assert {"flm_calibrations", "flm_calibration_samples"} <= set(
+            inspect(conn).get_table_names())
     store.close()
     store = open_store(db_url)
     with store.read() as conn:
