@@ -240,9 +240,14 @@ def _pair_peer(group: tuple[int, ...], rank: int) -> int | None:
 def time_collectives(cfg: WorkerConfig, rank: int, hosts: list[str], device,
                      progress=None) -> list[dict]:
     """Rows of (library, op, tier, group_size, nbytes, time_s) for gloo/NCCL and MPI."""
+    import warnings
+
     import torch
     import torch.distributed as dist
 
+    # torch 2.13 renames all_gather_into_tensor / reduce_scatter_tensor (same operation); the
+    # old names keep working on every torch this project supports, so the notice is noise here.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
     shapes = group_shapes(hosts, cfg.gpus_per_package)
     sizes = message_sizes(cfg.min_bytes, cfg.max_bytes)
     backend = dist.get_backend()
