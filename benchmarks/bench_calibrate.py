@@ -3,7 +3,8 @@
 1. ``flm calibrate run --nproc 2``: microbenchmarks on this machine -> a calibrated system YAML;
 2. ``flm bench`` on 12 ``small-gpt`` layouts of 2 ranks (tensor, data, pipeline parallel, ZeRO-3,
    full recompute, several micro-batch sizes), half labelled sweep ``calib-train``, the other
-   half ``calib-test`` (alternating, so each kind of layout is in both halves), traces collected;
+   half ``calib-test`` (alternating, so each kind of layout is in both halves), each measured
+   ``--rounds`` times in alternating order (the machine's load drifts), traces collected;
 3. ``flm calibrate --from-runs --sweep calib-train --test-sweep calib-test``: refit the knobs on
    the train half (k-fold CV inside it) and predict the test half, which no fit has seen.
 
@@ -61,6 +62,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keep", default=None, help="work in this folder and keep it")
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="times each layout is measured, in alternating order (default 2)")
     args = ap.parse_args()
     work = Path(args.keep or tempfile.mkdtemp(prefix="flm-bench-calibrate-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -74,13 +77,18 @@ def main() -> None:
     fitted = json.loads(out)
     t1 = time.monotonic()
 
-    print(f"2. flm bench on {len(LAYOUTS)} small-gpt layouts", file=sys.stderr)
-    for i, flags in enumerate(LAYOUTS):
-        sweep = "calib-train" if i % 2 == 0 else "calib-test"
-        flm("bench", "--model", "small-gpt", "--system", str(cal), "--dtype", "fp32",
-            "--steps", str(args.steps), "--warmup", "2", "--trace-dir", str(work / sweep),
-            "--label", f"sweep={sweep}", *flags.split())
-        print(f"   {sweep}: {flags}", file=sys.stderr)
+    print(f"2. flm bench on {len(LAYOUTS)} small-gpt layouts x {args.rounds} rounds",
+          file=sys.stderr)
+    jobs = [(i, flags) for i, flags in enumerate(LAYOUTS)]
+    for r in range(args.rounds):
+        # Alternate the order: the machine's load drifts (other users), and a layout measured
+        # early and late sees both; the loop takes each layout's median over its runs.
+        for i, flags in (jobs if r % 2 == 0 else jobs[::-1]):
+            sweep = "calib-train" if i % 2 == 0 else "calib-test"
+            flm("bench", "--model", "small-gpt", "--system", str(cal), "--dtype", "fp32",
+                "--steps", str(args.steps), "--warmup", "2", "--trace-dir", str(work / sweep),
+                "--label", f"sweep={sweep}", *flags.split())
+            print(f"   round {r + 1} {sweep}: {flags}", file=sys.stderr)
     flm("collect", str(work / "calib-train"), str(work / "calib-test"), "--db", db, "--quiet")
     t2 = time.monotonic()
 
@@ -108,7 +116,7 @@ def main() -> None:
     for k in loop["knobs"]:
         print(f"  {k['knob']:<17} {k['before']:.4g} -> {k['after']:.4g} {k['unit']}")
     print("\nstep-time error on the test half (runs no fit has seen):")
-    print("  layout                                   measured  cpu-local  calibrated  refit")
+    print("  layout (median of its runs)              measured  cpu-local  calibrated  refit")
     base_by_id = {r["run_id"]: r for r in builtin["runs"] if r["set"] == "test"}
     for r in loop["runs"]:
         if r["set"] != "test":
