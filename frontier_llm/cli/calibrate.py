@@ -321,8 +321,8 @@ def _top(args: argparse.Namespace) -> int:
         if not args.sweep:
             raise UserError("--from-runs needs --sweep NAME (the runs to learn from)")
         return _from_runs(args)
-    args.parser.print_help(sys.stderr)
-    return 2
+    raise UserError("flm calibrate needs an action (run, fit, submit) or --from-runs --sweep "
+                    "NAME; see flm calibrate --help")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -356,15 +356,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     top.add_argument("--folds", type=int, default=5, metavar="K",
                      help="cross-validation folds (default 5; at most the number of runs)")
     top.add_argument("--knobs", default="matmul,layer_overhead_s,latency", metavar="A,B",
-                     help="knobs to refit: matmul, layer_overhead_s, latency, collective, "
-                     "memory (default matmul,layer_overhead_s,latency)")
+                     help="knobs to refit: matmul, layer_overhead_s, latency, network_latency, "
+                     "collective, memory (default matmul,layer_overhead_s,latency)")
     top.add_argument("--test-sweep", metavar="NAME", default=None,
                      help="a second sweep, never fitted: its runs are only predicted, before "
                      "and after")
     top.add_argument("--out", dest="fr_out", default=None, metavar="FILE",
                      help="write the system refitted on all runs here")
     top.add_argument("--format", dest="fr_format", choices=("table", "json"), default="table")
-    top.set_defaults(func=_top, parser=top)
+    top.set_defaults(func=_top)
     actions = top.add_subparsers(dest="action", metavar="ACTION")
 
     p = add_command(
