@@ -177,3 +177,19 @@ def test_from_runs_on_an_empty_sweep_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "no completed runs" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    ([], "needs an action"),
+    (["--from-runs"], "needs --sweep"),
+    (["--from-runs", "--sweep", "s", "--knobs", "speed"], "unknown knob"),
+])
+def test_calibrate_usage_errors_are_one_line(tmp_path, capsys, argv, words):
+    db = f"sqlite:///{tmp_path}/flm.db"
+    if "--sweep" in argv:
+        assert main(["db", "version", "--db", db]) == 0
+        capsys.readouterr()
+        argv = [*argv, "--db", db]
+    assert main(["calibrate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err

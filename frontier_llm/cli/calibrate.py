@@ -264,12 +264,22 @@ def _submit(args: argparse.Namespace) -> int:
 def _from_runs(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from frontier_llm.calibrate.fromruns import UNITS, closed_loop, load_runs, refitted_mapping
+    from frontier_llm.calibrate.fromruns import (
+        KNOBS,
+        UNITS,
+        closed_loop,
+        load_runs,
+        refitted_mapping,
+    )
     from frontier_llm.calibrate.system_file import base_mapping, write_system
     from frontier_llm.catalog import load_system
     from frontier_llm.cli.store import _open_existing
 
     knobs = tuple(k.strip() for k in args.knobs.split(",") if k.strip())
+    unknown = [k for k in knobs if k not in KNOBS]
+    if unknown or not knobs:
+        raise UserError(f"--knobs: unknown knob(s) {', '.join(unknown) or '(none given)'}; "
+                        f"choose from {', '.join(KNOBS)}")
     system = load_system(args.fr_system)
     if args.fr_out and not Path(args.fr_out).resolve().parent.is_dir():
         raise UserError(f"--out: folder {Path(args.fr_out).parent} does not exist")
