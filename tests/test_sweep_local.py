@@ -15,7 +15,7 @@ import pytest
 from frontier_llm.bench.trace import read_trace, trace_path
 from frontier_llm.cli import main
 from frontier_llm.errors import UserError
-from frontier_llm.jobs.state import JobState
+from frontier_llm.jobs.state import SweepJobs
 from frontier_llm.store import open_store
 
 pytestmark = [pytest.mark.slow]
@@ -72,7 +72,7 @@ def test_local_cancel_stops_a_running_job(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         store = open_store(db)
-        state = JobState.find(store, "local-tiny") if _wait(lambda: _has_sweep(store)) else None
+        state = SweepJobs.find(store, "local-tiny") if _wait(lambda: _has_sweep(store)) else None
         row = _wait(lambda: _beating(state, out))
         assert main(["sweep", "cancel", "local-tiny", "--db", db, "--job", "slow"]) == 0
         submit.wait(timeout=120)
@@ -107,13 +107,13 @@ def _wait(predicate, timeout_s: float = 120.0):
 
 def _has_sweep(store) -> bool:
     try:
-        JobState.find(store, "local-tiny")
+        SweepJobs.find(store, "local-tiny")
     except UserError:
         return False
     return True
 
 
-def _beating(state: JobState, out):
+def _beating(state: SweepJobs, out):
     row = state.rows(["slow"])[0]
     if row["state"] == "RUNNING" and (out / "traces" / f"{row['run_id']}.heartbeat.json").exists():
         return row
