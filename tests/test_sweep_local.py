@@ -46,9 +46,15 @@ def test_local_sweep_runs_classifies_and_resumes(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["sweep", "submit", str(spec), "--out", str(out), "--db", db,
                  "--max-in-flight", "3"]) == 0
-    assert "submitted 3 jobs" in capsys.readouterr().out
-    assert main(["sweep", "status", "local-tiny", "--db", db, "--format", "json"]) == 0
-    rows = {r["job_key"]: r for r in json.loads(capsys.readouterr().out)}
+    out_text, err_text = capsys.readouterr()
+    assert "submitted 3 jobs" in out_text
+    assert main(["sweep", "status", "local-tiny", "--db", db, "--format", "json", "--wait",
+                 "--timeout", "60"]) == 0
+    status_out, status_err = capsys.readouterr()
+    rows = {r["job_key"]: r for r in json.loads(status_out)}
+    # Not a terminal (captured): no progress bar, no escape codes, no carriage returns.
+    for noise in ("\x1b[", "\r", "━"):
+        assert noise not in out_text + err_text + status_out + status_err, noise
     assert rows["dp2"]["state"] == "COMPLETED"
     assert rows["crash"]["state"] == "FAILED"
     assert "injected crash" in rows["crash"]["reason"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -30,6 +30,13 @@ class Session:
     state: SweepJobs
     executor: Executor
     hung_after_s: float | None = DEFAULT_HUNG_AFTER_S
+    # Told the sweep's rows whenever a submission or an observation is recorded, and after
+    # every poll of wait(): the CLI draws its progress bar from them.
+    watch: Callable[[list[dict[str, Any]]], None] | None = None
+
+    def notify(self, rows: list[dict[str, Any]] | None = None) -> None:
+        if self.watch is not None:
+            self.watch(self.state.rows() if rows is None else rows)
 
 
 def default_out(name: str) -> Path:
@@ -69,11 +76,13 @@ class _Recorder:
 
     def submitted(self, jobs: Mapping[str, Submission], state: JobState) -> None:
         self.session.state.mark_submitted(jobs, state=state)
+        self.session.notify()
 
     def observed(self, jobs: Mapping[str, Observation]) -> None:
         rows = {r["job_key"]: r for r in self.session.state.rows(list(jobs))}
         self.session.state.record([_verdict_update(self.session, rows[k], o)
                                    for k, o in jobs.items() if k in rows])
+        self.session.notify()
 
 
 def _parse_time(text: str | None) -> datetime | None:
@@ -187,6 +196,7 @@ def wait(session: Session, timeout_s: float, *, min_interval_s: float = 1.0,
     interval = min_interval_s
     while True:
         rows = refresh(session)
+        session.notify(rows)
         if not any(JobState(r["state"]).active or r["state"] == JobState.SUBMITTING
                    for r in rows):
             return rows
