@@ -66,7 +66,9 @@ def test_migrations_are_one_line_numbered_by_version():
 
     cfg = Config()
     cfg.set_main_option("script_location", str(migrate.SCRIPT_DIR))
-    revs = list(ScriptDirectory.from_config(cfg).walk_revisions())
+    script = ScriptDirectory.from_config(cfg)
+    assert script.get_heads() == [migrate.revision_id(SCHEMA_VERSION)]
+    revs = list(script.walk_revisions())
     assert [r.revision for r in reversed(revs)] == [
         migrate.revision_id(v) for v in range(1, SCHEMA_VERSION + 1)]
     assert all(r.down_revision == (migrate.revision_id(int(r.revision) - 1)

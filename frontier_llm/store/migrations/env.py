@@ -20,6 +20,9 @@ def _run(connection) -> None:
         target_metadata=schema.metadata,
         version_table=migrate.VERSION_TABLE,
         include_name=migrate.include_name,
+        # Autogenerate drafts column changes as batch operations: SQLite alters a table by
+        # copying it, and on PostgreSQL a batch is plain ALTER TABLE statements.
+        render_as_batch=True,
     )
     # Inside the store's transaction this begins nothing and commits nothing (Alembic sees the
     # external transaction); from the command line it is the migration's own transaction.
