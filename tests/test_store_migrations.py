@@ -172,3 +172,42 @@ def test_migrations_ship_as_package_data():
     needed = {p for p in migrate.SCRIPT_DIR.rglob("*")
               if p.is_file() and "__pycache__" not in p.parts}
     assert needed and needed <= shipped
+
+
+def test_a_new_table_is_one_revision_file(tmp_path, monkeypatch):
+    """The documented way to add a table (docs/store.md): one file in versions/ with the next
+    number. Done on a copy of the migrations, on a database at the current version."""
+    import shutil
+
+    url = f"sqlite:///{tmp_path / 'flm.db'}"
+    open_store(url).close()
+    scripts = tmp_path / "migrations"
+    shutil.copytree(migrate.SCRIPT_DIR, scripts, ignore=shutil.ignore_patterns("__pycache__"))
+    nxt = migrate.revision_id(SCHEMA_VERSION + 1)
+    (scripts / "versions" / f"{nxt}_add_flm_example.py").write_text(f'''"""add flm_example"""
+import sqlalchemy as sa
+from alembic import op
+
+revision = "{nxt}"
+down_revision = "{migrate.revision_id(SCHEMA_VERSION)}"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table("flm_example", sa.Column("id", sa.Integer(), primary_key=True))
+''')
+    monkeypatch.setattr(migrate, "SCRIPT_DIR", scripts)
+    migrate.head_version.cache_clear()
+    try:
+        assert migrate.head_version() == SCHEMA_VERSION + 1
+        with pytest.raises(migrate.SchemaVersionError, match="run 'flm db upgrade"):
+            open_store(url)
+        store = open_store(url, check=False)
+        assert store.upgrade() == [SCHEMA_VERSION + 1]
+        with store.read() as conn:
+            assert inspect(conn).has_table("flm_example")
+        store.close()
+    finally:
+        monkeypatch.undo()
+        migrate.head_version.cache_clear()
