@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from slurm_fixtures import slurm_cluster  # noqa: F401  (pytest fixture)
 
-from frontier_llm.jobs.slurm import JobStatus, SlurmClient, SlurmError, base_id
+from frontier_llm.jobs.lifecycle import SchedulerState
+from frontier_llm.jobs.slurm import JobStatus, SlurmClient, SlurmError, base_id, scheduler_state
 
 pytestmark = [pytest.mark.slurm]
 
@@ -23,6 +24,25 @@ def test_base_id_and_terminal_words():
     assert JobStatus("1", "CANCELLED by 0").terminal
     assert not JobStatus("1", "PENDING").terminal
     assert not JobStatus("1", "UNKNOWN").terminal
+
+
+def test_slurm_words_map_to_scheduler_states():
+    S = SchedulerState
+    ended = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+             "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT")
+    live = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_FED",
+            "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "SUSPENDED",
+            "RESV_DEL_HOLD")
+    assert all(scheduler_state(w).ended for w in ended)
+    assert not any(scheduler_state(w).ended for w in live)
+    assert scheduler_state("CANCELLED by 0") == S.CANCELLED
+    assert scheduler_state("COMPLETING") == S.RUNNING
+    assert scheduler_state("DEADLINE") == S.TIMEOUT
+    assert scheduler_state("BOOT_FAIL") == S.NODE_FAIL
+    assert scheduler_state("NO_SUCH_WORD") == scheduler_state("") == S.UNKNOWN
+    obs = JobStatus("5_1", "CANCELLED by 0", exit_code="0:15", nodes="n1").observation()
+    assert (obs.state, obs.exit_code, obs.nodes, obs.said) == (
+        S.CANCELLED, "0:15", "n1", "SLURM state CANCELLED")
 
 
 def test_array_exit_codes_and_states(slurm_cluster, tmp_path):  # noqa: F811

@@ -14,8 +14,7 @@ from store_fixtures import db_url, many_traces, pg_server  # noqa: F401  (fixtur
 
 from frontier_llm.bench.trace import write_trace
 from frontier_llm.cli import main
-from frontier_llm.store import connect, migrate, open_store
-from frontier_llm.store.schema import SCHEMA_VERSION, flm_meta
+from frontier_llm.store import SCHEMA_VERSION, connect, migrate, open_store
 
 
 @pytest.fixture
@@ -99,7 +98,7 @@ def test_older_database_needs_flm_db_upgrade(db_url, capsys):  # noqa: F811
 def test_newer_database_is_refused_by_every_command(db_url, tmp_path, capsys):  # noqa: F811
     store = open_store(db_url)
     with store.write() as conn:
-        conn.execute(flm_meta.update().values(value="99"))
+        conn.exec_driver_sql(f"UPDATE {migrate.VERSION_TABLE} SET version_num = '0099'")
     store.close()
     for argv in (["results"], ["validate"], ["collect", str(tmp_path)], ["db", "upgrade"]):
         assert main([*argv, "--db", db_url]) == 2

@@ -7,8 +7,8 @@ from sqlalchemy import inspect
 from store_fixtures import db_url, pg_server  # noqa: F401  (fixtures)
 
 from frontier_llm.errors import UserError
-from frontier_llm.store import connect, migrate, open_store, resolve_url
-from frontier_llm.store.schema import SCHEMA_VERSION, TABLES, flm_meta
+from frontier_llm.store import SCHEMA_VERSION, connect, migrate, open_store, resolve_url
+from frontier_llm.store.schema import TABLES
 from frontier_llm.store.url import redact
 
 
@@ -69,14 +69,14 @@ def test_older_database_is_refused_until_upgraded(db_url):  # noqa: F811
     _make_old_database(db_url, 1)
     with pytest.raises(migrate.SchemaVersionError) as info:
         open_store(db_url)
-    assert "schema version 1, older than this frontier_llm's 2" in str(info.value)
+    assert f"schema version 1, older than this frontier_llm's {SCHEMA_VERSION}" in str(info.value)
     assert "flm db upgrade" in str(info.value)
 
     store = open_store(db_url, check=False)
     with store.read() as conn:
         assert "ix_flm_runs_sweep_name" not in {
             ix["name"] for ix in inspect(conn).get_indexes("flm_runs")}
-    assert store.upgrade() == [2]
+    assert store.upgrade() == list(range(2, SCHEMA_VERSION + 1))
     assert store.upgrade() == []  # idempotent
     store.close()
     store = open_store(db_url)
@@ -89,8 +89,8 @@ def test_older_database_is_refused_until_upgraded(db_url):  # noqa: F811
 def test_newer_database_is_refused_naming_both_versions(db_url):  # noqa: F811
     store = open_store(db_url)
     with store.write() as conn:
-        conn.execute(flm_meta.update().where(flm_meta.c.key == "schema_version")
-                     .values(value=str(SCHEMA_VERSION + 5)))
+        conn.exec_driver_sql(f"UPDATE {migrate.VERSION_TABLE} "
+                             f"SET version_num = '{migrate.revision_id(SCHEMA_VERSION + 5)}'")
     store.close()
     msg = (f"schema version {SCHEMA_VERSION + 5}, newer than this frontier_llm's "
            f"{SCHEMA_VERSION}: upgrade frontier_llm")

@@ -16,8 +16,8 @@ from sqlalchemy import func, select
 
 from frontier_llm.bench.trace import read_trace, trace_path
 from frontier_llm.jobs import runner
+from frontier_llm.jobs.lifecycle import JobState
 from frontier_llm.jobs.slurm import SlurmClient
-from frontier_llm.jobs.state import SUBMITTING
 from frontier_llm.jobs.sweepspec import load_sweep
 from frontier_llm.store import open_store
 from frontier_llm.store.schema import flm_jobs, flm_runs
@@ -190,7 +190,7 @@ def test_interrupted_submit_resumes_without_duplicates(slurm_cluster, tmp_path, 
         with pytest.raises(_Crash):
             runner.submit(session, hold=True)
         monkeypatch.undo()
-        assert {r["state"] for r in session.state.rows()} == {SUBMITTING}
+        assert {r["state"] for r in session.state.rows()} == {JobState.SUBMITTING}
         sbatch_before = client.commands["sbatch"]
         counts = runner.submit(session, hold=True)
         # The first array (1 job) is adopted; the other groups are submitted once now.

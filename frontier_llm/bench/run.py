@@ -35,12 +35,13 @@ from frontier_llm.bench.launch import RankEnv
 from frontier_llm.bench.mesh import check_layout
 from frontier_llm.bench.trace import heartbeat_path, trace_path, write_heartbeat, write_trace
 from frontier_llm.costmodel.flops import hardware_flops, model_flops
+from frontier_llm.errors import ExitCode
 from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.parallel import ParallelConfig
 from frontier_llm.specs.system import SystemSpec
 
-EXIT_OK, EXIT_FAILED, EXIT_OOM = 0, 1, 3
+EXIT_OK, EXIT_FAILED, EXIT_OOM = ExitCode.OK, ExitCode.FAILED, ExitCode.OOM
 ENGINE = "native"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -169,7 +170,8 @@ def _submit(args) -> int:
     store = _store(args)
     try:
         session = runner.prepare(sweep, out, store, executor=args.executor)
-        counts = runner.submit(session, max_in_flight=args.max_in_flight, hold=args.hold)
+        with _job_progress(session, "submit"):
+            counts = runner.submit(session, max_in_flight=args.max_in_flight, hold=args.hold)
         rows = session.state.rows()
     finally:
         store.close()
@@ -182,6 +184,26 @@ def _submit(args) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _job_progress(session, verb: str):
+    """A bar of ended jobs over all jobs while ``session`` works (at a terminal only)."""
+    from frontier_llm.cli.progress import Progress
+    from frontier_llm.jobs import runner
+    from frontier_llm.jobs.lifecycle import JobState
+
+    with Progress(f"{verb} {session.manifest.sweep}") as bar:
+        if bar.enabled:
+            def watch(rows) -> None:
+                ended = sum(JobState(r["state"]).terminal for r in rows)
+                bar.update(ended, len(rows), runner.summary(rows))
+
+            session.watch = watch
+        try:
+            yield
+        finally:
+            session.watch = None
+
+
 def _status(args) -> int:
     from frontier_llm.jobs import runner
 
@@ -191,7 +213,8 @@ def _status(args) -> int:
         if args.hung_after is not None:
             session.hung_after_s = args.hung_after
         if args.wait:
-            rows = runner.wait(session, args.timeout, max_interval_s=args.max_interval)
+            with _job_progress(session, "wait"):
+                rows = runner.wait(session, args.timeout, max_interval_s=args.max_interval)
         else:
             rows = runner.refresh(session)
         if args.collect:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -237,14 +236,3 @@ def load_manifest(directory: str | Path) -> Manifest:
         raise UserError(f"{directory} holds no rendered sweep ({MANIFEST} is missing): run "
                         "'flm sweep render' or 'flm sweep submit' first")
     return Manifest(directory, json.loads(path.read_text()))
-
-
-def keys_of(manifest: Manifest, keys: Iterable[str] | None) -> list[str]:
-    """The given job keys (checked) or all of them."""
-    known = [j["key"] for j in manifest.jobs]
-    if not keys:
-        return known
-    unknown = sorted(set(keys) - set(known))
-    if unknown:
-        raise UserError(f"no job {unknown[0]!r} in sweep {manifest.sweep}")
-    return list(keys)

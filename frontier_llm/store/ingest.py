@@ -370,8 +370,12 @@ def _known_digests(store: Store, digests: Sequence[str]) -> set[str]:
 
 def collect(store: Store, dirs: Iterable[str | Path], *, quarantine: str | Path | None = None,
             batch_size: int = DEFAULT_BATCH, progress: Callable[[str], None] | None = None,
-            ) -> IngestReport:
-    """Ingest every ``*.trace.json`` below ``dirs``; see the module docstring."""
+            advance: Callable[[int, int], None] | None = None) -> IngestReport:
+    """Ingest every ``*.trace.json`` below ``dirs``; see the module docstring.
+
+    ``progress`` gets one line per batch; ``advance(files done, files found)`` is called before
+    the first batch and after each one (for a progress bar).
+    """
     if batch_size < 1:
         raise UserError(f"collect: --batch-size must be at least 1 (got {batch_size})")
     t0 = time.perf_counter()
@@ -379,6 +383,8 @@ def collect(store: Store, dirs: Iterable[str | Path], *, quarantine: str | Path 
     files = find_traces(dirs, quarantine)
     report.seen = len(files)
     nbatches = (len(files) + batch_size - 1) // batch_size
+    if advance:
+        advance(0, len(files))
     for b in range(nbatches):
         tb = time.perf_counter()
         chunk = files[b * batch_size:(b + 1) * batch_size]
@@ -388,6 +394,8 @@ def collect(store: Store, dirs: Iterable[str | Path], *, quarantine: str | Path 
             progress(f"collect: batch {b + 1}/{nbatches}: {len(chunk)} files, "
                      f"{counts[0]} new, {counts[1]} updated, {counts[2]} unchanged, "
                      f"{counts[3]} quarantined ({time.perf_counter() - tb:.2f} s)")
+        if advance:
+            advance(min(len(files), (b + 1) * batch_size), len(files))
     report.seconds = time.perf_counter() - t0
     return report
 

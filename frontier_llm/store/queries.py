@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import and_, func, literal, select
+from sqlalchemy import and_, literal, select
 
 from frontier_llm.store import Store
 from frontier_llm.store.schema import flm_layouts, flm_predictions, flm_runs
@@ -65,11 +65,6 @@ def sweep_names(store: Store) -> list[str]:
         return [s for s in conn.execute(
             select(flm_runs.c.sweep_name).distinct().order_by(flm_runs.c.sweep_name)).scalars()
             if s is not None]
-
-
-def count_runs(store: Store) -> int:
-    with store.read() as conn:
-        return int(conn.execute(select(func.count()).select_from(flm_runs)).scalar_one())
 
 
 def _ape(predicted: pd.Series, measured: pd.Series) -> pd.Series:

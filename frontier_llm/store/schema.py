@@ -1,8 +1,10 @@
 """The results database's tables (SQLAlchemy 2 Core).
 
 Every table name starts with ``flm_`` so that Optuna's tables (studies, trials, alembic_version,
-...) live in the same database without clashing. The layout of these tables is versioned by
-``SCHEMA_VERSION`` (stored in ``flm_meta``); see :mod:`frontier_llm.store.migrate`.
+...) live in the same database without clashing. These definitions are what the code reads and
+writes; the database gets them from the Alembic revisions in ``store/migrations/versions/`` (see
+:mod:`frontier_llm.store.migrate`), and a test checks that the newest revision builds exactly
+these tables. A change here is a new revision file there.
 """
 
 from __future__ import annotations
@@ -24,9 +26,6 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-# Bump with a new entry in migrate.MIGRATIONS whenever the tables change.
-SCHEMA_VERSION = 2
-
 metadata = MetaData()
 
 # Byte counts overflow 32-bit integers (a 175B model's states are terabytes).
@@ -34,6 +33,7 @@ Bytes = BigInteger
 
 flm_meta = Table(
     "flm_meta", metadata,
+    # schema_version: the version before Alembic; 3 for good since (see revision 0003).
     Column("key", String(64), primary_key=True),
     Column("value", Text, nullable=False),
 )
@@ -166,8 +166,8 @@ flm_predictions = Table(
     UniqueConstraint("layout_id", "costmodel_version", name="uq_flm_predictions_layout_version"),
 )
 
-# Schema version 2: indexes for the query paths (runs of a sweep, runs of a layout, jobs by
-# state). Kept apart from the tables so that migration 2 can add them to a version-1 database.
+# Schema version 2 (revision 0002): indexes for the query paths (runs of a sweep, runs of a
+# layout, jobs by state).
 INDEXES_V2 = (
     Index("ix_flm_runs_sweep_name", flm_runs.c.sweep_name),
     Index("ix_flm_runs_layout_id", flm_runs.c.layout_id),
