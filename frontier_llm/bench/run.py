@@ -36,8 +36,8 @@ from frontier_llm.bench.mesh import check_layout
 from frontier_llm.bench.trace import heartbeat_path, trace_path, write_heartbeat, write_trace
 from frontier_llm.costmodel.flops import hardware_flops, model_flops
 from frontier_llm.specs.identity import layout_hash
+from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
-from frontier_llm.specs.parallel import ParallelConfig
 from frontier_llm.specs.system import SystemSpec
 
 EXIT_OK, EXIT_FAILED, EXIT_OOM = 0, 1, 3
@@ -55,7 +55,7 @@ def collective_timeout_s(world_size: int = 1) -> float:
 class BenchConfig:
     model: ModelSpec
     system: SystemSpec
-    layout: ParallelConfig
+    layout: Layout
     steps: int = 10
     warmup: int = 2
     seed: int = 0

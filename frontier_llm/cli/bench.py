@@ -101,7 +101,7 @@ def build_config(args: argparse.Namespace):
     from frontier_llm.bench.memlimit import parse_bytes
     from frontier_llm.bench.run import BenchConfig
     from frontier_llm.catalog import load_model, load_system
-    from frontier_llm.specs.parallel import ParallelConfig, zero_preset
+    from frontier_llm.specs.layout import Layout, zero_preset
 
     layout, bench = _config_file(args.config)
     model_name = args.model or bench.get("model")
@@ -123,7 +123,7 @@ def build_config(args: argparse.Namespace):
     layout.setdefault("global_batch", layout.get("micro_batch", 1) * layout.get("dp", 1))
     if "schedule" not in layout and layout.get("virtual_stages", 1) > 1:
         layout["schedule"] = "interleaved"
-    layout = ParallelConfig.from_dict(layout)
+    layout = Layout.from_dict(layout)
     limit = args.memory_limit or bench.get("memory_limit")
 
     def pick(name: str, default):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from frontier_llm.errors import UserError
-from frontier_llm.specs.parallel import ParallelConfig, Sharding
+from frontier_llm.specs.layout import Layout, Sharding
 
 
 def add_layout_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -50,14 +50,14 @@ def parse_sharding(text: str) -> Sharding:
     return Sharding.parse(parts)
 
 
-def layout_from_args(args: argparse.Namespace, default_dtype: str = "bf16") -> ParallelConfig:
-    """A validated ParallelConfig from the layout options (SpecError names the broken rule)."""
+def layout_from_args(args: argparse.Namespace, default_dtype: str = "bf16") -> Layout:
+    """A validated Layout from the layout options (SpecError names the broken rule)."""
     schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
     if args.sharding is not None:
         sharding = parse_sharding(args.sharding)
     else:
         sharding = Sharding.parse(args.zero or 0)
-    return ParallelConfig(
+    return Layout(
         tp=args.tp, pp=args.pp, dp=args.dp, micro_batch=args.micro_batch,
         global_batch=args.global_batch or args.micro_batch * args.dp,
         schedule=schedule, virtual_stages=args.virtual_stages,

@@ -15,7 +15,7 @@ from frontier_llm.cli.layout_args import add_layout_args, layout_from_args
 from frontier_llm.costmodel import predict
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.explain import explain
-from frontier_llm.specs.parallel import zero_preset
+from frontier_llm.specs.layout import zero_preset
 
 DEFAULT_MODEL, DEFAULT_SYSTEM, DEFAULT_GPUS = "gpt-175b", "frontier", 1024
 

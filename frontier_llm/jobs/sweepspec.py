@@ -20,7 +20,7 @@ from typing import Any, Literal
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.jobs.render import TEMPLATES, template_options, template_path
-from frontier_llm.specs import ModelSpec, ParallelConfig, Sharding, SystemSpec
+from frontier_llm.specs import Layout, ModelSpec, Sharding, SystemSpec
 from frontier_llm.specs.build import build
 from frontier_llm.specs.site import Site, merge
 from frontier_llm.specs.yamlio import LineMap, load_yaml
@@ -184,7 +184,7 @@ class SweepJob:
     key: str
     model: ModelSpec
     model_ref: str
-    layout: ParallelConfig
+    layout: Layout
     nodes: int
     ranks_per_node: int
     bench_args: tuple[str, ...]
@@ -233,7 +233,7 @@ def _where(data: Any, key: str | None = None) -> str:
     return data.where(key) + ": " if isinstance(data, LineMap) else ""
 
 
-def _layout_key(model_name: str, nodes: int, p: ParallelConfig) -> str:
+def _layout_key(model_name: str, nodes: int, p: Layout) -> str:
     """A readable key that differs for every layout knob that differs from the defaults."""
     parts = [re.sub(r"[^A-Za-z0-9._-]", "_", model_name), f"n{nodes}", f"tp{p.tp}", f"pp{p.pp}",
              f"dp{p.dp}", f"mb{p.micro_batch}", f"gb{p.global_batch}"]
@@ -254,7 +254,7 @@ def _layout_key(model_name: str, nodes: int, p: ParallelConfig) -> str:
     return "-".join(parts)
 
 
-def bench_argv(sweep_name: str, key: str, model_ref: str, system_ref: str, p: ParallelConfig,
+def bench_argv(sweep_name: str, key: str, model_ref: str, system_ref: str, p: Layout,
                spec: SweepFile, extra: Mapping[str, Any]) -> tuple[str, ...]:
     """The ``flm bench`` arguments of one job (the run id and trace dir are added by the job)."""
     argv = ["--model", model_ref, "--system", system_ref, "--tp", str(p.tp), "--pp", str(p.pp),
@@ -404,7 +404,7 @@ def _explicit_jobs(spec: SweepFile, entries: list, models: list[tuple[str, Model
                 data["global_batch"] = spec.global_batch
             else:
                 data["global_batch"] = int(data.get("micro_batch", 1)) * int(data.get("dp", 1))
-        layout = ParallelConfig.from_dict(data)
+        layout = Layout.from_dict(data)
         n, rpn = _placement(layout.world_size, per_node)
         targets = [(r, m) for r, m in models if only_model is None or r == only_model]
         if not targets:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
-from frontier_llm.specs.parallel import ParallelConfig
 
 _IGNORED = {"description", "sources", "source"}
 
@@ -23,10 +23,10 @@ def _strip(obj):
     return obj
 
 
-def layout_hash(model: ModelSpec | dict, system_name: str, layout: ParallelConfig | dict) -> str:
+def layout_hash(model: ModelSpec | dict, system_name: str, layout: Layout | dict) -> str:
     """sha256 (hex, 16 chars) of the canonical JSON of model shape, system name and layout."""
     m = model.to_dict() if isinstance(model, ModelSpec) else dict(model)
-    p = layout.to_dict() if isinstance(layout, ParallelConfig) else dict(layout)
+    p = layout.to_dict() if isinstance(layout, Layout) else dict(layout)
     m.pop("name", None)  # two names for one shape are one layout
     blob = json.dumps(
         {"model": _strip(m), "system": system_name, "layout": _strip(p)},

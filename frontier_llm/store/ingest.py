@@ -39,7 +39,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from frontier_llm.bench.trace import TRACE_SUFFIX, TraceError
 from frontier_llm.errors import UserError
-from frontier_llm.specs.parallel import Sharding
+from frontier_llm.specs.layout import Sharding
 from frontier_llm.store import Store
 from frontier_llm.store.schema import (
     flm_layouts,
