@@ -25,20 +25,17 @@ import sys
 import time
 import traceback
 import warnings
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from frontier_llm import __version__
 from frontier_llm.bench import placement
+from frontier_llm.bench.config import BenchConfig
 from frontier_llm.bench.launch import RankEnv
 from frontier_llm.bench.mesh import check_layout
 from frontier_llm.bench.trace import heartbeat_path, trace_path, write_heartbeat, write_trace
 from frontier_llm.costmodel.flops import hardware_flops, model_flops
 from frontier_llm.specs.identity import layout_hash
-from frontier_llm.specs.layout import Layout
-from frontier_llm.specs.model import ModelSpec
-from frontier_llm.specs.system import SystemSpec
 
 EXIT_OK, EXIT_FAILED, EXIT_OOM = 0, 1, 3
 ENGINE = "native"
@@ -49,25 +46,6 @@ def collective_timeout_s(world_size: int = 1) -> float:
     else 30 s growing with the job's size (bench.placement), so a hung or dead rank cannot hold
     a small run for long and a large one has time to set up its communicators."""
     return placement.collective_timeout_s(world_size, os.environ)
-
-
-@dataclass
-class BenchConfig:
-    model: ModelSpec
-    system: SystemSpec
-    layout: Layout
-    steps: int = 10
-    warmup: int = 2
-    seed: int = 0
-    trace_dir: str = "traces"
-    run_id: str = ""
-    labels: dict[str, str] = field(default_factory=dict)
-    memory_limit: int | None = None
-    data: str | None = None
-    fault: str | None = None
-    fault_step: int = 0
-    model_ref: str = ""  # the name or path given, for the spawned ranks' command line
-    system_ref: str = ""
 
 
 def _now() -> str:

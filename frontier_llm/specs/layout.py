@@ -401,6 +401,13 @@ def layout_fields() -> tuple[dataclasses.Field, ...]:
     return dataclasses.fields(Layout)
 
 
+def given_options(options: Any) -> dict:
+    """The layout options an object (an argparse namespace) holds, without those left None:
+    every field, and ``zero``, the sharding's ZeRO shorthand."""
+    names = (*layout_types(), "zero")
+    return {n: getattr(options, n) for n in names if getattr(options, n, None) is not None}
+
+
 def complete_layout(values: dict) -> dict:
     """Fill what a command line or a config file may leave out, the same way everywhere:
     ``zero`` is a sharding preset, ``global_batch`` defaults to micro_batch x dp and the schedule
