@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from frontier_llm.errors import UserError
-from frontier_llm.specs.layout import Layout, Placement
+from frontier_llm.specs.layout import DType, Layout
 from frontier_llm.specs.model import ModelSpec
 
 DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
@@ -64,10 +64,6 @@ class MeshDims:
 
     def rank_of(self, pp: int, dp_replicate: int, dp_shard: int, tp: int) -> int:
         return ((pp * self.dp_replicate + dp_replicate) * self.dp_shard + dp_shard) * self.tp + tp
-
-
-def _same(a: Placement, b: Placement, dp: int) -> bool:
-    return a.degree(dp) == b.degree(dp)
 
 
 def mesh_dims(layout: Layout) -> MeshDims:
@@ -113,7 +109,7 @@ def check_layout(model: ModelSpec, layout: Layout, world_size: int | None = None
             f"vocab ({model.vocab}) is not divisible by tp ({layout.tp}) (vocab-parallel "
             "embedding and output head)"
         )
-    if layout.dtype == "fp16":
+    if layout.dtype == DType.FP16:
         raise UserError("dtype fp16 needs loss scaling, which the native engine does not do; "
                         "use bf16 or fp32")
     if layout.pp > 1 and layout.num_microbatches < layout.pp:

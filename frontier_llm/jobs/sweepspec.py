@@ -21,7 +21,7 @@ from frontier_llm.bench.config import bench_argv as bench_config_argv
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.jobs.render import TEMPLATES, template_options, template_path
-from frontier_llm.specs import Layout, ModelSpec, Sharding, SystemSpec
+from frontier_llm.specs import DType, Layout, ModelSpec, Sharding, SystemSpec
 from frontier_llm.specs.build import build
 from frontier_llm.specs.site import Site, merge
 from frontier_llm.specs.yamlio import LineMap, load_yaml
@@ -130,7 +130,7 @@ class SweepFile:
     gpus_per_node: int | None = None
     global_batch: int | None = None
     global_batch_per_node: int | None = None
-    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    dtype: DType = DType.BF16
     steps: int = 10
     warmup: int = 2
     seed: int = 0
@@ -172,6 +172,7 @@ class SweepFile:
         if self.warmup < 0:
             raise SpecError("warmup must be 0 or more", "warmup")
         _str_list(self.command, "command")
+        object.__setattr__(self, "dtype", DType.parse(self.dtype, "dtype"))
         for name in ("template_options", "labels", "bench_args", "site"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Mapping):
