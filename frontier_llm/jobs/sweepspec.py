@@ -23,6 +23,7 @@ from frontier_llm.errors import SpecError, UserError
 from frontier_llm.jobs.render import TEMPLATES, template_options, template_path
 from frontier_llm.specs import DType, Layout, ModelSpec, Sharding, SystemSpec
 from frontier_llm.specs.build import build
+from frontier_llm.specs.layout import layout_types
 from frontier_llm.specs.site import Site, merge
 from frontier_llm.specs.yamlio import LineMap, load_yaml
 
@@ -253,7 +254,17 @@ def _layout_key(model_name: str, nodes: int, p: Layout) -> str:
     if not p.flash_attention:
         parts.append("noflash")
     parts.append(p.dtype)
+    # A knob added to Layout later shows in the key when it is not at its default.
+    default = Layout()
+    for name in layout_types():
+        if name not in _KEYED and getattr(p, name) != getattr(default, name):
+            parts.append(re.sub(r"[^A-Za-z0-9.]", "", f"{name}{getattr(p, name)}"))
     return "-".join(parts)
+
+
+# The fields _layout_key spells out by hand (short forms).
+_KEYED = ("tp", "pp", "dp", "micro_batch", "global_batch", "schedule", "virtual_stages",
+          "sequence_parallel", "recompute", "flash_attention", "dtype", "sharding")
 
 
 def bench_argv(sweep_name: str, key: str, model_ref: str, system_ref: str, p: Layout,
