@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from store_fixtures import db_url  # noqa: F401  (fixture)
 
 from frontier_llm.errors import UserError
 from frontier_llm.jobs.lifecycle import JobState
@@ -17,7 +16,7 @@ from frontier_llm.store import open_store
 SWEEP = Path(__file__).resolve().parents[1] / "sweeps" / "tiny-cpu.yaml"
 
 
-def test_rows_lifecycle_and_idempotent_open(db_url, tmp_path):  # noqa: F811
+def test_rows_lifecycle_and_idempotent_open(db_url, tmp_path):
     sweep = load_sweep(SWEEP)
     manifest = render_sweep(sweep, tmp_path / "run")
     store = open_store(db_url)
@@ -50,7 +49,7 @@ def test_rows_lifecycle_and_idempotent_open(db_url, tmp_path):  # noqa: F811
         store.close()
 
 
-def test_a_changed_sweep_or_folder_is_refused(db_url, tmp_path):  # noqa: F811
+def test_a_changed_sweep_or_folder_is_refused(db_url, tmp_path):
     sweep = load_sweep(SWEEP)
     store = open_store(db_url)
     try:

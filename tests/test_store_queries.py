@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from store_fixtures import db_url, make_trace  # noqa: F401  (db_url is a fixture)
+from store_fixtures import make_trace
 
 from frontier_llm.bench.trace import write_trace
 from frontier_llm.store import open_store
@@ -22,7 +22,7 @@ def _trace(run_id, system, measured_s, predicted_s, measured_mem, predicted_mem,
 
 
 @pytest.fixture
-def store(tmp_path, db_url):  # noqa: F811
+def store(tmp_path, db_url):
     traces = [
         # cpu-local: step-time errors +20 % and -10 %, memory errors 0 % and +50 %
         _trace("c1", "cpu-local", 1.0, 1.2, 1000, 1000, tp=1, labels={"sweep": "s1"}),

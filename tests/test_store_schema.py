@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import inspect
-from store_fixtures import db_url, pg_server  # noqa: F401  (fixtures)
 
 from frontier_llm.errors import UserError
 from frontier_llm.store import SCHEMA_VERSION, connect, migrate, open_store, resolve_url
@@ -40,7 +39,7 @@ def test_unsupported_database_and_missing_folder(tmp_path):
         open_store(f"sqlite:///{tmp_path}/no/such/dir/flm.db")
 
 
-def test_new_database_gets_every_table_and_current_version(db_url):  # noqa: F811
+def test_new_database_gets_every_table_and_current_version(db_url):
     store = open_store(db_url)
     try:
         with store.read() as conn:
@@ -65,7 +64,7 @@ def _make_old_database(url: str, version: int) -> None:
     store.close()
 
 
-def test_older_database_is_refused_until_upgraded(db_url):  # noqa: F811
+def test_older_database_is_refused_until_upgraded(db_url):
     _make_old_database(db_url, 1)
     with pytest.raises(migrate.SchemaVersionError) as info:
         open_store(db_url)
@@ -86,7 +85,7 @@ def test_older_database_is_refused_until_upgraded(db_url):  # noqa: F811
     store.close()
 
 
-def test_newer_database_is_refused_naming_both_versions(db_url):  # noqa: F811
+def test_newer_database_is_refused_naming_both_versions(db_url):
     store = open_store(db_url)
     with store.write() as conn:
         conn.exec_driver_sql(f"UPDATE {migrate.VERSION_TABLE} "
@@ -102,7 +101,7 @@ def test_newer_database_is_refused_naming_both_versions(db_url):  # noqa: F811
     store.close()
 
 
-def test_optuna_tables_live_beside_ours(db_url):  # noqa: F811
+def test_optuna_tables_live_beside_ours(db_url):
     import optuna
 
     store = open_store(db_url)
@@ -118,7 +117,7 @@ def test_optuna_tables_live_beside_ours(db_url):  # noqa: F811
 
 
 @pytest.mark.postgres
-def test_postgres_password_urls_work_and_never_leak(pg_server):  # noqa: F811
+def test_postgres_password_urls_work_and_never_leak(pg_server):
     good = f"postgresql://postgres:{pg_server.password}@127.0.0.1:{pg_server.port}/flm"
     store = open_store(good)
     assert pg_server.password not in store.url_redacted

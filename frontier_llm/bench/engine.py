@@ -25,8 +25,8 @@ from frontier_llm.bench.model import DTYPES, GPT, build_model, loss_fn
 from frontier_llm.bench.optim import LocalAdam, allreduce_mean, local
 from frontier_llm.bench.parallelize import apply_fsdp, apply_tp, local_bytes
 from frontier_llm.bench.pipeline import build_schedule, stage_ids, stage_io, stage_layers
+from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
-from frontier_llm.specs.parallel import ParallelConfig
 
 LR = 1e-3
 
@@ -45,7 +45,7 @@ class NativeEngine:
 
     name = "native"
 
-    def __init__(self, spec: ModelSpec, layout: ParallelConfig, *, rank: int, world_size: int,
+    def __init__(self, spec: ModelSpec, layout: Layout, *, rank: int, world_size: int,
                  device: torch.device, seed: int = 0, data: str | None = None) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -239,7 +239,7 @@ class NativeEngine:
         return self.meter.peak
 
 
-def reference_losses(spec: ModelSpec, layout: ParallelConfig, steps: int, seed: int = 0,
+def reference_losses(spec: ModelSpec, layout: Layout, steps: int, seed: int = 0,
                      data: str | None = None) -> list[float]:
     """Losses of the single-process run (no parallelism) on the same global batches."""
     torch.manual_seed(seed)

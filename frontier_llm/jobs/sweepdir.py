@@ -24,6 +24,7 @@ from frontier_llm.jobs import site_policy
 from frontier_llm.jobs.render import JobScript, Resources, Task, render
 from frontier_llm.jobs.sweepspec import Sweep, SweepJob
 from frontier_llm.specs.identity import layout_hash
+from frontier_llm.specs.layout import PlacementKind
 
 MANIFEST = "manifest.json"
 
@@ -126,7 +127,7 @@ def _resources(sweep: Sweep, group: Group) -> Resources:
 def _task_env(sweep: Sweep, job: SweepJob) -> tuple[tuple[str, str], ...]:
     """Variables for one task: the site's ``env_without_fsdp`` unless the layout shards its
     parameters (NVIDIA: CUDA_DEVICE_MAX_CONNECTIONS=1 must not be set with FSDP)."""
-    fsdp = job.layout.sharding.params.kind != "replicate" and job.layout.dp > 1
+    fsdp = job.layout.sharding.params.kind != PlacementKind.REPLICATE and job.layout.dp > 1
     return () if fsdp else sweep.site.env_without_fsdp
 
 

@@ -39,9 +39,10 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from frontier_llm.bench.trace import TRACE_SUFFIX, TraceError
 from frontier_llm.errors import UserError
-from frontier_llm.specs.parallel import Sharding
+from frontier_llm.specs.layout import Sharding
 from frontier_llm.store import Store
 from frontier_llm.store.schema import (
+    LAYOUT_COLUMNS,
     flm_layouts,
     flm_predictions,
     flm_rank_memory,
@@ -62,8 +63,8 @@ _SUMMARY_COLUMNS = ("steps_measured", "step_time_s", "tokens_per_s", "model_tflo
 _MEMORY_COLUMNS = ("pp_stage", "tp_rank", "dp_rank", "params_bytes", "grads_bytes",
                    "optimizer_bytes", "activations_peak_bytes", "device_allocated_peak_bytes",
                    "device_reserved_peak_bytes", "host_rss_peak_bytes")
-_LAYOUT_COLUMNS = ("tp", "pp", "dp", "micro_batch", "global_batch", "schedule", "virtual_stages",
-                   "sequence_parallel", "recompute", "flash_attention", "dtype")
+# The layout's columns copied as the trace holds them (the sharding is turned into its text).
+_LAYOUT_COLUMNS = tuple(c for c in LAYOUT_COLUMNS if c not in ("sharding", "zero_stage"))
 
 
 @dataclass

@@ -7,12 +7,11 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import and_, literal, select
 
+from frontier_llm.specs.layout import Layout, layout_types
 from frontier_llm.store import Store
-from frontier_llm.store.schema import flm_layouts, flm_predictions, flm_runs
+from frontier_llm.store.schema import LAYOUT_COLUMNS, flm_layouts, flm_predictions, flm_runs
 
-_LAYOUT_COLUMNS = ("model_name", "system_name", "tp", "pp", "dp", "micro_batch", "global_batch",
-                   "schedule", "virtual_stages", "sequence_parallel", "recompute",
-                   "flash_attention", "dtype", "sharding", "zero_stage", "layout_hash")
+_LAYOUT_COLUMNS = ("model_name", "system_name", *LAYOUT_COLUMNS, "layout_hash")
 _RUN_COLUMNS = ("run_id", "sweep_name", "job_key", "status", "error", "engine", "world_size",
                 "steps_measured", "step_time_s", "tokens_per_s", "model_tflops_per_gpu",
                 "hardware_tflops_per_gpu", "mfu", "hfu", "peak_memory_bytes", "started_at",
@@ -58,6 +57,17 @@ def runs_frame(store: Store, sweep: str | None = None,
     for c in ("peak_memory_bytes", "predicted_peak_memory_bytes"):
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
     return df
+
+
+def stored_layout(store: Store, layout_hash: str) -> Layout:
+    """The Layout a ``flm_layouts`` row holds (KeyError when no row has ``layout_hash``)."""
+    lay = flm_layouts
+    with store.read() as conn:
+        row = conn.execute(select(*[lay.c[n] for n in layout_types()])
+                           .where(lay.c.layout_hash == layout_hash)).mappings().first()
+    if row is None:
+        raise KeyError(layout_hash)
+    return Layout.from_dict(dict(row))
 
 
 def sweep_names(store: Store) -> list[str]:

@@ -26,6 +26,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
+from frontier_llm.specs.layout import DType, Sharding, layout_types
+
 metadata = MetaData()
 
 # Byte counts overflow 32-bit integers (a 175B model's states are terabytes).
@@ -47,28 +49,37 @@ flm_sweeps = Table(
     Column("created_at", DateTime(timezone=True)),
 )
 
+def _layout_columns() -> list[Column]:
+    """One column per Layout field (frontier_llm.specs.layout): integers, booleans, a vocabulary
+    as its word, the sharding as its ``Sharding.describe`` text beside its ZeRO stage."""
+    cols = []
+    for name, kind in layout_types().items():
+        if kind is Sharding:
+            cols += [Column(name, String(200), nullable=False), Column("zero_stage", Integer)]
+        elif kind is bool:
+            cols.append(Column(name, Boolean, nullable=False))
+        elif kind is int:
+            cols.append(Column(name, Integer, nullable=False))
+        else:
+            cols.append(Column(name, String(_WORD_LENGTH.get(kind, 32)), nullable=False))
+    return cols
+
+
+# Vocabulary columns are String(32) but for the dtype, which schema version 1 made String(16).
+_WORD_LENGTH = {DType: 16}
+
 flm_layouts = Table(
     "flm_layouts", metadata,
     Column("id", Integer, primary_key=True),
     Column("layout_hash", String(16), nullable=False, unique=True),
     Column("model_name", String(200), nullable=False),
     Column("system_name", String(200), nullable=False),
-    Column("tp", Integer, nullable=False),
-    Column("pp", Integer, nullable=False),
-    Column("dp", Integer, nullable=False),
-    Column("micro_batch", Integer, nullable=False),
-    Column("global_batch", Integer, nullable=False),
-    Column("schedule", String(32), nullable=False),
-    Column("virtual_stages", Integer, nullable=False),
-    Column("sequence_parallel", Boolean, nullable=False),
-    Column("recompute", String(32), nullable=False),
-    Column("flash_attention", Boolean, nullable=False),
-    Column("dtype", String(16), nullable=False),
-    Column("sharding", String(200), nullable=False),
-    Column("zero_stage", Integer),
+    *_layout_columns(),
     Column("model_json", Text, nullable=False),
     Column("layout_json", Text, nullable=False),
 )
+# The flm_layouts columns that hold the layout itself, in field order.
+LAYOUT_COLUMNS = tuple(c.name for c in _layout_columns())
 
 flm_jobs = Table(
     "flm_jobs", metadata,
