@@ -77,6 +77,9 @@ def test_older_database_is_refused_until_upgraded(db_url):
             ix["name"] for ix in inspect(conn).get_indexes("flm_runs")}
     assert store.upgrade() == list(range(2, SCHEMA_VERSION + 1))
     assert store.upgrade() == []  # idempotent
+    with store.read() as conn:  # revision 0004: the calibration tables
+        assert {"flm_calibrations", "flm_calibration_samples"} <= set(
+            inspect(conn).get_table_names())
     store.close()
     store = open_store(db_url)
     with store.read() as conn:

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "bench",  # flm bench
     "store",  # flm collect, flm results, flm validate, flm db
     "sweep",  # flm sweep render|submit|status|cancel|retry
+    "calibrate",  # flm calibrate [run|fit|submit] and --from-runs
 )
 # Which module registers each command, so that dispatching one imports only its module.
 COMMAND_MODULE = {

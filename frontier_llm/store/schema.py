@@ -177,6 +177,47 @@ flm_predictions = Table(
     UniqueConstraint("layout_id", "costmodel_version", name="uq_flm_predictions_layout_version"),
 )
 
+# flm calibrate's microbenchmark runs and their timings (docs/calibrate.md; revision 0004).
+flm_calibrations = Table(
+    "flm_calibrations", metadata,
+    Column("id", Integer, primary_key=True),
+    # sha256 of the results file's bytes: saving the same file twice stores it once.
+    Column("calibration_id", String(64), nullable=False, unique=True),
+    Column("started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("system_name", String(200)),
+    Column("model_name", String(200)),
+    Column("dtype", String(16)),
+    Column("backend", String(32)),
+    Column("hosts", Text, nullable=False),  # comma-separated, sorted
+    Column("node_count", Integer, nullable=False),
+    Column("world_size", Integer, nullable=False),
+    Column("versions_json", Text, nullable=False),
+    Column("provenance_json", Text, nullable=False),
+    Column("results_path", Text),
+)
+
+flm_calibration_samples = Table(
+    "flm_calibration_samples", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("calibration", Integer, nullable=False),
+    Column("kind", String(16), nullable=False),  # 'matmul' | 'collective'
+    Column("library", String(32)),
+    Column("op", String(32)),  # GEMM name for matmul rows
+    Column("tier", String(16)),
+    Column("group_size", Integer),
+    Column("nbytes", BigInteger),
+    Column("tp", Integer),
+    Column("hidden", Integer),
+    Column("m", Integer),
+    Column("n", Integer),
+    Column("k", Integer),
+    Column("dtype", String(16)),
+    Column("reps", Integer),
+    Column("time_s", Float, nullable=False),
+    ForeignKeyConstraint(["calibration"], ["flm_calibrations.id"], ondelete="CASCADE"),
+)
+
 # Schema version 2 (revision 0002): indexes for the query paths (runs of a sweep, runs of a
 # layout, jobs by state).
 INDEXES_V2 = (

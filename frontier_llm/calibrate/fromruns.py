@@ -1,0 +1,305 @@
+"""The closed loop: refit the cost model's efficiency knobs from measured runs in the store, and
+measure the model's step-time error before and after on runs the fit has not seen.
+
+Knobs (each a physical quantity of the system, docs/calibrate.md):
+
+- ``matmul``: the achieved matrix rate (FLOP/s) — the ``matmul`` efficiency times the peak; a
+  rate above the stated peak raises the peak (the stated one was then wrong);
+- ``layer_overhead_s``: fixed seconds per transformer block and micro-batch forward (backward
+  twice): kernel launches on a GPU; on a CPU the Python and framework dispatch of every block;
+- ``latency``: start-up seconds per message on the node tier (``links.node.latency``, and the
+  package tier's when it has one), as a training framework sees it;
+- ``network_latency``: the same on the network tier (runs that span nodes);
+- ``collective``: the fraction of the link bandwidths collectives achieve;
+- ``memory``: the fraction of the memory bandwidth element-wise work achieves.
+
+The fit minimises the squared log ratio of predicted to measured step time (a relative error, so
+a slow run does not outweigh a fast one) with scipy's bounded least squares. Cross-validation:
+the runs are split into ``k`` folds (a seeded shuffle); each fold is predicted by the base
+system ("before") and by knobs fitted on the other folds ("after"). An in-sample error much
+below the held-out one shows over-fitting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares
+
+from frontier_llm.catalog import model_from_mapping
+from frontier_llm.costmodel import evaluate, from_configs
+from frontier_llm.errors import UserError
+from frontier_llm.specs.parallel import ParallelConfig
+from frontier_llm.specs.system import Efficiency, SystemSpec
+
+KNOBS = ("matmul", "layer_overhead_s", "latency", "network_latency", "collective", "memory")
+UNITS = {"matmul": "FLOP/s", "layer_overhead_s": "s", "latency": "s", "network_latency": "s",
+         "collective": "fraction", "memory": "fraction"}
+
+
+@dataclass(frozen=True)
+class RunSet:
+    """Measured runs ready to predict: per-run id, measured seconds, and (model, layouts,
+    row positions) groups for vectorized evaluation."""
+
+    runs: pd.DataFrame  # run_id, measured_s, layout, model (+ whatever the query gave)
+    groups: tuple  # ((ModelSpec, LayoutTable, positions), ...)
+
+    def subset(self, mask: np.ndarray) -> RunSet:
+        return make_runset(self.runs[mask].reset_index(drop=True))
+
+
+def describe(lay: ParallelConfig) -> str:
+    return (f"tp{lay.tp} pp{lay.pp} dp{lay.dp} mb{lay.micro_batch} gb{lay.global_batch}"
+            f"{' ' + lay.recompute if lay.recompute != 'none' else ''}"
+            f"{' ' + lay.sharding.describe() if lay.zero_stage else ''}")
+
+
+def make_runset(runs: pd.DataFrame) -> RunSet:
+    groups = []
+    for key, g in runs.groupby("model_json", sort=False):
+        model = model_from_mapping(json.loads(key))
+        table = from_configs(list(g["config"]))
+        groups.append((model, table, g.index.to_numpy()))
+    return RunSet(runs=runs, groups=tuple(groups))
+
+
+def load_runs(store, sweep: str) -> pd.DataFrame:
+    """Completed runs of ``sweep`` with a measured step time, and their model and layout.
+
+    Repeated runs of one layout (same model and layout hash) are one measurement of one step
+    time: their median, with ``runs`` counting them (``run_id`` is the first one's). On a
+    shared machine, repeating each layout at different times is how the load's drift is
+    averaged out instead of being fitted as a property of the layout.
+    """
+    from sqlalchemy import select
+
+    from frontier_llm.store.schema import flm_layouts, flm_runs
+
+    r, lay = flm_runs, flm_layouts
+    stmt = (select(r.c.run_id, r.c.step_time_s, r.c.status, lay.c.model_json, lay.c.layout_json,
+                   lay.c.layout_hash)
+            .select_from(r.join(lay, r.c.layout_id == lay.c.id))
+            .where(r.c.sweep_name == sweep).order_by(r.c.run_id))
+    with store.read() as conn:
+        rows = [tuple(x) for x in conn.execute(stmt)]
+    df = pd.DataFrame(rows, columns=["run_id", "measured_s", "status", "model_json",
+                                     "layout_json", "layout_hash"])
+    df = df[(df["status"] == "completed") & (pd.to_numeric(df["measured_s"]) > 0)]
+    if df.empty:
+        raise UserError(f"no completed runs with a step time for sweep {sweep!r} in the "
+                        "database: run 'flm collect DIR' on its traces, or check --sweep/--db")
+    df["measured_s"] = df["measured_s"].astype(float)
+    df = (df.groupby(["model_json", "layout_hash"], sort=False)
+          .agg(run_id=("run_id", "first"), measured_s=("measured_s", "median"),
+               runs=("run_id", "size"), layout_json=("layout_json", "first"))
+          .reset_index().sort_values("run_id").reset_index(drop=True))
+    df["config"] = [ParallelConfig.from_dict(json.loads(t)) for t in df["layout_json"]]
+    df["layout"] = [describe(c) for c in df["config"]]
+    df["model"] = [json.loads(m)["name"] for m in df["model_json"]]
+    return df
+
+
+def predict(system: SystemSpec, rs: RunSet) -> np.ndarray:
+    out = np.empty(len(rs.runs))
+    for model, table, pos in rs.groups:
+        out[pos] = evaluate(model, system, table)["step_time_s"]
+    return out
+
+
+# --- knobs <-> system ---------------------------------------------------------------------
+def _main_dtype(rs: RunSet) -> str:
+    return str(pd.Series([c.dtype for c in rs.runs["config"]]).mode().iloc[0])
+
+
+def knob_values(system: SystemSpec, dtype: str) -> dict[str, float]:
+    """The system's current value of every knob (physical units)."""
+    return {
+        "matmul": system.peak(dtype) * system.eff("matmul"),
+        "layer_overhead_s": system.layer_overhead_s,
+        "latency": system.link("node").latency,
+        "network_latency": system.link("network").latency,
+        "collective": system.eff("collective"),
+        "memory": system.eff("memory"),
+    }
+
+
+def with_knobs(system: SystemSpec, values: dict[str, float], dtype: str,
+               source: str = "") -> SystemSpec:
+    """``system`` with the given knobs set (only those named)."""
+    eff = dict(system.efficiency)
+    peaks = dict(system.peak_flops)
+    links = dict(system.links)
+    changes: dict = {}
+    if "matmul" in values:
+        rate = values["matmul"]
+        peak = system.peak(dtype)
+        if rate > peak:  # the stated peak was too low; raise every dtype's alike
+            scale = rate / peak
+            peaks = {k: v * scale for k, v in peaks.items()}
+            peak = rate
+        eff["matmul"] = Efficiency(min(1.0, rate / peak), source)
+        changes["peak_flops"] = peaks
+    for name in ("collective", "memory"):
+        if name in values:
+            eff[name] = Efficiency(float(np.clip(values[name], 1e-6, 1.0)), source)
+    if "layer_overhead_s" in values:
+        changes["layer_overhead_s"] = float(values["layer_overhead_s"])
+    for knob, scopes in (("latency", ("package", "node")), ("network_latency", ("network",))):
+        if knob in values:
+            for scope in scopes:
+                if scope in links:
+                    links[scope] = dataclasses.replace(links[scope], latency=float(values[knob]),
+                                                       source=source)
+    return dataclasses.replace(system, efficiency=eff, links=links, **changes)
+
+
+# --- the fit ------------------------------------------------------------------------------
+_LOG_KNOBS = {"matmul", "latency", "network_latency", "collective", "memory"}
+
+
+def fit_knobs(system: SystemSpec, rs: RunSet, knobs: tuple[str, ...]) -> dict[str, float]:
+    """Knob values minimising the squared log error of the predicted step times."""
+    dtype = _main_dtype(rs)
+    start = knob_values(system, dtype)
+    measured = rs.runs["measured_s"].to_numpy(float)
+
+    def decode(x: np.ndarray) -> dict[str, float]:
+        out = {}
+        for k, v in zip(knobs, x, strict=True):
+            out[k] = float(np.exp(v)) if k in _LOG_KNOBS else float(v) * 1e-3
+        return out
+
+    x0, lo, hi = [], [], []
+    for k in knobs:
+        if k in _LOG_KNOBS:
+            v = np.log(max(start[k], 1e-9))
+            top = 0.0 if k in ("collective", "memory") else v + 8
+            x0.append(min(v, top))
+            lo.append(v - 8)
+            hi.append(top + 1e-12)
+        else:  # layer_overhead_s, fitted in milliseconds
+            x0.append(start[k] * 1e3)
+            lo.append(0.0)
+            hi.append(1e4)
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        pred = predict(with_knobs(system, decode(x), dtype), rs)
+        return np.log(pred / measured)
+
+    # soft_l1: a run far off (a burst of load on a shared machine) pulls less than in plain
+    # least squares; within ~10 % of the log error the loss is quadratic as usual.
+    sol = least_squares(residuals, np.array(x0, float), bounds=(lo, hi), x_scale="jac",
+                        loss="soft_l1", f_scale=0.1)
+    return decode(sol.x)
+
+
+def folds(n: int, k: int, seed: int = 0) -> np.ndarray:
+    """A fold number per run (seeded shuffle, sizes differ by at most one)."""
+    order = np.random.default_rng(seed).permutation(n)
+    out = np.empty(n, int)
+    out[order] = np.arange(n) % k
+    return out
+
+
+@dataclass
+class LoopReport:
+    per_run: pd.DataFrame  # run_id, layout, fold, measured_s, before_s, after_s, errors
+    summary: pd.DataFrame  # what, runs, MAPE before/after
+    knobs_all: dict[str, float]  # fitted on every training run
+    knobs_before: dict[str, float]
+    system_all: SystemSpec
+
+
+def _ape(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
+    return (pred - meas) / meas * 100.0
+
+
+def closed_loop(system: SystemSpec, runs: pd.DataFrame, knobs: tuple[str, ...], k: int,
+                test: pd.DataFrame | None = None, source: str = "") -> LoopReport:
+    """k-fold cross-validated refit of ``knobs`` on ``runs``; ``test`` runs (another sweep) are
+    predicted by the fit on all of ``runs`` only."""
+    bad = [x for x in knobs if x not in KNOBS]
+    if bad or not knobs:
+        raise UserError(f"unknown knob(s) {', '.join(bad) or '(none)'}: choose from "
+                        f"{', '.join(KNOBS)}")
+    n = len(runs)
+    if n < 2:
+        raise UserError(f"{n} layout(s) measured in the sweep: cross-validation needs at "
+                        "least 2")
+    k = max(2, min(k, n))
+    rs = make_runset(runs)
+    dtype = _main_dtype(rs)
+    before = predict(system, rs)
+    after = np.empty(n)
+    fold = folds(n, k)
+    for f in range(k):
+        train, held = fold != f, fold == f
+        fitted = fit_knobs(system, rs.subset(train), knobs)
+        after[held] = predict(with_knobs(system, fitted, dtype), rs.subset(held))
+    knobs_all = fit_knobs(system, rs, knobs)
+    system_all = with_knobs(system, knobs_all, dtype, source)
+    insample = predict(system_all, rs)
+    meas = runs["measured_s"].to_numpy(float)
+    per_run = pd.DataFrame({
+        "set": "cv", "run_id": runs["run_id"], "layout": runs["layout"], "runs": runs["runs"],
+        "fold": fold,
+        "measured_s": meas, "before_s": before, "after_s": after,
+        "before_err_pct": _ape(before, meas), "after_err_pct": _ape(after, meas),
+    })
+    summary = [{"what": f"held-out ({k}-fold CV)", "runs": n,
+                "mape_before_pct": np.abs(_ape(before, meas)).mean(),
+                "mape_after_pct": np.abs(_ape(after, meas)).mean()},
+               {"what": "in-sample (fit on all)", "runs": n,
+                "mape_before_pct": np.abs(_ape(before, meas)).mean(),
+                "mape_after_pct": np.abs(_ape(insample, meas)).mean()}]
+    if test is not None and len(test):
+        trs = make_runset(test.reset_index(drop=True))
+        tm = trs.runs["measured_s"].to_numpy(float)
+        tb, ta = predict(system, trs), predict(system_all, trs)
+        per_run = pd.concat([per_run, pd.DataFrame({
+            "set": "test", "run_id": trs.runs["run_id"], "layout": trs.runs["layout"],
+            "runs": trs.runs["runs"], "fold": -1, "measured_s": tm, "before_s": tb, "after_s": ta,
+            "before_err_pct": _ape(tb, tm), "after_err_pct": _ape(ta, tm)})],
+            ignore_index=True)
+        summary.append({"what": "test sweep (never fitted)", "runs": len(tm),
+                        "mape_before_pct": np.abs(_ape(tb, tm)).mean(),
+                        "mape_after_pct": np.abs(_ape(ta, tm)).mean()})
+    return LoopReport(per_run=per_run, summary=pd.DataFrame(summary), knobs_all=knobs_all,
+                      knobs_before={x: knob_values(system, dtype)[x] for x in knobs},
+                      system_all=system_all)
+
+
+def refitted_mapping(base: dict, report: LoopReport, source: str) -> dict:
+    """The base system's YAML mapping with the knobs fitted on all runs in place."""
+    from frontier_llm.calibrate.system_file import plain
+
+    s = report.system_all
+    out = dict(base)
+    out["peak_flops"] = {k: float(f"{v:.4g}") for k, v in s.peak_flops.items()}
+    eff = dict(out.get("efficiency") or {})
+    for name, e in s.efficiency.items():
+        if (name in eff and isinstance(eff[name], dict)) or name not in eff:
+            eff[name] = {"value": round(e.value, 4), "source": e.source or
+                         (eff.get(name) or {}).get("source", "")}
+        else:
+            eff[name] = {"value": round(e.value, 4), "source": ""}
+    out["efficiency"] = eff
+    out["layer_overhead_s"] = float(f"{s.layer_overhead_s:.4g}")
+    links = {}
+    for scope, tier in s.links.items():
+        links[scope] = {"bandwidth": tier.bandwidth, "latency": float(f"{tier.latency:.4g}"),
+                        "source": tier.source}
+    out["links"] = links
+    sources = dict(out.get("sources") or {})
+    sources["from_runs"] = source
+    out["sources"] = sources
+    from frontier_llm.catalog import system_from_mapping
+
+    system_from_mapping(plain(out))
+    return out
+

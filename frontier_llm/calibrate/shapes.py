@@ -1,0 +1,78 @@
+"""The matrix multiplications one transformer block runs on one tensor-parallel rank.
+
+Megatron's split (Shoeybi et al. 2019; :mod:`frontier_llm.costmodel.params`): QKV and the MLP's
+first matrices are column-parallel (their output width divides by ``tp``), the attention output
+projection and the MLP's last matrix row-parallel (their inner dimension divides by ``tp``). For
+``tokens = micro_batch · seq_len`` rows, a GEMM ``(m × k) · (k × n)`` costs ``2·m·n·k`` FLOPs.
+The microbenchmark times exactly these shapes, so the fitted matrix rate is the rate a layout of
+this model sees, not a square-matrix datasheet figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from frontier_llm.costmodel.params import kv_width_per_rank
+from frontier_llm.specs.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One GEMM: ``(m × k) · (k × n)``; ``hidden`` is the model width it belongs to (the size
+    the cost model's ``matmul_half_hidden`` effect is expressed in)."""
+
+    name: str
+    tp: int
+    hidden: int
+    m: int
+    n: int
+    k: int
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+
+def block_gemms(model: ModelSpec, tp: int, micro_batch: int = 1) -> list[Gemm]:
+    """The forward GEMMs of one block on one of ``tp`` ranks (backward runs each twice more)."""
+    if tp < 1 or model.hidden % tp or model.ffn_hidden % tp:
+        raise ValueError(f"tp={tp} does not divide {model.name}'s hidden/ffn sizes")
+    h, f = model.hidden, model.ffn_hidden
+    tokens = micro_batch * model.seq_len
+    kv = int(kv_width_per_rank(model, tp))
+    mlp_in = (model.mlp_matrices - 1) * (f // tp)
+    return [
+        Gemm("qkv", tp, h, tokens, h // tp + 2 * kv, h),
+        Gemm("attn_out", tp, h, tokens, h, h // tp),
+        Gemm("mlp_in", tp, h, tokens, mlp_in, h),
+        Gemm("mlp_out", tp, h, tokens, h, f // tp),
+    ]
+
+
+def scaled_model(model: ModelSpec, hidden: int) -> ModelSpec:
+    """The same architecture at another width (heads keep their size where they can), for the
+    size ladder that measures how the matrix rate grows with the matrices."""
+    import dataclasses
+
+    heads = max(1, hidden // model.head_dim) if hidden % model.head_dim == 0 else 1
+    kv_heads = heads if model.kv_heads == model.heads else max(1, min(model.kv_heads, heads))
+    while heads % kv_heads:
+        kv_heads -= 1
+    ffn = (None if model.ffn_hidden == 4 * model.hidden
+           else round(model.ffn_hidden * hidden / model.hidden))
+    return dataclasses.replace(model, name=f"{model.name}@h{hidden}", hidden=hidden,
+                               heads=heads, kv_heads=kv_heads, ffn_hidden=ffn)
+
+
+def gemm_set(model: ModelSpec, tps: list[int], ladder: list[int], micro_batch: int = 1
+             ) -> list[Gemm]:
+    """The model's block GEMMs for every ``tp`` that divides it, plus the tp=1 block GEMMs of
+    the same architecture at each width of ``ladder`` (the size effect)."""
+    out: list[Gemm] = []
+    for tp in tps:
+        if model.hidden % tp == 0 and model.ffn_hidden % tp == 0:
+            out += block_gemms(model, tp, micro_batch)
+    for h in ladder:
+        if h != model.hidden:
+            out += block_gemms(scaled_model(model, h), 1, micro_batch)
+    return out
