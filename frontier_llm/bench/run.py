@@ -66,6 +66,8 @@ class BenchConfig:
     data: str | None = None
     fault: str | None = None
     fault_step: int = 0
+    # Gradient all-reduce bucket of the DDP / ZeRO-1 paths (a run setting, not a layout knob).
+    bucket_mb: float | None = None
     model_ref: str = ""  # the name or path given, for the spawned ranks' command line
     system_ref: str = ""
 
@@ -260,7 +262,8 @@ def run_rank(cfg: BenchConfig, renv: RankEnv) -> int:
         if cfg.memory_limit:
             apply_limit(cfg.memory_limit)
         engine = NativeEngine(cfg.model, cfg.layout, rank=rank, world_size=world, device=device,
-                              seed=cfg.seed, data=cfg.data)
+                              seed=cfg.seed, data=cfg.data,
+                              bucket_bytes=int(cfg.bucket_mb * 2**20) if cfg.bucket_mb else None)
         total = cfg.warmup + cfg.steps
         for step in range(total):
             if cfg.fault and step == cfg.fault_step and rank == world - 1:

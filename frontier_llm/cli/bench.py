@@ -60,6 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--data", default=None, metavar="tokens.bin",
                    help="memory-mapped token file (uint16 ids, uint32 above 65536 tokens) "
                         "instead of synthetic tokens")
+    r.add_argument("--bucket-mb", type=float, default=None, metavar="MB",
+                   help="gradient all-reduce bucket of the DDP and ZeRO-1 paths in MiB "
+                        "(default 64; a run setting flm tune can search)")
     r.add_argument("--nproc", type=int, default=None,
                    help="local ranks to start when not inside a launcher (default tp x pp x dp)")
     r.add_argument("--fault", choices=("crash", "hang"), default=None,
@@ -135,9 +138,12 @@ def build_config(args: argparse.Namespace):
         warmup=int(pick("warmup", 2)), seed=int(pick("seed", 0)), trace_dir=args.trace_dir,
         run_id=args.run_id or "", labels=_labels(args.label),
         memory_limit=parse_bytes(limit) if limit else None, data=pick("data", None),
-        fault=args.fault, fault_step=args.fault_step, model_ref=str(model_name),
+        fault=args.fault, fault_step=args.fault_step,
+        bucket_mb=args.bucket_mb, model_ref=str(model_name),
         system_ref=str(system_ref),
     )
+    if cfg.bucket_mb is not None and cfg.bucket_mb <= 0:
+        raise UserError("--bucket-mb must be above 0")
     if cfg.steps < 1 or cfg.warmup < 0:
         raise UserError("--steps must be at least 1 and --warmup at least 0")
     if cfg.run_id and not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", cfg.run_id):
