@@ -301,7 +301,8 @@ def load_study(path: str | Path, name: str | None = None) -> StudyFile:
     try:
         cands = Candidates.build(study)
     except UserError as exc:
-        raise SpecError(f"{data.where('study')}: {exc}", "space") from None
+        where = raw.where("space") if isinstance(raw, LineMap) else data.where("study")
+        raise SpecError(f"{where}: {exc}", "space") from None
     if not cands.feasible():
         why = "; ".join(f"{r}: {c}" for r, c in sorted(cands.rejections().items(),
                                                        key=lambda kv: -kv[1])[:3])
