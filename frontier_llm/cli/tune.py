@@ -147,8 +147,11 @@ def _load(args):
     from frontier_llm.tune import report
 
     store, url = _open(args)
-    store.close()
-    return report.load(_study_name(args.study), osx.make_storage(url))
+    try:
+        # A study is never created here: the storage only reads what steps wrote.
+        return report.load(_study_name(args.study), osx.make_storage(url))
+    finally:
+        store.close()
 
 
 def _status(args) -> int:

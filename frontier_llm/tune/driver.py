@@ -62,13 +62,23 @@ class Tuner:
                  client: SlurmClient | None = None, executor: str | None = None) -> None:
         self.sf = study
         self.store = store
-        self.storage = osx.make_storage(url)
+        self.url = url
+        self._storage = None
         self.out = Path(out).resolve() if out else None
         self.executor_name = executor or study.executor
         self.client = client
         self._executor: Executor | None = None
 
     # --- the study ---------------------------------------------------------------------------
+    @property
+    def storage(self):
+        """Optuna's storage; the first use creates its tables, which two processes must not do
+        at once (PostgreSQL refuses the second CREATE TYPE), hence the lock."""
+        if self._storage is None:
+            with study_lock(self.store, "optuna-schema"):
+                self._storage = osx.make_storage(self.url)
+        return self._storage
+
     def open(self) -> optuna.Study:
         """Create or load the study (refusing one of the same name with another space)."""
         directory = str(self.out or (Path("runs") / self.sf.name).resolve())
