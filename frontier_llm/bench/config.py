@@ -42,6 +42,8 @@ class BenchConfig:
     data: str | None = None
     fault: str | None = None
     fault_step: int = 0
+    # Gradient all-reduce bucket of the DDP / ZeRO-1 paths (a run setting, not a layout knob).
+    bucket_mb: float | None = None
     model_ref: str = ""  # the name or path given, for the spawned ranks' command line
     system_ref: str = ""
 
@@ -106,9 +108,11 @@ def build_config(args: Any) -> BenchConfig:
         warmup=int(pick("warmup", 2)), seed=int(pick("seed", 0)), trace_dir=args.trace_dir,
         run_id=args.run_id or "", labels=parse_labels(args.label),
         memory_limit=parse_bytes(limit) if limit else None, data=pick("data", None),
-        fault=args.fault, fault_step=args.fault_step, model_ref=str(model_name),
-        system_ref=str(system_ref),
+        fault=args.fault, fault_step=args.fault_step, bucket_mb=args.bucket_mb,
+        model_ref=str(model_name), system_ref=str(system_ref),
     )
+    if cfg.bucket_mb is not None and cfg.bucket_mb <= 0:
+        raise UserError("--bucket-mb must be above 0")
     if cfg.steps < 1 or cfg.warmup < 0:
         raise UserError("--steps must be at least 1 and --warmup at least 0")
     if cfg.run_id and not RUN_ID.fullmatch(cfg.run_id):
@@ -167,6 +171,8 @@ def child_argv(cfg: BenchConfig, args: Any = None) -> list[str]:
         extra += ["--data", str(cfg.data)]
     if cfg.fault:
         extra += ["--fault", cfg.fault, "--fault-step", str(cfg.fault_step)]
+    if cfg.bucket_mb is not None:
+        extra += ["--bucket-mb", str(cfg.bucket_mb)]
     return bench_argv(cfg.model_ref or cfg.model.name, cfg.system_ref or cfg.system.name,
                       cfg.layout, steps=cfg.steps, warmup=cfg.warmup, seed=cfg.seed,
                       labels=cfg.labels, extra=extra)

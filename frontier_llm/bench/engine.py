@@ -46,10 +46,12 @@ class NativeEngine:
     name = "native"
 
     def __init__(self, spec: ModelSpec, layout: Layout, *, rank: int, world_size: int,
-                 device: torch.device, seed: int = 0, data: str | None = None) -> None:
+                 device: torch.device, seed: int = 0, data: str | None = None,
+                 bucket_bytes: int | None = None) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
         self.spec, self.layout, self.device, self.seed = spec, layout, device, seed
+        self.bucket_bytes = bucket_bytes
         self.dims: MeshDims = check_layout(spec, layout, world_size)
         self.coords = self.dims.coords(rank)
         self.rank = rank
@@ -218,7 +220,8 @@ class NativeEngine:
             loss = self._forward_backward(inputs, targets)
         grads = self._settle_grads()
         if self.dp_group is not None:
-            allreduce_mean([local(g) for g in grads], self.dp_group)
+            kw = {"bucket_bytes": self.bucket_bytes} if self.bucket_bytes else {}
+            allreduce_mean([local(g) for g in grads], self.dp_group, **kw)
         if self.tied_group is not None:
             for p in self._tied_params():
                 if p.grad is not None:

@@ -292,8 +292,10 @@ def _start_engine(me: _Rank) -> None:
     )
     if cfg.memory_limit:
         apply_limit(cfg.memory_limit)
-    me.engine = NativeEngine(cfg.model, cfg.layout, rank=me.rank, world_size=me.world,
-                             device=me.device, seed=cfg.seed, data=cfg.data)
+    me.engine = NativeEngine(
+        cfg.model, cfg.layout, rank=me.rank, world_size=me.world, device=me.device,
+        seed=cfg.seed, data=cfg.data,
+        bucket_bytes=int(cfg.bucket_mb * 2**20) if cfg.bucket_mb else None)
 
 
 def _timed_steps(me: _Rank) -> None:

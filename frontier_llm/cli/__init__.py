@@ -22,12 +22,13 @@ COMMAND_MODULES = (
     "store",  # flm collect, flm results, flm validate, flm db
     "sweep",  # flm sweep render|submit|status|cancel|retry
     "calibrate",  # flm calibrate [run|fit|submit] and --from-runs
+    "tune",  # flm tune run|step|status|best
 )
 # Which module registers each command, so that dispatching one imports only its module.
 COMMAND_MODULE = {
     "models": "catalog", "systems": "catalog", "plan": "plan", "predict": "plan",
     "bench": "bench", "collect": "store", "results": "store", "validate": "store", "db": "store",
-    "sweep": "sweep",
+    "sweep": "sweep", "calibrate": "calibrate", "tune": "tune",
 }
 
 

@@ -53,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--data", default=None, metavar="tokens.bin",
                    help="memory-mapped token file (uint16 ids, uint32 above 65536 tokens) "
                         "instead of synthetic tokens")
+    r.add_argument("--bucket-mb", type=float, default=None, metavar="MB",
+                   help="gradient all-reduce bucket of the DDP and ZeRO-1 paths in MiB "
+                        "(default 64; a run setting flm tune can search)")
     r.add_argument("--nproc", type=int, default=None,
                    help="local ranks to start when not inside a launcher (default tp x pp x dp)")
     r.add_argument("--fault", choices=("crash", "hang"), default=None,

@@ -25,12 +25,12 @@ from frontier_llm.specs import DType, Layout, ModelSpec, Sharding, SystemSpec
 from frontier_llm.specs.build import build
 from frontier_llm.specs.layout import layout_types
 from frontier_llm.specs.site import Site, merge
-from frontier_llm.specs.yamlio import LineMap, load_yaml
+from frontier_llm.specs.yamlio import LineMap, load_yaml, loads_yaml
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # flm bench options a sweep (or one layout of it) may add; the rest are set from the layout.
 BENCH_ARGS = {"memory_limit": "--memory-limit", "data": "--data", "fault": "--fault",
-              "fault_step": "--fault-step"}
+              "fault_step": "--fault-step", "bucket_mb": "--bucket-mb"}
 # Knob values an explicit space uses when it does not list them (auto: the planner's defaults).
 _GRID_DEFAULTS = {"schedule": ("1f1b",), "virtual_stages": (2,), "recompute": ("none",),
                   "sequence_parallel": (False,), "flash_attention": (True,)}
@@ -429,10 +429,11 @@ def _ref(name: str, source: Path) -> str:
     return name
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Read, validate and expand a sweep file."""
+def load_sweep(path: str | Path, text: str | None = None) -> Sweep:
+    """Read, validate and expand a sweep file (``text``: its content, when the caller made it,
+    e.g. flm tune's one-trial sweeps; errors still name ``path``)."""
     path = Path(path)
-    data = load_yaml(path)
+    data = load_yaml(path) if text is None else loads_yaml(text, source=str(path))
     if not isinstance(data, LineMap):
         raise SpecError(f"{path}:1: a sweep file holds a mapping of settings")
     # Nested sections are built on their own so that their errors keep their own line.
@@ -507,7 +508,8 @@ def load_sweep(path: str | Path) -> Sweep:
         why = "; ".join(f"{r}: {c}" for r, c in skipped.most_common(3))
         raise SpecError(f"{path}: the sweep expands to no valid layout ({why or 'empty'})",
                         "space")
-    return Sweep(spec=spec, source=str(path), text=path.read_text(), system=system,
+    return Sweep(spec=spec, source=str(path), text=path.read_text() if text is None else text,
+                 system=system,
                  system_ref=system_ref, template=template, jobs=tuple(jobs),
                  skipped=dict(skipped), site=site)
 
