@@ -29,9 +29,6 @@ from frontier_llm.jobs.lifecycle import JobState, Observation, SchedulerState
 from frontier_llm.jobs.slurm import SlurmClient, base_id
 from frontier_llm.jobs.sweepdir import Manifest
 
-__all__ = ["Executor", "LocalExecutor", "Observation", "Recorder", "SlurmExecutor",
-           "Submission", "make_executor"]
-
 # key -> (scheduler job id, array index, run id)
 Submission = tuple[str, int | None, str]
 
