@@ -1,0 +1,92 @@
+"""The one style every report figure uses: colours, markers, sizes, how a figure is saved.
+
+Measured data is drawn in solid blue circles, the cost model's prediction in dashed orange
+squares, the ideal line in grey; failed and missing points keep their place on the axis as red
+crosses and hollow grey markers. Keeping these in one module is what makes a measured figure and
+a predicted one comparable at a glance.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # reports are files; never open a window (works on headless nodes)
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+# Colour-blind safe (Okabe-Ito).
+MEASURED = {"color": "#0072B2", "marker": "o", "linestyle": "-", "label": "measured"}
+PREDICTED = {"color": "#E69F00", "marker": "s", "linestyle": "--", "label": "predicted"}
+IDEAL = {"color": "#555555", "linestyle": ":", "linewidth": 1.2, "label": "ideal"}
+FAILED = {"color": "#D55E00", "marker": "x", "linestyle": "none", "markersize": 9,
+          "markeredgewidth": 2, "label": "failed run"}
+MISSING = {"color": "#999999", "marker": "o", "linestyle": "none", "markersize": 9,
+           "markerfacecolor": "none", "label": "missing point"}
+PUBLISHED = {"color": "#009E73", "marker": "D", "linestyle": "none", "label": "published"}
+MEMORY_PARTS = {"params": "#0072B2", "grads": "#56B4E9", "optimizer": "#009E73",
+                "activations": "#E69F00", "buffers": "#CC79A7", "reserved": "#999999"}
+# Extra colours for several series (layouts, models) in one panel.
+SERIES = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+
+RC = {
+    "figure.figsize": (6.4, 4.2),
+    "figure.dpi": 100,
+    "savefig.dpi": 150,
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "legend.fontsize": 8.5,
+    "legend.framealpha": 0.9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "pdf.fonttype": 42,  # editable text in the PDF (journals ask for it)
+}
+
+
+def use() -> None:
+    """Make the report style matplotlib's current one. Axes take their style when they are
+    created, also axes that a caller adds later (subfigures, a notebook's own panels), so the
+    style is set, not held in a context that would end before them."""
+    plt.rcParams.update(RC)
+
+
+def new_figure(ncols: int = 1, nrows: int = 1, width: float | None = None,
+               height: float | None = None) -> tuple[Figure, list]:
+    """A figure in the report style, with its axes as a flat list."""
+    w = width or RC["figure.figsize"][0] * (1 if ncols == 1 else 0.75 * ncols)
+    h = height or RC["figure.figsize"][1] * (1 if nrows == 1 else 0.85 * nrows)
+    use()
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w, h), squeeze=False, layout="constrained")
+    return fig, list(axes.ravel())
+
+
+def new_canvas(width: float, height: float) -> Figure:
+    """An empty figure in the report style (for subfigures)."""
+    use()
+    return plt.figure(figsize=(width, height), layout="constrained")
+
+
+def legend_outside(ax, **kw) -> None:
+    """A legend below the axes, where it can not hide data."""
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))  # one entry per label
+    if unique:
+        ax.legend(unique.values(), unique.keys(), loc="upper center",
+                  bbox_to_anchor=(0.5, -0.18), ncols=min(len(unique), kw.pop("ncols", 4)),
+                  frameon=False, **kw)
+
+
+def save(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
+    """Write ``name``.png and ``name``.pdf into ``out_dir``; returns both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.png", out / f"{name}.pdf"]
+    for p in paths:
+        fig.savefig(p)
+    plt.close(fig)
+    return paths
