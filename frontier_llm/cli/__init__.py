@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "bench",  # flm bench
     "store",  # flm collect, flm results, flm validate, flm db
     "sweep",  # flm sweep render|submit|status|cancel|retry
+    "report",  # flm report scaling|layouts|errors
 )
 
 

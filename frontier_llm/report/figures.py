@@ -76,6 +76,7 @@ def plot_scaling(table: pd.DataFrame, gpu_label: str = "GPUs", title: str | None
             n = t["gpus"].to_numpy(float)
             ideal = np.full(len(n), base.iloc[0]) if mode == "weak" else base.iloc[0] * base_n / n
             left.plot(n, ideal, **style.IDEAL)
+        right.axhline(100.0, **style.IDEAL)
         if measured:
             m = t.dropna(subset=[col])
             left.errorbar(m["gpus"], m[col], yerr=[m[col] - m[lo], m[hi] - m[col]], capsize=3,
@@ -93,7 +94,6 @@ def plot_scaling(table: pd.DataFrame, gpu_label: str = "GPUs", title: str | None
             pub = published[(published["model"] == t["model"].iloc[0])
                             & (published["mode"] == mode)]
             right.plot(pub["gpus"], pub["efficiency_pct"], **style.PUBLISHED)
-        right.axhline(100.0, **style.IDEAL)
         effs = [t[c] for c in ("measured_efficiency_pct", "predicted_efficiency_pct",
                                "measured_efficiency_min_pct", "measured_efficiency_max_pct")
                 if c in t]
@@ -131,7 +131,7 @@ def _hbars(ax, labels, measured, predicted, xlabel: str, lo=None, hi=None) -> No
     ax.barh(y + h / 2, np.nan_to_num(np.asarray(predicted, float)), h,
             color=style.PREDICTED["color"], label="predicted", hatch="//", edgecolor="white")
     ax.set_yticks(y, labels)
-    ax.invert_yaxis()
+    ax.set_ylim(len(labels) - 0.5, -0.5)  # first row on top, no empty margin
     ax.set_xlabel(xlabel)
     ax.grid(axis="y", visible=False)
 
@@ -140,7 +140,7 @@ def plot_layouts(table: pd.DataFrame, title: str | None = None) -> Figure:
     """Throughput per GPU and peak memory per layout, measured beside predicted (horizontal
     bars, fastest first); layouts whose runs did not complete say so at their bar."""
     n = len(table)
-    fig, (a, b) = style.new_figure(ncols=2, width=10.0, height=1.6 + 0.42 * n)
+    fig, (a, b) = style.new_figure(ncols=2, width=10.0, height=1.6 + 0.32 * n)
     labels = list(table["layout"])
     _hbars(a, labels, table["tokens_per_s_per_gpu"], table["predicted_tokens_per_s_per_gpu"],
            "throughput per GPU (tokens/s)", table["tokens_per_s_per_gpu_min"],
@@ -148,12 +148,14 @@ def plot_layouts(table: pd.DataFrame, title: str | None = None) -> Figure:
     _hbars(b, labels, table["peak_memory_gb"], table["predicted_peak_memory_gb"],
            "peak memory per rank (GB)")
     b.set_yticklabels([])
-    trans = blended_transform_factory(a.transAxes, a.transData)
-    for i, row in enumerate(table.itertuples()):
-        if row.completed < row.runs or row.runs == 0:
-            note = "not run" if row.runs == 0 else f"{row.runs - row.completed} not completed"
-            a.text(0.98, i - 0.19, note, transform=trans, ha="right", va="center",
-                   fontsize=8, color=style.FAILED["color"])
+    if table["runs"].sum():  # a report of measurements: say where one is missing or failed
+        for i, row in enumerate(table.itertuples()):
+            if row.completed < row.runs or row.runs == 0:
+                note = "not run" if row.runs == 0 else f"{row.runs - row.completed} not completed"
+                x = row.tokens_per_s_per_gpu if row.tokens_per_s_per_gpu == \
+                    row.tokens_per_s_per_gpu else 0.0
+                a.annotate(note, (x, i - 0.19), xytext=(4, 0), textcoords="offset points",
+                           va="center", fontsize=8, color=style.FAILED["color"])
     style.legend_outside(a)
     style.legend_outside(b)
     if title:
@@ -233,7 +235,7 @@ def plot_memory_breakdown(breakdown: pd.DataFrame, title: str | None = None) -> 
     """Predicted per-rank memory of each layout, stacked by part (GB), with the measured peak
     where measured and the device's capacity."""
     n = len(breakdown)
-    fig, (ax,) = style.new_figure(width=8.0, height=1.7 + 0.38 * n)
+    fig, (ax,) = style.new_figure(width=8.0, height=1.6 + 0.3 * n)
     y = np.arange(n)
     left = np.zeros(n)
     for part in MEMORY_PARTS:

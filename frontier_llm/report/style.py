@@ -16,6 +16,7 @@ matplotlib.use("Agg")  # reports are files; never open a window (works on headle
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.transforms import offset_copy
 
 # Colour-blind safe (Okabe-Ito).
 MEASURED = {"color": "#0072B2", "marker": "o", "linestyle": "-", "label": "measured"}
@@ -72,12 +73,14 @@ def new_canvas(width: float, height: float) -> Figure:
 
 
 def legend_outside(ax, **kw) -> None:
-    """A legend below the axes, where it can not hide data."""
+    """A legend under the axes' x label, where it can not hide data. The gap is in points, so
+    it stays under the label whatever the axes' height."""
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))  # one entry per label
     if unique:
-        ax.legend(unique.values(), unique.keys(), loc="upper center",
-                  bbox_to_anchor=(0.5, -0.18), ncols=min(len(unique), kw.pop("ncols", 4)),
+        below = offset_copy(ax.transAxes, fig=ax.figure, y=-kw.pop("gap", 34), units="points")
+        ax.legend(unique.values(), unique.keys(), loc="upper center", bbox_to_anchor=(0.5, 0),
+                  bbox_transform=below, ncols=min(len(unique), kw.pop("ncols", 4)),
                   frameon=False, **kw)
 
 
