@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 from matplotlib.transforms import blended_transform_factory
 
 from frontier_llm.costmodel import MEMORY_PARTS
@@ -25,20 +25,37 @@ def _gpu_axis(ax, gpus, label: str) -> None:
         ax.set_xlim(lo / 1.3, hi * 1.3)
 
 
+def _log_axis(axis) -> None:
+    """Log scale labelled 1, 2, 5 x 10^k in plain numbers (0.05, 200), no minor labels."""
+    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _memory_unit(values_gb) -> tuple[float, str]:
+    """GB, or MB when every value is under 1 GB (tiny test models)."""
+    v = np.asarray(values_gb, float)
+    top = np.nanmax(v) if np.isfinite(v).any() else 0.0
+    return (1e3, "MB") if top < 1.0 else (1.0, "GB")
+
+
 def _status_marks(ax, table: pd.DataFrame) -> None:
-    """Failed and missing points at the foot of the panel, at their GPU count: shown, not
-    dropped."""
+    """Failed and missing points at the foot of the efficiency panel (where efficiencies near
+    zero would be, rarely data), at their GPU count: shown and counted, not dropped."""
     foot = blended_transform_factory(ax.transData, ax.transAxes)
     failed = table[table["not_completed"] > 0] if "not_completed" in table else table[:0]
     missing = table[table["runs"] == 0] if "runs" in table else table[:0]
     if "measured_efficiency_pct" not in table:
         missing = missing[:0]  # a predicted-only report has no runs by design
-    if len(failed):
-        ax.plot(failed["gpus"], np.full(len(failed), 0.06), transform=foot, clip_on=False,
-                **style.FAILED)
-    if len(missing):
-        ax.plot(missing["gpus"], np.full(len(missing), 0.06), transform=foot, clip_on=False,
-                **style.MISSING)
+    for rows, kind, fmt in ((failed, style.FAILED, "{} not completed"),
+                            (missing, style.MISSING, "missing")):
+        if len(rows):
+            ax.plot(rows["gpus"], np.full(len(rows), 0.05), transform=foot, clip_on=False,
+                    **kind)
+            for r in rows.itertuples():
+                ax.annotate(fmt.format(getattr(r, "not_completed", 0)), (r.gpus, 0.05),
+                            xycoords=foot, xytext=(7, 0), textcoords="offset points",
+                            va="center", fontsize=8, color=kind["color"])
 
 
 def plot_scaling(table: pd.DataFrame, gpu_label: str = "GPUs", title: str | None = None,
@@ -67,8 +84,7 @@ def plot_scaling(table: pd.DataFrame, gpu_label: str = "GPUs", title: str | None
             lo, hi = "step_time_min_s", "step_time_max_s"
             left.set_ylabel("step time (s)")
             left.set_yscale("log")
-            left.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            left.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            _log_axis(left.yaxis)
             left.set_title("step time (ideal: halves as GPUs double)", loc="left")
         ref_col = col if measured else pcol
         base = t.loc[t["gpus"] == base_n, ref_col]
@@ -102,13 +118,14 @@ def plot_scaling(table: pd.DataFrame, gpu_label: str = "GPUs", title: str | None
         right.set_ylabel(f"{mode}-scaling efficiency (%)")
         for ax in (left, right):
             _gpu_axis(ax, t["gpus"], gpu_label)
-            _status_marks(ax, t)
+        _status_marks(right, t)
         if mode == "weak":
             values = [left.get_ylim()[1]] + [float(np.nanmax(t[c])) for c in (hi, pcol)
                                              if c in t and t[c].notna().any()]
             left.set_ylim(0, max(values) * 1.1)  # from zero: a 2 % drop looks like one
-        right.set_title(f"efficiency relative to {int(base_n):,} {gpu_label.split(' ')[0]}",
-                        loc="left")
+        unit = gpu_label.split(" ")[0]
+        unit = unit[:-1] if base_n == 1 and unit.endswith("s") else unit
+        right.set_title(f"efficiency relative to {int(base_n):,} {unit}", loc="left")
         row_fig.suptitle(f"{name}: {mode} scaling", x=0.01, ha="left", fontweight="bold")
         style.legend_outside(left)
         style.legend_outside(right)
@@ -145,8 +162,10 @@ def plot_layouts(table: pd.DataFrame, title: str | None = None) -> Figure:
     _hbars(a, labels, table["tokens_per_s_per_gpu"], table["predicted_tokens_per_s_per_gpu"],
            "throughput per GPU (tokens/s)", table["tokens_per_s_per_gpu_min"],
            table["tokens_per_s_per_gpu_max"])
-    _hbars(b, labels, table["peak_memory_gb"], table["predicted_peak_memory_gb"],
-           "peak memory per rank (GB)")
+    scale, unit = _memory_unit(pd.concat([table["peak_memory_gb"],
+                                          table["predicted_peak_memory_gb"]]))
+    _hbars(b, labels, table["peak_memory_gb"] * scale, table["predicted_peak_memory_gb"] * scale,
+           f"peak memory per rank ({unit})")
     b.set_yticklabels([])
     if table["runs"].sum():  # a report of measurements: say where one is missing or failed
         for i, row in enumerate(table.itertuples()):
@@ -183,6 +202,8 @@ def plot_errors(validation: pd.DataFrame, title: str | None = None) -> Figure:
                 vals += list(m[ok]) + list(p[ok])
         ax.set_xscale("log")
         ax.set_yscale("log")
+        _log_axis(ax.xaxis)
+        _log_axis(ax.yaxis)
         ax.set_xlabel(f"measured {what}")
         ax.set_ylabel(f"predicted {what}")
         if vals:
@@ -238,20 +259,25 @@ def plot_memory_breakdown(breakdown: pd.DataFrame, title: str | None = None) -> 
     fig, (ax,) = style.new_figure(width=8.0, height=1.6 + 0.3 * n)
     y = np.arange(n)
     left = np.zeros(n)
+    stacked = sum(breakdown[f"{p}_gb"].fillna(0) for p in MEMORY_PARTS)
+    scale, unit = _memory_unit(stacked)
     for part in MEMORY_PARTS:
-        v = breakdown[f"{part}_gb"].to_numpy(float)
+        v = breakdown[f"{part}_gb"].to_numpy(float) * scale
         ax.barh(y, v, 0.65, left=left, color=style.MEMORY_PARTS[part], label=part)
         left += np.nan_to_num(v)
     if "measured_peak_gb" in breakdown and breakdown["measured_peak_gb"].notna().any():
-        ax.plot(breakdown["measured_peak_gb"], y, linestyle="none", marker="D", color="black",
-                label="measured peak")
-    if "device_memory_gb" in breakdown:
-        ax.axvline(breakdown["device_memory_gb"].iloc[0], color=style.FAILED["color"],
-                   linestyle="--", label="device memory")
+        ax.plot(breakdown["measured_peak_gb"] * scale, y, linestyle="none", marker="D",
+                color="black", label="measured peak")
+    device = breakdown["device_memory_gb"].iloc[0] if "device_memory_gb" in breakdown else None
+    if device is not None and device * scale <= 3 * max(left.max(), 1e-12):
+        ax.axvline(device * scale, color=style.FAILED["color"], linestyle="--",
+                   label=f"device memory ({device:g} GB)")
+    elif device is not None:  # far off scale: say it rather than squash the bars
+        ax.plot([], [], " ", label=f"device memory {device:g} GB (off scale)")
     ax.set_yticks(y, breakdown["layout"])
     ax.invert_yaxis()
     ax.grid(axis="y", visible=False)
-    ax.set_xlabel("memory per rank (GB)")
+    ax.set_xlabel(f"memory per rank ({unit})")
     style.legend_outside(ax, ncols=4)
     if title:
         ax.set_title(title, loc="left")
@@ -287,6 +313,8 @@ def plot_calibration(table: pd.DataFrame, title: str | None = None) -> Figure:
         if log:
             ax.set_xscale("log")
             ax.set_yscale("log")
+            _log_axis(ax.xaxis)
+            _log_axis(ax.yaxis)
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
         ax.set_xlabel(f"published {label}")

@@ -23,7 +23,7 @@ MEASURED = {"color": "#0072B2", "marker": "o", "linestyle": "-", "label": "measu
 PREDICTED = {"color": "#E69F00", "marker": "s", "linestyle": "--", "label": "predicted"}
 IDEAL = {"color": "#555555", "linestyle": ":", "linewidth": 1.2, "label": "ideal"}
 FAILED = {"color": "#D55E00", "marker": "x", "linestyle": "none", "markersize": 9,
-          "markeredgewidth": 2, "label": "failed run"}
+          "markeredgewidth": 2, "label": "run not completed"}
 MISSING = {"color": "#999999", "marker": "o", "linestyle": "none", "markersize": 9,
            "markerfacecolor": "none", "label": "missing point"}
 PUBLISHED = {"color": "#009E73", "marker": "D", "linestyle": "none", "label": "published"}
