@@ -134,3 +134,12 @@ def add_seq_len(runs: pd.DataFrame) -> pd.DataFrame:
     known = df["seq_len"] if "seq_len" in df else pd.Series(np.nan, index=df.index)
     df["seq_len"] = known.fillna(df["model"].map(seq))
     return df
+
+
+def plan_rows(plan, top: int = 5) -> pd.DataFrame:
+    """:func:`layout_rows` of a plan's ``top`` fastest layouts that fit, fastest first, with
+    their rank: the input of a memory breakdown of what the planner chose."""
+    order = plan.order()[:top]
+    df = layout_rows(plan.model, plan.system, [plan.layout(int(i)) for i in order])
+    df.insert(0, "rank", range(1, len(df) + 1))
+    return df

@@ -20,6 +20,32 @@ def layout_label(row) -> str:
     return text
 
 
+# Knobs named in a label only where they differ between the rows shown together.
+_EXTRA_KNOBS = ("schedule", "recompute", "sequence_parallel", "sharding", "flash_attention",
+                "dtype")
+
+
+def distinct_labels(frame: pd.DataFrame) -> list[str]:
+    """:func:`layout_label` of each row, plus the knobs that vary among the rows (so that two
+    layouts never share a label)."""
+    varying = [k for k in _EXTRA_KNOBS if k in frame and frame[k].astype(str).nunique() > 1]
+    labels = []
+    for _, row in frame.iterrows():
+        extra = []
+        for k in varying:
+            v = row[k]
+            if k == "sequence_parallel":
+                extra.append("sp" if v else "no-sp")
+            elif k == "flash_attention":
+                extra.append("flash" if v else "no-flash")
+            elif k == "recompute":
+                extra.append(f"rc-{v}")
+            else:
+                extra.append(str(v))
+        labels.append(" ".join([layout_label(row), *extra]))
+    return labels
+
+
 def _status_text(statuses: pd.Series) -> str:
     return ", ".join(f"{n} {s}" for s, n in statuses.value_counts().items())
 
@@ -65,6 +91,7 @@ def layouts_table(runs: pd.DataFrame, require_measured: bool = True) -> pd.DataF
             row["predicted_fits"] = first["predicted_fits"]
         rows.append(row)
     out = pd.DataFrame(rows)
+    out["layout"] = distinct_labels(out)
     out["throughput_error_pct"] = (out["predicted_tokens_per_s_per_gpu"]
                                    / out["tokens_per_s_per_gpu"] - 1) * 100
     out["memory_error_pct"] = (out["predicted_peak_memory_gb"] / out["peak_memory_gb"] - 1) * 100
@@ -123,8 +150,7 @@ def memory_breakdown(frame: pd.DataFrame) -> pd.DataFrame:
     if missing:
         raise UserError("no memory breakdown in this frame (it needs the cost model's "
                         f"mem_*_bytes columns; missing {', '.join(missing)})")
-    out = pd.DataFrame({"layout": [layout_label(r) for _, r in frame.iterrows()]},
-                       index=frame.index)
+    out = pd.DataFrame({"layout": distinct_labels(frame)}, index=frame.index)
     for part in MEMORY_PARTS:
         out[f"{part}_gb"] = frame[f"mem_{part}_bytes"].astype(float) / GB
     out["predicted_peak_gb"] = frame["predicted_peak_memory_bytes"].astype(float) / GB

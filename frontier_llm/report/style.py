@@ -8,11 +8,15 @@ a predicted one comparable at a glance.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import matplotlib
 
-matplotlib.use("Agg")  # reports are files; never open a window (works on headless nodes)
+if "ipykernel" not in sys.modules:
+    # Reports are files: never open a window (and work on headless nodes). Inside Jupyter the
+    # inline backend stays, so a notebook shows the figures it draws.
+    matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
