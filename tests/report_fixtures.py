@@ -98,3 +98,23 @@ BENCH_DB = _Builder()
 def bench_db() -> BenchDB:
     """The session's database of real tiny-gpt bench runs (read it, never write to it)."""
     return BENCH_DB.get()
+
+
+def check_png(path: Path, min_px: tuple[int, int] = (400, 250)) -> None:
+    """A PNG a person could read: big enough, not blank, more than one colour."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    img = mpimg.imread(path)
+    h, w = img.shape[:2]
+    assert w >= min_px[0] and h >= min_px[1], f"{path}: {w}x{h} px"
+    rgb = img[..., :3].reshape(-1, 3)
+    colours = np.unique((rgb * 255).astype(np.uint8), axis=0)
+    assert len(colours) > 2, f"{path}: {len(colours)} colours"
+    ink = (rgb < 0.9).any(axis=1).mean()  # share of pixels that are not (near) white
+    assert 0.01 < ink < 0.9, f"{path}: {ink:.1%} of the pixels drawn"
+
+
+def check_pdf(path: Path) -> None:
+    data = path.read_bytes()
+    assert data.startswith(b"%PDF") and b"/Type /Page" in data, path

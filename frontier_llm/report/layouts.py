@@ -64,7 +64,8 @@ def layouts_table(runs: pd.DataFrame, require_measured: bool = True) -> pd.DataF
     ok = df["status"] == COMPLETED
     df["_x"] = np.where(ok, df["tokens_per_step"] / (df["step_time_s"].astype(float)
                                                      * df["world_size"]), np.nan)
-    df["_px"] = df["tokens_per_step"] / (df["predicted_step_time_s"].astype(float)
+    df["_px"] = df["tokens_per_step"] / (df["predicted_step_time_s"].astype(float).where(
+        df["predicted_step_time_s"].astype(float) > 0)
                                          * df["world_size"])
     keys = [k for k in LAYOUT_KEYS if k in df]
     rows = []

@@ -10,6 +10,7 @@ the sweep of the same name are drawn beside them, and a point with no run shows 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -40,9 +41,11 @@ SOURCE_NOTE = ("published: Dash et al. 2023 (arXiv 2312.12705), 100 % weak scali
                "largest GCD count: the abstract does not give it)")
 
 
+@functools.lru_cache(maxsize=8)
 def _frame(sweep: str, db: str | None) -> tuple[pd.DataFrame, bool]:
     """(frame, measured?) of a sweep file: predictions joined with the database's runs when a
-    database is given and holds the sweep, else predictions alone (said on stderr)."""
+    database is given and holds the sweep, else predictions alone (said on stderr). Cached:
+    two figures read the 22B sweep; callers never modify the frame."""
     path = str(SWEEPS / f"{sweep}.yaml")
     if db is None:
         return sweep_report_frame(path, None, model_only=True)[0], False

@@ -86,7 +86,8 @@ def scaling_table(runs: pd.DataFrame, source: str = "measured", mode: str = "aut
     df["_x_measured"] = np.where(ok, df["tokens_per_step"] / (
         df["step_time_s"].astype(float) * df["world_size"]), np.nan)
     df["_x_predicted"] = df["tokens_per_step"] / (
-        df["predicted_step_time_s"].astype(float) * df["world_size"])
+        df["predicted_step_time_s"].astype(float).where(
+        df["predicted_step_time_s"].astype(float) > 0) * df["world_size"])
 
     tables = []
     keys = [k for k in SERIES_KEYS if k in df]
