@@ -62,8 +62,6 @@ def layouts_table(runs: pd.DataFrame, require_measured: bool = True) -> pd.DataF
         raise UserError(f"no completed run to report ({_status_text(df['status'])})")
     df["tokens_per_step"] = df["global_batch"].astype(float) * df["seq_len"].astype(float)
     ok = df["status"] == COMPLETED
-    df["_x"] = np.where(ok, df["tokens_per_step"] / (df["step_time_s"].astype(float)
-                                                     * df["world_size"]), np.nan)
     df["_px"] = df["tokens_per_step"] / (df["predicted_step_time_s"].astype(float).where(
         df["predicted_step_time_s"].astype(float) > 0)
                                          * df["world_size"])
@@ -71,7 +69,8 @@ def layouts_table(runs: pd.DataFrame, require_measured: bool = True) -> pd.DataF
     rows = []
     for _, g in df.groupby(keys, sort=False, dropna=False):
         first = g.iloc[0]
-        x = g["_x"].dropna()
+        t = g.loc[g["status"] == COMPLETED, "step_time_s"].astype(float).dropna()
+        per_step, n = float(first["tokens_per_step"]), int(first["world_size"])
         mem = pd.to_numeric(g.loc[g["status"] == COMPLETED, "peak_memory_bytes"],
                             errors="coerce").dropna()
         not_run = g["status"].isin([MISSING, PREDICTED_ONLY])
@@ -80,9 +79,10 @@ def layouts_table(runs: pd.DataFrame, require_measured: bool = True) -> pd.DataF
             "layout": layout_label(first), "gpus": int(first["world_size"]),
             "runs": int((~not_run).sum()), "completed": int(ok[g.index].sum()),
             "status": _status_text(g["status"]),
-            "tokens_per_s_per_gpu": x.median() if len(x) else np.nan,
-            "tokens_per_s_per_gpu_min": x.min() if len(x) else np.nan,
-            "tokens_per_s_per_gpu_max": x.max() if len(x) else np.nan,
+            # From the median step time, as in the scaling table.
+            "tokens_per_s_per_gpu": per_step / (t.median() * n) if len(t) else np.nan,
+            "tokens_per_s_per_gpu_min": per_step / (t.max() * n) if len(t) else np.nan,
+            "tokens_per_s_per_gpu_max": per_step / (t.min() * n) if len(t) else np.nan,
             "predicted_tokens_per_s_per_gpu": g["_px"].median(),
             "peak_memory_gb": mem.max() / GB if len(mem) else np.nan,
             "predicted_peak_memory_gb": pd.to_numeric(

@@ -82,9 +82,6 @@ def scaling_table(runs: pd.DataFrame, source: str = "measured", mode: str = "aut
         raise UserError("no prediction for these runs (were they collected from traces without "
                         "one?); report --source measured instead")
     df["tokens_per_step"] = df["global_batch"].astype(float) * df["seq_len"].astype(float)
-    ok = df["status"] == COMPLETED
-    df["_x_measured"] = np.where(ok, df["tokens_per_step"] / (
-        df["step_time_s"].astype(float) * df["world_size"]), np.nan)
     df["_x_predicted"] = df["tokens_per_step"] / (
         df["predicted_step_time_s"].astype(float).where(
         df["predicted_step_time_s"].astype(float) > 0) * df["world_size"])
@@ -111,7 +108,7 @@ def _series_table(series: pd.DataFrame, keys: list[str], want_measured: bool,
     for n, point in series.groupby("world_size", sort=True):
         done = point[point["status"] == COMPLETED]
         t = done["step_time_s"].astype(float)
-        x = point["_x_measured"].dropna()
+        per_step = float(point["tokens_per_step"].iloc[0])
         not_run = point["status"].isin([MISSING, PREDICTED_ONLY])
         row = {k: first[k] for k in keys}
         row.update({
@@ -123,9 +120,11 @@ def _series_table(series: pd.DataFrame, keys: list[str], want_measured: bool,
             "step_time_s": t.median() if len(t) else np.nan,
             "step_time_min_s": t.min() if len(t) else np.nan,
             "step_time_max_s": t.max() if len(t) else np.nan,
-            "tokens_per_s_per_gpu": x.median() if len(x) else np.nan,
-            "tokens_per_s_per_gpu_min": x.min() if len(x) else np.nan,
-            "tokens_per_s_per_gpu_max": x.max() if len(x) else np.nan,
+            # From the median step time (not the median of throughputs, which with two
+            # repeats is their mean): the table's step time and efficiency then agree.
+            "tokens_per_s_per_gpu": per_step / (t.median() * n) if len(t) else np.nan,
+            "tokens_per_s_per_gpu_min": per_step / (t.max() * n) if len(t) else np.nan,
+            "tokens_per_s_per_gpu_max": per_step / (t.min() * n) if len(t) else np.nan,
             "predicted_step_time_s": point["predicted_step_time_s"].astype(float).median(),
             "predicted_tokens_per_s_per_gpu": point["_x_predicted"].median(),
         })
