@@ -127,7 +127,7 @@ def calibration(csv: str | Path | None, out: Path) -> list[Path]:
     s = error_summary(table)
     table["error_pct"] = table["error"] * 100
     shown = table[["source", "model", "gpu", "gpus", "metric", "measured", "predicted",
-                   "error_pct", "layout"]]
+                   "error_pct", "layout"]].rename(columns={"measured": "published"})
     paths = write_table(table, shown, out, "calibration",
                         "Predicted against published (calibration runs)",
                         [f"{s['rows']} runs: mean absolute error {100 * s['mape']:.1f} %, "
