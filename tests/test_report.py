@@ -204,3 +204,47 @@ def test_help_explains(capsys):
         main(["report", "scaling", "--help"])
     text = capsys.readouterr().out
     assert "--predicted" in text and "weak" in text and "exit 2" not in text
+
+
+SWEEP = """\
+name: tiny-strong-recorded
+model: tiny-gpt
+system: cpu-local
+executor: local
+gpus_per_node: 4
+dtype: fp32
+steps: 2
+warmup: 1
+global_batch: 4
+layouts:
+  - {dp: 1, micro_batch: 1, name: dp1}
+  - {dp: 2, micro_batch: 1, name: dp2}
+  - {dp: 4, micro_batch: 1, name: dp4}
+"""
+
+
+def test_sweep_by_name_shows_jobs_without_runs(tmp_path, capsys):
+    """A sweep recorded by flm sweep (render + the job table, as `flm sweep submit` writes them):
+    the report by name knows every job, so a job that timed out without a trace and a job never
+    run keep their places."""
+    from frontier_llm.jobs.state import JobState
+    from frontier_llm.jobs.sweepdir import render_sweep
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(SWEEP)
+    sweep = load_sweep(path)
+    url = _db(tmp_path, [make_trace(k, dp=dp, global_batch=4, labels={
+        "sweep": sweep.name, "job_key": k}) for k, dp in (("dp1", 1), ("dp2", 2))])
+    store = open_store(url)
+    state = JobState.open(store, render_sweep(sweep, tmp_path / "run"), sweep.text)
+    state.record([{"k": "dp4", "state": "TIMEOUT"}])
+    store.close()
+    out = tmp_path / "r"
+    assert main(["report", "scaling", "--sweep", sweep.name, "--db", url, "--predicted",
+                 "--out", str(out)]) == 0
+    t = pd.read_csv(out / f"{sweep.name}-scaling.csv").set_index("gpus")
+    assert t.index.tolist() == [1, 2, 4]
+    assert t.loc[4, "status"] == "1 timeout" and t.loc[4, "not_completed"] == 1
+    assert math.isnan(t.loc[4, "measured_efficiency_pct"])
+    assert t.loc[4, "predicted_efficiency_pct"] > 0
+    check_png(out / f"{sweep.name}-scaling.png")

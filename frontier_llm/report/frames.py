@@ -89,15 +89,27 @@ def sweep_frame(sweep) -> pd.DataFrame:
     return out
 
 
-def with_measurements(expected: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+# Job states (frontier_llm.jobs.classify) that end a job without a result: a point whose job
+# ended so, and left no trace, is a run that did not complete, not a missing point.
+FAILED_JOB_STATES = ("FAILED", "OOM", "TIMEOUT", "NODE_FAIL", "CANCELLED", "HUNG")
+
+
+def _unrun_status(keys: pd.Series, job_states: dict[str, str] | None) -> pd.Series:
+    states = keys.map(job_states or {}).fillna("")
+    return states.where(states.isin(FAILED_JOB_STATES), MISSING).str.lower()
+
+
+def with_measurements(expected: pd.DataFrame, runs: pd.DataFrame,
+                      job_states: dict[str, str] | None = None) -> pd.DataFrame:
     """The sweep's expected points joined with the measured runs of the same job keys: each run
-    keeps its row (repeats stay apart); an expected point without any run becomes ``missing``;
-    runs the sweep does not name are kept too. Predictions come from ``expected`` (today's cost
-    model) wherever it has the point."""
+    keeps its row (repeats stay apart); an expected point without any run becomes ``missing``,
+    or the job's state where the job ended without a trace (``timeout``, ``node_fail``, ... from
+    ``job_states``, job key -> state); runs the sweep does not name are kept too. Predictions
+    come from ``expected`` (today's cost model) wherever it has the point."""
     runs = add_seq_len(runs)
     if runs.empty:
         out = expected.copy()
-        out["status"] = MISSING
+        out["status"] = _unrun_status(out["job_key"], job_states)
         return out
     keyed = expected.set_index("job_key")
     pred_cols = [c for c in expected.columns if c.startswith(("predicted_", "mem_"))
@@ -110,7 +122,7 @@ def with_measurements(expected: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFram
         rows[c] = rows[c].astype(object)
         rows.loc[hit, c] = keyed.loc[rows.loc[hit, "job_key"], c].to_numpy()
     missing = expected[~expected["job_key"].isin(rows["job_key"])].copy()
-    missing["status"] = MISSING
+    missing["status"] = _unrun_status(missing["job_key"], job_states)
     out = pd.concat([rows, missing], ignore_index=True)
     for c in out.columns:
         if c.startswith(("predicted_", "mem_")) and c != "predicted_costmodel_version" \

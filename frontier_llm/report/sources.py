@@ -4,6 +4,7 @@ opens files and databases."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -64,7 +65,10 @@ def sweep_report_frame(sweep: str, db: str | None, model_only: bool = False
         if model_only:
             raise UserError("--model-only needs a sweep file (sweeps/NAME.yaml), not a name")
         runs = measured_runs(db, sweep)
-        return with_catalog_breakdown(runs), sweep
+        spec, states = recorded_sweep(db, sweep)
+        if spec is None:  # runs labelled with a sweep name by hand: no expected points
+            return with_catalog_breakdown(runs), sweep
+        return with_measurements(sweep_frame(spec), runs, states), sweep
     from frontier_llm.jobs.sweepspec import load_sweep
 
     if not Path(sweep).is_file():
@@ -74,6 +78,42 @@ def sweep_report_frame(sweep: str, db: str | None, model_only: bool = False
     if model_only:
         return expected, spec.name
     return with_measurements(expected, measured_runs(db, spec.name)), spec.name
+
+
+def recorded_sweep(db: str | None, name: str) -> tuple[object | None, dict[str, str]]:
+    """(the sweep as ``flm sweep`` recorded it, its jobs' states by key) for a sweep submitted
+    with ``flm sweep submit``; (None, {}) for runs that only carry the sweep's name as a label.
+    The sweep file is read from the sweep's folder (DIR/sweep.yaml), else from the copy of its
+    text that the database keeps."""
+    from sqlalchemy import select
+
+    from frontier_llm.jobs.sweepspec import load_sweep
+    from frontier_llm.store.schema import flm_jobs, flm_sweeps
+
+    store = open_existing(db)
+    try:
+        with store.read() as conn:
+            row = conn.execute(select(flm_sweeps.c.id, flm_sweeps.c.spec_yaml,
+                                      flm_sweeps.c.directory)
+                               .where(flm_sweeps.c.name == name)).mappings().first()
+            if row is None:
+                return None, {}
+            states = dict(conn.execute(select(flm_jobs.c.job_key, flm_jobs.c.state).where(
+                flm_jobs.c.sweep_id == row["id"])).all())
+    finally:
+        store.close()
+    saved = Path(row["directory"] or "") / "sweep.yaml"
+    try:
+        if row["directory"] and saved.is_file():
+            return load_sweep(saved), states
+        if row["spec_yaml"]:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "sweep.yaml"
+                path.write_text(row["spec_yaml"])
+                return load_sweep(path), states
+    except UserError:
+        pass  # a sweep file that no longer loads (a moved model file): runs alone
+    return None, states
 
 
 def with_catalog_breakdown(runs: pd.DataFrame) -> pd.DataFrame:
