@@ -95,7 +95,7 @@ FAILED_JOB_STATES = ("FAILED", "OOM", "TIMEOUT", "NODE_FAIL", "CANCELLED", "HUNG
 
 
 def _unrun_status(keys: pd.Series, job_states: dict[str, str] | None) -> pd.Series:
-    states = keys.map(job_states or {}).fillna("")
+    states = keys.map(lambda k: (job_states or {}).get(k, MISSING)).astype(str)
     return states.where(states.isin(FAILED_JOB_STATES), MISSING).str.lower()
 
 
