@@ -244,8 +244,10 @@ def plot_knobs(tables: dict[str, pd.DataFrame], title: str | None = None) -> Fig
                         markeredgecolor=style.FAILED["color"], label="predicted not to fit")
         _gpu_axis(ax, t["value"], names[knob])
         ax.set_ylabel("throughput per GPU (tokens/s)")
-        ax.set_ylim(bottom=0)
-        ax.set_title(t["held"].iloc[0] if len(t) else "", loc="left", fontsize=9)
+        top = np.nanmax(np.concatenate([t["predicted_tokens_per_s_per_gpu"].to_numpy(float),
+                                        t["tokens_per_s_per_gpu_max"].to_numpy(float)]))
+        ax.set_ylim(0, top * 1.12 if np.isfinite(top) else None)  # no marker cut at the top
+        ax.set_title(f"held: {t['held'].iloc[0]}" if len(t) else "", loc="left", fontsize=9)
         style.legend_outside(ax, ncols=2)
     if title:
         fig.suptitle(title)

@@ -100,7 +100,8 @@ def throughput_22b(db: str | None, out: Path) -> list[Path]:
                   "predicted_fits"]]
     paths = write_table(rows, shown, out, "throughput_22b",
                         "GPT 22B on 16 Frontier GCDs: throughput against TP, PP, micro-batch")
-    return paths + style.save(figures.plot_knobs(knobs), out, "throughput_22b")
+    fig = figures.plot_knobs(knobs, "GPT 22B on 16 Frontier GCDs (2 nodes), global batch 128")
+    return paths + style.save(fig, out, "throughput_22b")
 
 
 def memory_22b(db: str | None, out: Path) -> list[Path]:
@@ -142,6 +143,24 @@ FIGURES: dict[str, Callable[..., list[Path]]] = {
 }
 
 
+def _draw_all(db: str | None, csv: str | None, out: Path) -> list[Path]:
+    """Every figure, with a progress bar on a terminal (none in logs and pipes)."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    jobs = [(name, lambda fn=fn: fn(db, out)) for name, fn in FIGURES.items()]
+    jobs.append(("calibration", lambda: calibration(csv, out)))
+    paths: list[Path] = []
+    with Progress(console=Console(stderr=True), transient=True,
+                  disable=not sys.stderr.isatty()) as progress:
+        task = progress.add_task("figures", total=len(jobs))
+        for name, draw in jobs:
+            progress.update(task, description=f"drawing {name}")
+            paths += draw()
+            progress.advance(task)
+    return paths
+
+
 def main(figure: str | None, argv: list[str] | None = None) -> int:
     """Command line of ``analysis/<figure>.py`` (``figure`` None: every figure)."""
     what = "every figure of the Frontier study" if figure is None else f"the {figure} figure"
@@ -164,12 +183,7 @@ def main(figure: str | None, argv: list[str] | None = None) -> int:
         elif figure is not None:
             paths = FIGURES[figure](args.db, out)
         else:
-            paths = []
-            for name, fn in FIGURES.items():
-                print(f"drawing {name}", file=sys.stderr)
-                paths += fn(args.db, out)
-            print("drawing calibration", file=sys.stderr)
-            paths += calibration(args.csv, out)
+            paths = _draw_all(args.db, args.csv, out)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
