@@ -79,8 +79,8 @@ def scaling_table(runs: pd.DataFrame, source: str = "measured", mode: str = "aut
         states = _status_text(df["status"])
         raise UserError(f"no completed run to report ({states}); nothing measured to scale")
     if want_predicted and df["predicted_step_time_s"].notna().sum() == 0:
-        raise UserError("no prediction for these runs (were they collected from traces without "
-                        "one?); report --source measured instead")
+        raise UserError("no prediction for these runs (their traces carried none): report the "
+                        "measurements alone (without --predicted)")
     df["tokens_per_step"] = df["global_batch"].astype(float) * df["seq_len"].astype(float)
     df["_x_predicted"] = df["tokens_per_step"] / (
         df["predicted_step_time_s"].astype(float).where(
