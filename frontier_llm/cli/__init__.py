@@ -23,12 +23,13 @@ COMMAND_MODULES = (
     "sweep",  # flm sweep render|submit|status|cancel|retry
     "calibrate",  # flm calibrate [run|fit|submit] and --from-runs
     "tune",  # flm tune run|step|status|best
+    "report",  # flm report scaling|layouts|errors
 )
 # Which module registers each command, so that dispatching one imports only its module.
 COMMAND_MODULE = {
     "models": "catalog", "systems": "catalog", "plan": "plan", "predict": "plan",
     "bench": "bench", "collect": "store", "results": "store", "validate": "store", "db": "store",
-    "sweep": "sweep", "calibrate": "calibrate", "tune": "tune",
+    "sweep": "sweep", "calibrate": "calibrate", "tune": "tune", "report": "report",
 }
 
 

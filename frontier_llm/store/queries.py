@@ -94,8 +94,9 @@ def validation_frame(store: Store, sweep: str | None = None,
     df = runs_frame(store, sweep, costmodel_version)
     df = df[(df["status"] == "completed") & df["predicted_costmodel_version"].notna()]
     out = pd.DataFrame({
-        "run_id": df["run_id"], "system": df["system"], "model": df["model"],
-        "tp": df["tp"], "pp": df["pp"], "dp": df["dp"], "micro_batch": df["micro_batch"],
+        "run_id": df["run_id"], "system": df["system"], "engine": df["engine"],
+        "model": df["model"], "tp": df["tp"], "pp": df["pp"], "dp": df["dp"],
+        "micro_batch": df["micro_batch"],
         "global_batch": df["global_batch"], "sharding": df["sharding"],
         "costmodel_version": df["predicted_costmodel_version"],
         "measured_step_time_s": df["step_time_s"],
