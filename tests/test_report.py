@@ -227,7 +227,7 @@ def test_sweep_by_name_shows_jobs_without_runs(tmp_path, capsys):
     """A sweep recorded by flm sweep (render + the job table, as `flm sweep submit` writes them):
     the report by name knows every job, so a job that timed out without a trace and a job never
     run keep their places."""
-    from frontier_llm.jobs.state import JobState
+    from frontier_llm.jobs.state import SweepJobs
     from frontier_llm.jobs.sweepdir import render_sweep
 
     path = tmp_path / "sweep.yaml"
@@ -236,7 +236,7 @@ def test_sweep_by_name_shows_jobs_without_runs(tmp_path, capsys):
     url = _db(tmp_path, [make_trace(k, dp=dp, global_batch=4, labels={
         "sweep": sweep.name, "job_key": k}) for k, dp in (("dp1", 1), ("dp2", 2))])
     store = open_store(url)
-    state = JobState.open(store, render_sweep(sweep, tmp_path / "run"), sweep.text)
+    state = SweepJobs.open(store, render_sweep(sweep, tmp_path / "run"), sweep.text)
     state.record([{"k": "dp4", "state": "TIMEOUT"}])
     store.close()
     out = tmp_path / "r"
