@@ -39,8 +39,8 @@ def test_slurm_words_map_to_scheduler_states():
     assert scheduler_state("DEADLINE") == S.TIMEOUT
     assert scheduler_state("BOOT_FAIL") == S.NODE_FAIL
     assert scheduler_state("NO_SUCH_WORD") == scheduler_state("") == S.UNKNOWN
-    obs = JobStatus("5_1", "CANCELLED by 0", exit_code="0:15", nodes="n1").observation()
-    assert (obs.state, obs.exit_code, obs.nodes, obs.said) == (
+    obs = JobStatus("5_1", "CANCELLED by 0", exit_code="0:15", nodelist="n1").observation()
+    assert (obs.state, obs.exit_code, obs.nodelist, obs.said) == (
         S.CANCELLED, "0:15", "n1", "SLURM state CANCELLED")
 
 

@@ -13,7 +13,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 from store_fixtures import db_url  # noqa: F401  (fixture)
 
-from frontier_llm.store import SCHEMA_VERSION, migrate, open_store
+from frontier_llm.store import SCHEMA_VERSION, migrate, open_store, resolve_url
 from frontier_llm.store.schema import metadata
 
 LEGACY = Path(__file__).parent / "data" / "legacy_store"
@@ -212,3 +212,22 @@ def upgrade() -> None:
     finally:
         monkeypatch.undo()
         migrate.head_version.cache_clear()
+
+
+def test_jobs_nodes_column_becomes_nodelist_and_keeps_its_values(db_url):  # noqa: F811
+    """Revision 0005 renames flm_jobs.nodes (a SLURM node list) to nodelist, rows kept."""
+    engine = create_engine(resolve_url(db_url))
+    with engine.begin() as conn:  # a database made by a frontier_llm at version 4
+        migrate.upgrade(conn, target=4)
+        conn.execute(text("INSERT INTO flm_sweeps (id, name) VALUES (1, 's')"))
+        conn.execute(text("INSERT INTO flm_jobs (sweep_id, job_key, state, nodes, attempts) "
+                          "VALUES (1, 'k', 'COMPLETED', 'frontier[00001-00004]', 1)"))
+    engine.dispose()
+    store = open_store(db_url, check=False)
+    assert store.upgrade() == list(range(5, SCHEMA_VERSION + 1))
+    with store.read() as conn:
+        assert conn.execute(text("SELECT nodelist FROM flm_jobs")).scalar() == (
+            "frontier[00001-00004]")
+        assert "nodes" not in {c["name"] for c in inspect(conn).get_columns("flm_jobs")}
+    assert _schema_diff(store) == []
+    store.close()

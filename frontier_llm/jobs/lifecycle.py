@@ -83,7 +83,7 @@ class Observation:
 
     state: SchedulerState
     exit_code: str | None = None  # "code:signal", as SLURM prints it; the local one too
-    nodes: str | None = None  # the scheduler's node list
+    nodelist: str | None = None  # the scheduler's node list (e.g. frontier[00001-00004])
     start: str | None = None  # ISO 8601
     end: str | None = None
     said: str | None = None  # the scheduler's own words, for a verdict's reason

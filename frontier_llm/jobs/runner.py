@@ -114,8 +114,8 @@ def _verdict_update(session: Session, row: Mapping[str, Any], obs: Observation
     update = {"k": row["job_key"], "state": verdict.state, "reason": verdict.reason}
     if obs.exit_code is not None:
         update["exit_code"] = obs.exit_code
-    if obs.nodes:
-        update["nodes"] = obs.nodes
+    if obs.nodelist:
+        update["nodelist"] = obs.nodelist
     if started is not None:
         update["started_at"] = started
     if verdict.terminal:

@@ -62,7 +62,7 @@ class JobStatus:
     state: str  # SLURM's word: PENDING, RUNNING, COMPLETED, FAILED, TIMEOUT, ... or UNKNOWN
     reason: str | None = None
     exit_code: str | None = None  # "code:signal", as sacct and scontrol print it
-    nodes: str | None = None
+    nodelist: str | None = None
     start: str | None = None
     end: str | None = None
     raw_id: str | None = None  # the scheduler's own id of this task (for sacct --completion)
@@ -74,7 +74,7 @@ class JobStatus:
     def observation(self) -> Observation:
         """The executor-neutral record of this status (what the classifier reads)."""
         word = slurm_word(self.state)
-        return Observation(scheduler_state(word), self.exit_code, self.nodes, self.start,
+        return Observation(scheduler_state(word), self.exit_code, self.nodelist, self.start,
                            self.end, said=f"SLURM state {word}")
 
 
@@ -194,7 +194,7 @@ class SlurmClient:
                 elif status.terminal:
                     found[job_id] = replace(
                         prev, state=status.state.split()[0], exit_code=status.exit_code,
-                        nodes=prev.nodes or status.nodes, end=prev.end or status.end,
+                        nodelist=prev.nodelist or status.nodelist, end=prev.end or status.end,
                     )
         out: dict[str, JobStatus] = {}
         for j in wanted:
@@ -223,10 +223,10 @@ class SlurmClient:
             parts = line.split("|")
             if len(parts) != 7:
                 continue
-            job_id, raw, state, reason, nodes, start, end = (p.strip() for p in parts)
+            job_id, raw, state, reason, nodelist, start, end = (p.strip() for p in parts)
             self._raw_ids[job_id] = raw
             found[job_id] = JobStatus(
-                job_id=job_id, state=state, reason=_clean(reason), nodes=_clean(nodes),
+                job_id=job_id, state=state, reason=_clean(reason), nodelist=_clean(nodelist),
                 start=_clean(start), end=_clean(end), raw_id=raw,
             )
         return found
@@ -276,12 +276,12 @@ class SlurmClient:
             parts = line.split("|")
             if len(parts) < 7:
                 continue
-            job_id, raw, state, exit_code, nodes, start, end = (p.strip() for p in parts[:7])
+            job_id, raw, state, exit_code, nodelist, start, end = (p.strip() for p in parts[:7])
             if "." in job_id:  # job steps (batch, extern, 0, ...): the allocation speaks for all
                 continue
             status = JobStatus(
                 job_id=job_id, state=state.split()[0] if state else "UNKNOWN",
-                exit_code=_clean(exit_code), nodes=_clean(nodes), start=_clean(start),
+                exit_code=_clean(exit_code), nodelist=_clean(nodelist), start=_clean(start),
                 end=_clean(end), raw_id=raw,
             )
             out[raw if by_raw else job_id] = status

@@ -23,7 +23,7 @@ from frontier_llm.jobs.sweepdir import Manifest
 from frontier_llm.store import Store
 from frontier_llm.store.schema import flm_jobs, flm_layouts, flm_sweeps
 
-_JOB_FIELDS = ("job_key", "state", "reason", "exit_code", "nodes", "scheduler_job_id",
+_JOB_FIELDS = ("job_key", "state", "reason", "exit_code", "nodelist", "scheduler_job_id",
                "array_index", "script_path", "executor", "attempts", "run_id", "submitted_at",
                "started_at", "finished_at", "updated_at", "layout_id")
 
@@ -114,7 +114,7 @@ class SweepJobs:
                             flm_jobs.c.job_key == bindparam("k")))
                 .values(state=state, scheduler_job_id=bindparam("sid"),
                         array_index=bindparam("idx"), run_id=bindparam("rid"), reason=None,
-                        exit_code=None, nodes=None, started_at=None, finished_at=None,
+                        exit_code=None, nodelist=None, started_at=None, finished_at=None,
                         submitted_at=t, updated_at=t, attempts=flm_jobs.c.attempts + 1))
         with self.store.write() as conn:
             conn.execute(stmt, [{"k": k, "sid": sid, "idx": idx, "rid": rid}

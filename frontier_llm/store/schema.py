@@ -94,7 +94,7 @@ flm_jobs = Table(
     Column("state", String(32), nullable=False),
     Column("reason", Text),
     Column("exit_code", String(32)),
-    Column("nodes", Text),
+    Column("nodelist", Text),  # SLURM node list (revision 0005; "nodes" before)
     Column("submitted_at", DateTime(timezone=True)),
     Column("started_at", DateTime(timezone=True)),
     Column("finished_at", DateTime(timezone=True)),
