@@ -18,6 +18,7 @@ class ExitCode(IntEnum):
     FAILED = 1
     USAGE = 2  # bad input (UserError), including a job script asked for a task it lacks
     OOM = 3  # flm bench: a rank ran out of memory
+    WAIT_TIMEOUT = 4  # flm sweep status --wait: the timeout passed with jobs unfinished
 
 
 

@@ -207,3 +207,18 @@ def test_interrupted_submit_resumes_without_duplicates(slurm_cluster, tmp_path, 
     finally:
         runner.cancel(session)
         store.close()
+
+
+def test_wait_timeout_with_jobs_unfinished_exits_4_and_says_how_many(slurm_cluster, tmp_path):
+    """Held jobs never start: --wait gives up at its timeout, non-zero, naming the count."""
+    db = f"sqlite:///{tmp_path}/flm.db"
+    flm("sweep", "submit", SWEEPS / "tiny-cpu.yaml", "--out", tmp_path / "run", "--db", db,
+        "--hold")
+    try:
+        out = flm("sweep", "status", "tiny-cpu", "--db", db, "--wait", "--timeout", 3,
+                  "--max-interval", 1, check=False)
+        assert out.returncode == 4, out.stderr
+        assert "--timeout 3 s passed with 4 of 4 jobs unfinished" in out.stderr
+        assert out.stdout.count("PENDING") == 4
+    finally:
+        flm("sweep", "cancel", "tiny-cpu", "--db", db)

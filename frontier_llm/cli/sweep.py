@@ -11,7 +11,7 @@ import sys
 import pandas as pd
 
 from frontier_llm.cli.common import add_command, add_format, db_parent, emit_frame
-from frontier_llm.errors import UserError
+from frontier_llm.errors import ExitCode, UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -81,7 +81,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _target(st)
     st.add_argument("--wait", action="store_true", help="poll (with back-off) until no job "
                     "is pending or running")
-    st.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits")
+    st.add_argument("--timeout", type=float, default=3600.0,
+                    help="seconds --wait waits; exit status 4 when jobs are still unfinished "
+                         "then (the table shows them)")
     st.add_argument("--max-interval", type=float, default=15.0, metavar="S",
                     help="longest pause between two polls of --wait (back-off from 1 s)")
     st.add_argument("--hung-after", type=float, default=None, metavar="S",
@@ -232,6 +234,12 @@ def _status(args) -> int:
         frame = frame.astype(object).where(frame.notna(), "")
     emit_frame(frame, args.format)
     print(runner.summary(rows), file=sys.stderr)
+    unfinished = runner.unfinished(rows) if args.wait else []
+    if unfinished:
+        # A script polling with --wait must not take a timeout for a finished sweep.
+        print(f"flm: --timeout {args.timeout:g} s passed with {len(unfinished)} of {len(rows)} "
+              "jobs unfinished", file=sys.stderr)
+        return ExitCode.WAIT_TIMEOUT
     return 0
 
 

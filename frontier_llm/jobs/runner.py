@@ -197,13 +197,18 @@ def wait(session: Session, timeout_s: float, *, min_interval_s: float = 1.0,
     while True:
         rows = refresh(session)
         session.notify(rows)
-        if not any(JobState(r["state"]).active or r["state"] == JobState.SUBMITTING
-                   for r in rows):
+        if not unfinished(rows):
             return rows
         if time.monotonic() >= deadline:
             return rows
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
         interval = min(max_interval_s, interval * 1.5)
+
+
+def unfinished(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The jobs --wait waits for: live ones (HUNG included) and those caught inside sbatch."""
+    return [r for r in rows
+            if JobState(r["state"]).active or r["state"] == JobState.SUBMITTING]
 
 
 def cancel(session: Session, keys: Sequence[str] | None = None, *, hung_only: bool = False
