@@ -36,7 +36,7 @@ class Vocabulary(StrEnum):
     @property
     def code(self) -> int:
         """This member's position: its code in numpy columns and formulas."""
-        return _members(type(self)).index(self)
+        return _code(type(self), self)
 
     @classmethod
     def words(cls) -> tuple[str, ...]:
@@ -60,6 +60,12 @@ class Vocabulary(StrEnum):
 @cache
 def _members(cls: type[Vocabulary]) -> tuple:
     return tuple(cls)
+
+
+@cache
+def _code(cls: type[Vocabulary], member: Vocabulary) -> int:
+    # Keyed by class too: members of two vocabularies may share a word ("full") and a hash.
+    return _members(cls).index(member)
 
 
 class Schedule(Vocabulary):
@@ -212,6 +218,7 @@ def _components(text: str) -> dict[str, str]:
     return parts
 
 
+@cache
 def zero_preset(stage: int) -> Sharding:
     """ZeRO stage 0-3 (Rajbhandari et al. 2020) as an AMSP placement."""
     full, rep = Placement(PlacementKind.FULL), Placement(PlacementKind.REPLICATE)
