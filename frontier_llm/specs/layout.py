@@ -466,4 +466,6 @@ def layout_json_schema() -> dict:
         else:
             props[name] = {"enum": list(kind.words())}
     props["zero_stage"] = {"type": ["integer", "null"]}
-    return {"type": "object", "required": list(layout_types()), "properties": props}
+    # A knob added later is optional: traces written before it still validate (at its default).
+    required = [f.name for f in layout_fields() if not f.metadata.get("new_knob")]
+    return {"type": "object", "required": required, "properties": props}
