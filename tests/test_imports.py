@@ -23,7 +23,7 @@ def test_a_bench_rank_imports_neither_pandas_nor_sqlalchemy():
         "args = build_parser('bench').parse_args(['bench', '--model', 'tiny-gpt', '--tp', '2',"
         " '--system', 'cpu-local'])\n"
         "cfg = build_config(args)\n"
-        "import frontier_llm.bench.local, frontier_llm.bench.run\n")
+        "import frontier_llm.bench.start, frontier_llm.bench.run\n")
     assert "frontier_llm.bench.run" in mods  # the rank's code was imported
     heavy = {m.split(".")[0] for m in mods} & {"pandas", "sqlalchemy", "jinja2", "optuna"}
     assert not heavy
