@@ -184,7 +184,6 @@ class SweepFile:
         if self.warmup < 0:
             raise SpecError("warmup must be 0 or more", "warmup")
         _str_list(self.command, "command")
-        object.__setattr__(self, "dtype", DType.parse(self.dtype, "dtype"))
         for name in ("template_options", "labels", "bench_args", "site"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Mapping):
