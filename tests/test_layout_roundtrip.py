@@ -191,3 +191,13 @@ def test_local_spawner_and_sweep_write_the_same_layout_argv(tmp_path):
     assert spawned[start:start + len(layout_argv(layout))] == layout_argv(layout)
     assert job[job.index("--tp"):job.index("--tp") + len(layout_argv(layout))] == \
         layout_argv(layout)
+
+
+def test_codes_are_member_positions_even_for_shared_words():
+    """Recompute.FULL and PlacementKind.FULL are both the word "full" (equal strings, equal
+    hashes); each keeps its own code."""
+    for vocab in (Schedule, Recompute, DType, PlacementKind):
+        assert [m.code for m in vocab] == list(range(len(vocab)))
+        assert [vocab.from_code(i) for i in range(len(vocab))] == list(vocab)
+    assert (PlacementKind.FULL.code, Recompute.FULL.code, Recompute.FULL.code) == (1, 2, 2)
+    assert Recompute.NONE.code == 0 and PlacementKind.REPLICATE.code == 0

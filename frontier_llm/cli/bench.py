@@ -66,6 +66,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from frontier_llm.bench.config import build_config
-    from frontier_llm.bench.local import run as run_bench
+    from frontier_llm.bench.start import run as run_bench
 
     return run_bench(build_config(args), args.nproc)

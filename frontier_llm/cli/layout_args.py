@@ -34,7 +34,9 @@ def add_layout_args(parser: argparse.ArgumentParser, required: bool = True) -> N
     for f in layout_fields():
         kind, help_text = layout_types()[f.name], f.metadata.get("help", "")
         default = getattr(defaults, f.name)
-        if f.metadata.get("default_text", True) and kind is not bool and kind is not Sharding:
+        is_required = required and f.name == "tp"
+        if (f.metadata.get("default_text", True) and kind is not bool and kind is not Sharding
+                and not is_required):
             help_text += f" (default {default})"
         if kind is Sharding:
             shard = g.add_mutually_exclusive_group()
@@ -52,7 +54,6 @@ def add_layout_args(parser: argparse.ArgumentParser, required: bool = True) -> N
         elif issubclass(kind, Vocabulary):
             g.add_argument(flag(f.name), choices=kind.words(), default=None, help=help_text)
         else:
-            is_required = required and f.name == "tp"
             g.add_argument(flag(f.name), type=int, default=None, required=is_required,
                            help=help_text)
 

@@ -11,6 +11,7 @@ table of one row.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 
 import numpy as np
 
@@ -124,13 +125,19 @@ def encode(name: str, value) -> dict[str, object]:
     return {name: value.code if isinstance(value, Vocabulary) else value}
 
 
-def default_columns(n: int) -> dict[str, np.ndarray]:
-    """Every column filled with the Layout field's default (the planner overrides the knobs it
-    enumerates; a new field is thereby planned at its default until the space names it)."""
-    cols: dict[str, np.ndarray] = {}
+@cache
+def default_row() -> dict[str, object]:
+    """Every column's value for the Layout's defaults."""
     default = Layout()
-    for f in layout_fields():
-        for col, value in encode(f.name, getattr(default, f.name)).items():
+    return {col: value for f in layout_fields()
+            for col, value in encode(f.name, getattr(default, f.name)).items()}
+
+
+def fill_defaults(cols: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+    """``cols`` completed with the default of every column it lacks (the planner sets the knobs
+    it enumerates; a new field is thereby planned at its default until the space names it)."""
+    for col, value in default_row().items():
+        if col not in cols:
             cols[col] = np.full(n, value, dtype=COLUMNS[col])
     return cols
 

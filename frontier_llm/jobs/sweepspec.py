@@ -21,7 +21,15 @@ from frontier_llm.bench.config import bench_argv as bench_config_argv
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.jobs.render import TEMPLATES, template_options, template_path
-from frontier_llm.specs import DType, Layout, ModelSpec, Sharding, SystemSpec
+from frontier_llm.specs import (
+    DType,
+    Layout,
+    ModelSpec,
+    Recompute,
+    Schedule,
+    Sharding,
+    SystemSpec,
+)
 from frontier_llm.specs.build import build
 from frontier_llm.specs.layout import layout_types
 from frontier_llm.specs.site import Site, merge
@@ -101,6 +109,9 @@ class SpaceSpec:
             _int_list(getattr(self, name), name)
         for name in ("schedule", "recompute", "sharding"):
             _str_list(getattr(self, name), name)
+        for name, vocabulary in (("schedule", Schedule), ("recompute", Recompute)):
+            for word in getattr(self, name) or ():
+                vocabulary.parse(word, name)  # the words of specs.layout, checked here
         for name in ("sequence_parallel", "flash_attention"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, list)
@@ -173,7 +184,6 @@ class SweepFile:
         if self.warmup < 0:
             raise SpecError("warmup must be 0 or more", "warmup")
         _str_list(self.command, "command")
-        object.__setattr__(self, "dtype", DType.parse(self.dtype, "dtype"))
         for name in ("template_options", "labels", "bench_args", "site"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Mapping):

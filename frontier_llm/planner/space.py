@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from frontier_llm.costmodel.layouts import LayoutTable, default_columns, encode
+from frontier_llm.costmodel.layouts import LayoutTable, encode, fill_defaults
 from frontier_llm.errors import UserError
 from frontier_llm.specs.layout import (
     COMPONENTS,
@@ -145,9 +145,7 @@ def _product(tp, pp, dp, micro, sched_v, space, shardings, global_batch) -> dict
     n = len(i_mb)
     sv = np.array(sched_v)
     sh = np.array(shard_rows)
-    # Knobs the space does not enumerate keep the Layout's default.
-    cols = default_columns(n)
-    cols.update({
+    cols = {
         "tp": np.full(n, tp), "pp": np.full(n, pp), "dp": np.full(n, dp),
         "micro_batch": np.array(micro)[i_mb], "global_batch": np.full(n, global_batch),
         "schedule": sv[i_sv, 0], "virtual_stages": sv[i_sv, 1],
@@ -155,10 +153,11 @@ def _product(tp, pp, dp, micro, sched_v, space, shardings, global_batch) -> dict
         "recompute": np.array(rec)[i_rc],
         "flash_attention": np.array(space.flash_attention, dtype=bool)[i_fa],
         "dtype": np.full(n, DType(space.dtype).code),
-    })
+    }
     for j, col in enumerate(encode("sharding", shardings[0])):
         cols[col] = sh[i_sh, j]
-    return cols
+    # Knobs the space does not enumerate keep the Layout's default.
+    return fill_defaults(cols, n)
 
 
 def _reasons(model: ModelSpec, t: LayoutTable) -> np.ndarray:

@@ -36,7 +36,7 @@ class Vocabulary(StrEnum):
     @property
     def code(self) -> int:
         """This member's position: its code in numpy columns and formulas."""
-        return _members(type(self)).index(self)
+        return _code(type(self), self)
 
     @classmethod
     def words(cls) -> tuple[str, ...]:
@@ -60,6 +60,12 @@ class Vocabulary(StrEnum):
 @cache
 def _members(cls: type[Vocabulary]) -> tuple:
     return tuple(cls)
+
+
+@cache
+def _code(cls: type[Vocabulary], member: Vocabulary) -> int:
+    # Keyed by class too: members of two vocabularies may share a word ("full") and a hash.
+    return _members(cls).index(member)
 
 
 class Schedule(Vocabulary):
@@ -212,6 +218,7 @@ def _components(text: str) -> dict[str, str]:
     return parts
 
 
+@cache
 def zero_preset(stage: int) -> Sharding:
     """ZeRO stage 0-3 (Rajbhandari et al. 2020) as an AMSP placement."""
     full, rep = Placement(PlacementKind.FULL), Placement(PlacementKind.REPLICATE)
@@ -459,4 +466,6 @@ def layout_json_schema() -> dict:
         else:
             props[name] = {"enum": list(kind.words())}
     props["zero_stage"] = {"type": ["integer", "null"]}
-    return {"type": "object", "required": list(layout_types()), "properties": props}
+    # A knob added later is optional: traces written before it still validate (at its default).
+    required = [f.name for f in layout_fields() if not f.metadata.get("new_knob")]
+    return {"type": "object", "required": required, "properties": props}

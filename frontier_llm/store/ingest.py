@@ -39,7 +39,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from frontier_llm.bench.trace import TRACE_SUFFIX, TraceError
 from frontier_llm.errors import UserError
-from frontier_llm.specs.layout import Sharding
+from frontier_llm.specs.layout import Layout, Sharding
 from frontier_llm.store import Store
 from frontier_llm.store.schema import (
     LAYOUT_COLUMNS,
@@ -65,6 +65,7 @@ _MEMORY_COLUMNS = ("pp_stage", "tp_rank", "dp_rank", "params_bytes", "grads_byte
                    "device_reserved_peak_bytes", "host_rss_peak_bytes")
 # The layout's columns copied as the trace holds them (the sharding is turned into its text).
 _LAYOUT_COLUMNS = tuple(c for c in LAYOUT_COLUMNS if c not in ("sharding", "zero_stage"))
+_LAYOUT_DEFAULTS = Layout().to_dict()
 
 
 @dataclass
@@ -200,7 +201,8 @@ def trace_rows(trace: dict, path: Path, digest: str) -> TraceRows:
     """Flatten a schema-valid trace; RowError for what the schema cannot express."""
     lay = trace["layout"]
     sh = lay["sharding"]
-    layout = {k: lay[k] for k in _LAYOUT_COLUMNS}
+    # A knob added after a trace was written is absent from it: the trace ran at its default.
+    layout = {k: lay[k] if k in lay else _LAYOUT_DEFAULTS[k] for k in _LAYOUT_COLUMNS}
     layout.update(
         layout_hash=trace["layout_hash"], model_name=trace["model"]["name"],
         system_name=trace["system"]["name"],

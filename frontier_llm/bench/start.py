@@ -1,4 +1,5 @@
-"""``flm bench`` outside a launcher: start the ranks here, then report what became of them."""
+"""Start a ``flm bench`` run: join the ranks a launcher started, or start them here and report
+what became of them."""
 
 from __future__ import annotations
 
