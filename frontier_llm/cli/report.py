@@ -74,6 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
          "flm report errors --out reports/"],
     )
     actions = p.add_subparsers(dest="report_command", metavar="REPORT")
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])  # `flm report` alone: its help
     db = db_parent()
 
     def common(q: argparse.ArgumentParser, sweep_required: bool = True) -> None:
