@@ -255,21 +255,36 @@ def plot_knobs(tables: dict[str, pd.DataFrame], title: str | None = None) -> Fig
 
 
 def plot_memory_breakdown(breakdown: pd.DataFrame, title: str | None = None) -> Figure:
-    """Predicted per-rank memory of each layout, stacked by part (GB), with the measured peak
-    where measured and the device's capacity."""
+    """Predicted per-rank memory of each layout, stacked by part (GB); where runs measured
+    their parts, a hatched bar of the measured parts under it, and the measured peak; the
+    device's capacity."""
     n = len(breakdown)
     fig, (ax,) = style.new_figure(width=8.0, height=1.6 + 0.3 * n)
     y = np.arange(n)
     left = np.zeros(n)
     stacked = sum(breakdown[f"{p}_gb"].fillna(0) for p in MEMORY_PARTS)
     scale, unit = _memory_unit(stacked)
+    measured = [p for p in MEMORY_PARTS if f"measured_{p}_gb" in breakdown
+                and breakdown[f"measured_{p}_gb"].notna().any()]
+    # With measured parts: two bars per layout, predicted above, measured (hatched) below.
+    h, shift = (0.38, 0.2) if measured else (0.65, 0.0)
     for part in MEMORY_PARTS:
         v = breakdown[f"{part}_gb"].to_numpy(float) * scale
-        ax.barh(y, v, 0.65, left=left, color=style.MEMORY_PARTS[part], label=part)
+        ax.barh(y - shift, v, h, left=left, color=style.MEMORY_PARTS[part], label=part)
         left += np.nan_to_num(v)
+    if measured:
+        mleft = np.zeros(n)
+        for part in measured:
+            v = np.nan_to_num(breakdown[f"measured_{part}_gb"].to_numpy(float) * scale)
+            ax.barh(y + shift, v, h, left=mleft, color=style.MEMORY_PARTS[part], hatch="///",
+                    edgecolor="white", linewidth=0)
+            mleft += v
+        ax.barh([np.nan], [0], color="white", edgecolor="black", hatch="///",
+                label="measured (lower bar)")
+        left = np.maximum(left, mleft)
     if "measured_peak_gb" in breakdown and breakdown["measured_peak_gb"].notna().any():
-        ax.plot(breakdown["measured_peak_gb"] * scale, y, linestyle="none", marker="D",
-                color="black", label="measured peak")
+        ax.plot(breakdown["measured_peak_gb"] * scale, y + shift, linestyle="none",
+                marker="D", color="black", label="measured peak")
     device = breakdown["device_memory_gb"].iloc[0] if "device_memory_gb" in breakdown else None
     if device is not None and device * scale <= 3 * max(left.max(), 1e-12):
         ax.axvline(device * scale, color=style.FAILED["color"], linestyle="--",
