@@ -74,18 +74,20 @@ def plot_scaling(table: pd.DataFrame, gpu_label: str = "GPUs", title: str | None
         left, right = row_fig.subplots(1, 2)
         mode = t["mode"].iloc[0]
         base_n = t["base_gpus"].iloc[0]
+        one = gpu_label.split(" ")[0]
+        one = one[:-1] if one.endswith("s") else one  # "GCDs" -> "GCD"
         if mode == "weak":
             col, pcol = "tokens_per_s_per_gpu", "predicted_tokens_per_s_per_gpu"
             lo, hi = "tokens_per_s_per_gpu_min", "tokens_per_s_per_gpu_max"
-            left.set_ylabel("throughput per GPU (tokens/s)")
-            left.set_title("throughput per GPU (flat = ideal)", loc="left")
+            left.set_ylabel(f"throughput per {one} (tokens/s)")
+            left.set_title(f"throughput per {one} (flat = ideal)", loc="left")
         else:
             col, pcol = "step_time_s", "predicted_step_time_s"
             lo, hi = "step_time_min_s", "step_time_max_s"
             left.set_ylabel("step time (s)")
             left.set_yscale("log")
             _log_axis(left.yaxis)
-            left.set_title("step time (ideal: halves as GPUs double)", loc="left")
+            left.set_title(f"step time (ideal: halves as {one}s double)", loc="left")
         ref_col = col if measured else pcol
         base = t.loc[t["gpus"] == base_n, ref_col]
         if len(base) and np.isfinite(base.iloc[0]):
@@ -123,8 +125,7 @@ def plot_scaling(table: pd.DataFrame, gpu_label: str = "GPUs", title: str | None
             values = [left.get_ylim()[1]] + [float(np.nanmax(t[c])) for c in (hi, pcol)
                                              if c in t and t[c].notna().any()]
             left.set_ylim(0, max(values) * 1.1)  # from zero: a 2 % drop looks like one
-        unit = gpu_label.split(" ")[0]
-        unit = unit[:-1] if base_n == 1 and unit.endswith("s") else unit
+        unit = one if base_n == 1 else f"{one}s"
         right.set_title(f"efficiency relative to {int(base_n):,} {unit}", loc="left")
         row_fig.suptitle(f"{name}: {mode} scaling", x=0.01, ha="left", fontweight="bold")
         style.legend_outside(left)
