@@ -64,6 +64,9 @@ def test_layouts_and_errors_reports(bench_db, tmp_path, capsys):  # noqa: F811
     ).all()
     memory = pd.read_csv(out / "tiny-strong-layouts-memory.csv")
     assert (memory["params_gb"] > 0).all() and (memory["optimizer_gb"] > 0).all()
+    # What the ranks measured, by part, beside the prediction (flm_rank_memory).
+    for part in ("params", "grads", "optimizer", "activations"):
+        assert (memory[f"measured_{part}_gb"] > 0).all(), part
     assert main(["report", "errors", "--db", bench_db.url, "--out", str(out)]) == 0
     errors = pd.read_csv(out / "errors.csv")
     assert errors[["system", "engine", "runs"]].values.tolist() == [["cpu-local", "native", 7]]

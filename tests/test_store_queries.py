@@ -9,7 +9,13 @@ from store_fixtures import make_trace
 from frontier_llm.bench.trace import write_trace
 from frontier_llm.store import open_store
 from frontier_llm.store.ingest import collect
-from frontier_llm.store.queries import error_stats, runs_frame, sweep_names, validation_frame
+from frontier_llm.store.queries import (
+    error_stats,
+    rank_memory_frame,
+    runs_frame,
+    sweep_names,
+    validation_frame,
+)
 
 
 def _trace(run_id, system, measured_s, predicted_s, measured_mem, predicted_mem, **kw):
@@ -105,3 +111,12 @@ def test_empty_store_gives_empty_frames(tmp_path):
     stats = error_stats(validation_frame(s))
     assert list(stats["system"]) == ["(all)"] and stats["runs"].item() == 0
     s.close()
+
+
+def test_rank_memory_frame_one_row_per_rank(store):
+    df = rank_memory_frame(store, sweep="s1")
+    assert sorted(set(df["run_id"])) == ["c1", "c2"]
+    c2 = df[df["run_id"] == "c2"]
+    assert c2["rank"].tolist() == [0, 1] and c2["tp_rank"].tolist() == [0, 1]  # tp = 2
+    assert (c2["params_bytes"] > 0).all() and str(c2["params_bytes"].dtype) == "Int64"
+    assert len(rank_memory_frame(store)) == 1 + 2 + 2 + 4  # every run's ranks

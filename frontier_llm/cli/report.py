@@ -37,11 +37,12 @@ def _scaling(args: argparse.Namespace) -> int:
 
 def _layouts(args: argparse.Namespace) -> int:
     from frontier_llm.report.render import layouts_report
-    from frontier_llm.report.sources import sweep_report_frame
+    from frontier_llm.report.sources import rank_memory, sweep_report_frame
 
     frame, name = sweep_report_frame(args.sweep, args.db, model_only=args.model_only)
+    ranks = None if args.model_only else rank_memory(args.db, name)
     table, paths = layouts_report(frame, args.out, f"{name}-layouts",
-                                  require_measured=not args.model_only)
+                                  require_measured=not args.model_only, rank_memory=ranks)
     _written(paths)
     print(f"{len(table)} layouts, {int(table['completed'].sum())} completed runs")
     return 0
@@ -74,6 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
          "flm report errors --out reports/"],
     )
     actions = p.add_subparsers(dest="report_command", metavar="REPORT")
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])  # `flm report` alone: its help
     db = db_parent()
 
     def common(q: argparse.ArgumentParser, sweep_required: bool = True) -> None:

@@ -74,18 +74,20 @@ def plot_scaling(table: pd.DataFrame, gpu_label: str = "GPUs", title: str | None
         left, right = row_fig.subplots(1, 2)
         mode = t["mode"].iloc[0]
         base_n = t["base_gpus"].iloc[0]
+        one = gpu_label.split(" ")[0]
+        one = one[:-1] if one.endswith("s") else one  # "GCDs" -> "GCD"
         if mode == "weak":
             col, pcol = "tokens_per_s_per_gpu", "predicted_tokens_per_s_per_gpu"
             lo, hi = "tokens_per_s_per_gpu_min", "tokens_per_s_per_gpu_max"
-            left.set_ylabel("throughput per GPU (tokens/s)")
-            left.set_title("throughput per GPU (flat = ideal)", loc="left")
+            left.set_ylabel(f"throughput per {one} (tokens/s)")
+            left.set_title(f"throughput per {one} (flat = ideal)", loc="left")
         else:
             col, pcol = "step_time_s", "predicted_step_time_s"
             lo, hi = "step_time_min_s", "step_time_max_s"
             left.set_ylabel("step time (s)")
             left.set_yscale("log")
             _log_axis(left.yaxis)
-            left.set_title("step time (ideal: halves as GPUs double)", loc="left")
+            left.set_title(f"step time (ideal: halves as {one}s double)", loc="left")
         ref_col = col if measured else pcol
         base = t.loc[t["gpus"] == base_n, ref_col]
         if len(base) and np.isfinite(base.iloc[0]):
@@ -123,8 +125,7 @@ def plot_scaling(table: pd.DataFrame, gpu_label: str = "GPUs", title: str | None
             values = [left.get_ylim()[1]] + [float(np.nanmax(t[c])) for c in (hi, pcol)
                                              if c in t and t[c].notna().any()]
             left.set_ylim(0, max(values) * 1.1)  # from zero: a 2 % drop looks like one
-        unit = gpu_label.split(" ")[0]
-        unit = unit[:-1] if base_n == 1 and unit.endswith("s") else unit
+        unit = one if base_n == 1 else f"{one}s"
         right.set_title(f"efficiency relative to {int(base_n):,} {unit}", loc="left")
         row_fig.suptitle(f"{name}: {mode} scaling", x=0.01, ha="left", fontweight="bold")
         style.legend_outside(left)
@@ -255,21 +256,36 @@ def plot_knobs(tables: dict[str, pd.DataFrame], title: str | None = None) -> Fig
 
 
 def plot_memory_breakdown(breakdown: pd.DataFrame, title: str | None = None) -> Figure:
-    """Predicted per-rank memory of each layout, stacked by part (GB), with the measured peak
-    where measured and the device's capacity."""
+    """Predicted per-rank memory of each layout, stacked by part (GB); where runs measured
+    their parts, a hatched bar of the measured parts under it, and the measured peak; the
+    device's capacity."""
     n = len(breakdown)
     fig, (ax,) = style.new_figure(width=8.0, height=1.6 + 0.3 * n)
     y = np.arange(n)
     left = np.zeros(n)
     stacked = sum(breakdown[f"{p}_gb"].fillna(0) for p in MEMORY_PARTS)
     scale, unit = _memory_unit(stacked)
+    measured = [p for p in MEMORY_PARTS if f"measured_{p}_gb" in breakdown
+                and breakdown[f"measured_{p}_gb"].notna().any()]
+    # With measured parts: two bars per layout, predicted above, measured (hatched) below.
+    h, shift = (0.38, 0.2) if measured else (0.65, 0.0)
     for part in MEMORY_PARTS:
         v = breakdown[f"{part}_gb"].to_numpy(float) * scale
-        ax.barh(y, v, 0.65, left=left, color=style.MEMORY_PARTS[part], label=part)
+        ax.barh(y - shift, v, h, left=left, color=style.MEMORY_PARTS[part], label=part)
         left += np.nan_to_num(v)
+    if measured:
+        mleft = np.zeros(n)
+        for part in measured:
+            v = np.nan_to_num(breakdown[f"measured_{part}_gb"].to_numpy(float) * scale)
+            ax.barh(y + shift, v, h, left=mleft, color=style.MEMORY_PARTS[part], hatch="///",
+                    edgecolor="white", linewidth=0)
+            mleft += v
+        ax.barh([np.nan], [0], color="white", edgecolor="black", hatch="///",
+                label="measured (lower bar)")
+        left = np.maximum(left, mleft)
     if "measured_peak_gb" in breakdown and breakdown["measured_peak_gb"].notna().any():
-        ax.plot(breakdown["measured_peak_gb"] * scale, y, linestyle="none", marker="D",
-                color="black", label="measured peak")
+        ax.plot(breakdown["measured_peak_gb"] * scale, y + shift, linestyle="none",
+                marker="D", color="black", label="measured peak")
     device = breakdown["device_memory_gb"].iloc[0] if "device_memory_gb" in breakdown else None
     if device is not None and device * scale <= 3 * max(left.max(), 1e-12):
         ax.axvline(device * scale, color=style.FAILED["color"], linestyle="--",

@@ -155,6 +155,9 @@ def memory_breakdown(frame: pd.DataFrame) -> pd.DataFrame:
     for part in MEMORY_PARTS:
         out[f"{part}_gb"] = frame[f"mem_{part}_bytes"].astype(float) / GB
     out["predicted_peak_gb"] = frame["predicted_peak_memory_bytes"].astype(float) / GB
+    for part in MEASURED_PARTS:
+        if f"measured_{part}_gb" in frame:
+            out[f"measured_{part}_gb"] = frame[f"measured_{part}_gb"].astype(float)
     if "peak_memory_gb" in frame:
         out["measured_peak_gb"] = frame["peak_memory_gb"].astype(float)
     elif "peak_memory_bytes" in frame:
@@ -162,4 +165,31 @@ def memory_breakdown(frame: pd.DataFrame) -> pd.DataFrame:
                                                 errors="coerce") / GB
     if "device_memory_bytes" in frame:
         out["device_memory_gb"] = frame["device_memory_bytes"].astype(float) / GB
+    return out.reset_index(drop=True)
+
+
+# The parts a rank measures (flm_rank_memory) and the cost model's part each one is drawn beside.
+MEASURED_PARTS = {"params": "params_bytes", "grads": "grads_bytes",
+                  "optimizer": "optimizer_bytes", "activations": "activations_peak_bytes"}
+
+
+def measured_memory_parts(runs: pd.DataFrame, rank_memory: pd.DataFrame) -> pd.DataFrame:
+    """Per layout (the layout columns of ``runs``), the measured memory by part of the rank that
+    holds the most (``measured_<part>_gb``), from the completed runs' per-rank records
+    (:func:`frontier_llm.store.queries.rank_memory_frame`); the largest over repeats."""
+    done = runs[runs["status"] == COMPLETED]
+    if rank_memory.empty or done.empty:
+        return pd.DataFrame()
+    rm = rank_memory.copy()
+    cols = list(MEASURED_PARTS.values())
+    rm["_total"] = rm[cols].astype("float64").fillna(0).sum(axis=1)
+    top = rm.sort_values("_total").groupby("run_id").tail(1)  # the fullest rank of each run
+    keys = [k for k in ("tp", "pp", "dp", "micro_batch", "global_batch") if k in done]
+    merged = done[["run_id", *keys]].merge(top, on="run_id")
+    if merged.empty:
+        return pd.DataFrame()
+    merged = merged.sort_values("_total").groupby(keys, as_index=False).tail(1)
+    out = merged[keys].copy()
+    for part, col in MEASURED_PARTS.items():
+        out[f"measured_{part}_gb"] = merged[col].astype("float64") / GB
     return out.reset_index(drop=True)

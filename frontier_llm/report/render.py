@@ -12,7 +12,12 @@ import pandas as pd
 
 from frontier_llm.report import figures, style
 from frontier_llm.report.errors import errors_table
-from frontier_llm.report.layouts import layouts_summary, layouts_table, memory_breakdown
+from frontier_llm.report.layouts import (
+    layouts_summary,
+    layouts_table,
+    measured_memory_parts,
+    memory_breakdown,
+)
 from frontier_llm.report.scaling import scaling_table, summary
 from frontier_llm.report.tables import write_table
 
@@ -35,7 +40,8 @@ def scaling_report(frame: pd.DataFrame, out: str | Path, name: str, source: str 
 
 
 def layouts_report(frame: pd.DataFrame, out: str | Path, name: str,
-                   require_measured: bool = True) -> tuple[pd.DataFrame, list[Path]]:
+                   require_measured: bool = True, rank_memory: pd.DataFrame | None = None
+                   ) -> tuple[pd.DataFrame, list[Path]]:
     table = layouts_table(frame, require_measured=require_measured)
     fig = figures.plot_layouts(table)
     paths = write_table(table, layouts_summary(table), out, name, f"Layouts: {name}",
@@ -48,6 +54,10 @@ def layouts_report(frame: pd.DataFrame, out: str | Path, name: str,
                                                        errors="ignore")
         # The table's order (fastest first), with the measured peaks it holds.
         first = table[[*keys, "peak_memory_gb"]].merge(first, on=keys, how="inner")
+        if rank_memory is not None:
+            parts = measured_memory_parts(frame, rank_memory)
+            if len(parts):
+                first = first.merge(parts, on=keys, how="left")
         breakdown = memory_breakdown(first)
         paths += write_table(breakdown, breakdown, out, f"{name}-memory",
                              f"Predicted memory per rank by part (GB): {name}")

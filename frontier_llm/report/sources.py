@@ -13,7 +13,12 @@ from sqlalchemy.engine import make_url
 from frontier_llm.errors import UserError
 from frontier_llm.report.frames import layout_rows, sweep_frame, with_measurements
 from frontier_llm.store import open_store
-from frontier_llm.store.queries import runs_frame, sweep_names, validation_frame
+from frontier_llm.store.queries import (
+    rank_memory_frame,
+    runs_frame,
+    sweep_names,
+    validation_frame,
+)
 from frontier_llm.store.url import resolve_url
 
 
@@ -45,6 +50,15 @@ def measured_runs(db: str | None, sweep: str | None) -> pd.DataFrame:
     finally:
         store.close()
     return runs
+
+
+def rank_memory(db: str | None, sweep: str) -> pd.DataFrame:
+    """Per-rank measured memory of a sweep's runs (empty when the database has none)."""
+    store = open_existing(db)
+    try:
+        return rank_memory_frame(store, sweep=sweep)
+    finally:
+        store.close()
 
 
 def validation_runs(db: str | None, sweep: str | None,

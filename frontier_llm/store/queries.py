@@ -9,7 +9,13 @@ from sqlalchemy import and_, literal, select
 
 from frontier_llm.specs.layout import Layout, layout_types
 from frontier_llm.store import Store
-from frontier_llm.store.schema import LAYOUT_COLUMNS, flm_layouts, flm_predictions, flm_runs
+from frontier_llm.store.schema import (
+    LAYOUT_COLUMNS,
+    flm_layouts,
+    flm_predictions,
+    flm_rank_memory,
+    flm_runs,
+)
 
 _LAYOUT_COLUMNS = ("model_name", "system_name", *LAYOUT_COLUMNS, "layout_hash")
 _RUN_COLUMNS = ("run_id", "sweep_name", "job_key", "status", "error", "engine", "world_size",
@@ -131,3 +137,24 @@ def error_stats(validation: pd.DataFrame) -> pd.DataFrame:
     cols = ["system", "runs", "step_time_mape_pct", "step_time_max_ape_pct", "memory_runs",
             "memory_mape_pct", "memory_max_ape_pct"]
     return pd.DataFrame(rows, columns=cols)
+
+
+_RANK_MEMORY_COLUMNS = ("rank", "pp_stage", "tp_rank", "dp_rank", "params_bytes", "grads_bytes",
+                        "optimizer_bytes", "activations_peak_bytes",
+                        "device_allocated_peak_bytes")
+
+
+def rank_memory_frame(store: Store, sweep: str | None = None) -> pd.DataFrame:
+    """One row per (run, rank): the memory each rank measured, by part (bytes)."""
+    m = flm_rank_memory
+    stmt = (select(flm_runs.c.run_id, *(m.c[c] for c in _RANK_MEMORY_COLUMNS))
+            .select_from(m.join(flm_runs, m.c.run == flm_runs.c.id))
+            .order_by(flm_runs.c.run_id, m.c.rank))
+    if sweep is not None:
+        stmt = stmt.where(flm_runs.c.sweep_name == sweep)
+    with store.read() as conn:
+        result = conn.execute(stmt)
+        df = pd.DataFrame([tuple(r) for r in result], columns=list(result.keys()))
+    for c in _RANK_MEMORY_COLUMNS[4:]:
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
+    return df
