@@ -113,6 +113,7 @@ class Tuner:
     # --- one step ------------------------------------------------------------------------------
     def step(self) -> StepReport:
         report = StepReport()
+        self.storage  # noqa: B018 (made before the study's lock: it takes a lock of its own)
         with study_lock(self.store, self.sf.name):
             study = self.open()
             self._collect(study, report)

@@ -42,7 +42,10 @@ def study_lock(store: Store, name: str) -> Iterator[None]:
     if not db or db == ":memory:":
         yield
         return
-    fd = os.open(f"{db}.flm-tune.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    # One file per lock name: flock locks belong to the open file, so two names on one file
+    # would block each other even inside one process.
+    fd = os.open(f"{db}.flm-tune-{_key(name) & 0xFFFFFFFF:08x}.lock", os.O_RDWR | os.O_CREAT,
+                 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
