@@ -132,4 +132,4 @@ def test_study_survives_sigkill_of_its_driver(slurm_cluster, tmp_path):  # noqa:
                           capture_output=True, text=True, timeout=120)
     doc = yaml.safe_load(best.stdout)
     assert doc["throughput_per_gpu"] == max(t.values[0] for t in completed)
-    assert doc["layout"]["tp"] * doc["layout"]["dp"] == 2
+    assert doc["layout"]["tp"] * doc["layout"]["pp"] * doc["layout"]["dp"] == 2
