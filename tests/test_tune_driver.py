@@ -218,3 +218,24 @@ def test_every_sampler_proposes(tmp_path, sampler):
         study._storage.set_trial_user_attr(p.trial_id, osx.A_KEY, p.candidate.key)
         osx.constrain(study, p.trial_id, 0.0)
         study.tell(p.number, [p.candidate.prediction["throughput_per_gpu"]])
+
+
+def test_two_objectives_and_node_hours_budget(tmp_path):
+    """[throughput_per_gpu, peak_memory] with NSGA-II; a node-hours budget stops the study
+    (each trial is told two values; the budget is read back from the job rows)."""
+    url = f"sqlite:///{tmp_path / 'flm.db'}"
+    text = STUDY.format(name="two", model="tiny-gpt", script="sleep 1", trials=50,
+                        sampler="nsgaii", in_flight=1, warm=1)
+    text = text.replace("  budget: {trials: 50}", "  budget: {node_hours: 0.0004}\n"
+                        "  objective: [throughput_per_gpu, peak_memory]")
+    path = tmp_path / "two.yaml"
+    path.write_text(text)
+    tuner = drive(path, url, tmp_path / "runs")
+    study = optuna.load_study(study_name="two", storage=url)
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    jobs = [t for t in study.trials if osx.A_SWEEP in t.user_attrs]
+    # 0.0004 node-hours = 1.44 s: a job of at least 1 s each, so 2 jobs or a few more.
+    assert 1 <= len(jobs) < 10
+    assert sum(t.user_attrs["flm_node_hours"] for t in jobs) >= 0.0004
+    assert all(len(t.values) == 2 for t in study.trials if t.state == TrialState.COMPLETE)
+    assert tuner.sf.objectives == ("throughput_per_gpu", "peak_memory")
