@@ -218,3 +218,52 @@ def test_every_sampler_proposes(tmp_path, sampler):
         study._storage.set_trial_user_attr(p.trial_id, osx.A_KEY, p.candidate.key)
         osx.constrain(study, p.trial_id, 0.0)
         study.tell(p.number, [p.candidate.prediction["throughput_per_gpu"]])
+
+
+def test_two_objectives_and_node_hours_budget(tmp_path):
+    """[throughput_per_gpu, peak_memory] with NSGA-II; a node-hours budget stops the study
+    (each trial is told two values; the budget is read back from the job rows)."""
+    url = f"sqlite:///{tmp_path / 'flm.db'}"
+    text = STUDY.format(name="two", model="tiny-gpt", script="sleep 1", trials=50,
+                        sampler="nsgaii", in_flight=1, warm=1)
+    text = text.replace("  budget: {trials: 50}", "  budget: {node_hours: 0.0004}\n"
+                        "  objective: [throughput_per_gpu, peak_memory]")
+    path = tmp_path / "two.yaml"
+    path.write_text(text)
+    tuner = drive(path, url, tmp_path / "runs")
+    study = optuna.load_study(study_name="two", storage=url)
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    jobs = [t for t in study.trials if osx.A_SWEEP in t.user_attrs]
+    # 0.0004 node-hours = 1.44 s: a job of at least 1 s each, so 2 jobs or a few more.
+    assert 1 <= len(jobs) < 10
+    assert sum(t.user_attrs["flm_node_hours"] for t in jobs) >= 0.0004
+    assert all(len(t.values) == 2 for t in study.trials if t.state == TrialState.COMPLETE)
+    assert tuner.sf.objectives == ("throughput_per_gpu", "peak_memory")
+
+
+def test_step_resumes_what_a_killed_driver_left(tmp_path):
+    """The states a SIGKILL can leave between two database writes, made with Optuna's own calls:
+    a trial asked but never submitted is submitted by the next step (once); a trial killed
+    inside ask, with half its parameters drawn, is failed as interrupted."""
+    url = f"sqlite:///{tmp_path / 'flm.db'}"
+    path = study_file(tmp_path, name="res", trials=2, in_flight=2, warm=0)
+    store = open_store(url)
+    tuner = Tuner(load_study(path), store, url, out=tmp_path / "runs")
+    study = tuner.open()
+    asked = study.ask(tuner.sf.candidates.distributions)
+    while not tuner.sf.candidates.lookup(asked.params).fits:  # the first that needs a job
+        study.tell(asked, [0.0])
+        asked = study.ask(tuner.sf.candidates.distributions)
+    half = study._storage.create_new_trial(study._study_id)
+    study._storage.set_trial_param(half, "tp", 0, tuner.sf.candidates.distributions["tp"])
+    report = tuner.step()
+    assert report.adopted == 1
+    trials = {t.number: t for t in optuna.load_study(study_name="res", storage=url).trials}
+    assert trials[asked.number].user_attrs[osx.A_SWEEP] == f"res.t{asked.number:04d}"
+    interrupted = [t for t in trials.values() if t.user_attrs.get(osx.A_OUTCOME) ==
+                   "interrupted"]
+    assert len(interrupted) == 1 and interrupted[0].state == TrialState.FAIL
+    store.close()
+    drive(path, url, tmp_path / "runs")
+    rows = job_rows(url, "res")
+    assert len(rows) == 2 and all(r["attempts"] == 1 for r in rows)

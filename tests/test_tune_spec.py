@@ -159,3 +159,11 @@ def test_existing_study_with_another_space_is_refused(tmp_path):
     assert not (tmp_path / "runs").exists()
     assert all(t.state == optuna.trial.TrialState.WAITING
                for t in optuna.load_study(study_name="t-study", storage=url).trials)
+
+
+def test_shipped_studies_load():
+    shipped = sorted((REPO / "sweeps" / "studies").glob("*.yaml"))
+    assert shipped
+    for path in shipped:
+        study = load_study(path)
+        assert study.candidates.feasible()

@@ -18,8 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "lives in the same database. Layouts the cost model predicts not to fit are never "
         "submitted (they are told as infeasible), and the study starts from the layouts it "
         "predicts fastest.",
-        ["flm tune run sweeps/tiny-tune.yaml",
-         "flm tune step sweeps/tiny-tune.yaml   # from cron: collect, tell, ask, submit",
+        ["flm tune run sweeps/studies/tiny-tune.yaml",
+         "flm tune step sweeps/studies/tiny-tune.yaml   # from cron: collect, tell, ask, submit",
          "flm tune status tiny-tune", "flm tune best tiny-tune --format yaml"],
     )
     actions = p.add_subparsers(dest="tune_command", metavar="ACTION")
@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "Step (collect, tell, ask, submit) every --poll seconds until the budget "
                     "is spent or nothing is left to try, showing trials done, running and the "
                     "best so far. Interrupted or killed, run (or step) it again: it resumes.",
-                    ["flm tune run sweeps/tiny-tune.yaml --poll 10"], parents=[db])
+                    ["flm tune run sweeps/studies/tiny-tune.yaml --poll 10"], parents=[db])
     study_args(r)
     r.add_argument("--poll", type=float, default=5.0, metavar="S",
                    help="seconds between steps (default 5)")
@@ -48,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "Collect the trials whose jobs ended, tell Optuna, ask for new trials up to "
                     "in_flight and the budget, submit them, and exit. Safe from cron: two steps "
                     "at once take turns on the study's lock and never submit a trial twice.",
-                    ["*/5 * * * * cd /proj && flm tune step sweeps/tiny-tune.yaml --db $DB"],
+                    ["*/5 * * * * cd /proj && "
+                     "flm tune step sweeps/studies/tiny-tune.yaml --db $DB"],
                     parents=[db])
     study_args(s)
     s.set_defaults(func=_step)
@@ -57,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "Read the study from the database: trials by state and outcome, node-hours "
                      "used, the best trial and how its measurement compares with the model's "
                      "prediction.",
-                     ["flm tune status tiny-tune", "flm tune status sweeps/tiny-tune.yaml "
+                     ["flm tune status tiny-tune", "flm tune status sweeps/studies/tiny-tune.yaml "
                       "--format json"], parents=[db])
     st.add_argument("study", metavar="STUDY", help="the study's name or its file")
     st.add_argument("--format", choices=("text", "json", "trials"), default="text",

@@ -113,6 +113,7 @@ class Tuner:
     # --- one step ------------------------------------------------------------------------------
     def step(self) -> StepReport:
         report = StepReport()
+        self.storage  # noqa: B018 (made before the study's lock: it takes a lock of its own)
         with study_lock(self.store, self.sf.name):
             study = self.open()
             self._collect(study, report)
@@ -121,7 +122,15 @@ class Tuner:
         return report
 
     def _collect(self, study: optuna.Study, report: StepReport) -> None:
+        dists = self.sf.candidates.distributions
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if osx.A_SWEEP not in t.user_attrs and set(t.params) != set(dists):
+                # Killed inside study.ask, before every parameter was drawn: nothing was
+                # submitted and the proposal cannot be rebuilt.
+                study._storage.set_trial_user_attr(t._trial_id, osx.A_OUTCOME, "interrupted")
+                study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+                report.told += 1
+                continue
             cand = self.sf.candidates.lookup(t.params)
             if osx.A_SWEEP not in t.user_attrs:
                 # Asked by a driver that died before submitting: finish its work now.

@@ -42,8 +42,8 @@ def study_lock(store: Store, name: str) -> Iterator[None]:
     if not db or db == ":memory:":
         yield
         return
-    # One file per lock name: flock locks are per open file, so a process holding one name's
-    # lock (a step) that takes another's (the Optuna schema) on the same file would wait for itself.
+    # One file per lock name: flock locks belong to the open file, so two names on one file
+    # would block each other even inside one process.
     fd = os.open(f"{db}.flm-tune-{_key(name) & 0xFFFFFFFF:08x}.lock", os.O_RDWR | os.O_CREAT,
                  0o644)
     try:
