@@ -33,7 +33,7 @@ from frontier_llm.bench.launch import free_port
 from frontier_llm.bench.model import build_model, loss_fn
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.costmodel.flops import model_flops
-from frontier_llm.specs.parallel import ParallelConfig
+from frontier_llm.specs.layout import Layout
 
 
 def _sync(device: torch.device) -> None:
@@ -72,7 +72,7 @@ def time_plain(model, opt, x, y, steps: int, device: torch.device, dtype: torch.
 
 def overhead(args: argparse.Namespace, device: torch.device) -> None:
     spec = load_model(args.model)
-    layout = ParallelConfig(micro_batch=args.micro_batch, global_batch=args.micro_batch,
+    layout = Layout(micro_batch=args.micro_batch, global_batch=args.micro_batch,
                             dtype=args.dtype)
     engine = NativeEngine(spec, layout, rank=0, world_size=1, device=device, seed=0)
     model = build_model(spec, seed=0, dtype=args.dtype, device=device)
@@ -104,7 +104,7 @@ def gpu_mfu(args: argparse.Namespace, device: torch.device) -> None:
     spec = load_model("gpt3-1.3b")
     name = torch.cuda.get_device_name(device)
     system = load_system("dgx-h100" if "H100" in name or "H200" in name else "dgx-a100")
-    layout = ParallelConfig(micro_batch=args.gpu_micro_batch,
+    layout = Layout(micro_batch=args.gpu_micro_batch,
                             global_batch=args.gpu_micro_batch, dtype="bf16",
                             flash_attention=True)
     engine = NativeEngine(spec, layout, rank=0, world_size=1, device=device, seed=0)

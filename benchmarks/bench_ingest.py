@@ -10,6 +10,9 @@ The traces come from the store tests' factory (tests/store_fixtures.py): 12 layo
 micro-batches x 2 ZeRO stages, 1-8 ranks each (one memory entry per rank), 10 steps, a
 prediction with its breakdown; about 3.5 KB of JSON each.
 
+It also times the trace check alone on 2,000 of the traces: the collector's fast check
+(fastjsonschema, store/schema_check.py) against jsonschema (bench/trace.py validate_trace).
+
     python benchmarks/bench_ingest.py [--traces 10000] [--baseline 1000] [--db URL]
 """
 
@@ -30,7 +33,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from store_fixtures import POSTGRES, many_traces  # noqa: E402
 
-from frontier_llm.bench.trace import read_trace, write_trace  # noqa: E402
+from frontier_llm.bench.trace import read_trace, validate_trace, write_trace  # noqa: E402
 from frontier_llm.store import Store, open_store  # noqa: E402
 from frontier_llm.store.ingest import _sharding_text, collect  # noqa: E402
 from frontier_llm.store.schema import (  # noqa: E402
@@ -40,6 +43,7 @@ from frontier_llm.store.schema import (  # noqa: E402
     flm_runs,
     flm_steps,
 )
+from frontier_llm.store.schema_check import validate_trace_fast  # noqa: E402
 
 
 def naive_ingest(store: Store, files: list[Path]) -> None:
@@ -88,6 +92,22 @@ def naive_ingest(store: Store, files: list[Path]) -> None:
                 conn.execute(flm_rank_memory.insert().values(run=run, **m))
 
 
+def time_checks(traces: list[dict]) -> None:
+    """Microseconds per trace of the fast check and of jsonschema, on the same documents."""
+    validate_trace_fast(traces[0])  # compile outside the timing
+    validate_trace(traces[0])
+    out = {}
+    for name, fn in (("fast check (fastjsonschema)", validate_trace_fast),
+                     ("jsonschema", validate_trace)):
+        t0 = time.perf_counter()
+        for t in traces:
+            fn(t)
+        out[name] = (time.perf_counter() - t0) / len(traces) * 1e6
+        print(f"validate one trace, {name:28s}: {out[name]:7.1f} us")
+    print(f"speed-up of the fast check over jsonschema: "
+          f"{out['jsonschema'] / out['fast check (fastjsonschema)']:.1f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -109,6 +129,7 @@ def main() -> None:
         traces = many_traces(args.traces, prefix="bench")
         for t in traces:
             write_trace(tmp / "traces", t)
+        time_checks(traces[:2000])
         files = sorted((tmp / "traces").glob("*.trace.json"))
         mb = sum(f.stat().st_size for f in files) / 1e6
         print(f"wrote {len(files)} traces ({mb:.1f} MB) with write_trace in "

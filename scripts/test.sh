@@ -17,4 +17,7 @@ done
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 python -m ruff check .
+# The import layers (.importlinter): specs -> costmodel/catalog -> planner -> bench -> store ->
+# jobs -> report/tune/calibrate -> cli, no package importing one above it.
+lint-imports
 exec python -m pytest "$@"

@@ -1,7 +1,6 @@
 """A real one-node SLURM for the tests, started once per session by scripts/slurm-cluster.sh.
 
-Test modules import the fixture with ``from slurm_fixtures import slurm_cluster`` (pytest puts
-tests/ on sys.path). Each session's cluster
+tests/conftest.py offers the ``slurm_cluster`` fixture to every test module. Each session's cluster
 lives in its own temporary folder with its own ports and SLURM_CONF, so runs never share jobs.
 """
 

@@ -1,5 +1,6 @@
-"""Fixtures and helpers for the store's tests (imported by tests/test_store_*.py and the ingest
-benchmark): a realistic trace factory and a real PostgreSQL started by scripts/postgres.sh.
+"""Fixtures and helpers for the store's tests (the fixtures are offered to every module by
+tests/conftest.py; the helpers are imported by tests/test_store_*.py and the ingest benchmark):
+a realistic trace factory and a real PostgreSQL started by scripts/postgres.sh.
 
 The PostgreSQL server is one per test session: a module-level singleton started on first use and
 stopped at exit, because a session fixture imported into several test modules would otherwise

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from slurm_fixtures import slurm_cluster  # noqa: F401  (pytest fixture)
 
 from frontier_llm.bench.data import write_token_file
 from frontier_llm.bench.launch import free_port
@@ -132,7 +131,7 @@ def test_under_mpiexec(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.slurm
-def test_under_srun(tmp_path, slurm_cluster):  # noqa: F811
+def test_under_srun(tmp_path, slurm_cluster):
     prefix = ["srun", "--overcommit", "-n", "2", "-t", "5", *FLM]
     environ = {**env(), "SLURM_CONF": str(slurm_cluster.conf)}
     proc, _ = bench(tmp_path, *TINY, "--pp", "2", "--global-batch", "2", prefix=prefix,

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from frontier_llm.bench import launch
+from frontier_llm.bench.config import build_config, child_argv
 from frontier_llm.bench.data import TokenSource, write_token_file
 from frontier_llm.bench.memlimit import is_oom, parse_bytes
 from frontier_llm.bench.mesh import check_layout, mesh_dims
@@ -18,7 +19,6 @@ from frontier_llm.bench.optim import LocalAdam
 from frontier_llm.bench.pipeline import stage_ids, stage_layers
 from frontier_llm.catalog import load_model
 from frontier_llm.cli import build_parser
-from frontier_llm.cli.bench import build_config, child_argv
 from frontier_llm.errors import UserError
 from frontier_llm.specs.parallel import ParallelConfig, zero_preset
 

@@ -12,15 +12,6 @@ import pytest
 
 from frontier_llm.bench.trace import write_heartbeat
 from frontier_llm.jobs.classify import (
-    CANCELLED,
-    COMPLETED,
-    FAILED,
-    HUNG,
-    NODE_FAIL,
-    OOM,
-    PENDING,
-    RUNNING,
-    TIMEOUT,
     classify,
     exit_status,
     first_error_line,
@@ -28,6 +19,20 @@ from frontier_llm.jobs.classify import (
     load_trace,
 )
 from frontier_llm.jobs.executors import array_spec, time_limit_s
+from frontier_llm.jobs.lifecycle import JobState, Observation, SchedulerState
+from frontier_llm.jobs.slurm import JobStatus
+
+CANCELLED, COMPLETED, FAILED, HUNG, NODE_FAIL, OOM, PENDING, RUNNING, TIMEOUT = (
+    JobState.CANCELLED, JobState.COMPLETED, JobState.FAILED, JobState.HUNG, JobState.NODE_FAIL,
+    JobState.OOM, JobState.PENDING, JobState.RUNNING, JobState.TIMEOUT)
+
+
+def seen(word: str, code: str | None = None) -> Observation:
+    """What an executor reports for SLURM's state ``word`` (through slurm.py's mapping), or for
+    a local process that ended (EXITED)."""
+    if word == "EXITED":
+        return Observation(SchedulerState.EXITED, code)
+    return JobStatus("1", word, exit_code=code).observation()
 
 TRACEBACK = """flm: task 0 job crash-error run crash-error-j12 on vm
 flm bench: injected crash on rank 1 at step 1
@@ -64,17 +69,17 @@ srun: error: vm: task 1: Exited with exit code 1
     ("RUNNING", None, None, "", RUNNING, None),
 ])
 def test_verdicts(state, code, trace, log, expected, reason):
-    verdict = classify(state, code, trace=trace, log_text=log)
+    verdict = classify(seen(state, code), trace=trace, log_text=log)
     assert (verdict.state, verdict.reason) == (expected, reason)
 
 
 def test_hung_from_heartbeat_age_and_from_a_missing_first_heartbeat():
-    assert classify("RUNNING", heartbeat_age_s=700, hung_after_s=600).state == HUNG
-    assert classify("RUNNING", heartbeat_age_s=10, hung_after_s=600).state == RUNNING
-    late = classify("RUNNING", running_for_s=900, hung_after_s=600)
+    assert classify(seen("RUNNING"), heartbeat_age_s=700, hung_after_s=600).state == HUNG
+    assert classify(seen("RUNNING"), heartbeat_age_s=10, hung_after_s=600).state == RUNNING
+    late = classify(seen("RUNNING"), running_for_s=900, hung_after_s=600)
     assert late.state == HUNG and "first heartbeat" in late.reason
-    assert classify("RUNNING", running_for_s=900).state == RUNNING  # no limit, no HUNG
-    assert not classify("RUNNING", heartbeat_age_s=700, hung_after_s=600).terminal
+    assert classify(seen("RUNNING"), running_for_s=900).state == RUNNING  # no limit, no HUNG
+    assert not classify(seen("RUNNING"), heartbeat_age_s=700, hung_after_s=600).terminal
 
 
 def test_heartbeat_age_and_trace_loading(tmp_path):
@@ -114,6 +119,25 @@ def test_exit_status_and_helpers():
 def test_cancel_beats_the_traces_sigterm_timeout():
     """flm bench writes status 'timeout' on any SIGTERM; scancel sends one too."""
     trace = {"status": "timeout", "error": "terminated by SIGTERM"}
-    assert classify("CANCELLED", "0:15", trace=trace).state == "CANCELLED"
-    assert classify("TIMEOUT", "0:15", trace=trace).state == "TIMEOUT"
-    assert classify("FAILED", "1:0", trace=trace).state == "TIMEOUT"
+    assert classify(seen("CANCELLED", "0:15"), trace=trace).state == "CANCELLED"
+    assert classify(seen("TIMEOUT", "0:15"), trace=trace).state == "TIMEOUT"
+    assert classify(seen("FAILED", "1:0"), trace=trace).state == "TIMEOUT"
+
+
+def test_job_state_predicates():
+    J = JobState
+    assert {s for s in J if s.terminal} == {J.COMPLETED, J.OOM, J.TIMEOUT, J.NODE_FAIL,
+                                           J.CANCELLED, J.FAILED}
+    assert {s for s in J if s.active} == {J.PENDING, J.RUNNING, J.HUNG, J.UNKNOWN}
+    # Retry never re-runs a completed job; a HUNG one is retried (after a cancel).
+    assert {s for s in J if s.retryable} == {J.OOM, J.TIMEOUT, J.NODE_FAIL, J.CANCELLED,
+                                            J.FAILED, J.HUNG}
+    assert not any(s.active and s.terminal for s in J)
+    assert J("COMPLETED") is J.COMPLETED and f"{J.HUNG}" == "HUNG"  # stored as its word
+
+
+def test_every_verdict_a_scheduler_state_can_give_is_a_job_state():
+    for state in SchedulerState:
+        verdict = classify(Observation(state, "1:0"))
+        assert isinstance(verdict.state, JobState)
+        assert verdict.terminal == state.ended, state

@@ -6,6 +6,7 @@ Regenerate the golden files after an intended template change with
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
@@ -157,6 +158,36 @@ def test_hostile_values_reach_the_command_as_one_argument(tmp_path):
     run_id = argv[argv.index(b"--run-id") + 1]
     assert run_id == b"hostile-j7"
     assert not list(tmp_path.glob("pwned*"))
+
+
+def test_the_script_computes_the_contract_as_python_does(tmp_path):
+    """Run id, master port, the missing-task exit status and the banner, computed by the
+    rendered script (a stand-in srun prints what it was given) and by jobs/contract.py."""
+    from frontier_llm.errors import ExitCode
+    from frontier_llm.jobs import contract
+
+    job = _hostile_job(tmp_path)
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "srun").write_text('#!/bin/bash\nprintf "%s\\0" "$MASTER_PORT" "$FLM_RUN_ID"\n')
+    (fake_bin / "scontrol").write_text("#!/bin/bash\necho localhost\n")
+    for f in fake_bin.iterdir():
+        f.chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text(render(dataclasses.replace(job, options={"master_port": "31000"})))
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "SLURM_JOB_ID": "54321",
+           "SLURM_ARRAY_JOB_ID": "54300", "SLURM_ARRAY_TASK_ID": "0"}
+    out = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
+                         check=True)
+    banner, printed = out.stdout.decode().split("\n", 1)
+    port, run_id = printed.split("\0")[:2]
+    assert int(port) == contract.master_port(31000, 54321) == 31000 + 54321 % 20000
+    assert run_id == contract.run_id("hostile", "54300")
+    assert banner.startswith(f"{contract.BANNER_PREFIX}0 job hostile run {run_id} ")
+    log = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True,
+                         env={**env, "SLURM_ARRAY_TASK_ID": "9"})
+    assert log.returncode == ExitCode.USAGE
+    assert "no task 9" in log.stderr
 
 
 @pytest.mark.parametrize("field,value", [("account", "a\nb"), ("partition", "p\n#SBATCH -x"),

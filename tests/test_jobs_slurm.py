@@ -6,9 +6,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from slurm_fixtures import slurm_cluster  # noqa: F401  (pytest fixture)
 
-from frontier_llm.jobs.slurm import JobStatus, SlurmClient, SlurmError, base_id
+from frontier_llm.jobs.lifecycle import SchedulerState
+from frontier_llm.jobs.slurm import JobStatus, SlurmClient, SlurmError, base_id, scheduler_state
 
 pytestmark = [pytest.mark.slurm]
 
@@ -25,7 +25,26 @@ def test_base_id_and_terminal_words():
     assert not JobStatus("1", "UNKNOWN").terminal
 
 
-def test_array_exit_codes_and_states(slurm_cluster, tmp_path):  # noqa: F811
+def test_slurm_words_map_to_scheduler_states():
+    S = SchedulerState
+    ended = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+             "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT")
+    live = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_FED",
+            "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "SUSPENDED",
+            "RESV_DEL_HOLD")
+    assert all(scheduler_state(w).ended for w in ended)
+    assert not any(scheduler_state(w).ended for w in live)
+    assert scheduler_state("CANCELLED by 0") == S.CANCELLED
+    assert scheduler_state("COMPLETING") == S.RUNNING
+    assert scheduler_state("DEADLINE") == S.TIMEOUT
+    assert scheduler_state("BOOT_FAIL") == S.NODE_FAIL
+    assert scheduler_state("NO_SUCH_WORD") == scheduler_state("") == S.UNKNOWN
+    obs = JobStatus("5_1", "CANCELLED by 0", exit_code="0:15", nodelist="n1").observation()
+    assert (obs.state, obs.exit_code, obs.nodelist, obs.said) == (
+        S.CANCELLED, "0:15", "n1", "SLURM state CANCELLED")
+
+
+def test_array_exit_codes_and_states(slurm_cluster, tmp_path):
     client = SlurmClient(slurm_cluster.env())
     script = _script(tmp_path / "exit.sh", 'exit "${SLURM_ARRAY_TASK_ID}"')
     job = client.submit(script, array="0-2")
@@ -35,7 +54,7 @@ def test_array_exit_codes_and_states(slurm_cluster, tmp_path):  # noqa: F811
     assert final[f"{job}_2"].state == "FAILED" and final[f"{job}_2"].exit_code == "2:0"
 
 
-def test_one_squeue_per_poll_whatever_the_number_of_jobs(slurm_cluster, tmp_path):  # noqa: F811
+def test_one_squeue_per_poll_whatever_the_number_of_jobs(slurm_cluster, tmp_path):
     client = SlurmClient(slurm_cluster.env())
     script = _script(tmp_path / "held.sh", "true")
     arrays = [client.submit(script, array="0-9", hold=True) for _ in range(3)]
@@ -55,7 +74,7 @@ def test_one_squeue_per_poll_whatever_the_number_of_jobs(slurm_cluster, tmp_path
     assert {s.state for s in ended.values()} == {"CANCELLED"}
 
 
-def test_held_job_released_runs(slurm_cluster, tmp_path):  # noqa: F811
+def test_held_job_released_runs(slurm_cluster, tmp_path):
     client = SlurmClient(slurm_cluster.env())
     job = client.submit(_script(tmp_path / "ok.sh", "echo ran"), hold=True)
     assert client.query([job])[job].reason == "JobHeldUser"
@@ -63,14 +82,14 @@ def test_held_job_released_runs(slurm_cluster, tmp_path):  # noqa: F811
     assert client.wait([job], timeout_s=60, min_interval_s=0.2)[job].state == "COMPLETED"
 
 
-def test_sbatch_refusal_is_slurms_own_message(slurm_cluster, tmp_path):  # noqa: F811
+def test_sbatch_refusal_is_slurms_own_message(slurm_cluster, tmp_path):
     client = SlurmClient(slurm_cluster.env())
     with pytest.raises(SlurmError, match="invalid partition specified: no-such-partition"):
         client.submit(_script(tmp_path / "x.sh", "true"),
                       extra_args=["--partition=no-such-partition"])
 
 
-def test_forgotten_job_is_unknown(slurm_cluster):  # noqa: F811
+def test_forgotten_job_is_unknown(slurm_cluster):
     client = SlurmClient(slurm_cluster.env())
     assert client.query(["987654"])["987654"].state == "UNKNOWN"
 

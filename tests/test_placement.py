@@ -106,7 +106,10 @@ def test_a_suspect_run_is_stored_and_shown_by_flm_results(tmp_path):
 
 
 def test_a_suspect_trace_is_a_completed_job_with_its_reason():
-    from frontier_llm.jobs.classify import COMPLETED, classify
+    from frontier_llm.jobs.classify import classify
+    from frontier_llm.jobs.lifecycle import JobState
+    from frontier_llm.jobs.slurm import JobStatus
 
-    verdict = classify("COMPLETED", "0:0", trace={"status": "suspect", "error": "over TCP sockets"})
-    assert (verdict.state, verdict.reason) == (COMPLETED, "over TCP sockets")
+    verdict = classify(JobStatus("1", "COMPLETED", exit_code="0:0").observation(),
+                       trace={"status": "suspect", "error": "over TCP sockets"})
+    assert (verdict.state, verdict.reason) == (JobState.COMPLETED, "over TCP sockets")

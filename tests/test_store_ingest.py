@@ -10,7 +10,7 @@ import time
 
 import pytest
 from sqlalchemy import func, select
-from store_fixtures import db_url, make_trace, many_traces  # noqa: F401  (db_url is a fixture)
+from store_fixtures import make_trace, many_traces
 
 from frontier_llm.bench.trace import write_json_atomic, write_trace
 from frontier_llm.store import open_store
@@ -38,7 +38,7 @@ def snapshot(store) -> dict[str, list]:
                 for t in TABLES}
 
 
-def test_collect_twice_changes_nothing(tmp_path, db_url):  # noqa: F811
+def test_collect_twice_changes_nothing(tmp_path, db_url):
     traces = many_traces(25)
     for t in traces:
         write_trace(tmp_path / "traces", t)
@@ -61,7 +61,7 @@ def test_collect_twice_changes_nothing(tmp_path, db_url):  # noqa: F811
     store.close()
 
 
-def test_rewritten_trace_updates_its_run(tmp_path, db_url):  # noqa: F811
+def test_rewritten_trace_updates_its_run(tmp_path, db_url):
     store = open_store(db_url)
     write_trace(tmp_path, make_trace("grow", steps=4, warmup=1))
     write_trace(tmp_path, make_trace("other", steps=4))
@@ -87,7 +87,7 @@ def test_rewritten_trace_updates_its_run(tmp_path, db_url):  # noqa: F811
     store.close()
 
 
-def test_bad_files_are_quarantined_with_reasons_and_the_rest_goes_on(tmp_path, db_url):  # noqa: F811
+def test_bad_files_are_quarantined_with_reasons_and_the_rest_goes_on(tmp_path, db_url):
     d = tmp_path / "runs"
     sub = d / "sweep-a"
     write_trace(d, make_trace("good-1"))
@@ -121,7 +121,7 @@ def test_bad_files_are_quarantined_with_reasons_and_the_rest_goes_on(tmp_path, d
     store.close()
 
 
-def test_explicit_quarantine_folder(tmp_path, db_url):  # noqa: F811
+def test_explicit_quarantine_folder(tmp_path, db_url):
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "x.trace.json").write_text("[]")
     store = open_store(db_url)
@@ -133,7 +133,7 @@ def test_explicit_quarantine_folder(tmp_path, db_url):  # noqa: F811
     store.close()
 
 
-def test_predictions_are_stored_per_layout_and_version(tmp_path, db_url):  # noqa: F811
+def test_predictions_are_stored_per_layout_and_version(tmp_path, db_url):
     a = make_trace("a", tp=2, costmodel_version="cm-1", predicted_step_time_s=0.5)
     b = make_trace("b", tp=2, seed=3, costmodel_version="cm-1", predicted_step_time_s=0.5)
     c = make_trace("c", tp=2, seed=4, costmodel_version="cm-2", predicted_step_time_s=0.25)
@@ -172,7 +172,7 @@ def _collector(url: str, folder: str, barrier, results) -> None:
 
 
 @pytest.mark.slow
-def test_two_collectors_at_once_neither_duplicate_nor_lose(tmp_path, db_url):  # noqa: F811
+def test_two_collectors_at_once_neither_duplicate_nor_lose(tmp_path, db_url):
     """Two real processes ingest one folder at the same time into a database neither has
     created yet."""
     traces = many_traces(240)
@@ -234,7 +234,7 @@ def bench_trace_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_real_flm_bench_trace_flows_in(bench_trace_dir, db_url):  # noqa: F811
+def test_a_real_flm_bench_trace_flows_in(bench_trace_dir, db_url):
     trace = json.loads((bench_trace_dir / "e2e-tp2.trace.json").read_text())
     store = open_store(db_url)
     assert collect(store, [bench_trace_dir]).inserted == 1

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from store_fixtures import db_url, make_trace  # noqa: F401  (db_url is a fixture)
+from store_fixtures import make_trace
 
 from frontier_llm.bench.trace import write_trace
 from frontier_llm.store import open_store
 from frontier_llm.store.ingest import collect
-from frontier_llm.store.queries import error_stats, runs_frame, sweep_names, validation_frame
+from frontier_llm.store.queries import (
+    error_stats,
+    rank_memory_frame,
+    runs_frame,
+    sweep_names,
+    validation_frame,
+)
 
 
 def _trace(run_id, system, measured_s, predicted_s, measured_mem, predicted_mem, **kw):
@@ -22,7 +28,7 @@ def _trace(run_id, system, measured_s, predicted_s, measured_mem, predicted_mem,
 
 
 @pytest.fixture
-def store(tmp_path, db_url):  # noqa: F811
+def store(tmp_path, db_url):
     traces = [
         # cpu-local: step-time errors +20 % and -10 %, memory errors 0 % and +50 %
         _trace("c1", "cpu-local", 1.0, 1.2, 1000, 1000, tp=1, labels={"sweep": "s1"}),
@@ -105,3 +111,12 @@ def test_empty_store_gives_empty_frames(tmp_path):
     stats = error_stats(validation_frame(s))
     assert list(stats["system"]) == ["(all)"] and stats["runs"].item() == 0
     s.close()
+
+
+def test_rank_memory_frame_one_row_per_rank(store):
+    df = rank_memory_frame(store, sweep="s1")
+    assert sorted(set(df["run_id"])) == ["c1", "c2"]
+    c2 = df[df["run_id"] == "c2"]
+    assert c2["rank"].tolist() == [0, 1] and c2["tp_rank"].tolist() == [0, 1]  # tp = 2
+    assert (c2["params_bytes"] > 0).all() and str(c2["params_bytes"].dtype) == "Int64"
+    assert len(rank_memory_frame(store)) == 1 + 2 + 2 + 4  # every run's ranks

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import inspect
-from store_fixtures import db_url, pg_server  # noqa: F401  (fixtures)
 
 from frontier_llm.errors import UserError
-from frontier_llm.store import connect, migrate, open_store, resolve_url
-from frontier_llm.store.schema import SCHEMA_VERSION, TABLES, flm_meta
+from frontier_llm.store import SCHEMA_VERSION, connect, migrate, open_store, resolve_url
+from frontier_llm.store.schema import TABLES
 from frontier_llm.store.url import redact
 
 
@@ -40,7 +39,7 @@ def test_unsupported_database_and_missing_folder(tmp_path):
         open_store(f"sqlite:///{tmp_path}/no/such/dir/flm.db")
 
 
-def test_new_database_gets_every_table_and_current_version(db_url):  # noqa: F811
+def test_new_database_gets_every_table_and_current_version(db_url):
     store = open_store(db_url)
     try:
         with store.read() as conn:
@@ -65,7 +64,7 @@ def _make_old_database(url: str, version: int) -> None:
     store.close()
 
 
-def test_older_database_is_refused_until_upgraded(db_url):  # noqa: F811
+def test_older_database_is_refused_until_upgraded(db_url):
     _make_old_database(db_url, 1)
     with pytest.raises(migrate.SchemaVersionError) as info:
         open_store(db_url)
@@ -78,7 +77,7 @@ def test_older_database_is_refused_until_upgraded(db_url):  # noqa: F811
             ix["name"] for ix in inspect(conn).get_indexes("flm_runs")}
     assert store.upgrade() == list(range(2, SCHEMA_VERSION + 1))
     assert store.upgrade() == []  # idempotent
-    with store.read() as conn:  # version 3: the calibration tables
+    with store.read() as conn:  # revision 0004: the calibration tables
         assert {"flm_calibrations", "flm_calibration_samples"} <= set(
             inspect(conn).get_table_names())
     store.close()
@@ -89,11 +88,11 @@ def test_older_database_is_refused_until_upgraded(db_url):  # noqa: F811
     store.close()
 
 
-def test_newer_database_is_refused_naming_both_versions(db_url):  # noqa: F811
+def test_newer_database_is_refused_naming_both_versions(db_url):
     store = open_store(db_url)
     with store.write() as conn:
-        conn.execute(flm_meta.update().where(flm_meta.c.key == "schema_version")
-                     .values(value=str(SCHEMA_VERSION + 5)))
+        conn.exec_driver_sql(f"UPDATE {migrate.VERSION_TABLE} "
+                             f"SET version_num = '{migrate.revision_id(SCHEMA_VERSION + 5)}'")
     store.close()
     msg = (f"schema version {SCHEMA_VERSION + 5}, newer than this frontier_llm's "
            f"{SCHEMA_VERSION}: upgrade frontier_llm")
@@ -105,7 +104,7 @@ def test_newer_database_is_refused_naming_both_versions(db_url):  # noqa: F811
     store.close()
 
 
-def test_optuna_tables_live_beside_ours(db_url):  # noqa: F811
+def test_optuna_tables_live_beside_ours(db_url):
     import optuna
 
     store = open_store(db_url)
@@ -121,7 +120,7 @@ def test_optuna_tables_live_beside_ours(db_url):  # noqa: F811
 
 
 @pytest.mark.postgres
-def test_postgres_password_urls_work_and_never_leak(pg_server):  # noqa: F811
+def test_postgres_password_urls_work_and_never_leak(pg_server):
     good = f"postgresql://postgres:{pg_server.password}@127.0.0.1:{pg_server.port}/flm"
     store = open_store(good)
     assert pg_server.password not in store.url_redacted

@@ -1,4 +1,4 @@
-"""The collector's fast trace check never accepts what the JSON schema (jsonschema) rejects.
+"""The collector's fast trace check (fastjsonschema) never accepts what jsonschema rejects.
 
 Differential test: every field of a valid trace is replaced by values of every JSON type, deleted,
 or joined by an unknown key, and each mutant goes through both checks.
@@ -12,7 +12,7 @@ import pytest
 from store_fixtures import make_trace
 
 from frontier_llm.bench.trace import TraceError, validate_trace
-from frontier_llm.store.schema_check import _compile, trace_check, validate_trace_fast
+from frontier_llm.store.schema_check import trace_check, validate_trace_fast
 
 REPLACEMENTS = (None, True, False, 0, 1, -1, 1.0, 0.5, -2.5, "", "x", "completed", "1f1b",
                 [], [1], {}, {"a": 1})
@@ -64,23 +64,23 @@ def _jsonschema_ok(doc) -> bool:
     return True
 
 
-def test_fast_check_compiles_for_the_trace_schema():
-    assert trace_check() is not None
-
-
 def test_fast_check_never_accepts_an_invalid_trace():
     trace = make_trace("mutant", tp=2, steps=2, warmup=1)
     check = trace_check()
     assert check(trace) and _jsonschema_ok(trace)
-    accepted = rejected = 0
+    accepted = rejected = declined = 0
     for doc in _mutants(trace):
+        ok = _jsonschema_ok(doc)
         if check(doc):
             accepted += 1
-            assert _jsonschema_ok(doc), doc
+            assert ok, doc
         else:
             rejected += 1
-    # Both outcomes occur a lot, so the test exercises both sides of the check.
+            declined += ok  # valid, but left to jsonschema: slower, never wrong
+    # Both outcomes occur a lot, so the test exercises both sides of the check; and the fast
+    # path is worth having only if it takes (nearly) every valid trace.
     assert accepted > 100 and rejected > 500
+    assert declined == 0
 
 
 def test_rejected_traces_get_the_jsonschema_message():
@@ -88,17 +88,13 @@ def test_rejected_traces_get_the_jsonschema_message():
     trace["layout"]["tp"] = 0
     with pytest.raises(TraceError, match="trace invalid at layout/tp"):
         validate_trace_fast(trace)
-    # A float that is a whole number is an integer to JSON Schema: the fast check declines it
-    # and jsonschema accepts it, so validate_trace_fast accepts it too.
+    trace = make_trace("bad-version")
+    trace["schema_version"] = 2
+    assert not trace_check()(trace)
+    with pytest.raises(TraceError, match="schema_version 2 is not supported"):
+        validate_trace_fast(trace)
+    # A float that is a whole number is an integer to JSON Schema: both validators accept it.
     trace = make_trace("float-int")
     trace["layout"]["tp"] = 1.0
-    assert not trace_check()(trace)
+    assert trace_check()(trace) and _jsonschema_ok(trace)
     validate_trace_fast(trace)
-
-
-def test_unknown_keywords_disable_the_fast_path():
-    from frontier_llm.store.schema_check import _Unsupported
-
-    with pytest.raises(_Unsupported):
-        _compile({"type": "object", "oneOf": [{"type": "string"}]})
-    assert _compile({"type": "integer", "description": "ignored"})(3)

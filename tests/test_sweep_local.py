@@ -15,7 +15,7 @@ import pytest
 from frontier_llm.bench.trace import read_trace, trace_path
 from frontier_llm.cli import main
 from frontier_llm.errors import UserError
-from frontier_llm.jobs.state import JobState
+from frontier_llm.jobs.state import SweepJobs
 from frontier_llm.store import open_store
 
 pytestmark = [pytest.mark.slow]
@@ -46,9 +46,15 @@ def test_local_sweep_runs_classifies_and_resumes(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["sweep", "submit", str(spec), "--out", str(out), "--db", db,
                  "--max-in-flight", "3"]) == 0
-    assert "submitted 3 jobs" in capsys.readouterr().out
-    assert main(["sweep", "status", "local-tiny", "--db", db, "--format", "json"]) == 0
-    rows = {r["job_key"]: r for r in json.loads(capsys.readouterr().out)}
+    out_text, err_text = capsys.readouterr()
+    assert "submitted 3 jobs" in out_text
+    assert main(["sweep", "status", "local-tiny", "--db", db, "--format", "json", "--wait",
+                 "--timeout", "60"]) == 0
+    status_out, status_err = capsys.readouterr()
+    rows = {r["job_key"]: r for r in json.loads(status_out)}
+    # Not a terminal (captured): no progress bar, no escape codes, no carriage returns.
+    for noise in ("\x1b[", "\r", "━"):
+        assert noise not in out_text + err_text + status_out + status_err, noise
     assert rows["dp2"]["state"] == "COMPLETED"
     assert rows["crash"]["state"] == "FAILED"
     assert "injected crash" in rows["crash"]["reason"]
@@ -72,7 +78,7 @@ def test_local_cancel_stops_a_running_job(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         store = open_store(db)
-        state = JobState.find(store, "local-tiny") if _wait(lambda: _has_sweep(store)) else None
+        state = SweepJobs.find(store, "local-tiny") if _wait(lambda: _has_sweep(store)) else None
         row = _wait(lambda: _beating(state, out))
         assert main(["sweep", "cancel", "local-tiny", "--db", db, "--job", "slow"]) == 0
         submit.wait(timeout=120)
@@ -107,13 +113,13 @@ def _wait(predicate, timeout_s: float = 120.0):
 
 def _has_sweep(store) -> bool:
     try:
-        JobState.find(store, "local-tiny")
+        SweepJobs.find(store, "local-tiny")
     except UserError:
         return False
     return True
 
 
-def _beating(state: JobState, out):
+def _beating(state: SweepJobs, out):
     row = state.rows(["slow"])[0]
     if row["state"] == "RUNNING" and (out / "traces" / f"{row['run_id']}.heartbeat.json").exists():
         return row

@@ -11,13 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_fixtures import slurm_cluster  # noqa: F401  (pytest fixture)
 from sqlalchemy import func, select
 
 from frontier_llm.bench.trace import read_trace, trace_path
 from frontier_llm.jobs import runner
+from frontier_llm.jobs.lifecycle import JobState
 from frontier_llm.jobs.slurm import SlurmClient
-from frontier_llm.jobs.state import SUBMITTING
 from frontier_llm.jobs.sweepspec import load_sweep
 from frontier_llm.store import open_store
 from frontier_llm.store.schema import flm_jobs, flm_runs
@@ -61,7 +60,7 @@ def status(name: str, db: str, *extra: object) -> dict[str, dict]:
     return {r["job_key"]: r for r in json.loads(out.stdout)}
 
 
-def test_tiny_cpu_sweep_end_to_end(slurm_cluster, tmp_path):  # noqa: F811
+def test_tiny_cpu_sweep_end_to_end(slurm_cluster, tmp_path):
     db = f"sqlite:///{tmp_path}/flm.db"
     out = tmp_path / "run"
     sweep = SWEEPS / "tiny-cpu.yaml"
@@ -107,7 +106,7 @@ def _wait_for(predicate, timeout_s: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_faults_are_classified_and_lose_nothing(slurm_cluster, tmp_path):  # noqa: F811
+def test_faults_are_classified_and_lose_nothing(slurm_cluster, tmp_path):
     db = f"sqlite:///{tmp_path}/flm.db"
     out = tmp_path / "run"
     spec = tmp_path / "faults.yaml"
@@ -152,7 +151,7 @@ def test_faults_are_classified_and_lose_nothing(slurm_cluster, tmp_path):  # noq
     assert rows["ok"]["state"] == "COMPLETED" and rows["ok"]["attempts"] == 1
 
 
-def test_sbatch_refusal_records_nothing(slurm_cluster, tmp_path):  # noqa: F811
+def test_sbatch_refusal_records_nothing(slurm_cluster, tmp_path):
     db = f"sqlite:///{tmp_path}/flm.db"
     out = flm("sweep", "submit", SWEEPS / "tiny-cpu.yaml", "--out", tmp_path / "run", "--db", db,
               "--partition", "no-such-partition", check=False)
@@ -174,7 +173,7 @@ class _Crash(Exception):
     pass
 
 
-def test_interrupted_submit_resumes_without_duplicates(slurm_cluster, tmp_path, monkeypatch):  # noqa: F811
+def test_interrupted_submit_resumes_without_duplicates(slurm_cluster, tmp_path, monkeypatch):
     """The command dies right after sbatch, before recording: the next submit finds the array
     by its comment token and adopts it instead of submitting it again."""
     store = open_store(f"sqlite:///{tmp_path}/flm.db")
@@ -190,7 +189,7 @@ def test_interrupted_submit_resumes_without_duplicates(slurm_cluster, tmp_path, 
         with pytest.raises(_Crash):
             runner.submit(session, hold=True)
         monkeypatch.undo()
-        assert {r["state"] for r in session.state.rows()} == {SUBMITTING}
+        assert {r["state"] for r in session.state.rows()} == {JobState.SUBMITTING}
         sbatch_before = client.commands["sbatch"]
         counts = runner.submit(session, hold=True)
         # The first array (1 job) is adopted; the other groups are submitted once now.
@@ -208,3 +207,18 @@ def test_interrupted_submit_resumes_without_duplicates(slurm_cluster, tmp_path, 
     finally:
         runner.cancel(session)
         store.close()
+
+
+def test_wait_timeout_with_jobs_unfinished_exits_4_and_says_how_many(slurm_cluster, tmp_path):
+    """Held jobs never start: --wait gives up at its timeout, non-zero, naming the count."""
+    db = f"sqlite:///{tmp_path}/flm.db"
+    flm("sweep", "submit", SWEEPS / "tiny-cpu.yaml", "--out", tmp_path / "run", "--db", db,
+        "--hold")
+    try:
+        out = flm("sweep", "status", "tiny-cpu", "--db", db, "--wait", "--timeout", 3,
+                  "--max-interval", 1, check=False)
+        assert out.returncode == 4, out.stderr
+        assert "--timeout 3 s passed with 4 of 4 jobs unfinished" in out.stderr
+        assert out.stdout.count("PENDING") == 4
+    finally:
+        flm("sweep", "cancel", "tiny-cpu", "--db", db)

@@ -113,6 +113,8 @@ def test_explicit_space_is_the_product_of_its_lists(tmp_path):
      ":4: unknown template option 'rccl_plugin_dir' for local"),
     (BASE + "layouts:\n  - {tp: 1}\n  - {tp: 1}\n", ":4: two jobs share the key"),
     (BASE + "space: auto\n", "a space needs nodes"),
+    (BASE + "gpus: [2]\nspace:\n  schedule: [1f1b, zigzag]\n",
+     ":6: schedule must be one of gpipe, 1f1b, interleaved (got 'zigzag')"),
     (BASE + "gpus: [4]\nglobal_batch: 3\nspace:\n  tp: [1]\n  pp: [1]\n",
      "expands to no valid layout (global_batch not divisible by micro_batch x dp"),
 ])

@@ -54,3 +54,23 @@ def test_heartbeat_records_progress(tmp_path):
     path = write_heartbeat(tmp_path, "run1", step=3, total_steps=10)
     beat = json.loads(path.read_text())
     assert beat["step"] == 3 and beat["total_steps"] == 10 and beat["run_id"] == "run1"
+
+
+def test_a_cost_model_failure_is_recorded_in_the_trace():
+    """The cost model refuses this layout (3 stages of a 4-layer model); the trace still validates,
+    carries no prediction, and says why instead of a silent null."""
+    from frontier_llm.bench.config import BenchConfig
+    from frontier_llm.bench.run import skeleton_trace
+    from frontier_llm.catalog import load_model, load_system
+    from frontier_llm.specs.layout import Layout
+
+    cfg = BenchConfig(model=load_model("tiny-gpt"), system=load_system("cpu-local"),
+                      layout=Layout(pp=3, global_batch=3, dtype="fp32"), run_id="r1")
+    trace = skeleton_trace(cfg, 3, "local", "gloo", "cpu", "2026-01-01T00:00:00+00:00")
+    validate_trace(trace)
+    assert trace["prediction"] is None
+    assert trace["prediction_error"].startswith("cost model: SpecError: layers (4)")
+    ok = BenchConfig(model=cfg.model, system=cfg.system, layout=Layout(pp=2, global_batch=2),
+                     run_id="r2")
+    trace = skeleton_trace(ok, 2, "local", "gloo", "cpu", "2026-01-01T00:00:00+00:00")
+    assert trace["prediction"]["step_time_s"] > 0 and "prediction_error" not in trace

@@ -25,8 +25,8 @@ from frontier_llm.bench.model import DTYPES, GPT, build_model, loss_fn
 from frontier_llm.bench.optim import LocalAdam, allreduce_mean, local
 from frontier_llm.bench.parallelize import apply_fsdp, apply_tp, local_bytes
 from frontier_llm.bench.pipeline import build_schedule, stage_ids, stage_io, stage_layers
+from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
-from frontier_llm.specs.parallel import ParallelConfig
 
 LR = 1e-3
 
@@ -45,11 +45,13 @@ class NativeEngine:
 
     name = "native"
 
-    def __init__(self, spec: ModelSpec, layout: ParallelConfig, *, rank: int, world_size: int,
-                 device: torch.device, seed: int = 0, data: str | None = None) -> None:
+    def __init__(self, spec: ModelSpec, layout: Layout, *, rank: int, world_size: int,
+                 device: torch.device, seed: int = 0, data: str | None = None,
+                 bucket_bytes: int | None = None) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
         self.spec, self.layout, self.device, self.seed = spec, layout, device, seed
+        self.bucket_bytes = bucket_bytes
         self.dims: MeshDims = check_layout(spec, layout, world_size)
         self.coords = self.dims.coords(rank)
         self.rank = rank
@@ -218,7 +220,8 @@ class NativeEngine:
             loss = self._forward_backward(inputs, targets)
         grads = self._settle_grads()
         if self.dp_group is not None:
-            allreduce_mean([local(g) for g in grads], self.dp_group)
+            kw = {"bucket_bytes": self.bucket_bytes} if self.bucket_bytes else {}
+            allreduce_mean([local(g) for g in grads], self.dp_group, **kw)
         if self.tied_group is not None:
             for p in self._tied_params():
                 if p.grad is not None:
@@ -239,7 +242,7 @@ class NativeEngine:
         return self.meter.peak
 
 
-def reference_losses(spec: ModelSpec, layout: ParallelConfig, steps: int, seed: int = 0,
+def reference_losses(spec: ModelSpec, layout: Layout, steps: int, seed: int = 0,
                      data: str | None = None) -> list[float]:
     """Losses of the single-process run (no parallelism) on the same global batches."""
     torch.manual_seed(seed)

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from frontier_llm.errors import UserError
+from frontier_llm.specs.layout import DType, Layout
 from frontier_llm.specs.model import ModelSpec
-from frontier_llm.specs.parallel import ParallelConfig, Placement
 
 DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
 DataParallel = Literal["ddp", "zero1", "fsdp", "hsdp"]
@@ -66,11 +66,7 @@ class MeshDims:
         return ((pp * self.dp_replicate + dp_replicate) * self.dp_shard + dp_shard) * self.tp + tp
 
 
-def _same(a: Placement, b: Placement, dp: int) -> bool:
-    return a.degree(dp) == b.degree(dp)
-
-
-def mesh_dims(layout: ParallelConfig) -> MeshDims:
+def mesh_dims(layout: Layout) -> MeshDims:
     """The mesh for ``layout``; UserError when its sharding has no PyTorch-native equivalent."""
     sh, dp = layout.sharding, layout.dp
     deg = {c: getattr(sh, c).degree(dp) for c in ("params", "grads", "optim")}
@@ -97,7 +93,7 @@ def mesh_dims(layout: ParallelConfig) -> MeshDims:
     )
 
 
-def check_layout(model: ModelSpec, layout: ParallelConfig, world_size: int | None = None
+def check_layout(model: ModelSpec, layout: Layout, world_size: int | None = None
                  ) -> MeshDims:
     """Refuse, with the rule named, any layout the engine cannot run truthfully."""
     layout.check_model(model)
@@ -113,7 +109,7 @@ def check_layout(model: ModelSpec, layout: ParallelConfig, world_size: int | Non
             f"vocab ({model.vocab}) is not divisible by tp ({layout.tp}) (vocab-parallel "
             "embedding and output head)"
         )
-    if layout.dtype == "fp16":
+    if layout.dtype == DType.FP16:
         raise UserError("dtype fp16 needs loss scaling, which the native engine does not do; "
                         "use bf16 or fp32")
     if layout.pp > 1 and layout.num_microbatches < layout.pp:

@@ -23,10 +23,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from frontier_llm.specs.layout import DType, Recompute
 from frontier_llm.specs.model import ModelSpec
 
 INIT_STD = 0.02
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
 
 
 class _RMSNormFn(torch.autograd.Function):
@@ -179,7 +180,8 @@ class Block(nn.Module):
     def __init__(self, spec: ModelSpec, flash: bool, recompute: str) -> None:
         super().__init__()
         self.attention_norm = _norm(spec)
-        self.attention = Attention(spec, flash, selective_recompute=recompute == "selective")
+        self.attention = Attention(spec, flash,
+                                   selective_recompute=recompute == Recompute.SELECTIVE)
         self.ffn_norm = _norm(spec)
         self.feed_forward = MLP(spec)
         self.full_recompute = recompute == "full"

@@ -10,9 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from frontier_llm.specs.layout import Schedule
 from frontier_llm.specs.model import ModelSpec
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
 def stage_ids(pp: int, virtual_stages: int, pp_rank: int) -> list[int]:
@@ -57,7 +56,7 @@ def build_schedule(name: str, modules: list[nn.Module], stage_indices: list[int]
     io = io or [(None, None)] * len(modules)
     stages = [PipelineStage(m, i, num_stages, device, input_args=x, output_args=y, group=group)
               for m, i, (x, y) in zip(modules, stage_indices, io, strict=True)]
-    if name == "interleaved":
+    if name == Schedule.INTERLEAVED:
         return ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
-    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
+    cls = {Schedule.GPIPE: ScheduleGPipe, Schedule.ONE_F_ONE_B: Schedule1F1B}[name]
     return cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)

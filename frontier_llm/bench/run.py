@@ -28,19 +28,19 @@ import warnings
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from frontier_llm import __version__
 from frontier_llm.bench import placement
+from frontier_llm.bench.config import BenchConfig
 from frontier_llm.bench.launch import RankEnv
 from frontier_llm.bench.mesh import check_layout
 from frontier_llm.bench.trace import heartbeat_path, trace_path, write_heartbeat, write_trace
 from frontier_llm.costmodel.flops import hardware_flops, model_flops
+from frontier_llm.errors import ExitCode
 from frontier_llm.specs.identity import layout_hash
-from frontier_llm.specs.model import ModelSpec
-from frontier_llm.specs.parallel import ParallelConfig
-from frontier_llm.specs.system import SystemSpec
 
-EXIT_OK, EXIT_FAILED, EXIT_OOM = 0, 1, 3
+EXIT_OK, EXIT_FAILED, EXIT_OOM = ExitCode.OK, ExitCode.FAILED, ExitCode.OOM
 ENGINE = "native"
 
 
@@ -49,25 +49,6 @@ def collective_timeout_s(world_size: int = 1) -> float:
     else 30 s growing with the job's size (bench.placement), so a hung or dead rank cannot hold
     a small run for long and a large one has time to set up its communicators."""
     return placement.collective_timeout_s(world_size, os.environ)
-
-
-@dataclass
-class BenchConfig:
-    model: ModelSpec
-    system: SystemSpec
-    layout: ParallelConfig
-    steps: int = 10
-    warmup: int = 2
-    seed: int = 0
-    trace_dir: str = "traces"
-    run_id: str = ""
-    labels: dict[str, str] = field(default_factory=dict)
-    memory_limit: int | None = None
-    data: str | None = None
-    fault: str | None = None
-    fault_step: int = 0
-    model_ref: str = ""  # the name or path given, for the spawned ranks' command line
-    system_ref: str = ""
 
 
 def _now() -> str:
@@ -118,19 +99,22 @@ def skeleton_trace(cfg: BenchConfig, world_size: int, launcher: str, backend: st
         "summary": {"steps_measured": 0, "step_time_s": None, "tokens_per_s": None,
                     "model_tflops_per_gpu": None, "hardware_tflops_per_gpu": None, "mfu": None,
                     "hfu": None, "peak_memory_bytes": None},
-        "prediction": prediction(cfg),
+        **prediction_fields(cfg),
     }
 
 
-def prediction(cfg: BenchConfig) -> dict | None:
-    """The cost model's figures for this layout, with its per-stage memory; None if it can't."""
+def prediction_fields(cfg: BenchConfig) -> dict:
+    """``prediction`` (the cost model's figures with its per-stage memory) and, when the cost
+    model had no answer for a part, ``prediction_error`` saying which part and why: the benchmark
+    runs anyway, and the trace says why it carries no (or a partial) prediction."""
     try:
         from frontier_llm.costmodel import predict
 
         # The engine's own activation-saving convention (PyTorch-native SP keeps gathered inputs).
         pred = predict(cfg.model, cfg.system, cfg.layout, engine="native")
-    except Exception:  # the benchmark must run even where the cost model has no answer
-        return None
+    except Exception as exc:  # the benchmark must run even where the cost model has no answer
+        return {"prediction": None, "prediction_error": _describe("cost model", exc)}
+    out: dict = {}
     try:
         from frontier_llm.costmodel.memory import rank_activation_bytes, rank_state_bytes
 
@@ -141,9 +125,19 @@ def prediction(cfg: BenchConfig) -> dict | None:
                                                             engine="native"))}
             for s in range(cfg.layout.pp)
         ]
-    except Exception:
-        pass
-    return json.loads(json.dumps(pred, default=float))
+    except Exception as exc:
+        out["prediction_error"] = _describe("cost model memory per rank", exc)
+    return {"prediction": json.loads(json.dumps(pred, default=float)), **out}
+
+
+def prediction(cfg: BenchConfig) -> dict | None:
+    """The cost model's figures for this layout (None where it has no answer)."""
+    return prediction_fields(cfg)["prediction"]
+
+
+def _describe(part: str, exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{part}: {type(exc).__name__}: {text[0] if text else ''}"[:2000]
 
 
 def summarize(cfg: BenchConfig, steps: list[dict], memory: list[dict], world: int) -> dict:
@@ -207,18 +201,50 @@ def _rss_peak() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+@dataclass
+class _Rank:
+    """One rank's run: what setup resolved, and what the steps produced so far."""
+
+    cfg: BenchConfig
+    renv: RankEnv
+    cuda: bool
+    device: Any
+    backend: str
+    nccl_log: Path
+    nodes: int
+    trace: dict | None  # rank 0 only
+    steps: list[dict] = field(default_factory=list)
+    engine: Any = None
+
+    @property
+    def rank(self) -> int:
+        return self.renv.rank
+
+    @property
+    def world(self) -> int:
+        return self.renv.world_size
+
+
 def run_rank(cfg: BenchConfig, renv: RankEnv) -> int:
     """Run this rank to the end; returns the exit code (0, 1, or 3 for out of memory)."""
     started = _now()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    check_layout(cfg.model, cfg.layout, renv.world_size)  # before any process group
+    me = _setup(cfg, renv, started)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        _start_engine(me)
+        _timed_steps(me)
+        _gather(me)
+    except BaseException as exc:
+        return _teardown(_record_failure(me, exc), clean=False)
+    return _teardown(EXIT_OK, clean=True)
+
+
+def _setup(cfg: BenchConfig, renv: RankEnv, started: str) -> _Rank:
+    """Device, backend and (on rank 0) the trace skeleton; no process group yet."""
     import torch
-    import torch.distributed as dist
 
-    from frontier_llm.bench.engine import NativeEngine
-    from frontier_llm.bench.memlimit import apply_limit, is_oom
-
-    rank, world = renv.rank, renv.world_size
-    check_layout(cfg.model, cfg.layout, world)  # before any process group
     # The stage's output under TP is the local view of the logits; nothing writes to it in place
     # (the loss wraps it in a new DTensor), so FSDP2's warning about views does not apply.
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
@@ -231,14 +257,14 @@ def run_rank(cfg: BenchConfig, renv: RankEnv) -> int:
         torch.cuda.set_device(index)
         device = torch.device("cuda", index)
         backend, device_name = "nccl", torch.cuda.get_device_name(device)
-        if rank == 0 and "NCCL_DEBUG" not in os.environ:
+        if renv.rank == 0 and "NCCL_DEBUG" not in os.environ:
             # Rank 0's INIT/NET log says which network the collectives use (OFI, IB, Socket).
             os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET",
                               NCCL_DEBUG_FILE=str(nccl_log))
     else:
         device, backend, device_name = torch.device("cpu"), "gloo", "cpu"
-    trace = skeleton_trace(cfg, world, renv.launcher, backend, device_name, started,
-                           renv.slurm_job_id) if rank == 0 else None
+    trace = skeleton_trace(cfg, renv.world_size, renv.launcher, backend, device_name, started,
+                           renv.slurm_job_id) if renv.rank == 0 else None
     nodes = placement.node_count(os.environ)
     if trace is not None:
         trace["environment"].update(
@@ -246,82 +272,110 @@ def run_rank(cfg: BenchConfig, renv: RankEnv) -> int:
             visible_devices=placement.visible_devices(os.environ),
             transport=placement.transport(backend, os.environ))
     Path(cfg.trace_dir).mkdir(parents=True, exist_ok=True)
-    _status_path(cfg, rank).unlink(missing_ok=True)
-    steps: list[dict] = []
-    engine = None
-    code = EXIT_OK
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        dist.init_process_group(
-            backend, init_method=f"tcp://{renv.master_addr}:{renv.master_port}", rank=rank,
-            world_size=world, timeout=timedelta(seconds=collective_timeout_s(world)),
-            device_id=device if cuda else None,
-        )
-        if cfg.memory_limit:
-            apply_limit(cfg.memory_limit)
-        engine = NativeEngine(cfg.model, cfg.layout, rank=rank, world_size=world, device=device,
-                              seed=cfg.seed, data=cfg.data)
-        total = cfg.warmup + cfg.steps
-        for step in range(total):
-            if cfg.fault and step == cfg.fault_step and rank == world - 1:
-                _inject(cfg.fault, rank, step)
-            if cuda:
-                torch.cuda.synchronize()
-            dist.barrier()
-            t0 = time.perf_counter()
-            loss = engine.step(step, measure_activations=step == 0)
-            if cuda:
-                torch.cuda.synchronize()
-            dist.barrier()
-            elapsed = time.perf_counter() - t0
-            steps.append({"step": step, "time_s": elapsed, "loss": loss,
-                          "warmup": step < cfg.warmup})
-            if rank == 0:
-                write_heartbeat(cfg.trace_dir, cfg.run_id, step + 1, total, rank=rank)
-        record = _rank_record(engine, rank, steps, cuda)
-        records: list = [None] * world
-        dist.all_gather_object(records, record)
-        if rank == 0:
-            trace["steps"] = _merge_steps(records)
-            trace["memory"] = [r["memory"] for r in records]
-            trace["environment"]["hostnames"] = sorted({r["host"] for r in records})
-            trace["summary"] = summarize(cfg, trace["steps"], trace["memory"], world)
-            trace["status"], trace["finished_at"] = "completed", _now()
-            _judge_transport(trace, backend, nccl_log, nodes)
-            path = write_trace(cfg.trace_dir, trace)
-            if renv.launcher != "local":  # the local spawner prints its own line
-                print(summary_line(trace, path), flush=True)
-        dist.barrier()
-    except BaseException as exc:
-        oom = is_oom(exc)
-        code = EXIT_OOM if oom else EXIT_FAILED
-        text = str(exc).strip()
-        status = "oom" if oom else "timeout" if isinstance(exc, Terminated) else "failed"
-        own = {"status": status,
-               "error": f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:2000],
-               "collateral": _is_collateral(exc) and not oom, "time": time.time()}
-        traceback.print_exc()
-        try:
-            from frontier_llm.bench.trace import write_json_atomic
+    _status_path(cfg, renv.rank).unlink(missing_ok=True)
+    return _Rank(cfg, renv, cuda, device, backend, nccl_log, nodes, trace)
 
-            write_json_atomic(_status_path(cfg, rank), own)
-        except OSError:
-            pass
-        if rank == 0:
-            try:
-                cause = _first_error(cfg, world, own)
-                trace["status"], trace["error"] = cause["status"], cause["error"]
-                trace["finished_at"] = _now()
-                trace["steps"] = list(steps)
-                if engine is not None:
-                    trace["memory"] = [_rank_record(engine, rank, steps, cuda)["memory"]]
-                trace["summary"] = summarize(cfg, trace["steps"], trace["memory"], world)
-                write_trace(cfg.trace_dir, trace)
-                code = EXIT_OOM if cause["status"] == "oom" else EXIT_FAILED
-            except Exception:
-                traceback.print_exc()
-        return _teardown(code, clean=False)
-    return _teardown(code, clean=True)
+
+def _start_engine(me: _Rank) -> None:
+    """Join the process group (collectives time out: a dead peer fails this rank too), apply
+    the memory limit and build the model on this rank."""
+    import torch.distributed as dist
+
+    from frontier_llm.bench.engine import NativeEngine
+    from frontier_llm.bench.memlimit import apply_limit
+
+    cfg, renv = me.cfg, me.renv
+    dist.init_process_group(
+        me.backend, init_method=f"tcp://{renv.master_addr}:{renv.master_port}", rank=me.rank,
+        world_size=me.world, timeout=timedelta(seconds=collective_timeout_s(me.world)),
+        device_id=me.device if me.cuda else None,
+    )
+    if cfg.memory_limit:
+        apply_limit(cfg.memory_limit)
+    me.engine = NativeEngine(
+        cfg.model, cfg.layout, rank=me.rank, world_size=me.world, device=me.device,
+        seed=cfg.seed, data=cfg.data,
+        bucket_bytes=int(cfg.bucket_mb * 2**20) if cfg.bucket_mb else None)
+
+
+def _timed_steps(me: _Rank) -> None:
+    """Warm-up and measured steps, each bracketed by barriers (and a device synchronize)."""
+    import torch
+    import torch.distributed as dist
+
+    cfg = me.cfg
+    total = cfg.warmup + cfg.steps
+    for step in range(total):
+        if cfg.fault and step == cfg.fault_step and me.rank == me.world - 1:
+            _inject(cfg.fault, me.rank, step)
+        if me.cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss = me.engine.step(step, measure_activations=step == 0)
+        if me.cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+        elapsed = time.perf_counter() - t0
+        me.steps.append({"step": step, "time_s": elapsed, "loss": loss,
+                         "warmup": step < cfg.warmup})
+        if me.rank == 0:
+            write_heartbeat(cfg.trace_dir, cfg.run_id, step + 1, total, rank=me.rank)
+
+
+def _gather(me: _Rank) -> None:
+    """Every rank's record to rank 0, which writes the completed trace."""
+    import torch.distributed as dist
+
+    cfg, trace = me.cfg, me.trace
+    record = _rank_record(me.engine, me.rank, me.steps, me.cuda)
+    records: list = [None] * me.world
+    dist.all_gather_object(records, record)
+    if trace is not None:
+        trace["steps"] = _merge_steps(records)
+        trace["memory"] = [r["memory"] for r in records]
+        trace["environment"]["hostnames"] = sorted({r["host"] for r in records})
+        trace["summary"] = summarize(cfg, trace["steps"], trace["memory"], me.world)
+        trace["status"], trace["finished_at"] = "completed", _now()
+        _judge_transport(trace, me.backend, me.nccl_log, me.nodes)
+        path = write_trace(cfg.trace_dir, trace)
+        if me.renv.launcher != "local":  # the local spawner prints its own line
+            print(summary_line(trace, path), flush=True)
+    dist.barrier()
+
+
+def _record_failure(me: _Rank, exc: BaseException) -> int:
+    """Classify the exception, leave this rank's status file; rank 0 writes the failed trace
+    naming the first error among the ranks. Returns the exit code."""
+    from frontier_llm.bench.memlimit import is_oom
+    from frontier_llm.bench.trace import write_json_atomic
+
+    cfg = me.cfg
+    oom = is_oom(exc)
+    code = EXIT_OOM if oom else EXIT_FAILED
+    text = str(exc).strip()
+    status = "oom" if oom else "timeout" if isinstance(exc, Terminated) else "failed"
+    own = {"status": status,
+           "error": f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:2000],
+           "collateral": _is_collateral(exc) and not oom, "time": time.time()}
+    traceback.print_exc()
+    with contextlib.suppress(OSError):
+        write_json_atomic(_status_path(cfg, me.rank), own)
+    trace = me.trace
+    if trace is not None:
+        try:
+            cause = _first_error(cfg, me.world, own)
+            trace["status"], trace["error"] = cause["status"], cause["error"]
+            trace["finished_at"] = _now()
+            trace["steps"] = list(me.steps)
+            if me.engine is not None:
+                trace["memory"] = [_rank_record(me.engine, me.rank, me.steps, me.cuda)["memory"]]
+            trace["summary"] = summarize(cfg, trace["steps"], trace["memory"], me.world)
+            write_trace(cfg.trace_dir, trace)
+            code = EXIT_OOM if cause["status"] == "oom" else EXIT_FAILED
+        except Exception:
+            traceback.print_exc()
+    return code
 
 
 class Terminated(Exception):

@@ -32,7 +32,12 @@ class TraceError(UserError):
 
 @lru_cache(maxsize=1)
 def schema() -> dict:
-    return json.loads(SCHEMA_PATH.read_text())
+    """trace_schema.json with its ``layout`` object derived from the Layout dataclass."""
+    from frontier_llm.specs.layout import layout_json_schema
+
+    loaded = json.loads(SCHEMA_PATH.read_text())
+    loaded["properties"]["layout"] = layout_json_schema()
+    return loaded
 
 
 @lru_cache(maxsize=1)

@@ -17,6 +17,6 @@ Stages, each a module with one job:
 - :mod:`.fromruns` — the closed loop: refits the cost model's efficiency knobs from measured runs
   in the store and reports the error before and after on held-out runs (k-fold).
 
-The store's tables for these results: :mod:`frontier_llm.store.calibration_tables`.
+Saving and reading these results in the store: :mod:`frontier_llm.store.calibration_tables`.
 Documentation: docs/calibrate.md.
 """

@@ -1,4 +1,8 @@
-"""The ``flm`` command line. Each command group lives in its own module with a ``register``."""
+"""The ``flm`` command line. Each command group lives in its own module with a ``register``.
+
+A command's module is imported when that command is dispatched, not before: a ``flm bench`` rank
+(hundreds per job) must not pay for pandas, SQLAlchemy or Jinja2, which other commands use.
+"""
 
 from __future__ import annotations
 
@@ -18,10 +22,19 @@ COMMAND_MODULES = (
     "store",  # flm collect, flm results, flm validate, flm db
     "sweep",  # flm sweep render|submit|status|cancel|retry
     "calibrate",  # flm calibrate [run|fit|submit] and --from-runs
+    "tune",  # flm tune run|step|status|best
+    "report",  # flm report scaling|layouts|errors
 )
+# Which module registers each command, so that dispatching one imports only its module.
+COMMAND_MODULE = {
+    "models": "catalog", "systems": "catalog", "plan": "plan", "predict": "plan",
+    "bench": "bench", "collect": "store", "results": "store", "validate": "store", "db": "store",
+    "sweep": "sweep", "calibrate": "calibrate", "tune": "tune", "report": "report",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or only of ``command``'s module when it is given."""
     parser = argparse.ArgumentParser(
         prog="flm",
         description=(
@@ -40,15 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"frontier_llm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in [COMMAND_MODULE[command]] if command in COMMAND_MODULE else COMMAND_MODULES:
         module = importlib.import_module(f"frontier_llm.cli.{name}")
         module.register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    command = next((w for w in words if not w.startswith("-")), None)
+    parser = build_parser(command)
+    args = parser.parse_args(words)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported by the commands that print frames, not by flm bench
+    import pandas as pd
 
 
 def add_command(
@@ -50,6 +51,8 @@ def add_format(parser: argparse.ArgumentParser, choices: tuple[str, ...] = ("tab
 
 def emit_frame(df: pd.DataFrame, fmt: str, out=None) -> None:
     """Print a DataFrame as an aligned table, CSV or JSON records."""
+    import pandas as pd
+
     out = out or sys.stdout
     if fmt == "csv":
         df.to_csv(out, index=False)

@@ -15,7 +15,7 @@ from frontier_llm.cli.layout_args import add_layout_args, layout_from_args
 from frontier_llm.costmodel import predict
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.explain import explain
-from frontier_llm.specs.parallel import zero_preset
+from frontier_llm.specs.layout import DType, Recompute, zero_preset
 
 DEFAULT_MODEL, DEFAULT_SYSTEM, DEFAULT_GPUS = "gpt-175b", "frontier", 1024
 
@@ -147,12 +147,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--tp", type=_int_list, help="tensor-parallel degrees, e.g. 4,8")
     g.add_argument("--pp", type=_int_list, help="pipeline degrees, e.g. 8,16")
     g.add_argument("--micro-batch", type=_int_list, help="micro-batch sizes, e.g. 1,2")
-    g.add_argument("--recompute", nargs="+", choices=("none", "selective", "full"))
+    g.add_argument("--recompute", nargs="+", choices=Recompute.words())
     g.add_argument("--zero", type=int, nargs="+", choices=(0, 1, 2, 3),
                    help="only these ZeRO presets (default: ZeRO-0..3 and AMSP partial ones)")
     g.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
                    help="assume unfused attention")
-    g.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    g.add_argument("--dtype", choices=DType.words(), default="bf16")
     add_format(p)
     p.set_defaults(func=run_plan)
 

@@ -10,6 +10,7 @@ import pandas as pd
 from sqlalchemy.engine import make_url
 
 from frontier_llm.cli.common import add_command, add_format, db_parent, emit_frame, emit_json
+from frontier_llm.cli.progress import Progress
 from frontier_llm.errors import UserError
 from frontier_llm.store import SCHEMA_VERSION, open_store
 from frontier_llm.store.ingest import DEFAULT_BATCH, collect
@@ -40,8 +41,11 @@ def _open_existing(db: str | None):
 def _collect(args: argparse.Namespace) -> int:
     store = open_store(args.db)
     try:
-        report = collect(store, args.dirs, quarantine=args.quarantine,
-                         batch_size=args.batch_size, progress=None if args.quiet else _err)
+        with Progress("collect", enabled=False if args.quiet else None) as bar:
+            report = collect(store, args.dirs, quarantine=args.quarantine,
+                             batch_size=args.batch_size,
+                             progress=None if args.quiet else bar.log,
+                             advance=lambda done, total: bar.update(done, total))
     finally:
         store.close()
     for path, reason in report.quarantined:
@@ -142,7 +146,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="where bad files go (default: quarantine/ in the DIR they were found in)")
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, metavar="N",
                    help=f"traces per transaction (default {DEFAULT_BATCH})")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress on stderr (neither the per-batch lines nor, at a "
+                        "terminal, the progress bar)")
     add_format(p, choices=("table", "json"))
     p.set_defaults(func=_collect)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -10,7 +11,7 @@ import sys
 import pandas as pd
 
 from frontier_llm.cli.common import add_command, add_format, db_parent, emit_frame
-from frontier_llm.errors import UserError
+from frontier_llm.errors import ExitCode, UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -80,7 +81,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _target(st)
     st.add_argument("--wait", action="store_true", help="poll (with back-off) until no job "
                     "is pending or running")
-    st.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits")
+    st.add_argument("--timeout", type=float, default=3600.0,
+                    help="seconds --wait waits; exit status 4 when jobs are still unfinished "
+                         "then (the table shows them)")
     st.add_argument("--max-interval", type=float, default=15.0, metavar="S",
                     help="longest pause between two polls of --wait (back-off from 1 s)")
     st.add_argument("--hung-after", type=float, default=None, metavar="S",
@@ -169,7 +172,8 @@ def _submit(args) -> int:
     store = _store(args)
     try:
         session = runner.prepare(sweep, out, store, executor=args.executor)
-        counts = runner.submit(session, max_in_flight=args.max_in_flight, hold=args.hold)
+        with _job_progress(session, "submit"):
+            counts = runner.submit(session, max_in_flight=args.max_in_flight, hold=args.hold)
         rows = session.state.rows()
     finally:
         store.close()
@@ -182,6 +186,26 @@ def _submit(args) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _job_progress(session, verb: str):
+    """A bar of ended jobs over all jobs while ``session`` works (at a terminal only)."""
+    from frontier_llm.cli.progress import Progress
+    from frontier_llm.jobs import runner
+    from frontier_llm.jobs.lifecycle import JobState
+
+    with Progress(f"{verb} {session.manifest.sweep}") as bar:
+        if bar.enabled:
+            def watch(rows) -> None:
+                ended = sum(JobState(r["state"]).terminal for r in rows)
+                bar.update(ended, len(rows), runner.summary(rows))
+
+            session.watch = watch
+        try:
+            yield
+        finally:
+            session.watch = None
+
+
 def _status(args) -> int:
     from frontier_llm.jobs import runner
 
@@ -191,7 +215,8 @@ def _status(args) -> int:
         if args.hung_after is not None:
             session.hung_after_s = args.hung_after
         if args.wait:
-            rows = runner.wait(session, args.timeout, max_interval_s=args.max_interval)
+            with _job_progress(session, "wait"):
+                rows = runner.wait(session, args.timeout, max_interval_s=args.max_interval)
         else:
             rows = runner.refresh(session)
         if args.collect:
@@ -209,6 +234,12 @@ def _status(args) -> int:
         frame = frame.astype(object).where(frame.notna(), "")
     emit_frame(frame, args.format)
     print(runner.summary(rows), file=sys.stderr)
+    unfinished = runner.unfinished(rows) if args.wait else []
+    if unfinished:
+        # A script polling with --wait must not take a timeout for a finished sweep.
+        print(f"flm: --timeout {args.timeout:g} s passed with {len(unfinished)} of {len(rows)} "
+              "jobs unfinished", file=sys.stderr)
+        return ExitCode.WAIT_TIMEOUT
     return 0
 
 

@@ -2,7 +2,7 @@
 
 Pure functions over a :class:`~frontier_llm.costmodel.layouts.LayoutTable` (numpy columns), so the
 planner evaluates every candidate layout at once; :func:`predict` is the scalar entry point for one
-``ParallelConfig`` and runs the same code on a table of one row. Formulas, citations and what is
+``Layout`` and runs the same code on a table of one row. Formulas, citations and what is
 not modelled: docs/costmodel.md.
 """
 
@@ -14,8 +14,8 @@ from frontier_llm.costmodel.flops import hardware_flops, model_flops
 from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks, from_configs
 from frontier_llm.costmodel.memory import peak_memory
 from frontier_llm.costmodel.steptime import step_time
+from frontier_llm.specs.layout import Layout, Recompute
 from frontier_llm.specs.model import ModelSpec
-from frontier_llm.specs.parallel import ParallelConfig
 from frontier_llm.specs.system import SystemSpec
 
 # Bump when a formula or a default changes what the model predicts; stored beside every
@@ -36,7 +36,7 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
     tokens = table.global_batch * model.seq_len
     gpus = table.world_size
     peak = dtype_peaks(system)[table.dtype]
-    hw = np.array([hardware_flops(model, 1.0, r) for r in ("none", "selective", "full")])
+    hw = np.array([hardware_flops(model, 1.0, r) for r in Recompute.words()])
     model_f = model_flops(model, tokens.astype(float))
     hardware_f = hw[table.recompute] * tokens
     step = times["step_time"]
@@ -56,7 +56,7 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
     return out
 
 
-def predict(model: ModelSpec, system: SystemSpec, layout: ParallelConfig,
+def predict(model: ModelSpec, system: SystemSpec, layout: Layout,
             engine: str = "megatron") -> dict:
     """One layout's prediction as a JSON-able dict (what a trace's ``prediction`` holds)."""
     layout.check_model(model)

@@ -1,49 +1,64 @@
 """A table of layouts as numpy columns: the one input shape every cost-model function takes.
 
-The planner builds one table holding every candidate layout; :func:`from_configs` builds the same
-table from ``ParallelConfig`` objects, so the scalar entry point (``predict``) runs exactly the
-code the planner runs, on a table of one row.
+The columns are derived from the :class:`~frontier_llm.specs.layout.Layout` fields: an int or
+bool field is one column, a vocabulary field one column of codes (``Schedule.GPIPE.code``...), the
+sharding six (``params_kind``, ``params_group``, ... for each component). The planner builds one
+table holding every candidate layout; :func:`from_configs` builds the same table from ``Layout``
+objects, so the scalar entry point (``predict``) runs exactly the code the planner runs, on a
+table of one row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from functools import cache
 
 import numpy as np
 
 from frontier_llm.errors import SpecError
-from frontier_llm.specs.parallel import COMPONENTS, ParallelConfig, Placement, Sharding
+from frontier_llm.specs.layout import (
+    COMPONENTS,
+    DType,
+    Layout,
+    Placement,
+    PlacementKind,
+    Sharding,
+    Vocabulary,
+    layout_fields,
+    layout_types,
+)
 from frontier_llm.specs.system import SystemSpec
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
-RECOMPUTES = ("none", "selective", "full")
-DTYPES = ("fp32", "bf16", "fp16")
-# Placement kinds as codes: the degree is what the formulas need, the kind is what users read.
-PLACEMENTS = ("replicate", "full", "partial")
+
+def _columns() -> dict[str, type]:
+    """Column name -> numpy dtype, in field order."""
+    out: dict[str, type] = {}
+    for name, kind in layout_types().items():
+        if kind is Sharding:
+            for comp in COMPONENTS:
+                out[f"{comp}_kind"] = np.int64
+                out[f"{comp}_group"] = np.int64
+        else:
+            out[name] = bool if kind is bool else np.int64
+    return out
 
 
-@dataclass
+COLUMNS = _columns()
+
+
 class LayoutTable:
-    """Columns of equal length; integer codes index SCHEDULES, RECOMPUTES, DTYPES, PLACEMENTS."""
+    """Columns of equal length, one attribute each (``t.tp``, ``t.schedule`` codes,
+    ``t.params_kind``...): :data:`COLUMNS`, derived from the Layout fields."""
 
-    tp: np.ndarray
-    pp: np.ndarray
-    dp: np.ndarray
-    micro_batch: np.ndarray
-    global_batch: np.ndarray
-    schedule: np.ndarray
-    virtual_stages: np.ndarray
-    sequence_parallel: np.ndarray  # bool
-    recompute: np.ndarray
-    flash_attention: np.ndarray  # bool
-    dtype: np.ndarray
-    params_kind: np.ndarray
-    params_group: np.ndarray
-    grads_kind: np.ndarray
-    grads_group: np.ndarray
-    optim_kind: np.ndarray
-    optim_group: np.ndarray
+    def __init__(self, **columns: np.ndarray) -> None:
+        if columns.keys() != COLUMNS.keys():
+            missing = sorted(COLUMNS.keys() - columns.keys())
+            unknown = sorted(columns.keys() - COLUMNS.keys())
+            raise TypeError(f"LayoutTable columns: missing {missing}, unknown {unknown}")
+        self.__dict__.update(columns)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return {name: self.__dict__[name] for name in COLUMNS}
 
     def __len__(self) -> int:
         return len(self.tp)
@@ -60,36 +75,37 @@ class LayoutTable:
         """Sharding degree of one model-state component (AMSP placement -> ranks per copy)."""
         kind = getattr(self, f"{component}_kind")
         group = getattr(self, f"{component}_group")
-        return np.where(kind == 0, 1, np.where(kind == 1, self.dp, group))
+        return np.where(kind == PlacementKind.REPLICATE.code, 1,
+                        np.where(kind == PlacementKind.FULL.code, self.dp, group))
 
     def take(self, index: np.ndarray) -> LayoutTable:
-        return LayoutTable(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+        return LayoutTable(**{k: v[index] for k, v in self.columns().items()})
 
-    def config(self, i: int) -> ParallelConfig:
-        """Row ``i`` as a validated ParallelConfig."""
-
+    def sharding(self, i: int) -> Sharding:
         def place(comp: str) -> Placement:
-            kind = PLACEMENTS[int(getattr(self, f"{comp}_kind")[i])]
-            return Placement(kind, int(getattr(self, f"{comp}_group")[i]) if kind == "partial"
-                             else 1)
+            kind = PlacementKind.from_code(getattr(self, f"{comp}_kind")[i])
+            group = int(getattr(self, f"{comp}_group")[i])
+            return Placement(kind, group if kind == PlacementKind.PARTIAL else 1)
 
-        return ParallelConfig(
-            tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]),
-            micro_batch=int(self.micro_batch[i]), global_batch=int(self.global_batch[i]),
-            schedule=SCHEDULES[int(self.schedule[i])],
-            virtual_stages=int(self.virtual_stages[i]),
-            sequence_parallel=bool(self.sequence_parallel[i]),
-            recompute=RECOMPUTES[int(self.recompute[i])],
-            flash_attention=bool(self.flash_attention[i]),
-            dtype=DTYPES[int(self.dtype[i])],
-            sharding=Sharding(**{c: place(c) for c in COMPONENTS}),
-        )
+        return Sharding(**{c: place(c) for c in COMPONENTS})
+
+    def config(self, i: int) -> Layout:
+        """Row ``i`` as a validated Layout."""
+        values = {}
+        for name, kind in layout_types().items():
+            if kind is Sharding:
+                values[name] = self.sharding(i)
+            elif issubclass(kind, Vocabulary):
+                values[name] = kind.from_code(getattr(self, name)[i])
+            else:
+                values[name] = kind(getattr(self, name)[i])
+        return Layout(**values)
 
 
 def dtype_peaks(system: SystemSpec) -> np.ndarray:
-    """Peak FLOP/s per DTYPES code (NaN where the system has no peak for that dtype)."""
+    """Peak FLOP/s per DType code (NaN where the system has no peak for that dtype)."""
     out = []
-    for name in DTYPES:
+    for name in DType.words():
         try:
             out.append(system.peak(name))
         except SpecError:
@@ -97,23 +113,37 @@ def dtype_peaks(system: SystemSpec) -> np.ndarray:
     return np.array(out)
 
 
-def from_configs(configs: Sequence[ParallelConfig]) -> LayoutTable:
-    def col(get, dtype=np.int64) -> np.ndarray:
-        return np.array([get(c) for c in configs], dtype=dtype)
+def encode(name: str, value) -> dict[str, object]:
+    """One field's value as its column value(s)."""
+    if isinstance(value, Sharding):
+        out: dict[str, object] = {}
+        for comp in COMPONENTS:
+            place = getattr(value, comp)
+            out[f"{comp}_kind"] = place.kind.code
+            out[f"{comp}_group"] = place.group
+        return out
+    return {name: value.code if isinstance(value, Vocabulary) else value}
 
-    cols = {
-        "tp": col(lambda c: c.tp), "pp": col(lambda c: c.pp), "dp": col(lambda c: c.dp),
-        "micro_batch": col(lambda c: c.micro_batch),
-        "global_batch": col(lambda c: c.global_batch),
-        "schedule": col(lambda c: SCHEDULES.index(c.schedule)),
-        "virtual_stages": col(lambda c: c.virtual_stages),
-        "sequence_parallel": col(lambda c: c.sequence_parallel, bool),
-        "recompute": col(lambda c: RECOMPUTES.index(c.recompute)),
-        "flash_attention": col(lambda c: c.flash_attention, bool),
-        "dtype": col(lambda c: DTYPES.index(c.dtype)),
-    }
-    for comp in COMPONENTS:
-        cols[f"{comp}_kind"] = col(lambda c, comp=comp: PLACEMENTS.index(
-            getattr(c.sharding, comp).kind))
-        cols[f"{comp}_group"] = col(lambda c, comp=comp: getattr(c.sharding, comp).group)
-    return LayoutTable(**cols)
+
+@cache
+def default_row() -> dict[str, object]:
+    """Every column's value for the Layout's defaults."""
+    default = Layout()
+    return {col: value for f in layout_fields()
+            for col, value in encode(f.name, getattr(default, f.name)).items()}
+
+
+def fill_defaults(cols: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+    """``cols`` completed with the default of every column it lacks (the planner sets the knobs
+    it enumerates; a new field is thereby planned at its default until the space names it)."""
+    for col, value in default_row().items():
+        if col not in cols:
+            cols[col] = np.full(n, value, dtype=COLUMNS[col])
+    return cols
+
+
+def from_configs(configs: Sequence[Layout]) -> LayoutTable:
+    rows = [{k: v for f in layout_fields() for k, v in encode(f.name, getattr(c, f.name)).items()}
+            for c in configs]
+    return LayoutTable(**{col: np.array([r[col] for r in rows], dtype=dtype)
+                          for col, dtype in COLUMNS.items()})

@@ -27,14 +27,14 @@ from frontier_llm.costmodel.params import (
     layer_params_per_rank,
     stage_params_per_rank,
 )
+from frontier_llm.specs.layout import DType, Layout, Recompute, Schedule
 from frontier_llm.specs.model import ModelSpec
-from frontier_llm.specs.parallel import ParallelConfig
 from frontier_llm.specs.system import SystemSpec
 
-# Bytes per parameter for (parameters, gradients, optimizer states), by LayoutTable dtype code
-# (fp32, bf16, fp16).
-STATE_BYTES = np.array([[4, 4, 8], [2, 4, 12], [2, 4, 12]])
-ACT_BYTES = np.array([4, 2, 2])
+# Bytes per parameter for (parameters, gradients, optimizer states), indexed by DType code.
+STATE_BYTES = np.array([{DType.FP32: [4, 4, 8], DType.BF16: [2, 4, 12],
+                         DType.FP16: [2, 4, 12]}[d] for d in DType])
+ACT_BYTES = np.array([{DType.FP32: 4, DType.BF16: 2, DType.FP16: 2}[d] for d in DType])
 MASK_BYTES = 1  # dropout masks are bytes (Korthikanti et al. 2022 §4.1)
 
 
@@ -78,7 +78,7 @@ def layer_activation_bytes(model: ModelSpec, t: LayoutTable, engine: str = "mega
     # Q·Kᵀ softmax output, its dropout mask and output; flash attention and selective recompute
     # keep none of them (flash keeps a fp32 log-sum-exp per row instead).
     scores = heads * s * sb * (e + (drop + e if drop else 0))
-    keep_scores = ~t.flash_attention & (t.recompute == 0)
+    keep_scores = ~t.flash_attention & (t.recompute == Recompute.NONE.code)
     lse = np.where(t.flash_attention, 4 * heads * sb, 0)
     return whole + split + np.where(keep_scores, scores, 0) + lse
 
@@ -90,7 +90,8 @@ def _in_flight_chunks(t: LayoutTable, pp_rank) -> np.ndarray:
     gpipe = m
     one_f_one_b = np.minimum(m, p - r)
     interleaved = np.minimum(m * v, (v - 1) * p + 2 * (p - 1 - r) + 1)
-    chunks = np.select([t.schedule == 0, t.schedule == 1], [gpipe, one_f_one_b], interleaved)
+    chunks = np.select([t.schedule == Schedule.GPIPE.code, t.schedule == Schedule.ONE_F_ONE_B.code],
+                       [gpipe, one_f_one_b], interleaved)
     return chunks
 
 
@@ -107,14 +108,15 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, engine: str = "m
     full = layer_activation_bytes(model, t, engine)
     # Full recompute keeps only each layer's input, and rebuilds one layer at a time (its input
     # is then part of the rebuilt layer).
-    per_layer = np.where(t.recompute == 2, sb * h * e * rep, full)
-    transient = np.where(t.recompute == 2, full - per_layer, 0)
+    per_layer = np.where(t.recompute == Recompute.FULL.code, sb * h * e * rep, full)
+    transient = np.where(t.recompute == Recompute.FULL.code, full - per_layer, 0)
     layers = chunks * layers_per_chunk
-    micro_in_flight = np.where(t.schedule == 2, _cdiv(chunks, t.virtual_stages), chunks)
+    micro_in_flight = np.where(t.schedule == Schedule.INTERLEAVED.code,
+                               _cdiv(chunks, t.virtual_stages), chunks)
     drop = MASK_BYTES if model.dropout > 0 else 0
     first = np.where(r == 0, micro_in_flight * sb * (8 + drop * h * rep), 0)
     stats = 8 if model.norm == "layernorm" else 4
-    logits_mb = np.where(t.schedule == 0, t.num_microbatches, 1)
+    logits_mb = np.where(t.schedule == Schedule.GPIPE.code, t.num_microbatches, 1)
     last = np.where(
         r == t.pp - 1,
         logits_mb * sb * (e * h * rep + stats * rep + e * h + 4 * _cdiv(model.vocab, t.tp)),
@@ -163,11 +165,11 @@ def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
 
 
 # Scalar helpers for one layout (the benchmark compares its measured bytes with these).
-def rank_state_bytes(model: ModelSpec, layout: ParallelConfig, pp_rank: int) -> dict[str, int]:
+def rank_state_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> dict[str, int]:
     s = state_bytes(model, from_configs([layout]), pp_rank)
     return {f"{k}_bytes": int(v[0]) for k, v in s.items()}
 
 
-def rank_activation_bytes(model: ModelSpec, layout: ParallelConfig, pp_rank: int,
+def rank_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: int,
                           engine: str = "megatron") -> int:
     return int(activation_bytes(model, from_configs([layout]), pp_rank, engine)[0])

@@ -26,6 +26,8 @@ rank's parameters, gradients and optimizer states through memory.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from frontier_llm.costmodel import comm
@@ -36,33 +38,68 @@ from frontier_llm.costmodel.flops import (
 from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks
 from frontier_llm.costmodel.memory import ACT_BYTES, STATE_BYTES
 from frontier_llm.costmodel.params import stage_params_per_rank
+from frontier_llm.specs.layout import DType, Recompute
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
 # Bytes an Adam step moves per parameter: read parameter, gradient, master weight and two
 # moments, write all but the gradient (fp32 training has no separate master copy).
-OPTIMIZER_TRAFFIC = np.array([4 + 4 + 8 + 4 + 8, 2 + 4 + 12 + 2 + 12, 2 + 4 + 12 + 2 + 12])
+OPTIMIZER_TRAFFIC = np.array([{DType.FP32: 4 + 4 + 8 + 4 + 8, DType.BF16: 2 + 4 + 12 + 2 + 12,
+                               DType.FP16: 2 + 4 + 12 + 2 + 12}[d] for d in DType])
 
 
-def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict[str, np.ndarray]:
-    """Seconds per iteration and its parts (seconds, summed over the iteration, on the slowest
-    pipeline stage), for every layout of ``t``."""
-    s, h, f, V = model.seq_len, model.hidden, model.ffn_hidden, model.vocab
-    b, tp, pp, dp, v = t.micro_batch, t.tp, t.pp, t.dp, t.virtual_stages
-    m = t.num_microbatches
-    e = ACT_BYTES[t.dtype]
-    tokens = b * s
-    flops_rate = (dtype_peaks(system)[t.dtype] * system.eff("matmul")
-                  * model.hidden / (model.hidden + system.matmul_half_hidden))
-    mem_rate = system.memory_bandwidth * system.eff("memory")
+@dataclass
+class _Rates:
+    """What the system delivers to one rank of these layouts."""
+
+    flops: np.ndarray  # achievable matmul FLOP/s
+    memory: float  # achievable HBM bytes/s
+    act_bytes: np.ndarray  # bytes per activation element
+
+
+@dataclass
+class BlockTimes:
+    """One transformer block, one micro-batch (seconds; forward parts unless named)."""
+
+    dense: np.ndarray  # GEMMs of the block
+    attn: np.ndarray  # attention core (Q·Kᵀ, ·V)
+    elem: np.ndarray  # memory-bound element-wise passes
+    softmax: np.ndarray  # unfused softmax over the scores
+    fixed: float  # per-layer launch overhead
+    fwd: np.ndarray  # the whole forward
+    recompute: np.ndarray  # compute replayed in backward
+    compute: np.ndarray  # forward + backward (2x) + recompute
+    comm: np.ndarray  # exposed tensor-parallel communication
+
+
+@dataclass
+class StageTimes:
+    """The pipeline: per micro-batch stage times, the whole pipeline and its bubble."""
+
+    layers: int  # blocks per stage
+    head: np.ndarray  # the last stage's output head, loss and CE statistics, per micro-batch
+    p2p: np.ndarray  # activations sent and received per micro-batch
+    compute_mb: np.ndarray  # compute of one micro-batch on a stage (for DP overlap)
+    pipeline: np.ndarray
+    bubble: np.ndarray
+
+
+def _rates(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> _Rates:
+    flops = (dtype_peaks(system)[t.dtype] * system.eff("matmul")
+             * model.hidden / (model.hidden + system.matmul_half_hidden))
+    return _Rates(flops, system.memory_bandwidth * system.eff("memory"), ACT_BYTES[t.dtype])
+
+
+def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates) -> BlockTimes:
+    """One block's compute, element-wise, recompute and TP communication time."""
+    s, h, f = model.seq_len, model.hidden, model.ffn_hidden
+    tp, e = t.tp, r.act_bytes
+    tokens = t.micro_batch * s
     rep = np.where(t.sequence_parallel, 1.0 / tp, 1.0)
     heads = model.heads / tp
-    fused_attention = t.flash_attention
-
-    # --- one block, one micro-batch, forward ---
     dense, attn = layer_forward_flops_per_token(model)
-    f_dense = dense * tokens / tp / flops_rate
-    f_attn = attn * tokens / tp / flops_rate
+    f_dense = dense * tokens / tp / r.flops
+    f_attn = attn * tokens / tp / r.flops
     drop = model.dropout > 0
     # Element-wise passes over b·s·h: 2 norms (read + write) and 2 bias-dropout-residual adds
     # (read 2, write 1, plus the mask); over b·s·f/t: the fused bias + activation (read, write).
@@ -71,45 +108,55 @@ def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict[str,
     split_bytes = tokens * (f / tp) * e * act_passes
     # Without a fused attention kernel, scale + mask + softmax (+ dropout) stream the scores.
     score_bytes = heads * s * tokens * e * (2 + (2.5 if drop else 0))
-    f_elem = (whole_bytes + split_bytes) / mem_rate
-    f_softmax = np.where(fused_attention, 0.0, score_bytes / mem_rate)
+    f_elem = (whole_bytes + split_bytes) / r.memory
+    f_softmax = np.where(t.flash_attention, 0.0, score_bytes / r.memory)
     f_fixed = system.layer_overhead_s
     fwd = f_dense + f_attn + f_elem + f_softmax + f_fixed
 
-    tp_msg = tokens * h * e
-    tp_ar = comm.all_reduce(system, tp, 1, tp_msg)
+    tp_ar = comm.all_reduce(system, tp, 1, tokens * h * e)
     fwd_comm = 2 * tp_ar
     bwd_comm = 2 * tp_ar
-    recompute_compute = np.select(
-        [t.recompute == 2, t.recompute == 1], [fwd, f_attn + f_softmax], 0.0
-    )
-    recompute_comm = np.where(t.recompute == 2, fwd_comm, 0.0)
-    block_compute = 3 * fwd + recompute_compute
+    full = t.recompute == Recompute.FULL.code
+    selective = t.recompute == Recompute.SELECTIVE.code
+    recompute = np.select([full, selective], [fwd, f_attn + f_softmax], 0.0)
+    recompute_comm = np.where(full, fwd_comm, 0.0)
     # Overlapped TP communication (Megatron's tp-comm-overlap) hides behind the GEMMs it is
     # pipelined with, never more than they last.
-    block_comm = np.maximum(
-        0.0,
-        fwd_comm + bwd_comm + recompute_comm
-        - system.eff("tp_overlap", 0.0) * (3 * f_dense + np.where(t.recompute == 2, f_dense, 0)),
-    )
+    hidden_by = system.eff("tp_overlap", 0.0) * (3 * f_dense + np.where(full, f_dense, 0))
+    block_comm = np.maximum(0.0, fwd_comm + bwd_comm + recompute_comm - hidden_by)
+    return BlockTimes(f_dense, f_attn, f_elem, f_softmax, f_fixed, fwd, recompute,
+                      3 * fwd + recompute, block_comm)
 
-    # --- a stage, one micro-batch ---
+
+def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
+                blk: BlockTimes) -> StageTimes:
+    """A stage of ``l/p`` blocks (the last with the head), and the schedule's pipeline time."""
+    h, V = model.hidden, model.vocab
+    tp, pp, dp, v = t.tp, t.pp, t.dp, t.virtual_stages
+    tokens = t.micro_batch * model.seq_len
     per_stage_layers = model.layers // pp
     head_flops = logits_forward_flops_per_token(model) * tokens / tp
     loss_bytes = tokens * V / tp * 4 * 3  # fp32 logits: cast, softmax, gradient
-    last_extra = 3 * head_flops / flops_rate + loss_bytes / mem_rate
+    last_extra = 3 * head_flops / r.flops + loss_bytes / r.memory
     last_extra = last_extra + comm.all_reduce(system, tp, 1, tokens * 4 * 3)  # CE statistics
-    p2p = np.where(pp > 1, 2 * v * comm.send_recv(system, tp * dp, tokens * h * e / tp), 0.0)
-    middle = per_stage_layers * (block_compute + block_comm) + p2p
+    p2p = np.where(pp > 1, 2 * v * comm.send_recv(system, tp * dp,
+                                                  tokens * h * r.act_bytes / tp), 0.0)
+    middle = per_stage_layers * (blk.compute + blk.comm) + p2p
     last = middle + last_extra
     t_max = np.maximum(middle, last)
     t_avg = np.where(pp > 1, (pp * middle + last_extra) / pp, last)
-    compute_mb = per_stage_layers * block_compute + np.where(pp > 1, 0.0, last_extra)
-
-    pipeline = m * t_max + (pp - 1) / v * t_avg
+    compute_mb = per_stage_layers * blk.compute + np.where(pp > 1, 0.0, last_extra)
+    m = t.num_microbatches
     bubble = (pp - 1) / v * t_avg
+    return StageTimes(per_stage_layers, last_extra, p2p, compute_mb,
+                      m * t_max + (pp - 1) / v * t_avg, bubble)
 
-    # --- data parallelism ---
+
+def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
+                        blk: BlockTimes, stage: StageTimes) -> dict[str, np.ndarray]:
+    """Exposed gradient/parameter communication and the optimizer step."""
+    tp, pp, dp = t.tp, t.pp, t.dp
+    m = t.num_microbatches
     n_stage = np.maximum(stage_params_per_rank(model, tp, pp, 0),
                          stage_params_per_rank(model, tp, pp, pp - 1))
     grad_bytes = n_stage * STATE_BYTES[t.dtype][:, 1]
@@ -131,29 +178,36 @@ def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict[str,
         (shard > 1) & (kp < shard),
         comm.all_gather(system, shard // kp, tp * kp, param_bytes / kp), 0.0)
     overlap = system.eff("dp_overlap", 0.0)
-    fwd_mb = per_stage_layers * fwd
+    fwd_mb = stage.layers * blk.fwd
     dp_exposed = (np.maximum(0.0, grad_sync - overlap * 2 * fwd_mb)
                   + np.maximum(0.0, param_gather - overlap * fwd_mb))
     # Sharded parameters: gathered for forward and backward of every micro-batch, gradients
     # reduce-scattered; prefetching hides them behind the same micro-batch's compute.
     per_mb = np.where(kp > 1, 2 * comm.all_gather(system, kp, tp, param_bytes)
                       + comm.reduce_scatter(system, kp, tp, grad_bytes), 0.0)
-    fsdp_exposed = m * np.maximum(0.0, per_mb - overlap * compute_mb)
-    dp_exposed = dp_exposed + fsdp_exposed
+    fsdp_exposed = m * np.maximum(0.0, per_mb - overlap * stage.compute_mb)
+    optimizer = np.ceil(n_stage / ko) * OPTIMIZER_TRAFFIC[t.dtype] / r.memory
+    return {"dp_comm": dp_exposed + fsdp_exposed, "optimizer": optimizer}
 
-    optimizer = np.ceil(n_stage / ko) * OPTIMIZER_TRAFFIC[t.dtype] / mem_rate
-    total = pipeline + dp_exposed + optimizer
 
-    layers = per_stage_layers * m
+def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict[str, np.ndarray]:
+    """Seconds per iteration and its parts (seconds, summed over the iteration, on the slowest
+    pipeline stage), for every layout of ``t``: per block, per stage, data parallel."""
+    r = _rates(model, system, t)
+    blk = block_times(model, system, t, r)
+    stage = stage_times(model, system, t, r, blk)
+    dp = data_parallel_times(model, system, t, r, blk, stage)
+    m = t.num_microbatches
+    layers = stage.layers * m
     return {
-        "step_time": total,
-        "compute": layers * 3 * (f_dense + f_attn),
-        "elementwise": layers * 3 * (f_elem + f_softmax + f_fixed),
-        "recompute": layers * recompute_compute,
-        "tp_comm": layers * block_comm,
-        "pp_comm": m * p2p,
-        "pp_bubble": bubble,
-        "head": m * last_extra,
-        "dp_comm": dp_exposed,
-        "optimizer": optimizer,
+        "step_time": stage.pipeline + dp["dp_comm"] + dp["optimizer"],
+        "compute": layers * 3 * (blk.dense + blk.attn),
+        "elementwise": layers * 3 * (blk.elem + blk.softmax + blk.fixed),
+        "recompute": layers * blk.recompute,
+        "tp_comm": layers * blk.comm,
+        "pp_comm": m * stage.p2p,
+        "pp_bubble": stage.bubble,
+        "head": m * stage.head,
+        "dp_comm": dp["dp_comm"],
+        "optimizer": dp["optimizer"],
     }

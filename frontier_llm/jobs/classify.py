@@ -1,9 +1,10 @@
-"""What became of a job: one verdict from the scheduler's state, the exit code, the log, the
-trace and the heartbeat.
+"""What became of a job: one verdict from the executor's observation (state, exit code), the
+log, the trace and the heartbeat.
 
 Terminal verdicts: COMPLETED (with a valid trace), OOM, TIMEOUT, NODE_FAIL, CANCELLED, FAILED
 (with the first error line). HUNG is a verdict on a live job whose heartbeat has not moved for
-``hung_after_s`` (the job is still in the queue; ``flm sweep cancel --hung`` ends it).
+``hung_after_s`` (the job is still in the queue; ``flm sweep cancel --hung`` ends it). The
+states are :class:`frontier_llm.jobs.lifecycle.JobState`; no scheduler's words appear here.
 """
 
 from __future__ import annotations
@@ -15,18 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from frontier_llm.bench.trace import TraceError, heartbeat_path, read_trace, trace_path
+from frontier_llm.errors import ExitCode
+from frontier_llm.jobs.contract import BANNER_PREFIX
+from frontier_llm.jobs.lifecycle import JobState, Observation, SchedulerState
 
-COMPLETED, OOM, TIMEOUT, NODE_FAIL, CANCELLED, FAILED, HUNG = (
-    "COMPLETED", "OOM", "TIMEOUT", "NODE_FAIL", "CANCELLED", "FAILED", "HUNG")
-PENDING, RUNNING, UNKNOWN, RENDERED = "PENDING", "RUNNING", "UNKNOWN", "RENDERED"
-TERMINAL = frozenset({COMPLETED, OOM, TIMEOUT, NODE_FAIL, CANCELLED, FAILED})
-# Verdicts `flm sweep retry --failed-only` resubmits (a completed job is never re-run).
-RETRYABLE = frozenset({OOM, TIMEOUT, NODE_FAIL, CANCELLED, FAILED, HUNG})
-
-EXIT_OOM = 3  # flm bench's exit status for an out-of-memory run
-_ACTIVE = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED",
-           "RESV_DEL_HOLD", "STOPPED"}
-_RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"}
 _ERROR_LINE = re.compile(
     r"(^[\w.]*(Error|Exception|Interrupt)\b[^:]*:|\berror\b|\bfatal\b|\bkilled\b|\bcrash"
     r"|\babort|segmentation fault|core dumped|out of memory)", re.IGNORECASE)
@@ -34,12 +27,12 @@ _ERROR_LINE = re.compile(
 
 @dataclass(frozen=True)
 class Verdict:
-    state: str
+    state: JobState
     reason: str | None = None
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL
+        return self.state.terminal
 
 
 def first_error_line(text: str) -> str | None:
@@ -50,7 +43,7 @@ def first_error_line(text: str) -> str | None:
         if not ln:
             continue
         # The job script's own banner names the job key, which may be any word.
-        if ln.startswith(("Traceback", "flm: task ")):
+        if ln.startswith(("Traceback", BANNER_PREFIX)):
             continue
         if _ERROR_LINE.search(ln):
             return ln[:500]
@@ -97,8 +90,7 @@ def heartbeat_age(trace_dir: str | Path, run_id: str | None, now: float | None =
 
 
 def classify(
-    scheduler_state: str,
-    exit_code: str | int | None = None,
+    observed: Observation,
     *,
     trace: dict[str, Any] | None = None,
     trace_problem: str | None = None,
@@ -107,49 +99,51 @@ def classify(
     running_for_s: float | None = None,
     hung_after_s: float | None = None,
 ) -> Verdict:
-    """One verdict. ``scheduler_state`` is SLURM's word (or the local executor's)."""
-    state = (scheduler_state or UNKNOWN).split()[0].upper()
-    code, sig = exit_status(exit_code)
+    """One verdict from an executor's observation of the job and what the run left behind."""
+    state, said = observed.state, observed.said
+    code, sig = exit_status(observed.exit_code)
     status = trace.get("status") if trace else None
     error = (trace.get("error") or None) if trace else None
+    S = SchedulerState
 
-    if state in _ACTIVE:
-        return Verdict(PENDING)
-    if state in _RUNNING:
+    if state == S.PENDING:
+        return Verdict(JobState.PENDING)
+    if state == S.RUNNING:
         if hung_after_s is not None:
             quiet = heartbeat_age_s if heartbeat_age_s is not None else running_for_s
             if quiet is not None and quiet > hung_after_s:
                 what = "heartbeat" if heartbeat_age_s is not None else "first heartbeat"
-                return Verdict(HUNG, f"no {what} for {quiet:.0f} s (limit {hung_after_s:.0f} s)")
-        return Verdict(RUNNING)
+                return Verdict(JobState.HUNG,
+                               f"no {what} for {quiet:.0f} s (limit {hung_after_s:.0f} s)")
+        return Verdict(JobState.RUNNING)
 
     # The run's own account of an out-of-memory beats the scheduler's generic FAILED.
-    if status == "oom" or state == "OUT_OF_MEMORY" or code == EXIT_OOM:
-        return Verdict(OOM, error or first_error_line(log_text) or "out of memory")
-    if state in ("TIMEOUT", "DEADLINE"):
-        return Verdict(TIMEOUT, "time limit reached")
-    if state in ("NODE_FAIL", "BOOT_FAIL"):
-        return Verdict(NODE_FAIL, f"SLURM state {state}")
+    if status == "oom" or state == S.OUT_OF_MEMORY or code == ExitCode.OOM:
+        return Verdict(JobState.OOM, error or first_error_line(log_text) or "out of memory")
+    if state == S.TIMEOUT:
+        return Verdict(JobState.TIMEOUT, "time limit reached")
+    if state == S.NODE_FAIL:
+        return Verdict(JobState.NODE_FAIL, said or "a node failed")
     # Before the trace's "timeout": flm bench writes that on any SIGTERM, and scancel sends one
     # too, so only the scheduler knows whether the job was cancelled or ran out of time.
-    if state in ("CANCELLED", "REVOKED", "PREEMPTED"):
+    if state == S.CANCELLED:
         if "DUE TO TIME LIMIT" in log_text:
-            return Verdict(TIMEOUT, "time limit reached")
-        return Verdict(CANCELLED, f"SLURM state {state}")
+            return Verdict(JobState.TIMEOUT, "time limit reached")
+        return Verdict(JobState.CANCELLED, said or "cancelled")
     if status == "timeout":
-        return Verdict(TIMEOUT, "time limit reached")
-    if state == "COMPLETED" or (state == "EXITED" and (
-            code == 0 or (code is None and status in ("completed", "suspect")))):
+        return Verdict(JobState.TIMEOUT, "time limit reached")
+    if state == S.COMPLETED or (state == S.EXITED and (
+            code == ExitCode.OK or (code is None and status in ("completed", "suspect")))):
         if status == "completed":
-            return Verdict(COMPLETED)
+            return Verdict(JobState.COMPLETED)
         if status == "suspect":  # ran to the end; the trace says why its figures are doubtful
-            return Verdict(COMPLETED, error or "suspect measurement")
+            return Verdict(JobState.COMPLETED, error or "suspect measurement")
         if status in ("failed", None) and trace is not None:
-            return Verdict(FAILED, error or "trace status failed")
-        return Verdict(FAILED, f"exit 0 but {trace_problem or 'no valid trace'}")
-    if state in ("FAILED", "EXITED", "SPECIAL_EXIT"):
+            return Verdict(JobState.FAILED, error or "trace status failed")
+        return Verdict(JobState.FAILED, f"exit 0 but {trace_problem or 'no valid trace'}")
+    if state in (S.FAILED, S.EXITED):
         reason = first_error_line(log_text) or error
         if not reason:
             reason = f"exit code {code}" if code else (f"signal {sig}" if sig else "failed")
-        return Verdict(FAILED, reason)
-    return Verdict(UNKNOWN, f"scheduler state {scheduler_state!r}")
+        return Verdict(JobState.FAILED, reason)
+    return Verdict(JobState.UNKNOWN, said or f"scheduler state {state}")

@@ -6,7 +6,8 @@ machine (flm bench starts its own ranks), with the same trace and log layout, so
 tried on a laptop and the tests need no cluster for it.
 
 Both report to a :class:`Recorder` as they go, so what is recorded never lags what happened:
-a crash between two sbatch calls loses nothing already submitted.
+a crash between two sbatch calls loses nothing already submitted. Both describe a job with the
+same :class:`~frontier_llm.jobs.lifecycle.Observation`; SLURM's words stay in ``slurm.py``.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import subprocess
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from frontier_llm.errors import UserError
+from frontier_llm.jobs.contract import run_id as make_run_id
+from frontier_llm.jobs.lifecycle import JobState, Observation, SchedulerState
 from frontier_llm.jobs.slurm import SlurmClient, base_id
 from frontier_llm.jobs.sweepdir import Manifest
 
@@ -31,19 +33,8 @@ from frontier_llm.jobs.sweepdir import Manifest
 Submission = tuple[str, int | None, str]
 
 
-@dataclass(frozen=True)
-class Observation:
-    """What the executor sees of one job (SLURM's words for SLURM; EXITED for a process)."""
-
-    state: str
-    exit_code: str | None = None
-    nodes: str | None = None
-    start: str | None = None
-    end: str | None = None
-
-
 class Recorder(Protocol):
-    def submitted(self, jobs: Mapping[str, Submission], state: str) -> None: ...
+    def submitted(self, jobs: Mapping[str, Submission], state: JobState) -> None: ...
     def observed(self, jobs: Mapping[str, Observation]) -> None: ...
 
 
@@ -116,14 +107,13 @@ class SlurmExecutor(Executor):
             )
             previous = job_id
             recorder.submitted(
-                {j["key"]: (f"{job_id}_{j['index']}", j["index"], f"{j['key']}-j{job_id}")
-                 for j in jobs}, "PENDING")
+                {j["key"]: (f"{job_id}_{j['index']}", j["index"], make_run_id(j["key"], job_id))
+                 for j in jobs}, JobState.PENDING)
 
     def observe(self, manifest, rows):
         ids = {r["scheduler_job_id"]: r["job_key"] for r in rows if r.get("scheduler_job_id")}
         statuses = self.client.query(list(ids))
-        return {ids[j]: Observation(s.state, s.exit_code, s.nodes, s.start, s.end)
-                for j, s in statuses.items() if j in ids}
+        return {ids[j]: s.observation() for j, s in statuses.items() if j in ids}
 
     def cancel(self, rows):
         self.client.cancel([r["scheduler_job_id"] for r in rows if r.get("scheduler_job_id")])
@@ -145,7 +135,7 @@ class SlurmExecutor(Executor):
                 continue
             for j in manifest.jobs:
                 if j["group"] == group and j["index"] == int(index):
-                    found[j["key"]] = (job_id, j["index"], f"{j['key']}-j{base}")
+                    found[j["key"]] = (job_id, j["index"], make_run_id(j["key"], base))
         return found
 
 
@@ -195,7 +185,7 @@ class LocalExecutor(Executor):
             while queue or running:
                 while queue and len(running) < limit:
                     job = queue.pop(0)
-                    run_id = f"{job['key']}-{token}"
+                    run_id = make_run_id(job["key"], token)
                     log = manifest.path(f"logs/{job['group']}/{job['index']}-{token}.out")
                     log.parent.mkdir(parents=True, exist_ok=True)
                     fh = open(log, "wb")  # noqa: SIM115 (closed when the process ends)
@@ -207,19 +197,20 @@ class LocalExecutor(Executor):
                     running[job["key"]] = (proc, time.monotonic(), time_limit_s(job["time"]), fh)
                     recorder.submitted(
                         {job["key"]: (f"local:{proc.pid}:{token}", job["index"], run_id)},
-                        "RUNNING")
+                        JobState.RUNNING)
                 done = {}
                 for key, (proc, started, limit_s, fh) in list(running.items()):
                     code = proc.poll()
                     if code is None and time.monotonic() - started > limit_s:
                         _kill_session(proc)
                         proc.wait()
-                        done[key] = Observation("TIMEOUT", f"{proc.returncode}:0")
+                        done[key] = Observation(SchedulerState.TIMEOUT, f"{proc.returncode}:0")
                     elif code is not None and code < 0:
                         # Killed by a signal that was not our time limit: flm sweep cancel.
-                        done[key] = Observation("CANCELLED", f"0:{-code}")
+                        done[key] = Observation(SchedulerState.CANCELLED, f"0:{-code}",
+                                                said=f"stopped by signal {-code}")
                     elif code is not None:
-                        done[key] = Observation("EXITED", f"{code}:0")
+                        done[key] = Observation(SchedulerState.EXITED, f"{code}:0")
                     if key in done:
                         fh.close()
                         del running[key]
@@ -234,7 +225,9 @@ class LocalExecutor(Executor):
                     _kill_session(proc)
                     proc.wait()
                     fh.close()
-                recorder.observed({k: Observation("CANCELLED") for k in running})
+                recorder.observed({k: Observation(SchedulerState.CANCELLED,
+                                                  said="interrupted flm sweep submit")
+                                   for k in running})
 
     def observe(self, manifest, rows):
         out = {}
@@ -242,7 +235,8 @@ class LocalExecutor(Executor):
             pid = _local_pid(r.get("scheduler_job_id"))
             if pid is None:
                 continue
-            out[r["job_key"]] = Observation("RUNNING" if _alive(pid) else "EXITED")
+            out[r["job_key"]] = Observation(
+                SchedulerState.RUNNING if _alive(pid) else SchedulerState.EXITED)
         return out
 
     def cancel(self, rows):

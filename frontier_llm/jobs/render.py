@@ -28,6 +28,7 @@ from jinja2 import nodes
 
 from frontier_llm import __version__
 from frontier_llm.errors import SpecError
+from frontier_llm.jobs import contract
 from frontier_llm.jobs.launchers import LaunchJob, launcher_for
 from frontier_llm.specs.site import Site
 
@@ -39,7 +40,7 @@ TEMPLATES = ("frontier", "nvidia", "local")
 # Options each template understands (sweep key ``template_options``) and their defaults. What a
 # site requires (modules, binding, launcher, communication settings) is in the system's
 # ``site:`` section instead (frontier_llm.specs.site).
-_COMMON_OPTIONS: dict[str, str | None] = {"master_port": "29500"}
+_COMMON_OPTIONS: dict[str, str | None] = {"master_port": str(contract.DEFAULT_MASTER_PORT)}
 TEMPLATE_OPTIONS: dict[str, dict[str, str | None]] = {
     "frontier": {
         # The RCCL network plugin's lib folder, for a self-built plugin; by default the site's
@@ -265,7 +266,7 @@ def render(job: JobScript) -> str:
             if k not in known:
                 raise SpecError(f"unknown template option '{k}' for {job.template} "
                                 f"(valid: {', '.join(known)})", "template_options")
-    if not str(options.get("master_port", "29500")).isdigit():
+    if not str(options["master_port"]).isdigit():
         raise SpecError("template_options.master_port must be a port number", "template_options")
     site, r = job.site, job.resources
     launcher = launcher_for(LaunchJob(
@@ -293,6 +294,7 @@ def render(job: JobScript) -> str:
             launch=launcher.command(),
             rank_cpus=r.cpus_per_task,
             version=__version__,
+            contract=contract.template_values(int(options["master_port"])),
         )
     except jinja2.UndefinedError as exc:
         raise SpecError(f"template {job.template}: {exc.message}", "template") from None

@@ -5,43 +5,38 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from frontier_llm.errors import UserError
-from frontier_llm.jobs.classify import (
-    CANCELLED,
-    COMPLETED,
-    HUNG,
-    PENDING,
-    RENDERED,
-    RETRYABLE,
-    RUNNING,
-    TERMINAL,
-    classify,
-    heartbeat_age,
-    load_trace,
-)
-from frontier_llm.jobs.executors import Executor, Observation, Submission, make_executor
+from frontier_llm.jobs.classify import classify, heartbeat_age, load_trace
+from frontier_llm.jobs.executors import Executor, Submission, make_executor
+from frontier_llm.jobs.lifecycle import JobState, Observation, SchedulerState
 from frontier_llm.jobs.slurm import SlurmClient, SlurmError
-from frontier_llm.jobs.state import SUBMITTING, JobState
+from frontier_llm.jobs.state import SweepJobs
 from frontier_llm.jobs.sweepdir import Manifest, load_manifest, render_sweep, with_resources
 from frontier_llm.jobs.sweepspec import Sweep, load_sweep
 from frontier_llm.store import Store
 
-ACTIVE = frozenset({PENDING, RUNNING, HUNG, "UNKNOWN"})
 DEFAULT_HUNG_AFTER_S = 1800.0
 
 
 @dataclass
 class Session:
     manifest: Manifest
-    state: JobState
+    state: SweepJobs
     executor: Executor
     hung_after_s: float | None = DEFAULT_HUNG_AFTER_S
+    # Told the sweep's rows whenever a submission or an observation is recorded, and after
+    # every poll of wait(): the CLI draws its progress bar from them.
+    watch: Callable[[list[dict[str, Any]]], None] | None = None
+
+    def notify(self, rows: list[dict[str, Any]] | None = None) -> None:
+        if self.watch is not None:
+            self.watch(self.state.rows() if rows is None else rows)
 
 
 def default_out(name: str) -> Path:
@@ -52,7 +47,7 @@ def prepare(sweep: Sweep, out: str | Path | None, store: Store,
             client: SlurmClient | None = None, executor: str | None = None) -> Session:
     """Render ``sweep`` into its folder and open (or create) its rows in the database."""
     manifest = render_sweep(sweep, out or default_out(sweep.name))
-    state = JobState.open(store, manifest, sweep.text)
+    state = SweepJobs.open(store, manifest, sweep.text)
     return Session(manifest, state, make_executor(executor or sweep.spec.executor, client))
 
 
@@ -66,10 +61,10 @@ def resolve(target: str, out: str | None, store: Store, client: SlurmClient | No
         manifest = load_manifest(path)
     elif path.suffix in (".yaml", ".yml") and path.is_file():
         name = load_sweep(path).name
-        manifest = load_manifest(JobState.find(store, name).directory)
+        manifest = load_manifest(SweepJobs.find(store, name).directory)
     else:
-        manifest = load_manifest(JobState.find(store, target).directory)
-    state = JobState.find(store, manifest.sweep)
+        manifest = load_manifest(SweepJobs.find(store, target).directory)
+    state = SweepJobs.find(store, manifest.sweep)
     return Session(manifest, state, make_executor(manifest.data["executor"], client))
 
 
@@ -79,13 +74,15 @@ class _Recorder:
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def submitted(self, jobs: Mapping[str, Submission], state: str) -> None:
+    def submitted(self, jobs: Mapping[str, Submission], state: JobState) -> None:
         self.session.state.mark_submitted(jobs, state=state)
+        self.session.notify()
 
     def observed(self, jobs: Mapping[str, Observation]) -> None:
         rows = {r["job_key"]: r for r in self.session.state.rows(list(jobs))}
         self.session.state.record([_verdict_update(self.session, rows[k], o)
                                    for k, o in jobs.items() if k in rows])
+        self.session.notify()
 
 
 def _parse_time(text: str | None) -> datetime | None:
@@ -107,18 +104,18 @@ def _verdict_update(session: Session, row: Mapping[str, Any], obs: Observation
         log_text = log.read_text(errors="replace")[-200_000:]
     started = _parse_time(obs.start)
     running_for = None
-    if started is not None and obs.state in ("RUNNING", "COMPLETING"):
+    if started is not None and obs.state == SchedulerState.RUNNING:
         running_for = (datetime.now().astimezone() - started).total_seconds()
     verdict = classify(
-        obs.state, obs.exit_code, trace=trace, trace_problem=problem, log_text=log_text,
+        obs, trace=trace, trace_problem=problem, log_text=log_text,
         heartbeat_age_s=heartbeat_age(manifest.trace_dir, row.get("run_id")),
         running_for_s=running_for, hung_after_s=session.hung_after_s,
     )
     update = {"k": row["job_key"], "state": verdict.state, "reason": verdict.reason}
     if obs.exit_code is not None:
         update["exit_code"] = obs.exit_code
-    if obs.nodes:
-        update["nodes"] = obs.nodes
+    if obs.nodelist:
+        update["nodelist"] = obs.nodelist
     if started is not None:
         update["started_at"] = started
     if verdict.terminal:
@@ -128,7 +125,7 @@ def _verdict_update(session: Session, row: Mapping[str, Any], obs: Observation
 
 def _resume(session: Session) -> int:
     """Adopt submissions a crashed command made but did not record; revert the others."""
-    stuck = [r for r in session.state.rows() if r["state"] == SUBMITTING]
+    stuck = [r for r in session.state.rows() if r["state"] == JobState.SUBMITTING]
     if not stuck:
         return 0
     tokens = {(r["reason"] or "").removeprefix("token ") for r in stuck}
@@ -148,7 +145,7 @@ def submit(session: Session, keys: Iterable[str] | None = None, *,
     adopted = _resume(session)
     rows = session.state.rows()
     wanted = set(keys) if keys is not None else None
-    todo = [r["job_key"] for r in rows if r["state"] == RENDERED
+    todo = [r["job_key"] for r in rows if r["state"] == JobState.RENDERED
             and (wanted is None or r["job_key"] in wanted)]
     if not todo:
         return {"submitted": 0, "adopted": adopted, "already": len(rows)}
@@ -159,7 +156,8 @@ def submit(session: Session, keys: Iterable[str] | None = None, *,
                                 max_in_flight=max_in_flight, hold=hold)
     except SlurmError as exc:
         # Nothing of a refused sbatch reached the queue: those rows are not submitted.
-        left = [r["job_key"] for r in session.state.rows(todo) if r["state"] == SUBMITTING]
+        left = [r["job_key"] for r in session.state.rows(todo)
+                if r["state"] == JobState.SUBMITTING]
         session.state.revert_submitting(left, f"sbatch refused: {exc}")
         raise
     return {"submitted": len(todo), "adopted": adopted, "already": len(rows) - len(todo)}
@@ -168,7 +166,7 @@ def submit(session: Session, keys: Iterable[str] | None = None, *,
 def refresh(session: Session) -> list[dict[str, Any]]:
     """Observe every live job once (one batched query) and record the verdicts."""
     rows = session.state.rows()
-    live = [r for r in rows if r["state"] in ACTIVE and r.get("scheduler_job_id")]
+    live = [r for r in rows if JobState(r["state"]).active and r.get("scheduler_job_id")]
     if live:
         seen = session.executor.observe(session.manifest, live)
         by_key = {r["job_key"]: r for r in live}
@@ -184,7 +182,7 @@ def link_layouts(session: Session, rows: Sequence[Mapping[str, Any]] | None = No
     one."""
     rows = session.state.rows() if rows is None else rows
     loose = {r["job_key"]: session.manifest.job(r["job_key"])["layout_hash"] for r in rows
-             if r["layout_id"] is None and r["state"] in TERMINAL}
+             if r["layout_id"] is None and JobState(r["state"]).terminal}
     session.state.link_layouts(loose)
     return len(loose)
 
@@ -198,7 +196,8 @@ def wait(session: Session, timeout_s: float, *, min_interval_s: float = 1.0,
     interval = min_interval_s
     while True:
         rows = refresh(session)
-        if not any(r["state"] in ACTIVE | {SUBMITTING} for r in rows):
+        session.notify(rows)
+        if not unfinished(rows):
             return rows
         if time.monotonic() >= deadline:
             return rows
@@ -206,15 +205,21 @@ def wait(session: Session, timeout_s: float, *, min_interval_s: float = 1.0,
         interval = min(max_interval_s, interval * 1.5)
 
 
+def unfinished(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The jobs --wait waits for: live ones (HUNG included) and those caught inside sbatch."""
+    return [r for r in rows
+            if JobState(r["state"]).active or r["state"] == JobState.SUBMITTING]
+
+
 def cancel(session: Session, keys: Sequence[str] | None = None, *, hung_only: bool = False
            ) -> int:
     rows = refresh(session)
-    targets = [r for r in rows if r["state"] in ACTIVE and r.get("scheduler_job_id")
+    targets = [r for r in rows if JobState(r["state"]).active and r.get("scheduler_job_id")
                and (keys is None or r["job_key"] in keys)
-               and (not hung_only or r["state"] == HUNG)]
+               and (not hung_only or r["state"] == JobState.HUNG)]
     session.executor.cancel(targets)
     if session.executor.name == "local":
-        session.state.record([{"k": r["job_key"], "state": CANCELLED,
+        session.state.record([{"k": r["job_key"], "state": JobState.CANCELLED,
                                "reason": "cancelled by flm sweep cancel"} for r in targets])
     return len(targets)
 
@@ -223,21 +228,25 @@ def retry(session: Session, *, failed_only: bool, max_in_flight: int | None = No
           hold: bool = False) -> dict[str, int]:
     """Resubmit ended jobs: those that did not complete (``failed_only``) or all of them."""
     rows = refresh(session)
-    hung = [r for r in rows if r["state"] == HUNG]
+    hung = [r for r in rows if r["state"] == JobState.HUNG]
     if hung:
         session.executor.cancel(hung)
-    pick = RETRYABLE if failed_only else TERMINAL | {HUNG}
-    keys = [r["job_key"] for r in rows if r["state"] in pick]
+
+    def pick(state: JobState) -> bool:
+        return state.retryable if failed_only else state.terminal or state == JobState.HUNG
+
+    keys = [r["job_key"] for r in rows if pick(JobState(r["state"]))]
     if not keys:
         return {"submitted": 0, "adopted": 0, "already": len(rows)}
-    session.state.record([{"k": k, "state": RENDERED, "reason": None} for k in keys])
+    session.state.record([{"k": k, "state": JobState.RENDERED, "reason": None} for k in keys])
     return submit(session, keys, max_in_flight=max_in_flight, hold=hold)
 
 
 def summary(rows: Sequence[Mapping[str, Any]]) -> str:
     counts = Counter(r["state"] for r in rows)
-    order = [COMPLETED, RUNNING, PENDING, HUNG, "OOM", "TIMEOUT", "NODE_FAIL", CANCELLED,
-             "FAILED", SUBMITTING, RENDERED, "UNKNOWN"]
+    J = JobState
+    order = [J.COMPLETED, J.RUNNING, J.PENDING, J.HUNG, J.OOM, J.TIMEOUT, J.NODE_FAIL,
+             J.CANCELLED, J.FAILED, J.SUBMITTING, J.RENDERED, J.UNKNOWN]
     parts = [f"{counts[s]} {s}" for s in order if counts.get(s)]
     parts += [f"{c} {s}" for s, c in counts.items() if s not in order]
     return f"{len(rows)} jobs: " + ", ".join(parts)

@@ -9,7 +9,6 @@ on the test cluster) ``sacct --completion`` reads the job-completion log instead
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from collections import Counter
@@ -18,17 +17,31 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from frontier_llm.errors import UserError
+from frontier_llm.jobs.lifecycle import Observation, SchedulerState
 
-# States after which a job never runs again (SLURM's squeue/sacct vocabulary).
-TERMINAL_STATES = frozenset({
-    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
-    "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT",
-})
-ACTIVE_STATES = frozenset({
-    "PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_FED",
-    "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "SUSPENDED",
-    "RESV_DEL_HOLD",
-})
+_S = SchedulerState
+# SLURM's job states (squeue and sacct, "JOB STATE CODES") in frontier_llm's words. This is the
+# only place that knows them; a word not here is UNKNOWN.
+SLURM_STATES: Mapping[str, SchedulerState] = {
+    **dict.fromkeys(("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                     "SUSPENDED", "RESV_DEL_HOLD", "STOPPED"), _S.PENDING),
+    **dict.fromkeys(("RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"), _S.RUNNING),
+    "COMPLETED": _S.COMPLETED,
+    **dict.fromkeys(("FAILED", "SPECIAL_EXIT"), _S.FAILED),
+    "OUT_OF_MEMORY": _S.OUT_OF_MEMORY,
+    **dict.fromkeys(("TIMEOUT", "DEADLINE"), _S.TIMEOUT),
+    **dict.fromkeys(("NODE_FAIL", "BOOT_FAIL"), _S.NODE_FAIL),
+    **dict.fromkeys(("CANCELLED", "REVOKED", "PREEMPTED"), _S.CANCELLED),
+}
+
+
+def slurm_word(state: str | None) -> str:
+    """SLURM's state word: "CANCELLED by 0" (how sacct words a cancellation) -> "CANCELLED"."""
+    return state.split()[0].upper() if state and state.strip() else "UNKNOWN"
+
+
+def scheduler_state(state: str | None) -> SchedulerState:
+    return SLURM_STATES.get(slurm_word(state), SchedulerState.UNKNOWN)
 
 _SQUEUE_FORMAT = "%i|%A|%T|%r|%N|%S|%e"
 _SACCT_FIELDS = "JobID,JobIDRaw,State,ExitCode,NodeList,Start,End"
@@ -49,15 +62,20 @@ class JobStatus:
     state: str  # SLURM's word: PENDING, RUNNING, COMPLETED, FAILED, TIMEOUT, ... or UNKNOWN
     reason: str | None = None
     exit_code: str | None = None  # "code:signal", as sacct and scontrol print it
-    nodes: str | None = None
+    nodelist: str | None = None
     start: str | None = None
     end: str | None = None
     raw_id: str | None = None  # the scheduler's own id of this task (for sacct --completion)
 
     @property
     def terminal(self) -> bool:
-        # "CANCELLED by 0" is how sacct words a cancellation.
-        return self.state.split()[0] in TERMINAL_STATES if self.state else False
+        return scheduler_state(self.state).ended
+
+    def observation(self) -> Observation:
+        """The executor-neutral record of this status (what the classifier reads)."""
+        word = slurm_word(self.state)
+        return Observation(scheduler_state(word), self.exit_code, self.nodelist, self.start,
+                           self.end, said=f"SLURM state {word}")
 
 
 def _clean(value: str) -> str | None:
@@ -176,7 +194,7 @@ class SlurmClient:
                 elif status.terminal:
                     found[job_id] = replace(
                         prev, state=status.state.split()[0], exit_code=status.exit_code,
-                        nodes=prev.nodes or status.nodes, end=prev.end or status.end,
+                        nodelist=prev.nodelist or status.nodelist, end=prev.end or status.end,
                     )
         out: dict[str, JobStatus] = {}
         for j in wanted:
@@ -205,10 +223,10 @@ class SlurmClient:
             parts = line.split("|")
             if len(parts) != 7:
                 continue
-            job_id, raw, state, reason, nodes, start, end = (p.strip() for p in parts)
+            job_id, raw, state, reason, nodelist, start, end = (p.strip() for p in parts)
             self._raw_ids[job_id] = raw
             found[job_id] = JobStatus(
-                job_id=job_id, state=state, reason=_clean(reason), nodes=_clean(nodes),
+                job_id=job_id, state=state, reason=_clean(reason), nodelist=_clean(nodelist),
                 start=_clean(start), end=_clean(end), raw_id=raw,
             )
         return found
@@ -258,12 +276,12 @@ class SlurmClient:
             parts = line.split("|")
             if len(parts) < 7:
                 continue
-            job_id, raw, state, exit_code, nodes, start, end = (p.strip() for p in parts[:7])
+            job_id, raw, state, exit_code, nodelist, start, end = (p.strip() for p in parts[:7])
             if "." in job_id:  # job steps (batch, extern, 0, ...): the allocation speaks for all
                 continue
             status = JobStatus(
                 job_id=job_id, state=state.split()[0] if state else "UNKNOWN",
-                exit_code=_clean(exit_code), nodes=_clean(nodes), start=_clean(start),
+                exit_code=_clean(exit_code), nodelist=_clean(nodelist), start=_clean(start),
                 end=_clean(end), raw_id=raw,
             )
             out[raw if by_raw else job_id] = status
@@ -312,15 +330,3 @@ def _first_error(stderr: str) -> str:
         if "error" in ln.lower():
             return ln
     return lines[0] if lines else ""
-
-
-def slurm_available(env: Mapping[str, str] | None = None) -> bool:
-    """True when a SLURM controller answers (used to choose a default executor)."""
-    try:
-        proc = subprocess.run(
-            ["sinfo", "--noheader", "--format=%T"], capture_output=True, text=True, timeout=10,
-            env=dict(env) if env is not None else os.environ.copy(), check=False,
-        )
-    except (FileNotFoundError, subprocess.TimeoutExpired):
-        return False
-    return proc.returncode == 0

@@ -1,6 +1,7 @@
 """Job state in the project database (the store's flm_sweeps and flm_jobs tables).
 
-A job row moves RENDERED -> SUBMITTING -> PENDING -> RUNNING -> a terminal verdict. SUBMITTING
+A job row moves RENDERED -> SUBMITTING -> PENDING -> RUNNING -> a terminal verdict (the states
+are :class:`frontier_llm.jobs.lifecycle.JobState`, stored as their words). SUBMITTING
 is written (and committed) before sbatch runs, with a token that also goes into the job's SLURM
 comment: a command that dies between sbatch and the database finds its submission again by that
 token instead of submitting the job twice. Every write is one short transaction, so a crashed
@@ -17,13 +18,12 @@ from sqlalchemy import and_, bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from frontier_llm.errors import UserError
-from frontier_llm.jobs.classify import RENDERED
+from frontier_llm.jobs.lifecycle import JobState
 from frontier_llm.jobs.sweepdir import Manifest
 from frontier_llm.store import Store
 from frontier_llm.store.schema import flm_jobs, flm_layouts, flm_sweeps
 
-SUBMITTING = "SUBMITTING"
-_JOB_FIELDS = ("job_key", "state", "reason", "exit_code", "nodes", "scheduler_job_id",
+_JOB_FIELDS = ("job_key", "state", "reason", "exit_code", "nodelist", "scheduler_job_id",
                "array_index", "script_path", "executor", "attempts", "run_id", "submitted_at",
                "started_at", "finished_at", "updated_at", "layout_id")
 
@@ -36,7 +36,7 @@ def _insert(store: Store, table):
     return (postgresql if store.dialect == "postgresql" else sqlite).insert(table)
 
 
-class JobState:
+class SweepJobs:
     """The rows of one sweep."""
 
     def __init__(self, store: Store, sweep_id: int, name: str, directory: str) -> None:
@@ -47,7 +47,7 @@ class JobState:
 
     # --- sweeps -----------------------------------------------------------------------------
     @classmethod
-    def open(cls, store: Store, manifest: Manifest, spec_yaml: str) -> JobState:
+    def open(cls, store: Store, manifest: Manifest, spec_yaml: str) -> SweepJobs:
         """The sweep's rows, created on first use; a sweep of the same name rendered from a
         different file or into a different folder is refused (its jobs would be confused)."""
         directory = str(manifest.directory)
@@ -70,7 +70,7 @@ class JobState:
         return state
 
     @classmethod
-    def find(cls, store: Store, name: str) -> JobState:
+    def find(cls, store: Store, name: str) -> SweepJobs:
         with store.read() as conn:
             row = conn.execute(select(flm_sweeps).where(
                 flm_sweeps.c.name == name)).mappings().first()
@@ -82,7 +82,7 @@ class JobState:
         rows = [{
             "sweep_id": self.sweep_id, "job_key": j["key"], "script_path": j["script"],
             "executor": manifest.data["executor"], "array_index": j["index"],
-            "state": RENDERED, "attempts": 0, "updated_at": now(),
+            "state": JobState.RENDERED, "attempts": 0, "updated_at": now(),
         } for j in manifest.jobs]
         if rows:
             conn.execute(_insert(self.store, flm_jobs).on_conflict_do_nothing(
@@ -100,11 +100,11 @@ class JobState:
     # --- writes -----------------------------------------------------------------------------
     def mark_submitting(self, keys: list[str], token: str, executor: str) -> None:
         """Record the intent before sbatch: reason holds the token SLURM's comment will carry."""
-        self._update_many([{"k": k, "state": SUBMITTING, "reason": f"token {token}",
+        self._update_many([{"k": k, "state": JobState.SUBMITTING, "reason": f"token {token}",
                             "executor": executor} for k in keys])
 
     def mark_submitted(self, submitted: Mapping[str, tuple[str, int | None, str | None]],
-                       state: str = "PENDING") -> None:
+                       state: JobState = JobState.PENDING) -> None:
         """``submitted`` maps key -> (scheduler id, array index, run id); attempts + 1."""
         if not submitted:
             return
@@ -114,7 +114,7 @@ class JobState:
                             flm_jobs.c.job_key == bindparam("k")))
                 .values(state=state, scheduler_job_id=bindparam("sid"),
                         array_index=bindparam("idx"), run_id=bindparam("rid"), reason=None,
-                        exit_code=None, nodes=None, started_at=None, finished_at=None,
+                        exit_code=None, nodelist=None, started_at=None, finished_at=None,
                         submitted_at=t, updated_at=t, attempts=flm_jobs.c.attempts + 1))
         with self.store.write() as conn:
             conn.execute(stmt, [{"k": k, "sid": sid, "idx": idx, "rid": rid}
@@ -122,7 +122,7 @@ class JobState:
 
     def revert_submitting(self, keys: list[str], reason: str) -> None:
         """sbatch refused: nothing was submitted, so the rows go back to RENDERED."""
-        self._update_many([{"k": k, "state": RENDERED, "reason": reason} for k in keys])
+        self._update_many([{"k": k, "state": JobState.RENDERED, "reason": reason} for k in keys])
 
     def record(self, updates: list[dict[str, Any]]) -> None:
         """Write observed states: each dict has "k" (job key) and the columns that changed."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from frontier_llm.jobs import site_policy
 from frontier_llm.jobs.render import JobScript, Resources, Task, render
 from frontier_llm.jobs.sweepspec import Sweep, SweepJob
 from frontier_llm.specs.identity import layout_hash
+from frontier_llm.specs.layout import PlacementKind
 
 MANIFEST = "manifest.json"
 
@@ -127,7 +127,7 @@ def _resources(sweep: Sweep, group: Group) -> Resources:
 def _task_env(sweep: Sweep, job: SweepJob) -> tuple[tuple[str, str], ...]:
     """Variables for one task: the site's ``env_without_fsdp`` unless the layout shards its
     parameters (NVIDIA: CUDA_DEVICE_MAX_CONNECTIONS=1 must not be set with FSDP)."""
-    fsdp = job.layout.sharding.params.kind != "replicate" and job.layout.dp > 1
+    fsdp = job.layout.sharding.params.kind != PlacementKind.REPLICATE and job.layout.dp > 1
     return () if fsdp else sweep.site.env_without_fsdp
 
 
@@ -237,14 +237,3 @@ def load_manifest(directory: str | Path) -> Manifest:
         raise UserError(f"{directory} holds no rendered sweep ({MANIFEST} is missing): run "
                         "'flm sweep render' or 'flm sweep submit' first")
     return Manifest(directory, json.loads(path.read_text()))
-
-
-def keys_of(manifest: Manifest, keys: Iterable[str] | None) -> list[str]:
-    """The given job keys (checked) or all of them."""
-    known = [j["key"] for j in manifest.jobs]
-    if not keys:
-        return known
-    unknown = sorted(set(keys) - set(known))
-    if unknown:
-        raise UserError(f"no job {unknown[0]!r} in sweep {manifest.sweep}")
-    return list(keys)

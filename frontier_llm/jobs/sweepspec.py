@@ -17,18 +17,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from frontier_llm.bench.config import bench_argv as bench_config_argv
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.jobs.render import TEMPLATES, template_options, template_path
-from frontier_llm.specs import ModelSpec, ParallelConfig, Sharding, SystemSpec
+from frontier_llm.specs import (
+    DType,
+    Layout,
+    ModelSpec,
+    Recompute,
+    Schedule,
+    Sharding,
+    SystemSpec,
+)
 from frontier_llm.specs.build import build
+from frontier_llm.specs.layout import layout_types
 from frontier_llm.specs.site import Site, merge
-from frontier_llm.specs.yamlio import LineMap, load_yaml
+from frontier_llm.specs.yamlio import LineMap, load_yaml, loads_yaml
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # flm bench options a sweep (or one layout of it) may add; the rest are set from the layout.
 BENCH_ARGS = {"memory_limit": "--memory-limit", "data": "--data", "fault": "--fault",
-              "fault_step": "--fault-step"}
+              "fault_step": "--fault-step", "bucket_mb": "--bucket-mb"}
 # Knob values an explicit space uses when it does not list them (auto: the planner's defaults).
 _GRID_DEFAULTS = {"schedule": ("1f1b",), "virtual_stages": (2,), "recompute": ("none",),
                   "sequence_parallel": (False,), "flash_attention": (True,)}
@@ -99,6 +109,9 @@ class SpaceSpec:
             _int_list(getattr(self, name), name)
         for name in ("schedule", "recompute", "sharding"):
             _str_list(getattr(self, name), name)
+        for name, vocabulary in (("schedule", Schedule), ("recompute", Recompute)):
+            for word in getattr(self, name) or ():
+                vocabulary.parse(word, name)  # the words of specs.layout, checked here
         for name in ("sequence_parallel", "flash_attention"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, list)
@@ -129,7 +142,7 @@ class SweepFile:
     gpus_per_node: int | None = None
     global_batch: int | None = None
     global_batch_per_node: int | None = None
-    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    dtype: DType = DType.BF16
     steps: int = 10
     warmup: int = 2
     seed: int = 0
@@ -184,7 +197,7 @@ class SweepJob:
     key: str
     model: ModelSpec
     model_ref: str
-    layout: ParallelConfig
+    layout: Layout
     nodes: int
     ranks_per_node: int
     bench_args: tuple[str, ...]
@@ -233,7 +246,7 @@ def _where(data: Any, key: str | None = None) -> str:
     return data.where(key) + ": " if isinstance(data, LineMap) else ""
 
 
-def _layout_key(model_name: str, nodes: int, p: ParallelConfig) -> str:
+def _layout_key(model_name: str, nodes: int, p: Layout) -> str:
     """A readable key that differs for every layout knob that differs from the defaults."""
     parts = [re.sub(r"[^A-Za-z0-9._-]", "_", model_name), f"n{nodes}", f"tp{p.tp}", f"pp{p.pp}",
              f"dp{p.dp}", f"mb{p.micro_batch}", f"gb{p.global_batch}"]
@@ -251,38 +264,35 @@ def _layout_key(model_name: str, nodes: int, p: ParallelConfig) -> str:
     if not p.flash_attention:
         parts.append("noflash")
     parts.append(p.dtype)
+    # A knob added to Layout later shows in the key when it is not at its default.
+    default = Layout()
+    for name in layout_types():
+        if name not in _KEYED and getattr(p, name) != getattr(default, name):
+            parts.append(re.sub(r"[^A-Za-z0-9.]", "", f"{name}{getattr(p, name)}"))
     return "-".join(parts)
 
 
-def bench_argv(sweep_name: str, key: str, model_ref: str, system_ref: str, p: ParallelConfig,
+# The fields _layout_key spells out by hand (short forms).
+_KEYED = ("tp", "pp", "dp", "micro_batch", "global_batch", "schedule", "virtual_stages",
+          "sequence_parallel", "recompute", "flash_attention", "dtype", "sharding")
+
+
+def bench_argv(sweep_name: str, key: str, model_ref: str, system_ref: str, p: Layout,
                spec: SweepFile, extra: Mapping[str, Any]) -> tuple[str, ...]:
-    """The ``flm bench`` arguments of one job (the run id and trace dir are added by the job)."""
-    argv = ["--model", model_ref, "--system", system_ref, "--tp", str(p.tp), "--pp", str(p.pp),
-            "--dp", str(p.dp), "--micro-batch", str(p.micro_batch),
-            "--global-batch", str(p.global_batch), "--schedule", p.schedule,
-            "--virtual-stages", str(p.virtual_stages), "--recompute", p.recompute,
-            "--dtype", p.dtype]
-    if p.sequence_parallel:
-        argv.append("--sequence-parallel")
-    if not p.flash_attention:
-        argv.append("--no-flash-attention")
-    stage = p.zero_stage
-    if stage is not None:
-        argv += ["--zero", str(stage)]
-    else:
-        s = p.sharding
-        argv += ["--sharding", f"p={s.params},g={s.grads},o={s.optim}"]
-    argv += ["--steps", str(spec.steps), "--warmup", str(spec.warmup), "--seed", str(spec.seed)]
-    argv += ["--label", f"sweep={sweep_name}", "--label", f"job_key={key}"]
-    for k, v in (spec.labels or {}).items():
-        argv += ["--label", f"{k}={v}"]
+    """The ``flm bench`` arguments of one job (the run id and trace dir are added by the job):
+    the one codec of frontier_llm.bench.config, with the sweep's labels and bench options."""
+    options: list[str] = []
     for k, v in extra.items():
         if v is None or v is False:
             continue
-        argv.append(BENCH_ARGS[k])
+        options.append(BENCH_ARGS[k])
         if v is not True:
-            argv.append(str(v))
-    return tuple(argv)
+            options.append(str(v))
+    labels = {"sweep": sweep_name, "job_key": key, **{str(k): str(v) for k, v in
+                                                       (spec.labels or {}).items()}}
+    return tuple(bench_config_argv(model_ref, system_ref, p, steps=spec.steps,
+                                   warmup=spec.warmup, seed=spec.seed, labels=labels,
+                                   extra=options))
 
 
 def _bench_args(raw: Any, where: str) -> dict[str, Any]:
@@ -307,8 +317,9 @@ def _placement(ranks: int, per_node: int) -> tuple[int, int]:
 
 
 def _space_jobs(spec: SweepFile, raw_space: Any, models: list[tuple[str, ModelSpec]],
-                system: SystemSpec, per_node: int, skipped: Counter) -> list[SweepJob]:
-    from frontier_llm.planner import SearchSpace, layout_from_row, plan
+                system: SystemSpec, system_ref: str, per_node: int, skipped: Counter
+                ) -> list[SweepJob]:
+    from frontier_llm.planner import SearchSpace, plan
 
     if raw_space == "auto":
         space = SpaceSpec(auto=True)
@@ -328,8 +339,7 @@ def _space_jobs(spec: SweepFile, raw_space: Any, models: list[tuple[str, ModelSp
     if space.zero is not None:
         knobs["sharding"] = tuple(Sharding.parse(z) for z in space.zero)
     elif space.sharding is not None:
-        from frontier_llm.cli.layout_args import parse_sharding
-        knobs["sharding"] = tuple(parse_sharding(s) for s in space.sharding)
+        knobs["sharding"] = tuple(Sharding.parse(s) for s in space.sharding)
     elif not space.auto:
         knobs["sharding"] = (Sharding.parse(0),)
     if not space.auto and "micro_batch" not in knobs:
@@ -359,30 +369,22 @@ def _space_jobs(spec: SweepFile, raw_space: Any, models: list[tuple[str, ModelSp
             for reason, count in result.rejections().items():
                 if reason != "does not fit in memory" or space.fits_only:
                     skipped[reason] += count
-            ranked = result.ranked(top=space.top, fits_only=space.fits_only)
-            for _, row in ranked.iterrows():
-                layout = layout_from_row(row)
+            for i in result.ranked_indices(top=space.top, fits_only=space.fits_only):
+                layout = result.layout(i)
                 n, rpn = _placement(layout.world_size, per_node)
                 key = _layout_key(model.name, n, layout)
-                prediction = {k: _plain(row[k]) for k in (
-                    "step_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu",
-                    "peak_memory_bytes", "fits") if k in row}
                 jobs.append(SweepJob(
                     key=key, model=model, model_ref=model_ref, layout=layout, nodes=n,
                     ranks_per_node=rpn,
-                    bench_args=bench_argv(spec.name, key, model_ref, "", layout, spec,
+                    bench_args=bench_argv(spec.name, key, model_ref, system_ref, layout, spec,
                                           _bench_args(spec.bench_args, "")),
-                    time=spec.resources.time, prediction=prediction,
+                    time=spec.resources.time, prediction=result.prediction(i),
                 ))
     return jobs
 
 
-def _plain(value: Any) -> Any:
-    return value.item() if hasattr(value, "item") else value
-
-
 def _explicit_jobs(spec: SweepFile, entries: list, models: list[tuple[str, ModelSpec]],
-                   per_node: int) -> list[SweepJob]:
+                   system_ref: str, per_node: int) -> list[SweepJob]:
     jobs = []
     for entry in entries:
         if not isinstance(entry, Mapping):
@@ -404,7 +406,7 @@ def _explicit_jobs(spec: SweepFile, entries: list, models: list[tuple[str, Model
                 data["global_batch"] = spec.global_batch
             else:
                 data["global_batch"] = int(data.get("micro_batch", 1)) * int(data.get("dp", 1))
-        layout = ParallelConfig.from_dict(data)
+        layout = Layout.from_dict(data)
         n, rpn = _placement(layout.world_size, per_node)
         targets = [(r, m) for r, m in models if only_model is None or r == only_model]
         if not targets:
@@ -420,7 +422,7 @@ def _explicit_jobs(spec: SweepFile, entries: list, models: list[tuple[str, Model
             jobs.append(SweepJob(
                 key=key, model=model, model_ref=model_ref, layout=layout, nodes=n,
                 ranks_per_node=rpn,
-                bench_args=bench_argv(spec.name, key, model_ref, "", layout, spec,
+                bench_args=bench_argv(spec.name, key, model_ref, system_ref, layout, spec,
                                       {**_bench_args(spec.bench_args, ""), **extra}),
                 time=time,
             ))
@@ -437,10 +439,11 @@ def _ref(name: str, source: Path) -> str:
     return name
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Read, validate and expand a sweep file."""
+def load_sweep(path: str | Path, text: str | None = None) -> Sweep:
+    """Read, validate and expand a sweep file (``text``: its content, when the caller made it,
+    e.g. flm tune's one-trial sweeps; errors still name ``path``)."""
     path = Path(path)
-    data = load_yaml(path)
+    data = load_yaml(path) if text is None else loads_yaml(text, source=str(path))
     if not isinstance(data, LineMap):
         raise SpecError(f"{path}:1: a sweep file holds a mapping of settings")
     # Nested sections are built on their own so that their errors keep their own line.
@@ -495,18 +498,15 @@ def load_sweep(path: str | Path) -> Sweep:
     skipped: Counter = Counter()
     try:
         if spec.layouts is not None:
-            jobs = _explicit_jobs(spec, spec.layouts, models, per_node)
+            jobs = _explicit_jobs(spec, spec.layouts, models, system_ref, per_node)
         else:
-            jobs = _space_jobs(spec, spec.space, models, system, per_node, skipped)
+            jobs = _space_jobs(spec, spec.space, models, system, system_ref, per_node, skipped)
     except SpecError as exc:
         msg = str(exc)
         if not msg.startswith(str(path)):
             key = "layouts" if spec.layouts is not None else "space"
             msg = f"{data.where(key)}: {msg}"
         raise SpecError(msg, exc.field) from None
-    # The system goes into every job's argv here, now that its reference is known.
-    jobs = [SweepJob(**{**j.__dict__, "bench_args": _with_system(j.bench_args, system_ref)})
-            for j in jobs]
     seen: dict[str, int] = {}
     for j in jobs:
         seen[j.key] = seen.get(j.key, 0) + 1
@@ -518,13 +518,8 @@ def load_sweep(path: str | Path) -> Sweep:
         why = "; ".join(f"{r}: {c}" for r, c in skipped.most_common(3))
         raise SpecError(f"{path}: the sweep expands to no valid layout ({why or 'empty'})",
                         "space")
-    return Sweep(spec=spec, source=str(path), text=path.read_text(), system=system,
+    return Sweep(spec=spec, source=str(path), text=path.read_text() if text is None else text,
+                 system=system,
                  system_ref=system_ref, template=template, jobs=tuple(jobs),
                  skipped=dict(skipped), site=site)
 
-
-def _with_system(argv: tuple[str, ...], system_ref: str) -> tuple[str, ...]:
-    out = list(argv)
-    i = out.index("--system")
-    out[i + 1] = system_ref
-    return tuple(out)

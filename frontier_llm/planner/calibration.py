@@ -23,8 +23,8 @@ from frontier_llm.catalog import load_system
 from frontier_llm.errors import UserError
 from frontier_llm.planner.plan import plan
 from frontier_llm.planner.space import SearchSpace
+from frontier_llm.specs.layout import zero_preset
 from frontier_llm.specs.model import ModelSpec
-from frontier_llm.specs.parallel import zero_preset
 from frontier_llm.specs.system import SystemSpec
 
 # "interleaved pipeline with 3 stages per rank": the interleaving depth a row's notes state.

@@ -8,6 +8,7 @@ import numpy as np
 from frontier_llm.costmodel import TIME_PARTS
 from frontier_llm.planner.plan import Plan
 from frontier_llm.planner.space import OOM
+from frontier_llm.specs.layout import Schedule
 
 # Knobs compared one at a time: the fastest layout that differs from the winner in this knob.
 KNOBS = ("tp", "pp", "micro_batch", "schedule", "recompute", "sequence_parallel")
@@ -21,7 +22,7 @@ PART_NAMES = {
 
 def _layout_text(plan: Plan, i: int) -> str:
     c = plan.layout(i)
-    sched = f"{c.schedule}:{c.virtual_stages}" if c.schedule == "interleaved" else c.schedule
+    sched = f"{c.schedule}:{c.virtual_stages}" if c.schedule == Schedule.INTERLEAVED else c.schedule
     return (f"tp={c.tp} pp={c.pp} dp={c.dp} micro_batch={c.micro_batch} {sched} "
             f"recompute={c.recompute}{' sequence-parallel' if c.sequence_parallel else ''} "
             f"{c.sharding.describe()}")

@@ -9,13 +9,16 @@ import numpy as np
 import pandas as pd
 
 from frontier_llm.costmodel import evaluate
-from frontier_llm.costmodel.layouts import DTYPES, PLACEMENTS, RECOMPUTES, SCHEDULES, LayoutTable
+from frontier_llm.costmodel.layouts import LayoutTable
 from frontier_llm.errors import UserError
 from frontier_llm.planner.space import OOM, REASONS, SearchSpace, enumerate_layouts
+from frontier_llm.specs.layout import Layout, Sharding, Vocabulary, layout_types
 from frontier_llm.specs.model import ModelSpec
-from frontier_llm.specs.parallel import COMPONENTS, ParallelConfig
 from frontier_llm.specs.system import SystemSpec
 
+# The predicted figures a plan's rows carry, beside the layout's columns.
+PREDICTION_COLUMNS = ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu",
+                      "peak_memory_bytes", "fits")
 # Tokens per iteration the default global batch aims for: GPT-3 175B trained with 3.2M-token
 # batches (Brown et al. 2020); 4M rounds that up.
 DEFAULT_BATCH_TOKENS = 4 * 1024 * 1024
@@ -62,19 +65,8 @@ class Plan:
         t = self.layouts if index is None else self.layouts.take(index)
         f = self.figures if index is None else {k: v[index] for k, v in self.figures.items()}
         r = self.reason if index is None else self.reason[index]
-        df = pd.DataFrame({
-            "tp": t.tp, "pp": t.pp, "dp": t.dp, "micro_batch": t.micro_batch,
-            "global_batch": t.global_batch,
-            "schedule": pd.Categorical.from_codes(t.schedule, SCHEDULES),
-            "virtual_stages": t.virtual_stages,
-            "sequence_parallel": t.sequence_parallel,
-            "recompute": pd.Categorical.from_codes(t.recompute, RECOMPUTES),
-            "flash_attention": t.flash_attention,
-            "dtype": pd.Categorical.from_codes(t.dtype, DTYPES),
-            "sharding": _sharding_labels(t),
-        })
-        for k in ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu",
-                  "peak_memory_bytes", "fits"):
+        df = pd.DataFrame(layout_columns(t))
+        for k in PREDICTION_COLUMNS:
             df[k] = f[k]
         df["reject_reason"] = pd.Categorical.from_codes(r, REASONS)
         return df
@@ -86,46 +78,57 @@ class Plan:
     def ranked(self, top: int | None = None, fits_only: bool = True) -> pd.DataFrame:
         """Valid layouts, fastest first; with ``fits_only=False`` the ones that do not fit in
         memory are ranked too (after those that do)."""
+        df = self.frame(self.ranked_indices(top, fits_only))
+        df.insert(0, "rank", np.arange(1, len(df) + 1))
+        return df.reset_index(drop=True)
+
+    def ranked_indices(self, top: int | None = None, fits_only: bool = True) -> np.ndarray:
+        """The rows of :meth:`ranked`, as indices for :meth:`layout` and :meth:`prediction`."""
         idx = self.order()
         if not fits_only:
             oom = np.flatnonzero(self.reason == OOM)
             oom = oom[np.argsort(-self.figures["tokens_per_s"][oom], kind="stable")]
             idx = np.concatenate([idx, oom])
-        if top is not None:
-            idx = idx[:top]
-        df = self.frame(idx)
-        df.insert(0, "rank", np.arange(1, len(df) + 1))
-        return df.reset_index(drop=True)
+        return idx if top is None else idx[:top]
 
-    def layout(self, i: int) -> ParallelConfig:
-        return self.layouts.config(i)
+    def layout(self, i: int) -> Layout:
+        """Row ``i`` as a Layout object (what the sweep turns into a job)."""
+        return self.layouts.config(int(i))
 
-    def best(self) -> ParallelConfig | None:
+    def prediction(self, i: int) -> dict:
+        """Row ``i``'s headline figures as plain Python values (a sweep job's prediction)."""
+        return {k: self.figures[k][int(i)].item() for k in PREDICTION_COLUMNS
+                if k != "hfu"}
+
+    def best(self) -> Layout | None:
         order = self.order()
         return self.layout(int(order[0])) if len(order) else None
 
 
+def layout_columns(t: LayoutTable) -> dict[str, object]:
+    """The plan's layout columns, one per Layout field: numbers and booleans as they are,
+    vocabularies as categoricals of their words, the sharding as its text form."""
+    out: dict[str, object] = {}
+    for name, kind in layout_types().items():
+        if kind is Sharding:
+            out[name] = _sharding_labels(t)
+        elif issubclass(kind, Vocabulary):
+            out[name] = pd.Categorical.from_codes(getattr(t, name), kind.words())
+        else:
+            out[name] = getattr(t, name)
+    return out
+
+
 def _sharding_labels(t: LayoutTable) -> pd.Categorical:
-    """'zero0'..'zero3' for the presets, else AMSP's per-component placements."""
-    codes = np.stack([np.stack([getattr(t, f"{c}_kind"), getattr(t, f"{c}_group")], 1)
-                      for c in COMPONENTS], 1).reshape(len(t), 2 * len(COMPONENTS))
+    """Each row's :meth:`Sharding.describe` ('zero0'..'zero3' or AMSP's placements)."""
+    cols = [c for c in t.columns() if c.endswith(("_kind", "_group"))]
     if not len(t):
         return pd.Categorical([])
+    codes = np.stack([getattr(t, c) for c in cols], 1)
     uniq, inverse = np.unique(codes, axis=0, return_inverse=True)
-    labels = []
-    for row in uniq:
-        kinds = [PLACEMENTS[k] for k in row[0::2]]
-        groups = row[1::2]
-        preset = {("replicate",) * 3: "zero0", ("replicate", "replicate", "full"): "zero1",
-                  ("replicate", "full", "full"): "zero2", ("full",) * 3: "zero3"}
-        name = preset.get(tuple(kinds))
-        if name is None:
-            parts = [f"{c[0]}={k}:{g}" if k == "partial" else f"{c[0]}={k}"
-                     for c, k, g in zip(("params", "grads", "optim"), kinds, groups, strict=True)]
-            name = ",".join(parts)
-        labels.append(name)
-    return pd.Categorical.from_codes(inverse.ravel(), pd.Index(labels).unique()
-                                     if len(set(labels)) == len(labels) else labels)
+    first = [int(np.flatnonzero(inverse.ravel() == j)[0]) for j in range(len(uniq))]
+    labels = [t.sharding(i).describe() for i in first]
+    return pd.Categorical.from_codes(inverse.ravel(), labels)
 
 
 def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | None = None,
@@ -148,20 +151,12 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
     return Plan(model, system, gpus, gb, layouts, figures, reason)
 
 
-def layout_from_row(row) -> ParallelConfig:
-    """A ParallelConfig from one row of :meth:`Plan.frame` / :meth:`Plan.ranked`."""
-    return ParallelConfig.from_dict({
-        "tp": int(row["tp"]), "pp": int(row["pp"]), "dp": int(row["dp"]),
-        "micro_batch": int(row["micro_batch"]), "global_batch": int(row["global_batch"]),
-        "schedule": str(row["schedule"]), "virtual_stages": int(row["virtual_stages"]),
-        "sequence_parallel": bool(row["sequence_parallel"]),
-        "recompute": str(row["recompute"]), "flash_attention": bool(row["flash_attention"]),
-        "dtype": str(row["dtype"]), "sharding": _parse_label(str(row["sharding"])),
-    })
+def layout_from_row(row) -> Layout:
+    """A Layout from one row of :meth:`Plan.frame` / :meth:`Plan.ranked` (prefer
+    :meth:`Plan.layout` with :meth:`Plan.ranked_indices`: no text round trip)."""
+    return Layout.from_dict({name: _plain(row[name]) for name in layout_types()})
 
 
-def _parse_label(label: str):
-    if label.startswith("zero"):
-        return int(label[4:])
-    names = {"p": "params", "g": "grads", "o": "optim"}
-    return {names[k]: v for k, v in (part.split("=", 1) for part in label.split(","))}
+def _plain(value):
+    value = value.item() if hasattr(value, "item") else value
+    return str(value) if isinstance(value, str) else value

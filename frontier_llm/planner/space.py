@@ -14,14 +14,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from frontier_llm.costmodel.layouts import DTYPES, PLACEMENTS, RECOMPUTES, SCHEDULES, LayoutTable
+from frontier_llm.costmodel.layouts import LayoutTable, encode, fill_defaults
 from frontier_llm.errors import UserError
+from frontier_llm.specs.layout import (
+    COMPONENTS,
+    DType,
+    Placement,
+    PlacementKind,
+    Recompute,
+    Schedule,
+    Sharding,
+    zero_preset,
+)
 from frontier_llm.specs.model import ModelSpec
-from frontier_llm.specs.parallel import COMPONENTS, Placement, Sharding, zero_preset
 from frontier_llm.specs.system import SystemSpec
 
 # Rejection reasons, by code (0 = valid). The planner appends "does not fit in memory".
-# In the order ParallelConfig checks them, so both name the same first broken rule.
+# In the order Layout checks them, so both name the same first broken rule.
 REASONS = (
     "",
     "global_batch not divisible by micro_batch x dp",
@@ -48,10 +57,10 @@ class SearchSpace:
     tp: tuple[int, ...] | None = None
     pp: tuple[int, ...] | None = None
     micro_batch: tuple[int, ...] | None = None
-    schedule: tuple[str, ...] = SCHEDULES
+    schedule: tuple[str, ...] = Schedule.words()
     # For the interleaved schedule; None: every v > 1 that divides the layers of a stage.
     virtual_stages: tuple[int, ...] | None = None
-    recompute: tuple[str, ...] = RECOMPUTES
+    recompute: tuple[str, ...] = Recompute.words()
     sequence_parallel: tuple[bool, ...] = (False, True)
     flash_attention: tuple[bool, ...] = (True,)
     dtype: str = "bf16"
@@ -65,7 +74,8 @@ def _shardings(system: SystemSpec, tp: int, dp: int) -> list[Sharding]:
     out = [zero_preset(s) for s in range(4)]
     k = system.gpus_per_node // tp if tp <= system.gpus_per_node else 1
     if 1 < k < dp and dp % k == 0:
-        levels = [Placement("replicate"), Placement("partial", k), Placement("full")]
+        levels = [Placement(PlacementKind.REPLICATE), Placement(PlacementKind.PARTIAL, k),
+                  Placement(PlacementKind.FULL)]
         for p, g, o in itertools.combinations_with_replacement(range(3), 3):
             s = Sharding(levels[p], levels[g], levels[o])
             if 1 in (p, g, o) and s not in out:
@@ -109,27 +119,23 @@ def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_ba
 def _schedules(model: ModelSpec, pp: int, space: SearchSpace) -> list[tuple[int, int]]:
     """(schedule code, virtual stages) pairs for a pipeline of ``pp`` stages."""
     out = []
-    for name in space.schedule:
-        if name != "interleaved":
-            out.append((SCHEDULES.index(name), 1))
+    for name in map(Schedule, space.schedule):
+        if name != Schedule.INTERLEAVED:
+            out.append((name.code, 1))
         elif pp > 1:  # interleaving without a pipeline is not a layout
             per_stage = model.layers // pp if model.layers % pp == 0 else 0
             vs = space.virtual_stages or tuple(v for v in divisors(per_stage) if v > 1)
-            out += [(SCHEDULES.index(name), v) for v in vs if v > 1]
+            out += [(name.code, v) for v in vs if v > 1]
     return out
 
 
 def _product(tp, pp, dp, micro, sched_v, space, shardings, global_batch) -> dict | None:
-    rec = [RECOMPUTES.index(r) for r in space.recompute]
+    rec = [Recompute(r).code for r in space.recompute]
     # Sequence parallelism without TP and interleaving without a pipeline are not layouts.
     sp = [s for s in space.sequence_parallel if tp > 1 or not s]
     if not sched_v:
         return None
-    shard_rows = [
-        [v for c in COMPONENTS
-         for v in (PLACEMENTS.index(getattr(s, c).kind), getattr(s, c).group)]
-        for s in shardings
-    ]
+    shard_rows = [list(encode("sharding", s).values()) for s in shardings]
     grids = np.meshgrid(
         np.arange(len(micro)), np.arange(len(sched_v)), np.arange(len(rec)),
         np.arange(len(sp)), np.arange(len(space.flash_attention)), np.arange(len(shard_rows)),
@@ -146,12 +152,12 @@ def _product(tp, pp, dp, micro, sched_v, space, shardings, global_batch) -> dict
         "sequence_parallel": np.array(sp, dtype=bool)[i_sp],
         "recompute": np.array(rec)[i_rc],
         "flash_attention": np.array(space.flash_attention, dtype=bool)[i_fa],
-        "dtype": np.full(n, DTYPES.index(space.dtype)),
+        "dtype": np.full(n, DType(space.dtype).code),
     }
-    for j, comp in enumerate(COMPONENTS):
-        cols[f"{comp}_kind"] = sh[i_sh, 2 * j]
-        cols[f"{comp}_group"] = sh[i_sh, 2 * j + 1]
-    return cols
+    for j, col in enumerate(encode("sharding", shardings[0])):
+        cols[col] = sh[i_sh, j]
+    # Knobs the space does not enumerate keep the Layout's default.
+    return fill_defaults(cols, n)
 
 
 def _reasons(model: ModelSpec, t: LayoutTable) -> np.ndarray:
@@ -161,10 +167,11 @@ def _reasons(model: ModelSpec, t: LayoutTable) -> np.ndarray:
     partial = np.zeros(len(t), dtype=bool)
     for comp in COMPONENTS:
         kind = getattr(t, f"{comp}_kind")
-        partial |= (kind == 2) & (t.dp % np.maximum(getattr(t, f"{comp}_group"), 1) != 0)
+        group = np.maximum(getattr(t, f"{comp}_group"), 1)
+        partial |= (kind == PlacementKind.PARTIAL.code) & (t.dp % group != 0)
     rules = [
         t.global_batch % mb_dp != 0,
-        (t.schedule == SCHEDULES.index("interleaved")) & (m % t.pp != 0),
+        (t.schedule == Schedule.INTERLEAVED.code) & (m % t.pp != 0),
         partial,
         model.heads % t.tp != 0,
         (model.kv_heads % t.tp != 0) & (t.tp % model.kv_heads != 0),

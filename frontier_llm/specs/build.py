@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import types
 import typing
 from collections.abc import Mapping
@@ -41,6 +42,13 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
                 f"{name} must be one of {', '.join(map(str, allowed))} (got {value!r})", name
             )
         return value
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        # A vocabulary (frontier_llm.specs.layout): its members' words are the allowed values.
+        try:
+            return hint(value)
+        except ValueError:
+            words = ", ".join(str(m.value) for m in hint)
+            raise SpecError(f"{name} must be one of {words} (got {value!r})", name) from None
     if hint is bool:
         if isinstance(value, bool):
             return value

@@ -9,10 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 
+from frontier_llm.specs.layout import Layout, layout_fields
 from frontier_llm.specs.model import ModelSpec
-from frontier_llm.specs.parallel import ParallelConfig
 
 _IGNORED = {"description", "sources", "source"}
+# Layout fields whose metadata says ``new_knob=True`` (docs/layout.md).
+_NEW_KNOBS = tuple(f.name for f in layout_fields() if f.metadata.get("new_knob"))
+_DEFAULTS = Layout().to_dict()
 
 
 def _strip(obj):
@@ -23,10 +26,15 @@ def _strip(obj):
     return obj
 
 
-def layout_hash(model: ModelSpec | dict, system_name: str, layout: ParallelConfig | dict) -> str:
+def layout_hash(model: ModelSpec | dict, system_name: str, layout: Layout | dict) -> str:
     """sha256 (hex, 16 chars) of the canonical JSON of model shape, system name and layout."""
     m = model.to_dict() if isinstance(model, ModelSpec) else dict(model)
-    p = layout.to_dict() if isinstance(layout, ParallelConfig) else dict(layout)
+    p = layout.to_dict() if isinstance(layout, Layout) else dict(layout)
+    for name in _NEW_KNOBS:
+        # A knob added after the first stored layouts takes part only when it is not at its
+        # default, so every layout stored before it keeps its hash.
+        if name in p and p[name] == _DEFAULTS[name]:
+            del p[name]
     m.pop("name", None)  # two names for one shape are one layout
     blob = json.dumps(
         {"model": _strip(m), "system": system_name, "layout": _strip(p)},

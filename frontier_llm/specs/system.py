@@ -14,7 +14,6 @@ from frontier_llm.errors import SpecError
 from frontier_llm.specs.site import Site
 
 LinkScope = Literal["package", "node", "network"]
-DTypeName = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 
 
 @dataclass(frozen=True)

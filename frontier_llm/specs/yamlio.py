@@ -56,15 +56,29 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _con
 def load_yaml(path: str | Path) -> Any:
     """Parse a YAML file; mappings come back as :class:`LineMap`; errors name file and line."""
     path = Path(path)
+    return loads_yaml(read_text_file(path), source=str(path))
+
+
+def read_text_file(path: Path) -> str:
+    """The file's UTF-8 text; a missing, unreadable or non-text file is one SpecError line."""
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc.strerror}") from None
-    return loads_yaml(text, source=str(path))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not a text file (invalid UTF-8 at byte {exc.start}); "
+                        "expected YAML") from None
 
 
 def loads_yaml(text: str, source: str = "<string>") -> Any:
-    loader = _LineLoader(text)
+    try:
+        # The reader checks the characters as it is built: a NUL byte fails here already.
+        loader = _LineLoader(text)
+    except yaml.reader.ReaderError as exc:
+        raise SpecError(f"{source}: not YAML text: {exc.reason} (character "
+                        f"#x{exc.character:04x} at position {exc.position})") from None
     loader.name = source
     try:
         return loader.get_single_data()

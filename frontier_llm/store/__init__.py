@@ -23,10 +23,12 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from frontier_llm.errors import UserError
 from frontier_llm.store import migrate
-from frontier_llm.store.schema import SCHEMA_VERSION
 from frontier_llm.store.url import parse_url, redact, resolve_url
 
 __all__ = ["SCHEMA_VERSION", "Store", "connect", "open_store", "redact", "resolve_url"]
+
+# The schema version this frontier_llm uses (the newest Alembic revision).
+SCHEMA_VERSION = migrate.head_version()
 
 # Seconds a SQLite writer waits for another's lock before "database is locked".
 SQLITE_BUSY_TIMEOUT_S = 60.0

@@ -1,13 +1,10 @@
-"""The store's calibration tables (schema version 3), their migration, and how a results file
-is saved into them.
+"""Saving ``flm calibrate`` results into the store and reading them back.
 
-Kept in this one module on purpose: the store's hand-written migrations are being converted to
-Alembic, and everything schema version 3 adds is here (the two tables, the function that
-creates them, the save and read functions), so it becomes one revision as it stands.
-
-``flm_calibrations``: one row per microbenchmark run, with its provenance (date, hosts, node
-count, world size, library versions). ``flm_calibration_samples``: its timings, one row per GEMM
-or per (library, operation, tier, group size, message size).
+The tables themselves, ``flm_calibrations`` (one row per microbenchmark run, with its
+provenance: dates, hosts, node count, world size, library versions) and
+``flm_calibration_samples`` (its timings, one row per GEMM or per library, operation, tier,
+group size and message size), are in :mod:`frontier_llm.store.schema` and are created by the
+Alembic revision ``0004``.
 """
 
 from __future__ import annotations
@@ -18,76 +15,14 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from sqlalchemy import (
-    BigInteger,
-    Column,
-    Connection,
-    DateTime,
-    Float,
-    ForeignKeyConstraint,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    Text,
-    inspect,
-    select,
-)
+from sqlalchemy import select
 
-if TYPE_CHECKING:  # the store package imports this module (its migrations)
+from frontier_llm.store.schema import flm_calibration_samples, flm_calibrations
+
+if TYPE_CHECKING:
     from frontier_llm.store import Store
 
-# Its own MetaData: migration 1 creates schema.TABLES as they were at version 2, and this
-# migration adds these, on new and old databases alike.
-metadata = MetaData()
-
-flm_calibrations = Table(
-    "flm_calibrations", metadata,
-    Column("id", Integer, primary_key=True),
-    # sha256 of the results file's bytes: saving the same file twice stores it once.
-    Column("calibration_id", String(64), nullable=False, unique=True),
-    Column("started_at", DateTime(timezone=True)),
-    Column("finished_at", DateTime(timezone=True)),
-    Column("system_name", String(200)),
-    Column("model_name", String(200)),
-    Column("dtype", String(16)),
-    Column("backend", String(32)),
-    Column("hosts", Text, nullable=False),  # comma-separated, sorted
-    Column("node_count", Integer, nullable=False),
-    Column("world_size", Integer, nullable=False),
-    Column("versions_json", Text, nullable=False),
-    Column("provenance_json", Text, nullable=False),
-    Column("results_path", Text),
-)
-
-flm_calibration_samples = Table(
-    "flm_calibration_samples", metadata,
-    Column("id", Integer, primary_key=True),
-    Column("calibration", Integer, nullable=False),
-    Column("kind", String(16), nullable=False),  # 'matmul' | 'collective'
-    Column("library", String(32)),
-    Column("op", String(32)),  # GEMM name for matmul rows
-    Column("tier", String(16)),
-    Column("group_size", Integer),
-    Column("nbytes", BigInteger),
-    Column("tp", Integer),
-    Column("hidden", Integer),
-    Column("m", Integer),
-    Column("n", Integer),
-    Column("k", Integer),
-    Column("dtype", String(16)),
-    Column("reps", Integer),
-    Column("time_s", Float, nullable=False),
-    ForeignKeyConstraint(["calibration"], ["flm_calibrations.id"], ondelete="CASCADE"),
-)
-
-
-def migrate_v3(conn: Connection) -> None:
-    """Create the calibration tables where they are missing."""
-    existing = set(inspect(conn).get_table_names())
-    for table in metadata.sorted_tables:
-        if table.name not in existing:
-            table.create(conn)
+__all__ = ["calibrations_frame", "flm_calibration_samples", "flm_calibrations", "save_results"]
 
 
 def _time(text: str | None) -> datetime | None:

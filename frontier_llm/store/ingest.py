@@ -39,9 +39,10 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from frontier_llm.bench.trace import TRACE_SUFFIX, TraceError
 from frontier_llm.errors import UserError
-from frontier_llm.specs.parallel import Sharding
+from frontier_llm.specs.layout import Layout, Sharding
 from frontier_llm.store import Store
 from frontier_llm.store.schema import (
+    LAYOUT_COLUMNS,
     flm_layouts,
     flm_predictions,
     flm_rank_memory,
@@ -62,8 +63,9 @@ _SUMMARY_COLUMNS = ("steps_measured", "step_time_s", "tokens_per_s", "model_tflo
 _MEMORY_COLUMNS = ("pp_stage", "tp_rank", "dp_rank", "params_bytes", "grads_bytes",
                    "optimizer_bytes", "activations_peak_bytes", "device_allocated_peak_bytes",
                    "device_reserved_peak_bytes", "host_rss_peak_bytes")
-_LAYOUT_COLUMNS = ("tp", "pp", "dp", "micro_batch", "global_batch", "schedule", "virtual_stages",
-                   "sequence_parallel", "recompute", "flash_attention", "dtype")
+# The layout's columns copied as the trace holds them (the sharding is turned into its text).
+_LAYOUT_COLUMNS = tuple(c for c in LAYOUT_COLUMNS if c not in ("sharding", "zero_stage"))
+_LAYOUT_DEFAULTS = Layout().to_dict()
 
 
 @dataclass
@@ -199,7 +201,8 @@ def trace_rows(trace: dict, path: Path, digest: str) -> TraceRows:
     """Flatten a schema-valid trace; RowError for what the schema cannot express."""
     lay = trace["layout"]
     sh = lay["sharding"]
-    layout = {k: lay[k] for k in _LAYOUT_COLUMNS}
+    # A knob added after a trace was written is absent from it: the trace ran at its default.
+    layout = {k: lay[k] if k in lay else _LAYOUT_DEFAULTS[k] for k in _LAYOUT_COLUMNS}
     layout.update(
         layout_hash=trace["layout_hash"], model_name=trace["model"]["name"],
         system_name=trace["system"]["name"],
@@ -370,8 +373,12 @@ def _known_digests(store: Store, digests: Sequence[str]) -> set[str]:
 
 def collect(store: Store, dirs: Iterable[str | Path], *, quarantine: str | Path | None = None,
             batch_size: int = DEFAULT_BATCH, progress: Callable[[str], None] | None = None,
-            ) -> IngestReport:
-    """Ingest every ``*.trace.json`` below ``dirs``; see the module docstring."""
+            advance: Callable[[int, int], None] | None = None) -> IngestReport:
+    """Ingest every ``*.trace.json`` below ``dirs``; see the module docstring.
+
+    ``progress`` gets one line per batch; ``advance(files done, files found)`` is called before
+    the first batch and after each one (for a progress bar).
+    """
     if batch_size < 1:
         raise UserError(f"collect: --batch-size must be at least 1 (got {batch_size})")
     t0 = time.perf_counter()
@@ -379,6 +386,8 @@ def collect(store: Store, dirs: Iterable[str | Path], *, quarantine: str | Path 
     files = find_traces(dirs, quarantine)
     report.seen = len(files)
     nbatches = (len(files) + batch_size - 1) // batch_size
+    if advance:
+        advance(0, len(files))
     for b in range(nbatches):
         tb = time.perf_counter()
         chunk = files[b * batch_size:(b + 1) * batch_size]
@@ -388,6 +397,8 @@ def collect(store: Store, dirs: Iterable[str | Path], *, quarantine: str | Path 
             progress(f"collect: batch {b + 1}/{nbatches}: {len(chunk)} files, "
                      f"{counts[0]} new, {counts[1]} updated, {counts[2]} unchanged, "
                      f"{counts[3]} quarantined ({time.perf_counter() - tb:.2f} s)")
+        if advance:
+            advance(min(len(files), (b + 1) * batch_size), len(files))
     report.seconds = time.perf_counter() - t0
     return report
 

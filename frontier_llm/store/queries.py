@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import and_, func, literal, select
+from sqlalchemy import and_, literal, select
 
+from frontier_llm.specs.layout import Layout, layout_types
 from frontier_llm.store import Store
-from frontier_llm.store.schema import flm_layouts, flm_predictions, flm_runs
+from frontier_llm.store.schema import (
+    LAYOUT_COLUMNS,
+    flm_layouts,
+    flm_predictions,
+    flm_rank_memory,
+    flm_runs,
+)
 
-_LAYOUT_COLUMNS = ("model_name", "system_name", "tp", "pp", "dp", "micro_batch", "global_batch",
-                   "schedule", "virtual_stages", "sequence_parallel", "recompute",
-                   "flash_attention", "dtype", "sharding", "zero_stage", "layout_hash")
+_LAYOUT_COLUMNS = ("model_name", "system_name", *LAYOUT_COLUMNS, "layout_hash")
 _RUN_COLUMNS = ("run_id", "sweep_name", "job_key", "status", "error", "engine", "world_size",
                 "steps_measured", "step_time_s", "tokens_per_s", "model_tflops_per_gpu",
                 "hardware_tflops_per_gpu", "mfu", "hfu", "peak_memory_bytes", "started_at",
@@ -60,16 +65,22 @@ def runs_frame(store: Store, sweep: str | None = None,
     return df
 
 
+def stored_layout(store: Store, layout_hash: str) -> Layout:
+    """The Layout a ``flm_layouts`` row holds (KeyError when no row has ``layout_hash``)."""
+    lay = flm_layouts
+    with store.read() as conn:
+        row = conn.execute(select(*[lay.c[n] for n in layout_types()])
+                           .where(lay.c.layout_hash == layout_hash)).mappings().first()
+    if row is None:
+        raise KeyError(layout_hash)
+    return Layout.from_dict(dict(row))
+
+
 def sweep_names(store: Store) -> list[str]:
     with store.read() as conn:
         return [s for s in conn.execute(
             select(flm_runs.c.sweep_name).distinct().order_by(flm_runs.c.sweep_name)).scalars()
             if s is not None]
-
-
-def count_runs(store: Store) -> int:
-    with store.read() as conn:
-        return int(conn.execute(select(func.count()).select_from(flm_runs)).scalar_one())
 
 
 def _ape(predicted: pd.Series, measured: pd.Series) -> pd.Series:
@@ -89,8 +100,9 @@ def validation_frame(store: Store, sweep: str | None = None,
     df = runs_frame(store, sweep, costmodel_version)
     df = df[(df["status"] == "completed") & df["predicted_costmodel_version"].notna()]
     out = pd.DataFrame({
-        "run_id": df["run_id"], "system": df["system"], "model": df["model"],
-        "tp": df["tp"], "pp": df["pp"], "dp": df["dp"], "micro_batch": df["micro_batch"],
+        "run_id": df["run_id"], "system": df["system"], "engine": df["engine"],
+        "model": df["model"], "tp": df["tp"], "pp": df["pp"], "dp": df["dp"],
+        "micro_batch": df["micro_batch"],
         "global_batch": df["global_batch"], "sharding": df["sharding"],
         "costmodel_version": df["predicted_costmodel_version"],
         "measured_step_time_s": df["step_time_s"],
@@ -125,3 +137,24 @@ def error_stats(validation: pd.DataFrame) -> pd.DataFrame:
     cols = ["system", "runs", "step_time_mape_pct", "step_time_max_ape_pct", "memory_runs",
             "memory_mape_pct", "memory_max_ape_pct"]
     return pd.DataFrame(rows, columns=cols)
+
+
+_RANK_MEMORY_COLUMNS = ("rank", "pp_stage", "tp_rank", "dp_rank", "params_bytes", "grads_bytes",
+                        "optimizer_bytes", "activations_peak_bytes",
+                        "device_allocated_peak_bytes")
+
+
+def rank_memory_frame(store: Store, sweep: str | None = None) -> pd.DataFrame:
+    """One row per (run, rank): the memory each rank measured, by part (bytes)."""
+    m = flm_rank_memory
+    stmt = (select(flm_runs.c.run_id, *(m.c[c] for c in _RANK_MEMORY_COLUMNS))
+            .select_from(m.join(flm_runs, m.c.run == flm_runs.c.id))
+            .order_by(flm_runs.c.run_id, m.c.rank))
+    if sweep is not None:
+        stmt = stmt.where(flm_runs.c.sweep_name == sweep)
+    with store.read() as conn:
+        result = conn.execute(stmt)
+        df = pd.DataFrame([tuple(r) for r in result], columns=list(result.keys()))
+    for c in _RANK_MEMORY_COLUMNS[4:]:
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
+    return df

@@ -1,8 +1,10 @@
 """The results database's tables (SQLAlchemy 2 Core).
 
 Every table name starts with ``flm_`` so that Optuna's tables (studies, trials, alembic_version,
-...) live in the same database without clashing. The layout of these tables is versioned by
-``SCHEMA_VERSION`` (stored in ``flm_meta``); see :mod:`frontier_llm.store.migrate`.
+...) live in the same database without clashing. These definitions are what the code reads and
+writes; the database gets them from the Alembic revisions in ``store/migrations/versions/`` (see
+:mod:`frontier_llm.store.migrate`), and a test checks that the newest revision builds exactly
+these tables. A change here is a new revision file there.
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-# Bump with a new entry in migrate.MIGRATIONS whenever the tables change.
-SCHEMA_VERSION = 3  # 3: the calibration tables (store/calibration_tables.py)
+from frontier_llm.specs.layout import DType, Sharding, layout_types
 
 metadata = MetaData()
 
@@ -34,6 +35,7 @@ Bytes = BigInteger
 
 flm_meta = Table(
     "flm_meta", metadata,
+    # schema_version: the version before Alembic; 3 for good since (see revision 0003).
     Column("key", String(64), primary_key=True),
     Column("value", Text, nullable=False),
 )
@@ -47,28 +49,37 @@ flm_sweeps = Table(
     Column("created_at", DateTime(timezone=True)),
 )
 
+def _layout_columns() -> list[Column]:
+    """One column per Layout field (frontier_llm.specs.layout): integers, booleans, a vocabulary
+    as its word, the sharding as its ``Sharding.describe`` text beside its ZeRO stage."""
+    cols = []
+    for name, kind in layout_types().items():
+        if kind is Sharding:
+            cols += [Column(name, String(200), nullable=False), Column("zero_stage", Integer)]
+        elif kind is bool:
+            cols.append(Column(name, Boolean, nullable=False))
+        elif kind is int:
+            cols.append(Column(name, Integer, nullable=False))
+        else:
+            cols.append(Column(name, String(_WORD_LENGTH.get(kind, 32)), nullable=False))
+    return cols
+
+
+# Vocabulary columns are String(32) but for the dtype, which schema version 1 made String(16).
+_WORD_LENGTH = {DType: 16}
+
 flm_layouts = Table(
     "flm_layouts", metadata,
     Column("id", Integer, primary_key=True),
     Column("layout_hash", String(16), nullable=False, unique=True),
     Column("model_name", String(200), nullable=False),
     Column("system_name", String(200), nullable=False),
-    Column("tp", Integer, nullable=False),
-    Column("pp", Integer, nullable=False),
-    Column("dp", Integer, nullable=False),
-    Column("micro_batch", Integer, nullable=False),
-    Column("global_batch", Integer, nullable=False),
-    Column("schedule", String(32), nullable=False),
-    Column("virtual_stages", Integer, nullable=False),
-    Column("sequence_parallel", Boolean, nullable=False),
-    Column("recompute", String(32), nullable=False),
-    Column("flash_attention", Boolean, nullable=False),
-    Column("dtype", String(16), nullable=False),
-    Column("sharding", String(200), nullable=False),
-    Column("zero_stage", Integer),
+    *_layout_columns(),
     Column("model_json", Text, nullable=False),
     Column("layout_json", Text, nullable=False),
 )
+# The flm_layouts columns that hold the layout itself, in field order.
+LAYOUT_COLUMNS = tuple(c.name for c in _layout_columns())
 
 flm_jobs = Table(
     "flm_jobs", metadata,
@@ -83,7 +94,7 @@ flm_jobs = Table(
     Column("state", String(32), nullable=False),
     Column("reason", Text),
     Column("exit_code", String(32)),
-    Column("nodes", Text),
+    Column("nodelist", Text),  # SLURM node list (revision 0005; "nodes" before)
     Column("submitted_at", DateTime(timezone=True)),
     Column("started_at", DateTime(timezone=True)),
     Column("finished_at", DateTime(timezone=True)),
@@ -166,8 +177,49 @@ flm_predictions = Table(
     UniqueConstraint("layout_id", "costmodel_version", name="uq_flm_predictions_layout_version"),
 )
 
-# Schema version 2: indexes for the query paths (runs of a sweep, runs of a layout, jobs by
-# state). Kept apart from the tables so that migration 2 can add them to a version-1 database.
+# flm calibrate's microbenchmark runs and their timings (docs/calibrate.md; revision 0004).
+flm_calibrations = Table(
+    "flm_calibrations", metadata,
+    Column("id", Integer, primary_key=True),
+    # sha256 of the results file's bytes: saving the same file twice stores it once.
+    Column("calibration_id", String(64), nullable=False, unique=True),
+    Column("started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("system_name", String(200)),
+    Column("model_name", String(200)),
+    Column("dtype", String(16)),
+    Column("backend", String(32)),
+    Column("hosts", Text, nullable=False),  # comma-separated, sorted
+    Column("node_count", Integer, nullable=False),
+    Column("world_size", Integer, nullable=False),
+    Column("versions_json", Text, nullable=False),
+    Column("provenance_json", Text, nullable=False),
+    Column("results_path", Text),
+)
+
+flm_calibration_samples = Table(
+    "flm_calibration_samples", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("calibration", Integer, nullable=False),
+    Column("kind", String(16), nullable=False),  # 'matmul' | 'collective'
+    Column("library", String(32)),
+    Column("op", String(32)),  # GEMM name for matmul rows
+    Column("tier", String(16)),
+    Column("group_size", Integer),
+    Column("nbytes", BigInteger),
+    Column("tp", Integer),
+    Column("hidden", Integer),
+    Column("m", Integer),
+    Column("n", Integer),
+    Column("k", Integer),
+    Column("dtype", String(16)),
+    Column("reps", Integer),
+    Column("time_s", Float, nullable=False),
+    ForeignKeyConstraint(["calibration"], ["flm_calibrations.id"], ondelete="CASCADE"),
+)
+
+# Schema version 2 (revision 0002): indexes for the query paths (runs of a sweep, runs of a
+# layout, jobs by state).
 INDEXES_V2 = (
     Index("ix_flm_runs_sweep_name", flm_runs.c.sweep_name),
     Index("ix_flm_runs_layout_id", flm_runs.c.layout_id),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import unquote
 
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
@@ -34,27 +35,55 @@ def resolve_url(explicit: str | None = None) -> str:
 
 
 def parse_url(text: str) -> URL:
+    """``text`` as a SQLAlchemy URL, with the credentials split at the *last* ``@``.
+
+    SQLAlchemy splits at the first ``@``, so a password holding a raw ``@`` would leak its tail
+    into the host name (and into every message that prints the URL). Percent-escapes in the
+    user and password are decoded, as SQLAlchemy does. An unparseable URL is refused without
+    echoing it: it may hold a password.
+    """
+    scheme, sep, rest = text.partition("://")
+    cred, at, hostpart = _split_credentials(rest)
     try:
-        return make_url(text)
+        if not sep or not at:
+            return make_url(text)
+        url = make_url(f"{scheme}://{hostpart}")
     except ArgumentError:
-        # The message of ArgumentError repeats the URL, password included.
         raise UserError(
-            f"--db: {redact(text)!r} is not a database URL "
-            "(expected sqlite:///PATH or postgresql://USER@HOST/NAME)"
+            "--db: not a database URL (expected sqlite:///PATH or postgresql://USER@HOST/NAME; "
+            "the text is not repeated here because it may hold a password)"
         ) from None
+    user, colon, password = cred.partition(":")
+    return url.set(username=unquote(user) or None,
+                   password=unquote(password) if colon else None)
 
 
 def redact(url: str | URL) -> str:
-    """The URL with its password replaced by ``***``; safe for logs and error messages."""
+    """The URL with its password replaced by ``***``; safe for logs and error messages.
+
+    A string is cut at its last ``@`` whatever the password holds (``@``, ``:``, ``/``, ``%``);
+    anything that is not a URL with credentials comes back as it is only when it has no ``@``.
+    """
     if isinstance(url, URL):
         return url.render_as_string(hide_password=True)
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        # Not parseable: strip anything between "://user:" and "@" by hand.
-        scheme, sep, rest = url.partition("://")
-        if not sep or "@" not in rest:
-            return url
-        cred, _, host = rest.rpartition("@")
-        user = cred.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}" if ":" in cred else url
+    scheme, sep, rest = url.partition("://")
+    cred, at, host = _split_credentials(rest)
+    if not at:
+        return url
+    user, colon, _ = cred.partition(":")
+    if not sep:
+        return "***@" + host
+    return f"{scheme}://{user}:***@{host}" if colon else f"{scheme}://{user}@{host}"
+
+
+def _split_credentials(rest: str) -> tuple[str, str, str]:
+    """``(user[:password], "@", host...)`` of what follows ``://``, or ``("", "", rest)``.
+
+    The last ``@`` ends the credentials, since a password may hold any character. A user name
+    never holds ``/``: then the ``@`` lies in a path or query (``sqlite:///a@b.db``), and there
+    are no credentials.
+    """
+    cred, at, host = rest.rpartition("@")
+    if not at or "/" in cred.partition(":")[0]:
+        return "", "", rest
+    return cred, at, host

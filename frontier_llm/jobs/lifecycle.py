@@ -1,0 +1,89 @@
+"""The vocabulary of a job's life: what is recorded, and what an executor sees.
+
+:class:`JobState` is what ``flm_jobs.state`` holds (as Optuna's ``TrialState`` is for trials):
+
+    RENDERED -> SUBMITTING -> PENDING -> RUNNING (-> HUNG) -> a terminal verdict
+    terminal: COMPLETED, OOM, TIMEOUT, NODE_FAIL, CANCELLED, FAILED
+
+:class:`SchedulerState` is what an executor reports of a job, in no scheduler's own words:
+``jobs/slurm.py`` maps SLURM's (PENDING, COMPLETING, OUT_OF_MEMORY, "CANCELLED by 0", ...) to
+it, the local executor reports a process's end as EXITED. Both executors hand the classifier
+the same :class:`Observation`; ``jobs/classify.py`` turns it, with the log and the trace, into a
+JobState.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    """A job row's state. Values are the words stored in the database and shown to users."""
+
+    RENDERED = "RENDERED"  # script written, not submitted
+    SUBMITTING = "SUBMITTING"  # intent recorded before sbatch (crash-safe resume, state.py)
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    HUNG = "HUNG"  # running, but its heartbeat stopped; still holds the machine
+    COMPLETED = "COMPLETED"
+    OOM = "OOM"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    UNKNOWN = "UNKNOWN"  # the executor could not tell; asked again at the next refresh
+
+    @property
+    def terminal(self) -> bool:
+        """The job will not run again unless retried."""
+        return self in _TERMINAL
+
+    @property
+    def active(self) -> bool:
+        """Submitted and not ended: a refresh asks the executor about it."""
+        return self in _ACTIVE
+
+    @property
+    def retryable(self) -> bool:
+        """``flm sweep retry --failed-only`` resubmits it (a completed job never re-runs)."""
+        return self in _RETRYABLE
+
+
+_TERMINAL = frozenset({JobState.COMPLETED, JobState.OOM, JobState.TIMEOUT, JobState.NODE_FAIL,
+                       JobState.CANCELLED, JobState.FAILED})
+_ACTIVE = frozenset({JobState.PENDING, JobState.RUNNING, JobState.HUNG, JobState.UNKNOWN})
+_RETRYABLE = frozenset({JobState.OOM, JobState.TIMEOUT, JobState.NODE_FAIL, JobState.CANCELLED,
+                        JobState.FAILED, JobState.HUNG})
+
+
+class SchedulerState(StrEnum):
+    """What an executor sees of a job."""
+
+    PENDING = "PENDING"  # queued, held, configuring, requeued, suspended
+    RUNNING = "RUNNING"  # running, completing, signalling, staging out
+    COMPLETED = "COMPLETED"  # ended with exit code 0, says the scheduler
+    FAILED = "FAILED"  # ended with a non-zero exit code, says the scheduler
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"  # killed by the scheduler's memory limit
+    TIMEOUT = "TIMEOUT"  # killed at its time limit
+    NODE_FAIL = "NODE_FAIL"  # a node failed (or never booted)
+    CANCELLED = "CANCELLED"  # cancelled, revoked or preempted
+    EXITED = "EXITED"  # a process that ended: its exit code (if known) and trace tell the rest
+    UNKNOWN = "UNKNOWN"  # not found
+
+    @property
+    def ended(self) -> bool:
+        return self not in (SchedulerState.PENDING, SchedulerState.RUNNING,
+                            SchedulerState.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One look at one job, the same record from every executor."""
+
+    state: SchedulerState
+    exit_code: str | None = None  # "code:signal", as SLURM prints it; the local one too
+    nodelist: str | None = None  # the scheduler's node list (e.g. frontier[00001-00004])
+    start: str | None = None  # ISO 8601
+    end: str | None = None
+    said: str | None = None  # the scheduler's own words, for a verdict's reason

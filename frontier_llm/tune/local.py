@@ -1,0 +1,62 @@
+"""The local executor for studies: each trial's job is a process of its own, started and left
+running, so that ``flm tune step`` returns at once as it does with SLURM.
+
+The sweep's local executor (jobs.executors.LocalExecutor) runs jobs in the foreground and waits;
+a study step must not hold its lock for the length of a job. Observation is by process id (a
+job started by this process is polled for its exit code; one started by an earlier process is
+alive or not, and its trace says how it ended). Time limits are not enforced here: use the
+slurm executor where they matter.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from frontier_llm.jobs.contract import run_id as make_run_id
+from frontier_llm.jobs.executors import LocalExecutor, _alive, _local_pid
+from frontier_llm.jobs.lifecycle import JobState, Observation, SchedulerState
+
+# Processes this interpreter started, so their exit codes can be read (and zombies reaped).
+_CHILDREN: dict[int, subprocess.Popen] = {}
+
+
+class DetachedLocalExecutor(LocalExecutor):
+    name = "local"
+
+    def submit(self, manifest, keys, recorder, *, token, max_in_flight=None, hold=False):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "FLM_SWEEP": manifest.sweep,
+               **self.extra_env}
+        for key in keys:
+            job = manifest.job(key)
+            run_id = make_run_id(job["key"], token)
+            log = manifest.path(f"logs/{job['group']}/{job['index']}-{token}.out")
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "wb") as fh:
+                proc = subprocess.Popen(
+                    self._argv(manifest, job, run_id), stdout=fh, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, cwd=manifest.directory, start_new_session=True,
+                    env={**env, "FLM_JOB_KEY": job["key"], "FLM_RUN_ID": run_id})
+            _CHILDREN[proc.pid] = proc
+            recorder.submitted({key: (f"local:{proc.pid}:{token}", job["index"], run_id)},
+                               JobState.RUNNING)
+
+    def observe(self, manifest, rows):
+        out = {}
+        for r in rows:
+            pid = _local_pid(r.get("scheduler_job_id"))
+            if pid is None:
+                continue
+            proc = _CHILDREN.get(pid)
+            if proc is not None:
+                code = proc.poll()
+                if code is None:
+                    out[r["job_key"]] = Observation(SchedulerState.RUNNING)
+                elif code < 0:
+                    out[r["job_key"]] = Observation(SchedulerState.CANCELLED, f"0:{-code}")
+                else:
+                    out[r["job_key"]] = Observation(SchedulerState.EXITED, f"{code}:0")
+            else:
+                out[r["job_key"]] = Observation(
+                    SchedulerState.RUNNING if _alive(pid) else SchedulerState.EXITED)
+        return out

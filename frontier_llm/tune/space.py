@@ -1,0 +1,234 @@
+"""A study's search space as Optuna parameters, with the cost model's verdict on every point.
+
+Each listed knob with more than one value is one categorical parameter (schedule and virtual
+stages are one parameter: ``1f1b``, ``gpipe``, ``interleaved:2``); run settings are parameters
+``run.<name>``. The planner evaluates the whole product once, so looking a proposal up is a
+dictionary access: valid and predicted to fit, breaking a rule (with the rule), or predicted not
+to fit (with the predicted peak memory).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from optuna.distributions import CategoricalDistribution
+
+from frontier_llm.errors import SpecError, UserError
+from frontier_llm.planner import SearchSpace, layout_from_row, plan
+from frontier_llm.planner.space import divisors
+from frontier_llm.specs.parallel import ParallelConfig, Sharding
+
+NOT_A_LAYOUT = "not a layout of the ranks"
+NO_FIT = "does not fit in memory"
+_PREDICTED = ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "peak_memory_bytes")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the space: its layout (None when it is not one), run settings, the first
+    rule it breaks ("" when none) and the cost model's prediction."""
+
+    params: Mapping[str, Any]
+    layout: ParallelConfig | None
+    run: Mapping[str, Any]
+    reason: str
+    prediction: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def valid(self) -> bool:
+        return self.layout is not None and self.reason in ("", NO_FIT)
+
+    @property
+    def fits(self) -> bool:
+        return self.layout is not None and self.reason == ""
+
+    @property
+    def key(self) -> str:
+        """Identifies the measurement: equal keys measure the same thing."""
+        return json.dumps(dict(sorted(self.params.items())), sort_keys=True, default=str)
+
+    def layout_entry(self) -> dict[str, Any]:
+        """The layout as a sweep's ``layouts:`` entry (run settings as bench_args)."""
+        assert self.layout is not None
+        d = self.layout.to_dict()
+        d.pop("zero_stage", None)
+        if self.run:
+            d["bench_args"] = dict(self.run)
+        return d
+
+    def describe(self) -> str:
+        if self.layout is None:
+            return ", ".join(f"{k}={v}" for k, v in self.params.items())
+        c = self.layout
+        sched = f"{c.schedule}:{c.virtual_stages}" if c.schedule == "interleaved" else c.schedule
+        text = (f"tp={c.tp} pp={c.pp} dp={c.dp} micro_batch={c.micro_batch} {sched} "
+                f"recompute={c.recompute}{' sp' if c.sequence_parallel else ''} "
+                f"{c.sharding.describe()}")
+        return text + "".join(f" {k}={v}" for k, v in self.run.items())
+
+
+def _schedule_label(schedule: str, v: int) -> str:
+    return f"interleaved:{v}" if schedule == "interleaved" else schedule
+
+
+class Candidates:
+    """The space of one study, planned once."""
+
+    def __init__(self, choices: dict[str, list], fixed: dict[str, Any],
+                 table: dict[tuple, Candidate], gpus: int, plan_rejections: dict[str, int],
+                 memory_bytes: float, global_batch: int, dtype: str) -> None:
+        self.choices = choices  # parameter -> values (only knobs with several values)
+        self.fixed = fixed  # knob -> its one value
+        self._table = table
+        self.gpus = gpus
+        self._rejections = plan_rejections
+        self.memory_bytes = memory_bytes
+        self.global_batch = global_batch
+        self.dtype = dtype
+
+    # --- construction ---------------------------------------------------------------------
+    @classmethod
+    def build(cls, study) -> Candidates:
+        s, model, gpus = study.space, study.model, study.gpus
+        dtype = study.probe.spec.dtype
+        tps = s.tp or divisors(gpus)
+        pps = s.pp or [d for d in divisors(gpus) if d <= model.layers]
+        schedules = s.schedule or ["1f1b"]
+        vs = s.virtual_stages or [2]
+        sched_labels = [_schedule_label(x, v) for x in schedules
+                        for v in (vs if x == "interleaved" else [1])]
+        shard = ([f"zero{z}" for z in s.zero] if s.zero else
+                 [_parse_sharding(t).describe() for t in s.sharding] if s.sharding
+                 else ["zero0"])
+        knobs: dict[str, list] = {
+            "tp": list(tps), "pp": list(pps), "micro_batch": list(s.micro_batch or [1]),
+            "schedule": sched_labels, "recompute": list(s.recompute or ["none"]),
+            "sequence_parallel": list(s.sequence_parallel or [False]),
+            "flash_attention": list(s.flash_attention or [True]),
+            "sharding": shard,
+        }
+        for k, values in sorted((s.run or {}).items()):
+            knobs[f"run.{k}"] = list(values)
+        choices = {k: v for k, v in knobs.items() if len(v) > 1}
+        fixed = {k: v[0] for k, v in knobs.items() if len(v) == 1}
+
+        ok_tp = tuple(t for t in tps if gpus % t == 0)
+        if not ok_tp:
+            raise UserError(f"no tp value divides the {gpus} ranks")
+        space = SearchSpace(
+            tp=ok_tp, pp=tuple(pps), micro_batch=tuple(knobs["micro_batch"]),
+            schedule=tuple(schedules), virtual_stages=tuple(vs),
+            recompute=tuple(knobs["recompute"]),
+            sequence_parallel=tuple(knobs["sequence_parallel"]),
+            flash_attention=tuple(knobs["flash_attention"]), dtype=dtype,
+            sharding=tuple(Sharding.parse(_parse_sharding(x)) for x in shard),
+        )
+        result = plan(model, study.system, gpus, study.global_batch, space)
+        frame = result.frame()
+        table: dict[tuple, Candidate] = {}
+        runs = [dict(zip([k[4:] for k in knobs if k.startswith("run.")], combo, strict=True))
+                for combo in itertools.product(*(v for k, v in knobs.items()
+                                                 if k.startswith("run.")))]
+        for _, row in frame.iterrows():
+            label = _schedule_label(str(row["schedule"]), int(row["virtual_stages"]))
+            reason = str(row["reject_reason"])
+            layout = layout_from_row(row) if reason in ("", NO_FIT) else None
+            pred = {}
+            if layout is not None:
+                pred = {k: _plain(row[k]) for k in _PREDICTED}
+                pred["fits"] = bool(row["fits"])
+                pred["throughput_per_gpu"] = pred["tokens_per_s"] / gpus
+            base = {"tp": int(row["tp"]), "pp": int(row["pp"]),
+                    "micro_batch": int(row["micro_batch"]), "schedule": label,
+                    "recompute": str(row["recompute"]),
+                    "sequence_parallel": bool(row["sequence_parallel"]),
+                    "flash_attention": bool(row["flash_attention"]),
+                    "sharding": str(row["sharding"])}
+            for run in runs:
+                values = {**base, **{f"run.{k}": v for k, v in run.items()}}
+                params = {k: values[k] for k in choices}
+                cand = Candidate(params=params, layout=layout, run=run, reason=reason,
+                                 prediction=pred)
+                table[_key(values, knobs)] = cand
+        return cls(choices, fixed, table, gpus, result.rejections(),
+                   study.system.memory_bytes, study.global_batch, dtype)
+
+    # --- Optuna's view ----------------------------------------------------------------------
+    @property
+    def distributions(self) -> dict[str, CategoricalDistribution]:
+        return {k: CategoricalDistribution(v) for k, v in self.choices.items()}
+
+    def lookup(self, params: Mapping[str, Any]) -> Candidate:
+        """The candidate of a proposal (every knob not proposed takes its fixed value)."""
+        values = {**self.fixed, **params}
+        knobs = {**{k: [v] for k, v in self.fixed.items()}, **self.choices}
+        found = self._table.get(_key(values, knobs))
+        if found is not None:
+            return found
+        run = {k[4:]: v for k, v in values.items() if k.startswith("run.")}
+        return Candidate(params=dict(params), layout=None, run=run,
+                         reason=self._why_not(values))
+
+    def _why_not(self, v: Mapping[str, Any]) -> str:
+        tp, pp = int(v["tp"]), int(v["pp"])
+        if self.gpus % (tp * pp):
+            return f"tp x pp ({tp} x {pp}) does not divide the {self.gpus} ranks"
+        sched, _, vs = str(v["schedule"]).partition(":")
+        try:
+            ParallelConfig(tp=tp, pp=pp, dp=self.gpus // (tp * pp),
+                           micro_batch=int(v["micro_batch"]), global_batch=self.global_batch,
+                           schedule=sched, virtual_stages=int(vs or 1),
+                           sequence_parallel=bool(v["sequence_parallel"]),
+                           recompute=v["recompute"], sharding=_parse_sharding(v["sharding"]))
+        except SpecError as exc:
+            return str(exc)
+        return NOT_A_LAYOUT
+
+    # --- views of the whole space -----------------------------------------------------------
+    def all(self) -> list[Candidate]:
+        return list(self._table.values())
+
+    def feasible(self) -> list[Candidate]:
+        """Valid and predicted to fit."""
+        return [c for c in self._table.values() if c.fits]
+
+    def ranked(self, k: int | None = None) -> list[Candidate]:
+        """Feasible candidates, fastest predicted first (ties: the order of the space)."""
+        out = sorted(self.feasible(), key=lambda c: -c.prediction["tokens_per_s"])
+        return out if k is None else out[:k]
+
+    def rejections(self) -> dict[str, int]:
+        counts = Counter(self._rejections)
+        return dict(counts)
+
+    def size(self) -> int:
+        return math.prod(len(v) for v in self.choices.values())
+
+
+def _key(values: Mapping[str, Any], knobs: Mapping[str, list]) -> tuple:
+    return tuple((k, str(values[k])) for k in sorted(knobs))
+
+
+def _parse_sharding(text: Any) -> Any:
+    """'zero1' -> 1; 'p=replicate,g=full,o=partial:8' -> a mapping Sharding.parse takes."""
+    if isinstance(text, int):
+        return text
+    t = str(text)
+    if t.startswith("zero") and t[4:].isdigit():
+        return int(t[4:])
+    names = {"p": "params", "g": "grads", "o": "optim", "params": "params", "grads": "grads",
+             "optim": "optim"}
+    try:
+        return {names[k.strip()]: v.strip() for k, v in (p.split("=", 1) for p in t.split(","))}
+    except (KeyError, ValueError):
+        raise SpecError(f"sharding {t!r} is zeroN or p=..,g=..,o=..", "sharding") from None
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
