@@ -9,7 +9,9 @@ checked for newlines, which no quoting can make safe in a directive line.
 
 One script serves one job or an array of jobs with the same resources: the task is chosen by
 ``SLURM_ARRAY_TASK_ID`` (0 when not an array), and its ``flm bench`` command line is set as the
-positional parameters, never re-parsed by the shell.
+positional parameters, never re-parsed by the shell. A packed script (``JobScript.packs``) runs
+several tasks in one allocation instead, one ``srun`` step after another; the array index picks
+the pack, and each step leaves its own exit status and log (contract.STEP_*).
 """
 
 from __future__ import annotations
@@ -137,6 +139,9 @@ class JobScript:
     options: Mapping[str, str | None] = field(default_factory=dict)
     command: tuple[str, ...] = ("flm", "bench")  # what runs each rank, before the task's args
     site: Site = field(default_factory=Site)
+    # Packed allocations: packs[i] lists the task indices array task i runs, in order, one srun
+    # step each. Empty: one task per array index (task index = array index).
+    packs: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -152,6 +157,10 @@ class JobScript:
             _no_newline(line, "setup")
         _no_newline(self.log_pattern, "log_pattern")
         _no_newline(self.job_name, "job_name")
+        if self.packs:
+            listed = sorted(i for p in self.packs for i in p)
+            if not all(self.packs) or listed != sorted(t.index for t in self.tasks):
+                raise SpecError("packs must list every task index exactly once", "pack")
 
 
 def _no_newline(value: str | None, name: str) -> None:
@@ -287,6 +296,7 @@ def render(job: JobScript) -> str:
             job=job,
             r=sbatch,
             tasks=job.tasks,
+            packs=job.packs,
             modules=modules,
             options=options,
             site=site,

@@ -2,7 +2,8 @@
 
     DIR/manifest.json          every job: key, script, array index, layout, bench argv, prediction
     DIR/sweep.yaml             the sweep file as it was when rendered
-    DIR/scripts/<group>.sh     one script per group of jobs that share resources (a job array)
+    DIR/scripts/<group>.sh     one script per group of jobs that share resources (a job array;
+                               with ``pack: N`` each array task runs up to N of them in turn)
     DIR/logs/<group>/          SLURM output, one file per task and attempt (%a-%A.out)
     DIR/traces/                what flm bench writes (<run-id>.trace.json, .heartbeat.json)
 
@@ -25,6 +26,7 @@ from frontier_llm.jobs.render import JobScript, Resources, Task, render
 from frontier_llm.jobs.sweepspec import Sweep, SweepJob
 from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.layout import PlacementKind
+from frontier_llm.specs.site import time_seconds
 
 MANIFEST = "manifest.json"
 
@@ -35,12 +37,23 @@ class Group:
     script: str  # path relative to the sweep folder
     nodes: int
     ranks_per_node: int
-    time: str
+    time: str  # the allocation's: a packed one holds its layouts' times end to end
     keys: tuple[str, ...]
+    pack: int = 1  # layouts per allocation (array task), run one srun step after another
 
     @property
     def log_dir(self) -> str:
         return f"logs/{self.name}"
+
+    @property
+    def packs(self) -> tuple[tuple[int, ...], ...]:
+        """The positions in ``keys`` that each array task runs (one each without packing)."""
+        n = len(self.keys)
+        return tuple(tuple(range(i, min(i + self.pack, n))) for i in range(0, n, self.pack))
+
+    def array_index(self, position: int) -> int:
+        """The array task that runs the layout at ``position`` in ``keys``."""
+        return position // self.pack
 
 
 @dataclass(frozen=True)
@@ -93,20 +106,31 @@ def inside(root: Path, relative: str | os.PathLike) -> Path:
 
 def group_jobs(sweep: Sweep) -> list[Group]:
     """Jobs with the same nodes, ranks per node and time limit share a job array (chunked to
-    the sweep's max_array_size), in the order the sweep lists them."""
+    the sweep's max_array_size array tasks), in the order the sweep lists them. With ``pack: N``
+    each array task runs up to N of them in turn, so it asks for N times their time."""
     buckets: dict[tuple[int, int, str], list[SweepJob]] = {}
     for job in sweep.jobs:
         buckets.setdefault((job.nodes, job.ranks_per_node, job.time), []).append(job)
     groups = []
-    size = sweep.spec.max_array_size
+    pack = sweep.spec.pack
+    size = sweep.spec.max_array_size * pack
     for (nodes, rpn, time), jobs in buckets.items():
         for start in range(0, len(jobs), size):
             chunk = jobs[start:start + size]
             name = f"g{len(groups):03d}-n{nodes}x{rpn}"
+            per = min(pack, len(chunk))
             groups.append(Group(name=name, script=f"scripts/{name}.sh", nodes=nodes,
-                                ranks_per_node=rpn, time=time,
-                                keys=tuple(j.key for j in chunk)))
+                                ranks_per_node=rpn,
+                                time=time if per == 1 else format_time(per * time_seconds(time)),
+                                keys=tuple(j.key for j in chunk), pack=per))
     return groups
+
+
+def format_time(seconds: int) -> str:
+    """A SLURM time limit: ``HH:MM:SS``, or ``D-HH:MM:SS`` from a day on."""
+    days, rest = divmod(int(seconds), 86400)
+    hms = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{hms}" if days else hms
 
 
 def _resources(sweep: Sweep, group: Group) -> Resources:
@@ -142,6 +166,7 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
                            env=_task_env(sweep, by_key[k]))
                       for i, k in enumerate(group.keys))
         out.append((group, JobScript(
+            packs=group.packs if group.pack > 1 else (),
             template=sweep.template,
             sweep=sweep.name,
             job_name=f"flm-{sweep.name}-{group.name}",
@@ -185,7 +210,7 @@ def render_sweep(sweep: Sweep, directory: str | Path) -> Manifest:
     scripts = job_scripts(sweep, directory)
     # The site's rules first: a refused sweep leaves nothing written (docs/sites.md).
     site_policy.check(sweep.system.name, sweep.site,
-                      [(len(g.keys), js.resources) for g, js in scripts])
+                      [(len(g.packs), js.resources) for g, js in scripts])
     directory.mkdir(parents=True, exist_ok=True)
     by_key = {j.key: j for j in sweep.jobs}
     groups = []
@@ -198,11 +223,13 @@ def render_sweep(sweep: Sweep, directory: str | Path) -> Manifest:
         path.chmod(0o755)
         groups.append({"name": group.name, "script": group.script, "nodes": group.nodes,
                        "ranks_per_node": group.ranks_per_node, "time": group.time,
-                       "size": len(group.keys), "log_dir": group.log_dir})
-        for index, key in enumerate(group.keys):
+                       "size": len(group.keys), "log_dir": group.log_dir, "pack": group.pack})
+        for position, key in enumerate(group.keys):
             job = by_key[key]
+            # "index": the array task that runs the job; "step": its srun step in a packed one.
             jobs.append({
-                "key": key, "group": group.name, "index": index, "script": group.script,
+                "key": key, "group": group.name, "index": group.array_index(position),
+                **({"step": position} if group.pack > 1 else {}), "script": group.script,
                 "model": job.model.name, "model_ref": job.model_ref,
                 "system": sweep.system.name, "nodes": job.nodes,
                 "ranks_per_node": job.ranks_per_node, "world_size": job.world_size,

@@ -144,6 +144,9 @@ class SweepFile:
     bench_args: dict | None = None
     command: list | None = None
     max_array_size: int = 1000
+    # Layouts of the same shape run up to ``pack`` at a time in one allocation, one srun step
+    # after another (docs/sweeps.md "Packing small layouts"); 1: one allocation per layout.
+    pack: int = 1
     # Overrides of the system's site section (frontier_llm.specs.site; docs/sites.md).
     site: dict | None = None
 
@@ -167,7 +170,7 @@ class SweepFile:
             raise SpecError("a space needs nodes (or gpus) to lay out", "nodes")
         if self.layouts is not None and not (isinstance(self.layouts, list) and self.layouts):
             raise SpecError("layouts must be a non-empty list of layouts", "layouts")
-        for name in ("steps", "max_array_size"):
+        for name in ("steps", "max_array_size", "pack"):
             if getattr(self, name) < 1:
                 raise SpecError(f"{name} must be at least 1", name)
         if self.warmup < 0:
