@@ -197,3 +197,20 @@ def test_pack_keys_only_for_part_of_a_pack(tmp_path):
     assert pack_keys(manifest, group, [jobs["b"], jobs["c"]]) == "b:c"
     assert pack_keys(manifest, jobs["alone"]["group"], [jobs["alone"]]) is None
     assert json.loads((tmp_path / "run" / "manifest.json").read_text())["groups"][0]["pack"] == 2
+
+
+def test_cli_says_allocations_and_dry_run_arrays(tmp_path):
+    import sys
+
+    spec = tmp_path / "packed.yaml"
+    spec.write_text(PACKED)
+
+    def flm(*args):
+        return subprocess.run([sys.executable, "-m", "frontier_llm.cli", *map(str, args)],
+                              capture_output=True, text=True, check=True).stdout
+
+    assert "4 jobs in 2 scripts (3 allocations, up to 2 layouts each)" in flm(
+        "sweep", "render", spec, "--out", tmp_path / "run")
+    dry = flm("sweep", "submit", spec, "--out", tmp_path / "run", "--dry-run",
+              "--db", f"sqlite:///{tmp_path}/flm.db")
+    assert "--array=0-1 " in dry and "--array=0-0 " in dry
