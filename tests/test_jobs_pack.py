@@ -214,3 +214,56 @@ def test_cli_says_allocations_and_dry_run_arrays(tmp_path):
     dry = flm("sweep", "submit", spec, "--out", tmp_path / "run", "--dry-run",
               "--db", f"sqlite:///{tmp_path}/flm.db")
     assert "--array=0-1 " in dry and "--array=0-0 " in dry
+
+
+CONCURRENT = PACKED.replace("pack: 2", "pack: 3\npack_mode: concurrent")
+
+
+def test_concurrent_pack_fits_the_node_and_keeps_the_layout_time(tmp_path):
+    """pack 3 of 2-rank layouts on 4-rank nodes: only 2 fit side by side; the allocation holds
+    4 ranks for one layout's time, each step is srun --exact with its own 2."""
+    manifest = render_sweep(_sweep(tmp_path, CONCURRENT), tmp_path / "run")
+    g = manifest.groups[0]
+    assert (g["pack"], g["concurrent"], g["time"]) == (2, True, "00:05:00")
+    script = manifest.path(g["script"]).read_text()
+    assert "#SBATCH --ntasks=4" in script
+    assert "srun --overcommit --ntasks=2 --exact" in script
+    assert 'run_step "$@" &' in script
+    check = subprocess.run(["shellcheck", "--shell=bash", "--severity=style",
+                            str(manifest.path(g["script"]))], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+
+
+@pytest.mark.parametrize("system,why", [("lumi-g", "binding cpu-masks")])
+def test_concurrent_refused_where_steps_would_share_cores(tmp_path, system, why):
+    text = f"""\
+name: c
+model: tiny-gpt
+system: {system}
+pack: 2
+pack_mode: concurrent
+global_batch: 8
+layouts:
+  - {{dp: 8, micro_batch: 1}}
+"""
+    with pytest.raises(SpecError, match=rf"s.yaml:5: pack_mode concurrent needs .*{why}"):
+        _sweep(tmp_path, text)
+
+
+def test_concurrent_script_runs_steps_side_by_side(tmp_path):
+    """Under a stand-in srun that waits for its sibling: both steps must be running at once."""
+    manifest = render_sweep(_sweep(tmp_path, CONCURRENT), tmp_path / "run")
+    fake = _stand_in_bin(tmp_path)
+    # Each step marks itself and waits (at most 5 s) for the other's mark.
+    (fake / "srun").write_text(
+        '#!/bin/bash\ntouch "$FLM_RUN_ID.here"\nfor _ in $(seq 50); do\n'
+        '  [ "$(ls ./*.here | wc -l)" -ge 2 ] && break; sleep 0.1\ndone\n'
+        '[ "$(ls ./*.here | wc -l)" -ge 2 ] || exit 9\n'
+        'case " $* " in *job_key=b\\ *) exit 3 ;; esac\n')
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "SLURM_JOB_ID": "800",
+           "SLURM_ARRAY_JOB_ID": "800", "SLURM_ARRAY_TASK_ID": "0"}
+    out = subprocess.run(["bash", str(manifest.path(manifest.groups[0]["script"]))], env=env,
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    codes = {k: (manifest.trace_dir / f"{k}-j800.exit").read_text().strip() for k in "ab"}
+    assert codes == {"a": "0", "b": "3"}

@@ -40,6 +40,9 @@ class LaunchJob:
     command: tuple[str, ...]
     site: Site
     overcommit: bool = False
+    # A step beside others in one allocation (concurrent pack): srun --exact gives it only the
+    # CPUs and GPUs it asks for, so the steps do not wait for each other (srun man page).
+    exact: bool = False
 
 
 def _q(words) -> str:
@@ -89,6 +92,8 @@ class SrunLauncher(Launcher):
             if j.cpus_per_task:
                 words.append(f"--cpus-per-task={j.cpus_per_task}")
             words += self._binding()
+        if j.exact:
+            words.append("--exact")
         words += self._container()
         return f"{_q(words)} \\\n    {_q(j.command)} {RANK_TAIL}"
 

@@ -142,6 +142,9 @@ class JobScript:
     # Packed allocations: packs[i] lists the task indices array task i runs, in order, one srun
     # step each. Empty: one task per array index (task index = array index).
     packs: tuple[tuple[int, ...], ...] = ()
+    # Set for concurrent packs: each step's ranks per node (the allocation holds all steps'),
+    # and the steps run at once, each srun --exact taking only its own share.
+    step_ranks_per_node: int | None = None
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -282,6 +285,13 @@ def render(job: JobScript) -> str:
         nodes=r.nodes, ranks_per_node=r.ntasks_per_node, gpus_per_node=r.gpus_per_node,
         cpus_per_task=r.cpus_per_task, command=job.command, site=site, overcommit=r.overcommit))
     shape = launcher.sbatch_shape()
+    launch = launcher.command()
+    if job.step_ranks_per_node:
+        step = job.step_ranks_per_node
+        launch = launcher_for(LaunchJob(
+            nodes=r.nodes, ranks_per_node=step, gpus_per_node=step if r.gpus_per_node else None,
+            cpus_per_task=r.cpus_per_task, command=job.command, site=site,
+            overcommit=r.overcommit, exact=True)).command()
     extra = r.extra
     if site.sbatch_network and not any(o.startswith("--network") for o in extra):
         extra = (f"--network={site.sbatch_network}", *extra)
@@ -301,7 +311,8 @@ def render(job: JobScript) -> str:
             options=options,
             site=site,
             site_env=site_env,
-            launch=launcher.command(),
+            launch=launch,
+            concurrent=job.step_ranks_per_node is not None,
             rank_cpus=r.cpus_per_task,
             version=__version__,
             contract=contract.template_values(int(options["master_port"])),

@@ -39,7 +39,8 @@ class Group:
     ranks_per_node: int
     time: str  # the allocation's: a packed one holds its layouts' times end to end
     keys: tuple[str, ...]
-    pack: int = 1  # layouts per allocation (array task), run one srun step after another
+    pack: int = 1  # layouts per allocation (array task), one srun step each
+    concurrent: bool = False  # the steps run at once, side by side on the allocation's node
 
     @property
     def log_dir(self) -> str:
@@ -112,17 +113,24 @@ def group_jobs(sweep: Sweep) -> list[Group]:
     for job in sweep.jobs:
         buckets.setdefault((job.nodes, job.ranks_per_node, job.time), []).append(job)
     groups = []
-    pack = sweep.spec.pack
-    size = sweep.spec.max_array_size * pack
+    concurrent = sweep.spec.pack_mode == "concurrent"
     for (nodes, rpn, time), jobs in buckets.items():
+        pack = sweep.spec.pack
+        if concurrent:
+            # Side by side only where they fit: one node, N x its ranks within the node's.
+            pack = 1 if nodes > 1 else max(1, min(pack, sweep.per_node // rpn))
+        size = sweep.spec.max_array_size * pack
         for start in range(0, len(jobs), size):
             chunk = jobs[start:start + size]
             name = f"g{len(groups):03d}-n{nodes}x{rpn}"
             per = min(pack, len(chunk))
+            # In turn: the allocation holds the layouts' times end to end; side by side: one's.
+            sequential = per > 1 and not concurrent
             groups.append(Group(name=name, script=f"scripts/{name}.sh", nodes=nodes,
                                 ranks_per_node=rpn,
-                                time=time if per == 1 else format_time(per * time_seconds(time)),
-                                keys=tuple(j.key for j in chunk), pack=per))
+                                time=format_time(per * time_seconds(time)) if sequential else time,
+                                keys=tuple(j.key for j in chunk), pack=per,
+                                concurrent=concurrent and per > 1))
     return groups
 
 
@@ -137,10 +145,12 @@ def _resources(sweep: Sweep, group: Group) -> Resources:
     """The ranks' resources: the sweep's ``resources:`` first, then the site's defaults."""
     r, site = sweep.spec.resources, sweep.site
     pick = lambda mine, sites: mine if mine is not None else sites  # noqa: E731
+    # Concurrent steps share the allocation: it holds every step's ranks at once.
+    ranks = group.ranks_per_node * (group.pack if group.concurrent else 1)
     return Resources(
-        nodes=group.nodes, ntasks_per_node=group.ranks_per_node,
+        nodes=group.nodes, ntasks_per_node=ranks,
         cpus_per_task=pick(r.cpus_per_task, site.cpus_per_task),
-        gpus_per_node=group.ranks_per_node if site.gpus else None, time=group.time,
+        gpus_per_node=ranks if site.gpus else None, time=group.time,
         account=r.account, partition=pick(r.partition, site.partition),
         qos=pick(r.qos, site.qos), constraint=r.constraint, mem=pick(r.mem, site.mem),
         exclusive=r.exclusive or site.exclusive, overcommit=site.overcommit,
@@ -167,6 +177,7 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
                       for i, k in enumerate(group.keys))
         out.append((group, JobScript(
             packs=group.packs if group.pack > 1 else (),
+            step_ranks_per_node=group.ranks_per_node if group.concurrent else None,
             template=sweep.template,
             sweep=sweep.name,
             job_name=f"flm-{sweep.name}-{group.name}",
@@ -223,7 +234,8 @@ def render_sweep(sweep: Sweep, directory: str | Path) -> Manifest:
         path.chmod(0o755)
         groups.append({"name": group.name, "script": group.script, "nodes": group.nodes,
                        "ranks_per_node": group.ranks_per_node, "time": group.time,
-                       "size": len(group.keys), "log_dir": group.log_dir, "pack": group.pack})
+                       "size": len(group.keys), "log_dir": group.log_dir, "pack": group.pack,
+                       "concurrent": group.concurrent})
         for position, key in enumerate(group.keys):
             job = by_key[key]
             # "index": the array task that runs the job; "step": its srun step in a packed one.
