@@ -140,7 +140,7 @@ def test_packed_script_runs_every_step_and_records_each_status(tmp_path):
         assert (traces / f"{run_id}.start").is_file()
         log = (traces / f"{run_id}.log").read_text()
         step = 0 if key == "a" else 1
-        assert f"srun {key} port {contract.master_port(29500, 700, step)}" in log
+        assert f"srun {key} port {contract.master_port(29500, 700, step, 2)}" in log
     assert "boom" in (traces / f"{contract.run_id('b', '700')}.log").read_text()
     assert not (traces / f"{contract.run_id('c', '700')}.exit").exists()  # the other pack
     assert "flm: step b exited 3" in out.stdout
@@ -227,7 +227,7 @@ def test_concurrent_pack_fits_the_node_and_keeps_the_layout_time(tmp_path):
     assert (g["pack"], g["concurrent"], g["time"]) == (2, True, "00:05:00")
     script = manifest.path(g["script"]).read_text()
     assert "#SBATCH --ntasks=4" in script
-    assert "srun --overcommit --ntasks=2 --exact" in script
+    assert "srun --overcommit --ntasks=2 --overlap" in script  # local: cores are shared
     assert 'run_step "$@" &' in script
     check = subprocess.run(["shellcheck", "--shell=bash", "--severity=style",
                             str(manifest.path(g["script"]))], capture_output=True, text=True)

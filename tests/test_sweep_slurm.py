@@ -265,3 +265,28 @@ def test_packed_sweep_judges_each_layout_alone(slurm_cluster, tmp_path):
     job = rows["crash"]["scheduler_job_id"].split("_")[0]
     assert sorted(p.name for p in (out / "traces").glob(f"*-j{job}.exit")) == [
         f"crash-j{job}.exit"]
+
+
+def test_concurrent_pack_runs_steps_side_by_side(slurm_cluster, tmp_path):
+    """pack_mode concurrent on real SLURM: two 2-rank layouts as srun --exact steps of one
+    4-rank allocation, both started before either ended; the crash fails only its own row."""
+    db = f"sqlite:///{tmp_path}/flm.db"
+    out = tmp_path / "run"
+    spec = tmp_path / "concurrent.yaml"
+    spec.write_text(PACKED.replace("name: packed", "name: concurrent")
+                    .replace("pack: 3", "pack: 2\npack_mode: concurrent"))
+    flm("sweep", "submit", spec, "--out", out, "--db", db)
+    rows = status("concurrent", db, "--wait", "--timeout", 300, "--max-interval", 2)
+    states = {k: r["state"] for k, r in rows.items()}
+    assert states == {"first": "COMPLETED", "crash": "FAILED", "last": "COMPLETED"}, rows
+    assert "injected crash" in rows["crash"]["reason"]
+    pair = ("first", "crash")
+    assert rows["first"]["scheduler_job_id"] == rows["crash"]["scheduler_job_id"]
+    assert rows["last"]["scheduler_job_id"] != rows["first"]["scheduler_job_id"]
+    traces = out / "traces"
+    starts = [(traces / f"{rows[k]['run_id']}.start").stat().st_mtime for k in pair]
+    ends = [(traces / f"{rows[k]['run_id']}.exit").stat().st_mtime for k in pair]
+    assert max(starts) < min(ends)
+    for k in pair:  # neither step waited for the other's share of the allocation
+        log = (traces / f"{rows[k]['run_id']}.log").read_text()
+        assert "step creation temporarily disabled" not in log, log

@@ -40,23 +40,25 @@ def run_id(key: str, job_id: str | int) -> str:
     return RUN_ID_FORMAT.format(key=key, job=job_id)
 
 
-def master_port(base: int, slurm_job_id: int, step: int = 0) -> int:
-    """The port rank 0 listens on in SLURM job ``slurm_job_id`` (the task's own id); a packed
-    step adds its task index, so a step never meets on a port its predecessor may still hold
-    (a closed gloo socket lingers in TIME_WAIT)."""
-    return base + (slurm_job_id + step) % MASTER_PORT_SPAN
+def master_port(base: int, slurm_job_id: int, slot: int = 0, pack: int = 1) -> int:
+    """The port rank 0 listens on in SLURM job ``slurm_job_id`` (the task's own id). The step in
+    ``slot`` (0..pack-1) of a packed allocation gets a port of its own: steps may run side by
+    side, and a finished step's port may linger in TIME_WAIT. Job ids of running jobs differ,
+    so job id x pack + slot differs for every running step (array tasks included, whose ids
+    SLURM does not hand out in index order)."""
+    return base + (slurm_job_id * pack + slot) % MASTER_PORT_SPAN
 
 
-def template_values(master_port_base: int) -> dict[str, str | int]:
+def template_values(master_port_base: int, pack: int = 1) -> dict[str, str | int]:
     """The shell text and numbers the job templates render (``contract.*``)."""
     return {
         # A double-quoted shell word; the script sets $key before it.
         "run_id": RUN_ID_FORMAT.format(key="${key}", job=_SHELL_JOB_ID),
         "master_port": f"$(( {int(master_port_base)} + ${{SLURM_JOB_ID:-0}} "
                        f"% {MASTER_PORT_SPAN} ))",
-        # A packed step's port: the script sets $task (the step's task index) before it.
-        "step_master_port": f"$(( {int(master_port_base)} + (${{SLURM_JOB_ID:-0}} + task) "
-                            f"% {MASTER_PORT_SPAN} ))",
+        # A packed step's port: the script sets $slot (the step's place in its pack) before it.
+        "step_master_port": f"$(( {int(master_port_base)} + (${{SLURM_JOB_ID:-0}} * {int(pack)} "
+                            f"+ slot) % {MASTER_PORT_SPAN} ))",
         "pack_keys_env": PACK_KEYS_ENV,
         "step_start": STEP_START,
         "step_exit": STEP_EXIT,

@@ -93,7 +93,10 @@ class SrunLauncher(Launcher):
                 words.append(f"--cpus-per-task={j.cpus_per_task}")
             words += self._binding()
         if j.exact:
-            words.append("--exact")
+            # Overcommitted (the local CPU cluster) the allocation has fewer CPUs than ranks and
+            # --exact refuses a step ("More processors requested than permitted"): there the
+            # steps share the allocation's CPUs (--overlap), as its ranks do anyway.
+            words.append("--overlap" if j.overcommit else "--exact")
         words += self._container()
         return f"{_q(words)} \\\n    {_q(j.command)} {RANK_TAIL}"
 

@@ -315,7 +315,8 @@ def render(job: JobScript) -> str:
             concurrent=job.step_ranks_per_node is not None,
             rank_cpus=r.cpus_per_task,
             version=__version__,
-            contract=contract.template_values(int(options["master_port"])),
+            contract=contract.template_values(int(options["master_port"]),
+                                              max((len(p) for p in job.packs), default=1)),
         )
     except jinja2.UndefinedError as exc:
         raise SpecError(f"template {job.template}: {exc.message}", "template") from None
