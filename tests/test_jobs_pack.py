@@ -267,3 +267,26 @@ def test_concurrent_script_runs_steps_side_by_side(tmp_path):
     assert out.returncode == 1, out.stdout + out.stderr
     codes = {k: (manifest.trace_dir / f"{k}-j800.exit").read_text().strip() for k in "ab"}
     assert codes == {"a": "0", "b": "3"}
+
+
+def test_concurrent_frontier_pack_fills_a_node(tmp_path):
+    """Four 2-GCD layouts side by side on one 8-GCD Frontier node: the allocation asks for 8
+    ranks and GPUs, each step srun --exact 2 ranks with the site's closest binding."""
+    text = """\
+name: fconc
+model: tiny-gpt
+system: frontier
+global_batch: 2
+pack: 8
+pack_mode: concurrent
+resources: {time: "00:30:00", account: abc123}
+layouts:
+""" + "".join(f"  - {{dp: 2, micro_batch: 1, name: l{i}}}\n" for i in range(5))
+    manifest = render_sweep(_sweep(tmp_path, text), tmp_path / "run")
+    g = manifest.groups[0]
+    assert (g["pack"], g["time"]) == (4, "00:30:00")
+    script = manifest.path(g["script"]).read_text()
+    assert "#SBATCH --ntasks-per-node=8" in script and "#SBATCH --gpus-per-node=8" in script
+    assert "0) steps=(0 1 2 3) ;;" in script and "1) steps=(4) ;;" in script
+    assert ("srun --nodes=1 --ntasks-per-node=2 --cpus-per-task=7 --gpus-per-task=1 "
+            "--gpu-bind=closest --exact") in script
