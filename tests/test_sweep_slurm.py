@@ -222,3 +222,86 @@ def test_wait_timeout_with_jobs_unfinished_exits_4_and_says_how_many(slurm_clust
         assert out.stdout.count("PENDING") == 4
     finally:
         flm("sweep", "cancel", "tiny-cpu", "--db", db)
+
+
+PACKED = """\
+name: packed
+model: tiny-gpt
+system: cpu-local
+template: local
+gpus_per_node: 4
+dtype: fp32
+steps: 3
+warmup: 1
+global_batch: 4
+pack: 3
+resources:
+  time: "00:05:00"
+layouts:
+  - {dp: 2, micro_batch: 2, name: first}
+  - {dp: 2, micro_batch: 2, name: crash, bench_args: {fault: crash, fault_step: 1}}
+  - {dp: 2, micro_batch: 2, name: last}
+"""
+
+
+def test_packed_sweep_judges_each_layout_alone(slurm_cluster, tmp_path):
+    """Three layouts as srun steps of one allocation, the middle one crashing: the others
+    complete, every row gets its own verdict and trace, and a retry runs only the crash."""
+    db = f"sqlite:///{tmp_path}/flm.db"
+    out = tmp_path / "run"
+    spec = tmp_path / "packed.yaml"
+    spec.write_text(PACKED)
+    first = flm("sweep", "submit", spec, "--out", out, "--db", db)
+    assert "submitted 3 jobs" in first.stdout
+
+    rows = status("packed", db, "--wait", "--timeout", 300, "--max-interval", 2, "--collect")
+    states = {k: r["state"] for k, r in rows.items()}
+    assert states == {"first": "COMPLETED", "crash": "FAILED", "last": "COMPLETED"}, rows
+    assert "injected crash" in rows["crash"]["reason"]
+    # One allocation (one job id, array task 0), a run id of each layout's own.
+    assert len({r["scheduler_job_id"] for r in rows.values()}) == 1
+    assert len({r["run_id"] for r in rows.values()}) == 3
+    for key in ("first", "last"):
+        trace = read_trace(trace_path(out / "traces", rows[key]["run_id"]))
+        assert trace["status"] == "completed" and trace["labels"]["job_key"] == key
+    assert (out / "traces" / f"{rows['crash']['run_id']}.exit").read_text().strip() != "0"
+
+    results = json.loads(flm("results", "--db", db, "--sweep", "packed", "--format",
+                             "json").stdout)
+    done = sorted(r["job_key"] for r in results if r["status"] == "completed")
+    assert done == ["first", "last"], results
+
+    # A retry runs the crashed layout alone in a new allocation; the others keep their result.
+    retried = flm("sweep", "retry", "packed", "--db", db, "--failed-only")
+    assert "resubmitted 1 jobs" in retried.stdout
+    rows = status("packed", db, "--wait", "--timeout", 300, "--max-interval", 2)
+    assert {k: (r["state"], r["attempts"]) for k, r in rows.items()} == {
+        "first": ("COMPLETED", 1), "crash": ("FAILED", 2), "last": ("COMPLETED", 1)}, rows
+    job = rows["crash"]["scheduler_job_id"].split("_")[0]
+    assert sorted(p.name for p in (out / "traces").glob(f"*-j{job}.exit")) == [
+        f"crash-j{job}.exit"]
+
+
+def test_concurrent_pack_runs_steps_side_by_side(slurm_cluster, tmp_path):
+    """pack_mode concurrent on real SLURM: two 2-rank layouts as srun --exact steps of one
+    4-rank allocation, both started before either ended; the crash fails only its own row."""
+    db = f"sqlite:///{tmp_path}/flm.db"
+    out = tmp_path / "run"
+    spec = tmp_path / "concurrent.yaml"
+    spec.write_text(PACKED.replace("name: packed", "name: concurrent")
+                    .replace("pack: 3", "pack: 2\npack_mode: concurrent"))
+    flm("sweep", "submit", spec, "--out", out, "--db", db)
+    rows = status("concurrent", db, "--wait", "--timeout", 300, "--max-interval", 2)
+    states = {k: r["state"] for k, r in rows.items()}
+    assert states == {"first": "COMPLETED", "crash": "FAILED", "last": "COMPLETED"}, rows
+    assert "injected crash" in rows["crash"]["reason"]
+    pair = ("first", "crash")
+    assert rows["first"]["scheduler_job_id"] == rows["crash"]["scheduler_job_id"]
+    assert rows["last"]["scheduler_job_id"] != rows["first"]["scheduler_job_id"]
+    traces = out / "traces"
+    starts = [(traces / f"{rows[k]['run_id']}.start").stat().st_mtime for k in pair]
+    ends = [(traces / f"{rows[k]['run_id']}.exit").stat().st_mtime for k in pair]
+    assert max(starts) < min(ends)
+    for k in pair:  # neither step waited for the other's share of the allocation
+        log = (traces / f"{rows[k]['run_id']}.log").read_text()
+        assert "step creation temporarily disabled" not in log, log

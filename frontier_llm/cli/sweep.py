@@ -134,9 +134,19 @@ def _render(args) -> int:
 
     sweep = sweep_with_overrides(args.sweep, **_overrides(args))
     manifest = render_sweep(sweep, args.out)
-    print(f"{len(manifest.jobs)} jobs in {len(manifest.groups)} scripts: {manifest.directory}")
+    packed = ""
+    if any(g.get("pack", 1) > 1 for g in manifest.groups):
+        allocations = sum(_array_tasks(g) for g in manifest.groups)
+        packed = f" ({allocations} allocations, up to {sweep.spec.pack} layouts each)"
+    print(f"{len(manifest.jobs)} jobs in {len(manifest.groups)} scripts{packed}: "
+          f"{manifest.directory}")
     _print_skipped(sweep.skipped)
     return 0
+
+
+def _array_tasks(group: dict) -> int:
+    """Array tasks of a rendered group: one per layout, or one per pack of ``pack`` layouts."""
+    return -(-group["size"] // group.get("pack", 1))
 
 
 def _print_skipped(skipped: dict) -> None:
@@ -164,7 +174,8 @@ def _submit(args) -> int:
         print(f"dry run: {len(manifest.jobs)} jobs in {len(manifest.groups)} arrays, "
               f"executor {executor}, folder {manifest.directory}")
         for g in manifest.groups:
-            spec = f"0-{g['size'] - 1}" + (f"%{args.max_in_flight}" if args.max_in_flight else "")
+            spec = f"0-{_array_tasks(g) - 1}"
+            spec += f"%{args.max_in_flight}" if args.max_in_flight else ""
             argv = ["sbatch", "--parsable", f"--array={spec}", str(manifest.path(g["script"]))]
             print("  " + shlex.join(argv))
         _print_skipped(sweep.skipped)

@@ -25,24 +25,44 @@ DEFAULT_MASTER_PORT = 29500
 # which may hold any word, "error" included).
 BANNER_PREFIX = "flm: task "
 
+# A packed allocation (sweep ``pack: N``) runs several layouts as srun steps one after another;
+# each step leaves files of its own beside its trace, so each layout's row is judged on its own
+# step, not on the allocation: <run-id>.start (written when the step starts), <run-id>.exit (its
+# exit status, when it ends) and <run-id>.log (the step's output).
+STEP_START, STEP_EXIT, STEP_LOG = ".start", ".exit", ".log"
+# Set (by sbatch --export) when only some layouts of a packed allocation are to run again
+# (flm sweep retry): their keys joined by ":"; the others' steps are skipped.
+PACK_KEYS_ENV = "FLM_PACK_KEYS"
+
 
 def run_id(key: str, job_id: str | int) -> str:
     """The run id of job ``key`` under scheduler job (or array) ``job_id``."""
     return RUN_ID_FORMAT.format(key=key, job=job_id)
 
 
-def master_port(base: int, slurm_job_id: int) -> int:
-    """The port rank 0 listens on in SLURM job ``slurm_job_id`` (the task's own id)."""
-    return base + slurm_job_id % MASTER_PORT_SPAN
+def master_port(base: int, slurm_job_id: int, slot: int = 0, pack: int = 1) -> int:
+    """The port rank 0 listens on in SLURM job ``slurm_job_id`` (the task's own id). The step in
+    ``slot`` (0..pack-1) of a packed allocation gets a port of its own: steps may run side by
+    side, and a finished step's port may linger in TIME_WAIT. Job ids of running jobs differ,
+    so job id x pack + slot differs for every running step (array tasks included, whose ids
+    SLURM does not hand out in index order)."""
+    return base + (slurm_job_id * pack + slot) % MASTER_PORT_SPAN
 
 
-def template_values(master_port_base: int) -> dict[str, str | int]:
+def template_values(master_port_base: int, pack: int = 1) -> dict[str, str | int]:
     """The shell text and numbers the job templates render (``contract.*``)."""
     return {
         # A double-quoted shell word; the script sets $key before it.
         "run_id": RUN_ID_FORMAT.format(key="${key}", job=_SHELL_JOB_ID),
         "master_port": f"$(( {int(master_port_base)} + ${{SLURM_JOB_ID:-0}} "
                        f"% {MASTER_PORT_SPAN} ))",
+        # A packed step's port: the script sets $slot (the step's place in its pack) before it.
+        "step_master_port": f"$(( {int(master_port_base)} + (${{SLURM_JOB_ID:-0}} * {int(pack)} "
+                            f"+ slot) % {MASTER_PORT_SPAN} ))",
+        "pack_keys_env": PACK_KEYS_ENV,
+        "step_start": STEP_START,
+        "step_exit": STEP_EXIT,
+        "step_log": STEP_LOG,
         "exit_no_task": int(ExitCode.USAGE),
         "banner": BANNER_PREFIX,
     }

@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from frontier_llm.errors import UserError
+from frontier_llm.jobs.contract import PACK_KEYS_ENV, STEP_LOG
 from frontier_llm.jobs.contract import run_id as make_run_id
 from frontier_llm.jobs.lifecycle import JobState, Observation, SchedulerState
+from frontier_llm.jobs.packing import pack_keys, step_observation
 from frontier_llm.jobs.slurm import SlurmClient, base_id
 from frontier_llm.jobs.sweepdir import Manifest
 
@@ -100,10 +102,13 @@ class SlurmExecutor(Executor):
             # With a limit, arrays run one after the other (each throttled), so at most
             # max_in_flight jobs of the sweep hold the machine at any time.
             dependency = f"afterany:{previous}" if (max_in_flight and previous) else None
+            extra = [f"--comment=flm:{manifest.sweep}:{token}:{group['name']}"]
+            only = pack_keys(manifest, group["name"], jobs)
+            if only:
+                extra.append(f"--export=ALL,{PACK_KEYS_ENV}={only}")
             job_id = self.client.submit(
                 manifest.path(group["script"]), array=spec, hold=hold, dependency=dependency,
-                chdir=manifest.directory,
-                extra_args=[f"--comment=flm:{manifest.sweep}:{token}:{group['name']}"],
+                chdir=manifest.directory, extra_args=extra,
             )
             previous = job_id
             recorder.submitted(
@@ -111,9 +116,20 @@ class SlurmExecutor(Executor):
                  for j in jobs}, JobState.PENDING)
 
     def observe(self, manifest, rows):
-        ids = {r["scheduler_job_id"]: r["job_key"] for r in rows if r.get("scheduler_job_id")}
+        # The layouts of a packed allocation share its job id: one id, several rows.
+        ids: dict[str, list[Mapping[str, Any]]] = {}
+        for r in rows:
+            if r.get("scheduler_job_id"):
+                ids.setdefault(r["scheduler_job_id"], []).append(r)
         statuses = self.client.query(list(ids))
-        return {ids[j]: s.observation() for j, s in statuses.items() if j in ids}
+        out = {}
+        for job_id, status in statuses.items():
+            for r in ids.get(job_id, ()):
+                obs = status.observation()
+                if "step" in manifest.job(r["job_key"]):
+                    obs = step_observation(obs, manifest.trace_dir, r.get("run_id"))
+                out[r["job_key"]] = obs
+        return out
 
     def cancel(self, rows):
         self.client.cancel([r["scheduler_job_id"] for r in rows if r.get("scheduler_job_id")])
@@ -122,6 +138,8 @@ class SlurmExecutor(Executor):
         sid = row.get("scheduler_job_id")
         if not sid:
             return None
+        if "step" in manifest.job(row["job_key"]) and row.get("run_id"):
+            return manifest.trace_dir / f"{row['run_id']}{STEP_LOG}"  # the step's own output
         group = manifest.job(row["job_key"])["group"]
         return manifest.path(f"logs/{group}/{row['array_index']}-{base_id(sid)}.out")
 
@@ -186,7 +204,7 @@ class LocalExecutor(Executor):
                 while queue and len(running) < limit:
                     job = queue.pop(0)
                     run_id = make_run_id(job["key"], token)
-                    log = manifest.path(f"logs/{job['group']}/{job['index']}-{token}.out")
+                    log = manifest.path(_local_log(job, token))
                     log.parent.mkdir(parents=True, exist_ok=True)
                     fh = open(log, "wb")  # noqa: SIM115 (closed when the process ends)
                     proc = subprocess.Popen(
@@ -251,8 +269,13 @@ class LocalExecutor(Executor):
         if not sid.startswith("local:"):
             return None
         token = sid.split(":")[2]
-        group = manifest.job(row["job_key"])["group"]
-        return manifest.path(f"logs/{group}/{row['array_index']}-{token}.out")
+        return manifest.path(_local_log(manifest.job(row["job_key"]), token))
+
+
+def _local_log(job: Mapping[str, Any], token: str) -> str:
+    # Layouts packed into one array task share its index; the local executor runs each alone.
+    index = f"{job['index']}.{job['step']}" if "step" in job else str(job["index"])
+    return f"logs/{job['group']}/{index}-{token}.out"
 
 
 def _local_pid(sid: str | None) -> int | None:

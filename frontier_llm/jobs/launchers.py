@@ -40,6 +40,9 @@ class LaunchJob:
     command: tuple[str, ...]
     site: Site
     overcommit: bool = False
+    # A step beside others in one allocation (concurrent pack): srun --exact gives it only the
+    # CPUs and GPUs it asks for, so the steps do not wait for each other (srun man page).
+    exact: bool = False
 
 
 def _q(words) -> str:
@@ -89,6 +92,11 @@ class SrunLauncher(Launcher):
             if j.cpus_per_task:
                 words.append(f"--cpus-per-task={j.cpus_per_task}")
             words += self._binding()
+        if j.exact:
+            # Overcommitted (the local CPU cluster) the allocation has fewer CPUs than ranks and
+            # --exact refuses a step ("More processors requested than permitted"): there the
+            # steps share the allocation's CPUs (--overlap), as its ranks do anyway.
+            words.append("--overlap" if j.overcommit else "--exact")
         words += self._container()
         return f"{_q(words)} \\\n    {_q(j.command)} {RANK_TAIL}"
 

@@ -9,7 +9,9 @@ checked for newlines, which no quoting can make safe in a directive line.
 
 One script serves one job or an array of jobs with the same resources: the task is chosen by
 ``SLURM_ARRAY_TASK_ID`` (0 when not an array), and its ``flm bench`` command line is set as the
-positional parameters, never re-parsed by the shell.
+positional parameters, never re-parsed by the shell. A packed script (``JobScript.packs``) runs
+several tasks in one allocation instead, one ``srun`` step after another; the array index picks
+the pack, and each step leaves its own exit status and log (contract.STEP_*).
 """
 
 from __future__ import annotations
@@ -137,6 +139,12 @@ class JobScript:
     options: Mapping[str, str | None] = field(default_factory=dict)
     command: tuple[str, ...] = ("flm", "bench")  # what runs each rank, before the task's args
     site: Site = field(default_factory=Site)
+    # Packed allocations: packs[i] lists the task indices array task i runs, in order, one srun
+    # step each. Empty: one task per array index (task index = array index).
+    packs: tuple[tuple[int, ...], ...] = ()
+    # Set for concurrent packs: each step's ranks per node (the allocation holds all steps'),
+    # and the steps run at once, each srun --exact taking only its own share.
+    step_ranks_per_node: int | None = None
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -152,6 +160,10 @@ class JobScript:
             _no_newline(line, "setup")
         _no_newline(self.log_pattern, "log_pattern")
         _no_newline(self.job_name, "job_name")
+        if self.packs:
+            listed = sorted(i for p in self.packs for i in p)
+            if not all(self.packs) or listed != sorted(t.index for t in self.tasks):
+                raise SpecError("packs must list every task index exactly once", "pack")
 
 
 def _no_newline(value: str | None, name: str) -> None:
@@ -273,6 +285,13 @@ def render(job: JobScript) -> str:
         nodes=r.nodes, ranks_per_node=r.ntasks_per_node, gpus_per_node=r.gpus_per_node,
         cpus_per_task=r.cpus_per_task, command=job.command, site=site, overcommit=r.overcommit))
     shape = launcher.sbatch_shape()
+    launch = launcher.command()
+    if job.step_ranks_per_node:
+        step = job.step_ranks_per_node
+        launch = launcher_for(LaunchJob(
+            nodes=r.nodes, ranks_per_node=step, gpus_per_node=step if r.gpus_per_node else None,
+            cpus_per_task=r.cpus_per_task, command=job.command, site=site,
+            overcommit=r.overcommit, exact=True)).command()
     extra = r.extra
     if site.sbatch_network and not any(o.startswith("--network") for o in extra):
         extra = (f"--network={site.sbatch_network}", *extra)
@@ -287,14 +306,17 @@ def render(job: JobScript) -> str:
             job=job,
             r=sbatch,
             tasks=job.tasks,
+            packs=job.packs,
             modules=modules,
             options=options,
             site=site,
             site_env=site_env,
-            launch=launcher.command(),
+            launch=launch,
+            concurrent=job.step_ranks_per_node is not None,
             rank_cpus=r.cpus_per_task,
             version=__version__,
-            contract=contract.template_values(int(options["master_port"])),
+            contract=contract.template_values(int(options["master_port"]),
+                                              max((len(p) for p in job.packs), default=1)),
         )
     except jinja2.UndefinedError as exc:
         raise SpecError(f"template {job.template}: {exc.message}", "template") from None

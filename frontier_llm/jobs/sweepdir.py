@@ -2,7 +2,8 @@
 
     DIR/manifest.json          every job: key, script, array index, layout, bench argv, prediction
     DIR/sweep.yaml             the sweep file as it was when rendered
-    DIR/scripts/<group>.sh     one script per group of jobs that share resources (a job array)
+    DIR/scripts/<group>.sh     one script per group of jobs that share resources (a job array;
+                               with ``pack: N`` each array task runs up to N of them in turn)
     DIR/logs/<group>/          SLURM output, one file per task and attempt (%a-%A.out)
     DIR/traces/                what flm bench writes (<run-id>.trace.json, .heartbeat.json)
 
@@ -25,6 +26,7 @@ from frontier_llm.jobs.render import JobScript, Resources, Task, render
 from frontier_llm.jobs.sweepspec import Sweep, SweepJob
 from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.layout import PlacementKind
+from frontier_llm.specs.site import time_seconds
 
 MANIFEST = "manifest.json"
 
@@ -35,12 +37,24 @@ class Group:
     script: str  # path relative to the sweep folder
     nodes: int
     ranks_per_node: int
-    time: str
+    time: str  # the allocation's: a packed one holds its layouts' times end to end
     keys: tuple[str, ...]
+    pack: int = 1  # layouts per allocation (array task), one srun step each
+    concurrent: bool = False  # the steps run at once, side by side on the allocation's node
 
     @property
     def log_dir(self) -> str:
         return f"logs/{self.name}"
+
+    @property
+    def packs(self) -> tuple[tuple[int, ...], ...]:
+        """The positions in ``keys`` that each array task runs (one each without packing)."""
+        n = len(self.keys)
+        return tuple(tuple(range(i, min(i + self.pack, n))) for i in range(0, n, self.pack))
+
+    def array_index(self, position: int) -> int:
+        """The array task that runs the layout at ``position`` in ``keys``."""
+        return position // self.pack
 
 
 @dataclass(frozen=True)
@@ -93,30 +107,50 @@ def inside(root: Path, relative: str | os.PathLike) -> Path:
 
 def group_jobs(sweep: Sweep) -> list[Group]:
     """Jobs with the same nodes, ranks per node and time limit share a job array (chunked to
-    the sweep's max_array_size), in the order the sweep lists them."""
+    the sweep's max_array_size array tasks), in the order the sweep lists them. With ``pack: N``
+    each array task runs up to N of them in turn, so it asks for N times their time."""
     buckets: dict[tuple[int, int, str], list[SweepJob]] = {}
     for job in sweep.jobs:
         buckets.setdefault((job.nodes, job.ranks_per_node, job.time), []).append(job)
     groups = []
-    size = sweep.spec.max_array_size
+    concurrent = sweep.spec.pack_mode == "concurrent"
     for (nodes, rpn, time), jobs in buckets.items():
+        pack = sweep.spec.pack
+        if concurrent:
+            # Side by side only where they fit: one node, N x its ranks within the node's.
+            pack = 1 if nodes > 1 else max(1, min(pack, sweep.per_node // rpn))
+        size = sweep.spec.max_array_size * pack
         for start in range(0, len(jobs), size):
             chunk = jobs[start:start + size]
             name = f"g{len(groups):03d}-n{nodes}x{rpn}"
+            per = min(pack, len(chunk))
+            # In turn: the allocation holds the layouts' times end to end; side by side: one's.
+            sequential = per > 1 and not concurrent
             groups.append(Group(name=name, script=f"scripts/{name}.sh", nodes=nodes,
-                                ranks_per_node=rpn, time=time,
-                                keys=tuple(j.key for j in chunk)))
+                                ranks_per_node=rpn,
+                                time=format_time(per * time_seconds(time)) if sequential else time,
+                                keys=tuple(j.key for j in chunk), pack=per,
+                                concurrent=concurrent and per > 1))
     return groups
+
+
+def format_time(seconds: int) -> str:
+    """A SLURM time limit: ``HH:MM:SS``, or ``D-HH:MM:SS`` from a day on."""
+    days, rest = divmod(int(seconds), 86400)
+    hms = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{hms}" if days else hms
 
 
 def _resources(sweep: Sweep, group: Group) -> Resources:
     """The ranks' resources: the sweep's ``resources:`` first, then the site's defaults."""
     r, site = sweep.spec.resources, sweep.site
     pick = lambda mine, sites: mine if mine is not None else sites  # noqa: E731
+    # Concurrent steps share the allocation: it holds every step's ranks at once.
+    ranks = group.ranks_per_node * (group.pack if group.concurrent else 1)
     return Resources(
-        nodes=group.nodes, ntasks_per_node=group.ranks_per_node,
+        nodes=group.nodes, ntasks_per_node=ranks,
         cpus_per_task=pick(r.cpus_per_task, site.cpus_per_task),
-        gpus_per_node=group.ranks_per_node if site.gpus else None, time=group.time,
+        gpus_per_node=ranks if site.gpus else None, time=group.time,
         account=r.account, partition=pick(r.partition, site.partition),
         qos=pick(r.qos, site.qos), constraint=r.constraint, mem=pick(r.mem, site.mem),
         exclusive=r.exclusive or site.exclusive, overcommit=site.overcommit,
@@ -142,6 +176,8 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
                            env=_task_env(sweep, by_key[k]))
                       for i, k in enumerate(group.keys))
         out.append((group, JobScript(
+            packs=group.packs if group.pack > 1 else (),
+            step_ranks_per_node=group.ranks_per_node if group.concurrent else None,
             template=sweep.template,
             sweep=sweep.name,
             job_name=f"flm-{sweep.name}-{group.name}",
@@ -185,7 +221,7 @@ def render_sweep(sweep: Sweep, directory: str | Path) -> Manifest:
     scripts = job_scripts(sweep, directory)
     # The site's rules first: a refused sweep leaves nothing written (docs/sites.md).
     site_policy.check(sweep.system.name, sweep.site,
-                      [(len(g.keys), js.resources) for g, js in scripts])
+                      [(len(g.packs), js.resources) for g, js in scripts])
     directory.mkdir(parents=True, exist_ok=True)
     by_key = {j.key: j for j in sweep.jobs}
     groups = []
@@ -198,11 +234,14 @@ def render_sweep(sweep: Sweep, directory: str | Path) -> Manifest:
         path.chmod(0o755)
         groups.append({"name": group.name, "script": group.script, "nodes": group.nodes,
                        "ranks_per_node": group.ranks_per_node, "time": group.time,
-                       "size": len(group.keys), "log_dir": group.log_dir})
-        for index, key in enumerate(group.keys):
+                       "size": len(group.keys), "log_dir": group.log_dir, "pack": group.pack,
+                       "concurrent": group.concurrent})
+        for position, key in enumerate(group.keys):
             job = by_key[key]
+            # "index": the array task that runs the job; "step": its srun step in a packed one.
             jobs.append({
-                "key": key, "group": group.name, "index": index, "script": group.script,
+                "key": key, "group": group.name, "index": group.array_index(position),
+                **({"step": position} if group.pack > 1 else {}), "script": group.script,
                 "model": job.model.name, "model_ref": job.model_ref,
                 "system": sweep.system.name, "nodes": job.nodes,
                 "ranks_per_node": job.ranks_per_node, "world_size": job.world_size,

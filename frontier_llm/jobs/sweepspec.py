@@ -155,6 +155,12 @@ class SweepFile:
     bench_args: dict | None = None
     command: list | None = None
     max_array_size: int = 1000
+    # Layouts of the same shape run up to ``pack`` at a time in one allocation, one srun step
+    # after another (docs/sweeps.md "Packing small layouts"); 1: one allocation per layout.
+    pack: int = 1
+    # sequential: the steps run one after another (time x N); concurrent: all at once, in an
+    # allocation of N times the layout's ranks on one node (one-node layouts, srun launcher).
+    pack_mode: Literal["sequential", "concurrent"] = "sequential"
     # Overrides of the system's site section (frontier_llm.specs.site; docs/sites.md).
     site: dict | None = None
 
@@ -178,7 +184,7 @@ class SweepFile:
             raise SpecError("a space needs nodes (or gpus) to lay out", "nodes")
         if self.layouts is not None and not (isinstance(self.layouts, list) and self.layouts):
             raise SpecError("layouts must be a non-empty list of layouts", "layouts")
-        for name in ("steps", "max_array_size"):
+        for name in ("steps", "max_array_size", "pack"):
             if getattr(self, name) < 1:
                 raise SpecError(f"{name} must be at least 1", name)
         if self.warmup < 0:
@@ -222,6 +228,7 @@ class Sweep:
     jobs: tuple[SweepJob, ...]
     skipped: Mapping[str, int]  # layouts the space named that were not valid, by reason
     site: Site = field(default_factory=Site)  # the system's site with the sweep's overrides
+    per_node: int = 1  # ranks (GPUs) per node: the sweep's gpus_per_node or the system's
 
     @property
     def name(self) -> str:
@@ -495,6 +502,13 @@ def load_sweep(path: str | Path, text: str | None = None) -> Sweep:
             key = "models" if spec.models else "model"
             raise SpecError(f"{data.where(key)}: {exc}", key) from None
     per_node = spec.gpus_per_node or system.gpus_per_node
+    if spec.pack_mode == "concurrent" and (site.launcher != "srun"
+                                           or site.binding == "cpu-masks"):
+        # Concurrent steps need srun to give each its own devices and cores: torchrun owns
+        # whole nodes, and CPU masks are per local task id, so two steps would share them.
+        raise SpecError(f"{data.where('pack_mode')}: pack_mode concurrent needs the srun "
+                        f"launcher without cpu-masks binding (site {system.name}: launcher "
+                        f"{site.launcher}, binding {site.binding})", "pack_mode")
     skipped: Counter = Counter()
     try:
         if spec.layouts is not None:
@@ -521,5 +535,5 @@ def load_sweep(path: str | Path, text: str | None = None) -> Sweep:
     return Sweep(spec=spec, source=str(path), text=path.read_text() if text is None else text,
                  system=system,
                  system_ref=system_ref, template=template, jobs=tuple(jobs),
-                 skipped=dict(skipped), site=site)
+                 skipped=dict(skipped), site=site, per_node=per_node)
 
