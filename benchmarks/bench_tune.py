@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--n-startup", type=int, default=None, metavar="N",
+                    help="TPE's random start-up trials (default: Optuna's, 10)")
     ap.add_argument("--study", default=str(REPO / "benchmarks" / "tune_replay_study.yaml"))
     ap.add_argument("--table", default=str(REPO / "tests" / "data" / "tune_replay.csv"))
     args = ap.parse_args(argv)
@@ -64,12 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, kw in STRATEGIES.items():
         to_best, to_5 = [], []
         for seed in range(args.seeds):
-            seq = search(cands, values, seed=seed, budget=space, **kw)
+            extra = {"n_startup_trials": args.n_startup} if kw["sampler"] == "tpe" else {}
+            seq = search(cands, values, seed=seed, budget=space, **kw, **extra)
             to_best.append(trials_to_reach(seq, best) or space + 1)
             to_5.append(trials_to_reach(seq, 0.95 * best) or space + 1)
         results[name] = (statistics.median(to_best), statistics.median(to_5))
     base = results["(c) random"]
-    print(f"{args.seeds} seeds, {time.monotonic() - t0:.0f} s; trials (jobs) needed, median:")
+    print(f"{args.seeds} seeds, {time.monotonic() - t0:.0f} s, TPE start-up trials "
+          f"{args.n_startup or 'default (10)'}; trials (jobs) needed, median:")
     print(f"{'search':<30}{'to best':>9}{'ratio':>8}{'to 5 %':>9}{'ratio':>8}")
     for name, (b, f) in results.items():
         print(f"{name:<30}{b:>9.1f}{b / base[0]:>8.2f}{f:>9.1f}{f / base[1]:>8.2f}")
