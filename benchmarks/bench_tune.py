@@ -61,6 +61,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{best:,.1f} tokens/s per rank: {cands.lookup(_params(best_key)).describe()}")
     model_rank = [c.key for c in cands.ranked()].index(best_key) + 1
     print(f"the cost model ranks the measured best {model_rank} of {space}")
+    from scipy.stats import spearmanr
+
+    keys = sorted(measured)
+    rho = spearmanr([measured[k] for k in keys],
+                    [cands.lookup(_params(k)).prediction["tokens_per_s"] for k in keys])[0]
+    by_measured = sorted(measured, key=measured.get, reverse=True)
+    top = [by_measured.index(c.key) + 1 for c in cands.ranked(3) if c.key in measured]
+    print(f"predicted vs measured throughput: Spearman {rho:.2f}; the model's top 3 measure "
+          f"{', '.join(map(str, top))} of {len(measured)}")
     results = {}
     t0 = time.monotonic()
     for name, kw in STRATEGIES.items():
