@@ -48,8 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "Collect the trials whose jobs ended, tell Optuna, ask for new trials up to "
                     "in_flight and the budget, submit them, and exit. Safe from cron: two steps "
                     "at once take turns on the study's lock and never submit a trial twice.",
-                    ["*/5 * * * * cd /proj && flm tune step sweeps/studies/tiny-tune.yaml "
-                     "--db $DB"],
+                    ["*/5 * * * * cd /proj && "
+                     "flm tune step sweeps/studies/tiny-tune.yaml --db $DB"],
                     parents=[db])
     study_args(s)
     s.set_defaults(func=_step)
