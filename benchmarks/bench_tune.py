@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--n-startup", type=int, default=None, metavar="N",
+                    help="TPE's random start-up trials (default: Optuna's, 10)")
     ap.add_argument("--study", default=str(REPO / "benchmarks" / "tune_replay_study.yaml"))
     ap.add_argument("--table", default=str(REPO / "tests" / "data" / "tune_replay.csv"))
     args = ap.parse_args(argv)
@@ -59,17 +61,28 @@ def main(argv: list[str] | None = None) -> int:
           f"{best:,.1f} tokens/s per rank: {cands.lookup(_params(best_key)).describe()}")
     model_rank = [c.key for c in cands.ranked()].index(best_key) + 1
     print(f"the cost model ranks the measured best {model_rank} of {space}")
+    from scipy.stats import spearmanr
+
+    keys = sorted(measured)
+    rho = spearmanr([measured[k] for k in keys],
+                    [cands.lookup(_params(k)).prediction["tokens_per_s"] for k in keys])[0]
+    by_measured = sorted(measured, key=measured.get, reverse=True)
+    top = [by_measured.index(c.key) + 1 for c in cands.ranked(3) if c.key in measured]
+    print(f"predicted vs measured throughput: Spearman {rho:.2f}; the model's top 3 measure "
+          f"{', '.join(map(str, top))} of {len(measured)}")
     results = {}
     t0 = time.monotonic()
     for name, kw in STRATEGIES.items():
         to_best, to_5 = [], []
         for seed in range(args.seeds):
-            seq = search(cands, values, seed=seed, budget=space, **kw)
+            extra = {"n_startup_trials": args.n_startup} if kw["sampler"] == "tpe" else {}
+            seq = search(cands, values, seed=seed, budget=space, **kw, **extra)
             to_best.append(trials_to_reach(seq, best) or space + 1)
             to_5.append(trials_to_reach(seq, 0.95 * best) or space + 1)
         results[name] = (statistics.median(to_best), statistics.median(to_5))
     base = results["(c) random"]
-    print(f"{args.seeds} seeds, {time.monotonic() - t0:.0f} s; trials (jobs) needed, median:")
+    print(f"{args.seeds} seeds, {time.monotonic() - t0:.0f} s, TPE start-up trials "
+          f"{args.n_startup or 'default (10)'}; trials (jobs) needed, median:")
     print(f"{'search':<30}{'to best':>9}{'ratio':>8}{'to 5 %':>9}{'ratio':>8}")
     for name, (b, f) in results.items():
         print(f"{name:<30}{b:>9.1f}{b / base[0]:>8.2f}{f:>9.1f}{f / base[1]:>8.2f}")

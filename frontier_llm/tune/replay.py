@@ -32,9 +32,11 @@ def values_by_key(table: pd.DataFrame) -> dict[str, float | None]:
 
 
 def search(cands: Candidates, values: Mapping[str, float | None], *, sampler: str, seed: int,
-           warm_start: int, budget: int, n_startup_trials: int | None = None
-           ) -> list[float | None]:
-    """Measured values in the order a search asks for them, at most ``budget`` measurements."""
+           warm_start: int, budget: int, n_startup_trials: int | None = None,
+           max_asks: int = 1000) -> list[float | None]:
+    """Measured values in the order a search asks for them, at most ``budget`` measurements.
+    ``max_asks`` is high: near the end of a small space a random search needs many proposals
+    to hit the last unmeasured points, and a replayed proposal costs nothing."""
     study = optuna.create_study(storage=optuna.storages.InMemoryStorage(),
                                 direction="maximize")
     osx.warm_start(study, cands, warm_start)
@@ -42,7 +44,7 @@ def search(cands: Candidates, values: Mapping[str, float | None], *, sampler: st
     while len(seq) < budget:
         p = osx.ask_next(study, cands, sampler=sampler, seed=seed,
                          objectives=("throughput_per_gpu",), in_flight=set(),
-                         n_startup_trials=n_startup_trials)
+                         n_startup_trials=n_startup_trials, max_asks=max_asks)
         if p is None:
             break
         v = values.get(p.candidate.key)
