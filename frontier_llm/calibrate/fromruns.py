@@ -33,7 +33,7 @@ from scipy.optimize import least_squares
 from frontier_llm.catalog import model_from_mapping
 from frontier_llm.costmodel import evaluate, from_configs
 from frontier_llm.errors import UserError
-from frontier_llm.specs.parallel import ParallelConfig
+from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.system import Efficiency, SystemSpec
 
 KNOBS = ("matmul", "layer_overhead_s", "latency", "network_latency", "collective", "memory")
@@ -53,7 +53,7 @@ class RunSet:
         return make_runset(self.runs[mask].reset_index(drop=True))
 
 
-def describe(lay: ParallelConfig) -> str:
+def describe(lay: Layout) -> str:
     return (f"tp{lay.tp} pp{lay.pp} dp{lay.dp} mb{lay.micro_batch} gb{lay.global_batch}"
             f"{' ' + lay.recompute if lay.recompute != 'none' else ''}"
             f"{' ' + lay.sharding.describe() if lay.zero_stage else ''}")
@@ -98,7 +98,7 @@ def load_runs(store, sweep: str) -> pd.DataFrame:
           .agg(run_id=("run_id", "first"), measured_s=("measured_s", "median"),
                runs=("run_id", "size"), layout_json=("layout_json", "first"))
           .reset_index().sort_values("run_id").reset_index(drop=True))
-    df["config"] = [ParallelConfig.from_dict(json.loads(t)) for t in df["layout_json"]]
+    df["config"] = [Layout.from_dict(json.loads(t)) for t in df["layout_json"]]
     df["layout"] = [describe(c) for c in df["config"]]
     df["model"] = [json.loads(m)["name"] for m in df["model_json"]]
     return df

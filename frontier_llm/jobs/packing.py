@@ -49,17 +49,17 @@ def step_observation(allocation: Observation, trace_dir: str | Path, run_id: str
         code = int(status)
         if code != 0 and allocation.state in _ALLOCATION_ENDINGS:
             return allocation
-        return Observation(SchedulerState.EXITED, f"{code}:0", nodes=allocation.nodes,
+        return Observation(SchedulerState.EXITED, f"{code}:0", nodelist=allocation.nodelist,
                            start=started or allocation.start, end=_mtime_iso(exit_file))
     if started is not None:
         # Running now, or the allocation ended while it ran: the allocation's word, timed from
         # the step's own start (the hung check measures from there).
-        return Observation(allocation.state, allocation.exit_code, nodes=allocation.nodes,
+        return Observation(allocation.state, allocation.exit_code, nodelist=allocation.nodelist,
                            start=started, end=allocation.end, said=allocation.said)
     if not allocation.state.ended:
-        return Observation(SchedulerState.PENDING, nodes=allocation.nodes,
+        return Observation(SchedulerState.PENDING, nodelist=allocation.nodelist,
                            said="waiting for the layouts before it in its allocation")
-    return Observation(SchedulerState.CANCELLED, nodes=allocation.nodes, end=allocation.end,
+    return Observation(SchedulerState.CANCELLED, nodelist=allocation.nodelist, end=allocation.end,
                        said=f"its allocation ended ({allocation.state}) before this layout's "
                             "step started")
 

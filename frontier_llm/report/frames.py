@@ -16,8 +16,8 @@ import pandas as pd
 
 from frontier_llm.costmodel import COSTMODEL_VERSION, MEMORY_PARTS, evaluate, from_configs
 from frontier_llm.errors import UserError
+from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
-from frontier_llm.specs.parallel import ParallelConfig
 from frontier_llm.specs.system import SystemSpec
 
 COMPLETED = "completed"
@@ -30,7 +30,7 @@ LAYOUT_KEYS = ("model", "system", "tp", "pp", "dp", "micro_batch", "global_batch
                "sharding")
 
 
-def layout_rows(model: ModelSpec, system: SystemSpec, layouts: Sequence[ParallelConfig],
+def layout_rows(model: ModelSpec, system: SystemSpec, layouts: Sequence[Layout],
                 engine: str = "megatron") -> pd.DataFrame:
     """The cost model's figures for ``layouts`` (one row each), with the memory breakdown
     (``mem_<part>_bytes``) and the layout's columns. Pure: no database, no files."""

@@ -134,13 +134,13 @@ def with_catalog_breakdown(runs: pd.DataFrame) -> pd.DataFrame:
     """Add today's cost-model memory breakdown (``mem_<part>_bytes``) to runs whose model and
     system are catalog names; the predictions the traces carried are kept as they are."""
     from frontier_llm.catalog import load_model, load_system
-    from frontier_llm.specs.parallel import ParallelConfig
+    from frontier_llm.specs.layout import Layout
 
     parts = []
     for (model, system), g in runs.groupby(["model", "system"], sort=False):
         try:
             m, s = load_model(model), load_system(system)
-            layouts = [ParallelConfig.from_dict({
+            layouts = [Layout.from_dict({
                 "tp": int(r.tp), "pp": int(r.pp), "dp": int(r.dp),
                 "micro_batch": int(r.micro_batch), "global_batch": int(r.global_batch),
                 "schedule": r.schedule, "virtual_stages": int(r.virtual_stages),

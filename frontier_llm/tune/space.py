@@ -22,7 +22,7 @@ from optuna.distributions import CategoricalDistribution
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.planner import SearchSpace, layout_from_row, plan
 from frontier_llm.planner.space import divisors
-from frontier_llm.specs.parallel import ParallelConfig, Sharding
+from frontier_llm.specs.layout import Layout, Sharding
 
 NOT_A_LAYOUT = "not a layout of the ranks"
 NO_FIT = "does not fit in memory"
@@ -35,7 +35,7 @@ class Candidate:
     rule it breaks ("" when none) and the cost model's prediction."""
 
     params: Mapping[str, Any]
-    layout: ParallelConfig | None
+    layout: Layout | None
     run: Mapping[str, Any]
     reason: str
     prediction: Mapping[str, Any] = field(default_factory=dict)
@@ -181,7 +181,7 @@ class Candidates:
             return f"tp x pp ({tp} x {pp}) does not divide the {self.gpus} ranks"
         sched, _, vs = str(v["schedule"]).partition(":")
         try:
-            ParallelConfig(tp=tp, pp=pp, dp=self.gpus // (tp * pp),
+            Layout(tp=tp, pp=pp, dp=self.gpus // (tp * pp),
                            micro_batch=int(v["micro_batch"]), global_batch=self.global_batch,
                            schedule=sched, virtual_stages=int(vs or 1),
                            sequence_parallel=bool(v["sequence_parallel"]),
