@@ -178,7 +178,7 @@ S = SchedulerState
 ])
 def test_step_observation(tmp_path, allocation, start, code, expected):
     trace_dir = _files(tmp_path, "k-j1", start, code)
-    obs = step_observation(Observation(allocation, "1:0", nodes="n1"), trace_dir, "k-j1")
+    obs = step_observation(Observation(allocation, "1:0", nodelist="n1"), trace_dir, "k-j1")
     assert obs.state == expected
     if expected == S.EXITED:
         assert obs.exit_code == f"{code}:0" and obs.start == "2026-01-01T00:00:00Z"
