@@ -208,6 +208,10 @@ def test_oom_classification():
     assert is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to ..."))
     assert is_oom(torch.OutOfMemoryError("CUDA out of memory"))
     assert not is_oom(RuntimeError("Connection closed by peer"))
+    # The allocator's message cut short under a tight limit (seen in a SLURM fault test).
+    assert is_oom(RuntimeError("[enforce fail a"))
+    assert is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator"))
+    assert not is_oom(RuntimeError("[enforce fail at ProcessGroupGloo.cpp:10] rank mismatch"))
 
 
 # -- command line -------------------------------------------------------------------------------

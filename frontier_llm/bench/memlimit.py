@@ -18,7 +18,12 @@ _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 # Messages of allocation failures from the CPU allocator, CUDA/HIP, and glibc's bad_alloc.
 _OOM_PATTERNS = ("out of memory", "can't allocate memory", "cannot allocate memory",
-                 "std::bad_alloc", "failed to allocate")
+                 "std::bad_alloc", "failed to allocate", "alloc_cpu")
+# c10's enforce message when the allocator fails ("[enforce fail at alloc_cpu.cpp:...] ...
+# can't allocate memory"). Under a tight memory limit the message itself cannot be built whole
+# and arrives cut short (seen: "[enforce fail a"); a cut one, ending before its location's "]",
+# is such a failure too.
+_ENFORCE = "[enforce fail"
 
 
 def parse_bytes(text: str) -> int:
@@ -51,5 +56,9 @@ def is_oom(exc: BaseException) -> bool:
             return True
     except (ImportError, AttributeError):  # pragma: no cover
         pass
+    if not isinstance(exc, RuntimeError):
+        return False
     text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and any(p in text for p in _OOM_PATTERNS)
+    if any(p in text for p in _OOM_PATTERNS):
+        return True
+    return _ENFORCE.startswith(text) or (text.startswith(_ENFORCE) and "]" not in text)
