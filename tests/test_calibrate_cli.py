@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from slurm_fixtures import slurm_cluster  # noqa: F401  (pytest fixture)
 from sqlalchemy import func, select
 
 from frontier_llm.catalog import load_system
@@ -104,7 +103,7 @@ def test_run_with_one_rank_is_refused_before_starting(tmp_path):
 
 
 @pytest.mark.slurm
-def test_submit_runs_the_microbenchmark_as_a_slurm_job(slurm_cluster, tmp_path):  # noqa: F811
+def test_submit_runs_the_microbenchmark_as_a_slurm_job(slurm_cluster, tmp_path):
     out = tmp_path / "cpu-cal.yaml"
     proc = flm("calibrate", "submit", "--system", "cpu-local", "--nodes", "1",
                "--ranks-per-node", "2", *MEASURE, "--dir", str(tmp_path / "cal"), "--wait",

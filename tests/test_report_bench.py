@@ -7,7 +7,7 @@ import nbformat
 import pandas as pd
 import pytest
 from nbclient import NotebookClient
-from report_fixtures import bench_db, check_pdf, check_png  # noqa: F401  (bench_db: fixture)
+from report_fixtures import check_pdf, check_png
 
 from frontier_llm.cli import main
 from frontier_llm.report.paper import REPO
@@ -16,7 +16,7 @@ from frontier_llm.report.sources import measured_runs
 pytestmark = [pytest.mark.slow]
 
 
-def test_weak_scaling_measured_and_predicted(bench_db, tmp_path, capsys):  # noqa: F811
+def test_weak_scaling_measured_and_predicted(bench_db, tmp_path, capsys):
     out = tmp_path / "r"
     assert main(["report", "scaling", "--sweep", "tiny-weak", "--db", bench_db.url,
                  "--predicted", "--out", str(out)]) == 0
@@ -40,7 +40,7 @@ def test_weak_scaling_measured_and_predicted(bench_db, tmp_path, capsys):  # noq
     check_pdf(out / "tiny-weak-scaling.pdf")
 
 
-def test_strong_scaling_shows_the_crashed_run(bench_db, tmp_path):  # noqa: F811
+def test_strong_scaling_shows_the_crashed_run(bench_db, tmp_path):
     out = tmp_path / "r"
     assert main(["report", "scaling", "--sweep", "tiny-strong", "--db", bench_db.url,
                  "--out", str(out)]) == 0
@@ -53,7 +53,7 @@ def test_strong_scaling_shows_the_crashed_run(bench_db, tmp_path):  # noqa: F811
     check_png(out / "tiny-strong-scaling.png")
 
 
-def test_layouts_and_errors_reports(bench_db, tmp_path, capsys):  # noqa: F811
+def test_layouts_and_errors_reports(bench_db, tmp_path, capsys):
     out = tmp_path / "r"
     assert main(["report", "layouts", "--sweep", "tiny-strong", "--db", bench_db.url,
                  "--out", str(out)]) == 0
@@ -88,7 +88,7 @@ def _execute(name: str, tmp_path) -> list[str]:
     return texts
 
 
-def test_scaling_notebook_runs_on_the_bench_database(bench_db, tmp_path, monkeypatch):  # noqa: F811
+def test_scaling_notebook_runs_on_the_bench_database(bench_db, tmp_path, monkeypatch):
     monkeypatch.setenv("FLM_DB", bench_db.url)
     monkeypatch.setenv("FLM_WEAK_SWEEP", "tiny-weak")
     monkeypatch.setenv("FLM_STRONG_SWEEP", "tiny-strong")

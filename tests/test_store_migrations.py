@@ -11,7 +11,6 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
-from store_fixtures import db_url  # noqa: F401  (fixture)
 
 from frontier_llm.store import SCHEMA_VERSION, migrate, open_store, resolve_url
 from frontier_llm.store.schema import metadata
@@ -75,7 +74,7 @@ def test_migrations_are_one_line_numbered_by_version():
                                    if r.revision != "0001" else None) for r in revs)
 
 
-def test_new_database_is_exactly_schema_py(db_url):  # noqa: F811
+def test_new_database_is_exactly_schema_py(db_url):
     store = open_store(db_url)
     try:
         assert _schema_diff(store) == []
@@ -88,7 +87,7 @@ def test_new_database_is_exactly_schema_py(db_url):  # noqa: F811
 
 
 @pytest.mark.parametrize("legacy", [1, 2])
-def test_database_from_before_alembic_upgrades(db_url, legacy):  # noqa: F811
+def test_database_from_before_alembic_upgrades(db_url, legacy):
     _load_legacy(db_url, legacy)
     with pytest.raises(migrate.SchemaVersionError,
                        match=f"schema version {legacy}, older than this frontier_llm's "
@@ -111,7 +110,7 @@ def test_database_from_before_alembic_upgrades(db_url, legacy):  # noqa: F811
 
 
 @pytest.mark.parametrize("optuna_first", [True, False], ids=["optuna-first", "flm-first"])
-def test_optuna_and_flm_upgrade_side_by_side(db_url, optuna_first):  # noqa: F811
+def test_optuna_and_flm_upgrade_side_by_side(db_url, optuna_first):
     """Optuna's storage upgrade and ours, in one database, in either order, each keeps its
     own version table. Starts from a pre-Alembic flm database to cover the stamping too."""
     _load_legacy(db_url, 1)
@@ -214,7 +213,7 @@ def upgrade() -> None:
         migrate.head_version.cache_clear()
 
 
-def test_jobs_nodes_column_becomes_nodelist_and_keeps_its_values(db_url):  # noqa: F811
+def test_jobs_nodes_column_becomes_nodelist_and_keeps_its_values(db_url):
     """Revision 0005 renames flm_jobs.nodes (a SLURM node list) to nodelist, rows kept."""
     engine = create_engine(resolve_url(db_url))
     with engine.begin() as conn:  # a database made by a frontier_llm at version 4

@@ -13,7 +13,6 @@ from sqlalchemy import create_engine
 from frontier_llm.errors import UserError
 from frontier_llm.store import open_store
 from frontier_llm.store.url import parse_url, redact, resolve_url
-from tests.store_fixtures import pg_server  # noqa: F401  (fixture)
 
 HOSTILE = ["p@ss-Zq9", "a:b@c", "x%y", "pa/ss@w", "q?u=1&v@", "@@", "per%40cent", "trail:"]
 
@@ -65,7 +64,7 @@ def test_the_cli_error_for_a_bad_url_holds_no_password(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.postgres
-def test_a_raw_at_sign_password_reaches_postgresql_and_a_wrong_one_never_leaks(pg_server):  # noqa: F811
+def test_a_raw_at_sign_password_reaches_postgresql_and_a_wrong_one_never_leaks(pg_server):
     """A real PostgreSQL role whose password holds ``@``, ``:`` and ``/``, written raw."""
     admin = create_engine(pg_server.start().replace("postgresql://", "postgresql+psycopg://", 1),
                           isolation_level="AUTOCOMMIT")

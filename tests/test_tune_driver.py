@@ -18,7 +18,6 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 from sqlalchemy import select
-from store_fixtures import db_url  # noqa: F401 (fixture)
 
 from frontier_llm.store import open_store
 from frontier_llm.store.schema import flm_jobs, flm_sweeps
@@ -103,7 +102,7 @@ STEPPER = textwrap.dedent("""
 """)
 
 
-def test_concurrent_steps_never_submit_a_trial_twice(tmp_path, db_url):  # noqa: F811
+def test_concurrent_steps_never_submit_a_trial_twice(tmp_path, db_url):
     """Two processes run `flm tune step` in a loop at the same time on one study: the budget
     (8 jobs) is spent exactly, each trial's job is submitted once, every trial is told."""
     path = study_file(tmp_path, name="conc", trials=8, in_flight=3, sampler="random")

@@ -16,7 +16,6 @@ import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
-from slurm_fixtures import slurm_cluster  # noqa: F401  (pytest fixture)
 from sqlalchemy import select
 
 from frontier_llm.store import open_store
@@ -59,7 +58,7 @@ def flm_cmd(*args: object) -> list[str]:
     return [sys.executable, "-m", "frontier_llm.cli", *map(str, args)]
 
 
-def test_study_survives_sigkill_of_its_driver(slurm_cluster, tmp_path):  # noqa: F811
+def test_study_survives_sigkill_of_its_driver(slurm_cluster, tmp_path):
     path = tmp_path / "tt.yaml"
     path.write_text(STUDY)
     url = f"sqlite:///{tmp_path / 'flm.db'}"
