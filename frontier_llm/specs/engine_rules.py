@@ -11,7 +11,8 @@ Sources:
   engine has one training schedule (``TrainSchedule``, 1F1B) and no interleaving; MiCS
   (``mics_shard_size``: all states sharded in groups) and ZeRO++ hpZ (``zero_hpz_partition_size``:
   a secondary parameter shard inside a group) are ZeRO-3 features.
-- Megatron-LM: schedules without and with interleaving (``--num-layers-per-virtual-pipeline-stage``),
+- Megatron-LM: schedules without and with interleaving
+  (``--num-layers-per-virtual-pipeline-stage``),
   no GPipe; its distributed optimizer (``--use-distributed-optimizer``) shards optimizer states
   over DP ranks (ZeRO-1), nothing further; sequence parallelism and TP communication overlap.
 - PyTorch native (FSDP2 ``fully_shard``, DTensor tensor parallel, ``torch.distributed.pipelining``
