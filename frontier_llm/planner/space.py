@@ -19,6 +19,7 @@ from frontier_llm.errors import UserError
 from frontier_llm.specs.layout import (
     COMPONENTS,
     DType,
+    Engine,
     Placement,
     PlacementKind,
     Recompute,
@@ -27,6 +28,7 @@ from frontier_llm.specs.layout import (
     zero_preset,
 )
 from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.pipeline_split import min_chunk_layers
 from frontier_llm.specs.system import SystemSpec
 
 # Rejection reasons, by code (0 = valid). The planner appends "does not fit in memory".
@@ -39,7 +41,7 @@ REASONS = (
     "heads not divisible by tp",
     "kv_heads and tp do not divide one another",
     "ffn_hidden not divisible by tp",
-    "layers not divisible by pp x virtual_stages",
+    "a pipeline chunk without layers",
     "seq_len not divisible by tp (sequence parallel)",
     "does not fit in memory",
 )
@@ -160,6 +162,16 @@ def _product(tp, pp, dp, micro, sched_v, space, shardings, global_batch) -> dict
     return fill_defaults(cols, n)
 
 
+def _empty_chunks(model: ModelSpec, t: LayoutTable) -> np.ndarray:
+    """Layouts whose engine's split (specs/pipeline_split.py) leaves a chunk with no layer;
+    computed once per distinct (pp, virtual_stages, engine)."""
+    keys = np.stack([t.pp, t.virtual_stages, t.engine], axis=1)
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    empty = np.array([min_chunk_layers(model, int(p), int(v), Engine.from_code(e)) < 1
+                      for p, v, e in uniq], dtype=bool)
+    return empty[inverse.ravel()]
+
+
 def _reasons(model: ModelSpec, t: LayoutTable) -> np.ndarray:
     """The first rule each layout breaks (index into REASONS), 0 when it breaks none."""
     mb_dp = t.micro_batch * t.dp
@@ -176,7 +188,7 @@ def _reasons(model: ModelSpec, t: LayoutTable) -> np.ndarray:
         model.heads % t.tp != 0,
         (model.kv_heads % t.tp != 0) & (t.tp % model.kv_heads != 0),
         model.ffn_hidden % t.tp != 0,
-        model.layers % (t.pp * t.virtual_stages) != 0,
+        _empty_chunks(model, t),
         t.sequence_parallel & (model.seq_len % t.tp != 0),
     ]
     reason = np.zeros(len(t), dtype=np.int8)

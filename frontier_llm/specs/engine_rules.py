@@ -13,8 +13,11 @@ Sources:
   a secondary parameter shard inside a group) are ZeRO-3 features.
 - Megatron-LM: schedules without and with interleaving
   (``--num-layers-per-virtual-pipeline-stage``),
-  no GPipe; its distributed optimizer (``--use-distributed-optimizer``) shards optimizer states
-  over DP ranks (ZeRO-1), nothing further; sequence parallelism and TP communication overlap.
+  no GPipe; an uneven split (``--decoder-first/last-pipeline-num-layers``) is refused with
+  interleaving (``get_num_layers_to_build``: "Uneven number of layer not compatible with
+  interleaved pipeline schedule"); its distributed optimizer (``--use-distributed-optimizer``)
+  shards optimizer states over DP ranks (ZeRO-1), nothing further; sequence parallelism and TP
+  communication overlap.
 - PyTorch native (FSDP2 ``fully_shard``, DTensor tensor parallel, ``torch.distributed.pipelining``
   with ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``): any AMSP placement
   (HSDP via a 2-D mesh, ``reshard_after_forward=int`` for partial parameter sharding). ``flm
@@ -59,8 +62,10 @@ class EngineRules:
     prefetch: int  # sharded parameters gathered this many layers ahead (0: no prefetch)
     reshard_after_forward: bool  # sharded parameters gathered again in backward
     gradient_bucketing: bool  # DP gradient reduction in buckets overlapped with backward
-    # How layers are split when pp x virtual_stages does not divide them (docs/costmodel.md).
+    # How layers are split over pipeline chunks (specs/pipeline_split.py), and whether an uneven
+    # split composes with the interleaved schedule.
     pipeline_split: str
+    uneven_interleaved: bool = True
 
     def violations(self, layout: Layout, model: ModelSpec | None = None) -> list[str]:
         """Every rule of this engine that ``layout`` breaks, as messages naming the engine."""
@@ -81,6 +86,11 @@ class EngineRules:
             out.append(f"{name} does not compose sharding {layout.sharding.describe()} with "
                        f"pipeline parallelism (with pp > 1 it runs "
                        f"{self.describe_shardings(self.pipeline_shardings)})")
+        if model is not None and not self.uneven_interleaved and layout.virtual_stages > 1 \
+                and model.layers % (layout.pp * layout.virtual_stages):
+            out.append(f"{name} splits layers unevenly only without interleaving: layers "
+                       f"({model.layers}) is not divisible by pp x virtual_stages "
+                       f"({layout.pp} x {layout.virtual_stages})")
         if model is not None and self.engine == Engine.NATIVE:
             if model.kv_heads < layout.tp:
                 out.append(f"{name} shards whole K/V heads: kv_heads ({model.kv_heads}) < tp "
@@ -132,7 +142,7 @@ RULES: dict[Engine, EngineRules] = {
         partial_sharding=False, sequence_parallel=True,
         dtypes=(DType.FP32, DType.BF16, DType.FP16), dtype_reason="",
         tp_comm_overlap=True, prefetch=0, reshard_after_forward=False, gradient_bucketing=True,
-        pipeline_split="first_last",
+        pipeline_split="first_last", uneven_interleaved=False,
     ),
     Engine.DEEPSPEED: EngineRules(
         engine=Engine.DEEPSPEED, title="DeepSpeed",
