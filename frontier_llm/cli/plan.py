@@ -15,7 +15,7 @@ from frontier_llm.cli.layout_args import add_layout_args, layout_from_args
 from frontier_llm.costmodel import predict
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.explain import explain
-from frontier_llm.specs.layout import DType, Recompute, zero_preset
+from frontier_llm.specs.layout import DType, Engine, Recompute, zero_preset
 
 DEFAULT_MODEL, DEFAULT_SYSTEM, DEFAULT_GPUS = "gpt-175b", "frontier", 1024
 
@@ -40,12 +40,24 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def _display(df: pd.DataFrame) -> pd.DataFrame:
+def _engine_list(text: str) -> tuple[str, ...]:
+    words = tuple(w.strip() for w in text.split(",") if w.strip())
+    bad = [w for w in words if w not in Engine.words()]
+    if bad or not words:
+        raise argparse.ArgumentTypeError(
+            f"engines are a comma-separated list of {', '.join(Engine.words())} (got {text!r})")
+    return tuple(dict.fromkeys(words))
+
+
+def _display(df: pd.DataFrame, engines: int = 1) -> pd.DataFrame:
     df = df.copy()
     df["peak_memory_gb"] = df["peak_memory_bytes"] / 1e9
     df["schedule"] = [f"{s}:{v}" if s == "interleaved" else str(s)
                       for s, v in zip(df["schedule"], df["virtual_stages"], strict=True)]
-    df = df[list(TABLE_COLUMNS)].rename(columns=TABLE_COLUMNS)
+    columns = dict(TABLE_COLUMNS)
+    if engines > 1:  # the engine column only when the plan compares engines
+        columns = {"rank": "rank", "engine": "engine", **columns}
+    df = df[list(columns)].rename(columns=columns)
     return df.round({"step_s": 3, "tokens/s": 0, "TFLOP/s/gpu": 1, "MFU": 3, "mem_GB": 1})
 
 
@@ -55,7 +67,7 @@ def run_plan(args: argparse.Namespace) -> int:
         tp=args.tp, pp=args.pp, micro_batch=args.micro_batch,
         recompute=tuple(args.recompute) if args.recompute else SearchSpace.recompute,
         sharding=tuple(zero_preset(z) for z in args.zero) if args.zero else None,
-        flash_attention=(args.flash_attention,), dtype=args.dtype,
+        flash_attention=(args.flash_attention,), dtype=args.dtype, engine=args.engine,
     )
     start = time.perf_counter()
     result = plan(model, system, args.gpus, args.global_batch, space)
@@ -68,7 +80,7 @@ def run_plan(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if args.format == "table":
-        emit_frame(_display(ranked), "table")
+        emit_frame(_display(ranked, len(args.engine)), "table")
     elif args.format == "csv":
         emit_frame(ranked, "csv")
     else:
@@ -126,6 +138,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "those that break a rule or do not fit, and print the fastest first. Without options: "
         f"{DEFAULT_MODEL} on {DEFAULT_GPUS} {DEFAULT_SYSTEM} GCDs.",
         ["flm plan", "flm plan --model gpt-1t --system frontier --gpus 3072 --top 20 --explain",
+         "flm plan --model llama3-70b --system frontier --gpus 768 --engine megatron,deepspeed",
          "flm plan --model llama3-70b --system dgx-h100 --gpus 64 --tp 8 --format csv",
          "flm plan --model my-model.yaml --system my-system.yaml --gpus 128"],
     )
@@ -153,6 +166,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
                    help="assume unfused attention")
     g.add_argument("--dtype", choices=DType.words(), default="bf16")
+    g.add_argument("--engine", type=_engine_list, default=(Engine.NATIVE.value,),
+                   metavar="ENGINE[,ENGINE]",
+                   help="training engines to plan for, comma-separated, of "
+                        f"{', '.join(Engine.words())} (default native); each engine's rules "
+                        "(specs/engine_rules.py) reject what it cannot run")
     add_format(p)
     p.set_defaults(func=run_plan)
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from frontier_llm.costmodel.layouts import LayoutTable, encode, fill_defaults
 from frontier_llm.errors import UserError
+from frontier_llm.specs.engine_rules import LAYOUT_RULES, MODEL_RULES, RULES
 from frontier_llm.specs.layout import (
     COMPONENTS,
     DType,
@@ -31,21 +33,43 @@ from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.pipeline_split import min_chunk_layers
 from frontier_llm.specs.system import SystemSpec
 
-# Rejection reasons, by code (0 = valid). The planner appends "does not fit in memory".
-# In the order Layout checks them, so both name the same first broken rule.
-REASONS = (
-    "",
+# Rejection reasons, by code (0 = valid). In the order Layout checks them, so both name the
+# same first broken rule: the layout's own rules, its engine's rules of the layout alone (one
+# reason per engine and rule, naming the engine), the rules against the model, the engine's rules
+# against the model, and last the cost model's "does not fit in memory".
+_LAYOUT_REASONS = (
     "global_batch not divisible by micro_batch x dp",
     "interleaved needs micro-batches to be a multiple of pp",
     "partial sharding group does not divide dp",
+)
+_MODEL_REASONS = (
     "heads not divisible by tp",
     "kv_heads and tp do not divide one another",
     "ffn_hidden not divisible by tp",
     "a pipeline chunk without layers",
     "seq_len not divisible by tp (sequence parallel)",
+)
+
+
+def _engine_reasons(rules: tuple[str, ...]) -> tuple[tuple[Engine, str], ...]:
+    return tuple((e, r) for e in Engine for r in rules if RULES[e].has_rule(r))
+
+
+_ENGINE_LAYOUT = _engine_reasons(LAYOUT_RULES)
+_ENGINE_MODEL = _engine_reasons(MODEL_RULES)
+REASONS = (
+    "",
+    *_LAYOUT_REASONS,
+    *(RULES[e].reason(r) for e, r in _ENGINE_LAYOUT),
+    *_MODEL_REASONS,
+    *(RULES[e].reason(r) for e, r in _ENGINE_MODEL),
     "does not fit in memory",
 )
 OOM = REASONS.index("does not fit in memory")
+# (engine, rule) -> its code in REASONS.
+ENGINE_REASON = {key: REASONS.index(RULES[key[0]].reason(key[1]))
+                 for key in (*_ENGINE_LAYOUT, *_ENGINE_MODEL)}
+_EMPTY_CHUNK = REASONS.index("a pipeline chunk without layers")
 
 
 def divisors(n: int) -> list[int]:
@@ -67,6 +91,7 @@ class SearchSpace:
     flash_attention: tuple[bool, ...] = (True,)
     dtype: str = "bf16"
     sharding: tuple[Sharding, ...] | None = None  # None: ZeRO-0..3 and node-local partial ones
+    engine: tuple[str, ...] = (Engine.NATIVE.value,)
     max_tp: int = 64
     max_micro_batch: int = 16
 
@@ -107,15 +132,16 @@ def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_ba
                 continue
             dp = gpus // (tp * pp)
             shard = space.sharding or tuple(_shardings(system, tp, dp))
-            block = _product(tp, pp, dp, micro, _schedules(model, pp, space), space, shard,
-                             global_batch)
+            block = _product(model, tp, pp, dp, micro, _schedules(model, pp, space), space,
+                             shard, global_batch)
             if block is not None:
                 blocks.append(block)
     if not blocks:
         raise UserError(f"no tp x pp x dp layout of {gpus} GPUs matches the requested degrees")
     cols = {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
+    engine_layout, engine_model = cols.pop("_engine_layout"), cols.pop("_engine_model")
     table = LayoutTable(**cols)
-    return table, _reasons(model, table)
+    return table, _reasons(model, table, engine_layout, engine_model)
 
 
 def _schedules(model: ModelSpec, pp: int, space: SearchSpace) -> list[tuple[int, int]]:
@@ -125,25 +151,27 @@ def _schedules(model: ModelSpec, pp: int, space: SearchSpace) -> list[tuple[int,
         if name != Schedule.INTERLEAVED:
             out.append((name.code, 1))
         elif pp > 1:  # interleaving without a pipeline is not a layout
-            per_stage = model.layers // pp if model.layers % pp == 0 else 0
-            vs = space.virtual_stages or tuple(v for v in divisors(per_stage) if v > 1)
+            # v dividing the (smallest even share of) layers per stage: with an uneven split the
+            # engine's split decides the chunks (specs/pipeline_split.py).
+            vs = space.virtual_stages or tuple(v for v in divisors(model.layers // pp) if v > 1)
             out += [(name.code, v) for v in vs if v > 1]
     return out
 
 
-def _product(tp, pp, dp, micro, sched_v, space, shardings, global_batch) -> dict | None:
+def _product(model, tp, pp, dp, micro, sched_v, space, shardings, global_batch) -> dict | None:
     rec = [Recompute(r).code for r in space.recompute]
     # Sequence parallelism without TP and interleaving without a pipeline are not layouts.
     sp = [s for s in space.sequence_parallel if tp > 1 or not s]
     if not sched_v:
         return None
+    engines = tuple(Engine.parse(e, "engine") for e in space.engine)
     shard_rows = [list(encode("sharding", s).values()) for s in shardings]
     grids = np.meshgrid(
         np.arange(len(micro)), np.arange(len(sched_v)), np.arange(len(rec)),
         np.arange(len(sp)), np.arange(len(space.flash_attention)), np.arange(len(shard_rows)),
-        indexing="ij",
+        np.arange(len(engines)), indexing="ij",
     )
-    i_mb, i_sv, i_rc, i_sp, i_fa, i_sh = (g.ravel() for g in grids)
+    i_mb, i_sv, i_rc, i_sp, i_fa, i_sh, i_en = (g.ravel() for g in grids)
     n = len(i_mb)
     sv = np.array(sched_v)
     sh = np.array(shard_rows)
@@ -155,25 +183,71 @@ def _product(tp, pp, dp, micro, sched_v, space, shardings, global_batch) -> dict
         "recompute": np.array(rec)[i_rc],
         "flash_attention": np.array(space.flash_attention, dtype=bool)[i_fa],
         "dtype": np.full(n, DType(space.dtype).code),
+        "engine": np.array([e.code for e in engines])[i_en],
     }
     for j, col in enumerate(encode("sharding", shardings[0])):
         cols[col] = sh[i_sh, j]
+    # The engine rules depend on few knobs: a small table per block, gathered per row.
+    layout_code, model_code = _engine_codes(model, tp, pp, tuple(sched_v), tuple(sp),
+                                            tuple(shardings), engines, DType(space.dtype))
+    cols["_engine_layout"] = layout_code[i_en, i_sv, i_sp, i_sh]
+    cols["_engine_model"] = model_code[i_en, i_sv]
     # Knobs the space does not enumerate keep the Layout's default.
     return fill_defaults(cols, n)
 
 
-def _empty_chunks(model: ModelSpec, t: LayoutTable) -> np.ndarray:
-    """Layouts whose engine's split (specs/pipeline_split.py) leaves a chunk with no layer;
-    computed once per distinct (pp, virtual_stages, engine)."""
-    keys = np.stack([t.pp, t.virtual_stages, t.engine], axis=1)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-    empty = np.array([min_chunk_layers(model, int(p), int(v), Engine.from_code(e)) < 1
-                      for p, v, e in uniq], dtype=bool)
-    return empty[inverse.ravel()]
+def _engine_codes(model, tp, pp, sched_v, sp, shardings, engines, dtype):
+    """Reason codes of the engine rules for every (engine, schedule, sp, sharding) of a block
+    (the rules of the layout alone) and every (engine, schedule) (the rules against the model,
+    the empty chunk among them): the first broken rule wins, in EngineRules.broken's order.
+    Each rule depends on one or two knobs, so each is a small table, broadcast together."""
+    E, J, K, M = len(engines), len(sched_v), len(sp), len(shardings)
+    lay = np.zeros((E, J, K, M), dtype=np.int16)
+    mod = np.zeros((E, J), dtype=np.int16)
+    runs, runs_pipe = _sharding_tables(shardings, engines)
+    for e, engine in enumerate(engines):
+        r = RULES[engine]
+        code = {rule: ENGINE_REASON.get((engine, rule), 0) for rule in (*LAYOUT_RULES,
+                                                                       *MODEL_RULES)}
+        broken = [
+            (np.array([pp > 1 and Schedule.from_code(c) not in r.schedules for c, _ in sched_v]
+                      )[:, None, None], code["schedule"]),
+            (np.array(dtype not in r.dtypes), code["dtype"]),
+            (np.array([bool(q) and not r.sequence_parallel for q in sp])[None, :, None],
+             code["sequence_parallel"]),
+            (~runs[e][None, None, :], code["sharding"]),
+            ((pp > 1) & ~runs_pipe[e][None, None, :], code["pipeline_sharding"]),
+        ]
+        out = np.zeros((J, K, M), dtype=np.int16)
+        for mask, c in reversed(broken):
+            out = np.where(np.broadcast_to(mask, out.shape), c, out)
+        lay[e] = out
+        for j, (_, v) in enumerate(sched_v):
+            if min_chunk_layers(model, pp, v, engine) < 1:
+                mod[e, j] = _EMPTY_CHUNK
+            elif not r.uneven_interleaved and v > 1 and model.layers % (pp * v):
+                mod[e, j] = code["uneven_interleaved"]
+            elif r.whole_kv_heads and model.kv_heads < tp:
+                mod[e, j] = code["whole_kv_heads"]
+            elif r.vocab_divisible and model.vocab % tp:
+                mod[e, j] = code["vocab_tp"]
+    return lay, mod
 
 
-def _reasons(model: ModelSpec, t: LayoutTable) -> np.ndarray:
-    """The first rule each layout breaks (index into REASONS), 0 when it breaks none."""
+@lru_cache(maxsize=1024)
+def _sharding_tables(shardings: tuple, engines: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Whether each engine runs each sharding, alone and with pp > 1."""
+    runs = np.array([[RULES[e].runs_sharding(s) for s in shardings] for e in engines])
+    pipe = np.array([[RULES[e].runs_sharding(s, pipeline=True) for s in shardings]
+                     for e in engines])
+    return runs, pipe
+
+
+def _reasons(model: ModelSpec, t: LayoutTable, engine_layout: np.ndarray,
+             engine_model: np.ndarray) -> np.ndarray:
+    """The first rule each layout breaks (index into REASONS), 0 when it breaks none.
+    ``engine_layout`` / ``engine_model``: each row's first broken engine rule of the layout alone
+    and against the model (the empty chunk among the latter), 0 for none."""
     mb_dp = t.micro_batch * t.dp
     m = t.global_batch // mb_dp
     partial = np.zeros(len(t), dtype=bool)
@@ -181,17 +255,24 @@ def _reasons(model: ModelSpec, t: LayoutTable) -> np.ndarray:
         kind = getattr(t, f"{comp}_kind")
         group = np.maximum(getattr(t, f"{comp}_group"), 1)
         partial |= (kind == PlacementKind.PARTIAL.code) & (t.dp % group != 0)
+    empty = engine_model == _EMPTY_CHUNK
+    engine_only = np.where(empty, 0, engine_model)
+    # (rule broken, its code), in the order Layout checks them.
     rules = [
-        t.global_batch % mb_dp != 0,
-        (t.schedule == Schedule.INTERLEAVED.code) & (m % t.pp != 0),
-        partial,
-        model.heads % t.tp != 0,
-        (model.kv_heads % t.tp != 0) & (t.tp % model.kv_heads != 0),
-        model.ffn_hidden % t.tp != 0,
-        _empty_chunks(model, t),
-        t.sequence_parallel & (model.seq_len % t.tp != 0),
+        (t.global_batch % mb_dp != 0, REASONS.index(_LAYOUT_REASONS[0])),
+        ((t.schedule == Schedule.INTERLEAVED.code) & (m % t.pp != 0),
+         REASONS.index(_LAYOUT_REASONS[1])),
+        (partial, REASONS.index(_LAYOUT_REASONS[2])),
+        (engine_layout != 0, engine_layout),
+        (model.heads % t.tp != 0, REASONS.index(_MODEL_REASONS[0])),
+        ((model.kv_heads % t.tp != 0) & (t.tp % model.kv_heads != 0),
+         REASONS.index(_MODEL_REASONS[1])),
+        (model.ffn_hidden % t.tp != 0, REASONS.index(_MODEL_REASONS[2])),
+        (empty, _EMPTY_CHUNK),
+        (t.sequence_parallel & (model.seq_len % t.tp != 0), REASONS.index(_MODEL_REASONS[4])),
+        (engine_only != 0, engine_only),
     ]
-    reason = np.zeros(len(t), dtype=np.int8)
-    for code in range(len(rules), 0, -1):  # the first rule broken wins
-        reason[rules[code - 1]] = code
+    reason = np.zeros(len(t), dtype=np.int16)
+    for broken, code in reversed(rules):  # the first rule broken wins
+        reason[broken] = code[broken] if isinstance(code, np.ndarray) else code
     return reason
