@@ -23,6 +23,7 @@ from frontier_llm.errors import SpecError, UserError
 from frontier_llm.jobs.render import TEMPLATES, template_options, template_path
 from frontier_llm.specs import (
     DType,
+    Engine,
     Layout,
     ModelSpec,
     Recompute,
@@ -103,13 +104,16 @@ class SpaceSpec:
     flash_attention: list | None = None
     zero: list | None = None
     sharding: list | None = None
+    # Training engines to compare (a list; default native): each engine's rules apply.
+    engine: list | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "micro_batch", "virtual_stages", "zero"):
             _int_list(getattr(self, name), name)
-        for name in ("schedule", "recompute", "sharding"):
+        for name in ("schedule", "recompute", "sharding", "engine"):
             _str_list(getattr(self, name), name)
-        for name, vocabulary in (("schedule", Schedule), ("recompute", Recompute)):
+        for name, vocabulary in (("schedule", Schedule), ("recompute", Recompute),
+                                 ("engine", Engine)):
             for word in getattr(self, name) or ():
                 vocabulary.parse(word, name)  # the words of specs.layout, checked here
         for name in ("sequence_parallel", "flash_attention"):
@@ -337,7 +341,7 @@ def _space_jobs(spec: SweepFile, raw_space: Any, models: list[tuple[str, ModelSp
                         "space")
     knobs: dict[str, Any] = {}
     for name in ("tp", "pp", "micro_batch", "schedule", "virtual_stages", "recompute",
-                 "sequence_parallel", "flash_attention"):
+                 "sequence_parallel", "flash_attention", "engine"):
         value = getattr(space, name)
         if value is not None:
             knobs[name] = tuple(value)
