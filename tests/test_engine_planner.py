@@ -153,3 +153,24 @@ def test_uneven_pipelines_are_planned(plans):
     assert {"native", "megatron", "deepspeed"} <= engines
     layout = p.layout(int(p.ranked_indices(1, fits_only=False)[0]))
     assert layout.pp == 5 and sum(layout.stage_layers(p.model)) == 48
+
+
+def test_a_sweep_space_compares_engines(tmp_path):
+    """space.engine is a list: one sweep holds each engine's valid layouts; a word that is no
+    engine is refused with the file and line."""
+    from frontier_llm.jobs.sweepspec import load_sweep
+
+    text = ("name: engines\nsystem: frontier\nmodel: gpt-22b\ngpus: [8]\nglobal_batch: 16\n"
+            "space:\n  tp: [8]\n  schedule: [gpipe, 1f1b]\n  pp: [1]\n  zero: [1, 3]\n"
+            "  fits_only: false\n  engine: [native, megatron, deepspeed]\n")
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    sweep = load_sweep(path)
+    engines = {(str(j.layout.engine), j.layout.sharding.describe()) for j in sweep.jobs}
+    # Megatron has no ZeRO-3: the only pair missing.
+    assert engines == {("native", "zero1"), ("native", "zero3"), ("megatron", "zero1"),
+                       ("deepspeed", "zero1"), ("deepspeed", "zero3")}
+    assert sweep.skipped["engine megatron runs only zero0, zero1"] == 2  # gpipe and 1f1b, pp 1
+    path.write_text(text.replace("deepspeed]", "jax]"))
+    with pytest.raises(SpecError, match="engine must be one of native, megatron, deepspeed"):
+        load_sweep(path)
