@@ -9,6 +9,7 @@ import pytest
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.planner import REASONS, SearchSpace, default_global_batch, layout_from_row, plan
+from frontier_llm.planner.plan import non_dominated
 from frontier_llm.specs.parallel import ParallelConfig
 
 
@@ -108,3 +109,27 @@ def test_amsp_partial_sharding_is_in_the_space():
     labels = set(p.table["sharding"].astype(str))
     assert {"zero0", "zero1", "zero2", "zero3"} <= labels
     assert any("partial:2" in lab for lab in labels)
+
+
+@pytest.mark.parametrize(("memory", "keep"), [
+    ([5, 4, 4, 6, 3, 3, 1], [True, True, False, False, True, False, True]),
+    ([1, 2, 3], [True, False, False]),
+    ([], []),
+])
+def test_non_dominated_walks_the_ranking(memory, keep):
+    assert non_dominated(np.array(memory)).tolist() == keep
+
+
+def test_the_default_ranking_holds_only_non_dominated_layouts(frontier_22b):
+    shown = frontier_22b.ranked_indices(None, frontier=True)
+    every = frontier_22b.order()
+    tps, mem = frontier_22b.figures["tokens_per_s"], frontier_22b.figures["peak_memory_bytes"]
+    assert 1 < len(shown) < len(every)
+    for i in shown:  # no other valid layout is as fast with no more memory
+        others = every[every != i]
+        assert not np.any((tps[others] >= tps[i]) & (mem[others] < mem[i]))
+        assert not np.any((tps[others] > tps[i]) & (mem[others] <= mem[i]))
+    for j in np.setdiff1d(every, shown):  # every layout left out is dominated by one shown
+        assert np.any((tps[shown] >= tps[j]) & (mem[shown] <= mem[j]))
+    # The frontier keeps the ranking's order: fastest first, memory falling.
+    assert (np.diff(tps[shown]) <= 0).all() and (np.diff(mem[shown]) < 0).all()

@@ -72,11 +72,14 @@ def run_plan(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     result = plan(model, system, args.gpus, args.global_batch, space)
     seconds = time.perf_counter() - start
-    ranked = result.ranked(args.top, fits_only=not args.include_oom)
+    ranked = result.ranked(args.top, fits_only=not args.include_oom, frontier=not args.all)
+    shown = "" if args.all else (
+        f", {len(result.ranked_indices(None, frontier=True)):,} not dominated (no other is as "
+        "fast with less memory; --all shows every one)")
     print(
         f"# {model.name} on {args.gpus} x {system.gpu} ({system.name}), global batch "
         f"{result.global_batch}: {len(result.reason):,} layouts evaluated in {seconds:.2f} s, "
-        f"{int(np.sum(result.valid)):,} valid and fit",
+        f"{int(np.sum(result.valid)):,} valid and fit{shown}",
         file=sys.stderr,
     )
     if args.format == "table":
@@ -156,6 +159,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="say why the winner wins and how many layouts each rule rejected")
     p.add_argument("--include-oom", action="store_true",
                    help="also rank layouts that do not fit in memory (after those that do)")
+    p.add_argument("--all", action="store_true",
+                   help="rank every layout; by default a layout is left out when another is at "
+                        "least as fast with no more memory (it is dominated)")
     g = p.add_argument_group("restrict the search")
     g.add_argument("--tp", type=_int_list, help="tensor-parallel degrees, e.g. 4,8")
     g.add_argument("--pp", type=_int_list, help="pipeline degrees, e.g. 8,16")

@@ -75,19 +75,27 @@ class Plan:
     def table(self) -> pd.DataFrame:
         return self.frame()
 
-    def ranked(self, top: int | None = None, fits_only: bool = True) -> pd.DataFrame:
+    def ranked(self, top: int | None = None, fits_only: bool = True,
+               frontier: bool = False) -> pd.DataFrame:
         """Valid layouts, fastest first; with ``fits_only=False`` the ones that do not fit in
-        memory are ranked too (after those that do)."""
-        df = self.frame(self.ranked_indices(top, fits_only))
+        memory are ranked too (after those that do); with ``frontier`` only the non-dominated
+        ones (:func:`non_dominated`)."""
+        df = self.frame(self.ranked_indices(top, fits_only, frontier))
         df.insert(0, "rank", np.arange(1, len(df) + 1))
         return df.reset_index(drop=True)
 
-    def ranked_indices(self, top: int | None = None, fits_only: bool = True) -> np.ndarray:
+    def ranked_indices(self, top: int | None = None, fits_only: bool = True,
+                       frontier: bool = False) -> np.ndarray:
         """The rows of :meth:`ranked`, as indices for :meth:`layout` and :meth:`prediction`."""
         idx = self.order()
+        if frontier:
+            idx = idx[non_dominated(self.figures["peak_memory_bytes"][idx])]
         if not fits_only:
             oom = np.flatnonzero(self.reason == OOM)
-            oom = oom[np.argsort(-self.figures["tokens_per_s"][oom], kind="stable")]
+            oom = oom[np.lexsort((self.figures["peak_memory_bytes"][oom],
+                                  -self.figures["tokens_per_s"][oom]))]
+            if frontier:
+                oom = oom[non_dominated(self.figures["peak_memory_bytes"][oom])]
             idx = np.concatenate([idx, oom])
         return idx if top is None else idx[:top]
 
@@ -103,6 +111,18 @@ class Plan:
     def best(self) -> Layout | None:
         order = self.order()
         return self.layout(int(order[0])) if len(order) else None
+
+
+def non_dominated(memory_in_rank_order: np.ndarray) -> np.ndarray:
+    """Which layouts, given fastest first (ties: less memory first), no other layout dominates:
+    none earlier is at least as fast with no more memory. Walking down the ranking, a layout
+    stays only if it needs strictly less memory than every faster one (the Pareto frontier of
+    throughput and memory; a layout tied with an earlier one in both is dropped too)."""
+    mem = np.asarray(memory_in_rank_order, dtype=float)
+    if not len(mem):
+        return np.zeros(0, dtype=bool)
+    least_before = np.minimum.accumulate(np.concatenate([[np.inf], mem[:-1]]))
+    return mem < least_before
 
 
 def layout_columns(t: LayoutTable) -> dict[str, object]:
