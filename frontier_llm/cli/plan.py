@@ -12,6 +12,7 @@ import pandas as pd
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.cli.common import add_command, add_format, emit_frame, emit_json
 from frontier_llm.cli.layout_args import add_layout_args, layout_from_args
+from frontier_llm.cli.numbers import MAX_GPUS, count, count_list, gpus
 from frontier_llm.costmodel import predict
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.explain import explain
@@ -27,17 +28,6 @@ TABLE_COLUMNS = {
     "model_tflops_per_gpu": "TFLOP/s/gpu", "mfu": "MFU", "peak_memory_gb": "mem_GB",
     "fits": "fits",
 }
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}") from None
-    if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"values must be at least 1, got {text!r}")
-    return values
 
 
 def _engine_list(text: str) -> tuple[str, ...]:
@@ -149,12 +139,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"catalog name or YAML path (default {DEFAULT_MODEL}; see flm models)")
     p.add_argument("--system", default=DEFAULT_SYSTEM,
                    help=f"catalog name or YAML path (default {DEFAULT_SYSTEM}; see flm systems)")
-    p.add_argument("--gpus", type=int, default=DEFAULT_GPUS,
-                   help=f"number of GPUs (Frontier: GCDs) (default {DEFAULT_GPUS})")
-    p.add_argument("--global-batch", type=int, default=None,
+    p.add_argument("--gpus", type=gpus, default=DEFAULT_GPUS,
+                   help=f"number of GPUs (Frontier: GCDs) (default {DEFAULT_GPUS}; at most "
+                        f"{MAX_GPUS:,})")
+    p.add_argument("--global-batch", type=count(1), default=None,
                    help="sequences per iteration (default: the smallest multiple of --gpus "
                         "holding 4M tokens)")
-    p.add_argument("--top", type=int, default=20, help="rows to print (default 20)")
+    p.add_argument("--top", type=count(1), default=20, help="rows to print (default 20)")
     p.add_argument("--explain", action="store_true",
                    help="say why the winner wins and how many layouts each rule rejected")
     p.add_argument("--include-oom", action="store_true",
@@ -163,9 +154,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="rank every layout; by default a layout is left out when another is at "
                         "least as fast with no more memory (it is dominated)")
     g = p.add_argument_group("restrict the search")
-    g.add_argument("--tp", type=_int_list, help="tensor-parallel degrees, e.g. 4,8")
-    g.add_argument("--pp", type=_int_list, help="pipeline degrees, e.g. 8,16")
-    g.add_argument("--micro-batch", type=_int_list, help="micro-batch sizes, e.g. 1,2")
+    g.add_argument("--tp", type=count_list(1, MAX_GPUS), help="tensor-parallel degrees, e.g. 4,8")
+    g.add_argument("--pp", type=count_list(1, MAX_GPUS), help="pipeline degrees, e.g. 8,16")
+    g.add_argument("--micro-batch", type=count_list(1), help="micro-batch sizes, e.g. 1,2")
     g.add_argument("--recompute", nargs="+", choices=Recompute.words())
     g.add_argument("--zero", type=int, nargs="+", choices=(0, 1, 2, 3),
                    help="only these ZeRO presets (default: ZeRO-0..3 and AMSP partial ones)")
@@ -192,7 +183,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", required=True, help="catalog name or YAML path")
     p.add_argument("--system", required=True, help="catalog name or YAML path")
-    p.add_argument("--gpus", type=int, default=None,
+    p.add_argument("--gpus", type=gpus, default=None,
                    help="check that tp x pp x dp uses exactly this many GPUs")
     add_layout_args(p)
     add_format(p, choices=("table", "json"))

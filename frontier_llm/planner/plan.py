@@ -12,7 +12,7 @@ from frontier_llm.costmodel import evaluate
 from frontier_llm.costmodel.layouts import LayoutTable
 from frontier_llm.errors import UserError
 from frontier_llm.planner.space import OOM, REASONS, SearchSpace, enumerate_layouts
-from frontier_llm.specs.layout import Layout, Sharding, Vocabulary, layout_types
+from frontier_llm.specs.layout import MAX_GPUS, Layout, Sharding, Vocabulary, layout_types
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
@@ -154,8 +154,8 @@ def _sharding_labels(t: LayoutTable) -> pd.Categorical:
 def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | None = None,
          space: SearchSpace | None = None) -> Plan:
     """Evaluate every layout of ``space`` for ``model`` on ``gpus`` GPUs of ``system``."""
-    if gpus < 1:
-        raise UserError(f"--gpus must be at least 1 (got {gpus})")
+    if not 1 <= gpus <= MAX_GPUS:
+        raise UserError(f"the GPU count must be between 1 and {MAX_GPUS:,} (got {gpus})")
     gb = global_batch or default_global_batch(model, gpus)
     layouts, reason = enumerate_layouts(model, system, gpus, gb, space or SearchSpace())
     # The cost model runs on the layouts no rule rejected; the others get NaN figures.

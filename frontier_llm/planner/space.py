@@ -20,6 +20,8 @@ from frontier_llm.errors import UserError
 from frontier_llm.specs.engine_rules import LAYOUT_RULES, MODEL_RULES, RULES
 from frontier_llm.specs.layout import (
     COMPONENTS,
+    MAX_COUNT,
+    MAX_GPUS,
     DType,
     Engine,
     Placement,
@@ -73,7 +75,17 @@ _EMPTY_CHUNK = REASONS.index("a pipeline chunk without layers")
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` in increasing order, by trial division up to sqrt(n) (n is at most
+    MAX_GPUS, so this stays below a thousand steps)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
 @dataclass(frozen=True)
@@ -114,10 +126,11 @@ def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_ba
                       space: SearchSpace | None = None) -> tuple[LayoutTable, np.ndarray]:
     """Every candidate layout as a table, and the reason code of each (0 = valid)."""
     space = space or SearchSpace()
-    if gpus < 1:
-        raise UserError(f"--gpus must be at least 1 (got {gpus})")
-    if global_batch < 1:
-        raise UserError(f"global batch must be at least 1 (got {global_batch})")
+    if not 1 <= gpus <= MAX_GPUS:
+        raise UserError(f"the GPU count must be between 1 and {MAX_GPUS:,} (got {gpus})")
+    if not 1 <= global_batch <= MAX_COUNT:
+        raise UserError(f"the global batch must be between 1 and {MAX_COUNT:,} "
+                        f"(got {global_batch})")
     tps = space.tp or tuple(d for d in divisors(gpus) if d <= space.max_tp)
     bad_tp = [t for t in tps if gpus % t]
     if bad_tp:

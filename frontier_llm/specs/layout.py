@@ -109,6 +109,12 @@ class PlacementKind(Vocabulary):
 
 
 COMPONENTS = ("params", "grads", "optim")
+# The largest GPU count anything plans, predicts or runs (2**20; Frontier has 75,264 GCDs and the
+# largest planned systems a few hundred thousand): above it a request is a typing mistake, and
+# refusing it keeps every enumeration bounded. Any other count (batch, steps) is at most
+# MAX_COUNT, which keeps products of counts inside int64.
+MAX_GPUS = 1_048_576
+MAX_COUNT = 2**31 - 1
 # The short names of the sharding text form (p=..,g=..,o=..); the long names are accepted too.
 _SHORT = {"p": "params", "g": "grads", "o": "optim"}
 
@@ -289,6 +295,12 @@ class Layout:
                 object.__setattr__(self, name, kind.parse(getattr(self, name), name))
             elif kind is int and getattr(self, name) < 1:
                 raise SpecError(f"{name} must be at least 1 (got {getattr(self, name)})", name)
+            elif kind is int and getattr(self, name) > MAX_COUNT:
+                raise SpecError(f"{name} must be at most {MAX_COUNT:,} (got {getattr(self, name)})",
+                                name)
+        if self.world_size > MAX_GPUS:
+            raise SpecError(f"tp x pp x dp = {self.world_size:,} GPUs is above the maximum of "
+                            f"{MAX_GPUS:,}", "dp")
         per_step = self.micro_batch * self.dp
         if self.global_batch % per_step:
             raise SpecError(
