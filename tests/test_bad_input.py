@@ -95,3 +95,33 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, words):
     assert len(err) == 1, err
     assert words in err[0] and "Traceback" not in err[0], err[0]
     assert set(tmp_path.iterdir()) == before  # nothing written
+
+
+# Numbers inside files: a model, a sweep. (file name, text, argv, words)
+FILE_CASES = [
+    ("model-layers", "m.yaml", "name: m\nlayers: 99999999999999999999\nhidden: 64\nheads: 4\n"
+     "seq_len: 32\nvocab: 256\n", ["plan", "--gpus", "8", "--model", "{file}"],
+     "layers must be at most 16,777,216"),
+    ("model-vocab", "m.yaml", "name: m\nlayers: 4\nhidden: 64\nheads: 4\nseq_len: 32\n"
+     f"vocab: {HUGE}\n", ["predict", "--model", "{file}", "--system", "frontier", "--tp", "1"],
+     "vocab must be at most"),
+    ("sweep-gpus", "s.yaml", "name: s\nsystem: cpu-local\nmodel: tiny-gpt\n"
+     f"gpus: [{HUGE}]\nspace: auto\n", ["sweep", "render", "{file}", "--out", "{tmp}/out"],
+     "gpus values must be at most 1,048,576"),
+    ("sweep-steps", "s.yaml", "name: s\nsystem: cpu-local\nmodel: tiny-gpt\ngpus: [2]\n"
+     f"steps: {HUGE}\nspace: auto\n", ["sweep", "render", "{file}", "--out", "{tmp}/out"],
+     "steps must be at most"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "argv", "words"), [c[1:] for c in FILE_CASES],
+                         ids=[c[0] for c in FILE_CASES])
+def test_absurd_numbers_in_files_are_one_line_and_exit_2(tmp_path, capsys, name, text, argv,
+                                                        words):
+    path = tmp_path / name
+    path.write_text(text)
+    argv = [a.replace("{tmp}", str(tmp_path)).replace("{file}", str(path)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0] and str(path) in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -36,6 +36,7 @@ read it. Each engine's rule is the one its own code applies (``pipeline_split`` 
 
 from __future__ import annotations
 
+import heapq
 import math
 from functools import lru_cache
 
@@ -136,13 +137,25 @@ def _balanced(layers: int, chunks: int, emb: float, head: float) -> tuple[int, .
         caps = [math.floor(bound - e + 1e-9) if bound + 1e-9 >= e else -1 for e in ends]
         return None if min(caps) < 0 or sum(caps) < layers else caps
 
-    # The smallest heaviest part is k + an end weight (or k) for some whole k.
-    candidates = sorted({k + e for k in range(layers + 1) for e in {0.0, emb, head}})
-    caps = next(c for c in (capacity(b) for b in candidates) if c is not None)
-    surplus = sum(caps) - layers
-    while surplus:
-        heaviest = max(range(chunks),
-                       key=lambda i: (caps[i] + ends[i] if caps[i] else -1, caps[i], i))
-        caps[heaviest] -= 1
-        surplus -= 1
+    # The smallest heaviest part weighs k layers plus one part's end weight (0, emb or head) for
+    # some whole k; feasibility grows with the bound, so a binary search over k finds, for each
+    # end weight, the least feasible k (log(layers) probes, however many layers).
+    def least(offset: float) -> float:
+        lo, hi = 0, layers + math.ceil(max(emb, head))
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if capacity(mid + offset) is not None else (mid + 1, hi)
+        return lo + offset
+
+    caps = capacity(min(least(e) for e in {0.0, emb, head}))
+    assert caps is not None
+    # Take the surplus from the heaviest part (ties: more layers, then the later part), one
+    # layer at a time; a heap keeps that O(surplus log chunks).
+    heap = [(-(c + e), -c, -i) for i, (c, e) in enumerate(zip(caps, ends, strict=True)) if c]
+    heapq.heapify(heap)
+    for _ in range(sum(caps) - layers):
+        _, _, i = heapq.heappop(heap)
+        caps[-i] -= 1
+        if caps[-i]:
+            heapq.heappush(heap, (-(caps[-i] + ends[-i]), -caps[-i], i))
     return tuple(caps)
