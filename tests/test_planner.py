@@ -99,7 +99,7 @@ def test_impossible_requests_explain_themselves():
     m, s = load_model("gpt-22b"), load_system("frontier")
     with pytest.raises(UserError, match="tp 8 does not divide the 7 GPUs"):
         plan(m, s, 7, 7, SearchSpace(tp=(8,)))
-    with pytest.raises(UserError, match="at least 1"):
+    with pytest.raises(UserError, match="between 1 and 1,048,576"):
         plan(m, s, 0)
 
 
