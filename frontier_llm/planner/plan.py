@@ -161,12 +161,15 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
     # The cost model runs on the layouts no rule rejected; the others get NaN figures.
     ok = np.flatnonzero(reason == 0)
     sub = evaluate(model, system, layouts.take(ok))
-    figures = {}
+    # One block of rows for every float figure (one allocation, not one per figure).
+    floats = [k for k, v in sub.items() if v.dtype != bool]
+    block = np.full((len(floats), len(reason)), np.nan)
+    block[:, ok] = np.stack([sub[k] for k in floats]) if floats else block[:, ok]
+    figures = dict(zip(floats, block, strict=True))
     for key, values in sub.items():
-        full = np.full(len(reason), False if values.dtype == bool else np.nan,
-                       dtype=values.dtype if values.dtype == bool else float)
-        full[ok] = values
-        figures[key] = full
+        if values.dtype == bool:
+            figures[key] = np.zeros(len(reason), dtype=bool)
+            figures[key][ok] = values
     reason[ok[~sub["fits"]]] = OOM
     return Plan(model, system, gpus, gb, layouts, figures, reason)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
@@ -138,6 +137,7 @@ def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_ba
     micro = space.micro_batch or tuple(
         b for b in (1, 2, 4, 8, 16, 32) if b <= space.max_micro_batch)
     blocks = []
+    registry: dict[Sharding, int] = {}
     for tp in tps:
         pps = space.pp or tuple(d for d in divisors(gpus // tp) if d <= model.layers)
         for pp in pps:
@@ -146,14 +146,20 @@ def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_ba
             dp = gpus // (tp * pp)
             shard = space.sharding or tuple(_shardings(system, tp, dp))
             block = _product(model, tp, pp, dp, micro, _schedules(model, pp, space), space,
-                             shard, global_batch)
+                             shard, global_batch, registry)
             if block is not None:
                 blocks.append(block)
     if not blocks:
         raise UserError(f"no tp x pp x dp layout of {gpus} GPUs matches the requested degrees")
-    cols = {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
-    engine_layout, engine_model = cols.pop("_engine_layout"), cols.pop("_engine_model")
+    sizes = np.array([b.pop("_n") for b in blocks])
+    cols = {k: np.repeat(np.array([b[k] for b in blocks]), sizes)
+            if isinstance(blocks[0][k], _Const) else np.concatenate([b[k] for b in blocks])
+            for k in blocks[0]}
+    # Knobs the space does not enumerate keep the Layout's default.
+    cols = fill_defaults(cols, int(sizes.sum()))
+    sharding_id, engine_model = cols.pop("_sharding_id"), cols.pop("_engine_model")
     table = LayoutTable(**cols)
+    engine_layout = _engine_layout_codes(table, sharding_id, list(registry))
     return table, _reasons(model, table, engine_layout, engine_model)
 
 
@@ -171,7 +177,8 @@ def _schedules(model: ModelSpec, pp: int, space: SearchSpace) -> list[tuple[int,
     return out
 
 
-def _product(model, tp, pp, dp, micro, sched_v, space, shardings, global_batch) -> dict | None:
+def _product(model, tp, pp, dp, micro, sched_v, space, shardings, global_batch,
+             registry: dict) -> dict | None:
     rec = [Recompute(r).code for r in space.recompute]
     # Sequence parallelism without TP and interleaving without a pipeline are not layouts.
     sp = [s for s in space.sequence_parallel if tp > 1 or not s]
@@ -189,71 +196,81 @@ def _product(model, tp, pp, dp, micro, sched_v, space, shardings, global_batch) 
     sv = np.array(sched_v)
     sh = np.array(shard_rows)
     cols = {
-        "tp": np.full(n, tp), "pp": np.full(n, pp), "dp": np.full(n, dp),
-        "micro_batch": np.array(micro)[i_mb], "global_batch": np.full(n, global_batch),
+        # Constant in a block: one value, repeated when the blocks are joined.
+        "tp": _Const(tp), "pp": _Const(pp), "dp": _Const(dp),
+        "micro_batch": np.array(micro)[i_mb], "global_batch": _Const(global_batch),
         "schedule": sv[i_sv, 0], "virtual_stages": sv[i_sv, 1],
         "sequence_parallel": np.array(sp, dtype=bool)[i_sp],
         "recompute": np.array(rec)[i_rc],
         "flash_attention": np.array(space.flash_attention, dtype=bool)[i_fa],
-        "dtype": np.full(n, DType(space.dtype).code),
+        "dtype": _Const(DType(space.dtype).code),
         "engine": np.array([e.code for e in engines])[i_en],
     }
     for j, col in enumerate(encode("sharding", shardings[0])):
         cols[col] = sh[i_sh, j]
-    # The engine rules depend on few knobs: a small table per block, gathered per row.
-    layout_code, model_code = _engine_codes(model, tp, pp, tuple(sched_v), tuple(sp),
-                                            tuple(shardings), engines, DType(space.dtype))
-    cols["_engine_layout"] = layout_code[i_en, i_sv, i_sp, i_sh]
-    cols["_engine_model"] = model_code[i_en, i_sv]
-    # Knobs the space does not enumerate keep the Layout's default.
-    return fill_defaults(cols, n)
+    # Each sharding's number in the plan-wide registry: the engine rules look it up (_reasons).
+    cols["_sharding_id"] = np.array([registry.setdefault(x, len(registry))
+                                     for x in shardings])[i_sh]
+    cols["_engine_model"] = _model_codes(model, tp, pp, tuple(sched_v), engines)[i_en, i_sv]
+    cols["_n"] = n
+    return cols
 
 
-def _engine_codes(model, tp, pp, sched_v, sp, shardings, engines, dtype):
-    """Reason codes of the engine rules for every (engine, schedule, sp, sharding) of a block
-    (the rules of the layout alone) and every (engine, schedule) (the rules against the model,
-    the empty chunk among them): the first broken rule wins, in EngineRules.broken's order.
-    Each rule depends on one or two knobs, so each is a small table, broadcast together."""
-    E, J, K, M = len(engines), len(sched_v), len(sp), len(shardings)
-    lay = np.zeros((E, J, K, M), dtype=np.int16)
-    mod = np.zeros((E, J), dtype=np.int16)
-    runs, runs_pipe = _sharding_tables(shardings, engines)
+class _Const(int):
+    """A column's one value in a block."""
+
+
+def _model_codes(model, tp, pp, sched_v, engines) -> np.ndarray:
+    """Per (engine, schedule) of a block, the first broken rule against the model that
+    depends on the engine: the empty chunk (check_model's order: before the engine's own
+    rules), then EngineRules.broken's model rules."""
+    mod = np.zeros((len(engines), len(sched_v)), dtype=np.int16)
     for e, engine in enumerate(engines):
         r = RULES[engine]
-        code = {rule: ENGINE_REASON.get((engine, rule), 0) for rule in (*LAYOUT_RULES,
-                                                                       *MODEL_RULES)}
-        broken = [
-            (np.array([pp > 1 and Schedule.from_code(c) not in r.schedules for c, _ in sched_v]
-                      )[:, None, None], code["schedule"]),
-            (np.array(dtype not in r.dtypes), code["dtype"]),
-            (np.array([bool(q) and not r.sequence_parallel for q in sp])[None, :, None],
-             code["sequence_parallel"]),
-            (~runs[e][None, None, :], code["sharding"]),
-            ((pp > 1) & ~runs_pipe[e][None, None, :], code["pipeline_sharding"]),
-        ]
-        out = np.zeros((J, K, M), dtype=np.int16)
-        for mask, c in reversed(broken):
-            out = np.where(np.broadcast_to(mask, out.shape), c, out)
-        lay[e] = out
         for j, (_, v) in enumerate(sched_v):
-            if min_chunk_layers(model, pp, v, engine) < 1:
+            chunks = pp * v
+            even = model.layers % chunks == 0
+            # An even split has layers / chunks >= 1 each; only DeepSpeed's weighs the ends.
+            if chunks > 1 and (not even or r.pipeline_split == "parameters") \
+                    and min_chunk_layers(model, pp, v, engine) < 1:
                 mod[e, j] = _EMPTY_CHUNK
-            elif not r.uneven_interleaved and v > 1 and model.layers % (pp * v):
-                mod[e, j] = code["uneven_interleaved"]
+            elif not r.uneven_interleaved and v > 1 and not even:
+                mod[e, j] = ENGINE_REASON[(engine, "uneven_interleaved")]
             elif r.whole_kv_heads and model.kv_heads < tp:
-                mod[e, j] = code["whole_kv_heads"]
+                mod[e, j] = ENGINE_REASON[(engine, "whole_kv_heads")]
             elif r.vocab_divisible and model.vocab % tp:
-                mod[e, j] = code["vocab_tp"]
-    return lay, mod
+                mod[e, j] = ENGINE_REASON[(engine, "vocab_tp")]
+    return mod
 
 
-@lru_cache(maxsize=1024)
-def _sharding_tables(shardings: tuple, engines: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """Whether each engine runs each sharding, alone and with pp > 1."""
-    runs = np.array([[RULES[e].runs_sharding(s) for s in shardings] for e in engines])
-    pipe = np.array([[RULES[e].runs_sharding(s, pipeline=True) for s in shardings]
-                     for e in engines])
-    return runs, pipe
+def _engine_layout_codes(t: LayoutTable, sharding_id: np.ndarray,
+                         shardings: list[Sharding]) -> np.ndarray:
+    """Each row's first broken engine rule of the layout alone (EngineRules.broken's order), 0
+    for none: every rule is a lookup in a small table indexed by the engine and one knob."""
+    engines = list(Engine)
+    rules = [RULES[e] for e in engines]
+    runs = np.array([[r.runs_sharding(x) for x in shardings] for r in rules], dtype=bool)
+    pipe = np.array([[r.runs_sharding(x, pipeline=True) for x in shardings] for r in rules],
+                    dtype=bool)
+    sched_bad = np.array([[s not in r.schedules for s in Schedule] for r in rules])
+    dtype_bad = np.array([[d not in r.dtypes for d in DType] for r in rules])
+    sp_bad = np.array([not r.sequence_parallel for r in rules])
+
+    def code(rule: str) -> np.ndarray:
+        return np.array([ENGINE_REASON.get((e, rule), 0) for e in engines], dtype=np.int16)
+
+    eng, multi = t.engine, t.pp > 1
+    broken = [
+        (multi & sched_bad[eng, t.schedule], code("schedule")),
+        (dtype_bad[eng, t.dtype], code("dtype")),
+        (t.sequence_parallel & sp_bad[eng], code("sequence_parallel")),
+        (~runs[eng, sharding_id], code("sharding")),
+        (multi & ~pipe[eng, sharding_id], code("pipeline_sharding")),
+    ]
+    out = np.zeros(len(t), dtype=np.int16)
+    for mask, codes in reversed(broken):  # the first rule broken wins
+        out[mask] = codes[eng[mask]]
+    return out
 
 
 def _reasons(model: ModelSpec, t: LayoutTable, engine_layout: np.ndarray,
