@@ -107,9 +107,9 @@ def curve(model, system, space: SearchSpace, counts: str, repeat: int,
           "in one call")
     for g, p in zip(gpus, plans, strict=True):
         best = p.ranked_indices(1)
-        tps = p.figures["tokens_per_s"][best[0]] if len(best) else float("nan")
-        print(f"  {g:>6,} GPUs  {len(p.reason):>9,} layouts  {int(p.valid.sum()):>7,} fit  "
-              f"best {tps:>14,.0f} tokens/s")
+        tps = (f"best {p.figures['tokens_per_s'][best[0]]:>11,.0f} tokens/s" if len(best)
+               else "none fits")
+        print(f"  {g:>6,} GPUs  {len(p.reason):>9,} layouts  {int(p.valid.sum()):>7,} fit  {tps}")
     print(f"curve seconds (median of {repeat})      {seconds:>8.3f}  (min {min(times):.3f}, "
           f"max {max(times):.3f}); {layouts:,} layouts, {layouts / seconds:,.0f} layouts/s")
     scalar = scalar_each * evaluated
