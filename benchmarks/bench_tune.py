@@ -11,7 +11,11 @@ the same seeds:
       default), the model being the study's system: cpu-local-fit, calibrated on this CPU with
       `flm calibrate --from-runs` on runs of another model (benchmarks/tune_cpu_calibration.yaml),
       never on the replay table,
-  (a') the same with the catalog's uncalibrated cpu-local (its datasheet estimates),
+  (a1) the same with the catalog's uncalibrated cpu-local (its datasheet estimates),
+  (a2) the same again without pricing run settings (tune/runcost.py): every bucket size of a
+      layout predicted alike, so the warm start leaves the bucket to the sampler,
+  (a3) the warm start before (the top 3 of (a2)'s ranking, run settings included, so its three
+      trials may be one layout's bucket sizes),
   (b) plain TPE (no warm start),
   (c) random search (the baseline).
 
@@ -42,7 +46,12 @@ from frontier_llm.tune.spec import load_study  # noqa: E402
 
 STRATEGIES = {
     "(a) TPE + model warm start": {"sampler": "tpe", "warm_start": 3},
-    "(a') same, uncalibrated model": {"sampler": "tpe", "warm_start": 3, "system": "cpu-local"},
+    "(a1) same, uncalibrated model": {"sampler": "tpe", "warm_start": 3, "system": "cpu-local"},
+    "(a2) same, no run-setting prices": {"sampler": "tpe", "warm_start": 3,
+                                         "system": "cpu-local", "price_runs": False},
+    "(a3) before: top 3 of one ranking": {"sampler": "tpe", "warm_start": 0,
+                                          "system": "cpu-local", "price_runs": False,
+                                          "top_of_ranking": 3},
     "(b) TPE": {"sampler": "tpe", "warm_start": 0},
     "(c) random": {"sampler": "random", "warm_start": 0},
 }
@@ -55,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-startup", type=int, default=None, metavar="N",
                     help="TPE's random start-up trials (default: Optuna's, 10)")
     ap.add_argument("--study", default=str(REPO / "benchmarks" / "tune_replay_study.yaml"))
-    ap.add_argument("--only", nargs="+", metavar="S", help="run these searches only: a a' b c")
+    ap.add_argument("--only", nargs="+", metavar="S",
+                    help="run these searches only: a a1 a2 a3 b c")
     ap.add_argument("--table", default=str(REPO / "tests" / "data" / "tune_replay.csv"))
     args = ap.parse_args(argv)
 
@@ -72,13 +82,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{best:,.1f} tokens/s per rank: {cands.lookup(_params(best_key)).describe()}")
     model_rank = [c.key for c in cands.ranked()].index(best_key) + 1
     print(f"the cost model ({study.system.name}) ranks the measured best {model_rank} of {space}")
-    models = {study.system.name: cands}
+    models = {(study.system.name, True): cands}
     for kw in STRATEGIES.values():
-        if kw.get("system") and kw["system"] not in models:
-            models[kw["system"]] = Candidates.build(
-                dataclasses.replace(study, system=load_system(kw["system"])))
+        model = (kw.get("system", study.system.name), kw.get("price_runs", True))
+        if model not in models:
+            models[model] = Candidates.build(
+                dataclasses.replace(study, system=load_system(model[0])), price_runs=model[1])
     by_measured = sorted(measured, key=measured.get, reverse=True)
-    for name, c in models.items():
+    for (system, priced), c in models.items():
+        name = system + ("" if priced else ", run settings not priced")
         rho = spearmanr([measured[k] for k in measured],
                         [c.lookup(_params(k)).prediction["tokens_per_s"] for k in measured])[0]
         warm = [by_measured.index(c.lookup(p).key) + 1 for p in c.warm_start_points(3)
@@ -91,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
               if not args.only or k.split()[0].strip("()") in args.only}
     for name, kw in chosen.items():
         kw = dict(kw)
-        c = models[kw.pop("system", study.system.name)]
+        c = models[(kw.pop("system", study.system.name), kw.pop("price_runs", True))]
+        top = kw.pop("top_of_ranking", 0)
+        if top:
+            kw["warm_points"] = [dict(x.params) for x in c.ranked(top)]
         to_best, to_5 = [], []
         for seed in range(args.seeds):
             extra = {"n_startup_trials": args.n_startup} if kw["sampler"] == "tpe" else {}

@@ -97,7 +97,9 @@ class Candidates:
 
     # --- construction ---------------------------------------------------------------------
     @classmethod
-    def build(cls, study) -> Candidates:
+    def build(cls, study, price_runs: bool = True) -> Candidates:
+        """Plan the study's space; ``price_runs=False`` leaves run settings unpriced
+        (tune.runcost), as the benchmark's ablation does."""
         s, model, gpus = study.space, study.model, study.gpus
         dtype = study.probe.spec.dtype
         kinds = search_knobs()
@@ -151,8 +153,8 @@ class Candidates:
                 values = {**base, **{f"run.{k}": v for k, v in run.items()}}
                 params = {k: values[k] for k in choices}
                 cand = Candidate(params=params, layout=layout, run=run, reason=reason,
-                                 prediction=_with_run(pred, model, study.system, layout, run,
-                                                      study.global_batch))
+                                 prediction=_with_run(pred, model, study.system, layout, run)
+                                 if price_runs else pred)
                 table[_key(values, knobs)] = cand
         return cls(choices, fixed, table, gpus, result.rejections(),
                    study.system.memory_bytes, study.global_batch, dtype)
@@ -253,7 +255,7 @@ def _param_value(row: Any, name: str, kind: type) -> Any:
 
 
 def _with_run(pred: dict, model: Any, system: Any, layout: Layout | None,
-              run: Mapping[str, Any], global_batch: int) -> dict:
+              run: Mapping[str, Any]) -> dict:
     """The layout's prediction with what its run settings cost (tune.runcost)."""
     if layout is None or not pred:
         return pred
