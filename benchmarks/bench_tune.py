@@ -93,10 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         name = system + ("" if priced else ", run settings not priced")
         rho = spearmanr([measured[k] for k in measured],
                         [c.lookup(_params(k)).prediction["tokens_per_s"] for k in measured])[0]
-        warm = [by_measured.index(c.lookup(p).key) + 1 for p in c.warm_start_points(3)
-                if set(p) == set(c.choices)]
+        # A point without a run setting (left to the sampler): the ranks of each of its values.
+        warm = ["|".join(str(by_measured.index(x.key) + 1) for x in c.ranked()
+                         if all(x.params[k] == v for k, v in p.items()))
+                for p in c.warm_start_points(3)]
         print(f"{name}: predicted vs measured throughput Spearman {rho:.2f}; its warm start's "
-              f"layouts measure {', '.join(map(str, warm))} of {len(measured)}")
+              f"layouts measure {', '.join(warm)} of {len(measured)}"
+              + (" (a|b: the sampler picks the bucket)" if any("|" in w for w in warm) else ""))
     results = {}
     t0 = time.monotonic()
     chosen = {k: v for k, v in STRATEGIES.items()
