@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         to_best, to_5 = [], []
         for seed in range(args.seeds):
             extra = {"n_startup_trials": args.n_startup} if kw["sampler"] == "tpe" else {}
-            seq = search(c, values, seed=seed, budget=space, **kw, **extra)
+            # The best reached ends the search: both counts are known by then.
+            seq = search(c, values, seed=seed, budget=space, stop_at=best, **kw, **extra)
             to_best.append(trials_to_reach(seq, best) or space + 1)
             to_5.append(trials_to_reach(seq, 0.95 * best) or space + 1)
         results[name] = (statistics.median(to_best), statistics.median(to_5))
