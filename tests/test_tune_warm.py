@@ -94,14 +94,12 @@ def test_a_run_setting_the_model_cannot_tell_apart_is_left_to_the_sampler(tmp_pa
     assert len(alike) == 1
 
 
-def test_a_knob_the_planner_does_not_enumerate_takes_one_value(tmp_path):
-    """engine comes with Layout's fields; the planner does not search it yet: one value is a
-    fixed knob, two are refused naming the file and line."""
+def test_engine_is_a_knob_the_planner_searches(tmp_path):
+    """engine comes with Layout's fields and the planner searches it (issue 10): one value is a
+    fixed knob, two are a choice."""
     one = load_study(write(tmp_path,
                            **{"    zero: [0, 1]": "    zero: [0, 1]\n    engine: [native]"}))
     assert one.candidates.fixed["engine"] == "native" and "engine" not in one.candidates.choices
-    path = write(tmp_path, name="two.yaml",
-                 **{"    zero: [0, 1]": "    zero: [0, 1]\n    engine: [native, deepspeed]"})
-    with pytest.raises(SpecError, match=rf"^{path}:\d+: the planner does not search engine: "
-                                        "give one value"):
-        load_study(path)
+    two = load_study(write(tmp_path, name="two.yaml", **{
+        "    zero: [0, 1]": "    zero: [0, 1]\n    engine: [native, deepspeed]"}))
+    assert two.candidates.choices["engine"] == ["native", "deepspeed"]
