@@ -151,7 +151,8 @@ class Quickstart:
             session = runner.prepare(sweep, res.sweep_dir.resolve(), store, executor="local")
             rows = _settle_leftovers(session)
             before = {r["job_key"]: r["run_id"] for r in rows}
-            todo = [r["job_key"] for r in rows if r["state"] == JobState.RENDERED]
+            todo = [r["job_key"] for r in rows
+                    if r["state"] in (JobState.RENDERED, JobState.SUBMITTING)]
             self.r.say(f"2. sweep: {len(rows)} jobs (real flm bench runs, one at a time): "
                        f"{len(todo)} to run, {len(rows) - len(todo)} done before")
             with self.r.bar("sweep") as bar:
@@ -240,15 +241,25 @@ class Quickstart:
             frame = frame[frame["world_size"] == self.s.ranks]
             title = (f"{self.s.model} on {self.s.ranks} CPU ranks: the fastest predicted "
                      "layout of each TP x PP shape")
-            _, paths = layouts_report(frame, out, f"{SWEEP_NAME}-layouts",
-                                      rank_memory=rank_memory(db, SWEEP_NAME), title=title,
-                                      per="rank")
+            table, paths = layouts_report(frame, out, f"{SWEEP_NAME}-layouts",
+                                          rank_memory=rank_memory(db, SWEEP_NAME), title=title,
+                                          per="rank")
+            verdicts.append(ranking_line(table))
             return paths
 
         def errors() -> list[Path]:
-            _, paths = errors_report(validation_runs(db, None), out, f"{SWEEP_NAME}-errors")
+            table, paths = errors_report(validation_runs(db, None), out, f"{SWEEP_NAME}-errors")
+            last = table.iloc[-1]
+            bias = float(last["step_time_bias_pct"])
+            verdicts.append(
+                f"cost model against all {int(last['runs'])} runs: step time MAPE "
+                f"{last['step_time_mape_pct']:.0f} % (predicted "
+                f"{'shorter' if bias < 0 else 'longer'} than measured: bias {bias:+.0f} %), "
+                f"peak memory MAPE {last['memory_mape_pct']:.2g} %; {self.s.system}'s rates "
+                "are rough estimates ('flm calibrate run' measures this machine)")
             return paths
 
+        verdicts: list[str] = []
         steps = {"scaling": scaling, "layouts": layouts, "errors": errors}
         with self.r.bar("reports") as bar:
             for i, (name, make) in enumerate(steps.items()):
@@ -259,16 +270,20 @@ class Quickstart:
                     # One report that has nothing to show must not hide the others.
                     res.skipped_reports[name] = str(exc)
             bar.update(len(steps), len(steps), "reports")
+        for line in verdicts:
+            self.r.say(f"   {line}")
         for name, why in res.skipped_reports.items():
             print(f"flm quickstart: {name} report not written: {why}", file=sys.stderr)
 
 
 def _settle_leftovers(session: runner.Session) -> list[dict[str, Any]]:
-    """Before running anything: observe jobs an earlier run left live (a killed driver), wait
-    for them, and make the jobs Ctrl-C stopped (CANCELLED) runnable again. Completed and failed
-    jobs keep their verdict: nothing measured is measured twice."""
+    """Before running anything: observe jobs an earlier run left live (a killed driver) and
+    wait for them, and make the jobs Ctrl-C stopped (CANCELLED) runnable again. Completed and
+    failed jobs keep their verdict: nothing measured is measured twice. Jobs an interrupted
+    run had queued but not started are still SUBMITTING: runner.submit finds no process of
+    theirs and runs them (its crash recovery)."""
     rows = runner.refresh(session)
-    if runner.unfinished(rows):
+    if any(JobState(r["state"]).active for r in rows):
         rows = runner.wait(session, timeout_s=600.0, max_interval_s=2.0)
     stopped = [r["job_key"] for r in rows if r["state"] == JobState.CANCELLED]
     if stopped:
@@ -305,3 +320,17 @@ def plan_table(choice: Choice, top: int = 8) -> str:
                      "mem_MB": round(r.peak_memory_bytes / 1e6, 1)})
     text = pd.DataFrame(rows).to_string(index=False)
     return "\n".join("   " + line for line in text.splitlines())
+
+
+def ranking_line(table: pd.DataFrame) -> str:
+    """Whether the model ranks the measured layouts as they measured: fastest first."""
+    done = table.dropna(subset=["tokens_per_s_per_gpu", "predicted_tokens_per_s_per_gpu"])
+    if len(done) < 2:
+        return "fewer than two layouts measured: no ranking to compare"
+    measured = list(done.sort_values("tokens_per_s_per_gpu", ascending=False)["layout"])
+    predicted = list(done.sort_values("predicted_tokens_per_s_per_gpu",
+                                      ascending=False)["layout"])
+    rho = done["tokens_per_s_per_gpu"].rank().corr(done["predicted_tokens_per_s_per_gpu"].rank())
+    return (f"fastest measured: {measured[0]} (the model's #{predicted.index(measured[0]) + 1} "
+            f"of {len(done)}); rank correlation of predicted and measured throughput "
+            f"{rho:+.2f}")
