@@ -14,9 +14,8 @@ SWEEP_NAME = "quickstart"
 STUDY_NAME = "quickstart-tune"
 
 
-def _header(settings: Settings, what: str) -> str:
-    return (f"# Written by flm quickstart: {what}\n"
-            f"model: {settings.model}\n"
+def _header(settings: Settings) -> str:
+    return (f"model: {settings.model}\n"
             f"system: {settings.system}\n"
             "template: local\n"
             "executor: local            # jobs run as processes here; 'slurm' on a cluster\n"
@@ -38,10 +37,12 @@ def layout_entry(layout: Layout) -> dict:
 
 def sweep_text(settings: Settings, layouts: Sequence[Layout]) -> str:
     """One job per layout: the chosen layouts at full size and the scaling series."""
-    lines = [f"name: {SWEEP_NAME}",
+    lines = ["# Written by flm quickstart: the layouts its plan chose, one job each "
+             "(docs/sweeps.md)",
+             f"name: {SWEEP_NAME}",
              f'description: "{settings.model} on up to {settings.ranks} CPU ranks: the '
              'fastest predicted layout of each TP x PP shape, and a weak-scaling series"',
-             _header(settings, "the layouts the plan chose, one job each").rstrip("\n"),
+             _header(settings).rstrip("\n"),
              "layouts:"]
     lines += [f"  - {json.dumps(layout_entry(lay))}" for lay in layouts]
     return "\n".join(lines) + "\n"
@@ -51,10 +52,12 @@ def study_text(settings: Settings) -> str:
     """An Optuna study over the same model and ranks, warm-started by the cost model."""
     divisors = [d for d in range(1, settings.ranks + 1) if settings.ranks % d == 0]
     return "\n".join([
+        "# Written by flm quickstart: an Optuna study whose trials are real jobs "
+        "(docs/tune.md)",
         f"name: {STUDY_NAME}",
         f'description: "{settings.model} on {settings.ranks} CPU ranks: TP x PP x micro-batch '
         'x ZeRO, model in the loop"',
-        _header(settings, "an Optuna study whose trials are real jobs").rstrip("\n"),
+        _header(settings).rstrip("\n"),
         f"gpus: [{settings.ranks}]",
         f"global_batch: {settings.global_batch}",
         "study:",

@@ -158,7 +158,9 @@ class Quickstart:
             with self.r.bar("sweep") as bar:
                 def watch(current: list[dict[str, Any]]) -> None:
                     ended = sum(JobState(r["state"]).terminal for r in current)
-                    bar.update(ended, len(current), runner.summary(current))
+                    # Jobs waiting their turn here are SUBMITTING to the jobs layer.
+                    text = runner.summary(current).replace(JobState.SUBMITTING, "queued")
+                    bar.update(ended, len(current), f"sweep: {text}")
 
                 session.watch = watch
                 try:
