@@ -205,7 +205,7 @@ class Quickstart:
                     bar.update(step.measured, self.s.trials,
                                f"study: {step.measured} done, {step.running} running, {best}")
 
-                tuner.run(poll_s=0.5, on_step=show)
+                tuner.run(poll_s=1.0, on_step=show)
         finally:
             store.close()
         status = tune_report.status(tune_report.load(STUDY_NAME, osx.make_storage(res.db_url)))
