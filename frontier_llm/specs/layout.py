@@ -92,6 +92,14 @@ class DType(Vocabulary):
     FP16 = "fp16"
 
 
+class Engine(Vocabulary):
+    """The training engine that runs a layout (its rules: ``specs/engine_rules.py``)."""
+
+    NATIVE = "native"
+    MEGATRON = "megatron"
+    DEEPSPEED = "deepspeed"
+
+
 class PlacementKind(Vocabulary):
     """How one model-state component is spread over the DP ranks (AMSP)."""
 
@@ -268,6 +276,10 @@ class Layout:
     sharding: Sharding = field(default_factory=Sharding, metadata=_knob(
         "per-component sharding (AMSP): params, grads, optim each replicate | full | "
         "partial:K, e.g. p=replicate,g=full,o=partial:8, or a ZeRO preset zero0..zero3"))
+    engine: Engine = field(default=Engine.NATIVE, metadata=_knob(
+        "training engine: native (PyTorch FSDP2 / tensor parallel / pipelining, flm bench's "
+        "own), megatron (Megatron-LM) or deepspeed; each runs only what its rules allow",
+        new_knob=True))
 
     def __post_init__(self) -> None:
         if not isinstance(self.sharding, Sharding):
@@ -319,6 +331,9 @@ class Layout:
                 f"gradients at least as finely as parameters (got {self.sharding.describe()})",
                 "sharding",
             )
+        from frontier_llm.specs.engine_rules import check_engine
+
+        check_engine(self)
 
     @property
     def world_size(self) -> int:
@@ -358,6 +373,9 @@ class Layout:
                 "parallelism",
                 "sequence_parallel",
             )
+        from frontier_llm.specs.engine_rules import check_engine
+
+        check_engine(self, model)
 
     def check_world(self, world_size: int) -> None:
         if self.world_size != world_size:
