@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "study warm-started by the cost model; write the scaling, layout and error reports "
         "(measured beside predicted, CSV, Markdown, PNG, PDF) into DIR/reports; print where "
         "everything is and the commands to run next on a cluster. No cluster, GPU or "
-        "configuration needed; about 3 minutes on 2 idle cores with the defaults.\n\n"
+        "configuration needed; about 3 minutes on 2 cores with the defaults (measured while "
+        "other work shared them; docs/quickstart.md).\n\n"
         "Ctrl-C leaves the database consistent; running it again with the same --out and "
         "options resumes: completed jobs and told trials are kept, not run again. A folder "
         "made with other options is refused.",
@@ -36,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("size (smaller for CI; a folder keeps the sizes it was made with)")
     g.add_argument("--layouts", type=int, default=4, metavar="N",
                    help="4-rank layouts to measure: the fastest predicted of each TP x PP "
-                        "shape (default 4; the weak-scaling series adds up to 2 smaller runs)")
+                        "shape (default 4, at most the 6 shapes of 4 ranks; the weak-scaling "
+                        "series adds 2 smaller runs)")
     g.add_argument("--steps", type=int, default=4, metavar="N",
                    help="measured training steps per run, after one warm-up step (default 4)")
     g.add_argument("--trials", type=int, default=4, metavar="N",
