@@ -207,6 +207,24 @@ def test_a_folder_made_with_other_settings_is_refused(tmp_path, capsys):
     assert not (tmp_path / "new").exists()
 
 
+def test_a_second_quickstart_in_the_same_folder_is_refused_while_one_runs(tmp_path, capsys):
+    """Two at once would both run the jobs waiting to run: the second is refused at once."""
+    import fcntl
+
+    out = tmp_path / "qs"
+    out.mkdir()
+    (out / "quickstart.json").write_text(json.dumps(Settings().record()))
+    fd = os.open(out / "quickstart.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as a running quickstart holds it
+        assert main(["quickstart", "--out", str(out)]) == 2
+    finally:
+        os.close(fd)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "another flm quickstart is running" in err[0]
+    assert sorted(p.name for p in out.iterdir()) == ["quickstart.json", "quickstart.lock"]
+
+
 def test_help_documents_the_smaller_settings(capsys):
     with pytest.raises(SystemExit):
         build_parser("quickstart").parse_args(["quickstart", "--help"])

@@ -107,13 +107,14 @@ class Quickstart:
             sweep_dir=out / "sweep", study_dir=out / "study", reports_dir=out / "reports")
 
     def run(self) -> QuickstartResult:
-        self.result.resumed = not claim(self.s)
-        if self.result.resumed:
-            self.r.say(f"resuming the quickstart in {self.s.out} (done work is kept)")
-        choice = self._timed("plan", self.plan)
-        self._timed("sweep", self.sweep, choice)
-        self._timed("study", self.tune)
-        self._timed("reports", self.report, choice)
+        with claim(self.s) as new:
+            self.result.resumed = not new
+            if self.result.resumed:
+                self.r.say(f"resuming the quickstart in {self.s.out} (done work is kept)")
+            choice = self._timed("plan", self.plan)
+            self._timed("sweep", self.sweep, choice)
+            self._timed("study", self.tune)
+            self._timed("reports", self.report, choice)
         return self.result
 
     def _timed(self, stage: str, fn: Callable[..., Any], *args: Any) -> Any:

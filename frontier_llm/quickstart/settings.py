@@ -8,13 +8,18 @@ file under the same name, and mixing would compare unlike measurements).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from frontier_llm.errors import UserError
 
 RECORD = "quickstart.json"
+LOCK = "quickstart.lock"
 
 
 @dataclass(frozen=True)
@@ -59,25 +64,45 @@ class Settings:
         return d
 
 
-def claim(settings: Settings) -> bool:
-    """Make the folder this quickstart's (True when it was new); refuse one made with other
-    settings, naming them, before anything is written."""
-    path = settings.out / RECORD
+@contextlib.contextmanager
+def claim(settings: Settings) -> Iterator[bool]:
+    """Hold the folder for this quickstart while the block runs; yields True when the folder is
+    new. Refuses, before anything is written: a folder made with other settings (naming them),
+    a folder that is not a quickstart's, and a folder another quickstart is running in (two
+    would both run the jobs waiting to run). The lock is an ``flock``, released by the OS when
+    its holder dies, so a killed run leaves none behind."""
+    out = settings.out
+    path = out / RECORD
     mine = settings.record()
     if path.is_file():
+        _check(path, mine, out)
+    elif out.exists() and any(out.iterdir()):
+        raise UserError(f"{out} exists and is not a quickstart folder; give another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
         try:
-            theirs = json.loads(path.read_text())
-        except (OSError, ValueError):
-            raise UserError(f"{path} is not a quickstart record; use another --out") from None
-        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-        if diff:
-            was = ", ".join(f"{k}={theirs.get(k)}" for k in diff)
-            raise UserError(f"{settings.out} holds a quickstart made with {was}; run it again "
-                            "with those settings to resume it, or give another --out")
-        return False
-    if settings.out.exists() and any(settings.out.iterdir()):
-        raise UserError(f"{settings.out} exists and is not a quickstart folder; give another "
-                        "--out")
-    settings.out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(mine, indent=1) + "\n")
-    return True
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"another flm quickstart is running in {out}; wait for it to "
+                            "finish, or give another --out") from None
+        new = not path.is_file()
+        if new:
+            path.write_text(json.dumps(mine, indent=1) + "\n")
+        else:
+            _check(path, mine, out)  # again, under the lock
+        yield new
+    finally:
+        os.close(fd)
+
+
+def _check(path: Path, mine: dict, out: Path) -> None:
+    try:
+        theirs = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise UserError(f"{path} is not a quickstart record; use another --out") from None
+    diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    if diff:
+        was = ", ".join(f"{k}={theirs.get(k)}" for k in diff)
+        raise UserError(f"{out} holds a quickstart made with {was}; run it again with those "
+                        "settings to resume it, or give another --out")
