@@ -207,6 +207,19 @@ def test_a_folder_made_with_other_settings_is_refused(tmp_path, capsys):
     assert not (tmp_path / "new").exists()
 
 
+def test_a_folder_whose_sweep_file_another_version_wrote_is_refused(tmp_path, capsys):
+    """flm sweep ties a sweep's name to its file: a resume must find the same file, else it
+    says why in the quickstart's words, before any job runs."""
+    out = tmp_path / "qs"
+    out.mkdir()
+    (out / "quickstart.json").write_text(json.dumps(Settings().record()))
+    (out / "quickstart-sweep.yaml").write_text("name: quickstart\n# an older format\n")
+    assert main(["quickstart", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "another version of flm quickstart" in err[0]
+    assert not (out / "sweep").exists() and not (out / "flm.db").exists()
+
+
 def test_a_second_quickstart_in_the_same_folder_is_refused_while_one_runs(tmp_path, capsys):
     """Two at once would both run the jobs waiting to run: the second is refused at once."""
     import fcntl

@@ -111,11 +111,26 @@ class Quickstart:
             self.result.resumed = not new
             if self.result.resumed:
                 self.r.say(f"resuming the quickstart in {self.s.out} (done work is kept)")
+                self._upgrade_database()
             choice = self._timed("plan", self.plan)
             self._timed("sweep", self.sweep, choice)
             self._timed("study", self.tune)
             self._timed("reports", self.report, choice)
         return self.result
+
+    def _upgrade_database(self) -> None:
+        """The folder's database is the quickstart's own: one made by an older frontier_llm is
+        migrated (as 'flm db upgrade' would) rather than refused, so a resume after an update
+        of the package goes on."""
+        if not self.s.db_path.is_file():
+            return
+        store = open_store(self.result.db_url, check=False)
+        try:
+            ran = store.upgrade()
+        finally:
+            store.close()
+        if ran:
+            self.r.say(f"   upgraded {self.s.db_path} to schema version {ran[-1]}")
 
     def _timed(self, stage: str, fn: Callable[..., Any], *args: Any) -> Any:
         start = time.perf_counter()
@@ -145,7 +160,7 @@ class Quickstart:
 
         res = self.result
         text = sweep_text(self.s, [*choice.scaling, *choice.layouts])
-        _write_if_changed(res.sweep_file, text)
+        _write_once(res.sweep_file, text)
         sweep = load_sweep(res.sweep_file)
         store = open_store(res.db_url)
         try:
@@ -189,7 +204,7 @@ class Quickstart:
         from frontier_llm.tune.spec import load_study
 
         res = self.result
-        _write_if_changed(res.study_file, study_text(self.s))
+        _write_once(res.study_file, study_text(self.s))
         study = load_study(res.study_file)
         store = open_store(res.db_url)
         try:
@@ -296,9 +311,16 @@ def _settle_leftovers(session: runner.Session) -> list[dict[str, Any]]:
     return rows
 
 
-def _write_if_changed(path: Path, text: str) -> None:
-    if not path.is_file() or path.read_text() != text:
+def _write_once(path: Path, text: str) -> None:
+    """Write the stage's file; on a resume it must be the same file, since flm sweep and flm
+    tune tie a sweep's or study's name to its file. It differs when the folder was made by
+    another version of frontier_llm (a changed plan or file format): refuse, with the way out."""
+    if not path.is_file():
         path.write_text(text)
+    elif path.read_text() != text:
+        raise UserError(f"{path} was written by another version of flm quickstart (this one "
+                        "would write a different file, and the jobs recorded for it would "
+                        "not match); give another --out to start afresh")
 
 
 def plan_table(choice: Choice, top: int = 8) -> str:
