@@ -207,6 +207,20 @@ def test_a_folder_made_with_other_settings_is_refused(tmp_path, capsys):
     assert not (tmp_path / "new").exists()
 
 
+def test_it_predicts_with_the_calibrated_cpu_system_and_takes_another(tmp_path, capsys):
+    """The default system is cpu-local with its overhead and latency fitted on this kind of
+    CPU: its predictions differ from plain cpu-local's (slower: Python and gloo overheads). A
+    --system that does not exist is refused in one line before anything is written."""
+    fit, plain = choose(Settings()), choose(Settings(system="cpu-local"))
+    assert Settings().system_file.name == "cpu-local-fit.yaml"
+    assert Settings().system_file.is_file()
+    assert fit.ranked["step_time_s"].min() > 2 * plain.ranked["step_time_s"].min()
+    assert main(["quickstart", "--out", str(tmp_path / "qs"), "--system", "cpu-locl"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cpu-local" in err[0]
+    assert not (tmp_path / "qs").exists()
+
+
 def test_a_folder_whose_sweep_file_another_version_wrote_is_refused(tmp_path, capsys):
     """flm sweep ties a sweep's name to its file: a resume must find the same file, else it
     says why in the quickstart's words, before any job runs."""
@@ -242,7 +256,8 @@ def test_help_documents_the_smaller_settings(capsys):
     with pytest.raises(SystemExit):
         build_parser("quickstart").parse_args(["quickstart", "--help"])
     text = capsys.readouterr().out
-    for flag in ("--out", "--layouts", "--steps", "--trials", "resume"):
+    for flag in ("--out", "--system", "cpu-local-fit", "flm calibrate", "--layouts", "--steps",
+                 "--trials", "resume"):
         assert flag in text
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert "quickstart" in sub.choices

@@ -11,6 +11,7 @@ from pathlib import Path
 from frontier_llm.cli.common import add_command
 
 DEFAULT_OUT = "flm-quickstart"
+DEFAULT_SYSTEM = "cpu-local-fit"  # frontier_llm.quickstart.settings.DEFAULT_SYSTEM (lazy import)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                    help=f"folder for the database, files and reports (default ./{DEFAULT_OUT}); "
                         "run again with the same folder to resume")
+    p.add_argument("--system", default=DEFAULT_SYSTEM, metavar="S",
+                   help=f"system (catalog name or YAML path) whose cost model predicts; default "
+                        f"{DEFAULT_SYSTEM}, cpu-local calibrated on this project's 2-core VM: "
+                        "on another machine make your own with flm calibrate (docs/tune.md)")
     g = p.add_argument_group("size (smaller for CI; a folder keeps the sizes it was made with)")
     g.add_argument("--layouts", type=int, default=4, metavar="N",
                    help="4-rank layouts to measure: the fastest predicted of each TP x PP "
@@ -65,8 +70,8 @@ def _quickstart(args: argparse.Namespace) -> int:
     from frontier_llm.quickstart import Quickstart, Settings
     from frontier_llm.quickstart.nextsteps import cluster_steps
 
-    settings = Settings(out=Path(args.out), layouts=args.layouts, steps=args.steps,
-                        trials=args.trials, warm_start=min(2, args.trials))
+    settings = Settings(out=Path(args.out), system=_system(args.system), layouts=args.layouts,
+                        steps=args.steps, trials=args.trials, warm_start=min(2, args.trials))
     try:
         result = Quickstart(settings, _CliReporter()).run()
     except KeyboardInterrupt:
@@ -98,7 +103,17 @@ def _quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
+def _system(name: str) -> str:
+    """Check the system before anything is written (a bad name: one line, exit 2); a YAML path
+    is made absolute, since the sweep and study files that name it live in the --out folder."""
+    from frontier_llm.catalog import load_system
+
+    load_system(name)
+    path = Path(name)
+    return str(path.resolve()) if path.suffix in (".yaml", ".yml") and path.is_file() else name
+
+
 def _size_flags(args: argparse.Namespace) -> str:
-    defaults = {"layouts": 4, "steps": 4, "trials": 4}
+    defaults = {"system": DEFAULT_SYSTEM, "layouts": 4, "steps": 4, "trials": 4}
     return "".join(f" --{k} {getattr(args, k)}" for k, v in defaults.items()
                    if getattr(args, k) != v)

@@ -30,7 +30,7 @@ from frontier_llm.jobs.lifecycle import JobState
 from frontier_llm.jobs.sweepspec import load_sweep
 from frontier_llm.quickstart.choose import Choice, choose
 from frontier_llm.quickstart.files import STUDY_NAME, SWEEP_NAME, study_text, sweep_text
-from frontier_llm.quickstart.settings import Settings, claim
+from frontier_llm.quickstart.settings import DEFAULT_SYSTEM, Settings, claim
 from frontier_llm.store import open_store
 
 # Update a bar: (done, total, what is happening).
@@ -147,6 +147,10 @@ class Quickstart:
         self.r.say(f"1. plan: {s.model} on {s.ranks} CPU ranks ({s.system}), global batch "
                    f"{s.global_batch}: {len(choice.plan.reason)} layouts evaluated, "
                    f"{len(choice.ranked)} valid and predicted to fit")
+        self.r.say(f"   predicted with {_shown(s.system_file)}"
+                   + (": cpu-local calibrated on this project's 2-core VM (its header); on "
+                      "another machine calibrate your own with flm calibrate (docs/tune.md)"
+                      " and pass it as --system" if s.system == DEFAULT_SYSTEM else ""))
         self.r.say(plan_table(choice, top=8))
         self.r.say(f"   measuring the {len(choice.layouts)} marked * (the fastest predicted of "
                    "each TP x PP shape)"
@@ -273,8 +277,8 @@ class Quickstart:
                 f"cost model against all {int(last['runs'])} runs: step time MAPE "
                 f"{last['step_time_mape_pct']:.0f} % (predicted "
                 f"{'shorter' if bias < 0 else 'longer'} than measured: bias {bias:+.0f} %), "
-                f"peak memory MAPE {last['memory_mape_pct']:.2g} %; {self.s.system}'s rates "
-                "are rough estimates ('flm calibrate run' measures this machine)")
+                f"peak memory MAPE {last['memory_mape_pct']:.2g} %, with {self.s.system} "
+                "(far off? calibrate this machine: flm calibrate, docs/tune.md)")
             return paths
 
         verdicts: list[str] = []
@@ -292,6 +296,15 @@ class Quickstart:
             self.r.say(f"   {line}")
         for name, why in res.skipped_reports.items():
             print(f"flm quickstart: {name} report not written: {why}", file=sys.stderr)
+
+
+def _shown(path: Path) -> str:
+    """A path relative to the working folder when it is under it (shorter), else absolute."""
+    path = path.resolve()
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _settle_leftovers(session: runner.Session) -> list[dict[str, Any]]:
