@@ -138,6 +138,25 @@ def test_every_figure_renders_and_reads(tmp_path):
         check_pdf(pdf)
 
 
+def test_the_layouts_figure_on_a_log_axis_keeps_every_bar_readable(tmp_path):
+    """A model 10x off (uncalibrated system) and a layout 10x slower than the others: on the
+    log axis every bar, the shortest measured one included, starts left of its end and the
+    axis spans measured and predicted; the linear default is unchanged."""
+    df = pd.DataFrame([run(4, 8, 1.0), run(4, 8, 10.0, run_id="slow", tp=2, dp=2)])
+    table = layouts_table(df)
+    table["predicted_tokens_per_s_per_gpu"] = table["tokens_per_s_per_gpu"] * 10
+    fig = figures.plot_layouts(table, log=True)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and fig.axes[1].get_xscale() == "linear"
+    lo, hi = ax.get_xlim()
+    values = pd.concat([table["tokens_per_s_per_gpu_min"],
+                        table["predicted_tokens_per_s_per_gpu"]])
+    assert 0 < lo < values.min() / 2 and hi > values.max()
+    assert "log scale" in ax.get_xlabel()
+    check_png(style.save(fig, tmp_path, "log")[0])
+    assert figures.plot_layouts(table).axes[0].get_xscale() == "linear"
+
+
 @pytest.mark.slow
 def test_redraw_all_writes_every_figure_of_the_study(tmp_path, capsys):
     """The documented command: every figure from the cost model alone (no database)."""

@@ -42,7 +42,8 @@ def _layouts(args: argparse.Namespace) -> int:
     frame, name = sweep_report_frame(args.sweep, args.db, model_only=args.model_only)
     ranks = None if args.model_only else rank_memory(args.db, name)
     table, paths = layouts_report(frame, args.out, f"{name}-layouts",
-                                  require_measured=not args.model_only, rank_memory=ranks)
+                                  require_measured=not args.model_only, rank_memory=ranks,
+                                  log=args.log)
     _written(paths)
     print(f"{len(table)} layouts, {int(table['completed'].sum())} completed runs")
     return 0
@@ -118,6 +119,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(q)
     q.add_argument("--model-only", action="store_true",
                    help="predictions only, no database (needs a sweep file)")
+    q.add_argument("--log", action="store_true",
+                   help="throughput on a log axis: measured and predicted bars stay readable "
+                        "together when the model is off by a large factor (an uncalibrated "
+                        "system) or the layouts are an order of magnitude apart")
     q.set_defaults(func=_layouts)
 
     e = add_command(

@@ -265,7 +265,7 @@ class Quickstart:
                      "layout of each TP x PP shape")
             table, paths = layouts_report(frame, out, f"{SWEEP_NAME}-layouts",
                                           rank_memory=rank_memory(db, SWEEP_NAME), title=title,
-                                          per="rank")
+                                          per="rank", log=True)
             verdicts.append(ranking_line(table))
             return paths
 

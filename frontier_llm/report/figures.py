@@ -135,7 +135,10 @@ def plot_scaling(table: pd.DataFrame, gpu_label: str = "GPUs", title: str | None
     return fig
 
 
-def _hbars(ax, labels, measured, predicted, xlabel: str, lo=None, hi=None) -> None:
+def _hbars(ax, labels, measured, predicted, xlabel: str, lo=None, hi=None,
+           log: bool = False) -> None:
+    """Measured and predicted bars per label; ``log``: a log x axis, so that bars of a model
+    that is off by a large factor, and layouts far apart, can still be compared by length."""
     y = np.arange(len(labels))
     h = 0.38
     m = np.asarray(measured, float)
@@ -150,20 +153,35 @@ def _hbars(ax, labels, measured, predicted, xlabel: str, lo=None, hi=None) -> No
             color=style.PREDICTED["color"], label="predicted", hatch="//", edgecolor="white")
     ax.set_yticks(y, labels)
     ax.set_ylim(len(labels) - 0.5, -0.5)  # first row on top, no empty margin
-    ax.set_xlabel(xlabel)
+    ax.set_xlabel(xlabel + (", log scale" if log else ""))
     ax.grid(axis="y", visible=False)
+    if log:
+        shown = np.concatenate([m, np.asarray(predicted, float)] +
+                               ([np.asarray(lo, float)] if lo is not None else []))
+        shown = shown[np.isfinite(shown) & (shown > 0)]
+        if len(shown):
+            ax.set_xscale("log")
+            _log_axis(ax.xaxis)
+            # 10000 and 20000 written out collide at a bar chart's width: 10k, 20k.
+            ax.xaxis.set_major_formatter(FuncFormatter(
+                lambda v, _: f"{v / 1e3:g}k" if v >= 1e4 else f"{v:g}"))
+            # Bars start at the left edge: below the smallest value by a margin, so the
+            # shortest bar still has a length to read.
+            ax.set_xlim(shown.min() / 2.5, shown.max() * 1.6)
 
 
-def plot_layouts(table: pd.DataFrame, title: str | None = None, per: str = "GPU") -> Figure:
+def plot_layouts(table: pd.DataFrame, title: str | None = None, per: str = "GPU",
+                 log: bool = False) -> Figure:
     """Throughput per GPU (``per``: what a rank is called, e.g. "rank" for CPU processes) and
     peak memory per layout, measured beside predicted (horizontal bars, fastest first); layouts
-    whose runs did not complete say so at their bar."""
+    whose runs did not complete say so at their bar. ``log``: throughput on a log axis (for a
+    model off by a large factor, or layouts an order of magnitude apart)."""
     n = len(table)
     fig, (a, b) = style.new_figure(ncols=2, width=10.0, height=1.6 + 0.32 * n)
     labels = list(table["layout"])
     _hbars(a, labels, table["tokens_per_s_per_gpu"], table["predicted_tokens_per_s_per_gpu"],
            f"throughput per {per} (tokens/s)", table["tokens_per_s_per_gpu_min"],
-           table["tokens_per_s_per_gpu_max"])
+           table["tokens_per_s_per_gpu_max"], log=log)
     scale, unit = _memory_unit(pd.concat([table["peak_memory_gb"],
                                           table["predicted_peak_memory_gb"]]))
     _hbars(b, labels, table["peak_memory_gb"] * scale, table["predicted_peak_memory_gb"] * scale,
@@ -174,7 +192,7 @@ def plot_layouts(table: pd.DataFrame, title: str | None = None, per: str = "GPU"
             if row.completed < row.runs or row.runs == 0:
                 note = "not run" if row.runs == 0 else f"{row.runs - row.completed} not completed"
                 x = row.tokens_per_s_per_gpu if row.tokens_per_s_per_gpu == \
-                    row.tokens_per_s_per_gpu else 0.0
+                    row.tokens_per_s_per_gpu else a.get_xlim()[0]
                 a.annotate(note, (x, i - 0.19), xytext=(4, 0), textcoords="offset points",
                            va="center", fontsize=8, color=style.FAILED["color"])
     style.legend_outside(a)
