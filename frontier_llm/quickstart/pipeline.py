@@ -218,6 +218,11 @@ class Quickstart:
                        f"the first {study.section.warm_start} the layouts the model predicts "
                        "fastest; proposals it predicts not to fit, or already measured, cost "
                        "no job")
+            # The sweep measured some of the study's layouts: told as measured trials, the
+            # study's jobs go to layouts nobody has measured yet.
+            told = tuner.tell_sweep_runs(SWEEP_NAME)
+            if told:
+                self.r.say(f"   told the study the {told} layouts the sweep measured")
             with self.r.bar("study") as bar:
                 def show(step) -> None:
                     best = (f"best {step.best['throughput_per_gpu']:,.1f} tokens/s per rank"

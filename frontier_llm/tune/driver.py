@@ -32,8 +32,9 @@ from frontier_llm.jobs.lifecycle import JobState
 from frontier_llm.jobs.slurm import SlurmClient
 from frontier_llm.jobs.state import SweepJobs
 from frontier_llm.jobs.sweepdir import load_manifest, render_sweep
+from frontier_llm.specs.identity import layout_hash
 from frontier_llm.store import Store
-from frontier_llm.store.schema import flm_jobs, flm_runs, flm_sweeps
+from frontier_llm.store.schema import flm_jobs, flm_layouts, flm_runs, flm_sweeps
 from frontier_llm.tune import optuna_study as osx
 from frontier_llm.tune.local import DetachedLocalExecutor
 from frontier_llm.tune.lock import study_lock
@@ -98,6 +99,58 @@ class Tuner:
         self.directory = Path(stored or directory)
         osx.warm_start(study, self.sf.candidates, self.sf.section.warm_start)
         return study
+
+    def tell_sweep_runs(self, sweep: str) -> int:
+        """Tell the study the completed runs a sweep already measured of its layouts (same
+        layout hash: model, system and layout; same measured steps), as measured trials without
+        a job, so that a proposal of one of them is told those values (a duplicate) instead of
+        measured again. Only for throughput and peak-memory objectives (a sweep run's
+        node-hours are not this study's). Idempotent: a layout the study has measured, or was
+        told before, is skipped. Returns how many trials it added."""
+        if not set(self.sf.objectives) <= {"throughput_per_gpu", "peak_memory"}:
+            return 0
+        with self.store.read() as conn:
+            rows = [dict(r) for r in conn.execute(
+                select(flm_runs, flm_layouts.c.layout_hash)
+                .join(flm_layouts, flm_layouts.c.id == flm_runs.c.layout_id)
+                .where(and_(flm_runs.c.sweep_name == sweep, flm_runs.c.status == "completed",
+                            flm_runs.c.steps_measured == self.sf.probe.spec.steps))
+                .order_by(flm_runs.c.id)).mappings()]
+        first: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            first.setdefault(r["layout_hash"], r)
+        dists = self.sf.candidates.distributions
+        added = 0
+        self.storage  # noqa: B018 (made before the study's lock: it takes a lock of its own)
+        with study_lock(self.store, self.sf.name):
+            study = self.open()
+            known = osx.measured_by_key(study.get_trials(deepcopy=False))
+            for cand in self.sf.candidates.feasible():
+                run = first.get(layout_hash(self.sf.model, self.sf.system.name, cand.layout))
+                if run is None or cand.key in known:
+                    continue
+                tput = float(run["tokens_per_s"] or 0.0) / max(1, int(run["world_size"]))
+                values = [tput if o == "throughput_per_gpu"
+                          else float(run["peak_memory_bytes"] or 0.0) for o in self.sf.objectives]
+                template = optuna.trial.create_trial(
+                    state=TrialState.RUNNING, distributions=dists,
+                    params={k: cand.params[k] for k in dists})
+                tid = self.storage.create_new_trial(study._study_id, template_trial=template)
+                number = self.storage.get_trial_number_from_id(tid)
+                for key, value in ((osx.A_KEY, cand.key), ("flm_run_id", run["run_id"]),
+                                   ("flm_run_row", run["id"]), ("flm_from_sweep", sweep),
+                                   (osx.A_PREDICTION, dict(cand.prediction)),
+                                   ("flm_measured", {"throughput_per_gpu": tput,
+                                                     "tokens_per_s": run["tokens_per_s"],
+                                                     "step_time_s": run["step_time_s"],
+                                                     "peak_memory_bytes":
+                                                         run["peak_memory_bytes"]}),
+                                   (osx.A_OUTCOME, "measured")):
+                    self.storage.set_trial_user_attr(tid, key, value)
+                osx.constrain(study, tid, 0.0)
+                study.tell(number, values)
+                added += 1
+        return added
 
     @property
     def executor(self) -> Executor:
