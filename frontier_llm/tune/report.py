@@ -58,7 +58,8 @@ def winner(t: FrozenTrial) -> dict[str, Any]:
         "run_id": t.user_attrs.get("flm_run_id"),
         "run_row": t.user_attrs.get("flm_run_row"),
         "job_row": t.user_attrs.get("flm_job_row"),
-        "sweep": t.user_attrs.get(osx.A_SWEEP),
+        # A trial told from a sweep's run (Tuner.tell_sweep_runs) has that sweep, no job row.
+        "sweep": t.user_attrs.get(osx.A_SWEEP) or t.user_attrs.get("flm_from_sweep"),
     }
     if pred.get("throughput_per_gpu") and meas.get("throughput_per_gpu"):
         out["predicted_over_measured"] = pred["throughput_per_gpu"] / meas["throughput_per_gpu"]
@@ -83,8 +84,8 @@ def status_lines(s: dict[str, Any]) -> list[str]:
         ratio = b.get("predicted_over_measured")
         lines.append(f"  predicted {p['throughput_per_gpu']:,.1f} tokens/s per GPU"
                      + (f" ({ratio:.2f}x the measured)" if ratio else ""))
-    lines.append(f"  run {b['run_id']} (flm_runs.id {b['run_row']}, flm_jobs.id "
-                 f"{b['job_row']}, sweep {b['sweep']})")
+    job = f", flm_jobs.id {b['job_row']}" if b["job_row"] is not None else ""
+    lines.append(f"  run {b['run_id']} (flm_runs.id {b['run_row']}{job}, sweep {b['sweep']})")
     return lines
 
 
