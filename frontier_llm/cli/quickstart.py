@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from frontier_llm.cli.common import add_command
-from frontier_llm.cli.numbers import count
 
 DEFAULT_OUT = "flm-quickstart"
 
@@ -36,13 +35,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"folder for the database, files and reports (default ./{DEFAULT_OUT}); "
                         "run again with the same folder to resume")
     g = p.add_argument_group("size (smaller for CI; a folder keeps the sizes it was made with)")
-    g.add_argument("--layouts", type=count(1), default=4, metavar="N",
+    g.add_argument("--layouts", type=int, default=4, metavar="N",
                    help="4-rank layouts to measure: the fastest predicted of each TP x PP "
                         "shape (default 4, at most the 6 shapes of 4 ranks; the weak-scaling "
                         "series adds 2 smaller runs)")
-    g.add_argument("--steps", type=count(1), default=4, metavar="N",
+    g.add_argument("--steps", type=int, default=4, metavar="N",
                    help="measured training steps per run, after one warm-up step (default 4)")
-    g.add_argument("--trials", type=count(1), default=4, metavar="N",
+    g.add_argument("--trials", type=int, default=4, metavar="N",
                    help="jobs the Optuna study may run (default 4; its first 2 are the "
                         "model's favourites)")
     p.set_defaults(func=_quickstart)
