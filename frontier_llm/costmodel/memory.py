@@ -27,7 +27,8 @@ from frontier_llm.costmodel.params import (
     layer_params_per_rank,
     stage_params_per_rank,
 )
-from frontier_llm.specs.layout import DType, Layout, Recompute, Schedule
+from frontier_llm.costmodel.behaviour import behaviour
+from frontier_llm.specs.layout import DType, Engine, Layout, Recompute, Schedule
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
@@ -53,14 +54,7 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> dict[str, np.ndarr
     }
 
 
-# Frameworks differ in one saved tensor: with sequence parallelism Megatron saves the 1/t shard of
-# a column-parallel linear's input and gathers it again in backward; PyTorch's DTensor
-# (``native``, the flm bench engine) saves the gathered input.
-ENGINES = ("megatron", "native")
-
-
-def layer_activation_bytes(model: ModelSpec, t: LayoutTable, engine: str = "megatron"
-                           ) -> np.ndarray:
+def layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
     """Bytes one transformer block saves for backward per micro-batch (no recompute)."""
     e = ACT_BYTES[t.dtype]
     tp = t.tp
@@ -71,7 +65,10 @@ def layer_activation_bytes(model: ModelSpec, t: LayoutTable, engine: str = "mega
     drop = MASK_BYTES if model.dropout > 0 else 0
     stats = 8 if model.norm == "layernorm" else 4  # fp32 mean and rstd (or rstd) per token
     # Two norm inputs, the QKV and MLP inputs (norm outputs), two residual dropout masks.
-    linear_in = rep if engine == "megatron" else 1.0
+    # Engines differ in one saved tensor: with sequence parallelism Megatron (and
+    # Megatron-DeepSpeed) saves the 1/t shard of a column-parallel linear's input and gathers it
+    # again in backward; PyTorch's DTensor (``native``, flm bench) saves the gathered input.
+    linear_in = np.where(t.engine == Engine.NATIVE.code, 1.0, rep)
     whole = sb * (rep * (2 * e * h + 2 * drop * h + 2 * stats) + linear_in * 2 * e * h)
     mlp_saved = 2 if model.activation == "gelu" else 4  # fc1 out + act out | gate, up, silu, prod
     split = sb * e * ((q + kv) + kv + q + mlp_saved * f_rank)  # Q,K | V | proj input | MLP
@@ -95,8 +92,7 @@ def _in_flight_chunks(t: LayoutTable, pp_rank) -> np.ndarray:
     return chunks
 
 
-def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, engine: str = "megatron"
-                     ) -> np.ndarray:
+def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> np.ndarray:
     """Peak bytes saved for backward on one rank of stage ``pp_rank``."""
     e = ACT_BYTES[t.dtype]
     r = np.asarray(pp_rank)
@@ -105,7 +101,7 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, engine: str = "m
     rep = np.where(t.sequence_parallel, 1.0 / t.tp, 1.0)
     chunks = _in_flight_chunks(t, r)
     layers_per_chunk = model.layers // (t.pp * t.virtual_stages)
-    full = layer_activation_bytes(model, t, engine)
+    full = layer_activation_bytes(model, t)
     # Full recompute keeps only each layer's input, and rebuilds one layer at a time (its input
     # is then part of the rebuilt layer).
     per_layer = np.where(t.recompute == Recompute.FULL.code, sb * h * e * rep, full)
@@ -126,25 +122,47 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, engine: str = "m
     return layers * per_layer + first + np.maximum(transient, last)
 
 
-def buffer_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
-    """Transient communication buffers: gathered parameters (ZeRO-3 style, one layer gathered
-    and the next prefetched) and the sequence-parallel all-gather of one layer input."""
+def gathered_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
+    """Unsharded copies of sharded parameters (ZeRO-3, FSDP, AMSP partial): the layer in use
+    plus the ``prefetch`` layers gathered ahead (every layer of the stage when the engine keeps
+    them between forward and backward), and the layer's unsharded gradient (plus its fp32 copy
+    where the engine reduces in fp32) until it is reduce-scattered."""
     e = ACT_BYTES[t.dtype]
-    gathered = np.where(t.degree("params") > 1,
-                        2 * layer_params_per_rank(model, t.tp) * STATE_BYTES[t.dtype][:, 0], 0)
+    n_layer = layer_params_per_rank(model, t.tp)
+    layers = model.layers // t.pp
+    held = np.where(behaviour(t, "reshard_after_forward"),
+                    np.minimum(1 + behaviour(t, "prefetch"), layers), layers)
+    fp32_copy = np.where(behaviour(t, "reduce_fp32") & (e < 4), 4, 0)
+    return np.where(t.degree("params") > 1, n_layer * (held * e + e + fp32_copy), 0)
+
+
+def loss_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
+    """Temporaries of the loss backward on the last stage, per vocabulary entry and token: the
+    saved fp32 log-probabilities are in the activations; PyTorch's ``cross_entropy`` (native)
+    then allocates the fp32 gradient of the log-probabilities and the fp32 gradient of its input
+    (8 bytes) while they are alive; Megatron's vocab-parallel cross-entropy computes the gradient
+    in place in the saved softmax and casts it to the training dtype (``e`` bytes)."""
+    per_vocab = np.where(t.engine == Engine.NATIVE.code, 8, ACT_BYTES[t.dtype])
+    return model.seq_len * t.micro_batch * _cdiv(model.vocab, t.tp) * per_vocab
+
+
+def buffer_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
+    """Transient communication buffers: gathered parameters and gradients of sharded layers and
+    the sequence-parallel all-gather of one layer input."""
+    e = ACT_BYTES[t.dtype]
     sp = np.where(t.sequence_parallel, e * model.seq_len * t.micro_batch * model.hidden, 0)
-    return gathered + sp
+    return gathered_bytes(model, t) + sp
 
 
-def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank,
-                engine: str = "megatron") -> dict:
+def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank) -> dict:
     """Every memory term of one rank of stage ``pp_rank``, and their total ``peak``."""
     states = state_bytes(model, t, pp_rank)
     out = {
         "params": states["params"],
         "grads": states["grads"],
         "optimizer": states["optimizer"],
-        "activations": activation_bytes(model, t, pp_rank, engine),
+        "activations": activation_bytes(model, t, pp_rank),
+        "loss": np.where(np.asarray(pp_rank) == t.pp - 1, loss_bytes(model, t), 0),
         "buffers": buffer_bytes(model, t),
         "reserved": np.full(len(t), system.memory_reserved_bytes, dtype=float),
     }
@@ -152,12 +170,11 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank,
     return out
 
 
-def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
-                engine: str = "megatron") -> dict:
+def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict:
     """The rank with the most memory: the first stage (embeddings, most micro-batches in flight)
     or the last (head, logits); middle stages hold less than the first."""
-    first = rank_memory(model, system, t, 0, engine)
-    last = rank_memory(model, system, t, t.pp - 1, engine)
+    first = rank_memory(model, system, t, 0)
+    last = rank_memory(model, system, t, t.pp - 1)
     use_last = last["peak"] > first["peak"]
     out = {k: np.where(use_last, last[k], first[k]) for k in first}
     out["stage"] = np.where(use_last, t.pp - 1, 0)
@@ -171,5 +188,13 @@ def rank_state_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> dict[str
 
 
 def rank_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: int,
-                          engine: str = "megatron") -> int:
-    return int(activation_bytes(model, from_configs([layout]), pp_rank, engine)[0])
+                          engine: str | None = None) -> int:
+    """``engine`` (optional) must agree with the layout's: the engine is a layout field."""
+    _check_engine(layout, engine)
+    return int(activation_bytes(model, from_configs([layout]), pp_rank)[0])
+
+
+def _check_engine(layout: Layout, engine: str | None) -> None:
+    if engine is not None and Engine.parse(engine, "engine") != layout.engine:
+        raise ValueError(f"engine {engine!r} differs from the layout's ({layout.engine}); "
+                         "set Layout.engine instead")

@@ -31,13 +31,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from frontier_llm.costmodel import comm
+from frontier_llm.costmodel.behaviour import behaviour
 from frontier_llm.costmodel.flops import (
     layer_forward_flops_per_token,
     logits_forward_flops_per_token,
 )
 from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks
 from frontier_llm.costmodel.memory import ACT_BYTES, STATE_BYTES
-from frontier_llm.costmodel.params import stage_params_per_rank
+from frontier_llm.costmodel.params import layer_params_per_rank, stage_params_per_rank
 from frontier_llm.specs.layout import DType, Recompute
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
@@ -122,7 +123,8 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates)
     recompute_comm = np.where(full, fwd_comm, 0.0)
     # Overlapped TP communication (Megatron's tp-comm-overlap) hides behind the GEMMs it is
     # pipelined with, never more than they last.
-    hidden_by = system.eff("tp_overlap", 0.0) * (3 * f_dense + np.where(full, f_dense, 0))
+    overlap = np.where(behaviour(t, "tp_comm_overlap"), system.eff("tp_overlap", 0.0), 0.0)
+    hidden_by = overlap * (3 * f_dense + np.where(full, f_dense, 0))
     block_comm = np.maximum(0.0, fwd_comm + bwd_comm + recompute_comm - hidden_by)
     return BlockTimes(f_dense, f_attn, f_elem, f_softmax, f_fixed, fwd, recompute,
                       3 * fwd + recompute, block_comm)
@@ -152,6 +154,46 @@ def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
                       m * t_max + (pp - 1) / v * t_avg, bubble)
 
 
+def reduce_bytes(t: LayoutTable) -> np.ndarray:
+    """Bytes per gradient element on the wire: fp32 where the engine reduces in fp32 (or the
+    training is fp32), else the 16-bit training dtype."""
+    return np.where(behaviour(t, "reduce_fp32"), 4, ACT_BYTES[t.dtype])
+
+
+def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
+                        blk: BlockTimes, layers, n_stage) -> np.ndarray:
+    """Exposed seconds per micro-batch of sharded parameters (ZeRO-3, FSDP, AMSP partial):
+    each layer's parameters all-gathered over the ``kp`` ranks that shard them before its
+    forward, again before its backward when the engine reshards after forward, and its
+    gradients reduce-scattered over the same group after its backward. With prefetch the next
+    layer's gather runs during this layer's compute, so a layer exposes ``max(0, comm −
+    compute)``, plus the first gather and the last reduce-scatter whole; without prefetch all of
+    it is exposed. The embeddings and head are gathered and reduced whole (exposed). Group shape
+    and per-message start-up come from :mod:`.comm` (a group inside a node uses the node link)."""
+    kp = t.degree("params")
+    e = ACT_BYTES[t.dtype]
+    g = reduce_bytes(t)
+    n_layer = layer_params_per_rank(model, t.tp)
+    n_rest = np.maximum(n_stage - layers * n_layer, 0)
+    ag = comm.all_gather(system, kp, t.tp, n_layer * e)
+    rs = comm.reduce_scatter(system, kp, t.tp, n_layer * g)
+    rest = comm.all_gather(system, kp, t.tp, n_rest * e) + comm.reduce_scatter(
+        system, kp, t.tp, n_rest * g)
+    again = np.where(behaviour(t, "reshard_after_forward"), ag, 0.0)
+    fwd_window = blk.fwd
+    bwd_window = blk.compute - blk.fwd  # backward and any recompute
+    # The share of a layer's gather issued ahead: all of it, or what the engine's prefetch
+    # bucket holds; the rest is gathered on demand (exposed). The reduce-scatter of the layer
+    # before runs behind this layer's backward either way (bucketed, asynchronous).
+    bucket = behaviour(t, "prefetch_bucket_params")
+    ahead = np.where(behaviour(t, "prefetch") > 0,
+                     np.where(bucket > 0, np.minimum(1.0, bucket / n_layer), 1.0), 0.0)
+    fwd = (1 - ahead) * ag + np.maximum(0.0, ahead * ag - fwd_window)
+    bwd = (1 - ahead) * again + np.maximum(0.0, ahead * again + rs - bwd_window)
+    exposed = ag + rs + (layers - 1) * (fwd + bwd) + rest  # first gather, last reduce-scatter
+    return np.where(kp > 1, exposed, 0.0)
+
+
 def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
                         blk: BlockTimes, stage: StageTimes) -> dict[str, np.ndarray]:
     """Exposed gradient/parameter communication and the optimizer step."""
@@ -159,33 +201,37 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     m = t.num_microbatches
     n_stage = np.maximum(stage_params_per_rank(model, tp, pp, 0),
                          stage_params_per_rank(model, tp, pp, pp - 1))
-    grad_bytes = n_stage * STATE_BYTES[t.dtype][:, 1]
+    grad_bytes = n_stage * reduce_bytes(t)
     param_bytes = n_stage * STATE_BYTES[t.dtype][:, 0]
     kp, kg, ko = t.degree("params"), t.degree("grads"), t.degree("optim")
     shard = np.maximum(kg, ko)
-    # Gradients: reduce-scatter inside a sharding group and all-reduce of the shard across groups
-    # (a plain all-reduce when nothing is sharded); it can start only once the last micro-batch's
-    # backward produces them. Parameters updated from sharded optimizer states are gathered back,
-    # which can overlap the next iteration's first forward (Megatron's overlap-param-gather).
+    # Gradients once per step: reduce-scatter inside a sharding group and all-reduce of the shard
+    # across groups (HSDP's replication; a plain all-reduce when nothing is sharded). With
+    # sharded parameters the reduce-scatter ran per micro-batch (sharded_param_times) and only
+    # the cross-group all-reduce is left.
     grad_sync = np.where(
         shard > 1,
-        # With sharded parameters the reduce-scatter happens per micro-batch (below).
         np.where(kp > 1, 0.0, comm.reduce_scatter(system, shard, tp, grad_bytes))
         + comm.all_reduce(system, dp // shard, tp * shard, grad_bytes / shard),
         comm.all_reduce(system, dp, tp, grad_bytes),
     )
+    # Parameters updated from sharded optimizer states are gathered back (kept less sharded).
     param_gather = np.where(
         (shard > 1) & (kp < shard),
         comm.all_gather(system, shard // kp, tp * kp, param_bytes / kp), 0.0)
-    overlap = system.eff("dp_overlap", 0.0)
-    fwd_mb = stage.layers * blk.fwd
-    dp_exposed = (np.maximum(0.0, grad_sync - overlap * 2 * fwd_mb)
-                  + np.maximum(0.0, param_gather - overlap * fwd_mb))
-    # Sharded parameters: gathered for forward and backward of every micro-batch, gradients
-    # reduce-scattered; prefetching hides them behind the same micro-batch's compute.
-    per_mb = np.where(kp > 1, 2 * comm.all_gather(system, kp, tp, param_bytes)
-                      + comm.reduce_scatter(system, kp, tp, grad_bytes), 0.0)
-    fsdp_exposed = m * np.maximum(0.0, per_mb - overlap * stage.compute_mb)
+    # Bucketed engines (Megatron's --overlap-grad-reduce / --overlap-param-gather, DDP and
+    # FSDP's per-layer buckets, DeepSpeed's overlap_comm) reduce a layer's gradients while the
+    # earlier layers' backward runs and gather parameters behind the next forward: what shows is
+    # the part longer than that compute plus the last bucket (one layer's share). Without
+    # bucketing all of it shows.
+    layers = stage.layers
+    bwd_mb = layers * (blk.compute - blk.fwd)
+    fwd_mb = layers * blk.fwd
+    last = 1.0 / np.maximum(layers, 1)
+    bucketed = (np.maximum(0.0, grad_sync * (1 - last) - bwd_mb) + grad_sync * last
+                + np.maximum(0.0, param_gather * (1 - last) - fwd_mb) + param_gather * last)
+    dp_exposed = np.where(behaviour(t, "gradient_bucketing"), bucketed, grad_sync + param_gather)
+    fsdp_exposed = m * sharded_param_times(model, system, t, blk, layers, n_stage)
     optimizer = np.ceil(n_stage / ko) * OPTIMIZER_TRAFFIC[t.dtype] / r.memory
     return {"dp_comm": dp_exposed + fsdp_exposed, "optimizer": optimizer}
 
