@@ -11,7 +11,8 @@ import numpy as np
 from frontier_llm.specs.engine_rules import RULES
 from frontier_llm.specs.layout import Engine
 
-FIELDS = ("prefetch", "prefetch_bucket_params", "reshard_after_forward", "gradient_bucketing", "tp_comm_overlap",
+FIELDS = ("prefetch", "prefetch_bucket_params", "gather_per_module", "reduce_bucket_params",
+          "reshard_after_forward", "gradient_bucketing", "tp_comm_overlap",
           "reduce_fp32")
 
 

@@ -64,3 +64,9 @@ def stage_params_per_rank(model: ModelSpec, tp, pp, pp_rank):
     n = (model.layers // pp) * layer_params_per_rank(model, tp)
     n = n + np.where(pp_rank == 0, embedding_params_per_rank(model, tp), 0)
     return n + np.where(pp_rank == pp - 1, head_params_per_rank(model, tp, pp), 0)
+
+
+def layer_modules(model: ModelSpec) -> int:
+    """Modules holding a block's parameters: two norms, the fused QKV and output projections and
+    the MLP's matrices (what an engine that gathers module by module issues collectives for)."""
+    return 2 + 2 + model.mlp_matrices

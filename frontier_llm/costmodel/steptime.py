@@ -38,7 +38,11 @@ from frontier_llm.costmodel.flops import (
 )
 from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks
 from frontier_llm.costmodel.memory import ACT_BYTES, STATE_BYTES
-from frontier_llm.costmodel.params import layer_params_per_rank, stage_params_per_rank
+from frontier_llm.costmodel.params import (
+    layer_modules,
+    layer_params_per_rank,
+    stage_params_per_rank,
+)
 from frontier_llm.specs.layout import DType, Recompute
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
@@ -175,8 +179,14 @@ def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     g = reduce_bytes(t)
     n_layer = layer_params_per_rank(model, t.tp)
     n_rest = np.maximum(n_stage - layers * n_layer, 0)
-    ag = comm.all_gather(system, kp, t.tp, n_layer * e)
-    rs = comm.reduce_scatter(system, kp, t.tp, n_layer * g)
+    # Messages per layer: one gather per module for engines that fetch module by module, and
+    # one reduce-scatter per gradient bucket: each pays the start-up cost ((n−1)·α on a ring),
+    # which is what dominates at large kp and small messages.
+    gathers = np.where(behaviour(t, "gather_per_module"), layer_modules(model), 1)
+    bucket_rs = behaviour(t, "reduce_bucket_params")
+    scatters = np.where(bucket_rs > 0, np.ceil(n_layer / np.maximum(bucket_rs, 1)), 1)
+    ag = gathers * comm.all_gather(system, kp, t.tp, n_layer * e / gathers)
+    rs = scatters * comm.reduce_scatter(system, kp, t.tp, n_layer * g / scatters)
     rest = comm.all_gather(system, kp, t.tp, n_rest * e) + comm.reduce_scatter(
         system, kp, t.tp, n_rest * g)
     again = np.where(behaviour(t, "reshard_after_forward"), ag, 0.0)

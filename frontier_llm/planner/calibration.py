@@ -153,7 +153,9 @@ def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) ->
     """The best layout's figures for one published row, beside the published figure."""
     model, system = row_model(row), row_system(row, systems)
     result = plan(model, system, int(row["num_gpus"]), int(row["global_batch"]), row_space(row))
-    order = result.order()
+    # A published run ran: when none of its layouts is predicted to fit, the fastest is
+    # predicted anyway (after those that fit) and the table says it was predicted not to fit.
+    order = result.ranked_indices(fits_only=False)
     if _given(row.get("dp")):
         order = order[result.layouts.dp[order] == int(row["dp"])]
     if not len(order):
@@ -189,7 +191,7 @@ def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) ->
                    f"{cfg.virtual_stages if cfg.virtual_stages > 1 else ''} {cfg.recompute}"
                    f"{' sp' if cfg.sequence_parallel else ''}"
                    f"{' flash' if cfg.flash_attention else ''} {cfg.sharding.describe()}"),
-        "mfu_predicted": fig["mfu"],
+        "mfu_predicted": fig["mfu"], "fits": bool(fig["fits"]),
         **memory,
     }
 

@@ -59,6 +59,11 @@ class EngineRules:
     prefetch: int  # sharded parameters gathered this many layers ahead (0: no prefetch)
     # At most this many parameters are prefetched ahead (0: whole layers, ``prefetch`` of them).
     prefetch_bucket_params: int
+    # Sharded parameters gathered one collective per module (each norm and linear layer) rather
+    # than one per layer; gradients reduce-scattered in buckets of at most this many elements
+    # (0: one per layer).
+    gather_per_module: bool
+    reduce_bucket_params: int
     reshard_after_forward: bool  # sharded parameters gathered again in backward
     gradient_bucketing: bool  # DP gradient reduction in buckets overlapped with backward
     reduce_fp32: bool  # 16-bit training reduces gradients in fp32 (else in the training dtype)
@@ -128,9 +133,11 @@ RULES: dict[Engine, EngineRules] = {
         # FSDP2 ``fully_shard``: reshard_after_forward=True by default, implicit prefetch of the
         # next layer's all-gather in forward and backward; torchtitan's (and flm bench's)
         # mixed precision reduces gradients in fp32 (``mixed_precision_reduce = "float32"``).
-        tp_comm_overlap=False, prefetch=1, prefetch_bucket_params=0,
-        reshard_after_forward=True, gradient_bucketing=True, reduce_fp32=True,
-        pipeline_split="manual",
+        # ``fully_shard`` on each block gathers the block's parameters in one all-gather and
+        # reduce-scatters its gradients in one reduce-scatter.
+        tp_comm_overlap=False, prefetch=1, prefetch_bucket_params=0, gather_per_module=False,
+        reduce_bucket_params=0, reshard_after_forward=True, gradient_bucketing=True,
+        reduce_fp32=True, pipeline_split="manual",
     ),
     Engine.MEGATRON: EngineRules(
         engine=Engine.MEGATRON, title="Megatron-LM",
@@ -142,9 +149,9 @@ RULES: dict[Engine, EngineRules] = {
         # DP communication behind backward / the next forward: the README's measured setting);
         # main gradients in fp32 and reduced in fp32 (``--accumulate-allreduce-grads-in-fp32``,
         # the default for bf16). No parameter sharding, so nothing to prefetch.
-        tp_comm_overlap=True, prefetch=0, prefetch_bucket_params=0,
-        reshard_after_forward=False, gradient_bucketing=True, reduce_fp32=True,
-        pipeline_split="first_last",
+        tp_comm_overlap=True, prefetch=0, prefetch_bucket_params=0, gather_per_module=False,
+        reduce_bucket_params=0, reshard_after_forward=False, gradient_bucketing=True,
+        reduce_fp32=True, pipeline_split="first_last",
     ),
     Engine.DEEPSPEED: EngineRules(
         engine=Engine.DEEPSPEED, title="DeepSpeed",
@@ -158,7 +165,11 @@ RULES: dict[Engine, EngineRules] = {
         # ``overlap_comm`` is on by
         # default for stage 3 (reduction in ``reduce_bucket_size`` buckets behind backward);
         # gradients are reduced in the training dtype (``communication_data_type`` unset).
+        # Parameters are fetched by a hook on each submodule (``fetch_sub_module``: one
+        # all-gather per norm or linear layer), gradients reduced in ``reduce_bucket_size``
+        # buckets (default 5e8 elements).
         tp_comm_overlap=False, prefetch=1, prefetch_bucket_params=50_000_000,
+        gather_per_module=True, reduce_bucket_params=500_000_000,
         reshard_after_forward=True, gradient_bucketing=True, reduce_fp32=False,
         pipeline_split="parameters",
     ),
