@@ -122,18 +122,22 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> np.ndarray:
     return layers * per_layer + first + np.maximum(transient, last)
 
 
-def gathered_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
-    """Unsharded copies of sharded parameters (ZeRO-3, FSDP, AMSP partial): the layer in use
-    plus the ``prefetch`` layers gathered ahead (every layer of the stage when the engine keeps
-    them between forward and backward), and the layer's unsharded gradient (plus its fp32 copy
-    where the engine reduces in fp32) until it is reduce-scattered."""
+def gathered_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0) -> np.ndarray:
+    """Unsharded copies of sharded parameters (ZeRO-3, FSDP, AMSP partial) at the start of
+    backward, when the loss temporaries are alive too: the layer in use plus the ``prefetch``
+    layers gathered ahead (every layer of the stage when the engine keeps them between forward
+    and backward) with one layer's unsharded gradient (plus its fp32 copy where the engine
+    reduces in fp32) until it is reduce-scattered, and the stage's embeddings / head (FSDP's root
+    unit), gathered with their gradient."""
     e = ACT_BYTES[t.dtype]
     n_layer = layer_params_per_rank(model, t.tp)
     layers = model.layers // t.pp
+    n_rest = np.maximum(stage_params_per_rank(model, t.tp, t.pp, pp_rank) - layers * n_layer, 0)
     held = np.where(behaviour(t, "reshard_after_forward"),
                     np.minimum(1 + behaviour(t, "prefetch"), layers), layers)
     fp32_copy = np.where(behaviour(t, "reduce_fp32") & (e < 4), 4, 0)
-    return np.where(t.degree("params") > 1, n_layer * (held * e + e + fp32_copy), 0)
+    unsharded = n_layer * (held * e + e + fp32_copy) + n_rest * (2 * e + fp32_copy)
+    return np.where(t.degree("params") > 1, unsharded, 0)
 
 
 def loss_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
@@ -146,12 +150,12 @@ def loss_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
     return model.seq_len * t.micro_batch * _cdiv(model.vocab, t.tp) * per_vocab
 
 
-def buffer_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
+def buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0) -> np.ndarray:
     """Transient communication buffers: gathered parameters and gradients of sharded layers and
     the sequence-parallel all-gather of one layer input."""
     e = ACT_BYTES[t.dtype]
     sp = np.where(t.sequence_parallel, e * model.seq_len * t.micro_batch * model.hidden, 0)
-    return gathered_bytes(model, t) + sp
+    return gathered_bytes(model, t, pp_rank) + sp
 
 
 def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank) -> dict:
@@ -163,7 +167,7 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank) -
         "optimizer": states["optimizer"],
         "activations": activation_bytes(model, t, pp_rank),
         "loss": np.where(np.asarray(pp_rank) == t.pp - 1, loss_bytes(model, t), 0),
-        "buffers": buffer_bytes(model, t),
+        "buffers": buffer_bytes(model, t, pp_rank),
         "reserved": np.full(len(t), system.memory_reserved_bytes, dtype=float),
     }
     out["peak"] = sum(np.asarray(v, dtype=float) for v in out.values())

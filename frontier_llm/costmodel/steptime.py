@@ -171,8 +171,9 @@ def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     forward, again before its backward when the engine reshards after forward, and its
     gradients reduce-scattered over the same group after its backward. With prefetch the next
     layer's gather runs during this layer's compute, so a layer exposes ``max(0, comm −
-    compute)``, plus the first gather and the last reduce-scatter whole; without prefetch all of
-    it is exposed. The embeddings and head are gathered and reduced whole (exposed). Group shape
+    compute)``, plus the first gather and the last reduce-scatter whole; without prefetch every
+    gather is exposed (and every reduce-scatter too unless the engine issues them
+    asynchronously in buckets). The embeddings and head are gathered and reduced whole (exposed). Group shape
     and per-message start-up come from :mod:`.comm` (a group inside a node uses the node link)."""
     kp = t.degree("params")
     e = ACT_BYTES[t.dtype]
@@ -199,7 +200,11 @@ def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     ahead = np.where(behaviour(t, "prefetch") > 0,
                      np.where(bucket > 0, np.minimum(1.0, bucket / n_layer), 1.0), 0.0)
     fwd = (1 - ahead) * ag + np.maximum(0.0, ahead * ag - fwd_window)
-    bwd = (1 - ahead) * again + np.maximum(0.0, ahead * again + rs - bwd_window)
+    # Reduce-scatters run asynchronously behind the backward where the engine buckets them
+    # (FSDP2, DeepSpeed's overlap_comm), sharing the window with the prefetched gather.
+    bwd = np.where(behaviour(t, "gradient_bucketing"),
+                   (1 - ahead) * again + np.maximum(0.0, ahead * again + rs - bwd_window),
+                   (1 - ahead) * again + np.maximum(0.0, ahead * again - bwd_window) + rs)
     exposed = ag + rs + (layers - 1) * (fwd + bwd) + rest  # first gather, last reduce-scatter
     return np.where(kp > 1, exposed, 0.0)
 
