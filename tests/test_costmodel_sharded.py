@@ -6,6 +6,7 @@ per-layer schedule leaves uncovered, and the memory terms follow each engine's b
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -52,7 +53,7 @@ def _scaled_links(system, factor):
 def test_more_bandwidth_is_never_slower(model, system, fields):
     base = load_system(system)
     times = [_step(model, _scaled_links(base, k), **fields) for k in (0.25, 0.5, 1, 2, 4)]
-    assert all(b <= a * (1 + 1e-12) for a, b in zip(times, times[1:])), times
+    assert all(b <= a * (1 + 1e-12) for a, b in itertools.pairwise(times)), times
     assert times[0] > times[-1]  # and communication is in the step at all
 
 
@@ -68,7 +69,7 @@ def test_more_prefetch_is_never_slower(monkeypatch, model, system, fields):
             arr[engine] = value
             monkeypatch.setitem(beh.BEHAVIOUR, name, arr)
         times.append(_step(model, load_system(system), **fields))
-    assert all(b <= a * (1 + 1e-12) for a, b in zip(times, times[1:])), times
+    assert all(b <= a * (1 + 1e-12) for a, b in itertools.pairwise(times)), times
     assert times[0] > times[3]  # prefetching hides something in every case here
 
 
@@ -86,7 +87,7 @@ def test_bigger_dp_at_fixed_global_batch_is_never_faster_per_gpu(model, engine):
         p = predict(m, s, Layout(dp=dp, micro_batch=batch // dp, global_batch=batch, sharding=3,
                                  recompute="full", engine=engine))
         per_gpu.append(p["tokens_per_s"] / dp)
-    assert all(b <= a for a, b in zip(per_gpu, per_gpu[1:])), per_gpu
+    assert all(b <= a for a, b in itertools.pairwise(per_gpu)), per_gpu
     assert per_gpu[-1] < 0.6 * per_gpu[1]
 
 

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from frontier_llm.costmodel.behaviour import behaviour
 from frontier_llm.costmodel.layouts import LayoutTable, from_configs
 from frontier_llm.costmodel.params import (
     kv_width_per_rank,
     layer_params_per_rank,
     stage_params_per_rank,
 )
-from frontier_llm.costmodel.behaviour import behaviour
+from frontier_llm.costmodel.split import pipeline_ranks, rank_layers
 from frontier_llm.specs.layout import DType, Engine, Layout, Recompute, Schedule
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
@@ -43,9 +44,13 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
-def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> dict[str, np.ndarray]:
-    """Parameters, gradients and optimizer-state bytes on one rank of stage ``pp_rank``."""
-    n = stage_params_per_rank(model, t.tp, t.pp, pp_rank)
+def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None
+                ) -> dict[str, np.ndarray]:
+    """Parameters, gradients and optimizer-state bytes on one rank of stage ``pp_rank``, which
+    holds ``held`` layers (default: its share of the engine's split)."""
+    if held is None:
+        held = rank_layers(model, t, pp_rank)[0]
+    n = stage_params_per_rank(model, t.tp, t.pp, pp_rank, held)
     per = STATE_BYTES[t.dtype]
     return {
         "params": _cdiv(n, t.degree("params")) * per[:, 0],
@@ -92,15 +97,18 @@ def _in_flight_chunks(t: LayoutTable, pp_rank) -> np.ndarray:
     return chunks
 
 
-def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> np.ndarray:
-    """Peak bytes saved for backward on one rank of stage ``pp_rank``."""
+def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None) -> np.ndarray:
+    """Peak bytes saved for backward on one rank of stage ``pp_rank``, whose fullest chunk
+    holds ``chunk`` layers (default: from the engine's split)."""
+    if chunk is None:
+        chunk = rank_layers(model, t, pp_rank)[1]
     e = ACT_BYTES[t.dtype]
     r = np.asarray(pp_rank)
     s, b, h = model.seq_len, t.micro_batch, model.hidden
     sb = s * b
     rep = np.where(t.sequence_parallel, 1.0 / t.tp, 1.0)
     chunks = _in_flight_chunks(t, r)
-    layers_per_chunk = model.layers // (t.pp * t.virtual_stages)
+    layers_per_chunk = chunk  # every chunk in flight counted as the rank's fullest
     full = layer_activation_bytes(model, t)
     # Full recompute keeps only each layer's input, and rebuilds one layer at a time (its input
     # is then part of the rebuilt layer).
@@ -122,7 +130,7 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> np.ndarray:
     return layers * per_layer + first + np.maximum(transient, last)
 
 
-def gathered_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0) -> np.ndarray:
+def gathered_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None) -> np.ndarray:
     """Unsharded copies of sharded parameters (ZeRO-3, FSDP, AMSP partial) at the start of
     backward, when the loss temporaries are alive too: the layer in use plus the ``prefetch``
     layers gathered ahead (every layer of the stage when the engine keeps them between forward
@@ -131,8 +139,9 @@ def gathered_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0) -> np.ndarray:
     unit), gathered with their gradient."""
     e = ACT_BYTES[t.dtype]
     n_layer = layer_params_per_rank(model, t.tp)
-    layers = model.layers // t.pp
-    n_rest = np.maximum(stage_params_per_rank(model, t.tp, t.pp, pp_rank) - layers * n_layer, 0)
+    layers = rank_layers(model, t, pp_rank)[0] if held is None else held
+    n_rest = np.maximum(
+        stage_params_per_rank(model, t.tp, t.pp, pp_rank, layers) - layers * n_layer, 0)
     held = np.where(behaviour(t, "reshard_after_forward"),
                     np.minimum(1 + behaviour(t, "prefetch"), layers), layers)
     fp32_copy = np.where(behaviour(t, "reduce_fp32") & (e < 4), 4, 0)
@@ -150,24 +159,28 @@ def loss_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
     return model.seq_len * t.micro_batch * _cdiv(model.vocab, t.tp) * per_vocab
 
 
-def buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0) -> np.ndarray:
+def buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None) -> np.ndarray:
     """Transient communication buffers: gathered parameters and gradients of sharded layers and
     the sequence-parallel all-gather of one layer input."""
     e = ACT_BYTES[t.dtype]
     sp = np.where(t.sequence_parallel, e * model.seq_len * t.micro_batch * model.hidden, 0)
-    return gathered_bytes(model, t, pp_rank) + sp
+    return gathered_bytes(model, t, pp_rank, held) + sp
 
 
-def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank) -> dict:
-    """Every memory term of one rank of stage ``pp_rank``, and their total ``peak``."""
-    states = state_bytes(model, t, pp_rank)
+def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, held=None,
+                chunk=None) -> dict:
+    """Every memory term of one rank of stage ``pp_rank`` (holding ``held`` layers, its fullest
+    chunk ``chunk``; default: from the engine's split), and their total ``peak``."""
+    if held is None or chunk is None:
+        held, chunk = rank_layers(model, t, pp_rank)
+    states = state_bytes(model, t, pp_rank, held)
     out = {
         "params": states["params"],
         "grads": states["grads"],
         "optimizer": states["optimizer"],
-        "activations": activation_bytes(model, t, pp_rank),
+        "activations": activation_bytes(model, t, pp_rank, chunk),
         "loss": np.where(np.asarray(pp_rank) == t.pp - 1, loss_bytes(model, t), 0),
-        "buffers": buffer_bytes(model, t, pp_rank),
+        "buffers": buffer_bytes(model, t, pp_rank, held),
         "reserved": np.full(len(t), system.memory_reserved_bytes, dtype=float),
     }
     out["peak"] = sum(np.asarray(v, dtype=float) for v in out.values())
@@ -175,13 +188,22 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank) -
 
 
 def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict:
-    """The rank with the most memory: the first stage (embeddings, most micro-batches in flight)
-    or the last (head, logits); middle stages hold less than the first."""
-    first = rank_memory(model, system, t, 0)
-    last = rank_memory(model, system, t, t.pp - 1)
-    use_last = last["peak"] > first["peak"]
-    out = {k: np.where(use_last, last[k], first[k]) for k in first}
-    out["stage"] = np.where(use_last, t.pp - 1, 0)
+    """The rank with the most memory: the first stage (embeddings, most micro-batches in
+    flight), the last (head, logits) or, where the engine splits layers unevenly, the middle
+    stage holding the most layers (the earliest such, which holds the most micro-batches)."""
+    ranks = pipeline_ranks(model, t)
+    cands = [(np.zeros(len(t), dtype=np.int64), ranks["first"], ranks["chunk_first"]),
+             (ranks["mid"], ranks["mid_held"], ranks["chunk_mid"]),
+             (t.pp - 1, ranks["last"], ranks["chunk_last"])]
+    out = None
+    for r, held, chunk in cands:
+        mem = rank_memory(model, system, t, r, held, chunk)
+        mem["stage"] = np.broadcast_to(r, (len(t),))
+        if out is None:
+            out = mem
+            continue
+        bigger = mem["peak"] > out["peak"]
+        out = {k: np.where(bigger, mem[k], out[k]) for k in out}
     return out
 
 

@@ -58,10 +58,13 @@ def head_params_per_rank(model: ModelSpec, tp, pp):
     return norm + np.where(separate, _cdiv(model.vocab, tp) * model.hidden, 0)
 
 
-def stage_params_per_rank(model: ModelSpec, tp, pp, pp_rank):
-    """Parameters on one rank of pipeline stage ``pp_rank`` (all chunks of that rank)."""
+def stage_params_per_rank(model: ModelSpec, tp, pp, pp_rank, layers=None):
+    """Parameters on one rank of pipeline stage ``pp_rank`` (all chunks of that rank), which
+    holds ``layers`` blocks (default: an even split, ``l/p``; costmodel/split.py gives the
+    engine's own)."""
     tp, pp, pp_rank = np.asarray(tp), np.asarray(pp), np.asarray(pp_rank)
-    n = (model.layers // pp) * layer_params_per_rank(model, tp)
+    held = model.layers // pp if layers is None else np.asarray(layers)
+    n = held * layer_params_per_rank(model, tp)
     n = n + np.where(pp_rank == 0, embedding_params_per_rank(model, tp), 0)
     return n + np.where(pp_rank == pp - 1, head_params_per_rank(model, tp, pp), 0)
 

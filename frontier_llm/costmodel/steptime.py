@@ -43,6 +43,7 @@ from frontier_llm.costmodel.params import (
     layer_params_per_rank,
     stage_params_per_rank,
 )
+from frontier_llm.costmodel.split import pipeline_ranks
 from frontier_llm.specs.layout import DType, Recompute
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
@@ -81,8 +82,9 @@ class BlockTimes:
 class StageTimes:
     """The pipeline: per micro-batch stage times, the whole pipeline and its bubble."""
 
-    layers: int  # blocks per stage
-    head: np.ndarray  # the last stage's output head, loss and CE statistics, per micro-batch
+    layers: np.ndarray  # blocks on the rank that sets the pace
+    head: np.ndarray  # the output head, loss and CE statistics per micro-batch, when the last
+    # rank sets the pace (else 0)
     p2p: np.ndarray  # activations sent and received per micro-batch
     compute_mb: np.ndarray  # compute of one micro-batch on a stage (for DP overlap)
     pipeline: np.ndarray
@@ -136,26 +138,31 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates)
 
 def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
                 blk: BlockTimes) -> StageTimes:
-    """A stage of ``l/p`` blocks (the last with the head), and the schedule's pipeline time."""
+    """The pipeline ranks (the last with the head) and the schedule's pipeline time: the slowest
+    rank sets the pace, the mean the bubble. Ranks hold the layers the engine's split gives them
+    (costmodel/split.py): ``l/p`` each when even."""
     h, V = model.hidden, model.vocab
     tp, pp, dp, v = t.tp, t.pp, t.dp, t.virtual_stages
     tokens = t.micro_batch * model.seq_len
-    per_stage_layers = model.layers // pp
+    ranks = pipeline_ranks(model, t)
     head_flops = logits_forward_flops_per_token(model) * tokens / tp
     loss_bytes = tokens * V / tp * 4 * 3  # fp32 logits: cast, softmax, gradient
     last_extra = 3 * head_flops / r.flops + loss_bytes / r.memory
     last_extra = last_extra + comm.all_reduce(system, tp, 1, tokens * 4 * 3)  # CE statistics
     p2p = np.where(pp > 1, 2 * v * comm.send_recv(system, tp * dp,
                                                   tokens * h * r.act_bytes / tp), 0.0)
-    middle = per_stage_layers * (blk.compute + blk.comm) + p2p
-    last = middle + last_extra
-    t_max = np.maximum(middle, last)
-    t_avg = np.where(pp > 1, (pp * middle + last_extra) / pp, last)
-    compute_mb = per_stage_layers * blk.compute + np.where(pp > 1, 0.0, last_extra)
+    per_layer = blk.compute + blk.comm
+    others = ranks["most_but_last"] * per_layer
+    last = ranks["last"] * per_layer + last_extra
+    last_paces = (last >= others) | (pp == 1)
+    layers = np.where(last_paces, ranks["last"], ranks["most_but_last"])
+    head = np.where(last_paces, last_extra, 0.0)
+    t_max = layers * per_layer + head + p2p
+    t_avg = np.where(pp > 1, (model.layers * per_layer + last_extra) / pp + p2p, t_max)
+    compute_mb = layers * blk.compute + np.where(pp > 1, 0.0, last_extra)
     m = t.num_microbatches
     bubble = (pp - 1) / v * t_avg
-    return StageTimes(per_stage_layers, last_extra, p2p, compute_mb,
-                      m * t_max + (pp - 1) / v * t_avg, bubble)
+    return StageTimes(layers, head, p2p, compute_mb, m * t_max + bubble, bubble)
 
 
 def reduce_bytes(t: LayoutTable) -> np.ndarray:
@@ -173,8 +180,9 @@ def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     layer's gather runs during this layer's compute, so a layer exposes ``max(0, comm −
     compute)``, plus the first gather and the last reduce-scatter whole; without prefetch every
     gather is exposed (and every reduce-scatter too unless the engine issues them
-    asynchronously in buckets). The embeddings and head are gathered and reduced whole (exposed). Group shape
-    and per-message start-up come from :mod:`.comm` (a group inside a node uses the node link)."""
+    asynchronously in buckets). The embeddings and head are gathered and reduced whole
+    (exposed). Group shape and per-message start-up come from :mod:`.comm` (a group inside a
+    node uses the node link)."""
     kp = t.degree("params")
     e = ACT_BYTES[t.dtype]
     g = reduce_bytes(t)
@@ -214,8 +222,11 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     """Exposed gradient/parameter communication and the optimizer step."""
     tp, pp, dp = t.tp, t.pp, t.dp
     m = t.num_microbatches
-    n_stage = np.maximum(stage_params_per_rank(model, tp, pp, 0),
-                         stage_params_per_rank(model, tp, pp, pp - 1))
+    ranks = pipeline_ranks(model, t)
+    n_stage = np.maximum.reduce([
+        stage_params_per_rank(model, tp, pp, 0, ranks["first"]),
+        stage_params_per_rank(model, tp, pp, ranks["mid"], ranks["mid_held"]),
+        stage_params_per_rank(model, tp, pp, pp - 1, ranks["last"])])
     grad_bytes = n_stage * reduce_bytes(t)
     param_bytes = n_stage * STATE_BYTES[t.dtype][:, 0]
     kp, kg, ko = t.degree("params"), t.degree("grads"), t.degree("optim")
