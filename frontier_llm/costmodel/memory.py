@@ -193,8 +193,11 @@ def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict:
     stage holding the most layers (the earliest such, which holds the most micro-batches)."""
     ranks = pipeline_ranks(model, t)
     cands = [(np.zeros(len(t), dtype=np.int64), ranks["first"], ranks["chunk_first"]),
-             (ranks["mid"], ranks["mid_held"], ranks["chunk_mid"]),
              (t.pp - 1, ranks["last"], ranks["chunk_last"])]
+    # A middle rank with no more layers than rank 0 holds less than it (fewer micro-batches in
+    # flight, no embeddings): only uneven splits can make one the fullest.
+    if np.any(ranks["mid_held"] > ranks["first"]):
+        cands.insert(1, (ranks["mid"], ranks["mid_held"], ranks["chunk_mid"]))
     out = None
     for r, held, chunk in cands:
         mem = rank_memory(model, system, t, r, held, chunk)

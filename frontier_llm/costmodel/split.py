@@ -51,11 +51,17 @@ def pipeline_ranks(model: ModelSpec, t: LayoutTable) -> dict[str, np.ndarray]:
     """Per layout: ``first``/``last`` (layers held by rank 0 / p − 1) with their fullest chunks
     ``chunk_first``/``chunk_last``; ``mid`` (the middle rank holding the most layers, the
     earliest on a tie: 0 when pp < 3), its ``mid_held`` and ``chunk_mid``; ``most_but_last``
-    (the most held by any rank but the last, which also runs the head)."""
+    (the most held by any rank but the last, which also runs the head). Computed once per
+    table and model (step time and memory both read it)."""
+    memo = t.__dict__.get("_pipeline_ranks")
+    if memo is not None and memo[0] is model:
+        return memo[1]
     cols = _gather(model, t, _summary)
     names = ("first", "chunk_first", "mid", "mid_held", "chunk_mid", "last", "chunk_last",
              "most_but_last")
-    return {n: cols[:, i] for i, n in enumerate(names)}
+    out = {n: cols[:, i] for i, n in enumerate(names)}
+    t.__dict__["_pipeline_ranks"] = (model, out)
+    return out
 
 
 def rank_layers(model: ModelSpec, t: LayoutTable, pp_rank) -> tuple[np.ndarray, np.ndarray]:
