@@ -68,6 +68,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fix", nargs="*", default=[], metavar="KNOB=VALUE",
                     help="knobs held at a physical value instead of fitted")
+    ap.add_argument("--start", nargs="*", default=[], metavar="KNOB=VALUE",
+                    help="start the search from these values instead of the system's (a system "
+                         "with one row: its leave-one-out prediction is then this prior's)")
     ap.add_argument("--leave-one-out", action="store_true",
                     help="refit without each row and predict it (out-of-sample errors), "
                          "starting from the system's current values")
@@ -82,6 +85,9 @@ def main() -> None:
     values = {k: getattr(base, k) if k in FIELDS else
               base.eff(k, 1.0 if k in ("matmul", "collective", "memory") else 0.0)
               for k in knobs}
+    for start in args.start:
+        k, v = start.split("=")
+        values[k] = float(v)
     for fixed in args.fix:
         k, v = fixed.split("=")
         base = with_eff(base, {k: v})
@@ -101,6 +107,9 @@ def fit(runs, base, knobs, values, rounds, log=False) -> dict:
     """Coordinate search: each knob in turn over its grid, keeping what lowers the MAPE."""
     def score(vals):
         return error_summary(validate_runs(runs, {base.name: with_eff(base, vals)}))["mape"]
+
+    if not len(runs):  # nothing to fit to: the starting values stand
+        return values
 
     best = score(values)
     for rnd in range(rounds):
