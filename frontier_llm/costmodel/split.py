@@ -56,7 +56,7 @@ def pipeline_ranks(model: ModelSpec, t: LayoutTable) -> dict[str, np.ndarray]:
     memo = t.__dict__.get("_pipeline_ranks")
     if memo is not None and memo[0] is model:
         return memo[1]
-    cols = _gather(model, t, _summary)
+    cols = _gather(model, t, _summary) if len(t) else np.zeros((0, 8), dtype=np.int64)
     names = ("first", "chunk_first", "mid", "mid_held", "chunk_mid", "last", "chunk_last",
              "most_but_last")
     out = {n: cols[:, i] for i, n in enumerate(names)}
