@@ -3,8 +3,9 @@
 The cost model needs, per layout, the layers a pipeline rank holds (all its chunks) and its
 fullest chunk (interleaving keeps chunks in flight), for the ranks whose memory can be the peak
 (rank 0, the fullest middle rank, rank p − 1: the fullest sets the peak) and the slowest (it sets
-the pace). The split (``specs/pipeline_split.stage_layers``) depends only on (pp, virtual_stages, engine),
-so it is computed once per distinct combination in a table and gathered back per row.
+the pace). The split (``specs/pipeline_split.stage_layers``) depends only on (pp,
+virtual_stages, engine), so it is computed once per distinct combination in a table and gathered
+back per row.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import numpy as np
 from frontier_llm.costmodel.layouts import LayoutTable
 from frontier_llm.errors import SpecError
 from frontier_llm.specs.layout import Engine
-from frontier_llm.specs.pipeline_split import stage_layers
 from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.pipeline_split import stage_layers
 
 
 def chunk_layers(model: ModelSpec, pp: int, virtual_stages: int, engine: int

@@ -203,7 +203,8 @@ def validate_runs(runs: pd.DataFrame, systems: dict[str, SystemSpec] | None = No
     for _, row in runs.iterrows():
         out = predict_row(row, systems)
         rows.append({"source": row["source"].split()[0], "model": row["model"],
-                     "gpu": row["gpu_type"], "gpus": int(row["num_gpus"]), **out})
+                     "gpu": row["gpu_type"], "system": row_system(row, systems).name,
+                     "gpus": int(row["num_gpus"]), **out})
     return pd.DataFrame(rows)
 
 
