@@ -25,8 +25,8 @@ from frontier_llm.costmodel.behaviour import behaviour
 from frontier_llm.costmodel.layouts import LayoutTable, from_configs
 from frontier_llm.costmodel.params import (
     kv_width_per_rank,
-    layer_params_per_rank,
     stage_params_per_rank,
+    table_layer_params,
 )
 from frontier_llm.costmodel.split import pipeline_ranks, rank_layers
 from frontier_llm.specs.layout import DType, Engine, Layout, Recompute, Schedule
@@ -50,7 +50,7 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None
     holds ``held`` layers (default: its share of the engine's split)."""
     if held is None:
         held = rank_layers(model, t, pp_rank)[0]
-    n = stage_params_per_rank(model, t.tp, t.pp, pp_rank, held)
+    n = stage_params_per_rank(model, t.tp, t.pp, pp_rank, held, table_layer_params(model, t))
     per = STATE_BYTES[t.dtype]
     return {
         "params": _cdiv(n, t.degree("params")) * per[:, 0],
@@ -138,10 +138,10 @@ def gathered_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None) -> np
     reduces in fp32) until it is reduce-scattered, and the stage's embeddings / head (FSDP's root
     unit), gathered with their gradient."""
     e = ACT_BYTES[t.dtype]
-    n_layer = layer_params_per_rank(model, t.tp)
+    n_layer = table_layer_params(model, t)
     layers = rank_layers(model, t, pp_rank)[0] if held is None else held
     n_rest = np.maximum(
-        stage_params_per_rank(model, t.tp, t.pp, pp_rank, layers) - layers * n_layer, 0)
+        stage_params_per_rank(model, t.tp, t.pp, pp_rank, layers, n_layer) - layers * n_layer, 0)
     held = np.where(behaviour(t, "reshard_after_forward"),
                     np.minimum(1 + behaviour(t, "prefetch"), layers), layers)
     fp32_copy = np.where(behaviour(t, "reduce_fp32") & (e < 4), 4, 0)
@@ -192,14 +192,10 @@ def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict:
     flight), the last (head, logits) or, where the engine splits layers unevenly, the middle
     stage holding the most layers (the earliest such, which holds the most micro-batches)."""
     ranks = pipeline_ranks(model, t)
-    cands = [(np.zeros(len(t), dtype=np.int64), ranks["first"], ranks["chunk_first"]),
-             (t.pp - 1, ranks["last"], ranks["chunk_last"])]
-    # A middle rank with no more layers than rank 0 holds less than it (fewer micro-batches in
-    # flight, no embeddings): only uneven splits can make one the fullest.
-    if np.any(ranks["mid_held"] > ranks["first"]):
-        cands.insert(1, (ranks["mid"], ranks["mid_held"], ranks["chunk_mid"]))
     out = None
-    for r, held, chunk in cands:
+    for r, held, chunk in ((np.zeros(len(t), dtype=np.int64), ranks["first"],
+                            ranks["chunk_first"]),
+                           (t.pp - 1, ranks["last"], ranks["chunk_last"])):
         mem = rank_memory(model, system, t, r, held, chunk)
         mem["stage"] = np.broadcast_to(r, (len(t),))
         if out is None:
@@ -207,6 +203,21 @@ def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict:
             continue
         bigger = mem["peak"] > out["peak"]
         out = {k: np.where(bigger, mem[k], out[k]) for k in out}
+    # A middle rank with no more layers than rank 0 holds less than it (fewer micro-batches in
+    # flight, no embeddings): only uneven splits can make one the fullest, so only those rows
+    # evaluate it.
+    rows = np.flatnonzero(ranks["mid_held"] > ranks["first"])
+    if len(rows):
+        sub = t.take(rows)
+        mem = rank_memory(model, system, sub, ranks["mid"][rows], ranks["mid_held"][rows],
+                          ranks["chunk_mid"][rows])
+        mem["stage"] = ranks["mid"][rows]
+        bigger = rows[mem["peak"] > out["peak"][rows]]
+        win = mem["peak"] > out["peak"][rows]
+        out = {k: np.array(v, dtype=np.result_type(v, mem[k]), copy=True)
+               for k, v in out.items()}
+        for k in out:
+            out[k][bigger] = np.asarray(mem[k])[win]
     return out
 
 

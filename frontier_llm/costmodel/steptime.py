@@ -40,8 +40,8 @@ from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks
 from frontier_llm.costmodel.memory import ACT_BYTES, STATE_BYTES
 from frontier_llm.costmodel.params import (
     layer_modules,
-    layer_params_per_rank,
     stage_params_per_rank,
+    table_layer_params,
 )
 from frontier_llm.costmodel.split import pipeline_ranks
 from frontier_llm.specs.layout import DType, Recompute
@@ -186,7 +186,7 @@ def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     kp = t.degree("params")
     e = ACT_BYTES[t.dtype]
     g = reduce_bytes(t)
-    n_layer = layer_params_per_rank(model, t.tp)
+    n_layer = table_layer_params(model, t)
     n_rest = np.maximum(n_stage - layers * n_layer, 0)
     # Messages per layer: one gather per module for engines that fetch module by module, and
     # one reduce-scatter per gradient bucket: each pays the start-up cost ((n−1)·α on a ring),
@@ -223,10 +223,11 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     tp, pp, dp = t.tp, t.pp, t.dp
     m = t.num_microbatches
     ranks = pipeline_ranks(model, t)
+    n_layer = table_layer_params(model, t)
     n_stage = np.maximum.reduce([
-        stage_params_per_rank(model, tp, pp, 0, ranks["first"]),
-        stage_params_per_rank(model, tp, pp, ranks["mid"], ranks["mid_held"]),
-        stage_params_per_rank(model, tp, pp, pp - 1, ranks["last"])])
+        stage_params_per_rank(model, tp, pp, 0, ranks["first"], n_layer),
+        stage_params_per_rank(model, tp, pp, ranks["mid"], ranks["mid_held"], n_layer),
+        stage_params_per_rank(model, tp, pp, pp - 1, ranks["last"], n_layer)])
     grad_bytes = n_stage * reduce_bytes(t)
     param_bytes = n_stage * STATE_BYTES[t.dtype][:, 0]
     kp, kg, ko = t.degree("params"), t.degree("grads"), t.degree("optim")
