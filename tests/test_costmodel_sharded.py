@@ -186,3 +186,30 @@ def test_vectorized_and_scalar_paths_agree_across_engines():
         assert predict(m, s, lay)["step_time_s"] == pytest.approx(
             table["step_time_s"][i], rel=1e-12)
     assert np.all(np.isfinite(table["step_time_s"]))
+
+
+@pytest.mark.parametrize("engine", ["native", "megatron", "deepspeed"])
+def test_uneven_pipeline_slowest_rank_paces_and_fullest_sets_memory(engine):
+    """70 layers on 12 stages (a run the old model refused): every engine splits them
+    5, 6 × 10, 5; the six-layer ranks set the pace and, holding one micro-batch fewer than rank 0
+    but a layer more per micro-batch, the peak memory (on rank 1, the earliest of them)."""
+    from frontier_llm.costmodel.split import pipeline_ranks
+    from frontier_llm.specs.pipeline_split import stage_layers
+
+    m = dataclasses.replace(load_model("gpt-22b"), layers=70)
+    s = load_system("dgx-a100")
+    layout = Layout(tp=8, pp=12, micro_batch=1, global_batch=64, recompute="full",
+                    flash_attention=True, sharding=1, engine=engine)
+    t = from_configs([layout])
+    split = stage_layers(70, 12, 1, engine, m)
+    ranks = pipeline_ranks(m, t)
+    assert (ranks["first"][0], ranks["mid_held"][0], ranks["last"][0]) == (
+        split[0], max(split[1:-1]), split[-1])
+    p = predict(m, s, layout)
+    assert sum(p["breakdown"]["time_s"].values()) == pytest.approx(p["step_time_s"], rel=1e-9)
+    # The pace: a six-layer rank; an even 72-layer split (6 per rank) takes as long per
+    # micro-batch, up to the head and the bubble's average.
+    even = predict(dataclasses.replace(m, layers=72), s, layout)["breakdown"]["time_s"]
+    got = p["breakdown"]["time_s"]
+    assert got["compute"] == pytest.approx(even["compute"], rel=1e-9)
+    assert p["breakdown"]["peak_memory_stage"] == 1
