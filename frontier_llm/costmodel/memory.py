@@ -15,6 +15,13 @@ schedule sets how many micro-batches a stage holds: GPipe all ``m``; 1F1B ``p �
 of a stage on the first one). The first stage adds token ids and the embedding dropout mask; the
 last stage the final norm and the fp32 logits of the cross-entropy (``4·s·b·V/t`` bytes per
 micro-batch, kept for every micro-batch under GPipe).
+
+The figure predicted is the allocator's peak reserved (``torch.cuda.max_memory_reserved``) at the
+start of the backward pass: beside the above, the loss's vocabulary-sized temporaries
+(:func:`loss_bytes`), the unsharded copies of sharded parameters and gradients
+(:func:`gathered_bytes`, from the engine's prefetch and resharding) and the system's reserve.
+Ranks hold the layers their engine's split gives them (:mod:`.split`); the peak is over the first,
+the fullest middle and the last rank. docs/costmodel.md §3.
 """
 
 from __future__ import annotations

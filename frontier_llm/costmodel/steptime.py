@@ -8,20 +8,24 @@ Per micro-batch and transformer block, a rank spends:
   is not fused): the bytes it reads and writes at the ``memory`` fraction of HBM bandwidth;
 - tensor-parallel communication (Shoeybi et al. 2019; Korthikanti et al. 2022 §4.2.2): two
   all-reduces of ``b·s·h`` elements forward and two backward (with sequence parallelism an
-  all-gather and a reduce-scatter each, the same volume); up to the ``tp_overlap`` fraction of
-  the block's GEMM time hides it;
+  all-gather and a reduce-scatter each, the same volume); where the engine overlaps TP
+  communication (Megatron's ``--tp-comm-overlap``), up to the ``tp_overlap`` fraction of the
+  block's GEMM time hides it;
 - recomputation: full recompute replays the forward (and its TP communication); selective replays
   the attention core only.
 
-A stage is ``l/p`` blocks; the first adds the embedding, the last the output head and the loss.
-Pipeline stages exchange ``b·s·h/t`` elements per micro-batch each way (Megatron's scatter/gather
-optimization), once per virtual stage. With ``m`` micro-batches the pipeline takes
-``m·t_max + (p−1)/v·t_avg`` (the bubble of Narayanan et al. 2021 §2.2). Data parallelism reduces
-gradients once per step (all-reduce, or reduce-scatter + all-gather of parameters when optimizer
-states are sharded); only the last micro-batch's backward can hide it (``dp_overlap``). Sharded
-parameters (ZeRO-3, FSDP) are gathered forward and backward for every micro-batch and gradients
-reduce-scattered, behind compute where ``dp_overlap`` allows. The optimizer step streams the
-rank's parameters, gradients and optimizer states through memory.
+A pipeline rank holds the blocks its engine's split gives it (:mod:`.split`); the first adds the
+embedding, the last the output head and the loss. Pipeline stages exchange ``b·s·h/t`` elements
+per micro-batch each way (Megatron's scatter/gather optimization), once per virtual stage. With
+``m`` micro-batches the pipeline takes ``m·t_max + (p−1)/v·t_avg`` (the bubble of Narayanan et
+al. 2021 §2.2), the slowest rank setting ``t_max``. Data parallelism reduces gradients once per
+step (all-reduce, or reduce-scatter + all-gather of parameters when optimizer states are
+sharded), behind the last micro-batch's backward where the engine buckets it. Sharded parameters
+(ZeRO-3, FSDP, AMSP partial) are gathered layer by layer, forward and (resharded) backward, and
+gradients reduce-scattered, every micro-batch, as the engine issues them
+(:func:`sharded_param_times`). Every engine behaviour comes from ``specs/engine_rules.py``
+(:mod:`.behaviour`). The optimizer step streams the rank's parameters, gradients and optimizer
+states through memory.
 """
 
 from __future__ import annotations
