@@ -13,7 +13,6 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-import pandas as pd
 
 from frontier_llm.costmodel.layouts import LayoutTable
 from frontier_llm.errors import SpecError
@@ -44,7 +43,7 @@ def _split(model: ModelSpec, pp: int, v: int, engine: int) -> tuple[tuple[int, i
 def _gather(model: ModelSpec, t: LayoutTable, fn) -> np.ndarray:
     """``fn(split, pp)`` (a tuple of ints) for each distinct (pp, v, engine) of ``t``, per row."""
     key = (t.pp.astype(np.int64) * 65536 + t.virtual_stages) * 16 + t.engine
-    inverse, uniq = pd.factorize(key)  # hashing: no sort of the whole table
+    uniq, inverse = np.unique(key, return_inverse=True)
     rows = [fn(_split(model, int(k // 16 // 65536), int(k // 16 % 65536), int(k % 16)),
                int(k // 16 // 65536)) for k in uniq]
     return np.array(rows, dtype=np.int64).reshape(len(uniq), -1)[inverse.reshape(-1)]
