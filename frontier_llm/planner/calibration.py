@@ -163,13 +163,14 @@ def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) ->
                 "layout": "no layout fits", "engine": row_engine(row)}
     best = int(order[0])
     fig = {k: float(v[best]) for k, v in result.figures.items()}
+    counted = None  # which FLOPs a TFLOP/s figure counts
     if _given(row.get("iteration_time_s")):
         metric, measured, predicted = "iteration_time_s", row["iteration_time_s"], fig[
             "step_time_s"]
     elif _given(row.get("tflops_per_gpu")):
         counted = "hardware" if "hardware tflop" in str(row.get("notes") or "").lower() \
             else "model"
-        metric, measured, predicted = (f"{counted}_tflops_per_gpu", row["tflops_per_gpu"],
+        metric, measured, predicted = ("tflops_per_gpu", row["tflops_per_gpu"],
                                        fig[f"{counted}_tflops_per_gpu"])
     elif _given(row.get("tokens_per_s_per_gpu")):
         metric, measured, predicted = ("tokens_per_s_per_gpu", row["tokens_per_s_per_gpu"],
@@ -186,7 +187,8 @@ def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) ->
                   "memory_error": (got - float(row["memory_gb"])) / float(row["memory_gb"])}
     return {
         "metric": metric, "measured": float(measured), "predicted": predicted,
-        "error": (predicted - measured) / measured, "engine": str(cfg.engine),
+        "error": (predicted - measured) / measured, "flops_counted": counted,
+        "engine": str(cfg.engine),
         "layout": (f"tp{cfg.tp} pp{cfg.pp} dp{cfg.dp} mb{cfg.micro_batch} {cfg.schedule}"
                    f"{cfg.virtual_stages if cfg.virtual_stages > 1 else ''} {cfg.recompute}"
                    f"{' sp' if cfg.sequence_parallel else ''}"
