@@ -3,7 +3,12 @@
 :class:`JobState` is what ``flm_jobs.state`` holds (as Optuna's ``TrialState`` is for trials):
 
     RENDERED -> SUBMITTING -> PENDING -> RUNNING (-> HUNG) -> a terminal verdict
-    terminal: COMPLETED, OOM, TIMEOUT, NODE_FAIL, CANCELLED, FAILED
+    terminal: COMPLETED, OOM, TIMEOUT, NODE_FAIL, CANCELLED, FAILED, LOST
+
+LOST is the way out of UNKNOWN: the scheduler has no record of the job (its controller lost
+its state, or forgot the job before anyone asked) and the job's own files (trace, packed step
+exit file) say nothing final. It is retryable, and is looked at again from its files at every
+refresh, so a trace that turns up later still gives it its real verdict.
 
 :class:`SchedulerState` is what an executor reports of a job, in no scheduler's own words:
 ``jobs/slurm.py`` maps SLURM's (PENDING, COMPLETING, OUT_OF_MEMORY, "CANCELLED by 0", ...) to
@@ -33,6 +38,7 @@ class JobState(StrEnum):
     CANCELLED = "CANCELLED"
     FAILED = "FAILED"
     UNKNOWN = "UNKNOWN"  # the executor could not tell; asked again at the next refresh
+    LOST = "LOST"  # the scheduler forgot it and its files say nothing final; retry reruns it
 
     @property
     def terminal(self) -> bool:
@@ -51,10 +57,10 @@ class JobState(StrEnum):
 
 
 _TERMINAL = frozenset({JobState.COMPLETED, JobState.OOM, JobState.TIMEOUT, JobState.NODE_FAIL,
-                       JobState.CANCELLED, JobState.FAILED})
+                       JobState.CANCELLED, JobState.FAILED, JobState.LOST})
 _ACTIVE = frozenset({JobState.PENDING, JobState.RUNNING, JobState.HUNG, JobState.UNKNOWN})
 _RETRYABLE = frozenset({JobState.OOM, JobState.TIMEOUT, JobState.NODE_FAIL, JobState.CANCELLED,
-                        JobState.FAILED, JobState.HUNG})
+                        JobState.FAILED, JobState.HUNG, JobState.LOST})
 
 
 class SchedulerState(StrEnum):
@@ -69,7 +75,7 @@ class SchedulerState(StrEnum):
     NODE_FAIL = "NODE_FAIL"  # a node failed (or never booted)
     CANCELLED = "CANCELLED"  # cancelled, revoked or preempted
     EXITED = "EXITED"  # a process that ended: its exit code (if known) and trace tell the rest
-    UNKNOWN = "UNKNOWN"  # not found
+    UNKNOWN = "UNKNOWN"  # a state the executor does not know, or no record (Observation.gone)
 
     @property
     def ended(self) -> bool:
@@ -87,3 +93,5 @@ class Observation:
     start: str | None = None  # ISO 8601
     end: str | None = None
     said: str | None = None  # the scheduler's own words, for a verdict's reason
+    gone: bool = False  # the scheduler has no record of the job at all (state UNKNOWN)
+    restarts: int | None = None  # times the scheduler requeued it (None: not reported)

@@ -56,6 +56,8 @@ def step_observation(allocation: Observation, trace_dir: str | Path, run_id: str
         # the step's own start (the hung check measures from there).
         return Observation(allocation.state, allocation.exit_code, nodelist=allocation.nodelist,
                            start=started, end=allocation.end, said=allocation.said)
+    if allocation.gone:
+        return allocation  # forgotten by the scheduler: judged by its files (classify)
     if not allocation.state.ended:
         return Observation(SchedulerState.PENDING, nodelist=allocation.nodelist,
                            said="waiting for the layouts before it in its allocation")

@@ -54,6 +54,31 @@ class SlurmError(UserError):
     """A SLURM command failed; the message is SLURM's own."""
 
 
+class ControllerUnreachable(SlurmError):
+    """slurmctld did not answer (down, restarting, overloaded): the jobs are not known to have
+    changed, so a tracker keeps what it recorded and asks again later (runner.refresh)."""
+
+
+# How SLURM's clients (22.05 to 24.x) say that the controller did not answer, as opposed to a
+# refusal (bad id, bad option) that asking again would not change.
+_UNREACHABLE = ("unable to contact slurm controller", "socket timed out", "connection refused",
+                "zero bytes were transmitted", "communication connection failure",
+                "slurmctld not responding", "slurm_receive_msg", "connection timed out",
+                "controller in standby mode", "unable to connect")
+
+
+def is_unreachable(stderr: str) -> bool:
+    """Whether a SLURM client's error output says the controller could not be reached."""
+    text = stderr.lower()
+    return any(s in text for s in _UNREACHABLE)
+
+
+def _failure(argv0: str, proc: subprocess.CompletedProcess, what: str | None = None
+             ) -> SlurmError:
+    message = _first_error(proc.stderr) or what or f"{argv0} exited {proc.returncode}"
+    return (ControllerUnreachable if is_unreachable(proc.stderr) else SlurmError)(message)
+
+
 @dataclass(frozen=True)
 class JobStatus:
     """What SLURM says about one job (one array task counts as one job: ``"123_4"``)."""
@@ -66,6 +91,8 @@ class JobStatus:
     start: str | None = None
     end: str | None = None
     raw_id: str | None = None  # the scheduler's own id of this task (for sacct --completion)
+    restarts: int | None = None  # RestartCnt: times SLURM requeued it (squeue only)
+    found: bool = True  # False: neither squeue nor sacct knows the job
 
     @property
     def terminal(self) -> bool:
@@ -74,8 +101,11 @@ class JobStatus:
     def observation(self) -> Observation:
         """The executor-neutral record of this status (what the classifier reads)."""
         word = slurm_word(self.state)
+        if not self.found:
+            return Observation(SchedulerState.UNKNOWN, said="neither squeue nor sacct knows it",
+                               gone=True)
         return Observation(scheduler_state(word), self.exit_code, self.nodelist, self.start,
-                           self.end, said=f"SLURM state {word}")
+                           self.end, said=f"SLURM state {word}", restarts=self.restarts)
 
 
 def _clean(value: str) -> str | None:
@@ -124,9 +154,10 @@ class SlurmClient:
                 "install sets up a local one)"
             ) from None
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"{argv[0]} did not answer within {self._timeout:.0f} s") from None
+            raise ControllerUnreachable(
+                f"{argv[0]} did not answer within {self._timeout:.0f} s") from None
         if check and proc.returncode != 0:
-            raise SlurmError(_first_error(proc.stderr) or f"{argv[0]} exited {proc.returncode}")
+            raise _failure(argv[0], proc)
         return proc
 
     # --- submission -------------------------------------------------------------------------
@@ -164,7 +195,13 @@ class SlurmClient:
         if not ids:
             return
         argv = ["scancel"] + ([f"--signal={signal}"] if signal else []) + ids
-        self._run(argv)
+        proc = self._run(argv, check=False)
+        # scancel cancels the ids it knows and complains of the others: a job the controller
+        # has already forgotten (ended, or lost with its state) needs no cancelling.
+        errors = [ln for ln in proc.stderr.splitlines() if ln.strip()
+                  and "invalid job id" not in ln.lower()]
+        if proc.returncode != 0 and errors:
+            raise _failure("scancel", proc)
 
     def release(self, job_ids: Iterable[str]) -> None:
         ids = sorted(set(job_ids))
@@ -203,7 +240,7 @@ class SlurmClient:
             elif "_" not in j and any(k.startswith(f"{j}_") for k in found):
                 out.update({k: v for k, v in found.items() if k.startswith(f"{j}_")})
             else:
-                out[j] = JobStatus(job_id=j, state="UNKNOWN")
+                out[j] = JobStatus(job_id=j, state="UNKNOWN", found=False)
         return out
 
     def _squeue(self, bases: Sequence[str]) -> dict[str, JobStatus]:
@@ -217,7 +254,7 @@ class SlurmClient:
             # the jobs it did know about are then looked up in sacct.
             if "Invalid job id" in proc.stderr:
                 return {}
-            raise SlurmError(_first_error(proc.stderr) or "squeue failed")
+            raise _failure("squeue", proc, "squeue failed")
         found: dict[str, JobStatus] = {}
         for line in proc.stdout.splitlines():
             parts = line.split("|")
@@ -244,7 +281,7 @@ class SlurmClient:
                 self._accounting = True
                 return self._parse_sacct(proc.stdout, by_raw=False)
             if "accounting storage is disabled" not in proc.stderr.lower():
-                raise SlurmError(_first_error(proc.stderr) or "sacct failed")
+                raise _failure("sacct", proc, "sacct failed")
             self._accounting = False
         # The job-completion log knows only raw ids: array tasks are found by the raw id that
         # squeue reported while they lived.
@@ -261,7 +298,7 @@ class SlurmClient:
             check=False,
         )
         if proc.returncode != 0:
-            raise SlurmError(_first_error(proc.stderr) or "sacct --completion failed")
+            raise _failure("sacct", proc, "sacct --completion failed")
         by_raw = self._parse_sacct(proc.stdout, by_raw=True)
         out: dict[str, JobStatus] = {}
         for raw, status in by_raw.items():
