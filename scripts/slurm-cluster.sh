@@ -13,7 +13,7 @@
 #
 # FLM_SLURM_MIN_JOB_AGE (default 300) and FLM_SLURM_SLURMD_TIMEOUT (default 300) set how long
 # the controller remembers an ended job and how soon it declares a silent node DOWN; the fault
-# tests start a cluster of their own with both low.
+# tests start a cluster of their own with both low. FLM_SLURM_EXTRA_CONF: more slurm.conf lines.
 #
 # Every run keeps its config, state, spool, logs and munge socket in its own DIR and is reached
 # through SLURM_CONF, so two test runs never see each other's jobs. Daemons are stopped by pid
@@ -130,6 +130,7 @@ MaxArraySize=10001
 MaxJobCount=20000
 NodeName=$node CPUs=$cpus State=UNKNOWN
 PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+${FLM_SLURM_EXTRA_CONF:-}
 EOF
     export SLURM_CONF="$DIR/slurm.conf"
     # -c: a clean start, no jobs left over from an earlier run in this folder.
@@ -169,6 +170,8 @@ cmd_restart_ctld() {
                     | cut -d= -f2 | sort -n | tail -1 || echo 0) + 1000 ))
         sed -i '/^FirstJobId=/d' "$SLURM_CONF"
         echo "FirstJobId=$next" >>"$SLURM_CONF"
+        # The controller's host is gone with its state: its job-completion log goes too.
+        : >"$DIR/log/jobcomp.txt"
         slurmctld -c -f "$SLURM_CONF"
     else
         slurmctld -f "$SLURM_CONF"

@@ -127,11 +127,11 @@ def test_cancel_beats_the_traces_sigterm_timeout():
 def test_job_state_predicates():
     J = JobState
     assert {s for s in J if s.terminal} == {J.COMPLETED, J.OOM, J.TIMEOUT, J.NODE_FAIL,
-                                           J.CANCELLED, J.FAILED, J.LOST}
+                                           J.PREEMPTED, J.CANCELLED, J.FAILED, J.LOST}
     assert {s for s in J if s.active} == {J.PENDING, J.RUNNING, J.HUNG, J.UNKNOWN}
     # Retry never re-runs a completed job; a HUNG one is retried (after a cancel).
-    assert {s for s in J if s.retryable} == {J.OOM, J.TIMEOUT, J.NODE_FAIL, J.CANCELLED,
-                                            J.FAILED, J.HUNG, J.LOST}
+    assert {s for s in J if s.retryable} == {J.OOM, J.TIMEOUT, J.NODE_FAIL, J.PREEMPTED,
+                                            J.CANCELLED, J.FAILED, J.HUNG, J.LOST}
     assert not any(s.active and s.terminal for s in J)
     assert J("COMPLETED") is J.COMPLETED and f"{J.HUNG}" == "HUNG"  # stored as its word
 

@@ -254,14 +254,23 @@ def _status(args) -> int:
             runner.link_layouts(session)
             rows = session.state.rows()
             print(f"collected: {report.as_dict()}", file=sys.stderr)
+        earlier = session.state.earlier_attempts()
     finally:
         store.close()
     frame = pd.DataFrame(rows, columns=["job_key", "state", "reason", "scheduler_job_id",
                                         "attempts", "run_id", "exit_code"])
+    # Attempts that ended before the current one (SLURM requeued the job, or flm sweep retry).
+    frame["earlier"] = [", ".join(f"{a['attempt']} {a['state']}" for a in earlier.get(k, []))
+                        for k in frame["job_key"]]
     if args.format == "table":
         frame = frame.astype(object).where(frame.notna(), "")
     emit_frame(frame, args.format)
     print(runner.summary(rows), file=sys.stderr)
+    for key, attempts in earlier.items():
+        for a in attempts:
+            if a["state"] in ("NODE_FAIL", "PREEMPTED", "LOST"):
+                print(f"  {key}: attempt {a['attempt']} {a['state']} ({a['reason']}), "
+                      f"log {a['log_path']}", file=sys.stderr)
     if session.outage:
         print(f"flm: {session.outage}; gave up after --outage-limit {args.outage_limit:g} s "
               "or --timeout: the states above are as last seen", file=sys.stderr)

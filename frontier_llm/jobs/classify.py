@@ -126,6 +126,8 @@ def classify(
         return Verdict(JobState.TIMEOUT, "time limit reached")
     if state == S.NODE_FAIL:
         return Verdict(JobState.NODE_FAIL, said or "a node failed")
+    if state == S.PREEMPTED:
+        return Verdict(JobState.PREEMPTED, said or "preempted")
     # Before the trace's "timeout": flm bench writes that on any SIGTERM, and scancel sends one
     # too, so only the scheduler knows whether the job was cancelled or ran out of time.
     if state == S.CANCELLED:

@@ -3,7 +3,10 @@
 :class:`JobState` is what ``flm_jobs.state`` holds (as Optuna's ``TrialState`` is for trials):
 
     RENDERED -> SUBMITTING -> PENDING -> RUNNING (-> HUNG) -> a terminal verdict
-    terminal: COMPLETED, OOM, TIMEOUT, NODE_FAIL, CANCELLED, FAILED, LOST
+    terminal: COMPLETED, OOM, TIMEOUT, NODE_FAIL, PREEMPTED, CANCELLED, FAILED, LOST
+
+A job SLURM requeues (after NODE_FAIL or PREEMPTED) runs again under the same job id: the
+ended attempt keeps its verdict in ``flm_attempts`` and the job's row follows the new one.
 
 LOST is the way out of UNKNOWN: the scheduler has no record of the job (its controller lost
 its state, or forgot the job before anyone asked) and the job's own files (trace, packed step
@@ -35,6 +38,7 @@ class JobState(StrEnum):
     OOM = "OOM"
     TIMEOUT = "TIMEOUT"
     NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"  # a higher-priority job took its nodes
     CANCELLED = "CANCELLED"
     FAILED = "FAILED"
     UNKNOWN = "UNKNOWN"  # the executor could not tell; asked again at the next refresh
@@ -57,9 +61,10 @@ class JobState(StrEnum):
 
 
 _TERMINAL = frozenset({JobState.COMPLETED, JobState.OOM, JobState.TIMEOUT, JobState.NODE_FAIL,
-                       JobState.CANCELLED, JobState.FAILED, JobState.LOST})
+                       JobState.PREEMPTED, JobState.CANCELLED, JobState.FAILED, JobState.LOST})
 _ACTIVE = frozenset({JobState.PENDING, JobState.RUNNING, JobState.HUNG, JobState.UNKNOWN})
-_RETRYABLE = frozenset({JobState.OOM, JobState.TIMEOUT, JobState.NODE_FAIL, JobState.CANCELLED,
+_RETRYABLE = frozenset({JobState.OOM, JobState.TIMEOUT, JobState.NODE_FAIL, JobState.PREEMPTED,
+                        JobState.CANCELLED,
                         JobState.FAILED, JobState.HUNG, JobState.LOST})
 
 
@@ -73,7 +78,8 @@ class SchedulerState(StrEnum):
     OUT_OF_MEMORY = "OUT_OF_MEMORY"  # killed by the scheduler's memory limit
     TIMEOUT = "TIMEOUT"  # killed at its time limit
     NODE_FAIL = "NODE_FAIL"  # a node failed (or never booted)
-    CANCELLED = "CANCELLED"  # cancelled, revoked or preempted
+    PREEMPTED = "PREEMPTED"  # a higher-priority job took its nodes
+    CANCELLED = "CANCELLED"  # cancelled or revoked
     EXITED = "EXITED"  # a process that ended: its exit code (if known) and trace tell the rest
     UNKNOWN = "UNKNOWN"  # a state the executor does not know, or no record (Observation.gone)
 

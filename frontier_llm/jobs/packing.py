@@ -19,7 +19,8 @@ from frontier_llm.jobs.lifecycle import Observation, SchedulerState
 # Allocation endings that say more about a step that had not finished than its own exit code
 # does (the script may write the status of a step killed by scancel or the time limit).
 _ALLOCATION_ENDINGS = (SchedulerState.CANCELLED, SchedulerState.TIMEOUT,
-                       SchedulerState.NODE_FAIL, SchedulerState.OUT_OF_MEMORY)
+                       SchedulerState.NODE_FAIL, SchedulerState.PREEMPTED,
+                       SchedulerState.OUT_OF_MEMORY)
 
 
 def _read(path: Path) -> str | None:

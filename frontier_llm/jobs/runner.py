@@ -13,9 +13,11 @@ from typing import Any
 
 from frontier_llm.errors import UserError
 from frontier_llm.jobs.classify import classify, heartbeat_age, load_trace
+from frontier_llm.jobs.contract import TOKEN_FILE, restart_of
+from frontier_llm.jobs.contract import run_id as make_run_id
 from frontier_llm.jobs.executors import Executor, Submission, make_executor
 from frontier_llm.jobs.lifecycle import JobState, Observation, SchedulerState
-from frontier_llm.jobs.slurm import ControllerUnreachable, SlurmClient, SlurmError
+from frontier_llm.jobs.slurm import ControllerUnreachable, SlurmClient, SlurmError, base_id
 from frontier_llm.jobs.state import SweepJobs
 from frontier_llm.jobs.sweepdir import Manifest, load_manifest, render_sweep, with_resources
 from frontier_llm.jobs.sweepspec import Sweep, load_sweep
@@ -156,14 +158,38 @@ def _resume(session: Session) -> int:
     if not stuck:
         return 0
     tokens = {(r["reason"] or "").removeprefix("token ") for r in stuck}
+    keys = {r["job_key"] for r in stuck}
     found: dict[str, Submission] = {}
     for token in tokens:
+        if session.executor.name == "slurm":
+            # squeue remembers an ended job only MinJobAge seconds (300 by default); the token
+            # file a job writes when it starts is there for good.
+            found.update(_started_under(session.manifest, token, keys))
         found.update(session.executor.find_submitted(session.manifest, token))
-    found = {k: v for k, v in found.items() if k in {r["job_key"] for r in stuck}}
+    found = {k: v for k, v in found.items() if k in keys}
     session.state.mark_submitted(found)
     lost = [r["job_key"] for r in stuck if r["job_key"] not in found]
     session.state.revert_submitting(lost, "not found in the queue after an interrupted submit")
     return len(found)
+
+
+def _started_under(manifest: Manifest, token: str, keys: set[str]) -> dict[str, Submission]:
+    """Jobs of ``keys`` that started under submit ``token``, from the token files they wrote
+    beside their traces (contract.TOKEN_FILE): key -> (scheduler id, array index, run id)."""
+    found: dict[str, Submission] = {}
+    for path in Path(manifest.trace_dir).glob(f"*{TOKEN_FILE}"):
+        try:
+            if path.read_text().strip() != token:
+                continue
+        except OSError:
+            continue
+        run = path.name[: -len(TOKEN_FILE)]
+        for key in keys:
+            job = run[len(key) + 2:].split("-r")[0] if run.startswith(f"{key}-j") else ""
+            if job.isdigit() and restart_of(run, key, job) is not None:
+                index = manifest.job(key)["index"]
+                found[key] = (f"{job}_{index}", index, make_run_id(key, job))
+    return found
 
 
 def submit(session: Session, keys: Iterable[str] | None = None, *,
@@ -233,7 +259,7 @@ def _refresh_once(session: Session) -> list[dict[str, Any]]:
             gone = (datetime.now(UTC) - session.unreachable_since).total_seconds()
             session.tell(f"flm: controller answers again after {gone:.0f} s unreachable")
             session.unreachable_since = session.unreachable_said = None
-        by_key = {r["job_key"]: r for r in live}
+        by_key = _follow_requeues(session, {r["job_key"]: r for r in live}, seen)
         session.state.record([_verdict_update(session, by_key[k], o) for k, o in seen.items()])
         rows = session.state.rows()
     if _relook_lost(session, rows):
@@ -241,6 +267,68 @@ def _refresh_once(session: Session) -> list[dict[str, Any]]:
     if link_layouts(session, rows):
         rows = session.state.rows()
     return rows
+
+
+def _attempt_record(session: Session, row: Mapping[str, Any], state: str, reason: str | None,
+                    obs: Observation | None = None) -> dict[str, Any]:
+    """An ended attempt as flm_attempts keeps it."""
+    log = session.executor.log_path(session.manifest, row)
+    return {
+        "job_key": row["job_key"], "attempt": row["attempts"],
+        "scheduler_job_id": row.get("scheduler_job_id"), "run_id": row.get("run_id"),
+        "state": str(state), "reason": reason,
+        "exit_code": obs.exit_code if obs else row.get("exit_code"),
+        "nodelist": (obs.nodelist if obs else None) or row.get("nodelist"),
+        "started_at": _parse_time(obs.start) if obs else row.get("started_at"),
+        "finished_at": _parse_time(obs.end) if obs else row.get("finished_at"),
+        "log_path": str(log) if log is not None else None,
+    }
+
+
+def _follow_requeues(session: Session, rows: dict[str, dict[str, Any]],
+                     seen: Mapping[str, Observation]) -> dict[str, dict[str, Any]]:
+    """Jobs the scheduler requeued since the last look (same job id, a higher restart count)
+    start a new attempt: each ended one is kept in flm_attempts with its own verdict (NODE_FAIL,
+    PREEMPTED, ...), judged by its own run id's trace and log, and the job's row moves on to
+    the new run id, so the new attempt is never judged by an old attempt's heartbeat."""
+    moved: dict[str, tuple[int, int, str]] = {}
+    for key, obs in seen.items():
+        row = rows.get(key)
+        sid = row.get("scheduler_job_id") if row else None
+        if not obs.restarts or not sid or not row.get("run_id"):
+            continue
+        job = base_id(sid)
+        current = restart_of(row["run_id"], key, job)
+        if current is not None and obs.restarts > current:
+            moved[key] = (current, obs.restarts, job)
+    if not moved:
+        return rows
+    history = session.executor.ended_attempts([rows[k] for k in moved])
+    kept, updates = [], []
+    for key, (current, now_at, job) in moved.items():
+        row, runs = rows[key], history.get(key, [])
+        for restart in range(current, now_at):
+            old = {**row, "run_id": make_run_id(key, job, restart),
+                   "attempts": row["attempts"] + restart - current}
+            obs = runs[restart] if restart < len(runs) else None
+            if obs is None:
+                kept.append(_attempt_record(session, old, JobState.LOST,
+                                            "requeued by the scheduler; no record says why"))
+                continue
+            verdict = _verdict_update(session, old, obs)
+            state, reason = verdict["state"], verdict["reason"]
+            if not JobState(state).terminal:  # the record a requeue leaves (scontrol requeue)
+                state, reason = JobState.CANCELLED, f"requeued ({obs.said})"
+            kept.append(_attempt_record(session, old, state, reason, obs))
+        updates.append({"k": key, "run_id": make_run_id(key, job, now_at),
+                        "attempts": row["attempts"] + now_at - current, "reason": None,
+                        "exit_code": None, "started_at": None, "finished_at": None})
+        session.tell(f"flm: {key}: attempt {row['attempts']} ended {kept[-1]['state']}; "
+                     f"SLURM requeued it as attempt {updates[-1]['attempts']}")
+    session.state.archive(kept)
+    session.state.record(updates)
+    fresh = {r["job_key"]: r for r in session.state.rows(list(moved))}
+    return {**rows, **fresh}
 
 
 def _relook_lost(session: Session, rows: Sequence[Mapping[str, Any]]) -> int:
@@ -332,6 +420,9 @@ def retry(session: Session, *, failed_only: bool, max_in_flight: int | None = No
     keys = [r["job_key"] for r in rows if pick(JobState(r["state"]))]
     if not keys:
         return {"submitted": 0, "adopted": 0, "already": len(rows)}
+    # The attempt that ended keeps its verdict, log and run id; the job's row moves on.
+    session.state.archive([_attempt_record(session, r, r["state"], r["reason"]) for r in rows
+                           if r["job_key"] in keys and r.get("scheduler_job_id")])
     session.state.record([{"k": k, "state": JobState.RENDERED, "reason": None} for k in keys])
     return submit(session, keys, max_in_flight=max_in_flight, hold=hold)
 
@@ -340,7 +431,7 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> str:
     counts = Counter(r["state"] for r in rows)
     J = JobState
     order = [J.COMPLETED, J.RUNNING, J.PENDING, J.HUNG, J.OOM, J.TIMEOUT, J.NODE_FAIL,
-             J.CANCELLED, J.FAILED, J.LOST, J.SUBMITTING, J.RENDERED, J.UNKNOWN]
+             J.PREEMPTED, J.CANCELLED, J.FAILED, J.LOST, J.SUBMITTING, J.RENDERED, J.UNKNOWN]
     parts = [f"{counts[s]} {s}" for s in order if counts.get(s)]
     parts += [f"{c} {s}" for s, c in counts.items() if s not in order]
     return f"{len(rows)} jobs: " + ", ".join(parts)

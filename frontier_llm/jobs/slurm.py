@@ -31,7 +31,8 @@ SLURM_STATES: Mapping[str, SchedulerState] = {
     "OUT_OF_MEMORY": _S.OUT_OF_MEMORY,
     **dict.fromkeys(("TIMEOUT", "DEADLINE"), _S.TIMEOUT),
     **dict.fromkeys(("NODE_FAIL", "BOOT_FAIL"), _S.NODE_FAIL),
-    **dict.fromkeys(("CANCELLED", "REVOKED", "PREEMPTED"), _S.CANCELLED),
+    **dict.fromkeys(("CANCELLED", "REVOKED"), _S.CANCELLED),
+    "PREEMPTED": _S.PREEMPTED,
 }
 
 
@@ -43,9 +44,12 @@ def slurm_word(state: str | None) -> str:
 def scheduler_state(state: str | None) -> SchedulerState:
     return SLURM_STATES.get(slurm_word(state), SchedulerState.UNKNOWN)
 
-_SQUEUE_FORMAT = "%i|%A|%T|%r|%N|%S|%e"
+# squeue --Format fields ("name:|" = no padding, "|" after): RestartCnt has no %-letter.
+_SQUEUE_FIELDS = ("JobArrayID", "JobID", "State", "Reason", "NodeList", "StartTime", "EndTime",
+                  "RestartCnt")
+_SQUEUE_FORMAT = ",".join(f"{f}:|" for f in _SQUEUE_FIELDS)
 _SACCT_FIELDS = "JobID,JobIDRaw,State,ExitCode,NodeList,Start,End"
-_EMPTY = {"", "(null)", "N/A", "None", "Unknown", "unknown"}
+_EMPTY = {"", "(null)", "N/A", "None", "NONE", "Unknown", "unknown"}
 
 Runner = Callable[..., subprocess.CompletedProcess]
 
@@ -246,7 +250,7 @@ class SlurmClient:
     def _squeue(self, bases: Sequence[str]) -> dict[str, JobStatus]:
         proc = self._run(
             ["squeue", "--noheader", "--array", "--states=all", f"--jobs={','.join(bases)}",
-             f"--format={_SQUEUE_FORMAT}"],
+             f"--Format={_SQUEUE_FORMAT}"],
             check=False,
         )
         if proc.returncode != 0:
@@ -258,28 +262,36 @@ class SlurmClient:
         found: dict[str, JobStatus] = {}
         for line in proc.stdout.splitlines():
             parts = line.split("|")
-            if len(parts) != 7:
+            if len(parts) < len(_SQUEUE_FIELDS):
                 continue
-            job_id, raw, state, reason, nodelist, start, end = (p.strip() for p in parts)
+            job_id, raw, state, reason, nodelist, start, end, restarts = (
+                p.strip() for p in parts[:len(_SQUEUE_FIELDS)])
             self._raw_ids[job_id] = raw
             found[job_id] = JobStatus(
                 job_id=job_id, state=state, reason=_clean(reason), nodelist=_clean(nodelist),
                 start=_clean(start), end=_clean(end), raw_id=raw,
+                restarts=int(restarts) if restarts.isdigit() else None,
             )
         return found
 
     def _sacct(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        """The latest run of each job, with how often SLURM requeued it before (``restarts``:
+        the runs recorded before the latest)."""
+        return {j: replace(runs[-1], restarts=len(runs) - 1)
+                for j, runs in self.ended_attempts(job_ids).items() if runs}
+
+    def ended_attempts(self, job_ids: Sequence[str]) -> dict[str, list[JobStatus]]:
+        """Every recorded run of each job, oldest first (one sacct call): a requeued job has
+        one record per attempt (sacct --duplicates; the job-completion log keeps them all)."""
         if not job_ids:
             return {}
+        fields = f"--format={_SACCT_FIELDS}"
         if self._accounting is not False:
-            proc = self._run(
-                ["sacct", "--noheader", "--parsable2", "--allocations",
-                 f"--jobs={','.join(job_ids)}", f"--format={_SACCT_FIELDS}"],
-                check=False,
-            )
+            proc = self._run(["sacct", "--noheader", "--parsable2", "--allocations",
+                              "--duplicates", f"--jobs={','.join(job_ids)}", fields], check=False)
             if proc.returncode == 0:
                 self._accounting = True
-                return self._parse_sacct(proc.stdout, by_raw=False)
+                return self._parse_runs(proc.stdout, {j: [j] for j in job_ids}, by_raw=False)
             if "accounting storage is disabled" not in proc.stderr.lower():
                 raise _failure("sacct", proc, "sacct failed")
             self._accounting = False
@@ -292,36 +304,32 @@ class SlurmClient:
         raws = [r for r in raw_to_ids if r.isdigit()]
         if not raws:
             return {}
-        proc = self._run(
-            ["sacct", "--completion", "--noheader", "--parsable2", f"--jobs={','.join(raws)}",
-             f"--format={_SACCT_FIELDS}"],
-            check=False,
-        )
+        proc = self._run(["sacct", "--completion", "--noheader", "--parsable2",
+                          f"--jobs={','.join(raws)}", fields], check=False)
         if proc.returncode != 0:
             raise _failure("sacct", proc, "sacct --completion failed")
-        by_raw = self._parse_sacct(proc.stdout, by_raw=True)
-        out: dict[str, JobStatus] = {}
-        for raw, status in by_raw.items():
-            for j in raw_to_ids.get(raw, []):
-                out[j] = replace(status, job_id=j)
-        return out
+        return self._parse_runs(proc.stdout, raw_to_ids, by_raw=True)
 
     @staticmethod
-    def _parse_sacct(text: str, *, by_raw: bool) -> dict[str, JobStatus]:
-        out: dict[str, JobStatus] = {}
+    def _parse_runs(text: str, ids: Mapping[str, list[str]], *, by_raw: bool
+                    ) -> dict[str, list[JobStatus]]:
+        out: dict[str, list[JobStatus]] = {}
         for line in text.splitlines():
-            parts = line.split("|")
-            if len(parts) < 7:
+            parts = [p.strip() for p in line.split("|")]
+            if len(parts) < 7 or "." in parts[0]:  # job steps: the allocation speaks for all
                 continue
-            job_id, raw, state, exit_code, nodelist, start, end = (p.strip() for p in parts[:7])
-            if "." in job_id:  # job steps (batch, extern, 0, ...): the allocation speaks for all
+            job_id, raw, state, exit_code, nodelist, start, end = parts[:7]
+            word = slurm_word(state)
+            # A run that ended, or the record a requeue leaves (scontrol requeue).
+            if not (scheduler_state(word).ended or word.startswith("REQUEUE")):
                 continue
-            status = JobStatus(
-                job_id=job_id, state=state.split()[0] if state else "UNKNOWN",
-                exit_code=_clean(exit_code), nodelist=_clean(nodelist), start=_clean(start),
-                end=_clean(end), raw_id=raw,
-            )
-            out[raw if by_raw else job_id] = status
+            for j in ids.get(raw if by_raw else job_id, ()):
+                out.setdefault(j, []).append(JobStatus(
+                    job_id=j, state=word, exit_code=_clean(exit_code),
+                    nodelist=_clean(nodelist), start=_clean(start), end=_clean(end),
+                    raw_id=raw))
+        for runs in out.values():
+            runs.sort(key=lambda s: (s.start or "", s.end or ""))
         return out
 
     def find_by_comment(self, prefix: str) -> dict[str, str]:
