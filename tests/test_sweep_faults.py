@@ -15,8 +15,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -74,8 +74,23 @@ def cluster():
         yield directory
     finally:
         subprocess.run([str(SCRIPT), "stop", str(directory)], timeout=60, check=False)
-        if not os.environ.get("FLM_KEEP_CLUSTER"):
-            shutil.rmtree(directory, ignore_errors=True)
+        end_step_daemons(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def end_step_daemons(directory: Path) -> None:
+    """Step daemons of this cluster that outlived it: a step whose controller forgot its job
+    (the clean restart) or went away retries its last message for ever. Found by the files
+    they hold open in this cluster's folder, ended by their pids."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if not (proc / "comm").read_text().startswith("slurmstepd"):
+                continue
+            held = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+            if any(h.startswith(str(directory)) for h in held):
+                os.kill(int(proc.name), signal.SIGKILL)
 
 
 def ctl(cluster: Path, command: str, *extra: str) -> None:
