@@ -7,7 +7,8 @@
 #   scripts/slurm-cluster.sh stop DIR     stop the daemons of DIR by their pid files
 #   scripts/slurm-cluster.sh restart-ctld DIR [--clean]
 #                                         stop slurmctld and start it again, with its saved
-#                                         state, or with none (--clean: every job forgotten)
+#                                         state, or with none (--clean: every job forgotten,
+#                                         its completion log too: the host was lost)
 #   scripts/slurm-cluster.sh stop-slurmd DIR | start-slurmd DIR
 #                                         the node daemon alone (a node failure, and its return)
 #

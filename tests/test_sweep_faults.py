@@ -172,6 +172,7 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
                  "SLURM to forget the finished job (MinJobAge)")
         sbatch_before = client.commands["sbatch"]
         counts = runner.submit(late)
+        print("--- resumed submit:", counts)
         assert counts["adopted"] == 1 and counts["submitted"] == 0, counts
         assert client.commands["sbatch"] == sbatch_before
         rows = runner.refresh(late)
@@ -229,6 +230,7 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
         if waiter.poll() is None:
             waiter.kill()
             waiter.communicate()
+    print("--- status --wait across a node failure and a controller restart:\n" + err)
     assert waiter.returncode == 0, err
     assert "controller unreachable since" in err and "still tracking" in err, err
     assert "controller answers again" in err, err
@@ -240,6 +242,7 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
     assert len(logs) == 2 and any(".r1." in n for n in logs), logs
     results = json.loads(flm(cluster, "results", "--db", db, "--sweep", "requeue", "--format",
                              "json").stdout)
+    print("--- flm results:", [(r["run_id"], r["status"], r["error"]) for r in results])
     assert sorted(r["status"] for r in results) == ["NODE_FAIL", "completed"], results
 
     # --- 3. The controller comes back without its state --------------------------------------
@@ -256,6 +259,8 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
              and list(atraces.glob("done-*.trace.json")), 120, "done's trace, stuck's beats")
     ctl(cluster, "restart-ctld", "--clean")
     rows = status(cluster, "amnesia", db, "--outage-limit", 60)
+    print("--- after a restart without state:", {k: (r["state"], r["reason"])
+                                               for k, r in rows.items()})
     assert {k: r["state"] for k, r in rows.items()} == {
         "done": "COMPLETED", "stuck1": "LOST", "stuck2": "LOST"}, rows
     assert "no record" in rows["stuck1"]["reason"]
