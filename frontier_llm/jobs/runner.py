@@ -249,6 +249,7 @@ def _refresh_once(session: Session) -> list[dict[str, Any]]:
         asked = datetime.now(UTC)  # a client may wait long before it says it got no answer
         try:
             seen = session.executor.observe(session.manifest, live)
+            by_key = _follow_requeues(session, {r["job_key"]: r for r in live}, seen)
         except ControllerUnreachable as exc:
             if session.unreachable_since is None:
                 session.unreachable_since = asked
@@ -259,7 +260,6 @@ def _refresh_once(session: Session) -> list[dict[str, Any]]:
             gone = (datetime.now(UTC) - session.unreachable_since).total_seconds()
             session.tell(f"flm: controller answers again after {gone:.0f} s unreachable")
             session.unreachable_since = session.unreachable_said = None
-        by_key = _follow_requeues(session, {r["job_key"]: r for r in live}, seen)
         session.state.record([_verdict_update(session, by_key[k], o) for k, o in seen.items()])
         rows = session.state.rows()
     if _relook_lost(session, rows):
@@ -396,8 +396,10 @@ def cancel(session: Session, keys: Sequence[str] | None = None, *, hung_only: bo
                and (not hung_only or r["state"] == JobState.HUNG)]
     session.executor.cancel([r for r in targets if r["state"] != JobState.LOST])
     # The scheduler has no record of a LOST job: nothing to scancel, but the user's word ends it.
+    # A pending job that was scancelled never starts: it is CANCELLED now, whatever the
+    # scheduler remembers of it later (SLURM may forget a cancelled pending array task at once).
     ended = [r for r in targets if session.executor.name == "local"
-             or r["state"] == JobState.LOST]
+             or r["state"] in (JobState.LOST, JobState.PENDING)]
     session.state.record([{"k": r["job_key"], "state": JobState.CANCELLED,
                            "reason": "cancelled by flm sweep cancel"
                            + ("" if r["state"] != JobState.LOST else
