@@ -74,7 +74,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     st = add_command(actions, "status", "poll the jobs and show what became of each",
                      "One batched scheduler query for all live jobs; each job is classified "
                      "from its state, exit code, log, trace and heartbeat as COMPLETED, OOM, "
-                     "TIMEOUT, NODE_FAIL, CANCELLED, FAILED (with the first error line) or HUNG.",
+                     "TIMEOUT, NODE_FAIL, PREEMPTED, CANCELLED, FAILED (with the first error "
+                     "line) or HUNG; a job the scheduler no longer knows is judged by its trace, "
+                     "else LOST (retryable). Attempts that ended before a requeue or a retry "
+                     "show in the 'earlier' column. A controller that does not answer is "
+                     "waited for (--outage-limit), not an error.",
                      ["flm sweep status tiny-cpu", "flm sweep status runs/tiny-cpu --wait "
                       "--timeout 900 --collect"],
                      parents=[db])
@@ -108,7 +112,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     rt = add_command(actions, "retry", "resubmit ended jobs",
                      "Resubmit the jobs that ended: with --failed-only those that did not "
-                     "complete (OOM, TIMEOUT, NODE_FAIL, CANCELLED, FAILED, HUNG), else all.",
+                     "complete (OOM, TIMEOUT, NODE_FAIL, PREEMPTED, CANCELLED, FAILED, LOST, "
+                     "HUNG), else all.",
                      ["flm sweep retry tiny-cpu --failed-only"], parents=[db])
     _target(rt)
     rt.add_argument("--failed-only", action="store_true")
