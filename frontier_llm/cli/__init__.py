@@ -10,6 +10,7 @@ import argparse
 import importlib
 import os
 import sys
+import typing
 
 from frontier_llm import __version__
 from frontier_llm.errors import UserError
@@ -24,18 +25,28 @@ COMMAND_MODULES = (
     "calibrate",  # flm calibrate [run|fit|submit] and --from-runs
     "tune",  # flm tune run|step|status|best
     "report",  # flm report scaling|layouts|errors
+    "quickstart",  # flm quickstart
 )
 # Which module registers each command, so that dispatching one imports only its module.
 COMMAND_MODULE = {
     "models": "catalog", "systems": "catalog", "plan": "plan", "predict": "plan",
     "bench": "bench", "collect": "store", "results": "store", "validate": "store", "db": "store",
     "sweep": "sweep", "calibrate": "calibrate", "tune": "tune", "report": "report",
+    "quickstart": "quickstart",
 }
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad options are one line on stderr and exit 2, as every other bad input is (no usage
+    block: ``--help`` shows it). Subcommand parsers inherit the class."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command, or only of ``command``'s module when it is given."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="flm",
         description=(
             "frontier_llm: predict, measure and tune tensor x pipeline x sharded-data-parallel "
@@ -43,6 +54,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         ),
         epilog=(
             "examples:\n"
+            "  flm quickstart                  # the whole loop on this machine, in minutes\n"
             "  flm plan --model gpt-1t --system frontier --gpus 3072 --top 10\n"
             "  flm predict --model gpt-175b --system frontier --tp 8 --pp 16 --dp 8 "
             "--micro-batch 1 --global-batch 1024\n"

@@ -106,7 +106,7 @@ flm_jobs = Table(
 
 # One row per ended attempt of a job that ran again (SLURM requeued it after a node failure or
 # a preemption, or flm sweep retry resubmitted it); the job's current attempt is its flm_jobs
-# row. Revision 0006.
+# row. Revision 0007.
 flm_attempts = Table(
     "flm_attempts", metadata,
     Column("id", Integer, primary_key=True),

@@ -1,4 +1,4 @@
-"""``flm_attempts``: the ended attempts of jobs that ran again (version 6).
+"""``flm_attempts``: the ended attempts of jobs that ran again (version 7).
 
 SLURM requeues a job after a node failure or a preemption under the same job id, and
 ``flm sweep retry`` resubmits one: each earlier attempt keeps its own row here (its state,
@@ -9,8 +9,8 @@ from ``schema.py``.
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006"
-down_revision = "0005"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
