@@ -1,7 +1,7 @@
 """The scheduler's own faults, on a real one-node SLURM of this module's own: an interrupted
 submit whose job SLURM has already forgotten, a node daemon killed under a running job (SLURM
 declares NODE_FAIL and requeues it), a controller restart during ``flm sweep status --wait``,
-and a controller restart that loses all its state.
+a controller restart that loses all its state, and a controller that stays away.
 
 One cluster for all of them (its own folder, ports and munge), started with a short MinJobAge
 (ended jobs leave squeue after 5 s), a short SlurmdTimeout (a silent node is DOWN within
@@ -274,4 +274,19 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
     assert {k: (r["state"] in ("PENDING", "RUNNING"), r["attempts"]) for k, r in rows.items()} \
         == {"done": (False, 1), "stuck1": (True, 2), "stuck2": (True, 2)}, rows
     assert rows["stuck1"]["earlier"] == "1 LOST" and rows["stuck2"]["earlier"] == "1 CANCELLED"
-    flm(cluster, "sweep", "cancel", "amnesia", "--db", db)
+
+    # --- 4. A controller that stays away past --outage-limit ----------------------------------
+    # status gives up with the states as last seen (exit 4); cancel changes nothing (exit 2).
+    pid = int((cluster / "slurmctld.pid").read_text())
+    os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), 30, "slurmctld to stop")
+    out = flm(cluster, "sweep", "status", "amnesia", "--db", db, "--outage-limit", 2,
+              check=False)
+    assert out.returncode == 4, out.stderr
+    assert "controller unreachable since" in out.stderr and "as last seen" in out.stderr
+    assert out.stdout.count("PENDING") + out.stdout.count("RUNNING") == 2, out.stdout
+    out = flm(cluster, "sweep", "cancel", "amnesia", "--db", db, "--outage-limit", 2,
+              check=False)
+    assert out.returncode == 2 and "nothing was changed" in out.stderr, out.stderr
+    ctl(cluster, "restart-ctld")
+    assert "cancelled 2 jobs" in flm(cluster, "sweep", "cancel", "amnesia", "--db", db).stdout
