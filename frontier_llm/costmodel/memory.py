@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from frontier_llm.costmodel.deepspeed_buffers import extra_optimizer_bytes
 from frontier_llm.costmodel.layouts import LayoutTable, from_configs
 from frontier_llm.costmodel.params import (
     kv_width_per_rank,
@@ -49,7 +50,8 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> dict[str, np.ndarr
     return {
         "params": _cdiv(n, t.degree("params")) * per[:, 0],
         "grads": _cdiv(n, t.degree("grads")) * per[:, 1],
-        "optimizer": _cdiv(n, t.degree("optim")) * per[:, 2],
+        # DeepSpeed's fp32 master partition (costmodel/deepspeed_buffers.py).
+        "optimizer": _cdiv(n, t.degree("optim")) * per[:, 2] + extra_optimizer_bytes(t, n),
     }
 
 

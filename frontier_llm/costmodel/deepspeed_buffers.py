@@ -1,0 +1,29 @@
+"""Model-state bytes DeepSpeed keeps beyond the ZeRO paper's accounting (docs/costmodel.md).
+
+An fp32 master partition in fp32 training: with ZeRO 1 or 2 DeepSpeed clones each rank's
+partition of the parameters into ``single_partition_of_fp32_groups`` whatever the dtype
+(``deepspeed/runtime/zero/stage_1_and_2.py``: "the params in single_partition_of_fp32_groups is
+cloned and detached from the origin params"); ZeRO-3 clones into ``fp32_partitioned_groups_flat``
+too, since the branch that would share an fp32 partition compares a ``torch.device`` with the
+string ``current_device_name()`` and is not taken (``stage3.py``; DeepSpeed 0.19, seen on CPU).
+In mixed precision the ZeRO accounting (12 bytes of optimizer state per parameter) already holds
+that copy. Measured by ``flm bench --engine deepspeed`` (tests/test_bench_deepspeed.py): ZeRO 1-3
+on dp2 hold ``4 + 4`` (moments) ``+ 4`` (master) bytes per parameter of their optimizer partition.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from frontier_llm.specs.layout import DType, Engine
+
+FP32_MASTER_BYTES = 4
+
+
+def extra_optimizer_bytes(t, params_per_rank: np.ndarray) -> np.ndarray:
+    """Bytes DeepSpeed adds to a rank's optimizer state (``t`` a LayoutTable)."""
+    optim_degree = t.degree("optim")
+    deepspeed = (t.engine == Engine.DEEPSPEED.code) & (t.dtype == DType.FP32.code)
+    sharded = optim_degree > 1
+    return np.where(deepspeed & sharded,
+                    -(-params_per_rank // optim_degree) * FP32_MASTER_BYTES, 0)
