@@ -19,7 +19,9 @@ Model-state bytes are read from DeepSpeed's own containers after the first optim
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 
 import torch
 from torch import nn
@@ -41,6 +43,51 @@ def coords_of(layout: Layout, rank: int) -> dict[str, int]:
     d = (rank // layout.tp) % layout.dp
     p = rank // (layout.tp * layout.dp)
     return {"pp": p, "dp": d, "tp": t}
+
+
+class GPTPiece(nn.Module):
+    """One entry of the PipelineModule's layer list: the embeddings, one block or the head, each
+    a :class:`GPT` holding only that part (weights keyed by name: the reference's values)."""
+
+    def __init__(self, spec: ModelSpec, layer_ids: list[int], first: bool, last: bool, *,
+                 seed: int, dtype: str, device: str, flash: bool, recompute: str) -> None:
+        super().__init__()
+        self.gpt = build_model(spec, seed=seed, dtype=dtype, device=device, layer_ids=layer_ids,
+                               first=first, last=last, flash=flash, recompute=recompute)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gpt(x)
+
+
+def piece_args(spec: ModelSpec) -> list[tuple[list[int], bool, bool]]:
+    """(layer_ids, first, last) of each pipeline piece: embeddings, the blocks, the head."""
+    return ([([], True, False)] + [([i], False, False) for i in range(spec.layers)]
+            + [([], False, True)])
+
+
+def piece_params(spec: ModelSpec) -> list[int]:
+    """Parameters of each piece, as DeepSpeed's ``partition_method='parameters'`` counts them
+    (built on the meta device: no memory)."""
+    from frontier_llm.bench.model import GPT
+
+    with torch.device("meta"):
+        return [sum(p.numel() for p in GPT(spec, layer_ids=ids, first=f, last=la).parameters())
+                for ids, f, la in piece_args(spec)]
+
+
+def pipeline_parts(spec: ModelSpec, pp: int) -> list[int]:
+    """DeepSpeed's piece boundaries for ``pp`` stages (``PipelineModule.parts``): what
+    ``_partition_layers('parameters')`` computes, through DeepSpeed's own function."""
+    from deepspeed.runtime.utils import partition_balanced
+
+    return list(partition_balanced(weights=piece_params(spec), num_parts=pp))
+
+
+def stage_blocks(spec: ModelSpec, pp: int) -> list[list[int]]:
+    """Transformer layers on each pipeline stage under DeepSpeed's partition."""
+    parts = pipeline_parts(spec, pp)
+    pieces = piece_args(spec)
+    return [[i for ids, _, _ in pieces[parts[s]:parts[s + 1]] for i in ids] for s in range(pp)]
 
 
 def _storage_bytes(tensors) -> int:
@@ -72,6 +119,9 @@ class DeepSpeedEngine:
         os.environ.setdefault("LOCAL_RANK", str(local_rank))
         import deepspeed
 
+        # Joins the process group run.py created (gloo on CPU, NCCL on GPUs); the PipelineModule
+        # topology needs DeepSpeed's communication backend before deepspeed.initialize.
+        deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
         self.spec, self.layout, self.device, self.seed = spec, layout, device, seed
         self.rank = rank
         self.coords = coords_of(layout, rank)
@@ -81,8 +131,13 @@ class DeepSpeedEngine:
         self.config = deepspeed_config(
             layout, bucket_mb=bucket_bytes / 2**20 if bucket_bytes else None)
         self.has_first = self.has_last = True
-        model = build_model(spec, seed=seed, dtype=layout.dtype, device=device,
-                            flash=layout.flash_attention, recompute=layout.recompute)
+        if layout.pp > 1:
+            model = self._pipeline_module(spec, layout, seed, device)
+            stage = self.coords["pp"]
+            self.has_first, self.has_last = stage == 0, stage == layout.pp - 1
+        else:
+            model = build_model(spec, seed=seed, dtype=layout.dtype, device=device,
+                                flash=layout.flash_attention, recompute=layout.recompute)
         model.train()
         self._model_params = list(model.parameters())
         self.inner = torch.optim.Adam(self._model_params, lr=LR, betas=BETAS, eps=EPS)
@@ -92,6 +147,25 @@ class DeepSpeedEngine:
         self._state: RankState | None = None
         self._grads_peak = 0
         self._wrap_inner_step()
+
+    @staticmethod
+    def _pipeline_module(spec: ModelSpec, layout: Layout, seed: int, device: torch.device):
+        """``deepspeed.pipe.PipelineModule`` over the pieces, split by parameter count
+        (``partition_method='parameters'``, DeepSpeed's default and the cost model's
+        ``pipeline_split`` for this engine); only this stage's pieces are built (LayerSpec)."""
+        from deepspeed.pipe import LayerSpec, PipelineModule
+        from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+        kw = dict(seed=seed, dtype=layout.dtype, device=str(device),
+                  flash=layout.flash_attention, recompute=layout.recompute)
+        specs = [LayerSpec(GPTPiece, spec, ids, first, last, **kw)
+                 for ids, first, last in piece_args(spec)]
+        topo = PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp,
+                                             num_dp=layout.dp)
+        # PipelineModule prints its partition on stdout, where flm bench's summary line goes.
+        with contextlib.redirect_stdout(sys.stderr):
+            return PipelineModule(layers=specs, topology=topo, loss_fn=loss_fn,
+                                  partition_method="parameters")
 
     # -- measuring what this rank holds -----------------------------------------------------
     def _wrap_inner_step(self) -> None:
@@ -142,8 +216,17 @@ class DeepSpeedEngine:
         return list(self._model_params)
 
     # -- one training step -----------------------------------------------------------------
-    def _fwd_bwd(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    def _fwd_bwd(self, inputs: torch.Tensor, targets: torch.Tensor) -> float | None:
         lay = self.layout
+        if lay.pp > 1:
+            # PipelineEngine runs the whole 1F1B schedule over the micro-batches (first stage
+            # reads inputs, last stage labels) and returns their mean loss on every rank.
+            batches = iter(list(zip(inputs.split(lay.micro_batch),
+                                    targets.split(lay.micro_batch), strict=True)))
+            loss = self.engine.train_batch(data_iter=batches)
+            self._grads_peak = max(self._grads_peak, _storage_bytes(
+                [p.grad for p in self._model_params]))
+            return float(loss) if self.has_last else None
         total = 0.0
         for x, y in zip(inputs.split(lay.micro_batch), targets.split(lay.micro_batch),
                         strict=True):

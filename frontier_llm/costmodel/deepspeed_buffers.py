@@ -6,16 +6,17 @@ partition of the parameters into ``single_partition_of_fp32_groups`` whatever th
 cloned and detached from the origin params"); ZeRO-3 clones into ``fp32_partitioned_groups_flat``
 too, since the branch that would share an fp32 partition compares a ``torch.device`` with the
 string ``current_device_name()`` and is not taken (``stage3.py``; DeepSpeed 0.19, seen on CPU).
-In mixed precision the ZeRO accounting (12 bytes of optimizer state per parameter) already holds
-that copy. Measured by ``flm bench --engine deepspeed`` (tests/test_bench_deepspeed.py): ZeRO 1-3
-on dp2 hold ``4 + 4`` (moments) ``+ 4`` (master) bytes per parameter of their optimizer partition.
+In mixed precision the ZeRO accounting (12 bytes of optimizer state per parameter) already
+holds that copy. ZeRO-1 builds it even over one DP rank (pp2 x dp1). Measured by ``flm bench
+--engine deepspeed`` (tests/test_bench_deepspeed.py): ZeRO 1-3 hold ``4 + 4`` (moments) ``+ 4``
+(master) bytes per parameter of their optimizer partition.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from frontier_llm.specs.layout import DType, Engine
+from frontier_llm.specs.layout import DType, Engine, PlacementKind
 
 FP32_MASTER_BYTES = 4
 
@@ -24,6 +25,7 @@ def extra_optimizer_bytes(t, params_per_rank: np.ndarray) -> np.ndarray:
     """Bytes DeepSpeed adds to a rank's optimizer state (``t`` a LayoutTable)."""
     optim_degree = t.degree("optim")
     deepspeed = (t.engine == Engine.DEEPSPEED.code) & (t.dtype == DType.FP32.code)
-    sharded = optim_degree > 1
-    return np.where(deepspeed & sharded,
+    # Any ZeRO stage >= 1 builds the ZeRO optimizer and its copy, even over one DP rank.
+    zero = t.optim_kind != PlacementKind.REPLICATE.code
+    return np.where(deepspeed & zero,
                     -(-params_per_rank // optim_degree) * FP32_MASTER_BYTES, 0)
