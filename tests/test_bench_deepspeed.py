@@ -140,3 +140,29 @@ def test_one_layout_on_both_engines_gives_equal_losses(tmp_path, ds_extension_ca
                 assert m[key] == pytest.approx(pred[m["pp_stage"]][key], rel=0.005), (
                     trace["engine"], m, pred)
     assert ds["summary"]["steps_measured"] == STEPS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["mpiexec", "deepspeed"])
+def test_deepspeed_engine_under_mpiexec_and_the_deepspeed_launcher(tmp_path, ds_extension_cache,
+                                                                   launcher):
+    """mpiexec (MPICH; rank 0's address broadcast with mpi4py, LOCAL_RANK from MPI) and the
+    deepspeed launcher (``--no_local_rank``: flm takes no --local_rank argument) run dp2 ZeRO-2."""
+    bench = ["-m", "frontier_llm.cli", "bench", "--model", "tiny-gpt", "--engine", "deepspeed",
+             "--dp", "2", "--zero", "2", "--global-batch", "4", "--dtype", "fp32", "--steps",
+             "2", "--warmup", "0", "--trace-dir", str(tmp_path), "--run-id", launcher]
+    if launcher == "mpiexec":
+        cmd = ["mpiexec", "-n", "2", sys.executable, *bench]
+    else:
+        cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
+               "--no_local_rank", "--master_port", str(free_port()), "--module", *bench[1:]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env=ds_extension_cache)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    trace = read_trace(tmp_path / f"{launcher}.trace.json")
+    assert trace["status"] == "completed", trace["error"]
+    assert trace["environment"]["launcher"] == launcher
+    assert trace["environment"]["world_size"] == 2
+    ref = reference_losses(load_model("tiny-gpt"), Layout(global_batch=4, dtype="fp32"), 2)
+    for got, want in zip([s["loss"] for s in trace["steps"]], ref, strict=True):
+        assert abs(got - want) <= 1e-5 * want

@@ -125,3 +125,11 @@ def test_deepspeed_fp32_master_partition_in_the_cost_model():
     bf = [state_bytes(spec, from_configs([lay(dp=2, global_batch=2, sharding=1)]), 0)
           ["optimizer"][0] for lay in (Layout, ds)]
     assert bf[0] == bf[1]
+
+
+def test_the_deepspeed_launcher_is_detected():
+    from frontier_llm.bench import launch
+
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "n1",
+           "MASTER_PORT": "29500", "CROSS_RANK": "0", "CROSS_SIZE": "1", "LOCAL_SIZE": "2"}
+    assert launch.detect(env) == launch.RankEnv(1, 2, 1, "n1", 29500, "deepspeed", None)
