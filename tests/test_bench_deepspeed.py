@@ -1,11 +1,12 @@
 """flm bench --engine deepspeed trains exactly like one process: real DeepSpeed on real gloo ranks.
 
-The layouts of the issue that the DeepSpeed engine runs (ZeRO 0-3 on dp2, pp2 + ZeRO-1) train
-in one 2-rank launch (tests/deepspeed_ranks.py: the real DeepSpeedEngine, deepspeed.initialize,
-PipelineModule); fp32, fixed seed, 5 steps, losses within 1e-5 relative of the single-process
-reference, and per-rank model-state bytes within 0.5 % of the cost model's ``rank_state_bytes``
-(which models DeepSpeed's fp32 master partition: costmodel/deepspeed_buffers.py). The engine
-comparison runs the real ``flm bench`` command on both engines for one layout.
+The layouts of the issue that the DeepSpeed engine runs (ZeRO 0-3 on dp2, pp2 + ZeRO-1 on 2
+ranks; tp2 x dp2 ZeRO-1 through AutoTP on 4) train in one launch per world size
+(tests/deepspeed_ranks.py: the real DeepSpeedEngine, deepspeed.initialize, PipelineModule);
+fp32, fixed seed, 5 steps, losses within 1e-5 relative of the single-process reference, and
+per-rank model-state bytes within 0.5 % of the cost model's ``rank_state_bytes`` (which models
+DeepSpeed's fp32 master partition and AutoTP's whole vocabulary: costmodel/deepspeed_buffers.py).
+The engine comparison runs the real ``flm bench`` command on both engines for one layout.
 
 DeepSpeed JIT-compiles its shared-memory comm op on CPU (about 30 s once): the extension cache
 is one stable directory for the whole test run and later ones (``ds_extension_cache``).
@@ -40,6 +41,10 @@ CASES = [
     ("dp2-zero2", "tiny-gpt", dict(dp=2, global_batch=4, sharding=2)),
     ("dp2-zero3", "tiny-llama", dict(dp=2, global_batch=4, sharding=3)),
     ("pp2-zero1", "tiny-gpt", dict(pp=2, global_batch=4, sharding=1)),
+]
+# On 4 ranks: AutoTP training (explicit layer specs) with ZeRO-1 data parallelism.
+CASES4 = [
+    ("tp2xdp2-zero1", "tiny-gpt", dict(tp=2, dp=2, global_batch=4, sharding=1)),
 ]
 
 
@@ -84,16 +89,17 @@ def launch(tmp_path: Path, env: dict, world: int, cases: list[dict], timeout: fl
 
 
 @pytest.mark.slow
-def test_zero_stages_and_pipeline_train_like_one_process(tmp_path, ds_extension_cache):
-    cases = [{"id": i, "model": m, "layout": f, "steps": STEPS} for i, m, f in CASES]
-    ranks = launch(tmp_path, ds_extension_cache, 2, cases)
-    for n, (case_id, model_name, fields) in enumerate(CASES):
+@pytest.mark.parametrize("world, layouts", [(2, CASES), (4, CASES4)], ids=["2-ranks", "4-ranks"])
+def test_layouts_train_like_one_process(tmp_path, ds_extension_cache, world, layouts):
+    cases = [{"id": i, "model": m, "layout": f, "steps": STEPS} for i, m, f in layouts]
+    ranks = launch(tmp_path, ds_extension_cache, world, cases)
+    for n, (case_id, model_name, fields) in enumerate(layouts):
         model = load_model(model_name)
         layout = Layout(dtype="fp32", engine="deepspeed", **fields)
         ref = reference_losses(model, layout, STEPS)
         # Each data-parallel replica's loss is its own slice's: their mean is the batch's.
-        last = [r[n]["losses"] for r in ranks if r[n]["has_last"]]
-        assert len(last) == (2 if layout.pp == 1 else 1)
+        last = [r[n]["losses"] for r in ranks if r[n]["has_last"] and r[n]["coords"]["tp"] == 0]
+        assert len(last) == layout.dp
         for step, want in enumerate(ref):
             loss = sum(losses[step] for losses in last) / len(last)
             assert abs(loss - want) <= 1e-5 * abs(want), (case_id, step, last, ref)

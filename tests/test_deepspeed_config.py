@@ -82,7 +82,8 @@ def test_engine_rules_refuse_what_deepspeed_refuses(kw, rule):
 
 
 @pytest.mark.parametrize("model, kw, rule", [
-    ("tiny-gpt", dict(tp=2), "tensor parallelism"),
+    ("tiny-gpt", dict(tp=2, pp=2, global_batch=2), "with pipelines"),
+    ("tiny-gpt", dict(tp=2, dp=2, global_batch=2, sharding=2), "ZeRO 0 and 1 only"),
     ("tiny-gpt", dict(pp=2, global_batch=1), "micro-batches"),
 ])
 def test_bench_refuses_before_any_process(model, kw, rule):
@@ -133,3 +134,14 @@ def test_the_deepspeed_launcher_is_detected():
     env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "n1",
            "MASTER_PORT": "29500", "CROSS_RANK": "0", "CROSS_SIZE": "1", "LOCAL_SIZE": "2"}
     assert launch.detect(env) == launch.RankEnv(1, 2, 1, "n1", 29500, "deepspeed", None)
+
+
+def test_autotp_config_and_its_replicated_vocabulary_in_the_cost_model():
+    cfg = deepspeed_config(ds(tp=2, dp=2, global_batch=4, sharding=1))
+    assert cfg["tensor_parallel"]["autotp_size"] == 2
+    assert not cfg["tensor_parallel"]["partition_config"]["use_default_specs"]
+    assert "train_batch_size" not in cfg and cfg["gradient_accumulation_steps"] == 2
+    spec = load_model("tiny-gpt")  # untied: embedding and head each keep V - V/tp more rows
+    native = rank_state_bytes(spec, Layout(tp=2, dtype="fp32"), 0)["params_bytes"]
+    deep = rank_state_bytes(spec, ds(tp=2, dtype="fp32"), 0)["params_bytes"]
+    assert deep - native == 4 * 2 * (spec.vocab // 2) * spec.hidden

@@ -17,7 +17,9 @@
   ``allgather_bucket_size`` from ``--bucket-mb`` (in elements: DeepSpeed counts elements, not
   bytes), default 64 MiB as the native engine's bucket;
 * ``activation_checkpointing`` when the layout recomputes (the model's own ``torch.utils.
-  checkpoint`` does the work; the block only records the choice, no partitioning or CPU offload).
+  checkpoint`` does the work; the block only records the choice, no partitioning or CPU offload);
+* ``tensor_parallel`` (AutoTP training, ``autotp_size`` = tp) with explicit layer specs
+  (:data:`AUTOTP_LAYER_SPECS`) when tp > 1.
 
 The optimizer is not in the config: the engine passes a torch optimizer, since a config optimizer
 makes DeepSpeed JIT-compile FusedAdam (about 50 s on CPU, machine-notes), and
@@ -30,6 +32,14 @@ from frontier_llm.errors import UserError
 from frontier_llm.specs.layout import DType, Layout, PlacementKind, Recompute
 
 DEFAULT_BUCKET_MB = 64.0
+# AutoTP training's explicit layer specs for model.py's names: Megatron's split (Q, K, V, fc1 and
+# the SwiGLU gate column-parallel; out-projection and fc2 row-parallel); the rest stays whole.
+AUTOTP_LAYER_SPECS = [
+    {"patterns": [r".*\.attention\.wo\.weight$", r".*\.feed_forward\.w2\.weight$"],
+     "partition_type": "row"},
+    {"patterns": [r".*\.attention\.w[qkv]\.weight$", r".*\.feed_forward\.w[13]\.weight$"],
+     "partition_type": "column"},
+]
 
 
 def zero_settings(layout: Layout) -> tuple[int, int]:
@@ -92,5 +102,9 @@ def deepspeed_config(layout: Layout, bucket_mb: float | None = None) -> dict:
             "cpu_checkpointing": False, "synchronize_checkpoint_boundary": False,
         }
     if layout.tp > 1:
-        cfg["tensor_parallel"] = {"autotp_size": layout.tp}
+        cfg["tensor_parallel"] = {"autotp_size": layout.tp, "partition_config": {
+            "use_default_specs": False, "layer_specs": AUTOTP_LAYER_SPECS}}
+        # DeepSpeedConfig checks train_batch_size against the whole world (TP ranks included)
+        # when no mpu is given; micro-batch x accumulation steps say the same thing.
+        del cfg["train_batch_size"]
     return cfg

@@ -139,10 +139,18 @@ class DeepSpeedEngine:
             model = build_model(spec, seed=seed, dtype=layout.dtype, device=device,
                                 flash=layout.flash_attention, recompute=layout.recompute)
         model.train()
-        self._model_params = list(model.parameters())
-        self.inner = torch.optim.Adam(self._model_params, lr=LR, betas=BETAS, eps=EPS)
+        self.inner = None
+
+        def make_optimizer(params):
+            self.inner = torch.optim.Adam(params, lr=LR, betas=BETAS, eps=EPS)
+            return self.inner
+
+        # AutoTP replaces the linear layers inside initialize: the optimizer must be built on
+        # the sharded parameters, so DeepSpeed gets a callable (machine-notes).
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=self.inner, config=self.config)
+            model=model, optimizer=make_optimizer if layout.tp > 1
+            else make_optimizer(list(model.parameters())), config=self.config)
+        self._model_params = list(self.engine.module.parameters())
         self.stage = self.config["zero_optimization"]["stage"]
         self._state: RankState | None = None
         self._grads_peak = 0

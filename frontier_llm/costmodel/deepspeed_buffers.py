@@ -10,6 +10,11 @@ In mixed precision the ZeRO accounting (12 bytes of optimizer state per paramete
 holds that copy. ZeRO-1 builds it even over one DP rank (pp2 x dp1). Measured by ``flm bench
 --engine deepspeed`` (tests/test_bench_deepspeed.py): ZeRO 1-3 hold ``4 + 4`` (moments) ``+ 4``
 (master) bytes per parameter of their optimizer partition.
+
+Replicated vocabulary under tensor parallelism: DeepSpeed's AutoTP training (the
+``tensor_parallel`` config with explicit layer specs: Q, K, V, fc1 column-parallel, out-proj and
+fc2 row-parallel) shards only those linear layers; the token embedding and the output head stay
+whole on every TP rank, where Megatron's accounting splits them over the vocabulary.
 """
 
 from __future__ import annotations
@@ -29,3 +34,13 @@ def extra_optimizer_bytes(t, params_per_rank: np.ndarray) -> np.ndarray:
     zero = t.optim_kind != PlacementKind.REPLICATE.code
     return np.where(deepspeed & zero,
                     -(-params_per_rank // optim_degree) * FP32_MASTER_BYTES, 0)
+
+
+def extra_params(model, t, pp_rank) -> np.ndarray:
+    """Parameters a DeepSpeed rank holds beyond ``stage_params_per_rank``: the vocabulary
+    rows AutoTP leaves unsplit (embedding on the first stage, an untied head on the last)."""
+    tp, pp, r = np.asarray(t.tp), np.asarray(t.pp), np.asarray(pp_rank)
+    rows = (model.vocab - (-(-model.vocab // tp))) * model.hidden
+    separate = (not model.tied_embeddings) | (pp > 1)
+    n = np.where(r == 0, rows, 0) + np.where((r == pp - 1) & separate, rows, 0)
+    return np.where((t.engine == Engine.DEEPSPEED.code) & (tp > 1), n, 0)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from frontier_llm.costmodel.deepspeed_buffers import extra_optimizer_bytes
+from frontier_llm.costmodel.deepspeed_buffers import extra_optimizer_bytes, extra_params
 from frontier_llm.costmodel.layouts import LayoutTable, from_configs
 from frontier_llm.costmodel.params import (
     kv_width_per_rank,
@@ -45,7 +45,7 @@ def _cdiv(a, b):
 
 def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> dict[str, np.ndarray]:
     """Parameters, gradients and optimizer-state bytes on one rank of stage ``pp_rank``."""
-    n = stage_params_per_rank(model, t.tp, t.pp, pp_rank)
+    n = stage_params_per_rank(model, t.tp, t.pp, pp_rank) + extra_params(model, t, pp_rank)
     per = STATE_BYTES[t.dtype]
     return {
         "params": _cdiv(n, t.degree("params")) * per[:, 0],
