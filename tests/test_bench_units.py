@@ -56,9 +56,11 @@ def test_mesh_coordinates_put_tp_innermost():
 # -- refusals, before any process group ------------------------------------------------------
 @pytest.mark.parametrize("model, kw, rule", [
     ("tiny-gpt", dict(tp=3), "heads .4. is not divisible by tp .3."),
-    ("tiny-gpt", dict(pp=3, global_batch=3), r"layers .4. is not divisible by pp x virtual"),
-    ("tiny-gpt-8l", dict(pp=2, virtual_stages=3, schedule="interleaved", global_batch=2),
-     "virtual_stages"),
+    ("tiny-gpt", dict(pp=5, global_batch=5), "leaves a chunk without layers"),
+    ("tiny-gpt", dict(pp=2, global_batch=2, engine="megatron"), "runs engine native only"),
+    ("tiny-gpt", dict(dp=2, global_batch=2, engine="deepspeed", sharding={"params": "replicate",
+                      "grads": "full", "optim": "full"}),
+     "runs engine native only"),
     ("tiny-llama", dict(tp=4), r"kv_heads \(2\) < tp \(4\)"),
     ("tiny-gpt", dict(pp=2, global_batch=1), "at least one micro-batch per stage"),
     ("tiny-gpt", dict(dp=4, sharding={"params": "replicate", "grads": "replicate",
@@ -167,7 +169,8 @@ def test_model_has_the_specs_parameter_count(name):
 def test_stages_hold_their_layers_and_weights_match_the_whole_model():
     spec = load_model("tiny-gpt-8l")
     assert stage_ids(pp=2, virtual_stages=2, pp_rank=1) == [1, 3]
-    assert stage_layers(spec, 4, 3) == [6, 7]
+    assert stage_layers(spec, 2, 2, 3) == [6, 7]  # 4 chunks of 2
+    assert [stage_layers(spec, 3, 1, g) for g in range(3)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
     whole = dict(build_model(spec, seed=1).named_parameters())
     last = build_model(spec, seed=1, layer_ids=[6, 7], first=False, last=True)
     assert last.tok_embeddings is None

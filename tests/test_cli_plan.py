@@ -45,17 +45,20 @@ def test_plan_csv_has_every_column(capsys):
 
 
 @pytest.mark.parametrize("system", system_names())
-def test_plan_and_predict_work_for_every_catalog_model(system, capsys):
+@pytest.mark.parametrize("engine", ["native", "megatron", "deepspeed"])
+def test_plan_and_predict_work_for_every_catalog_model(system, engine, capsys):
     for model in model_names():
         assert main(["plan", "--model", model, "--system", system, "--gpus", "64",
-                     "--top", "1", "--format", "json"]) in (0, 1), model
+                     "--top", "1", "--format", "json", "--engine", engine]) in (0, 1), model
         doc = json.loads(capsys.readouterr().out)
         assert doc["evaluated"] > 0
         # The planner's winner (or, when nothing fits, a plain layout) through flm predict.
         best = doc["layouts"][0] if doc["layouts"] else {
             "tp": 1, "pp": 1, "dp": 64, "micro_batch": 1, "global_batch": 64,
             "schedule": "1f1b", "virtual_stages": 1, "recompute": "none"}
-        argv = ["predict", "--model", model, "--system", system, "--gpus", "64",
+        assert best.get("engine", engine) == engine
+        argv = ["predict", "--model", model, "--system", system, "--gpus", "64", "--engine",
+                engine,
                 "--tp", str(best["tp"]), "--pp", str(best["pp"]), "--dp", str(best["dp"]),
                 "--micro-batch", str(best["micro_batch"]),
                 "--global-batch", str(best["global_batch"]), "--schedule", best["schedule"],
@@ -103,8 +106,8 @@ def test_predict_table(capsys):
         (["plan", "--gpus", "7", "--tp", "8"], "tp 8 does not divide the 7 GPUs"),
         (["predict", "--model", "gpt-175b", "--system", "frontier", "--tp", "7"],
          "heads (96) is not divisible by tp (7)"),
-        (["predict", "--model", "gpt-175b", "--system", "frontier", "--tp", "8", "--pp", "5"],
-         "layers (96) is not divisible by pp"),
+        (["predict", "--model", "gpt3-125m", "--system", "frontier", "--tp", "1", "--pp", "13"],
+         "leaves a chunk without layers"),
         (["predict", "--model", "gpt-175b", "--system", "frontier", "--tp", "8", "--dp", "2",
           "--gpus", "8"], "does not match the 8 GPUs"),
         (["predict", "--model", "gpt-175b", "--system", "frontier", "--tp", "8",
@@ -127,3 +130,15 @@ def test_model_yaml_path_with_error_names_file_and_line(tmp_path):
                            str(bad), "--gpus", "4"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "mine.yaml" in proc.stderr and "heads" in proc.stderr
+
+
+def test_plan_shows_non_dominated_layouts_unless_all(capsys):
+    argv = ["plan", "--model", "gpt-22b", "--gpus", "64", "--top", "500", "--format", "csv"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "not dominated" in captured.err and "--all" in captured.err
+    frontier = captured.out.strip().splitlines()[1:]
+    assert main([*argv, "--all"]) == 0
+    every = capsys.readouterr().out.strip().splitlines()[1:]
+    assert 1 < len(frontier) < len(every) == 500
+    assert frontier[0] == every[0]  # the fastest layout is never dominated

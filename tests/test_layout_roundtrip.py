@@ -28,10 +28,12 @@ from frontier_llm.cli.layout_args import add_layout_args, layout_from_args
 from frontier_llm.errors import SpecError
 from frontier_llm.jobs.sweepdir import render_sweep
 from frontier_llm.jobs.sweepspec import load_sweep
+from frontier_llm.specs.engine_rules import RULES
 from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.layout import (
     COMPONENTS,
     DType,
+    Engine,
     Layout,
     Placement,
     PlacementKind,
@@ -70,23 +72,32 @@ def shardings(draw, dp: int) -> Sharding:
 
 @st.composite
 def layouts(draw) -> Layout:
+    # The engine first, then only what it runs (specs/engine_rules.py), so few draws are lost.
+    engine = draw(st.sampled_from(list(Engine)))
+    rules = RULES[engine]
     tp = draw(st.sampled_from([1, 2, 4]))
     pp = draw(st.sampled_from([1, 2, 3, 4]))
     dp = draw(st.sampled_from([1, 2, 4, 6]))
-    schedule = draw(st.sampled_from(list(Schedule)))
+    schedule = draw(st.sampled_from(list(rules.schedules)))
     if schedule == Schedule.INTERLEAVED:
         pp = max(pp, 2)
     virtual = draw(st.sampled_from([2, 4])) if schedule == Schedule.INTERLEAVED else 1
     micro = draw(st.sampled_from([1, 2]))
     steps = draw(st.integers(1, 3)) * (pp if schedule == Schedule.INTERLEAVED else 1)
+    sharding = draw(shardings(dp))
+    if engine != Engine.NATIVE:
+        allowed = rules.pipeline_shardings if pp > 1 and rules.pipeline_shardings else \
+            rules.shardings
+        sharding = draw(st.sampled_from(list(allowed)))
     try:
         return Layout(
             tp=tp, pp=pp, dp=dp, micro_batch=micro, global_batch=micro * dp * steps,
             schedule=schedule, virtual_stages=virtual,
-            sequence_parallel=draw(st.booleans()) if tp > 1 else False,
+            sequence_parallel=draw(st.booleans()) if tp > 1 and rules.sequence_parallel
+            else False,
             recompute=draw(st.sampled_from(list(Recompute))),
-            flash_attention=draw(st.booleans()), dtype=draw(st.sampled_from(list(DType))),
-            sharding=draw(shardings(dp)),
+            flash_attention=draw(st.booleans()), dtype=draw(st.sampled_from(list(rules.dtypes))),
+            sharding=sharding, engine=engine,
         )
     except SpecError:  # a sharding coarser than what it is built from
         assume(False)
@@ -99,7 +110,8 @@ def _sweep_file(folder: Path, layout: Layout) -> Path:
         "schedule": [str(layout.schedule)], "virtual_stages": [layout.virtual_stages],
         "recompute": [str(layout.recompute)], "sequence_parallel": [layout.sequence_parallel],
         "flash_attention": [layout.flash_attention],
-        "sharding": [layout.sharding.describe()], "fits_only": False,
+        "sharding": [layout.sharding.describe()], "engine": [str(layout.engine)],
+        "fits_only": False,
     }
     (folder / "model.yaml").write_text(yaml.safe_dump(MODEL))
     sweep = {"name": "prop", "system": "cpu-local", "model": "model.yaml",
@@ -196,7 +208,7 @@ def test_local_spawner_and_sweep_write_the_same_layout_argv(tmp_path):
 def test_codes_are_member_positions_even_for_shared_words():
     """Recompute.FULL and PlacementKind.FULL are both the word "full" (equal strings, equal
     hashes); each keeps its own code."""
-    for vocab in (Schedule, Recompute, DType, PlacementKind):
+    for vocab in (Schedule, Recompute, DType, PlacementKind, Engine):
         assert [m.code for m in vocab] == list(range(len(vocab)))
         assert [vocab.from_code(i) for i in range(len(vocab))] == list(vocab)
     assert (PlacementKind.FULL.code, Recompute.FULL.code, Recompute.FULL.code) == (1, 2, 2)

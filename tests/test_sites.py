@@ -209,7 +209,7 @@ def test_every_catalog_site_cites_its_sources():
     for name in system_names():
         site = load_system(name).site
         assert site is not None, name
-        if name == "cpu-local":
+        if site.template == "local":  # this machine's CPU systems are not real sites
             continue
         given = {k for k, v in site.sources}
         for key in ("launcher", "binding", "cpus_per_task"):

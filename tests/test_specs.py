@@ -16,11 +16,14 @@ def test_heads_not_divisible_by_tp_names_both_numbers():
         ParallelConfig(tp=7, global_batch=7).check_model(model)
 
 
-def test_layers_not_divisible_by_pipeline_chunks():
+def test_uneven_pipeline_chunks_are_split_but_empty_ones_refused():
     model = load_model("gpt-22b")  # 48 layers
     layout = ParallelConfig(pp=5, global_batch=5, schedule="1f1b")
-    with pytest.raises(SpecError, match=r"layers \(48\) is not divisible by pp x virtual_stages"):
-        layout.check_model(model)
+    layout.check_model(model)  # uneven: 48 = 9 + 10 + 10 + 10 + 9
+    assert layout.stage_layers(model) == (9, 10, 10, 10, 9)
+    tiny = load_model("tiny-gpt")  # 4 layers
+    with pytest.raises(SpecError, match=r"leaves a chunk without layers"):
+        ParallelConfig(pp=5, global_batch=5).check_model(tiny)
 
 
 def test_world_size_mismatch_explains_product():

@@ -57,7 +57,7 @@ def test_heartbeat_records_progress(tmp_path):
 
 
 def test_a_cost_model_failure_is_recorded_in_the_trace():
-    """The cost model refuses this layout (3 stages of a 4-layer model); the trace still validates,
+    """The cost model refuses this layout (5 stages of a 4-layer model); the trace still validates,
     carries no prediction, and says why instead of a silent null."""
     from frontier_llm.bench.config import BenchConfig
     from frontier_llm.bench.run import skeleton_trace
@@ -65,8 +65,8 @@ def test_a_cost_model_failure_is_recorded_in_the_trace():
     from frontier_llm.specs.layout import Layout
 
     cfg = BenchConfig(model=load_model("tiny-gpt"), system=load_system("cpu-local"),
-                      layout=Layout(pp=3, global_batch=3, dtype="fp32"), run_id="r1")
-    trace = skeleton_trace(cfg, 3, "local", "gloo", "cpu", "2026-01-01T00:00:00+00:00")
+                      layout=Layout(pp=5, global_batch=5, dtype="fp32"), run_id="r1")
+    trace = skeleton_trace(cfg, 5, "local", "gloo", "cpu", "2026-01-01T00:00:00+00:00")
     validate_trace(trace)
     assert trace["prediction"] is None
     assert trace["prediction_error"].startswith("cost model: SpecError: layers (4)")

@@ -31,4 +31,8 @@ def test_replay_search_finds_the_best_and_never_measures_twice():
     seq = search(cands, values, sampler="random", seed=0, warm_start=0, budget=n)
     assert len(seq) == n and trials_to_reach(seq, best) is not None
     seq = search(cands, values, sampler="tpe", seed=0, warm_start=3, budget=10)
-    assert seq[:3] == [values[c.key] for c in cands.ranked(3)]
+    # The warm start: the model's three fastest distinct layouts, each with the bucket size it
+    # predicts best for it (the bucket's start-ups, tune.runcost), measured first.
+    warm = cands.warm_start_points(3)
+    assert len({(p["tp"], p["pp"], p["micro_batch"], p["sharding"]) for p in warm}) == 3
+    assert seq[:3] == [values[cands.lookup(p).key] for p in warm]

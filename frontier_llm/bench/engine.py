@@ -68,7 +68,8 @@ class NativeEngine:
         for g in self.stage_indices:
             m = build_model(
                 spec, seed=seed, dtype=layout.dtype, device=device,
-                layer_ids=stage_layers(spec, num_stages, g), first=g == 0,
+                layer_ids=stage_layers(spec, layout.pp, layout.virtual_stages, g),
+                first=g == 0,
                 last=g == num_stages - 1, flash=layout.flash_attention,
                 recompute=layout.recompute,
             )

@@ -31,7 +31,10 @@ def parse_bytes(text: str) -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)i?B?\s*", str(text), re.IGNORECASE)
     if not m:
         raise UserError(f"--memory-limit must be a size like 512M or 2G (got {text!r})")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    number = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    if not number < 2**63:  # also inf, from a number too long for a float
+        raise UserError(f"--memory-limit is too large (got {text!r})")
+    value = int(number)
     if value <= 0:
         raise UserError(f"--memory-limit must be positive (got {text!r})")
     return value

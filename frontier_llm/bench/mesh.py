@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from frontier_llm.errors import UserError
-from frontier_llm.specs.layout import DType, Layout
+from frontier_llm.specs.layout import Engine, Layout
 from frontier_llm.specs.model import ModelSpec
 
 DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
@@ -99,19 +99,13 @@ def check_layout(model: ModelSpec, layout: Layout, world_size: int | None = None
     layout.check_model(model)
     if world_size is not None:
         layout.check_world(world_size)
-    if model.kv_heads < layout.tp:
+    # The native engine's own rules (whole K/V heads, an exactly split vocabulary, no fp16)
+    # are engine_rules' and were applied above, by Layout and check_model.
+    if layout.engine != Engine.NATIVE:
         raise UserError(
-            f"kv_heads ({model.kv_heads}) < tp ({layout.tp}): the native engine shards whole "
-            "K/V heads and does not replicate them; use tp <= kv_heads"
+            f"flm bench runs engine native only (got engine {layout.engine}): plan and predict "
+            "other engines with flm plan / flm predict --engine"
         )
-    if model.vocab % layout.tp:
-        raise UserError(
-            f"vocab ({model.vocab}) is not divisible by tp ({layout.tp}) (vocab-parallel "
-            "embedding and output head)"
-        )
-    if layout.dtype == DType.FP16:
-        raise UserError("dtype fp16 needs loss scaling, which the native engine does not do; "
-                        "use bf16 or fp32")
     if layout.pp > 1 and layout.num_microbatches < layout.pp:
         raise UserError(
             f"pp ({layout.pp}) > micro-batches per step ({layout.num_microbatches} = "

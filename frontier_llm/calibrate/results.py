@@ -43,6 +43,9 @@ def load_results(path: str | Path) -> Results:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
         raise UserError(f"{path}: no such results file") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not a text file (invalid UTF-8 at byte {exc.start}); expected "
+                        "calibration results JSON") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise UserError(f"{path}: cannot read calibration results: {exc}") from None
     return from_document(doc, str(path))

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import os
 import sys
+import typing
 
 from frontier_llm import __version__
 from frontier_llm.errors import UserError
@@ -33,9 +34,17 @@ COMMAND_MODULE = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad options are one line on stderr and exit 2, as every other bad input is (no usage
+    block: ``--help`` shows it). Subcommand parsers inherit the class."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command, or only of ``command``'s module when it is given."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="flm",
         description=(
             "frontier_llm: predict, measure and tune tensor x pipeline x sharded-data-parallel "

@@ -9,6 +9,7 @@ import argparse
 
 from frontier_llm.cli.common import add_command
 from frontier_llm.cli.layout_args import add_layout_args
+from frontier_llm.cli.numbers import MAX_LOCAL_RANKS, count, positive_float
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,10 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     # explicit flags.
     add_layout_args(p, required=False)
     r = p.add_argument_group("run")
-    r.add_argument("--steps", type=int, default=None, help="measured steps (default 10)")
-    r.add_argument("--warmup", type=int, default=None,
+    r.add_argument("--steps", type=count(1), default=None, help="measured steps (default 10)")
+    r.add_argument("--warmup", type=count(0), default=None,
                    help="warm-up steps, recorded but not measured (default 2)")
-    r.add_argument("--seed", type=int, default=None, help="weights and data seed (default 0)")
+    r.add_argument("--seed", type=count(0, 2**63 - 1), default=None,
+                   help="weights and data seed (default 0)")
     r.add_argument("--trace-dir", default="traces", help="where the trace goes (default traces)")
     r.add_argument("--run-id", default=None, help="trace name (default: generated)")
     r.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
@@ -53,14 +55,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--data", default=None, metavar="tokens.bin",
                    help="memory-mapped token file (uint16 ids, uint32 above 65536 tokens) "
                         "instead of synthetic tokens")
-    r.add_argument("--bucket-mb", type=float, default=None, metavar="MB",
+    r.add_argument("--bucket-mb", type=positive_float(1e6), default=None, metavar="MB",
                    help="gradient all-reduce bucket of the DDP and ZeRO-1 paths in MiB "
                         "(default 64; a run setting flm tune can search)")
-    r.add_argument("--nproc", type=int, default=None,
-                   help="local ranks to start when not inside a launcher (default tp x pp x dp)")
+    r.add_argument("--nproc", type=count(1, MAX_LOCAL_RANKS), default=None,
+                   help="local ranks to start when not inside a launcher (default tp x pp x dp; "
+                        f"at most {MAX_LOCAL_RANKS})")
     r.add_argument("--fault", choices=("crash", "hang"), default=None,
                    help="inject a failure on the last rank (tests of failure handling)")
-    r.add_argument("--fault-step", type=int, default=0, help="step of the injected fault")
+    r.add_argument("--fault-step", type=count(0), default=0, help="step of the injected fault")
     p.set_defaults(func=run)
 
 

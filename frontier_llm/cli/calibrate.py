@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from frontier_llm.cli.common import add_command, emit_frame, emit_json
+from frontier_llm.cli.numbers import MAX_GPUS, MAX_LOCAL_RANKS, count, count_list, seconds
 from frontier_llm.errors import UserError
 
 
@@ -22,24 +23,21 @@ def _err(line: str) -> None:
 
 
 def _size(text: str) -> int:
-    """'1K', '16M', '1G' or a plain number of bytes."""
+    """'1K', '16M', '1G' or a plain number of bytes, at most 1 TiB (a message no link sends)."""
     from frontier_llm.bench.memlimit import parse_bytes
 
     try:
-        return int(parse_bytes(text))
-    except (UserError, ValueError) as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        value = int(parse_bytes(text))
+    except (UserError, ValueError, OverflowError):
+        value = 0  # parse_bytes's message names --memory-limit; say it for this option
+    if not 1 <= value <= 2**40:
+        raise argparse.ArgumentTypeError(
+            f"a size such as 16M or 1G, between 1 byte and 1T (got {text!r})")
+    return value
 
 
 def _ints(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}"
-                                         ) from None
-    if not out or min(out) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return out
+    return list(count_list(1, 2**20)(text))
 
 
 def _on_gpu() -> bool:
@@ -124,10 +122,17 @@ def _store_results(path: Path, db: str | None) -> str:
     from frontier_llm.store import open_store
     from frontier_llm.store.calibration_tables import save_results
 
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+        doc = json.loads(raw)
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:  # invalid UTF-8 (a binary) or not JSON
+        kind = "not a text file" if isinstance(exc, UnicodeDecodeError) else "not JSON"
+        raise UserError(f"{path}: {kind}; expected calibration results JSON") from None
     store = open_store(db)
     try:
-        cid, new = save_results(store, json.loads(raw), str(path), raw)
+        cid, new = save_results(store, doc, str(path), raw)
     finally:
         store.close()
     _err(f"flm calibrate: {'stored' if new else 'already stored'} calibration {cid[:12]} in "
@@ -363,7 +368,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="system (name or YAML) whose knobs are refitted (default cpu-local)")
     top.add_argument("--db", dest="fr_db", default=None, metavar="URL",
                      help="database URL (default: $FLM_DB, else sqlite:///flm.db here)")
-    top.add_argument("--folds", type=int, default=5, metavar="K",
+    top.add_argument("--folds", type=count(2), default=5, metavar="K",
                      help="cross-validation folds (default 5; at most the number of runs)")
     top.add_argument("--knobs", default="matmul,layer_overhead_s,latency", metavar="A,B",
                      help="knobs to refit: matmul, layer_overhead_s, latency, network_latency, "
@@ -387,7 +392,8 @@ def register(sub: argparse._SubParsersAction) -> None:
          "flm calibrate run --nproc 4 --model tiny-gpt --max-bytes 4M --no-mpi"],
         parents=[db],
     )
-    p.add_argument("--nproc", type=int, default=2, help="ranks to start (default 2)")
+    p.add_argument("--nproc", type=count(1, MAX_LOCAL_RANKS), default=2,
+                   help="ranks to start (default 2)")
     p.add_argument("--system", default="cpu-local",
                    help="base system (name or YAML): what is not measured comes from it")
     _add_measure_args(p)
@@ -395,7 +401,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="where the results JSON goes (default calibration/)")
     p.add_argument("--out", default=None, metavar="FILE", help="system YAML to write")
     p.add_argument("--name", default=None, help="system name (default BASE-calibrated)")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds before giving up")
+    p.add_argument("--timeout", type=seconds, default=1800.0, help="seconds before giving up")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.set_defaults(func=_run)
 
@@ -427,8 +433,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         parents=[db],
     )
     p.add_argument("--system", required=True, help="system (name or YAML) with a site: section")
-    p.add_argument("--nodes", type=int, required=True)
-    p.add_argument("--ranks-per-node", type=int, default=None,
+    p.add_argument("--nodes", type=count(1, MAX_GPUS), required=True)
+    p.add_argument("--ranks-per-node", type=count(1, 1024), default=None,
                    help="default: the system's GPUs per node")
     _add_measure_args(p)
     p.add_argument("--dir", default="calibration", metavar="DIR",
@@ -438,7 +444,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--partition", default=None, help="default: the site's")
     p.add_argument("--dry-run", action="store_true", help="write the script, do not submit")
     p.add_argument("--wait", action="store_true", help="wait for the job, then fit (--out)")
-    p.add_argument("--wait-timeout", type=float, default=3600.0, metavar="S")
+    p.add_argument("--wait-timeout", type=seconds, default=3600.0, metavar="S")
     p.add_argument("--out", default=None, metavar="FILE", help="system YAML (with --wait)")
     p.add_argument("--name", default=None, help="system name (default BASE-calibrated)")
     p.add_argument("--format", choices=("table", "json"), default="table")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+from frontier_llm.cli.numbers import MAX_COUNT, count
 from frontier_llm.specs.layout import (
     Layout,
     Sharding,
@@ -54,7 +55,8 @@ def add_layout_args(parser: argparse.ArgumentParser, required: bool = True) -> N
         elif issubclass(kind, Vocabulary):
             g.add_argument(flag(f.name), choices=kind.words(), default=None, help=help_text)
         else:
-            g.add_argument(flag(f.name), type=int, default=None, required=is_required,
+            g.add_argument(flag(f.name), type=count(1, MAX_COUNT, flag(f.name)), default=None,
+                           required=is_required,
                            help=help_text)
 
 

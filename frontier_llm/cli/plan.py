@@ -12,10 +12,11 @@ import pandas as pd
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.cli.common import add_command, add_format, emit_frame, emit_json
 from frontier_llm.cli.layout_args import add_layout_args, layout_from_args
+from frontier_llm.cli.numbers import MAX_GPUS, count, count_list, gpus
 from frontier_llm.costmodel import predict
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.explain import explain
-from frontier_llm.specs.layout import DType, Recompute, zero_preset
+from frontier_llm.specs.layout import DType, Engine, Recompute, zero_preset
 
 DEFAULT_MODEL, DEFAULT_SYSTEM, DEFAULT_GPUS = "gpt-175b", "frontier", 1024
 
@@ -29,23 +30,24 @@ TABLE_COLUMNS = {
 }
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
+def _engine_list(text: str) -> tuple[str, ...]:
+    words = tuple(w.strip() for w in text.split(",") if w.strip())
+    bad = [w for w in words if w not in Engine.words()]
+    if bad or not words:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}") from None
-    if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"values must be at least 1, got {text!r}")
-    return values
+            f"engines are a comma-separated list of {', '.join(Engine.words())} (got {text!r})")
+    return tuple(dict.fromkeys(words))
 
 
-def _display(df: pd.DataFrame) -> pd.DataFrame:
+def _display(df: pd.DataFrame, engines: int = 1) -> pd.DataFrame:
     df = df.copy()
     df["peak_memory_gb"] = df["peak_memory_bytes"] / 1e9
     df["schedule"] = [f"{s}:{v}" if s == "interleaved" else str(s)
                       for s, v in zip(df["schedule"], df["virtual_stages"], strict=True)]
-    df = df[list(TABLE_COLUMNS)].rename(columns=TABLE_COLUMNS)
+    columns = dict(TABLE_COLUMNS)
+    if engines > 1:  # the engine column only when the plan compares engines
+        columns = {"rank": "rank", "engine": "engine", **columns}
+    df = df[list(columns)].rename(columns=columns)
     return df.round({"step_s": 3, "tokens/s": 0, "TFLOP/s/gpu": 1, "MFU": 3, "mem_GB": 1})
 
 
@@ -55,20 +57,23 @@ def run_plan(args: argparse.Namespace) -> int:
         tp=args.tp, pp=args.pp, micro_batch=args.micro_batch,
         recompute=tuple(args.recompute) if args.recompute else SearchSpace.recompute,
         sharding=tuple(zero_preset(z) for z in args.zero) if args.zero else None,
-        flash_attention=(args.flash_attention,), dtype=args.dtype,
+        flash_attention=(args.flash_attention,), dtype=args.dtype, engine=args.engine,
     )
     start = time.perf_counter()
     result = plan(model, system, args.gpus, args.global_batch, space)
     seconds = time.perf_counter() - start
-    ranked = result.ranked(args.top, fits_only=not args.include_oom)
+    ranked = result.ranked(args.top, fits_only=not args.include_oom, frontier=not args.all)
+    shown = "" if args.all else (
+        f", {len(result.ranked_indices(None, frontier=True)):,} not dominated (no other is as "
+        "fast with less memory; --all shows every one)")
     print(
         f"# {model.name} on {args.gpus} x {system.gpu} ({system.name}), global batch "
         f"{result.global_batch}: {len(result.reason):,} layouts evaluated in {seconds:.2f} s, "
-        f"{int(np.sum(result.valid)):,} valid and fit",
+        f"{int(np.sum(result.valid)):,} valid and fit{shown}",
         file=sys.stderr,
     )
     if args.format == "table":
-        emit_frame(_display(ranked), "table")
+        emit_frame(_display(ranked, len(args.engine)), "table")
     elif args.format == "csv":
         emit_frame(ranked, "csv")
     else:
@@ -126,6 +131,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "those that break a rule or do not fit, and print the fastest first. Without options: "
         f"{DEFAULT_MODEL} on {DEFAULT_GPUS} {DEFAULT_SYSTEM} GCDs.",
         ["flm plan", "flm plan --model gpt-1t --system frontier --gpus 3072 --top 20 --explain",
+         "flm plan --model llama3-70b --system frontier --gpus 768 --engine megatron,deepspeed",
          "flm plan --model llama3-70b --system dgx-h100 --gpus 64 --tp 8 --format csv",
          "flm plan --model my-model.yaml --system my-system.yaml --gpus 128"],
     )
@@ -133,26 +139,35 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"catalog name or YAML path (default {DEFAULT_MODEL}; see flm models)")
     p.add_argument("--system", default=DEFAULT_SYSTEM,
                    help=f"catalog name or YAML path (default {DEFAULT_SYSTEM}; see flm systems)")
-    p.add_argument("--gpus", type=int, default=DEFAULT_GPUS,
-                   help=f"number of GPUs (Frontier: GCDs) (default {DEFAULT_GPUS})")
-    p.add_argument("--global-batch", type=int, default=None,
+    p.add_argument("--gpus", type=gpus, default=DEFAULT_GPUS,
+                   help=f"number of GPUs (Frontier: GCDs) (default {DEFAULT_GPUS}; at most "
+                        f"{MAX_GPUS:,})")
+    p.add_argument("--global-batch", type=count(1), default=None,
                    help="sequences per iteration (default: the smallest multiple of --gpus "
                         "holding 4M tokens)")
-    p.add_argument("--top", type=int, default=20, help="rows to print (default 20)")
+    p.add_argument("--top", type=count(1), default=20, help="rows to print (default 20)")
     p.add_argument("--explain", action="store_true",
                    help="say why the winner wins and how many layouts each rule rejected")
     p.add_argument("--include-oom", action="store_true",
                    help="also rank layouts that do not fit in memory (after those that do)")
+    p.add_argument("--all", action="store_true",
+                   help="rank every layout; by default a layout is left out when another is at "
+                        "least as fast with no more memory (it is dominated)")
     g = p.add_argument_group("restrict the search")
-    g.add_argument("--tp", type=_int_list, help="tensor-parallel degrees, e.g. 4,8")
-    g.add_argument("--pp", type=_int_list, help="pipeline degrees, e.g. 8,16")
-    g.add_argument("--micro-batch", type=_int_list, help="micro-batch sizes, e.g. 1,2")
+    g.add_argument("--tp", type=count_list(1, MAX_GPUS), help="tensor-parallel degrees, e.g. 4,8")
+    g.add_argument("--pp", type=count_list(1, MAX_GPUS), help="pipeline degrees, e.g. 8,16")
+    g.add_argument("--micro-batch", type=count_list(1), help="micro-batch sizes, e.g. 1,2")
     g.add_argument("--recompute", nargs="+", choices=Recompute.words())
     g.add_argument("--zero", type=int, nargs="+", choices=(0, 1, 2, 3),
                    help="only these ZeRO presets (default: ZeRO-0..3 and AMSP partial ones)")
     g.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
                    help="assume unfused attention")
     g.add_argument("--dtype", choices=DType.words(), default="bf16")
+    g.add_argument("--engine", type=_engine_list, default=(Engine.NATIVE.value,),
+                   metavar="ENGINE[,ENGINE]",
+                   help="training engines to plan for, comma-separated, of "
+                        f"{', '.join(Engine.words())} (default native); each engine's rules "
+                        "(specs/engine_rules.py) reject what it cannot run")
     add_format(p)
     p.set_defaults(func=run_plan)
 
@@ -168,7 +183,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", required=True, help="catalog name or YAML path")
     p.add_argument("--system", required=True, help="catalog name or YAML path")
-    p.add_argument("--gpus", type=int, default=None,
+    p.add_argument("--gpus", type=gpus, default=None,
                    help="check that tp x pp x dp uses exactly this many GPUs")
     add_layout_args(p)
     add_format(p, choices=("table", "json"))

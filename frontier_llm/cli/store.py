@@ -10,6 +10,7 @@ import pandas as pd
 from sqlalchemy.engine import make_url
 
 from frontier_llm.cli.common import add_command, add_format, db_parent, emit_frame, emit_json
+from frontier_llm.cli.numbers import count
 from frontier_llm.cli.progress import Progress
 from frontier_llm.errors import UserError
 from frontier_llm.store import SCHEMA_VERSION, open_store
@@ -144,7 +145,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dirs", nargs="+", metavar="DIR", help="folders (searched recursively)")
     p.add_argument("--quarantine", metavar="DIR", default=None,
                    help="where bad files go (default: quarantine/ in the DIR they were found in)")
-    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, metavar="N",
+    p.add_argument("--batch-size", type=count(1), default=DEFAULT_BATCH, metavar="N",
                    help=f"traces per transaction (default {DEFAULT_BATCH})")
     p.add_argument("--quiet", action="store_true",
                    help="no progress on stderr (neither the per-batch lines nor, at a "

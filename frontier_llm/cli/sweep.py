@@ -10,6 +10,7 @@ import sys
 
 import pandas as pd
 
+from frontier_llm.cli import numbers
 from frontier_llm.cli.common import add_command, add_format, db_parent, emit_frame
 from frontier_llm.errors import ExitCode, UserError
 
@@ -64,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--dry-run", action="store_true",
                    help="render and show what would be submitted; touch neither SLURM nor the "
                         "database")
-    s.add_argument("--max-in-flight", type=int, default=None, metavar="N")
+    s.add_argument("--max-in-flight", type=numbers.count(1), default=None, metavar="N")
     s.add_argument("--hold", action="store_true", help="submit held (release with scontrol)")
     s.add_argument("--executor", choices=("slurm", "local"), default=None,
                    help="override the sweep's executor")
@@ -81,12 +82,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     _target(st)
     st.add_argument("--wait", action="store_true", help="poll (with back-off) until no job "
                     "is pending or running")
-    st.add_argument("--timeout", type=float, default=3600.0,
+    st.add_argument("--timeout", type=numbers.seconds, default=3600.0,
                     help="seconds --wait waits; exit status 4 when jobs are still unfinished "
                          "then (the table shows them)")
-    st.add_argument("--max-interval", type=float, default=15.0, metavar="S",
+    st.add_argument("--max-interval", type=numbers.seconds, default=15.0, metavar="S",
                     help="longest pause between two polls of --wait (back-off from 1 s)")
-    st.add_argument("--hung-after", type=float, default=None, metavar="S",
+    st.add_argument("--hung-after", type=numbers.seconds, default=None, metavar="S",
                     help="a running job whose heartbeat is older than S seconds is HUNG "
                          "(default 1800)")
     st.add_argument("--collect", action="store_true",
@@ -110,7 +111,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      ["flm sweep retry tiny-cpu --failed-only"], parents=[db])
     _target(rt)
     rt.add_argument("--failed-only", action="store_true")
-    rt.add_argument("--max-in-flight", type=int, default=None, metavar="N")
+    rt.add_argument("--max-in-flight", type=numbers.count(1), default=None, metavar="N")
     rt.set_defaults(func=_retry)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from frontier_llm.cli.common import add_command, db_parent, emit_json
+from frontier_llm.cli.numbers import seconds
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,9 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "best so far. Interrupted or killed, run (or step) it again: it resumes.",
                     ["flm tune run sweeps/studies/tiny-tune.yaml --poll 10"], parents=[db])
     study_args(r)
-    r.add_argument("--poll", type=float, default=5.0, metavar="S",
+    r.add_argument("--poll", type=seconds, default=5.0, metavar="S",
                    help="seconds between steps (default 5)")
-    r.add_argument("--timeout", type=float, default=None, metavar="S",
+    r.add_argument("--timeout", type=seconds, default=None, metavar="S",
                    help="stop driving after S seconds (the jobs keep running)")
     r.set_defaults(func=_run)
 

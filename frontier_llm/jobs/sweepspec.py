@@ -23,6 +23,7 @@ from frontier_llm.errors import SpecError, UserError
 from frontier_llm.jobs.render import TEMPLATES, template_options, template_path
 from frontier_llm.specs import (
     DType,
+    Engine,
     Layout,
     ModelSpec,
     Recompute,
@@ -31,7 +32,7 @@ from frontier_llm.specs import (
     SystemSpec,
 )
 from frontier_llm.specs.build import build
-from frontier_llm.specs.layout import layout_types
+from frontier_llm.specs.layout import MAX_COUNT, MAX_GPUS, layout_types
 from frontier_llm.specs.site import Site, merge
 from frontier_llm.specs.yamlio import LineMap, load_yaml, loads_yaml
 
@@ -103,13 +104,16 @@ class SpaceSpec:
     flash_attention: list | None = None
     zero: list | None = None
     sharding: list | None = None
+    # Training engines to compare (a list; default native): each engine's rules apply.
+    engine: list | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "micro_batch", "virtual_stages", "zero"):
             _int_list(getattr(self, name), name)
-        for name in ("schedule", "recompute", "sharding"):
+        for name in ("schedule", "recompute", "sharding", "engine"):
             _str_list(getattr(self, name), name)
-        for name, vocabulary in (("schedule", Schedule), ("recompute", Recompute)):
+        for name, vocabulary in (("schedule", Schedule), ("recompute", Recompute),
+                                 ("engine", Engine)):
             for word in getattr(self, name) or ():
                 vocabulary.parse(word, name)  # the words of specs.layout, checked here
         for name in ("sequence_parallel", "flash_attention"):
@@ -173,8 +177,8 @@ class SweepFile:
         _str_list(self.models, "models")
         if self.nodes is not None and self.gpus is not None:
             raise SpecError("give nodes or gpus, not both", "gpus")
-        _int_list(self.nodes, "nodes")
-        _int_list(self.gpus, "gpus")
+        _int_list(self.nodes, "nodes", MAX_GPUS)
+        _int_list(self.gpus, "gpus", MAX_GPUS)
         if self.global_batch is not None and self.global_batch_per_node is not None:
             raise SpecError("give global_batch or global_batch_per_node, not both",
                             "global_batch_per_node")
@@ -187,6 +191,11 @@ class SweepFile:
         for name in ("steps", "max_array_size", "pack"):
             if getattr(self, name) < 1:
                 raise SpecError(f"{name} must be at least 1", name)
+        for name in ("steps", "warmup", "max_array_size", "pack", "global_batch",
+                     "global_batch_per_node", "gpus_per_node"):
+            value = getattr(self, name)
+            if isinstance(value, int) and value > MAX_COUNT:
+                raise SpecError(f"{name} must be at most {MAX_COUNT:,} (got {value})", name)
         if self.warmup < 0:
             raise SpecError("warmup must be 0 or more", "warmup")
         _str_list(self.command, "command")
@@ -241,12 +250,14 @@ def _str_list(value: Any, name: str) -> None:
         raise SpecError(f"{name} must be a list of strings", name)
 
 
-def _int_list(value: Any, name: str) -> None:
+def _int_list(value: Any, name: str, hi: int = MAX_COUNT) -> None:
     if value is not None and (
         not isinstance(value, list) or not value
         or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
     ):
         raise SpecError(f"{name} must be a non-empty list of whole numbers", name)
+    if value and max(value) > hi:
+        raise SpecError(f"{name} values must be at most {hi:,} (got {max(value)})", name)
 
 
 def _where(data: Any, key: str | None = None) -> str:
@@ -337,7 +348,7 @@ def _space_jobs(spec: SweepFile, raw_space: Any, models: list[tuple[str, ModelSp
                         "space")
     knobs: dict[str, Any] = {}
     for name in ("tp", "pp", "micro_batch", "schedule", "virtual_stages", "recompute",
-                 "sequence_parallel", "flash_attention"):
+                 "sequence_parallel", "flash_attention", "engine"):
         value = getattr(space, name)
         if value is not None:
             knobs[name] = tuple(value)

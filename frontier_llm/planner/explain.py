@@ -11,7 +11,7 @@ from frontier_llm.planner.space import OOM
 from frontier_llm.specs.layout import Schedule
 
 # Knobs compared one at a time: the fastest layout that differs from the winner in this knob.
-KNOBS = ("tp", "pp", "micro_batch", "schedule", "recompute", "sequence_parallel")
+KNOBS = ("tp", "pp", "micro_batch", "schedule", "recompute", "sequence_parallel", "engine")
 PART_NAMES = {
     "compute": "matrix compute", "elementwise": "element-wise work",
     "recompute": "recomputation", "tp_comm": "TP communication", "pp_comm": "PP communication",
@@ -25,7 +25,7 @@ def _layout_text(plan: Plan, i: int) -> str:
     sched = f"{c.schedule}:{c.virtual_stages}" if c.schedule == Schedule.INTERLEAVED else c.schedule
     return (f"tp={c.tp} pp={c.pp} dp={c.dp} micro_batch={c.micro_batch} {sched} "
             f"recompute={c.recompute}{' sequence-parallel' if c.sequence_parallel else ''} "
-            f"{c.sharding.describe()}")
+            f"{c.sharding.describe()} engine={c.engine}")
 
 
 def _main_difference(plan: Plan, best: int, other: int) -> str:
@@ -62,6 +62,8 @@ def explain(plan: Plan) -> str:
     layouts = plan.layouts
     for knob in KNOBS:
         col = getattr(layouts, knob)
+        if knob == "engine" and len(np.unique(col)) < 2:
+            continue  # one engine planned: nothing to compare
         other = order[col[order] != col[best]]
         if not len(other):
             lines.append(f"  {knob:<18} no valid alternative fits")

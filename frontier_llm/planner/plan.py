@@ -12,7 +12,7 @@ from frontier_llm.costmodel import evaluate
 from frontier_llm.costmodel.layouts import LayoutTable
 from frontier_llm.errors import UserError
 from frontier_llm.planner.space import OOM, REASONS, SearchSpace, enumerate_layouts
-from frontier_llm.specs.layout import Layout, Sharding, Vocabulary, layout_types
+from frontier_llm.specs.layout import MAX_GPUS, Layout, Sharding, Vocabulary, layout_types
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
@@ -75,19 +75,27 @@ class Plan:
     def table(self) -> pd.DataFrame:
         return self.frame()
 
-    def ranked(self, top: int | None = None, fits_only: bool = True) -> pd.DataFrame:
+    def ranked(self, top: int | None = None, fits_only: bool = True,
+               frontier: bool = False) -> pd.DataFrame:
         """Valid layouts, fastest first; with ``fits_only=False`` the ones that do not fit in
-        memory are ranked too (after those that do)."""
-        df = self.frame(self.ranked_indices(top, fits_only))
+        memory are ranked too (after those that do); with ``frontier`` only the non-dominated
+        ones (:func:`non_dominated`)."""
+        df = self.frame(self.ranked_indices(top, fits_only, frontier))
         df.insert(0, "rank", np.arange(1, len(df) + 1))
         return df.reset_index(drop=True)
 
-    def ranked_indices(self, top: int | None = None, fits_only: bool = True) -> np.ndarray:
+    def ranked_indices(self, top: int | None = None, fits_only: bool = True,
+                       frontier: bool = False) -> np.ndarray:
         """The rows of :meth:`ranked`, as indices for :meth:`layout` and :meth:`prediction`."""
         idx = self.order()
+        if frontier:
+            idx = idx[non_dominated(self.figures["peak_memory_bytes"][idx])]
         if not fits_only:
             oom = np.flatnonzero(self.reason == OOM)
-            oom = oom[np.argsort(-self.figures["tokens_per_s"][oom], kind="stable")]
+            oom = oom[np.lexsort((self.figures["peak_memory_bytes"][oom],
+                                  -self.figures["tokens_per_s"][oom]))]
+            if frontier:
+                oom = oom[non_dominated(self.figures["peak_memory_bytes"][oom])]
             idx = np.concatenate([idx, oom])
         return idx if top is None else idx[:top]
 
@@ -103,6 +111,18 @@ class Plan:
     def best(self) -> Layout | None:
         order = self.order()
         return self.layout(int(order[0])) if len(order) else None
+
+
+def non_dominated(memory_in_rank_order: np.ndarray) -> np.ndarray:
+    """Which layouts, given fastest first (ties: less memory first), no other layout dominates:
+    none earlier is at least as fast with no more memory. Walking down the ranking, a layout
+    stays only if it needs strictly less memory than every faster one (the Pareto frontier of
+    throughput and memory; a layout tied with an earlier one in both is dropped too)."""
+    mem = np.asarray(memory_in_rank_order, dtype=float)
+    if not len(mem):
+        return np.zeros(0, dtype=bool)
+    least_before = np.minimum.accumulate(np.concatenate([[np.inf], mem[:-1]]))
+    return mem < least_before
 
 
 def layout_columns(t: LayoutTable) -> dict[str, object]:
@@ -134,19 +154,22 @@ def _sharding_labels(t: LayoutTable) -> pd.Categorical:
 def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | None = None,
          space: SearchSpace | None = None) -> Plan:
     """Evaluate every layout of ``space`` for ``model`` on ``gpus`` GPUs of ``system``."""
-    if gpus < 1:
-        raise UserError(f"--gpus must be at least 1 (got {gpus})")
+    if not 1 <= gpus <= MAX_GPUS:
+        raise UserError(f"the GPU count must be between 1 and {MAX_GPUS:,} (got {gpus})")
     gb = global_batch or default_global_batch(model, gpus)
     layouts, reason = enumerate_layouts(model, system, gpus, gb, space or SearchSpace())
     # The cost model runs on the layouts no rule rejected; the others get NaN figures.
     ok = np.flatnonzero(reason == 0)
     sub = evaluate(model, system, layouts.take(ok))
-    figures = {}
+    # One block of rows for every float figure (one allocation, not one per figure).
+    floats = [k for k, v in sub.items() if v.dtype != bool]
+    block = np.full((len(floats), len(reason)), np.nan)
+    block[:, ok] = np.stack([sub[k] for k in floats]) if floats else block[:, ok]
+    figures = dict(zip(floats, block, strict=True))
     for key, values in sub.items():
-        full = np.full(len(reason), False if values.dtype == bool else np.nan,
-                       dtype=values.dtype if values.dtype == bool else float)
-        full[ok] = values
-        figures[key] = full
+        if values.dtype == bool:
+            figures[key] = np.zeros(len(reason), dtype=bool)
+            figures[key][ok] = values
     reason[ok[~sub["fits"]]] = OOM
     return Plan(model, system, gpus, gb, layouts, figures, reason)
 

@@ -3,6 +3,7 @@
 from frontier_llm.specs.layout import (
     COMPONENTS,
     DType,
+    Engine,
     Layout,
     ParallelConfig,
     Placement,
@@ -19,6 +20,7 @@ __all__ = [
     "COMPONENTS",
     "DType",
     "Efficiency",
+    "Engine",
     "Layout",
     "LinkTier",
     "ModelSpec",

@@ -16,8 +16,11 @@ Sources:
   placements only hpZ runs.
 - Megatron-LM: schedules without and with interleaving
   (``--num-layers-per-virtual-pipeline-stage``),
-  no GPipe; its distributed optimizer (``--use-distributed-optimizer``) shards optimizer states
-  over DP ranks (ZeRO-1), nothing further; sequence parallelism and TP communication overlap.
+  no GPipe; an uneven split (``--decoder-first/last-pipeline-num-layers``) is refused with
+  interleaving (``get_num_layers_to_build``: "Uneven number of layer not compatible with
+  interleaved pipeline schedule"); its distributed optimizer (``--use-distributed-optimizer``)
+  shards optimizer states over DP ranks (ZeRO-1), nothing further; sequence parallelism and TP
+  communication overlap.
 - PyTorch native (FSDP2 ``fully_shard``, DTensor tensor parallel, ``torch.distributed.pipelining``
   with ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``): any AMSP placement
   (HSDP via a 2-D mesh, ``reshard_after_forward=int`` for partial parameter sharding). ``flm
@@ -62,36 +65,86 @@ class EngineRules:
     prefetch: int  # sharded parameters gathered this many layers ahead (0: no prefetch)
     reshard_after_forward: bool  # sharded parameters gathered again in backward
     gradient_bucketing: bool  # DP gradient reduction in buckets overlapped with backward
-    # How layers are split when pp x virtual_stages does not divide them (docs/costmodel.md).
+    # How layers are split over pipeline chunks (specs/pipeline_split.py), and whether an uneven
+    # split composes with the interleaved schedule.
     pipeline_split: str
+    uneven_interleaved: bool = True
+    # Model rules of flm bench's native engine: whole K/V heads per TP rank, an exactly split
+    # vocabulary.
+    whole_kv_heads: bool = False
+    vocab_divisible: bool = False
 
     def violations(self, layout: Layout, model: ModelSpec | None = None) -> list[str]:
         """Every rule of this engine that ``layout`` breaks, as messages naming the engine."""
+        return [message for _, message in self.broken(layout, model)]
+
+    def broken(self, layout: Layout, model: ModelSpec | None = None) -> list[tuple[str, str]]:
+        """(rule, message) for every rule broken, rules in :data:`LAYOUT_RULES` then
+        :data:`MODEL_RULES` order (the planner's vectorised reasons follow the same order)."""
         out = []
         name = f"engine {self.engine}"
         if layout.pp > 1 and layout.schedule not in self.schedules:
-            out.append(f"{name} has no '{layout.schedule}' pipeline schedule "
-                       f"(it has {', '.join(self.schedules)})")
+            out.append(("schedule", f"{name} has no '{layout.schedule}' pipeline schedule "
+                                    f"(it has {', '.join(self.schedules)})"))
         if layout.dtype not in self.dtypes:
-            out.append(f"{name} does not train in {layout.dtype} "
-                       f"(it does {', '.join(self.dtypes)}{self.dtype_reason})")
+            out.append(("dtype", f"{name} does not train in {layout.dtype} "
+                                 f"(it does {', '.join(self.dtypes)}{self.dtype_reason})"))
         if layout.sequence_parallel and not self.sequence_parallel:
-            out.append(f"{name} has no sequence parallelism")
+            out.append(("sequence_parallel", f"{name} has no sequence parallelism"))
         if not self.runs_sharding(layout.sharding):
-            out.append(f"{name} does not run sharding {layout.sharding.describe()} "
-                       f"(it runs {self.describe_shardings(self.shardings)})")
+            out.append(("sharding", f"{name} does not run sharding {layout.sharding.describe()} "
+                                    f"(it runs {self.describe_shardings(self.shardings)})"))
         elif layout.pp > 1 and not self.runs_sharding(layout.sharding, pipeline=True):
-            out.append(f"{name} does not compose sharding {layout.sharding.describe()} with "
-                       f"pipeline parallelism (with pp > 1 it runs "
-                       f"{self.describe_shardings(self.pipeline_shardings)})")
-        if model is not None and self.engine == Engine.NATIVE:
-            if model.kv_heads < layout.tp:
-                out.append(f"{name} shards whole K/V heads: kv_heads ({model.kv_heads}) < tp "
-                           f"({layout.tp})")
-            if model.vocab % layout.tp:
-                out.append(f"{name} splits the vocabulary over tp: vocab ({model.vocab}) is not "
-                           f"divisible by tp ({layout.tp})")
+            out.append(("pipeline_sharding",
+                        f"{name} does not compose sharding {layout.sharding.describe()} with "
+                        f"pipeline parallelism (with pp > 1 it runs "
+                        f"{self.describe_shardings(self.pipeline_shardings)})"))
+        if model is None:
+            return out
+        if not self.uneven_interleaved and layout.virtual_stages > 1 \
+                and model.layers % (layout.pp * layout.virtual_stages):
+            out.append(("uneven_interleaved",
+                        f"{name} splits layers unevenly only without interleaving: layers "
+                        f"({model.layers}) is not divisible by pp x virtual_stages "
+                        f"({layout.pp} x {layout.virtual_stages})"))
+        if self.whole_kv_heads and model.kv_heads < layout.tp:
+            out.append(("whole_kv_heads", f"{name} shards whole K/V heads: kv_heads "
+                                          f"({model.kv_heads}) < tp ({layout.tp})"))
+        if self.vocab_divisible and model.vocab % layout.tp:
+            out.append(("vocab_tp", f"{name} splits the vocabulary over tp: vocab "
+                                    f"({model.vocab}) is not divisible by tp ({layout.tp})"))
         return out
+
+    def has_rule(self, rule: str) -> bool:
+        """Whether this engine's ``rule`` can refuse anything (the planner lists only those)."""
+        return {
+            "schedule": set(self.schedules) != set(Schedule),
+            "dtype": set(self.dtypes) != set(DType),
+            "sequence_parallel": not self.sequence_parallel,
+            "sharding": self.shardings is not None,
+            "pipeline_sharding": self.pipeline_shardings is not None,
+            "uneven_interleaved": not self.uneven_interleaved,
+            "whole_kv_heads": self.whole_kv_heads,
+            "vocab_tp": self.vocab_divisible,
+        }[rule]
+
+    def reason(self, rule: str) -> str:
+        """The short form of ``rule`` for the planner's rejection counts, naming the engine."""
+        name = f"engine {self.engine}"
+        missing = [str(w) for w in Schedule if w not in self.schedules]
+        return {
+            "schedule": f"{name} has no {' or '.join(missing)} pipeline schedule",
+            "dtype": f"{name} does not train in "
+                     f"{' or '.join(str(d) for d in DType if d not in self.dtypes)}",
+            "sequence_parallel": f"{name} has no sequence parallelism",
+            "sharding": f"{name} runs only {self.describe_shardings(self.shardings)}"
+                        + (" and partial ZeRO-3 placements" if self.partial_sharding else ""),
+            "pipeline_sharding": f"{name} runs only "
+                                 f"{self.describe_shardings(self.pipeline_shardings)} with pp > 1",
+            "uneven_interleaved": f"{name} splits layers unevenly only without interleaving",
+            "whole_kv_heads": f"{name} shards whole K/V heads (kv_heads < tp)",
+            "vocab_tp": f"{name} needs vocab divisible by tp",
+        }[rule]
 
     def runs_sharding(self, sharding: Sharding, pipeline: bool = False) -> bool:
         allowed = self.pipeline_shardings if pipeline and self.pipeline_shardings is not None \
@@ -125,7 +178,7 @@ RULES: dict[Engine, EngineRules] = {
         sequence_parallel=True, dtypes=(DType.FP32, DType.BF16),
         dtype_reason="; fp16 needs loss scaling, which flm bench's native engine does not do",
         tp_comm_overlap=False, prefetch=1, reshard_after_forward=True, gradient_bucketing=True,
-        pipeline_split="manual",
+        pipeline_split="manual", whole_kv_heads=True, vocab_divisible=True,
     ),
     Engine.MEGATRON: EngineRules(
         engine=Engine.MEGATRON, title="Megatron-LM",
@@ -134,7 +187,7 @@ RULES: dict[Engine, EngineRules] = {
         partial_sharding=False, sequence_parallel=True,
         dtypes=(DType.FP32, DType.BF16, DType.FP16), dtype_reason="",
         tp_comm_overlap=True, prefetch=0, reshard_after_forward=False, gradient_bucketing=True,
-        pipeline_split="first_last",
+        pipeline_split="first_last", uneven_interleaved=False,
     ),
     Engine.DEEPSPEED: EngineRules(
         engine=Engine.DEEPSPEED, title="DeepSpeed",
@@ -146,6 +199,12 @@ RULES: dict[Engine, EngineRules] = {
         pipeline_split="parameters",
     ),
 }
+
+
+# The rules of :meth:`EngineRules.broken`, in its order: those of the layout alone (checked by
+# Layout.__post_init__) and those against a model (checked by Layout.check_model).
+LAYOUT_RULES = ("schedule", "dtype", "sequence_parallel", "sharding", "pipeline_sharding")
+MODEL_RULES = ("uneven_interleaved", "whole_kv_heads", "vocab_tp")
 
 
 def rules_for(engine: Engine | str) -> EngineRules:

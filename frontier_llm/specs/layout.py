@@ -109,6 +109,12 @@ class PlacementKind(Vocabulary):
 
 
 COMPONENTS = ("params", "grads", "optim")
+# The largest GPU count anything plans, predicts or runs (2**20; Frontier has 75,264 GCDs and the
+# largest planned systems a few hundred thousand): above it a request is a typing mistake, and
+# refusing it keeps every enumeration bounded. Any other count (batch, steps) is at most
+# MAX_COUNT, which keeps products of counts inside int64.
+MAX_GPUS = 1_048_576
+MAX_COUNT = 2**31 - 1
 # The short names of the sharding text form (p=..,g=..,o=..); the long names are accepted too.
 _SHORT = {"p": "params", "g": "grads", "o": "optim"}
 
@@ -289,6 +295,12 @@ class Layout:
                 object.__setattr__(self, name, kind.parse(getattr(self, name), name))
             elif kind is int and getattr(self, name) < 1:
                 raise SpecError(f"{name} must be at least 1 (got {getattr(self, name)})", name)
+            elif kind is int and getattr(self, name) > MAX_COUNT:
+                raise SpecError(f"{name} must be at most {MAX_COUNT:,} (got {getattr(self, name)})",
+                                name)
+        if self.world_size > MAX_GPUS:
+            raise SpecError(f"tp x pp x dp = {self.world_size:,} GPUs is above the maximum of "
+                            f"{MAX_GPUS:,}", "dp")
         per_step = self.micro_batch * self.dp
         if self.global_batch % per_step:
             raise SpecError(
@@ -350,6 +362,8 @@ class Layout:
 
     def check_model(self, model: ModelSpec) -> None:
         """Raise SpecError when ``model`` can not be split this way; the message names the rule."""
+        from frontier_llm.specs.pipeline_split import min_chunk_layers
+
         if model.heads % self.tp:
             raise SpecError(f"heads ({model.heads}) is not divisible by tp ({self.tp})", "tp")
         if model.kv_heads % self.tp and self.tp % model.kv_heads:
@@ -361,10 +375,12 @@ class Layout:
                 f"ffn_hidden ({model.ffn_hidden}) is not divisible by tp ({self.tp})", "tp"
             )
         chunks = self.pp * self.virtual_stages
-        if model.layers % chunks:
+        if chunks > 1 and min_chunk_layers(model, self.pp, self.virtual_stages, self.engine) < 1:
+            # Uneven splits are fine (specs/pipeline_split.py); a chunk with no layer is not.
             raise SpecError(
-                f"layers ({model.layers}) is not divisible by pp x virtual_stages "
-                f"({self.pp} x {self.virtual_stages} = {chunks})",
+                f"layers ({model.layers}) split over pp x virtual_stages "
+                f"({self.pp} x {self.virtual_stages} = {chunks}) chunks the way engine "
+                f"{self.engine} splits them leaves a chunk without layers",
                 "pp",
             )
         if self.sequence_parallel and model.seq_len % self.tp:
@@ -376,6 +392,14 @@ class Layout:
         from frontier_llm.specs.engine_rules import check_engine
 
         check_engine(self, model)
+
+    def stage_layers(self, model: ModelSpec) -> tuple[int, ...]:
+        """Layers of each model chunk in pipeline order, split the way this layout's engine
+        splits them (``specs/pipeline_split.py``), after :meth:`check_model`."""
+        from frontier_llm.specs.pipeline_split import stage_layers
+
+        self.check_model(model)
+        return stage_layers(model.layers, self.pp, self.virtual_stages, self.engine, model)
 
     def check_world(self, world_size: int) -> None:
         if self.world_size != world_size:

@@ -8,6 +8,11 @@ from typing import Literal
 
 from frontier_llm.errors import SpecError
 
+# The largest value of any model dimension (2**24 = 16,777,216: vocabularies reach a few hundred
+# thousand, contexts a few million tokens): above it a model file holds a typing mistake, and the
+# bound keeps every product of dimensions inside int64 and every enumeration over them short.
+MAX_DIMENSION = 2**24
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -37,9 +42,14 @@ class ModelSpec:
     description: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("layers", "hidden", "heads", "seq_len", "vocab"):
-            if getattr(self, name) < 1:
-                raise SpecError(f"{name} must be at least 1 (got {getattr(self, name)})", name)
+        for name in ("layers", "hidden", "heads", "seq_len", "vocab", "kv_heads", "ffn_hidden"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if value < 1:
+                raise SpecError(f"{name} must be at least 1 (got {value})", name)
+            if value > MAX_DIMENSION:
+                raise SpecError(f"{name} must be at most {MAX_DIMENSION:,} (got {value})", name)
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn_hidden is None:

@@ -112,12 +112,13 @@ def open_study(name: str, storage: RDBStorage, directions: list[str], identity: 
 
 
 def warm_start(study: optuna.Study, cands: Candidates, k: int) -> int:
-    """Enqueue the K layouts the cost model predicts fastest (once per study)."""
+    """Enqueue the K distinct layouts the cost model predicts fastest (once per study;
+    :meth:`Candidates.warm_start_points`)."""
     if k <= 0 or study.user_attrs.get("flm_warm_started"):
         return 0
-    top = cands.ranked(k)
-    for rank, c in enumerate(top, 1):
-        study.enqueue_trial(dict(c.params), user_attrs={A_WARM: rank}, skip_if_exists=True)
+    top = cands.warm_start_points(k)
+    for rank, params in enumerate(top, 1):
+        study.enqueue_trial(params, user_attrs={A_WARM: rank}, skip_if_exists=True)
     study.set_user_attr("flm_warm_started", len(top))
     return len(top)
 

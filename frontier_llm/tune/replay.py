@@ -33,13 +33,20 @@ def values_by_key(table: pd.DataFrame) -> dict[str, float | None]:
 
 def search(cands: Candidates, values: Mapping[str, float | None], *, sampler: str, seed: int,
            warm_start: int, budget: int, n_startup_trials: int | None = None,
-           max_asks: int = 1000) -> list[float | None]:
+           max_asks: int = 1000, warm_points: list[dict] | None = None,
+           stop_at: float | None = None) -> list[float | None]:
     """Measured values in the order a search asks for them, at most ``budget`` measurements.
     ``max_asks`` is high: near the end of a small space a random search needs many proposals
-    to hit the last unmeasured points, and a replayed proposal costs nothing."""
+    to hit the last unmeasured points, and a replayed proposal costs nothing. ``warm_points``
+    replaces the warm start's trials (the benchmark's comparison with other warm starts); the
+    search ends early once a value reaches ``stop_at`` (what comes after is not counted)."""
     study = optuna.create_study(storage=optuna.storages.InMemoryStorage(),
                                 direction="maximize")
-    osx.warm_start(study, cands, warm_start)
+    if warm_points is None:
+        osx.warm_start(study, cands, warm_start)
+    else:
+        for params in warm_points:
+            study.enqueue_trial(dict(params))
     seq: list[float | None] = []
     while len(seq) < budget:
         p = osx.ask_next(study, cands, sampler=sampler, seed=seed,
@@ -59,6 +66,8 @@ def search(cands: Candidates, values: Mapping[str, float | None], *, sampler: st
             osx.constrain(study, p.trial_id, 0.0)
             study.tell(p.number, [v])
         seq.append(v)
+        if stop_at is not None and v is not None and v >= stop_at:
+            break
     return seq
 
 

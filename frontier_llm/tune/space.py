@@ -9,6 +9,7 @@ to fit (with the predicted peak memory).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -22,7 +23,9 @@ from optuna.distributions import CategoricalDistribution
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.planner import SearchSpace, layout_from_row, plan
 from frontier_llm.planner.space import divisors
-from frontier_llm.specs.layout import Layout, Sharding
+from frontier_llm.specs.layout import Layout, Sharding, Vocabulary
+from frontier_llm.tune.runcost import run_seconds
+from frontier_llm.tune.spec import search_knobs
 
 NOT_A_LAYOUT = "not a layout of the ranks"
 NO_FIT = "does not fit in memory"
@@ -94,49 +97,50 @@ class Candidates:
 
     # --- construction ---------------------------------------------------------------------
     @classmethod
-    def build(cls, study) -> Candidates:
+    def build(cls, study, price_runs: bool = True) -> Candidates:
+        """Plan the study's space; ``price_runs=False`` leaves run settings unpriced
+        (tune.runcost), as the benchmark's ablation does."""
         s, model, gpus = study.space, study.model, study.gpus
         dtype = study.probe.spec.dtype
-        tps = s.tp or divisors(gpus)
-        pps = s.pp or [d for d in divisors(gpus) if d <= model.layers]
-        schedules = s.schedule or ["1f1b"]
-        vs = s.virtual_stages or [2]
-        sched_labels = [_schedule_label(x, v) for x in schedules
-                        for v in (vs if x == "interleaved" else [1])]
-        shard = ([f"zero{z}" for z in s.zero] if s.zero else
-                 [_parse_sharding(t).describe() for t in s.sharding] if s.sharding
-                 else ["zero0"])
-        knobs: dict[str, list] = {
-            "tp": list(tps), "pp": list(pps), "micro_batch": list(s.micro_batch or [1]),
-            "schedule": sched_labels, "recompute": list(s.recompute or ["none"]),
-            "sequence_parallel": list(s.sequence_parallel or [False]),
-            "flash_attention": list(s.flash_attention or [True]),
-            "sharding": shard,
-        }
+        kinds = search_knobs()
+        # Every knob of search_knobs(): its listed values, else its default list. Schedule and
+        # virtual stages are one parameter (virtual stages mean something only interleaved).
+        listed = {n: getattr(s, n) for n in kinds}
+        defaults = {"tp": divisors(gpus),
+                    "pp": [d for d in divisors(gpus) if d <= model.layers],
+                    "virtual_stages": [2]}
+        lists = {n: list(listed[n] or defaults.get(n) or [_default(n)]) for n in kinds}
+        schedules, vs = lists.pop("schedule"), lists.pop("virtual_stages")
+        lists["schedule"] = [_schedule_label(x, v) for x in schedules
+                             for v in (vs if x == "interleaved" else [1])]
+        lists["sharding"] = ([f"zero{z}" for z in s.zero] if s.zero else
+                             [_parse_sharding(t).describe() for t in s.sharding] if s.sharding
+                             else [_parse_sharding(_default("sharding")).describe()])
+        knobs: dict[str, list] = {n: lists[n] for n in kinds if n in lists}
         for k, values in sorted((s.run or {}).items()):
             knobs[f"run.{k}"] = list(values)
         choices = {k: v for k, v in knobs.items() if len(v) > 1}
         fixed = {k: v[0] for k, v in knobs.items() if len(v) == 1}
 
-        ok_tp = tuple(t for t in tps if gpus % t == 0)
+        ok_tp = tuple(t for t in knobs["tp"] if gpus % t == 0)
         if not ok_tp:
             raise UserError(f"no tp value divides the {gpus} ranks")
-        space = SearchSpace(
-            tp=ok_tp, pp=tuple(pps), micro_batch=tuple(knobs["micro_batch"]),
-            schedule=tuple(schedules), virtual_stages=tuple(vs),
-            recompute=tuple(knobs["recompute"]),
-            sequence_parallel=tuple(knobs["sequence_parallel"]),
-            flash_attention=tuple(knobs["flash_attention"]), dtype=dtype,
-            sharding=tuple(Sharding.parse(_parse_sharding(x)) for x in shard),
-        )
+        planner = {f.name for f in dataclasses.fields(SearchSpace)}
+        values = {**{n: tuple(lists[n]) for n in lists}, "tp": ok_tp,
+                  "schedule": tuple(schedules), "virtual_stages": tuple(vs),
+                  "sharding": tuple(Sharding.parse(_parse_sharding(x))
+                                    for x in knobs["sharding"])}
+        unplanned = [n for n in values if n not in planner and len(values[n]) > 1]
+        if unplanned:
+            raise UserError(f"the planner does not search {', '.join(unplanned)}: give one value")
+        space = SearchSpace(dtype=dtype, **{n: v for n, v in values.items() if n in planner})
         result = plan(model, study.system, gpus, study.global_batch, space)
         frame = result.frame()
         table: dict[tuple, Candidate] = {}
-        runs = [dict(zip([k[4:] for k in knobs if k.startswith("run.")], combo, strict=True))
-                for combo in itertools.product(*(v for k, v in knobs.items()
-                                                 if k.startswith("run.")))]
+        run_names = [k[4:] for k in knobs if k.startswith("run.")]
+        runs = [dict(zip(run_names, combo, strict=True))
+                for combo in itertools.product(*(knobs[f"run.{k}"] for k in run_names))]
         for _, row in frame.iterrows():
-            label = _schedule_label(str(row["schedule"]), int(row["virtual_stages"]))
             reason = str(row["reject_reason"])
             layout = layout_from_row(row) if reason in ("", NO_FIT) else None
             pred = {}
@@ -144,17 +148,13 @@ class Candidates:
                 pred = {k: _plain(row[k]) for k in _PREDICTED}
                 pred["fits"] = bool(row["fits"])
                 pred["throughput_per_gpu"] = pred["tokens_per_s"] / gpus
-            base = {"tp": int(row["tp"]), "pp": int(row["pp"]),
-                    "micro_batch": int(row["micro_batch"]), "schedule": label,
-                    "recompute": str(row["recompute"]),
-                    "sequence_parallel": bool(row["sequence_parallel"]),
-                    "flash_attention": bool(row["flash_attention"]),
-                    "sharding": str(row["sharding"])}
+            base = {n: _param_value(row, n, kinds[n]) for n in knobs if n in kinds}
             for run in runs:
                 values = {**base, **{f"run.{k}": v for k, v in run.items()}}
                 params = {k: values[k] for k in choices}
                 cand = Candidate(params=params, layout=layout, run=run, reason=reason,
-                                 prediction=pred)
+                                 prediction=_with_run(pred, model, study.system, layout, run)
+                                 if price_runs else pred)
                 table[_key(values, knobs)] = cand
         return cls(choices, fixed, table, gpus, result.rejections(),
                    study.system.memory_bytes, study.global_batch, dtype)
@@ -180,12 +180,11 @@ class Candidates:
         if self.gpus % (tp * pp):
             return f"tp x pp ({tp} x {pp}) does not divide the {self.gpus} ranks"
         sched, _, vs = str(v["schedule"]).partition(":")
+        knobs = {n: v[n] for n in search_knobs() if n in v}
+        knobs.update(schedule=sched, virtual_stages=int(vs or 1),
+                     sharding=_parse_sharding(v["sharding"]))
         try:
-            Layout(tp=tp, pp=pp, dp=self.gpus // (tp * pp),
-                           micro_batch=int(v["micro_batch"]), global_batch=self.global_batch,
-                           schedule=sched, virtual_stages=int(vs or 1),
-                           sequence_parallel=bool(v["sequence_parallel"]),
-                           recompute=v["recompute"], sharding=_parse_sharding(v["sharding"]))
+            Layout(dp=self.gpus // (tp * pp), global_batch=self.global_batch, **knobs)
         except SpecError as exc:
             return str(exc)
         return NOT_A_LAYOUT
@@ -203,12 +202,73 @@ class Candidates:
         out = sorted(self.feasible(), key=lambda c: -c.prediction["tokens_per_s"])
         return out if k is None else out[:k]
 
+    def warm_start_points(self, k: int) -> list[dict[str, Any]]:
+        """The parameters of the ``k`` distinct layouts the model predicts fastest, fastest
+        first. Each layout comes once, with the run settings predicted best for it; a run setting
+        the model cannot tell apart (every value predicted the same for that layout) is left
+        out, for the sampler to choose. So ``k`` trials try ``k`` layouts, not one layout's run
+        settings (which the cost model may not even see)."""
+        by_layout: dict[tuple, list[Candidate]] = {}
+        for c in self.ranked():
+            layout_key = tuple((n, str(v)) for n, v in sorted(c.params.items())
+                               if not n.startswith("run."))
+            by_layout.setdefault(layout_key, []).append(c)
+        out = []
+        for group in list(by_layout.values())[:k]:
+            best = group[0]
+            params = dict(best.params)
+            for name in [n for n in params if n.startswith("run.")]:
+                alike = [c for c in group if all(c.params[m] == best.params[m]
+                                                 for m in params if m != name)]
+                speeds = {c.prediction["tokens_per_s"] for c in alike}
+                if len(alike) > 1 and max(speeds) - min(speeds) <= 1e-9 * max(speeds):
+                    del params[name]
+            out.append(params)
+        return out
+
     def rejections(self) -> dict[str, int]:
         counts = Counter(self._rejections)
         return dict(counts)
 
     def size(self) -> int:
         return math.prod(len(v) for v in self.choices.values())
+
+
+def _default(name: str) -> Any:
+    """A Layout field's default value (a knob the study does not list keeps it)."""
+    f = next(f for f in dataclasses.fields(Layout) if f.name == name)
+    value = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    if isinstance(value, Sharding):
+        return value.describe()
+    return value.value if isinstance(value, Vocabulary) else value
+
+
+def _param_value(row: Any, name: str, kind: type) -> Any:
+    """A plan row's value of knob ``name`` as the study's parameter takes it."""
+    if name == "schedule":
+        return _schedule_label(str(row["schedule"]), int(row["virtual_stages"]))
+    if kind is int:
+        return int(row[name])
+    if kind is bool:
+        return bool(row[name])
+    return str(row[name])
+
+
+def _with_run(pred: dict, model: Any, system: Any, layout: Layout | None,
+              run: Mapping[str, Any]) -> dict:
+    """The layout's prediction with what its run settings cost (tune.runcost)."""
+    if layout is None or not pred:
+        return pred
+    extra = run_seconds(model, system, layout, run)
+    if not extra:
+        return pred
+    out = dict(pred)
+    out["step_time_s"] = pred["step_time_s"] + extra
+    scale = pred["step_time_s"] / out["step_time_s"]
+    for k in ("tokens_per_s", "model_tflops_per_gpu", "mfu", "throughput_per_gpu"):
+        out[k] = pred[k] * scale
+    out["run_settings_s"] = extra
+    return out
 
 
 def _key(values: Mapping[str, Any], knobs: Mapping[str, list]) -> tuple:

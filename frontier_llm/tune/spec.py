@@ -9,6 +9,7 @@ same text: the ``study:`` block is blanked (line numbers stay) and the trial's l
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ from typing import Any, Literal
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.jobs.sweepspec import SAFE_NAME, Sweep, load_sweep
 from frontier_llm.specs.build import build
+from frontier_llm.specs.layout import Vocabulary, layout_types
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 from frontier_llm.specs.yamlio import LineMap, load_yaml
@@ -48,60 +50,75 @@ def _list(value: Any, name: str, kind: type | tuple[type, ...]) -> None:
         raise SpecError(f"{name} lists a value twice", name)
 
 
-@dataclass(frozen=True)
-class StudySpace:
-    """Value lists for each knob; an unlisted knob stays at one value (tp, pp: every divisor)."""
+# Layout fields a study does not search: dp follows from tp, pp and the ranks; global_batch and
+# dtype are the sweep file's (throughputs are compared at one batch and one precision).
+NOT_SEARCHED = ("dp", "global_batch", "dtype")
 
-    tp: list | None = None
-    pp: list | None = None
-    micro_batch: list | None = None
-    schedule: list | None = None
-    virtual_stages: list | None = None
-    recompute: list | None = None
-    sequence_parallel: list | None = None
-    flash_attention: list | None = None
-    zero: list | None = None
-    sharding: list | None = None
-    run: dict | None = None  # run settings: {bucket_mb: [...]}
 
-    def __post_init__(self) -> None:
-        for name in ("tp", "pp", "micro_batch", "virtual_stages", "zero"):
-            _list(getattr(self, name), name, int)
-            if any(v < 1 for v in getattr(self, name) or ()) and name != "zero":
+def search_knobs() -> dict[str, type]:
+    """The layout knobs a study may search, name -> type, in the order of :class:`Layout`'s
+    fields. The one list: StudySpace's fields, the Optuna parameters (tune.space) and the
+    planner's search space are derived from it, so a knob added to Layout is searchable here
+    without another list to update."""
+    return {n: t for n, t in layout_types().items() if n not in NOT_SEARCHED}
+
+
+def _check_space(self: Any) -> None:
+    for name, kind in search_knobs().items():
+        values = getattr(self, name)
+        if kind is int:
+            _list(values, name, int)
+            if any(v < 1 for v in values or ()):
                 raise SpecError(f"{name} values must be at least 1", name)
-        for name in ("schedule", "recompute", "sharding"):
-            _list(getattr(self, name), name, str)
-        for name in ("sequence_parallel", "flash_attention"):
-            _list(getattr(self, name), name, bool)
-        for s in self.schedule or ():
-            if s not in ("gpipe", "1f1b", "interleaved"):
-                raise SpecError(f"schedule {s!r} is not gpipe, 1f1b or interleaved", "schedule")
-        for r in self.recompute or ():
-            if r not in ("none", "selective", "full"):
-                raise SpecError(f"recompute {r!r} is not none, selective or full", "recompute")
-        for z in self.zero or ():
-            if z not in (0, 1, 2, 3):
-                raise SpecError(f"zero stage {z} is not 0, 1, 2 or 3", "zero")
-        if self.zero and self.sharding:
-            raise SpecError("give zero or sharding, not both", "sharding")
-        if self.run is not None:
-            if not isinstance(self.run, Mapping):
-                raise SpecError("run must be a mapping of run setting: [values]", "run")
-            for k, v in self.run.items():
-                if k not in RUN_SETTINGS:
-                    raise SpecError(f"{_where(self.run, k)}unknown run setting '{k}' (valid: "
-                                    f"{', '.join(RUN_SETTINGS)})", "run")
-                _list(v, f"run.{k}", (int, float))
-                if any(x <= 0 for x in v):
-                    raise SpecError(f"{_where(self.run, k)}run.{k} values must be above 0",
-                                    "run")
+        elif kind is bool:
+            _list(values, name, bool)
+        elif isinstance(kind, type) and issubclass(kind, Vocabulary):
+            _list(values, name, str)
+            words = kind.words()
+            for v in values or ():
+                if v not in words:
+                    raise SpecError(f"{name} {v!r} is not {', '.join(words[:-1])} or "
+                                    f"{words[-1]}", name)
+        else:  # Sharding: its text form (zero2, p=replicate,g=full,o=partial:8)
+            _list(values, name, str)
+    _list(self.zero, "zero", int)
+    for z in self.zero or ():
+        if z not in (0, 1, 2, 3):
+            raise SpecError(f"zero stage {z} is not 0, 1, 2 or 3", "zero")
+    if self.zero and self.sharding:
+        raise SpecError("give zero or sharding, not both", "sharding")
+    if self.run is not None:
+        if not isinstance(self.run, Mapping):
+            raise SpecError("run must be a mapping of run setting: [values]", "run")
+        for k, v in self.run.items():
+            if k not in RUN_SETTINGS:
+                raise SpecError(f"{_where(self.run, k)}unknown run setting '{k}' (valid: "
+                                f"{', '.join(RUN_SETTINGS)})", "run")
+            _list(v, f"run.{k}", (int, float))
+            if any(x <= 0 for x in v):
+                raise SpecError(f"{_where(self.run, k)}run.{k} values must be above 0", "run")
 
-    def canonical(self) -> dict[str, Any]:
-        """The space as plain data (compared with a stored study's)."""
-        out = {k: v for k, v in self.__dict__.items() if v is not None and k != "run"}
-        if self.run:
-            out["run"] = {k: list(v) for k, v in sorted(self.run.items())}
-        return out
+
+def _canonical(self: Any) -> dict[str, Any]:
+    """The space as plain data (compared with a stored study's)."""
+    out = {k: v for k, v in self.__dict__.items() if v is not None and k != "run"}
+    if self.run:
+        out["run"] = {k: list(v) for k, v in sorted(self.run.items())}
+    return out
+
+
+# Value lists for each searchable layout knob (an unlisted knob stays at one value; tp and pp:
+# every divisor), ``zero`` as the sharding's ZeRO shorthand, and ``run`` settings
+# ({bucket_mb: [...]}). Its fields are made from search_knobs(), not written out.
+StudySpace = dataclasses.make_dataclass(
+    "StudySpace",
+    [(n, list | None, field(default=None)) for n in search_knobs()]
+    + [("zero", list | None, field(default=None)), ("run", dict | None, field(default=None))],
+    frozen=True,
+    namespace={"__post_init__": _check_space, "canonical": _canonical,
+               "__doc__": "Value lists for each knob; an unlisted knob stays at one value "
+                          "(tp, pp: every divisor)."})
+StudySpace.__module__ = __name__
 
 
 @dataclass(frozen=True)
@@ -171,7 +188,7 @@ class StudyFile:
     name: str
     source: Path
     section: StudySection
-    space: StudySpace
+    space: Any  # StudySpace
     budget: Budget
     base_text: str  # the file with the study block and name line blanked
     probe: Sweep  # the base sweep, validated with a one-rank layout
