@@ -41,7 +41,9 @@ def main(out: Path, cases: list[dict]) -> int:
         results.append({"id": case["id"], "losses": losses, "coords": engine.coords,
                         "has_last": engine.has_last, "params_bytes": state.params_bytes,
                         "grads_bytes": state.grads_bytes,
-                        "optimizer_bytes": state.optimizer_bytes})
+                        "optimizer_bytes": state.optimizer_bytes,
+                        # PipelineModule's own piece boundaries (pp > 1).
+                        "parts": [int(p) for p in getattr(engine.engine.module, "parts", [])]})
         dist.barrier()
     (out / f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()

@@ -103,6 +103,14 @@ def test_layouts_train_like_one_process(tmp_path, ds_extension_cache, world, lay
         for step, want in enumerate(ref):
             loss = sum(losses[step] for losses in last) / len(last)
             assert abs(loss - want) <= 1e-5 * abs(want), (case_id, step, last, ref)
+        if layout.pp > 1:
+            # The split PipelineModule made is the one the cost model assumes.
+            from frontier_llm.specs.pipeline_split import stage_layers
+
+            per_stage = stage_layers(model.layers, layout.pp, 1, "deepspeed", model)
+            bounds = [0, *(1 + sum(per_stage[:i + 1]) for i in range(layout.pp - 1)),
+                      model.layers + 2]
+            assert all(r[n]["parts"] == bounds for r in ranks), (ranks[0][n]["parts"], bounds)
         for rank in ranks:
             got = rank[n]
             assert got["id"] == case_id

@@ -145,3 +145,22 @@ def test_autotp_config_and_its_replicated_vocabulary_in_the_cost_model():
     native = rank_state_bytes(spec, Layout(tp=2, dtype="fp32"), 0)["params_bytes"]
     deep = rank_state_bytes(spec, ds(tp=2, dtype="fp32"), 0)["params_bytes"]
     assert deep - native == 4 * 2 * (spec.vocab // 2) * spec.hidden
+
+
+@pytest.mark.parametrize("model", ["tiny-gpt", "tiny-llama", "small-gpt"])
+def test_pipelinemodule_partition_is_stage_layers_even_or_not(model):
+    """DeepSpeed's own partition_balanced over the pieces' parameter counts (what
+    PipelineModule(partition_method='parameters') runs) gives the layers per stage that
+    specs.pipeline_split.stage_layers gives for the deepspeed engine, divisible or not."""
+    pytest.importorskip("deepspeed")
+    import dataclasses
+
+    from frontier_llm.bench.deepspeed_engine import stage_blocks
+    from frontier_llm.specs.pipeline_split import stage_layers
+
+    spec = load_model(model)
+    for layers in (spec.layers, 5, 7, 10, 13):
+        s = dataclasses.replace(spec, layers=layers)
+        for pp in range(2, min(layers, 6) + 1):
+            got = tuple(len(b) for b in stage_blocks(s, pp))
+            assert got == stage_layers(layers, pp, 1, "deepspeed", s), (layers, pp)
