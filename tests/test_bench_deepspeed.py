@@ -1,7 +1,7 @@
 """flm bench --engine deepspeed trains exactly like one process: real DeepSpeed on real gloo ranks.
 
 The layouts of the issue that the DeepSpeed engine runs (ZeRO 0-3 on dp2, pp2 + ZeRO-1 on 2
-ranks; tp2 x dp2 ZeRO-1 through AutoTP on 4) train in one launch per world size
+ranks; tp2 x dp2 ZeRO-1 and ZeRO-3 through AutoTP on 4) train in one launch per world size
 (tests/deepspeed_ranks.py: the real DeepSpeedEngine, deepspeed.initialize, PipelineModule);
 fp32, fixed seed, 5 steps, losses within 1e-5 relative of the single-process reference, and
 per-rank model-state bytes within 0.5 % of the cost model's ``rank_state_bytes`` (which models
@@ -42,9 +42,10 @@ CASES = [
     ("dp2-zero3", "tiny-llama", dict(dp=2, global_batch=4, sharding=3)),
     ("pp2-zero1", "tiny-gpt", dict(pp=2, global_batch=4, sharding=1)),
 ]
-# On 4 ranks: AutoTP training (explicit layer specs) with ZeRO-1 data parallelism.
+# On 4 ranks: AutoTP training (explicit layer specs) with ZeRO-1 and ZeRO-3 data parallelism.
 CASES4 = [
     ("tp2xdp2-zero1", "tiny-gpt", dict(tp=2, dp=2, global_batch=4, sharding=1)),
+    ("tp2xdp2-zero3", "tiny-gpt", dict(tp=2, dp=2, global_batch=4, sharding=3)),
 ]
 
 

@@ -34,9 +34,6 @@ def check(model: ModelSpec, layout: Layout, world_size: int | None = None) -> No
     if layout.tp > 1 and layout.pp > 1:
         raise UserError("the deepspeed engine of flm bench does not compose tensor parallelism "
                         "(AutoTP) with pipelines yet: use tp 1 or pp 1")
-    if layout.tp > 1 and (layout.zero_stage is None or layout.zero_stage > 1):
-        raise UserError("the deepspeed engine of flm bench runs tensor parallelism (AutoTP) "
-                        "with ZeRO 0 and 1 only")
     if layout.pp > 1 and model.tied_embeddings:
         raise UserError("the deepspeed engine of flm bench does not tie embeddings across "
                         "pipeline stages (TiedLayerSpec) yet: untie them or use pp 1")
