@@ -31,6 +31,7 @@ LAYOUTS = {
     "dp2-zero2": ["--dp", "2", "--zero", "2", "--global-batch", "8"],
     "dp2-zero3": ["--dp", "2", "--zero", "3", "--global-batch", "8"],
     "pp2-zero1": ["--pp", "2", "--zero", "1", "--global-batch", "8"],
+    "tp2xdp2-zero1": ["--tp", "2", "--dp", "2", "--zero", "1", "--global-batch", "8"],
 }
 
 
