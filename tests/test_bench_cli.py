@@ -41,7 +41,8 @@ def bench(tmp_path: Path, *argv: str, timeout: float = 240, prefix: list[str] | 
     (["--tp", "3"], "heads (4) is not divisible by tp (3)"),
     (["--tp", "2", "--dp", "2", "--global-batch", "2", "--nproc", "3"],
      "does not match the 3 GPUs/ranks"),
-    (["--pp", "2", "--virtual-stages", "3", "--global-batch", "2"], "leaves a chunk without layers"),
+    (["--pp", "2", "--virtual-stages", "3", "--global-batch", "2"],
+     "leaves a chunk without layers"),
 ])
 def test_bad_layout_is_refused_before_any_rank_starts(tmp_path, argv, rule):
     proc, _ = bench(tmp_path, "--model", "tiny-gpt", *argv)

@@ -174,3 +174,18 @@ def test_a_sweep_space_compares_engines(tmp_path):
     path.write_text(text.replace("deepspeed]", "jax]"))
     with pytest.raises(SpecError, match="engine must be one of native, megatron, deepspeed"):
         load_sweep(path)
+
+
+def test_explain_names_the_engine_rules_that_rejected_layouts(plans):
+    from frontier_llm.planner.explain import explain
+
+    text = explain(plans[0])
+    assert "Rejected by an engine's own rules" in text
+    lines = {line.split()[0]: line for line in text.splitlines()
+             if line.startswith("  ") and line.split()[0] in ENGINES}
+    assert "runs only zero0, zero1" in lines["megatron"]
+    assert "has no sequence parallelism" in lines["deepspeed"]
+    p = plans[0]
+    megatron = sum(int(np.sum(p.reason == c)) for (e, _), c in ENGINE_REASON.items()
+                   if e == "megatron")
+    assert f"{megatron:,}" in lines["megatron"]

@@ -25,12 +25,14 @@ COMMAND_MODULES = (
     "calibrate",  # flm calibrate [run|fit|submit] and --from-runs
     "tune",  # flm tune run|step|status|best
     "report",  # flm report scaling|layouts|errors
+    "quickstart",  # flm quickstart
 )
 # Which module registers each command, so that dispatching one imports only its module.
 COMMAND_MODULE = {
     "models": "catalog", "systems": "catalog", "plan": "plan", "predict": "plan",
     "bench": "bench", "collect": "store", "results": "store", "validate": "store", "db": "store",
     "sweep": "sweep", "calibrate": "calibrate", "tune": "tune", "report": "report",
+    "quickstart": "quickstart",
 }
 
 
@@ -52,6 +54,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         ),
         epilog=(
             "examples:\n"
+            "  flm quickstart                  # the whole loop on this machine, in minutes\n"
             "  flm plan --model gpt-1t --system frontier --gpus 3072 --top 10\n"
             "  flm predict --model gpt-175b --system frontier --tp 8 --pp 16 --dp 8 "
             "--micro-batch 1 --global-batch 1024\n"

@@ -154,14 +154,15 @@ def _hbars(ax, labels, measured, predicted, xlabel: str, lo=None, hi=None) -> No
     ax.grid(axis="y", visible=False)
 
 
-def plot_layouts(table: pd.DataFrame, title: str | None = None) -> Figure:
-    """Throughput per GPU and peak memory per layout, measured beside predicted (horizontal
-    bars, fastest first); layouts whose runs did not complete say so at their bar."""
+def plot_layouts(table: pd.DataFrame, title: str | None = None, per: str = "GPU") -> Figure:
+    """Throughput per GPU (``per``: what a rank is called, e.g. "rank" for CPU processes) and
+    peak memory per layout, measured beside predicted (horizontal bars, fastest first); layouts
+    whose runs did not complete say so at their bar."""
     n = len(table)
     fig, (a, b) = style.new_figure(ncols=2, width=10.0, height=1.6 + 0.32 * n)
     labels = list(table["layout"])
     _hbars(a, labels, table["tokens_per_s_per_gpu"], table["predicted_tokens_per_s_per_gpu"],
-           "throughput per GPU (tokens/s)", table["tokens_per_s_per_gpu_min"],
+           f"throughput per {per} (tokens/s)", table["tokens_per_s_per_gpu_min"],
            table["tokens_per_s_per_gpu_max"])
     scale, unit = _memory_unit(pd.concat([table["peak_memory_gb"],
                                           table["predicted_peak_memory_gb"]]))

@@ -40,10 +40,11 @@ def scaling_report(frame: pd.DataFrame, out: str | Path, name: str, source: str 
 
 
 def layouts_report(frame: pd.DataFrame, out: str | Path, name: str,
-                   require_measured: bool = True, rank_memory: pd.DataFrame | None = None
+                   require_measured: bool = True, rank_memory: pd.DataFrame | None = None,
+                   title: str | None = None, per: str = "GPU"
                    ) -> tuple[pd.DataFrame, list[Path]]:
     table = layouts_table(frame, require_measured=require_measured)
-    fig = figures.plot_layouts(table)
+    fig = figures.plot_layouts(table, title=title, per=per)
     paths = write_table(table, layouts_summary(table), out, name, f"Layouts: {name}",
                         ["errors are (predicted - measured) / measured in percent",
                          "throughput per GPU in tokens/s: median over repeats"])

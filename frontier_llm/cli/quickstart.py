@@ -1,0 +1,104 @@
+"""flm quickstart: plan, measure, store, search and report on this machine, in one command."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from frontier_llm.cli.common import add_command
+
+DEFAULT_OUT = "flm-quickstart"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(
+        sub, "quickstart", "the whole loop on this machine: plan, sweep, store, tune, report",
+        "Plan a tiny GPT on 4 CPU ranks and print the fastest predicted layouts; run a sweep of "
+        "the fastest of each TP x PP shape (and a weak-scaling series) as real flm bench runs "
+        "with the local executor, and store their traces in DIR/flm.db; run a short Optuna "
+        "study warm-started by the cost model; write the scaling, layout and error reports "
+        "(measured beside predicted, CSV, Markdown, PNG, PDF) into DIR/reports; print where "
+        "everything is and the commands to run next on a cluster. No cluster, GPU or "
+        "configuration needed; about 3 minutes on 2 cores with the defaults (measured while "
+        "other work shared them; docs/quickstart.md).\n\n"
+        "Ctrl-C leaves the database consistent; running it again with the same --out and "
+        "options resumes: completed jobs and told trials are kept, not run again. A folder "
+        "made with other options is refused.",
+        [f"flm quickstart                       # into ./{DEFAULT_OUT}",
+         "flm quickstart --out /tmp/qs",
+         "flm quickstart --out /tmp/qs-ci --layouts 2 --steps 2 --trials 1   # CI: ~1 minute"],
+    )
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                   help=f"folder for the database, files and reports (default ./{DEFAULT_OUT}); "
+                        "run again with the same folder to resume")
+    g = p.add_argument_group("size (smaller for CI; a folder keeps the sizes it was made with)")
+    g.add_argument("--layouts", type=int, default=4, metavar="N",
+                   help="4-rank layouts to measure: the fastest predicted of each TP x PP "
+                        "shape (default 4, at most the 6 shapes of 4 ranks; the weak-scaling "
+                        "series adds 2 smaller runs)")
+    g.add_argument("--steps", type=int, default=4, metavar="N",
+                   help="measured training steps per run, after one warm-up step (default 4)")
+    g.add_argument("--trials", type=int, default=4, metavar="N",
+                   help="jobs the Optuna study may run (default 4; its first 2 are the "
+                        "model's favourites)")
+    p.set_defaults(func=_quickstart)
+
+
+class _CliReporter:
+    """Lines on stdout; rich bars on stderr at a terminal (frontier_llm.cli.progress)."""
+
+    def say(self, line: str = "") -> None:
+        print(line, flush=True)
+
+    @contextlib.contextmanager
+    def bar(self, description: str) -> Iterator:
+        from frontier_llm.cli.progress import Progress
+
+        with Progress(description) as bar:
+            yield bar
+
+
+def _quickstart(args: argparse.Namespace) -> int:
+    from frontier_llm.quickstart import Quickstart, Settings
+    from frontier_llm.quickstart.nextsteps import cluster_steps
+
+    settings = Settings(out=Path(args.out), layouts=args.layouts, steps=args.steps,
+                        trials=args.trials, warm_start=min(2, args.trials))
+    try:
+        result = Quickstart(settings, _CliReporter()).run()
+    except KeyboardInterrupt:
+        print(f"flm quickstart: interrupted; the database is consistent. Run the same command "
+              f"again to resume: flm quickstart --out {args.out}"
+              + _size_flags(args), file=sys.stderr)
+        raise
+    out = result.out
+    db = result.db_url
+    print(f"\n5. where everything is ({out}):")
+    rows = [
+        ("flm.db", "the results database: job rows, runs, per-rank memory, the Optuna study"),
+        ("plan.csv", "every valid layout with the cost model's prediction"),
+        ("quickstart-sweep.yaml, sweep/", "the sweep file; its job scripts, logs and traces"),
+        ("quickstart-study.yaml, study/", "the study file; each trial's job folder"),
+        ("reports/", ", ".join(p.name for p in result.reports if p.suffix == ".png")
+         or "(no figure: see the messages above)"),
+    ]
+    for name, what in rows:
+        print(f"   {name:<31} {what}")
+    print("   look again:")
+    print(f"     flm results --sweep quickstart --db {db}")
+    print(f"     flm tune status quickstart-tune --db {db}")
+    print(f"     flm report layouts --sweep quickstart --db {db} --out {out / 'reports'}")
+    print("\nnext, on a cluster (Frontier here; files from the repository's sweeps/ folder):")
+    for step in cluster_steps():
+        print(f"   # {step.why}")
+        print(f"   {step.line()}")
+    return 0
+
+
+def _size_flags(args: argparse.Namespace) -> str:
+    defaults = {"layouts": 4, "steps": 4, "trials": 4}
+    return "".join(f" --{k} {getattr(args, k)}" for k, v in defaults.items()
+                   if getattr(args, k) != v)

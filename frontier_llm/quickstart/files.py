@@ -1,0 +1,75 @@
+"""The sweep and study files the quickstart runs: ordinary files of the kinds flm sweep and
+flm tune read (docs/sweeps.md, docs/tune.md), written into the folder so the user can read,
+edit and re-run them with those commands."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from frontier_llm.quickstart.settings import Settings
+from frontier_llm.specs.layout import Layout
+
+SWEEP_NAME = "quickstart"
+STUDY_NAME = "quickstart-tune"
+
+
+def _header(settings: Settings) -> str:
+    return (f"model: {settings.model}\n"
+            f"system: {settings.system}\n"
+            "template: local\n"
+            "executor: local            # jobs run as processes here; 'slurm' on a cluster\n"
+            f"gpus_per_node: {settings.ranks}\n"
+            "dtype: fp32\n"
+            f"steps: {settings.steps}\n"
+            f"warmup: {settings.warmup}\n"
+            f"seed: {settings.seed}\n"
+            "resources:\n"
+            '  time: "00:10:00"\n')
+
+
+def layout_entry(layout: Layout) -> dict:
+    """A sweep's ``layouts:`` entry (the knobs the quickstart varies; the rest default)."""
+    d = layout.to_dict()
+    return {"tp": d["tp"], "pp": d["pp"], "dp": d["dp"], "micro_batch": d["micro_batch"],
+            "global_batch": d["global_batch"], "zero": layout.zero_stage}
+
+
+def sweep_text(settings: Settings, layouts: Sequence[Layout]) -> str:
+    """One job per layout: the chosen layouts at full size and the scaling series."""
+    lines = ["# Written by flm quickstart: the layouts its plan chose, one job each "
+             "(docs/sweeps.md)",
+             f"name: {SWEEP_NAME}",
+             f'description: "{settings.model} on up to {settings.ranks} CPU ranks: the '
+             'fastest predicted layout of each TP x PP shape, and a weak-scaling series"',
+             _header(settings).rstrip("\n"),
+             "layouts:"]
+    lines += [f"  - {json.dumps(layout_entry(lay))}" for lay in layouts]
+    return "\n".join(lines) + "\n"
+
+
+def study_text(settings: Settings) -> str:
+    """An Optuna study over the same model and ranks, warm-started by the cost model."""
+    divisors = [d for d in range(1, settings.ranks + 1) if settings.ranks % d == 0]
+    return "\n".join([
+        "# Written by flm quickstart: an Optuna study whose trials are real jobs "
+        "(docs/tune.md)",
+        f"name: {STUDY_NAME}",
+        f'description: "{settings.model} on {settings.ranks} CPU ranks: TP x PP x micro-batch '
+        'x ZeRO, model in the loop"',
+        _header(settings).rstrip("\n"),
+        f"gpus: [{settings.ranks}]",
+        f"global_batch: {settings.global_batch}",
+        "study:",
+        "  space:",
+        f"    tp: {divisors}",
+        f"    pp: {divisors}",
+        "    micro_batch: [1, 2]",
+        "    zero: [0, 1]",
+        "  objective: throughput_per_gpu",
+        f"  budget: {{trials: {settings.trials}}}",
+        "  sampler: tpe",
+        f"  seed: {settings.seed}",
+        "  in_flight: 1                # one job at a time: two would share the cores",
+        f"  warm_start: {settings.warm_start}",
+    ]) + "\n"
