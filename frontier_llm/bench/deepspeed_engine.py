@@ -192,7 +192,10 @@ class DeepSpeedEngine:
     def _param_tensors(self) -> list[torch.Tensor]:
         """The parameter storage this rank keeps between steps (ZeRO-3: its partitions)."""
         if self.stage == 3:
-            return [p.ds_tensor for p in self._model_params]
+            # ZeRO++ hpZ adds a secondary shard over its partition group (gathered in backward).
+            return [t for p in self._model_params
+                    for t in (p.ds_tensor, getattr(p, "ds_secondary_tensor", None))
+                    if t is not None]
         return [p.detach() for p in self._model_params]
 
     def _measure(self) -> RankState:

@@ -44,3 +44,12 @@ def extra_params(model, t, pp_rank) -> np.ndarray:
     separate = (not model.tied_embeddings) | (pp > 1)
     n = np.where(r == 0, rows, 0) + np.where((r == pp - 1) & separate, rows, 0)
     return np.where((t.engine == Engine.DEEPSPEED.code) & (tp > 1), n, 0)
+
+
+def extra_param_bytes(t, params_per_rank: np.ndarray, bytes_per_param: np.ndarray) -> np.ndarray:
+    """ZeRO++ hpZ (``p=partial:K,g=full,o=full``): DeepSpeed keeps the primary ZeRO-3 shard over
+    all ``dp`` ranks (``ds_tensor``) beside the secondary one over ``K`` ranks
+    (``ds_secondary_tensor``), which the AMSP placement counts alone. Measured: dp4, K 2."""
+    hpz = ((t.engine == Engine.DEEPSPEED.code) & (t.params_kind == PlacementKind.PARTIAL.code)
+           & (t.grads_kind == PlacementKind.FULL.code))
+    return np.where(hpz, -(-params_per_rank // t.dp) * bytes_per_param, 0)

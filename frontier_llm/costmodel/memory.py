@@ -21,7 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from frontier_llm.costmodel.deepspeed_buffers import extra_optimizer_bytes, extra_params
+from frontier_llm.costmodel.deepspeed_buffers import (
+    extra_optimizer_bytes,
+    extra_param_bytes,
+    extra_params,
+)
 from frontier_llm.costmodel.layouts import LayoutTable, from_configs
 from frontier_llm.costmodel.params import (
     kv_width_per_rank,
@@ -48,7 +52,7 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> dict[str, np.ndarr
     n = stage_params_per_rank(model, t.tp, t.pp, pp_rank) + extra_params(model, t, pp_rank)
     per = STATE_BYTES[t.dtype]
     return {
-        "params": _cdiv(n, t.degree("params")) * per[:, 0],
+        "params": _cdiv(n, t.degree("params")) * per[:, 0] + extra_param_bytes(t, n, per[:, 0]),
         "grads": _cdiv(n, t.degree("grads")) * per[:, 1],
         # DeepSpeed's fp32 master partition (costmodel/deepspeed_buffers.py).
         "optimizer": _cdiv(n, t.degree("optim")) * per[:, 2] + extra_optimizer_bytes(t, n),
