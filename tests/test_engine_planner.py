@@ -34,7 +34,7 @@ RULE_TABLE = [
     ("deepspeed", dict(pp=2, dp=2, global_batch=4, zero=1), None, None),
     ("deepspeed", dict(dp=4, global_batch=4, zero=3), None, None),
     ("deepspeed", dict(dp=4, global_batch=4, sharding="p=partial:2,g=partial:2,o=partial:2"),
-     None, None),  # MiCS
+     None, "does not run sharding"),  # MiCS: gone from DeepSpeed 0.19
     ("deepspeed", dict(dp=4, global_batch=4, sharding="p=replicate,g=partial:2,o=full"), None,
      "does not run sharding"),
     ("deepspeed", dict(tp=2, sequence_parallel=True), None, "no sequence parallelism"),

@@ -29,6 +29,11 @@ from __future__ import annotations
 import numpy as np
 
 from frontier_llm.costmodel.behaviour import behaviour
+from frontier_llm.costmodel.deepspeed_buffers import (
+    extra_optimizer_bytes,
+    extra_param_bytes,
+    extra_params,
+)
 from frontier_llm.costmodel.layouts import LayoutTable, from_configs
 from frontier_llm.costmodel.params import (
     kv_width_per_rank,
@@ -54,15 +59,18 @@ def _cdiv(a, b):
 def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None
                 ) -> dict[str, np.ndarray]:
     """Parameters, gradients and optimizer-state bytes on one rank of stage ``pp_rank``, which
-    holds ``held`` layers (default: its share of the engine's split)."""
+    holds ``held`` layers (default: its share of the engine's split); DeepSpeed's extra
+    parameters and copies come from costmodel/deepspeed_buffers.py."""
     if held is None:
         held = rank_layers(model, t, pp_rank)[0]
-    n = stage_params_per_rank(model, t.tp, t.pp, pp_rank, held, table_layer_params(model, t))
+    n = (stage_params_per_rank(model, t.tp, t.pp, pp_rank, held, table_layer_params(model, t))
+         + extra_params(model, t, pp_rank))
     per = STATE_BYTES[t.dtype]
     return {
-        "params": _cdiv(n, t.degree("params")) * per[:, 0],
+        "params": _cdiv(n, t.degree("params")) * per[:, 0] + extra_param_bytes(t, n, per[:, 0]),
         "grads": _cdiv(n, t.degree("grads")) * per[:, 1],
-        "optimizer": _cdiv(n, t.degree("optim")) * per[:, 2],
+        # DeepSpeed's fp32 master partition (costmodel/deepspeed_buffers.py).
+        "optimizer": _cdiv(n, t.degree("optim")) * per[:, 2] + extra_optimizer_bytes(t, n),
     }
 
 

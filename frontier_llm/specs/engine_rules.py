@@ -10,7 +10,10 @@ Sources:
   pipe/engine.py`` asserts ``zero_optimization_stage() < ZeroStageEnum.gradients``); its pipeline
   engine has one training schedule (``TrainSchedule``, 1F1B) and no interleaving; MiCS
   (``mics_shard_size``: all states sharded in groups) and ZeRO++ hpZ (``zero_hpz_partition_size``:
-  a secondary parameter shard inside a group) are ZeRO-3 features.
+  a secondary parameter shard inside a group) are ZeRO-3 features; DeepSpeed 0.19 removed MiCS
+  (``deepspeed/runtime/config.py``, ``_REMOVED_ZERO_CONFIG_KEYS``: "MiCS ZeRO-3 sharding has
+  been removed; 'zero_optimization.mics_shard_size' is no longer supported"), so of the partial
+  placements only hpZ runs.
 - Megatron-LM: schedules without and with interleaving
   (``--num-layers-per-virtual-pipeline-stage``),
   no GPipe; an uneven split (``--decoder-first/last-pipeline-num-layers``) is refused with
@@ -168,11 +171,10 @@ class EngineRules:
 
 
 def _is_partial_of_zero3(sharding: Sharding) -> bool:
-    """MiCS (every component partial over one group) or ZeRO++ hpZ (parameters partial, the
-    rest fully sharded): the partial placements DeepSpeed builds on ZeRO-3."""
+    """ZeRO++ hpZ (parameters partial, the rest fully sharded): the partial placement DeepSpeed
+    builds on ZeRO-3. MiCS (every component partial over one group) was the other, removed in
+    DeepSpeed 0.19 (module docstring)."""
     kinds = [getattr(sharding, c).kind for c in COMPONENTS]
-    if all(k == PlacementKind.PARTIAL for k in kinds):
-        return len({getattr(sharding, c).group for c in COMPONENTS}) == 1
     return kinds == [PlacementKind.PARTIAL, PlacementKind.FULL, PlacementKind.FULL]
 
 
