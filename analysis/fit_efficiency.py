@@ -1,12 +1,14 @@
-"""Fit a system's efficiency knobs to the published runs of its GPU (calibration_runs.csv).
+"""Fit a system's efficiency knobs to the published runs on it (calibration_runs.csv).
 
 Coordinate search over a grid per knob, minimising the mean absolute percentage error of the
-calibration protocol (frontier_llm.planner.calibration). Prints the fitted values to paste into
-the system's YAML with this script named as their source, and the per-row table.
+calibration protocol (frontier_llm.planner.calibration). The rows are those the protocol maps to
+``--system`` (or, with ``--gpu``, those whose gpu_type contains it). Prints the fitted values to
+paste into the system's YAML with this script named as their source, and the per-row table.
 
-    python analysis/fit_efficiency.py --system dgx-a100 --gpu A100 \
-        --knobs matmul,tp_overlap,matmul_half_hidden --fix memory=0.8 collective=0.8
-    python analysis/fit_efficiency.py ... --leave-one-out --rounds 1   # out-of-sample errors
+    python analysis/fit_efficiency.py --system dgx-a100 \
+        --knobs matmul,collective,matmul_half_hidden --fix memory=0.8
+    python analysis/fit_efficiency.py ... --leave-one-out --rounds 1   # out-of-sample errors,
+                                                                       # by engine family
 """
 
 from __future__ import annotations
@@ -19,16 +21,21 @@ import numpy as np
 import pandas as pd
 
 from frontier_llm.catalog import load_system
-from frontier_llm.planner.calibration import error_summary, load_runs, validate_runs
+from frontier_llm.planner.calibration import (
+    error_summary,
+    load_runs,
+    row_system,
+    validate_runs,
+)
 from frontier_llm.specs.system import Efficiency
 
+COLUMNS = ["model", "gpus", "engine", "metric", "measured", "predicted", "error", "layout"]
 RUNS_CSV = Path(__file__).resolve().parents[1] / "tests" / "data" / "calibration_runs.csv"
 GRIDS = {
     "matmul": np.round(np.arange(0.50, 0.901, 0.01), 2),
-    "collective": np.round(np.arange(0.30, 1.001, 0.1), 2),
+    "collective": np.round(np.arange(0.30, 1.001, 0.05), 2),
     "memory": np.round(np.arange(0.30, 1.001, 0.1), 2),
     "tp_overlap": np.round(np.arange(0.0, 1.001, 0.1), 2),
-    "dp_overlap": np.round(np.arange(0.0, 1.001, 0.1), 2),
     "layer_overhead_s": np.round(np.arange(0.0, 301e-6, 20e-6), 6),
     "matmul_half_hidden": np.arange(0.0, 2001.0, 100.0),
 }
@@ -52,7 +59,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--system", required=True)
-    ap.add_argument("--gpu", required=True, help="substring of gpu_type selecting the rows")
+    ap.add_argument("--gpu", help="substring of gpu_type selecting the rows (default: the rows "
+                                  "the protocol maps to --system)")
     ap.add_argument("--csv", default=str(RUNS_CSV),
                     help="published runs (default: the repository's copy of "
                          "../shared/data/calibration_runs.csv)")
@@ -60,17 +68,26 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fix", nargs="*", default=[], metavar="KNOB=VALUE",
                     help="knobs held at a physical value instead of fitted")
+    ap.add_argument("--start", nargs="*", default=[], metavar="KNOB=VALUE",
+                    help="start the search from these values instead of the system's (a system "
+                         "with one row: its leave-one-out prediction is then this prior's)")
     ap.add_argument("--leave-one-out", action="store_true",
                     help="refit without each row and predict it (out-of-sample errors), "
                          "starting from the system's current values")
     args = ap.parse_args()
     runs = load_runs(args.csv)
-    runs = runs[runs["gpu_type"].str.contains(args.gpu, case=False)]
+    if args.gpu:
+        runs = runs[runs["gpu_type"].str.contains(args.gpu, case=False)]
+    else:
+        runs = runs[[row_system(r).name == args.system for _, r in runs.iterrows()]]
     base = load_system(args.system)
     knobs = args.knobs.split(",")
     values = {k: getattr(base, k) if k in FIELDS else
               base.eff(k, 1.0 if k in ("matmul", "collective", "memory") else 0.0)
               for k in knobs}
+    for start in args.start:
+        k, v = start.split("=")
+        values[k] = float(v)
     for fixed in args.fix:
         k, v = fixed.split("=")
         base = with_eff(base, {k: v})
@@ -80,7 +97,8 @@ def main() -> None:
         return
     values = fit(runs, base, knobs, values, args.rounds, log=True)
     table = validate_runs(runs, {base.name: with_eff(base, values)})
-    print(table.drop(columns=["source"]).to_string())
+    with pd.option_context("display.width", 250, "display.max_colwidth", 70):
+        print(table[COLUMNS].to_string())
     print(error_summary(table))
     print("fitted:", {k: float(v) for k, v in values.items()})
 
@@ -89,6 +107,9 @@ def fit(runs, base, knobs, values, rounds, log=False) -> dict:
     """Coordinate search: each knob in turn over its grid, keeping what lowers the MAPE."""
     def score(vals):
         return error_summary(validate_runs(runs, {base.name: with_eff(base, vals)}))["mape"]
+
+    if not len(runs):  # nothing to fit to: the starting values stand
+        return values
 
     best = score(values)
     for rnd in range(rounds):
@@ -115,7 +136,10 @@ def leave_one_out(runs, base, knobs, values, rounds) -> None:
         print(f"held out {held.iloc[0]['model']}: error {out.iloc[0]['error']:+.3f} "
               f"with {out.iloc[0]['fitted']}", flush=True)
     table = pd.concat(rows, ignore_index=True)
-    print(table[["model", "gpus", "metric", "measured", "predicted", "error"]].to_string())
+    print(table[["model", "gpus", "engine", "metric", "measured", "predicted", "error"]]
+          .to_string())
+    for engine, part in table.groupby("engine"):
+        print(f"leave-one-out {engine}:", error_summary(part))
     print("leave-one-out:", error_summary(table))
 
 

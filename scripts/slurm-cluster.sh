@@ -5,6 +5,16 @@
 #   scripts/slurm-cluster.sh start DIR    munged + slurmctld + slurmd with all state under DIR;
 #                                         prints `export SLURM_CONF=...` lines for the caller
 #   scripts/slurm-cluster.sh stop DIR     stop the daemons of DIR by their pid files
+#   scripts/slurm-cluster.sh restart-ctld DIR [--clean]
+#                                         stop slurmctld and start it again, with its saved
+#                                         state, or with none (--clean: every job forgotten,
+#                                         its completion log too: the host was lost)
+#   scripts/slurm-cluster.sh stop-slurmd DIR | start-slurmd DIR
+#                                         the node daemon alone (a node failure, and its return)
+#
+# FLM_SLURM_MIN_JOB_AGE (default 300) and FLM_SLURM_SLURMD_TIMEOUT (default 300) set how long
+# the controller remembers an ended job and how soon it declares a silent node DOWN; the fault
+# tests start a cluster of their own with both low. FLM_SLURM_EXTRA_CONF: more slurm.conf lines.
 #
 # Every run keeps its config, state, spool, logs and munge socket in its own DIR and is reached
 # through SLURM_CONF, so two test runs never see each other's jobs. Daemons are stopped by pid
@@ -115,11 +125,13 @@ JobCompType=jobcomp/filetxt
 JobCompLoc=$DIR/log/jobcomp.txt
 InactiveLimit=0
 KillWait=5
-MinJobAge=300
+MinJobAge=${FLM_SLURM_MIN_JOB_AGE:-300}
+SlurmdTimeout=${FLM_SLURM_SLURMD_TIMEOUT:-300}
 MaxArraySize=10001
 MaxJobCount=20000
 NodeName=$node CPUs=$cpus State=UNKNOWN
 PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+${FLM_SLURM_EXTRA_CONF:-}
 EOF
     export SLURM_CONF="$DIR/slurm.conf"
     # -c: a clean start, no jobs left over from an earlier run in this folder.
@@ -135,16 +147,56 @@ EOF
     echo "export SLURM_CONF=$DIR/slurm.conf"
 }
 
+stop_pidfile() {
+    local pidfile=$1 pid
+    if pid_alive "$pidfile"; then
+        pid=$(cat "$pidfile")
+        kill "$pid" 2>/dev/null || true
+        # A daemon that ignores TERM for 10 s is killed.
+        wait_for 10 bash -c "! kill -0 $pid" || kill -9 "$pid" 2>/dev/null || true
+    fi
+}
+
+cmd_restart_ctld() {
+    need_root restart-ctld
+    DIR=$(cd "$1" && pwd) || die "no cluster folder $1"
+    export SLURM_CONF="$DIR/slurm.conf"
+    stop_pidfile "$DIR/slurmctld.pid"
+    rm -f "$DIR/slurmctld.pid"
+    if [[ ${2:-} == --clean ]]; then
+        # Job ids would start again at 1 and collide with the forgotten jobs' logs and run ids:
+        # a real site's ids would go on from its last one, so this cluster's do too.
+        local next
+        next=$(( $(grep -o 'JobId=[0-9]*' "$DIR/log/jobcomp.txt" 2>/dev/null \
+                    | cut -d= -f2 | sort -n | tail -1 || echo 0) + 1000 ))
+        sed -i '/^FirstJobId=/d' "$SLURM_CONF"
+        echo "FirstJobId=$next" >>"$SLURM_CONF"
+        # The controller's host is gone with its state: its job-completion log goes too.
+        : >"$DIR/log/jobcomp.txt"
+        slurmctld -c -f "$SLURM_CONF"
+    else
+        slurmctld -f "$SLURM_CONF"
+    fi
+    wait_for 20 pid_alive "$DIR/slurmctld.pid" || die "slurmctld did not start (see $DIR/log)"
+}
+
+cmd_stop_slurmd() {
+    DIR=$(cd "$1" && pwd) || die "no cluster folder $1"
+    stop_pidfile "$DIR/slurmd.pid"
+}
+
+cmd_start_slurmd() {
+    need_root start-slurmd
+    DIR=$(cd "$1" && pwd) || die "no cluster folder $1"
+    pid_alive "$DIR/slurmd.pid" || slurmd -f "$DIR/slurm.conf"
+    wait_for 20 pid_alive "$DIR/slurmd.pid" || die "slurmd did not start (see $DIR/log)"
+}
+
 cmd_stop() {
     DIR=$(cd "$1" && pwd) || die "no cluster folder $1"
-    local pidfile pid
+    local pidfile
     for pidfile in "$DIR/slurmd.pid" "$DIR/slurmctld.pid" "$DIR/munge/munged.pid"; do
-        if pid_alive "$pidfile"; then
-            pid=$(cat "$pidfile")
-            kill "$pid" 2>/dev/null || true
-            # A daemon that ignores TERM for 10 s is killed.
-            wait_for 10 bash -c "! kill -0 $pid" || kill -9 "$pid" 2>/dev/null || true
-        fi
+        stop_pidfile "$pidfile"
     done
 }
 
@@ -152,5 +204,9 @@ case "${1:-}" in
     install) cmd_install ;;
     start) [[ $# -eq 2 ]] || die "usage: $0 start DIR"; cmd_install; cmd_start "$2" ;;
     stop) [[ $# -eq 2 ]] || die "usage: $0 stop DIR"; cmd_stop "$2" ;;
-    *) die "usage: $0 install | start DIR | stop DIR" ;;
+    restart-ctld) [[ $# -ge 2 ]] || die "usage: $0 restart-ctld DIR [--clean]"
+        cmd_restart_ctld "$2" "${3:-}" ;;
+    stop-slurmd) [[ $# -eq 2 ]] || die "usage: $0 stop-slurmd DIR"; cmd_stop_slurmd "$2" ;;
+    start-slurmd) [[ $# -eq 2 ]] || die "usage: $0 start-slurmd DIR"; cmd_start_slurmd "$2" ;;
+    *) die "usage: $0 install | start DIR | stop DIR | restart-ctld DIR [--clean] | stop-slurmd DIR | start-slurmd DIR" ;;
 esac

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+DS_BUILD_OPS=0 python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
 
 # System services for the end-to-end tests: a one-node SLURM and a PostgreSQL, each installed
 # from Debian's packages when missing. The tests start and stop their own instances.

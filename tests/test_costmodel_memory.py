@@ -35,7 +35,7 @@ def _gpt175_dropout():
 )
 def test_layer_activations_match_korthikanti(layout, formula):
     m = _gpt175_dropout()
-    cfg = ParallelConfig(flash_attention=False, **layout)
+    cfg = ParallelConfig(flash_attention=False, engine="megatron", **layout)
     got = layer_activation_bytes(m, from_configs([cfg]))[0]
     expected = m.seq_len * m.hidden * formula(m.heads, m.seq_len, m.hidden, cfg.tp)
     # The only addition to the paper's count: fp32 norm statistics (8 bytes per token per norm).
@@ -54,7 +54,7 @@ def test_flash_attention_drops_the_score_terms():
 def test_full_recompute_keeps_layer_inputs_only():
     m = _gpt175_dropout()
     cfg = ParallelConfig(tp=8, pp=4, micro_batch=1, global_batch=16, recompute="full",
-                         sequence_parallel=True)
+                         sequence_parallel=True, engine="megatron")
     t = from_configs([cfg])
     stored = activation_bytes(m, t, 1)[0]  # a middle stage: no embedding or logits
     per_layer = 2 * m.seq_len * m.hidden / 8
@@ -67,7 +67,7 @@ def test_full_recompute_keeps_layer_inputs_only():
 def test_last_stage_logits_and_a_rebuilt_layer_are_not_alive_together():
     m = load_model("gpt-22b")
     cfg = ParallelConfig(tp=8, micro_batch=1, global_batch=1, recompute="full",
-                         sequence_parallel=True)
+                         sequence_parallel=True, engine="megatron")
     t = from_configs([cfg])
     e, s, h = 2, m.seq_len, m.hidden
     stored = m.layers * s * h * e / 8
@@ -81,9 +81,10 @@ def test_last_stage_logits_and_a_rebuilt_layer_are_not_alive_together():
 def test_native_sequence_parallel_saves_gathered_linear_inputs():
     """PyTorch's DTensor SP keeps the gathered input of QKV and fc1; Megatron keeps 1/t."""
     m = load_model("gpt-22b")
-    t = from_configs([ParallelConfig(tp=8, sequence_parallel=True)])
-    megatron = layer_activation_bytes(m, t, "megatron")[0]
-    native = layer_activation_bytes(m, t, "native")[0]
+    megatron = layer_activation_bytes(m, from_configs([ParallelConfig(
+        tp=8, sequence_parallel=True, engine="megatron")]))[0]
+    native = layer_activation_bytes(m, from_configs([ParallelConfig(
+        tp=8, sequence_parallel=True, engine="native")]))[0]
     assert native - megatron == pytest.approx(2 * 2 * m.seq_len * m.hidden * (1 - 1 / 8))
 
 

@@ -34,7 +34,7 @@ RULE_TABLE = [
     ("deepspeed", dict(pp=2, dp=2, global_batch=4, zero=1), None, None),
     ("deepspeed", dict(dp=4, global_batch=4, zero=3), None, None),
     ("deepspeed", dict(dp=4, global_batch=4, sharding="p=partial:2,g=partial:2,o=partial:2"),
-     None, None),  # MiCS
+     None, "does not run sharding"),  # MiCS: gone from DeepSpeed 0.19
     ("deepspeed", dict(dp=4, global_batch=4, sharding="p=replicate,g=partial:2,o=full"), None,
      "does not run sharding"),
     ("deepspeed", dict(tp=2, sequence_parallel=True), None, "no sequence parallelism"),
@@ -174,3 +174,18 @@ def test_a_sweep_space_compares_engines(tmp_path):
     path.write_text(text.replace("deepspeed]", "jax]"))
     with pytest.raises(SpecError, match="engine must be one of native, megatron, deepspeed"):
         load_sweep(path)
+
+
+def test_explain_names_the_engine_rules_that_rejected_layouts(plans):
+    from frontier_llm.planner.explain import explain
+
+    text = explain(plans[0])
+    assert "Rejected by an engine's own rules" in text
+    lines = {line.split()[0]: line for line in text.splitlines()
+             if line.startswith("  ") and line.split()[0] in ENGINES}
+    assert "runs only zero0, zero1" in lines["megatron"]
+    assert "has no sequence parallelism" in lines["deepspeed"]
+    p = plans[0]
+    megatron = sum(int(np.sum(p.reason == c)) for (e, _), c in ENGINE_REASON.items()
+                   if e == "megatron")
+    assert f"{megatron:,}" in lines["megatron"]

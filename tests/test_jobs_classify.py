@@ -127,11 +127,11 @@ def test_cancel_beats_the_traces_sigterm_timeout():
 def test_job_state_predicates():
     J = JobState
     assert {s for s in J if s.terminal} == {J.COMPLETED, J.OOM, J.TIMEOUT, J.NODE_FAIL,
-                                           J.CANCELLED, J.FAILED}
+                                           J.PREEMPTED, J.CANCELLED, J.FAILED, J.LOST}
     assert {s for s in J if s.active} == {J.PENDING, J.RUNNING, J.HUNG, J.UNKNOWN}
     # Retry never re-runs a completed job; a HUNG one is retried (after a cancel).
-    assert {s for s in J if s.retryable} == {J.OOM, J.TIMEOUT, J.NODE_FAIL, J.CANCELLED,
-                                            J.FAILED, J.HUNG}
+    assert {s for s in J if s.retryable} == {J.OOM, J.TIMEOUT, J.NODE_FAIL, J.PREEMPTED,
+                                            J.CANCELLED, J.FAILED, J.HUNG, J.LOST}
     assert not any(s.active and s.terminal for s in J)
     assert J("COMPLETED") is J.COMPLETED and f"{J.HUNG}" == "HUNG"  # stored as its word
 
@@ -141,3 +141,21 @@ def test_every_verdict_a_scheduler_state_can_give_is_a_job_state():
         verdict = classify(Observation(state, "1:0"))
         assert isinstance(verdict.state, JobState)
         assert verdict.terminal == state.ended, state
+
+
+def test_a_job_the_scheduler_forgot_is_judged_by_its_files():
+    """No scheduler record (a controller restarted without its state): the trace decides, and
+    without a final trace the job is LOST (retryable), never UNKNOWN for ever."""
+    gone = JobStatus("1", "UNKNOWN", found=False).observation()
+    assert gone.gone and gone.state == SchedulerState.UNKNOWN
+    assert classify(gone, trace={"status": "completed"}).state == "COMPLETED"
+    assert classify(gone, trace={"status": "oom", "error": "x"}).state == "OOM"
+    failed = classify(gone, trace={"status": "failed", "error": "RuntimeError: boom"})
+    assert (failed.state, failed.reason) == ("FAILED", "RuntimeError: boom")
+    stopped = classify(gone, trace={"status": "timeout", "error": "terminated by SIGTERM"})
+    assert stopped.state == "LOST" and "stopped by a signal" in stopped.reason
+    lost = classify(gone, trace_problem="no trace written", heartbeat_age_s=42.0)
+    assert lost.state == "LOST" and "last heartbeat 42 s ago" in lost.reason
+    assert JobState.LOST.retryable and JobState.LOST.terminal
+    # A word SLURM may add one day is not a forgotten job.
+    assert classify(seen("NO_SUCH_WORD")).state == "UNKNOWN"

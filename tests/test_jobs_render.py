@@ -184,6 +184,18 @@ def test_the_script_computes_the_contract_as_python_does(tmp_path):
     assert int(port) == contract.master_port(31000, 54321) == 31000 + 54321 % 20000
     assert run_id == contract.run_id("hostile", "54300")
     assert banner.startswith(f"{contract.BANNER_PREFIX}0 job hostile run {run_id} ")
+    assert (Path(job.trace_dir) / f"{run_id}{contract.TOKEN_FILE}").read_text() == "\n"
+    # A requeued attempt (SLURM_RESTART_COUNT=2): a run id and a log of its own, with the
+    # submit token the job was given written beside its trace.
+    Path(job.log_pattern).parent.mkdir()  # the sweep's folder has it (render_sweep)
+    again = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, check=True,
+                           env={**env, "SLURM_RESTART_COUNT": "2", "FLM_SUBMIT_TOKEN": "t0k"})
+    assert again.stdout == b""
+    attempt_log = Path(job.log_pattern).parent / contract.attempt_log_name(0, "54300", 2)
+    port, run_id = attempt_log.read_text().split("\n", 1)[1].split("\0")[:2]
+    assert run_id == contract.run_id("hostile", "54300", 2) == "hostile-j54300-r2"
+    assert contract.restart_of(run_id, "hostile", "54300") == 2
+    assert (Path(job.trace_dir) / f"{run_id}{contract.TOKEN_FILE}").read_text() == "t0k\n"
     log = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True,
                          env={**env, "SLURM_ARRAY_TASK_ID": "9"})
     assert log.returncode == ExitCode.USAGE

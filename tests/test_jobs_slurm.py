@@ -91,7 +91,8 @@ def test_sbatch_refusal_is_slurms_own_message(slurm_cluster, tmp_path):
 
 def test_forgotten_job_is_unknown(slurm_cluster):
     client = SlurmClient(slurm_cluster.env())
-    assert client.query(["987654"])["987654"].state == "UNKNOWN"
+    status = client.query(["987654"])["987654"]
+    assert status.state == "UNKNOWN" and not status.found and status.observation().gone
 
 
 def test_missing_binary_is_a_user_error(tmp_path):

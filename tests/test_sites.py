@@ -208,8 +208,9 @@ def test_other_sites_reach_their_launch_line(name, tmp_path, stubs):
 def test_every_catalog_site_cites_its_sources():
     for name in system_names():
         site = load_system(name).site
-        assert site is not None, name
-        if site.template == "local":  # this machine's CPU systems are not real sites
+        # This machine's CPU systems are not real sites, and a system that only describes
+        # published hardware for the cost model (grand-teton-h100: Meta's hosts) has none.
+        if site is None or site.template == "local":
             continue
         given = {k for k, v in site.sources}
         for key in ("launcher", "binding", "cpus_per_task"):

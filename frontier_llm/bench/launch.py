@@ -1,7 +1,8 @@
 """Who am I? Rank discovery under torchrun, srun and mpiexec, and local spawning otherwise.
 
-* torchrun (and ``flm bench``'s own local spawner): ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-  ``MASTER_ADDR``, ``MASTER_PORT``.
+* torchrun (and ``flm bench``'s own local spawner, and the ``deepspeed`` launcher run with
+  ``--no_local_rank``): ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+  ``MASTER_PORT``.
 * srun: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``; the master is the first host of
   the step's node list (``scontrol show hostnames``, else a built-in expansion of the list, else
   an ``mpi4py`` broadcast); the port derives from the job and step ids, so concurrent jobs on one
@@ -81,8 +82,10 @@ def detect(env: os._Environ | dict | None = None) -> RankEnv | None:
     """The launcher this process runs under, or None when it runs alone."""
     env = os.environ if env is None else env
     if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env:
+        # The deepspeed launcher sets the torchrun variables plus its CROSS_RANK/CROSS_SIZE.
         launcher = env.get("FLM_LAUNCHER") or (
-            "torchrun" if "TORCHELASTIC_RUN_ID" in env else "env"
+            "torchrun" if "TORCHELASTIC_RUN_ID" in env
+            else "deepspeed" if "CROSS_RANK" in env else "env"
         )
         return RankEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
                        env["MASTER_ADDR"], int(env.get("MASTER_PORT", 29500)), launcher,

@@ -33,15 +33,14 @@ from typing import Any
 from frontier_llm import __version__
 from frontier_llm.bench import placement
 from frontier_llm.bench.config import BenchConfig
+from frontier_llm.bench.engines import check as check_layout
 from frontier_llm.bench.launch import RankEnv
-from frontier_llm.bench.mesh import check_layout
 from frontier_llm.bench.trace import heartbeat_path, trace_path, write_heartbeat, write_trace
 from frontier_llm.costmodel.flops import hardware_flops, model_flops
 from frontier_llm.errors import ExitCode
 from frontier_llm.specs.identity import layout_hash
 
 EXIT_OK, EXIT_FAILED, EXIT_OOM = ExitCode.OK, ExitCode.FAILED, ExitCode.OOM
-ENGINE = "native"
 
 
 def collective_timeout_s(world_size: int = 1) -> float:
@@ -81,7 +80,7 @@ def skeleton_trace(cfg: BenchConfig, world_size: int, launcher: str, backend: st
         "run_id": cfg.run_id,
         "status": "failed",
         "error": None,
-        "engine": ENGINE,
+        "engine": str(cfg.layout.engine),
         "started_at": started_at,
         "finished_at": None,
         "model": model,
@@ -281,7 +280,7 @@ def _start_engine(me: _Rank) -> None:
     the memory limit and build the model on this rank."""
     import torch.distributed as dist
 
-    from frontier_llm.bench.engine import NativeEngine
+    from frontier_llm.bench.engines import create
     from frontier_llm.bench.memlimit import apply_limit
 
     cfg, renv = me.cfg, me.renv
@@ -292,10 +291,7 @@ def _start_engine(me: _Rank) -> None:
     )
     if cfg.memory_limit:
         apply_limit(cfg.memory_limit)
-    me.engine = NativeEngine(
-        cfg.model, cfg.layout, rank=me.rank, world_size=me.world, device=me.device,
-        seed=cfg.seed, data=cfg.data,
-        bucket_bytes=int(cfg.bucket_mb * 2**20) if cfg.bucket_mb else None)
+    me.engine = create(cfg, renv, me.device)
 
 
 def _timed_steps(me: _Rank) -> None:

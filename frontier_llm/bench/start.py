@@ -51,8 +51,8 @@ def run(cfg: BenchConfig, nproc: int | None = None) -> int:
     ``nproc`` (default tp x pp x dp) local ones. The layout is checked before any process
     starts."""
     from frontier_llm.bench.config import shared_run_id
+    from frontier_llm.bench.engines import check as check_layout
     from frontier_llm.bench.launch import detect
-    from frontier_llm.bench.mesh import check_layout
 
     renv = detect()
     world = renv.world_size if renv else (nproc or cfg.layout.world_size)

@@ -15,8 +15,9 @@ from frontier_llm.cli.numbers import MAX_LOCAL_RANKS, count, positive_float
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(
         sub, "bench", "run the distributed training benchmark for one layout",
-        "Train a GPT with PyTorch-native tensor, pipeline and (sharded) data parallelism for a "
-        "few steps and write <trace-dir>/<run-id>.trace.json: per-step times and losses, "
+        "Train a GPT with PyTorch-native tensor, pipeline and (sharded) data parallelism (or "
+        "with DeepSpeed: --engine deepspeed) for a few steps and write "
+        "<trace-dir>/<run-id>.trace.json: per-step times and losses, "
         "per-rank memory, tokens/s, TFLOP/s and MFU, beside the cost model's prediction.\n\n"
         "Inside torchrun, srun or mpiexec it joins the job's ranks; otherwise it starts --nproc "
         "local ranks itself (default tp x pp x dp). Exit status: 0 completed, 3 out of memory, "
@@ -26,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "flm bench --model tiny-gpt-8l --pp 2 --virtual-stages 2 --micro-batch 1 "
             "--global-batch 4 --dtype fp32",
             "flm bench --model tiny-gpt --dp 4 --zero 3 --global-batch 8 --trace-dir traces",
+            "flm bench --model tiny-gpt --dp 2 --zero 2 --global-batch 4 --engine deepspeed",
             "flm bench --config layout.yaml --trace-dir traces --label sweep=demo",
             "srun -n 8 flm bench --model gpt3-1.3b --system dgx-h100 --tp 2 --dp 4 "
             "--global-batch 64",

@@ -106,7 +106,7 @@ def run_predict(args: argparse.Namespace) -> int:
           f"gb={layout.global_batch} {layout.schedule}"
           f"{f':{layout.virtual_stages}' if layout.virtual_stages > 1 else ''} "
           f"recompute={layout.recompute}{' sp' if layout.sequence_parallel else ''} "
-          f"{layout.sharding.describe()} {layout.dtype}")
+          f"{layout.sharding.describe()} {layout.dtype} engine={layout.engine}")
     print(f"step time   {out['step_time_s']:.4g} s   ({out['tokens_per_s']:,.0f} tokens/s)")
     print(f"throughput  {out['model_tflops_per_gpu']:.1f} model TFLOP/s/GPU, "
           f"{out['hardware_tflops_per_gpu']:.1f} hardware; MFU {out['mfu']:.1%}, "

@@ -65,7 +65,7 @@ def _collect(args: argparse.Namespace) -> int:
 def _results(args: argparse.Namespace) -> int:
     store = _open_existing(args.db)
     try:
-        df = runs_frame(store, sweep=args.sweep)
+        df = _with_unmeasured_attempts(store, runs_frame(store, sweep=args.sweep), args.sweep)
     finally:
         store.close()
     if args.format == "table":
@@ -75,6 +75,33 @@ def _results(args: argparse.Namespace) -> int:
             df[c] = df[c].map(lambda t: t.isoformat() if pd.notna(t) else None)
     emit_frame(df, args.format)
     return 0
+
+
+def _with_unmeasured_attempts(store, df: pd.DataFrame, sweep: str | None) -> pd.DataFrame:
+    """Add a row for each ended job attempt that left no trace (a node failed under it, it
+    was preempted or lost): its state as ``status`` and its reason as ``error``, so a sweep's
+    results show every attempt, not only those that measured something."""
+    from sqlalchemy import select
+
+    from frontier_llm.store.schema import flm_attempts, flm_sweeps
+
+    a, s = flm_attempts, flm_sweeps
+    stmt = select(a.c.run_id, s.c.name.label("sweep_name"), a.c.job_key,
+                  a.c.state.label("status"), a.c.reason.label("error"), a.c.started_at,
+                  a.c.finished_at).select_from(a.join(s, a.c.sweep_id == s.c.id))
+    if sweep is not None:
+        stmt = stmt.where(s.c.name == sweep)
+    with store.read() as conn:
+        extra = pd.DataFrame([tuple(r) for r in conn.execute(stmt)],
+                             columns=["run_id", "sweep_name", "job_key", "status", "error",
+                                      "started_at", "finished_at"])
+    extra = extra[~extra["run_id"].isin(df["run_id"])]
+    if extra.empty:
+        return df
+    for c in ("started_at", "finished_at"):
+        extra[c] = pd.to_datetime(extra[c], utc=True)
+    return pd.concat([df, extra], ignore_index=True).sort_values(
+        ["sweep_name", "run_id"], na_position="last", ignore_index=True)
 
 
 def _fmt_table(df: pd.DataFrame) -> pd.DataFrame:

@@ -75,7 +75,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     st = add_command(actions, "status", "poll the jobs and show what became of each",
                      "One batched scheduler query for all live jobs; each job is classified "
                      "from its state, exit code, log, trace and heartbeat as COMPLETED, OOM, "
-                     "TIMEOUT, NODE_FAIL, CANCELLED, FAILED (with the first error line) or HUNG.",
+                     "TIMEOUT, NODE_FAIL, PREEMPTED, CANCELLED, FAILED (with the first error "
+                     "line) or HUNG; a job the scheduler no longer knows is judged by its trace, "
+                     "else LOST (retryable). Attempts that ended before a requeue or a retry "
+                     "show in the 'earlier' column. A controller that does not answer is "
+                     "waited for (--outage-limit), not an error.",
                      ["flm sweep status tiny-cpu", "flm sweep status runs/tiny-cpu --wait "
                       "--timeout 900 --collect"],
                      parents=[db])
@@ -90,6 +94,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     st.add_argument("--hung-after", type=numbers.seconds, default=None, metavar="S",
                     help="a running job whose heartbeat is older than S seconds is HUNG "
                          "(default 1800)")
+    _outage(st)
     st.add_argument("--collect", action="store_true",
                     help="also ingest the sweep's traces into the database (flm collect)")
     add_format(st)
@@ -103,17 +108,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--job", action="append", default=None, metavar="KEY",
                    help="only this job (repeatable)")
     c.add_argument("--hung", action="store_true", help="only the jobs classified HUNG")
+    _outage(c)
     c.set_defaults(func=_cancel)
 
     rt = add_command(actions, "retry", "resubmit ended jobs",
                      "Resubmit the jobs that ended: with --failed-only those that did not "
-                     "complete (OOM, TIMEOUT, NODE_FAIL, CANCELLED, FAILED, HUNG), else all.",
+                     "complete (OOM, TIMEOUT, NODE_FAIL, PREEMPTED, CANCELLED, FAILED, LOST, "
+                     "HUNG), else all.",
                      ["flm sweep retry tiny-cpu --failed-only"], parents=[db])
     _target(rt)
     rt.add_argument("--failed-only", action="store_true")
+    _outage(rt)
     rt.add_argument("--max-in-flight", type=numbers.count(1), default=None, metavar="N")
     rt.set_defaults(func=_retry)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def _outage(q: argparse.ArgumentParser) -> None:
+    q.add_argument("--outage-limit", type=numbers.seconds, default=600.0, metavar="S",
+                   help="when the SLURM controller does not answer (restart, failover), keep "
+                        "asking with back-off for up to S seconds of outage (default 600), "
+                        "showing 'controller unreachable since ...'; status then shows the "
+                        "states as last seen and exits 4, cancel and retry exit 2 having "
+                        "changed nothing")
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _target(q: argparse.ArgumentParser) -> None:
@@ -209,7 +230,7 @@ def _job_progress(session, verb: str):
         if bar.enabled:
             def watch(rows) -> None:
                 ended = sum(JobState(r["state"]).terminal for r in rows)
-                bar.update(ended, len(rows), runner.summary(rows))
+                bar.update(ended, len(rows), session.outage or runner.summary(rows))
 
             session.watch = watch
         try:
@@ -224,13 +245,14 @@ def _status(args) -> int:
     store = _store(args)
     try:
         session = runner.resolve(args.sweep, args.out, store)
+        session.say, session.outage_limit_s = _say, args.outage_limit
         if args.hung_after is not None:
             session.hung_after_s = args.hung_after
         if args.wait:
             with _job_progress(session, "wait"):
                 rows = runner.wait(session, args.timeout, max_interval_s=args.max_interval)
         else:
-            rows = runner.refresh(session)
+            rows = runner.refresh(session, ride_out=True)
         if args.collect:
             from frontier_llm.store.ingest import collect
 
@@ -238,14 +260,27 @@ def _status(args) -> int:
             runner.link_layouts(session)
             rows = session.state.rows()
             print(f"collected: {report.as_dict()}", file=sys.stderr)
+        earlier = session.state.earlier_attempts()
     finally:
         store.close()
     frame = pd.DataFrame(rows, columns=["job_key", "state", "reason", "scheduler_job_id",
                                         "attempts", "run_id", "exit_code"])
+    # Attempts that ended before the current one (SLURM requeued the job, or flm sweep retry).
+    frame["earlier"] = [", ".join(f"{a['attempt']} {a['state']}" for a in earlier.get(k, []))
+                        for k in frame["job_key"]]
     if args.format == "table":
         frame = frame.astype(object).where(frame.notna(), "")
     emit_frame(frame, args.format)
     print(runner.summary(rows), file=sys.stderr)
+    for key, attempts in earlier.items():
+        for a in attempts:
+            if a["state"] in ("NODE_FAIL", "PREEMPTED", "LOST"):
+                print(f"  {key}: attempt {a['attempt']} {a['state']} ({a['reason']}), "
+                      f"log {a['log_path']}", file=sys.stderr)
+    if session.outage:
+        print(f"flm: {session.outage}; gave up after --outage-limit {args.outage_limit:g} s "
+              "or --timeout: the states above are as last seen", file=sys.stderr)
+        return ExitCode.WAIT_TIMEOUT
     unfinished = runner.unfinished(rows) if args.wait else []
     if unfinished:
         # A script polling with --wait must not take a timeout for a finished sweep.
@@ -261,6 +296,7 @@ def _cancel(args) -> int:
     store = _store(args)
     try:
         session = runner.resolve(args.sweep, args.out, store)
+        session.say, session.outage_limit_s = _say, args.outage_limit
         keys = runner.require_keys(session.manifest, args.job)
         n = runner.cancel(session, keys, hung_only=args.hung)
     finally:
@@ -275,6 +311,7 @@ def _retry(args) -> int:
     store = _store(args)
     try:
         session = runner.resolve(args.sweep, args.out, store)
+        session.say, session.outage_limit_s = _say, args.outage_limit
         counts = runner.retry(session, failed_only=args.failed_only,
                               max_in_flight=args.max_in_flight)
         rows = session.state.rows()

@@ -12,7 +12,7 @@ import numpy as np
 
 from frontier_llm.costmodel.flops import hardware_flops, model_flops
 from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks, from_configs
-from frontier_llm.costmodel.memory import peak_memory
+from frontier_llm.costmodel.memory import _check_engine, peak_memory
 from frontier_llm.costmodel.steptime import step_time
 from frontier_llm.specs.layout import Layout, Recompute
 from frontier_llm.specs.model import ModelSpec
@@ -20,19 +20,19 @@ from frontier_llm.specs.system import SystemSpec
 
 # Bump when a formula or a default changes what the model predicts; stored beside every
 # prediction so that old predictions are never compared with new ones unknowingly.
-COSTMODEL_VERSION = "1.0"
+COSTMODEL_VERSION = "2.0"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "pp_comm", "pp_bubble", "head",
               "dp_comm", "optimizer")
-MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "buffers", "reserved")
+MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "loss", "buffers", "reserved")
 
 
-def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
-             engine: str = "megatron") -> dict[str, np.ndarray]:
-    """Every figure of the model for every layout in ``table`` (numpy columns). ``engine``
-    selects the framework's activation-saving convention (memory.ENGINES)."""
+def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable) -> dict[str, np.ndarray]:
+    """Every figure of the model for every layout in ``table`` (numpy columns). Each layout's
+    engine (its ``engine`` column) decides how its work is scheduled and what it keeps
+    (specs/engine_rules.py)."""
     times = step_time(model, system, table)
-    mem = peak_memory(model, system, table, engine)
+    mem = peak_memory(model, system, table)
     tokens = table.global_batch * model.seq_len
     gpus = table.world_size
     peak = dtype_peaks(system)[table.dtype]
@@ -57,11 +57,13 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
 
 
 def predict(model: ModelSpec, system: SystemSpec, layout: Layout,
-            engine: str = "megatron") -> dict:
-    """One layout's prediction as a JSON-able dict (what a trace's ``prediction`` holds)."""
+            engine: str | None = None) -> dict:
+    """One layout's prediction as a JSON-able dict (what a trace's ``prediction`` holds).
+    ``engine`` (optional, for callers that name it) must agree with ``layout.engine``."""
+    _check_engine(layout, engine)
     layout.check_model(model)
     row = {k: v[0].item()
-           for k, v in evaluate(model, system, from_configs([layout]), engine).items()}
+           for k, v in evaluate(model, system, from_configs([layout])).items()}
     return {
         "costmodel_version": COSTMODEL_VERSION,
         "step_time_s": row["step_time_s"],

@@ -15,19 +15,33 @@ schedule sets how many micro-batches a stage holds: GPipe all ``m``; 1F1B ``p �
 of a stage on the first one). The first stage adds token ids and the embedding dropout mask; the
 last stage the final norm and the fp32 logits of the cross-entropy (``4·s·b·V/t`` bytes per
 micro-batch, kept for every micro-batch under GPipe).
+
+The figure predicted is the allocator's peak reserved (``torch.cuda.max_memory_reserved``) at the
+start of the backward pass: beside the above, the loss's vocabulary-sized temporaries
+(:func:`loss_bytes`), the unsharded copies of sharded parameters and gradients
+(:func:`gathered_bytes`, from the engine's prefetch and resharding) and the system's reserve.
+Ranks hold the layers their engine's split gives them (:mod:`.split`); the peak is over the first,
+the fullest middle and the last rank. docs/costmodel.md §3.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from frontier_llm.costmodel.behaviour import behaviour
+from frontier_llm.costmodel.deepspeed_buffers import (
+    extra_optimizer_bytes,
+    extra_param_bytes,
+    extra_params,
+)
 from frontier_llm.costmodel.layouts import LayoutTable, from_configs
 from frontier_llm.costmodel.params import (
     kv_width_per_rank,
-    layer_params_per_rank,
     stage_params_per_rank,
+    table_layer_params,
 )
-from frontier_llm.specs.layout import DType, Layout, Recompute, Schedule
+from frontier_llm.costmodel.split import pipeline_ranks, rank_layers
+from frontier_llm.specs.layout import DType, Engine, Layout, Recompute, Schedule
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
@@ -42,25 +56,25 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
-def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> dict[str, np.ndarray]:
-    """Parameters, gradients and optimizer-state bytes on one rank of stage ``pp_rank``."""
-    n = stage_params_per_rank(model, t.tp, t.pp, pp_rank)
+def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None
+                ) -> dict[str, np.ndarray]:
+    """Parameters, gradients and optimizer-state bytes on one rank of stage ``pp_rank``, which
+    holds ``held`` layers (default: its share of the engine's split); DeepSpeed's extra
+    parameters and copies come from costmodel/deepspeed_buffers.py."""
+    if held is None:
+        held = rank_layers(model, t, pp_rank)[0]
+    n = (stage_params_per_rank(model, t.tp, t.pp, pp_rank, held, table_layer_params(model, t))
+         + extra_params(model, t, pp_rank))
     per = STATE_BYTES[t.dtype]
     return {
-        "params": _cdiv(n, t.degree("params")) * per[:, 0],
+        "params": _cdiv(n, t.degree("params")) * per[:, 0] + extra_param_bytes(t, n, per[:, 0]),
         "grads": _cdiv(n, t.degree("grads")) * per[:, 1],
-        "optimizer": _cdiv(n, t.degree("optim")) * per[:, 2],
+        # DeepSpeed's fp32 master partition (costmodel/deepspeed_buffers.py).
+        "optimizer": _cdiv(n, t.degree("optim")) * per[:, 2] + extra_optimizer_bytes(t, n),
     }
 
 
-# Frameworks differ in one saved tensor: with sequence parallelism Megatron saves the 1/t shard of
-# a column-parallel linear's input and gathers it again in backward; PyTorch's DTensor
-# (``native``, the flm bench engine) saves the gathered input.
-ENGINES = ("megatron", "native")
-
-
-def layer_activation_bytes(model: ModelSpec, t: LayoutTable, engine: str = "megatron"
-                           ) -> np.ndarray:
+def layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
     """Bytes one transformer block saves for backward per micro-batch (no recompute)."""
     e = ACT_BYTES[t.dtype]
     tp = t.tp
@@ -71,7 +85,10 @@ def layer_activation_bytes(model: ModelSpec, t: LayoutTable, engine: str = "mega
     drop = MASK_BYTES if model.dropout > 0 else 0
     stats = 8 if model.norm == "layernorm" else 4  # fp32 mean and rstd (or rstd) per token
     # Two norm inputs, the QKV and MLP inputs (norm outputs), two residual dropout masks.
-    linear_in = rep if engine == "megatron" else 1.0
+    # Engines differ in one saved tensor: with sequence parallelism Megatron (and
+    # Megatron-DeepSpeed) saves the 1/t shard of a column-parallel linear's input and gathers it
+    # again in backward; PyTorch's DTensor (``native``, flm bench) saves the gathered input.
+    linear_in = np.where(t.engine == Engine.NATIVE.code, 1.0, rep)
     whole = sb * (rep * (2 * e * h + 2 * drop * h + 2 * stats) + linear_in * 2 * e * h)
     mlp_saved = 2 if model.activation == "gelu" else 4  # fc1 out + act out | gate, up, silu, prod
     split = sb * e * ((q + kv) + kv + q + mlp_saved * f_rank)  # Q,K | V | proj input | MLP
@@ -95,17 +112,19 @@ def _in_flight_chunks(t: LayoutTable, pp_rank) -> np.ndarray:
     return chunks
 
 
-def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, engine: str = "megatron"
-                     ) -> np.ndarray:
-    """Peak bytes saved for backward on one rank of stage ``pp_rank``."""
+def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None) -> np.ndarray:
+    """Peak bytes saved for backward on one rank of stage ``pp_rank``, whose fullest chunk
+    holds ``chunk`` layers (default: from the engine's split)."""
+    if chunk is None:
+        chunk = rank_layers(model, t, pp_rank)[1]
     e = ACT_BYTES[t.dtype]
     r = np.asarray(pp_rank)
     s, b, h = model.seq_len, t.micro_batch, model.hidden
     sb = s * b
     rep = np.where(t.sequence_parallel, 1.0 / t.tp, 1.0)
     chunks = _in_flight_chunks(t, r)
-    layers_per_chunk = model.layers // (t.pp * t.virtual_stages)
-    full = layer_activation_bytes(model, t, engine)
+    layers_per_chunk = chunk  # every chunk in flight counted as the rank's fullest
+    full = layer_activation_bytes(model, t)
     # Full recompute keeps only each layer's input, and rebuilds one layer at a time (its input
     # is then part of the rebuilt layer).
     per_layer = np.where(t.recompute == Recompute.FULL.code, sb * h * e * rep, full)
@@ -126,41 +145,94 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, engine: str = "m
     return layers * per_layer + first + np.maximum(transient, last)
 
 
-def buffer_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
-    """Transient communication buffers: gathered parameters (ZeRO-3 style, one layer gathered
-    and the next prefetched) and the sequence-parallel all-gather of one layer input."""
+def gathered_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None) -> np.ndarray:
+    """Unsharded copies of sharded parameters (ZeRO-3, FSDP, AMSP partial) at the start of
+    backward, when the loss temporaries are alive too: the layer in use plus the ``prefetch``
+    layers gathered ahead (every layer of the stage when the engine keeps them between forward
+    and backward) with one layer's unsharded gradient (plus its fp32 copy where the engine
+    reduces in fp32) until it is reduce-scattered, and the stage's embeddings / head (FSDP's root
+    unit), gathered with their gradient."""
     e = ACT_BYTES[t.dtype]
-    gathered = np.where(t.degree("params") > 1,
-                        2 * layer_params_per_rank(model, t.tp) * STATE_BYTES[t.dtype][:, 0], 0)
+    n_layer = table_layer_params(model, t)
+    layers = rank_layers(model, t, pp_rank)[0] if held is None else held
+    n_rest = np.maximum(
+        stage_params_per_rank(model, t.tp, t.pp, pp_rank, layers, n_layer) - layers * n_layer, 0)
+    held = np.where(behaviour(t, "reshard_after_forward"),
+                    np.minimum(1 + behaviour(t, "prefetch"), layers), layers)
+    fp32_copy = np.where(behaviour(t, "reduce_fp32") & (e < 4), 4, 0)
+    unsharded = n_layer * (held * e + e + fp32_copy) + n_rest * (2 * e + fp32_copy)
+    return np.where(t.degree("params") > 1, unsharded, 0)
+
+
+def loss_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
+    """Temporaries of the loss backward on the last stage, per vocabulary entry and token: the
+    saved fp32 log-probabilities are in the activations; PyTorch's ``cross_entropy`` (native)
+    then allocates the fp32 gradient of the log-probabilities and the fp32 gradient of its input
+    (8 bytes) while they are alive; Megatron's vocab-parallel cross-entropy computes the gradient
+    in place in the saved softmax and casts it to the training dtype (``e`` bytes)."""
+    per_vocab = np.where(t.engine == Engine.NATIVE.code, 8, ACT_BYTES[t.dtype])
+    return model.seq_len * t.micro_batch * _cdiv(model.vocab, t.tp) * per_vocab
+
+
+def buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None) -> np.ndarray:
+    """Transient communication buffers: gathered parameters and gradients of sharded layers and
+    the sequence-parallel all-gather of one layer input."""
+    e = ACT_BYTES[t.dtype]
     sp = np.where(t.sequence_parallel, e * model.seq_len * t.micro_batch * model.hidden, 0)
-    return gathered + sp
+    return gathered_bytes(model, t, pp_rank, held) + sp
 
 
-def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank,
-                engine: str = "megatron") -> dict:
-    """Every memory term of one rank of stage ``pp_rank``, and their total ``peak``."""
-    states = state_bytes(model, t, pp_rank)
+def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, held=None,
+                chunk=None) -> dict:
+    """Every memory term of one rank of stage ``pp_rank`` (holding ``held`` layers, its fullest
+    chunk ``chunk``; default: from the engine's split), and their total ``peak``."""
+    if held is None or chunk is None:
+        held, chunk = rank_layers(model, t, pp_rank)
+    states = state_bytes(model, t, pp_rank, held)
     out = {
         "params": states["params"],
         "grads": states["grads"],
         "optimizer": states["optimizer"],
-        "activations": activation_bytes(model, t, pp_rank, engine),
-        "buffers": buffer_bytes(model, t),
+        "activations": activation_bytes(model, t, pp_rank, chunk),
+        "loss": np.where(np.asarray(pp_rank) == t.pp - 1, loss_bytes(model, t), 0),
+        "buffers": buffer_bytes(model, t, pp_rank, held),
         "reserved": np.full(len(t), system.memory_reserved_bytes, dtype=float),
     }
     out["peak"] = sum(np.asarray(v, dtype=float) for v in out.values())
     return out
 
 
-def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
-                engine: str = "megatron") -> dict:
-    """The rank with the most memory: the first stage (embeddings, most micro-batches in flight)
-    or the last (head, logits); middle stages hold less than the first."""
-    first = rank_memory(model, system, t, 0, engine)
-    last = rank_memory(model, system, t, t.pp - 1, engine)
-    use_last = last["peak"] > first["peak"]
-    out = {k: np.where(use_last, last[k], first[k]) for k in first}
-    out["stage"] = np.where(use_last, t.pp - 1, 0)
+def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict:
+    """The rank with the most memory: the first stage (embeddings, most micro-batches in
+    flight), the last (head, logits) or, where the engine splits layers unevenly, the middle
+    stage holding the most layers (the earliest such, which holds the most micro-batches)."""
+    ranks = pipeline_ranks(model, t)
+    out = None
+    for r, held, chunk in ((np.zeros(len(t), dtype=np.int64), ranks["first"],
+                            ranks["chunk_first"]),
+                           (t.pp - 1, ranks["last"], ranks["chunk_last"])):
+        mem = rank_memory(model, system, t, r, held, chunk)
+        mem["stage"] = np.broadcast_to(r, (len(t),))
+        if out is None:
+            out = mem
+            continue
+        bigger = mem["peak"] > out["peak"]
+        out = {k: np.where(bigger, mem[k], out[k]) for k in out}
+    # A middle rank with no more layers than rank 0 holds less than it (fewer micro-batches in
+    # flight, no embeddings): only uneven splits can make one the fullest, so only those rows
+    # evaluate it.
+    rows = np.flatnonzero(ranks["mid_held"] > ranks["first"])
+    if len(rows):
+        sub = t.take(rows)
+        mem = rank_memory(model, system, sub, ranks["mid"][rows], ranks["mid_held"][rows],
+                          ranks["chunk_mid"][rows])
+        mem["stage"] = ranks["mid"][rows]
+        bigger = rows[mem["peak"] > out["peak"][rows]]
+        win = mem["peak"] > out["peak"][rows]
+        out = {k: np.array(v, dtype=np.result_type(v, mem[k]), copy=True)
+               for k, v in out.items()}
+        for k in out:
+            out[k][bigger] = np.asarray(mem[k])[win]
     return out
 
 
@@ -171,5 +243,13 @@ def rank_state_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> dict[str
 
 
 def rank_activation_bytes(model: ModelSpec, layout: Layout, pp_rank: int,
-                          engine: str = "megatron") -> int:
-    return int(activation_bytes(model, from_configs([layout]), pp_rank, engine)[0])
+                          engine: str | None = None) -> int:
+    """``engine`` (optional) must agree with the layout's: the engine is a layout field."""
+    _check_engine(layout, engine)
+    return int(activation_bytes(model, from_configs([layout]), pp_rank)[0])
+
+
+def _check_engine(layout: Layout, engine: str | None) -> None:
+    if engine is not None and Engine.parse(engine, "engine") != layout.engine:
+        raise ValueError(f"engine {engine!r} differs from the layout's ({layout.engine}); "
+                         "set Layout.engine instead")

@@ -58,9 +58,29 @@ def head_params_per_rank(model: ModelSpec, tp, pp):
     return norm + np.where(separate, _cdiv(model.vocab, tp) * model.hidden, 0)
 
 
-def stage_params_per_rank(model: ModelSpec, tp, pp, pp_rank):
-    """Parameters on one rank of pipeline stage ``pp_rank`` (all chunks of that rank)."""
+def stage_params_per_rank(model: ModelSpec, tp, pp, pp_rank, layers=None, per_layer=None):
+    """Parameters on one rank of pipeline stage ``pp_rank`` (all chunks of that rank), which
+    holds ``layers`` blocks (default: an even split, ``l/p``; costmodel/split.py gives the
+    engine's own). ``per_layer``: :func:`layer_params_per_rank` when the caller has it."""
     tp, pp, pp_rank = np.asarray(tp), np.asarray(pp), np.asarray(pp_rank)
-    n = (model.layers // pp) * layer_params_per_rank(model, tp)
+    held = model.layers // pp if layers is None else np.asarray(layers)
+    n = held * (layer_params_per_rank(model, tp) if per_layer is None else per_layer)
     n = n + np.where(pp_rank == 0, embedding_params_per_rank(model, tp), 0)
     return n + np.where(pp_rank == pp - 1, head_params_per_rank(model, tp, pp), 0)
+
+
+def layer_modules(model: ModelSpec) -> int:
+    """Modules holding a block's parameters: two norms, the fused QKV and output projections and
+    the MLP's matrices (what an engine that gathers module by module issues collectives for)."""
+    return 2 + 2 + model.mlp_matrices
+
+
+def table_layer_params(model: ModelSpec, t) -> np.ndarray:
+    """:func:`layer_params_per_rank` for every layout of table ``t``, computed once per table
+    and model (step time and memory read it several times)."""
+    memo = t.__dict__.get("_layer_params")
+    if memo is not None and memo[0] is model:
+        return memo[1]
+    out = layer_params_per_rank(model, t.tp)
+    t.__dict__["_layer_params"] = (model, out)
+    return out

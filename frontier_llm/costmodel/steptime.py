@@ -8,20 +8,24 @@ Per micro-batch and transformer block, a rank spends:
   is not fused): the bytes it reads and writes at the ``memory`` fraction of HBM bandwidth;
 - tensor-parallel communication (Shoeybi et al. 2019; Korthikanti et al. 2022 §4.2.2): two
   all-reduces of ``b·s·h`` elements forward and two backward (with sequence parallelism an
-  all-gather and a reduce-scatter each, the same volume); up to the ``tp_overlap`` fraction of
-  the block's GEMM time hides it;
+  all-gather and a reduce-scatter each, the same volume); where the engine overlaps TP
+  communication (Megatron's ``--tp-comm-overlap``), up to the ``tp_overlap`` fraction of the
+  block's GEMM time hides it;
 - recomputation: full recompute replays the forward (and its TP communication); selective replays
   the attention core only.
 
-A stage is ``l/p`` blocks; the first adds the embedding, the last the output head and the loss.
-Pipeline stages exchange ``b·s·h/t`` elements per micro-batch each way (Megatron's scatter/gather
-optimization), once per virtual stage. With ``m`` micro-batches the pipeline takes
-``m·t_max + (p−1)/v·t_avg`` (the bubble of Narayanan et al. 2021 §2.2). Data parallelism reduces
-gradients once per step (all-reduce, or reduce-scatter + all-gather of parameters when optimizer
-states are sharded); only the last micro-batch's backward can hide it (``dp_overlap``). Sharded
-parameters (ZeRO-3, FSDP) are gathered forward and backward for every micro-batch and gradients
-reduce-scattered, behind compute where ``dp_overlap`` allows. The optimizer step streams the
-rank's parameters, gradients and optimizer states through memory.
+A pipeline rank holds the blocks its engine's split gives it (:mod:`.split`); the first adds the
+embedding, the last the output head and the loss. Pipeline stages exchange ``b·s·h/t`` elements
+per micro-batch each way (Megatron's scatter/gather optimization), once per virtual stage. With
+``m`` micro-batches the pipeline takes ``m·t_max + (p−1)/v·t_avg`` (the bubble of Narayanan et
+al. 2021 §2.2), the slowest rank setting ``t_max``. Data parallelism reduces gradients once per
+step (all-reduce, or reduce-scatter + all-gather of parameters when optimizer states are
+sharded), behind the last micro-batch's backward where the engine buckets it. Sharded parameters
+(ZeRO-3, FSDP, AMSP partial) are gathered layer by layer, forward and (resharded) backward, and
+gradients reduce-scattered, every micro-batch, as the engine issues them
+(:func:`sharded_param_times`). Every engine behaviour comes from ``specs/engine_rules.py``
+(:mod:`.behaviour`). The optimizer step streams the rank's parameters, gradients and optimizer
+states through memory.
 """
 
 from __future__ import annotations
@@ -31,13 +35,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from frontier_llm.costmodel import comm
+from frontier_llm.costmodel.behaviour import behaviour
 from frontier_llm.costmodel.flops import (
     layer_forward_flops_per_token,
     logits_forward_flops_per_token,
 )
 from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks
 from frontier_llm.costmodel.memory import ACT_BYTES, STATE_BYTES
-from frontier_llm.costmodel.params import stage_params_per_rank
+from frontier_llm.costmodel.params import (
+    layer_modules,
+    stage_params_per_rank,
+    table_layer_params,
+)
+from frontier_llm.costmodel.split import pipeline_ranks
 from frontier_llm.specs.layout import DType, Recompute
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
@@ -76,8 +86,9 @@ class BlockTimes:
 class StageTimes:
     """The pipeline: per micro-batch stage times, the whole pipeline and its bubble."""
 
-    layers: int  # blocks per stage
-    head: np.ndarray  # the last stage's output head, loss and CE statistics, per micro-batch
+    layers: np.ndarray  # blocks on the rank that sets the pace
+    head: np.ndarray  # the output head, loss and CE statistics per micro-batch, when the last
+    # rank sets the pace (else 0)
     p2p: np.ndarray  # activations sent and received per micro-batch
     compute_mb: np.ndarray  # compute of one micro-batch on a stage (for DP overlap)
     pipeline: np.ndarray
@@ -122,7 +133,8 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates)
     recompute_comm = np.where(full, fwd_comm, 0.0)
     # Overlapped TP communication (Megatron's tp-comm-overlap) hides behind the GEMMs it is
     # pipelined with, never more than they last.
-    hidden_by = system.eff("tp_overlap", 0.0) * (3 * f_dense + np.where(full, f_dense, 0))
+    overlap = np.where(behaviour(t, "tp_comm_overlap"), system.eff("tp_overlap", 0.0), 0.0)
+    hidden_by = overlap * (3 * f_dense + np.where(full, f_dense, 0))
     block_comm = np.maximum(0.0, fwd_comm + bwd_comm + recompute_comm - hidden_by)
     return BlockTimes(f_dense, f_attn, f_elem, f_softmax, f_fixed, fwd, recompute,
                       3 * fwd + recompute, block_comm)
@@ -130,26 +142,83 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates)
 
 def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
                 blk: BlockTimes) -> StageTimes:
-    """A stage of ``l/p`` blocks (the last with the head), and the schedule's pipeline time."""
+    """The pipeline ranks (the last with the head) and the schedule's pipeline time: the slowest
+    rank sets the pace, the mean the bubble. Ranks hold the layers the engine's split gives them
+    (costmodel/split.py): ``l/p`` each when even."""
     h, V = model.hidden, model.vocab
     tp, pp, dp, v = t.tp, t.pp, t.dp, t.virtual_stages
     tokens = t.micro_batch * model.seq_len
-    per_stage_layers = model.layers // pp
+    ranks = pipeline_ranks(model, t)
     head_flops = logits_forward_flops_per_token(model) * tokens / tp
     loss_bytes = tokens * V / tp * 4 * 3  # fp32 logits: cast, softmax, gradient
     last_extra = 3 * head_flops / r.flops + loss_bytes / r.memory
     last_extra = last_extra + comm.all_reduce(system, tp, 1, tokens * 4 * 3)  # CE statistics
     p2p = np.where(pp > 1, 2 * v * comm.send_recv(system, tp * dp,
                                                   tokens * h * r.act_bytes / tp), 0.0)
-    middle = per_stage_layers * (blk.compute + blk.comm) + p2p
-    last = middle + last_extra
-    t_max = np.maximum(middle, last)
-    t_avg = np.where(pp > 1, (pp * middle + last_extra) / pp, last)
-    compute_mb = per_stage_layers * blk.compute + np.where(pp > 1, 0.0, last_extra)
+    per_layer = blk.compute + blk.comm
+    others = ranks["most_but_last"] * per_layer
+    last = ranks["last"] * per_layer + last_extra
+    last_paces = (last >= others) | (pp == 1)
+    layers = np.where(last_paces, ranks["last"], ranks["most_but_last"])
+    head = np.where(last_paces, last_extra, 0.0)
+    t_max = layers * per_layer + head + p2p
+    t_avg = np.where(pp > 1, (model.layers * per_layer + last_extra) / pp + p2p, t_max)
+    compute_mb = layers * blk.compute + np.where(pp > 1, 0.0, last_extra)
     m = t.num_microbatches
     bubble = (pp - 1) / v * t_avg
-    return StageTimes(per_stage_layers, last_extra, p2p, compute_mb,
-                      m * t_max + (pp - 1) / v * t_avg, bubble)
+    return StageTimes(layers, head, p2p, compute_mb, m * t_max + bubble, bubble)
+
+
+def reduce_bytes(t: LayoutTable) -> np.ndarray:
+    """Bytes per gradient element on the wire: fp32 where the engine reduces in fp32 (or the
+    training is fp32), else the 16-bit training dtype."""
+    return np.where(behaviour(t, "reduce_fp32"), 4, ACT_BYTES[t.dtype])
+
+
+def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
+                        blk: BlockTimes, layers, n_stage) -> np.ndarray:
+    """Exposed seconds per micro-batch of sharded parameters (ZeRO-3, FSDP, AMSP partial):
+    each layer's parameters all-gathered over the ``kp`` ranks that shard them before its
+    forward, again before its backward when the engine reshards after forward, and its
+    gradients reduce-scattered over the same group after its backward. With prefetch the next
+    layer's gather runs during this layer's compute, so a layer exposes ``max(0, comm −
+    compute)``, plus the first gather and the last reduce-scatter whole; without prefetch every
+    gather is exposed (and every reduce-scatter too unless the engine issues them
+    asynchronously in buckets). The embeddings and head are gathered and reduced whole
+    (exposed). Group shape and per-message start-up come from :mod:`.comm` (a group inside a
+    node uses the node link)."""
+    kp = t.degree("params")
+    e = ACT_BYTES[t.dtype]
+    g = reduce_bytes(t)
+    n_layer = table_layer_params(model, t)
+    n_rest = np.maximum(n_stage - layers * n_layer, 0)
+    # Messages per layer: one gather per module for engines that fetch module by module, and
+    # one reduce-scatter per gradient bucket: each pays the start-up cost ((n−1)·α on a ring),
+    # which is what dominates at large kp and small messages.
+    gathers = np.where(behaviour(t, "gather_per_module"), layer_modules(model), 1)
+    bucket_rs = behaviour(t, "reduce_bucket_params")
+    scatters = np.where(bucket_rs > 0, np.ceil(n_layer / np.maximum(bucket_rs, 1)), 1)
+    ag = gathers * comm.all_gather(system, kp, t.tp, n_layer * e / gathers)
+    rs = scatters * comm.reduce_scatter(system, kp, t.tp, n_layer * g / scatters)
+    rest = comm.all_gather(system, kp, t.tp, n_rest * e) + comm.reduce_scatter(
+        system, kp, t.tp, n_rest * g)
+    again = np.where(behaviour(t, "reshard_after_forward"), ag, 0.0)
+    fwd_window = blk.fwd
+    bwd_window = blk.compute - blk.fwd  # backward and any recompute
+    # The share of a layer's gather issued ahead: all of it, or what the engine's prefetch
+    # bucket holds; the rest is gathered on demand (exposed). The reduce-scatter of the layer
+    # before runs behind this layer's backward either way (bucketed, asynchronous).
+    bucket = behaviour(t, "prefetch_bucket_params")
+    ahead = np.where(behaviour(t, "prefetch") > 0,
+                     np.where(bucket > 0, np.minimum(1.0, bucket / n_layer), 1.0), 0.0)
+    fwd = (1 - ahead) * ag + np.maximum(0.0, ahead * ag - fwd_window)
+    # Reduce-scatters run asynchronously behind the backward where the engine buckets them
+    # (FSDP2, DeepSpeed's overlap_comm), sharing the window with the prefetched gather.
+    bwd = np.where(behaviour(t, "gradient_bucketing"),
+                   (1 - ahead) * again + np.maximum(0.0, ahead * again + rs - bwd_window),
+                   (1 - ahead) * again + np.maximum(0.0, ahead * again - bwd_window) + rs)
+    exposed = ag + rs + (layers - 1) * (fwd + bwd) + rest  # first gather, last reduce-scatter
+    return np.where(kp > 1, exposed, 0.0)
 
 
 def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
@@ -157,35 +226,43 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     """Exposed gradient/parameter communication and the optimizer step."""
     tp, pp, dp = t.tp, t.pp, t.dp
     m = t.num_microbatches
-    n_stage = np.maximum(stage_params_per_rank(model, tp, pp, 0),
-                         stage_params_per_rank(model, tp, pp, pp - 1))
-    grad_bytes = n_stage * STATE_BYTES[t.dtype][:, 1]
+    ranks = pipeline_ranks(model, t)
+    n_layer = table_layer_params(model, t)
+    n_stage = np.maximum.reduce([
+        stage_params_per_rank(model, tp, pp, 0, ranks["first"], n_layer),
+        stage_params_per_rank(model, tp, pp, ranks["mid"], ranks["mid_held"], n_layer),
+        stage_params_per_rank(model, tp, pp, pp - 1, ranks["last"], n_layer)])
+    grad_bytes = n_stage * reduce_bytes(t)
     param_bytes = n_stage * STATE_BYTES[t.dtype][:, 0]
     kp, kg, ko = t.degree("params"), t.degree("grads"), t.degree("optim")
     shard = np.maximum(kg, ko)
-    # Gradients: reduce-scatter inside a sharding group and all-reduce of the shard across groups
-    # (a plain all-reduce when nothing is sharded); it can start only once the last micro-batch's
-    # backward produces them. Parameters updated from sharded optimizer states are gathered back,
-    # which can overlap the next iteration's first forward (Megatron's overlap-param-gather).
+    # Gradients once per step: reduce-scatter inside a sharding group and all-reduce of the shard
+    # across groups (HSDP's replication; a plain all-reduce when nothing is sharded). With
+    # sharded parameters the reduce-scatter ran per micro-batch (sharded_param_times) and only
+    # the cross-group all-reduce is left.
     grad_sync = np.where(
         shard > 1,
-        # With sharded parameters the reduce-scatter happens per micro-batch (below).
         np.where(kp > 1, 0.0, comm.reduce_scatter(system, shard, tp, grad_bytes))
         + comm.all_reduce(system, dp // shard, tp * shard, grad_bytes / shard),
         comm.all_reduce(system, dp, tp, grad_bytes),
     )
+    # Parameters updated from sharded optimizer states are gathered back (kept less sharded).
     param_gather = np.where(
         (shard > 1) & (kp < shard),
         comm.all_gather(system, shard // kp, tp * kp, param_bytes / kp), 0.0)
-    overlap = system.eff("dp_overlap", 0.0)
-    fwd_mb = stage.layers * blk.fwd
-    dp_exposed = (np.maximum(0.0, grad_sync - overlap * 2 * fwd_mb)
-                  + np.maximum(0.0, param_gather - overlap * fwd_mb))
-    # Sharded parameters: gathered for forward and backward of every micro-batch, gradients
-    # reduce-scattered; prefetching hides them behind the same micro-batch's compute.
-    per_mb = np.where(kp > 1, 2 * comm.all_gather(system, kp, tp, param_bytes)
-                      + comm.reduce_scatter(system, kp, tp, grad_bytes), 0.0)
-    fsdp_exposed = m * np.maximum(0.0, per_mb - overlap * stage.compute_mb)
+    # Bucketed engines (Megatron's --overlap-grad-reduce / --overlap-param-gather, DDP and
+    # FSDP's per-layer buckets, DeepSpeed's overlap_comm) reduce a layer's gradients while the
+    # earlier layers' backward runs and gather parameters behind the next forward: what shows is
+    # the part longer than that compute plus the last bucket (one layer's share). Without
+    # bucketing all of it shows.
+    layers = stage.layers
+    bwd_mb = layers * (blk.compute - blk.fwd)
+    fwd_mb = layers * blk.fwd
+    last = 1.0 / np.maximum(layers, 1)
+    bucketed = (np.maximum(0.0, grad_sync * (1 - last) - bwd_mb) + grad_sync * last
+                + np.maximum(0.0, param_gather * (1 - last) - fwd_mb) + param_gather * last)
+    dp_exposed = np.where(behaviour(t, "gradient_bucketing"), bucketed, grad_sync + param_gather)
+    fsdp_exposed = m * sharded_param_times(model, system, t, blk, layers, n_stage)
     optimizer = np.ceil(n_stage / ko) * OPTIMIZER_TRAFFIC[t.dtype] / r.memory
     return {"dp_comm": dp_exposed + fsdp_exposed, "optimizer": optimizer}
 

@@ -117,6 +117,8 @@ def classify(
                                f"no {what} for {quiet:.0f} s (limit {hung_after_s:.0f} s)")
         return Verdict(JobState.RUNNING)
 
+    if observed.gone:
+        return _forgotten(status, error, log_text, heartbeat_age_s)
     # The run's own account of an out-of-memory beats the scheduler's generic FAILED.
     if status == "oom" or state == S.OUT_OF_MEMORY or code == ExitCode.OOM:
         return Verdict(JobState.OOM, error or first_error_line(log_text) or "out of memory")
@@ -124,6 +126,8 @@ def classify(
         return Verdict(JobState.TIMEOUT, "time limit reached")
     if state == S.NODE_FAIL:
         return Verdict(JobState.NODE_FAIL, said or "a node failed")
+    if state == S.PREEMPTED:
+        return Verdict(JobState.PREEMPTED, said or "preempted")
     # Before the trace's "timeout": flm bench writes that on any SIGTERM, and scancel sends one
     # too, so only the scheduler knows whether the job was cancelled or ran out of time.
     if state == S.CANCELLED:
@@ -147,3 +151,28 @@ def classify(
             reason = f"exit code {code}" if code else (f"signal {sig}" if sig else "failed")
         return Verdict(JobState.FAILED, reason)
     return Verdict(JobState.UNKNOWN, said or f"scheduler state {state}")
+
+
+_FORGOTTEN = "the scheduler has no record of it"
+
+
+def _forgotten(status: str | None, error: str | None, log_text: str,
+               heartbeat_age_s: float | None) -> Verdict:
+    """A job the scheduler no longer knows (its controller restarted without its state, or
+    forgot the ended job before anyone asked): what its own trace says, else LOST."""
+    if status == "completed":
+        return Verdict(JobState.COMPLETED, f"from its trace ({_FORGOTTEN})")
+    if status == "suspect":
+        return Verdict(JobState.COMPLETED, error or "suspect measurement")
+    if status == "oom":
+        return Verdict(JobState.OOM, error or first_error_line(log_text) or "out of memory")
+    if status == "failed":
+        return Verdict(JobState.FAILED,
+                       first_error_line(log_text) or error or "trace status failed")
+    if status == "timeout":
+        # flm bench writes "timeout" on any SIGTERM: a time limit, a cancel, or a controller
+        # that killed a job it did not know; only the lost record could have told them apart.
+        return Verdict(JobState.LOST, f"{_FORGOTTEN}; its trace says it was stopped by a signal")
+    beat = (f"; last heartbeat {heartbeat_age_s:.0f} s ago" if heartbeat_age_s is not None
+            else "; it left no trace")
+    return Verdict(JobState.LOST, _FORGOTTEN + beat)

@@ -17,6 +17,18 @@ RUN_ID_FORMAT = "{key}-j{job}"
 # The job id as the script sees it: the array's id for array tasks, else the job's own.
 _SHELL_JOB_ID = "${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}"
 
+# SLURM may requeue a job (a node failed, a preemption, scontrol requeue): the same job id runs
+# again, with SLURM_RESTART_COUNT set to the number of restarts. Each such attempt gets a run
+# id of its own (suffix -r<N>), so its trace, heartbeat and step files never mix with an
+# earlier attempt's, and a log of its own beside the first one (sbatch --open-mode=append keeps
+# the first attempt's output; later attempts write <index>-<job>.r<N>.out).
+RESTART_SUFFIX = "-r{restart}"
+# The submit token (flm sweep submit's, also in the job's --comment) reaches the job in this
+# variable; the job writes it to <run-id>.token when it starts, so an interrupted submit can be
+# reconciled from the sweep's folder after the scheduler has forgotten the job.
+SUBMIT_TOKEN_ENV = "FLM_SUBMIT_TOKEN"
+TOKEN_FILE = ".token"
+
 # Ranks of several jobs may share a node: each job meets on base + (job id mod span).
 MASTER_PORT_SPAN = 20000
 DEFAULT_MASTER_PORT = 29500
@@ -35,9 +47,25 @@ STEP_START, STEP_EXIT, STEP_LOG = ".start", ".exit", ".log"
 PACK_KEYS_ENV = "FLM_PACK_KEYS"
 
 
-def run_id(key: str, job_id: str | int) -> str:
-    """The run id of job ``key`` under scheduler job (or array) ``job_id``."""
-    return RUN_ID_FORMAT.format(key=key, job=job_id)
+def run_id(key: str, job_id: str | int, restart: int = 0) -> str:
+    """The run id of job ``key`` under scheduler job (or array) ``job_id``, in its ``restart``-th
+    requeue (0: the first time it runs)."""
+    base = RUN_ID_FORMAT.format(key=key, job=job_id)
+    return base + RESTART_SUFFIX.format(restart=restart) if restart else base
+
+
+def restart_of(run_id_: str, key: str, job_id: str | int) -> int | None:
+    """Which restart ``run_id_`` is of job ``key`` under ``job_id`` (None: not one of them)."""
+    base = RUN_ID_FORMAT.format(key=key, job=job_id)
+    if run_id_ == base:
+        return 0
+    tail = run_id_.removeprefix(base + "-r")
+    return int(tail) if tail != run_id_ and tail.isdigit() else None
+
+
+def attempt_log_name(index: int | str, job_id: str | int, restart: int = 0) -> str:
+    """The log file (inside the group's log folder) of array task ``index`` of ``job_id``."""
+    return f"{index}-{job_id}" + (f".r{restart}" if restart else "") + ".out"
 
 
 def master_port(base: int, slurm_job_id: int, slot: int = 0, pack: int = 1) -> int:
@@ -52,8 +80,13 @@ def master_port(base: int, slurm_job_id: int, slot: int = 0, pack: int = 1) -> i
 def template_values(master_port_base: int, pack: int = 1) -> dict[str, str | int]:
     """The shell text and numbers the job templates render (``contract.*``)."""
     return {
-        # A double-quoted shell word; the script sets $key before it.
-        "run_id": RUN_ID_FORMAT.format(key="${key}", job=_SHELL_JOB_ID),
+        # A double-quoted shell word; the script sets $key and $restart_suffix before it.
+        "run_id": RUN_ID_FORMAT.format(key="${key}", job=_SHELL_JOB_ID) + "${restart_suffix}",
+        "restart_suffix": RESTART_SUFFIX.format(restart="$SLURM_RESTART_COUNT"),
+        "attempt_log": attempt_log_name("${SLURM_ARRAY_TASK_ID:-0}", _SHELL_JOB_ID,
+                                        "$SLURM_RESTART_COUNT"),
+        "submit_token_env": SUBMIT_TOKEN_ENV,
+        "token_file": TOKEN_FILE,
         "master_port": f"$(( {int(master_port_base)} + ${{SLURM_JOB_ID:-0}} "
                        f"% {MASTER_PORT_SPAN} ))",
         # A packed step's port: the script sets $slot (the step's place in its pack) before it.

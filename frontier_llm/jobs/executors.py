@@ -20,11 +20,18 @@ import subprocess
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from frontier_llm.errors import UserError
-from frontier_llm.jobs.contract import PACK_KEYS_ENV, STEP_LOG
+from frontier_llm.jobs.contract import (
+    PACK_KEYS_ENV,
+    STEP_LOG,
+    SUBMIT_TOKEN_ENV,
+    attempt_log_name,
+    restart_of,
+)
 from frontier_llm.jobs.contract import run_id as make_run_id
 from frontier_llm.jobs.lifecycle import JobState, Observation, SchedulerState
 from frontier_llm.jobs.packing import pack_keys, step_observation
@@ -65,6 +72,11 @@ class Executor(ABC):
         """Submissions made under ``token`` that were never recorded (after a crash)."""
         return {}
 
+    def ended_attempts(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Observation]]:
+        """Every ended run the scheduler recorded of each job in ``rows``, oldest first (a job
+        it requeued has several under one id); {} where the executor never requeues."""
+        return {}
+
 
 def array_spec(indices: Sequence[int]) -> str:
     """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8" (sbatch --array syntax)."""
@@ -103,9 +115,12 @@ class SlurmExecutor(Executor):
             # max_in_flight jobs of the sweep hold the machine at any time.
             dependency = f"afterany:{previous}" if (max_in_flight and previous) else None
             extra = [f"--comment=flm:{manifest.sweep}:{token}:{group['name']}"]
+            # The job writes the token beside its trace when it starts (contract.TOKEN_FILE).
+            export = f"--export=ALL,{SUBMIT_TOKEN_ENV}={token}"
             only = pack_keys(manifest, group["name"], jobs)
             if only:
-                extra.append(f"--export=ALL,{PACK_KEYS_ENV}={only}")
+                export += f",{PACK_KEYS_ENV}={only}"
+            extra.append(export)
             job_id = self.client.submit(
                 manifest.path(group["script"]), array=spec, hold=hold, dependency=dependency,
                 chdir=manifest.directory, extra_args=extra,
@@ -127,9 +142,22 @@ class SlurmExecutor(Executor):
             for r in ids.get(job_id, ()):
                 obs = status.observation()
                 if "step" in manifest.job(r["job_key"]):
-                    obs = step_observation(obs, manifest.trace_dir, r.get("run_id"))
+                    # A requeued allocation's steps write the files of its new attempt.
+                    run = (make_run_id(r["job_key"], base_id(job_id), obs.restarts)
+                           if obs.restarts else r.get("run_id"))
+                    obs = step_observation(obs, manifest.trace_dir, run)
+                    obs = replace(obs, restarts=status.restarts)
                 out[r["job_key"]] = obs
         return out
+
+    def ended_attempts(self, rows):
+        keys: dict[str, list[str]] = {}
+        for r in rows:
+            if r.get("scheduler_job_id"):
+                keys.setdefault(r["scheduler_job_id"], []).append(r["job_key"])
+        runs = self.client.ended_attempts(list(keys))
+        return {k: [s.observation() for s in runs.get(sid, [])]
+                for sid, ks in keys.items() for k in ks}
 
     def cancel(self, rows):
         self.client.cancel([r["scheduler_job_id"] for r in rows if r.get("scheduler_job_id")])
@@ -141,7 +169,9 @@ class SlurmExecutor(Executor):
         if "step" in manifest.job(row["job_key"]) and row.get("run_id"):
             return manifest.trace_dir / f"{row['run_id']}{STEP_LOG}"  # the step's own output
         group = manifest.job(row["job_key"])["group"]
-        return manifest.path(f"logs/{group}/{row['array_index']}-{base_id(sid)}.out")
+        restart = restart_of(row.get("run_id") or "", row["job_key"], base_id(sid)) or 0
+        return manifest.path(
+            f"logs/{group}/{attempt_log_name(row['array_index'], base_id(sid), restart)}")
 
     def find_submitted(self, manifest, token):
         prefix = f"flm:{manifest.sweep}:{token}:"

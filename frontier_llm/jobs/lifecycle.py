@@ -3,7 +3,15 @@
 :class:`JobState` is what ``flm_jobs.state`` holds (as Optuna's ``TrialState`` is for trials):
 
     RENDERED -> SUBMITTING -> PENDING -> RUNNING (-> HUNG) -> a terminal verdict
-    terminal: COMPLETED, OOM, TIMEOUT, NODE_FAIL, CANCELLED, FAILED
+    terminal: COMPLETED, OOM, TIMEOUT, NODE_FAIL, PREEMPTED, CANCELLED, FAILED, LOST
+
+A job SLURM requeues (after NODE_FAIL or PREEMPTED) runs again under the same job id: the
+ended attempt keeps its verdict in ``flm_attempts`` and the job's row follows the new one.
+
+LOST is the way out of UNKNOWN: the scheduler has no record of the job (its controller lost
+its state, or forgot the job before anyone asked) and the job's own files (trace, packed step
+exit file) say nothing final. It is retryable, and is looked at again from its files at every
+refresh, so a trace that turns up later still gives it its real verdict.
 
 :class:`SchedulerState` is what an executor reports of a job, in no scheduler's own words:
 ``jobs/slurm.py`` maps SLURM's (PENDING, COMPLETING, OUT_OF_MEMORY, "CANCELLED by 0", ...) to
@@ -30,9 +38,11 @@ class JobState(StrEnum):
     OOM = "OOM"
     TIMEOUT = "TIMEOUT"
     NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"  # a higher-priority job took its nodes
     CANCELLED = "CANCELLED"
     FAILED = "FAILED"
     UNKNOWN = "UNKNOWN"  # the executor could not tell; asked again at the next refresh
+    LOST = "LOST"  # the scheduler forgot it and its files say nothing final; retry reruns it
 
     @property
     def terminal(self) -> bool:
@@ -51,10 +61,11 @@ class JobState(StrEnum):
 
 
 _TERMINAL = frozenset({JobState.COMPLETED, JobState.OOM, JobState.TIMEOUT, JobState.NODE_FAIL,
-                       JobState.CANCELLED, JobState.FAILED})
+                       JobState.PREEMPTED, JobState.CANCELLED, JobState.FAILED, JobState.LOST})
 _ACTIVE = frozenset({JobState.PENDING, JobState.RUNNING, JobState.HUNG, JobState.UNKNOWN})
-_RETRYABLE = frozenset({JobState.OOM, JobState.TIMEOUT, JobState.NODE_FAIL, JobState.CANCELLED,
-                        JobState.FAILED, JobState.HUNG})
+_RETRYABLE = frozenset({JobState.OOM, JobState.TIMEOUT, JobState.NODE_FAIL, JobState.PREEMPTED,
+                        JobState.CANCELLED,
+                        JobState.FAILED, JobState.HUNG, JobState.LOST})
 
 
 class SchedulerState(StrEnum):
@@ -67,9 +78,10 @@ class SchedulerState(StrEnum):
     OUT_OF_MEMORY = "OUT_OF_MEMORY"  # killed by the scheduler's memory limit
     TIMEOUT = "TIMEOUT"  # killed at its time limit
     NODE_FAIL = "NODE_FAIL"  # a node failed (or never booted)
-    CANCELLED = "CANCELLED"  # cancelled, revoked or preempted
+    PREEMPTED = "PREEMPTED"  # a higher-priority job took its nodes
+    CANCELLED = "CANCELLED"  # cancelled or revoked
     EXITED = "EXITED"  # a process that ended: its exit code (if known) and trace tell the rest
-    UNKNOWN = "UNKNOWN"  # not found
+    UNKNOWN = "UNKNOWN"  # a state the executor does not know, or no record (Observation.gone)
 
     @property
     def ended(self) -> bool:
@@ -87,3 +99,5 @@ class Observation:
     start: str | None = None  # ISO 8601
     end: str | None = None
     said: str | None = None  # the scheduler's own words, for a verdict's reason
+    gone: bool = False  # the scheduler has no record of the job at all (state UNKNOWN)
+    restarts: int | None = None  # times the scheduler requeued it (None: not reported)

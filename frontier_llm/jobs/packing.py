@@ -19,7 +19,8 @@ from frontier_llm.jobs.lifecycle import Observation, SchedulerState
 # Allocation endings that say more about a step that had not finished than its own exit code
 # does (the script may write the status of a step killed by scancel or the time limit).
 _ALLOCATION_ENDINGS = (SchedulerState.CANCELLED, SchedulerState.TIMEOUT,
-                       SchedulerState.NODE_FAIL, SchedulerState.OUT_OF_MEMORY)
+                       SchedulerState.NODE_FAIL, SchedulerState.PREEMPTED,
+                       SchedulerState.OUT_OF_MEMORY)
 
 
 def _read(path: Path) -> str | None:
@@ -56,6 +57,8 @@ def step_observation(allocation: Observation, trace_dir: str | Path, run_id: str
         # the step's own start (the hung check measures from there).
         return Observation(allocation.state, allocation.exit_code, nodelist=allocation.nodelist,
                            start=started, end=allocation.end, said=allocation.said)
+    if allocation.gone:
+        return allocation  # forgotten by the scheduler: judged by its files (classify)
     if not allocation.state.ended:
         return Observation(SchedulerState.PENDING, nodelist=allocation.nodelist,
                            said="waiting for the layouts before it in its allocation")

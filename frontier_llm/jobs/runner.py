@@ -7,21 +7,27 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from frontier_llm.errors import UserError
 from frontier_llm.jobs.classify import classify, heartbeat_age, load_trace
+from frontier_llm.jobs.contract import TOKEN_FILE, restart_of
+from frontier_llm.jobs.contract import run_id as make_run_id
 from frontier_llm.jobs.executors import Executor, Submission, make_executor
 from frontier_llm.jobs.lifecycle import JobState, Observation, SchedulerState
-from frontier_llm.jobs.slurm import SlurmClient, SlurmError
+from frontier_llm.jobs.slurm import ControllerUnreachable, SlurmClient, SlurmError, base_id
 from frontier_llm.jobs.state import SweepJobs
 from frontier_llm.jobs.sweepdir import Manifest, load_manifest, render_sweep, with_resources
 from frontier_llm.jobs.sweepspec import Sweep, load_sweep
 from frontier_llm.store import Store
 
 DEFAULT_HUNG_AFTER_S = 1800.0
+# How long status, cancel and retry keep asking a controller that does not answer (slurmctld
+# restarting, failing over, overloaded) before they give up; --wait keeps asking until its own
+# --timeout. A restart takes seconds to minutes; a longer outage is an incident to report.
+DEFAULT_OUTAGE_LIMIT_S = 600.0
 
 
 @dataclass
@@ -33,10 +39,33 @@ class Session:
     # Told the sweep's rows whenever a submission or an observation is recorded, and after
     # every poll of wait(): the CLI draws its progress bar from them.
     watch: Callable[[list[dict[str, Any]]], None] | None = None
+    # Told one line when the controller stops answering and when it answers again.
+    say: Callable[[str], None] | None = None
+    outage_limit_s: float = DEFAULT_OUTAGE_LIMIT_S
+    # Since when the scheduler has not answered (None: it answered the last query), and what
+    # its client said.
+    unreachable_since: datetime | None = None
+    unreachable_said: str | None = None
 
     def notify(self, rows: list[dict[str, Any]] | None = None) -> None:
         if self.watch is not None:
             self.watch(self.state.rows() if rows is None else rows)
+
+    def tell(self, line: str) -> None:
+        if self.say is not None:
+            self.say(line)
+
+    @property
+    def outage(self) -> str | None:
+        """``controller unreachable since <time>`` while the scheduler does not answer."""
+        if self.unreachable_since is None:
+            return None
+        return (f"controller unreachable since {_stamp(self.unreachable_since)} "
+                f"({self.unreachable_said})")
+
+
+def _stamp(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def default_out(name: str) -> Path:
@@ -129,14 +158,38 @@ def _resume(session: Session) -> int:
     if not stuck:
         return 0
     tokens = {(r["reason"] or "").removeprefix("token ") for r in stuck}
+    keys = {r["job_key"] for r in stuck}
     found: dict[str, Submission] = {}
     for token in tokens:
+        if session.executor.name == "slurm":
+            # squeue remembers an ended job only MinJobAge seconds (300 by default); the token
+            # file a job writes when it starts is there for good.
+            found.update(_started_under(session.manifest, token, keys))
         found.update(session.executor.find_submitted(session.manifest, token))
-    found = {k: v for k, v in found.items() if k in {r["job_key"] for r in stuck}}
+    found = {k: v for k, v in found.items() if k in keys}
     session.state.mark_submitted(found)
     lost = [r["job_key"] for r in stuck if r["job_key"] not in found]
     session.state.revert_submitting(lost, "not found in the queue after an interrupted submit")
     return len(found)
+
+
+def _started_under(manifest: Manifest, token: str, keys: set[str]) -> dict[str, Submission]:
+    """Jobs of ``keys`` that started under submit ``token``, from the token files they wrote
+    beside their traces (contract.TOKEN_FILE): key -> (scheduler id, array index, run id)."""
+    found: dict[str, Submission] = {}
+    for path in Path(manifest.trace_dir).glob(f"*{TOKEN_FILE}"):
+        try:
+            if path.read_text().strip() != token:
+                continue
+        except OSError:
+            continue
+        run = path.name[: -len(TOKEN_FILE)]
+        for key in keys:
+            job = run[len(key) + 2:].split("-r")[0] if run.startswith(f"{key}-j") else ""
+            if job.isdigit() and restart_of(run, key, job) is not None:
+                index = manifest.job(key)["index"]
+                found[key] = (f"{job}_{index}", index, make_run_id(key, job))
+    return found
 
 
 def submit(session: Session, keys: Iterable[str] | None = None, *,
@@ -154,6 +207,10 @@ def submit(session: Session, keys: Iterable[str] | None = None, *,
     try:
         session.executor.submit(session.manifest, todo, _Recorder(session), token=token,
                                 max_in_flight=max_in_flight, hold=hold)
+    except ControllerUnreachable:
+        # sbatch may or may not have reached the queue: the rows stay SUBMITTING with their
+        # token, and the next submit adopts what the queue holds under it (_resume).
+        raise
     except SlurmError as exc:
         # Nothing of a refused sbatch reached the queue: those rows are not submitted.
         left = [r["job_key"] for r in session.state.rows(todo)
@@ -163,18 +220,125 @@ def submit(session: Session, keys: Iterable[str] | None = None, *,
     return {"submitted": len(todo), "adopted": adopted, "already": len(rows) - len(todo)}
 
 
-def refresh(session: Session) -> list[dict[str, Any]]:
-    """Observe every live job once (one batched query) and record the verdicts."""
+def refresh(session: Session, *, ride_out: bool = False) -> list[dict[str, Any]]:
+    """Observe every live job once (one batched query) and record the verdicts.
+
+    A controller that does not answer changes nothing recorded: the outage is noted on the
+    session (``session.outage``) and the rows come back as they were. With ``ride_out`` the
+    query is repeated with back-off (1 s, x1.5, up to 15 s) until the controller answers or
+    ``session.outage_limit_s`` of outage have passed.
+    """
+    import time
+
+    interval = 1.0
+    while True:
+        rows = _refresh_once(session)
+        if session.unreachable_since is None or not ride_out:
+            return rows
+        waited = (datetime.now(UTC) - session.unreachable_since).total_seconds()
+        if waited >= session.outage_limit_s:
+            return rows
+        time.sleep(min(interval, session.outage_limit_s - waited))
+        interval = min(15.0, interval * 1.5)
+
+
+def _refresh_once(session: Session) -> list[dict[str, Any]]:
     rows = session.state.rows()
     live = [r for r in rows if JobState(r["state"]).active and r.get("scheduler_job_id")]
     if live:
-        seen = session.executor.observe(session.manifest, live)
-        by_key = {r["job_key"]: r for r in live}
+        asked = datetime.now(UTC)  # a client may wait long before it says it got no answer
+        try:
+            seen = session.executor.observe(session.manifest, live)
+            by_key = _follow_requeues(session, {r["job_key"]: r for r in live}, seen)
+        except ControllerUnreachable as exc:
+            if session.unreachable_since is None:
+                session.unreachable_since = asked
+                session.unreachable_said = str(exc)
+                session.tell(f"flm: {session.outage}; still tracking, states as last seen")
+            return rows
+        if session.unreachable_since is not None:
+            gone = (datetime.now(UTC) - session.unreachable_since).total_seconds()
+            session.tell(f"flm: controller answers again after {gone:.0f} s unreachable")
+            session.unreachable_since = session.unreachable_said = None
         session.state.record([_verdict_update(session, by_key[k], o) for k, o in seen.items()])
+        rows = session.state.rows()
+    if _relook_lost(session, rows):
         rows = session.state.rows()
     if link_layouts(session, rows):
         rows = session.state.rows()
     return rows
+
+
+def _attempt_record(session: Session, row: Mapping[str, Any], state: str, reason: str | None,
+                    obs: Observation | None = None) -> dict[str, Any]:
+    """An ended attempt as flm_attempts keeps it."""
+    log = session.executor.log_path(session.manifest, row)
+    return {
+        "job_key": row["job_key"], "attempt": row["attempts"],
+        "scheduler_job_id": row.get("scheduler_job_id"), "run_id": row.get("run_id"),
+        "state": str(state), "reason": reason,
+        "exit_code": obs.exit_code if obs else row.get("exit_code"),
+        "nodelist": (obs.nodelist if obs else None) or row.get("nodelist"),
+        "started_at": _parse_time(obs.start) if obs else row.get("started_at"),
+        "finished_at": _parse_time(obs.end) if obs else row.get("finished_at"),
+        "log_path": str(log) if log is not None else None,
+    }
+
+
+def _follow_requeues(session: Session, rows: dict[str, dict[str, Any]],
+                     seen: Mapping[str, Observation]) -> dict[str, dict[str, Any]]:
+    """Jobs the scheduler requeued since the last look (same job id, a higher restart count)
+    start a new attempt: each ended one is kept in flm_attempts with its own verdict (NODE_FAIL,
+    PREEMPTED, ...), judged by its own run id's trace and log, and the job's row moves on to
+    the new run id, so the new attempt is never judged by an old attempt's heartbeat."""
+    moved: dict[str, tuple[int, int, str]] = {}
+    for key, obs in seen.items():
+        row = rows.get(key)
+        sid = row.get("scheduler_job_id") if row else None
+        if not obs.restarts or not sid or not row.get("run_id"):
+            continue
+        job = base_id(sid)
+        current = restart_of(row["run_id"], key, job)
+        if current is not None and obs.restarts > current:
+            moved[key] = (current, obs.restarts, job)
+    if not moved:
+        return rows
+    history = session.executor.ended_attempts([rows[k] for k in moved])
+    kept, updates = [], []
+    for key, (current, now_at, job) in moved.items():
+        row, runs = rows[key], history.get(key, [])
+        for restart in range(current, now_at):
+            old = {**row, "run_id": make_run_id(key, job, restart),
+                   "attempts": row["attempts"] + restart - current}
+            obs = runs[restart] if restart < len(runs) else None
+            if obs is None:
+                kept.append(_attempt_record(session, old, JobState.LOST,
+                                            "requeued by the scheduler; no record says why"))
+                continue
+            verdict = _verdict_update(session, old, obs)
+            state, reason = verdict["state"], verdict["reason"]
+            if not JobState(state).terminal:  # the record a requeue leaves (scontrol requeue)
+                state, reason = JobState.CANCELLED, f"requeued ({obs.said})"
+            kept.append(_attempt_record(session, old, state, reason, obs))
+        updates.append({"k": key, "run_id": make_run_id(key, job, now_at),
+                        "attempts": row["attempts"] + now_at - current, "reason": None,
+                        "exit_code": None, "started_at": None, "finished_at": None})
+        session.tell(f"flm: {key}: attempt {row['attempts']} ended {kept[-1]['state']}; "
+                     f"SLURM requeued it as attempt {updates[-1]['attempts']}")
+    session.state.archive(kept)
+    session.state.record(updates)
+    fresh = {r["job_key"]: r for r in session.state.rows(list(moved))}
+    return {**rows, **fresh}
+
+
+def _relook_lost(session: Session, rows: Sequence[Mapping[str, Any]]) -> int:
+    """LOST jobs are judged again from their files (no scheduler call): a trace that turns up
+    later (a job that lived on after its controller forgot it) gives its real verdict."""
+    gone = Observation(SchedulerState.UNKNOWN, gone=True)
+    updates = [u for u in (_verdict_update(session, r, gone) for r in rows
+                           if r["state"] == JobState.LOST) if u["state"] != JobState.LOST]
+    session.state.record(updates)
+    return len(updates)
 
 
 def link_layouts(session: Session, rows: Sequence[Mapping[str, Any]] | None = None) -> int:
@@ -197,10 +361,14 @@ def wait(session: Session, timeout_s: float, *, min_interval_s: float = 1.0,
     while True:
         rows = refresh(session)
         session.notify(rows)
-        if not unfinished(rows):
+        if not unfinished(rows) and session.unreachable_since is None:
             return rows
         if time.monotonic() >= deadline:
             return rows
+        if session.unreachable_since is not None:
+            down = (datetime.now(UTC) - session.unreachable_since).total_seconds()
+            if down >= session.outage_limit_s:
+                return rows
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
         interval = min(max_interval_s, interval * 1.5)
 
@@ -211,23 +379,39 @@ def unfinished(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
             if JobState(r["state"]).active or r["state"] == JobState.SUBMITTING]
 
 
+def require_controller(session: Session) -> None:
+    """cancel and retry act on what the scheduler says now: not while it does not answer."""
+    if session.unreachable_since is not None:
+        raise ControllerUnreachable(
+            f"{session.outage}; gave up after {session.outage_limit_s:g} s (--outage-limit); "
+            "nothing was changed")
+
+
 def cancel(session: Session, keys: Sequence[str] | None = None, *, hung_only: bool = False
            ) -> int:
-    rows = refresh(session)
-    targets = [r for r in rows if JobState(r["state"]).active and r.get("scheduler_job_id")
-               and (keys is None or r["job_key"] in keys)
+    rows = refresh(session, ride_out=True)
+    require_controller(session)
+    targets = [r for r in rows if (JobState(r["state"]).active or r["state"] == JobState.LOST)
+               and r.get("scheduler_job_id") and (keys is None or r["job_key"] in keys)
                and (not hung_only or r["state"] == JobState.HUNG)]
-    session.executor.cancel(targets)
-    if session.executor.name == "local":
-        session.state.record([{"k": r["job_key"], "state": JobState.CANCELLED,
-                               "reason": "cancelled by flm sweep cancel"} for r in targets])
+    session.executor.cancel([r for r in targets if r["state"] != JobState.LOST])
+    # The scheduler has no record of a LOST job: nothing to scancel, but the user's word ends it.
+    # A pending job that was scancelled never starts: it is CANCELLED now, whatever the
+    # scheduler remembers of it later (SLURM may forget a cancelled pending array task at once).
+    ended = [r for r in targets if session.executor.name == "local"
+             or r["state"] in (JobState.LOST, JobState.PENDING)]
+    session.state.record([{"k": r["job_key"], "state": JobState.CANCELLED,
+                           "reason": "cancelled by flm sweep cancel"
+                           + ("" if r["state"] != JobState.LOST else
+                              " (the scheduler had no record of it)")} for r in ended])
     return len(targets)
 
 
 def retry(session: Session, *, failed_only: bool, max_in_flight: int | None = None,
           hold: bool = False) -> dict[str, int]:
     """Resubmit ended jobs: those that did not complete (``failed_only``) or all of them."""
-    rows = refresh(session)
+    rows = refresh(session, ride_out=True)
+    require_controller(session)
     hung = [r for r in rows if r["state"] == JobState.HUNG]
     if hung:
         session.executor.cancel(hung)
@@ -238,6 +422,9 @@ def retry(session: Session, *, failed_only: bool, max_in_flight: int | None = No
     keys = [r["job_key"] for r in rows if pick(JobState(r["state"]))]
     if not keys:
         return {"submitted": 0, "adopted": 0, "already": len(rows)}
+    # The attempt that ended keeps its verdict, log and run id; the job's row moves on.
+    session.state.archive([_attempt_record(session, r, r["state"], r["reason"]) for r in rows
+                           if r["job_key"] in keys and r.get("scheduler_job_id")])
     session.state.record([{"k": k, "state": JobState.RENDERED, "reason": None} for k in keys])
     return submit(session, keys, max_in_flight=max_in_flight, hold=hold)
 
@@ -246,7 +433,7 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> str:
     counts = Counter(r["state"] for r in rows)
     J = JobState
     order = [J.COMPLETED, J.RUNNING, J.PENDING, J.HUNG, J.OOM, J.TIMEOUT, J.NODE_FAIL,
-             J.CANCELLED, J.FAILED, J.SUBMITTING, J.RENDERED, J.UNKNOWN]
+             J.PREEMPTED, J.CANCELLED, J.FAILED, J.LOST, J.SUBMITTING, J.RENDERED, J.UNKNOWN]
     parts = [f"{counts[s]} {s}" for s in order if counts.get(s)]
     parts += [f"{c} {s}" for s, c in counts.items() if s not in order]
     return f"{len(rows)} jobs: " + ", ".join(parts)

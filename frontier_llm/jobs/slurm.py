@@ -31,7 +31,8 @@ SLURM_STATES: Mapping[str, SchedulerState] = {
     "OUT_OF_MEMORY": _S.OUT_OF_MEMORY,
     **dict.fromkeys(("TIMEOUT", "DEADLINE"), _S.TIMEOUT),
     **dict.fromkeys(("NODE_FAIL", "BOOT_FAIL"), _S.NODE_FAIL),
-    **dict.fromkeys(("CANCELLED", "REVOKED", "PREEMPTED"), _S.CANCELLED),
+    **dict.fromkeys(("CANCELLED", "REVOKED"), _S.CANCELLED),
+    "PREEMPTED": _S.PREEMPTED,
 }
 
 
@@ -43,15 +44,43 @@ def slurm_word(state: str | None) -> str:
 def scheduler_state(state: str | None) -> SchedulerState:
     return SLURM_STATES.get(slurm_word(state), SchedulerState.UNKNOWN)
 
-_SQUEUE_FORMAT = "%i|%A|%T|%r|%N|%S|%e"
+# squeue --Format fields ("name:|" = no padding, "|" after): RestartCnt has no %-letter.
+_SQUEUE_FIELDS = ("JobArrayID", "JobID", "State", "Reason", "NodeList", "StartTime", "EndTime",
+                  "RestartCnt")
+_SQUEUE_FORMAT = ",".join(f"{f}:|" for f in _SQUEUE_FIELDS)
 _SACCT_FIELDS = "JobID,JobIDRaw,State,ExitCode,NodeList,Start,End"
-_EMPTY = {"", "(null)", "N/A", "None", "Unknown", "unknown"}
+_EMPTY = {"", "(null)", "N/A", "None", "NONE", "Unknown", "unknown"}
 
 Runner = Callable[..., subprocess.CompletedProcess]
 
 
 class SlurmError(UserError):
     """A SLURM command failed; the message is SLURM's own."""
+
+
+class ControllerUnreachable(SlurmError):
+    """slurmctld did not answer (down, restarting, overloaded): the jobs are not known to have
+    changed, so a tracker keeps what it recorded and asks again later (runner.refresh)."""
+
+
+# How SLURM's clients (22.05 to 24.x) say that the controller did not answer, as opposed to a
+# refusal (bad id, bad option) that asking again would not change.
+_UNREACHABLE = ("unable to contact slurm controller", "socket timed out", "connection refused",
+                "zero bytes were transmitted", "communication connection failure",
+                "slurmctld not responding", "slurm_receive_msg", "connection timed out",
+                "controller in standby mode", "unable to connect")
+
+
+def is_unreachable(stderr: str) -> bool:
+    """Whether a SLURM client's error output says the controller could not be reached."""
+    text = stderr.lower()
+    return any(s in text for s in _UNREACHABLE)
+
+
+def _failure(argv0: str, proc: subprocess.CompletedProcess, what: str | None = None
+             ) -> SlurmError:
+    message = _first_error(proc.stderr) or what or f"{argv0} exited {proc.returncode}"
+    return (ControllerUnreachable if is_unreachable(proc.stderr) else SlurmError)(message)
 
 
 @dataclass(frozen=True)
@@ -66,6 +95,8 @@ class JobStatus:
     start: str | None = None
     end: str | None = None
     raw_id: str | None = None  # the scheduler's own id of this task (for sacct --completion)
+    restarts: int | None = None  # RestartCnt: times SLURM requeued it (squeue only)
+    found: bool = True  # False: neither squeue nor sacct knows the job
 
     @property
     def terminal(self) -> bool:
@@ -74,8 +105,11 @@ class JobStatus:
     def observation(self) -> Observation:
         """The executor-neutral record of this status (what the classifier reads)."""
         word = slurm_word(self.state)
+        if not self.found:
+            return Observation(SchedulerState.UNKNOWN, said="neither squeue nor sacct knows it",
+                               gone=True)
         return Observation(scheduler_state(word), self.exit_code, self.nodelist, self.start,
-                           self.end, said=f"SLURM state {word}")
+                           self.end, said=f"SLURM state {word}", restarts=self.restarts)
 
 
 def _clean(value: str) -> str | None:
@@ -124,9 +158,10 @@ class SlurmClient:
                 "install sets up a local one)"
             ) from None
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"{argv[0]} did not answer within {self._timeout:.0f} s") from None
+            raise ControllerUnreachable(
+                f"{argv[0]} did not answer within {self._timeout:.0f} s") from None
         if check and proc.returncode != 0:
-            raise SlurmError(_first_error(proc.stderr) or f"{argv[0]} exited {proc.returncode}")
+            raise _failure(argv[0], proc)
         return proc
 
     # --- submission -------------------------------------------------------------------------
@@ -164,7 +199,13 @@ class SlurmClient:
         if not ids:
             return
         argv = ["scancel"] + ([f"--signal={signal}"] if signal else []) + ids
-        self._run(argv)
+        proc = self._run(argv, check=False)
+        # scancel cancels the ids it knows and complains of the others: a job the controller
+        # has already forgotten (ended, or lost with its state) needs no cancelling.
+        errors = [ln for ln in proc.stderr.splitlines() if ln.strip()
+                  and "invalid job id" not in ln.lower()]
+        if proc.returncode != 0 and errors:
+            raise _failure("scancel", proc)
 
     def release(self, job_ids: Iterable[str]) -> None:
         ids = sorted(set(job_ids))
@@ -203,13 +244,13 @@ class SlurmClient:
             elif "_" not in j and any(k.startswith(f"{j}_") for k in found):
                 out.update({k: v for k, v in found.items() if k.startswith(f"{j}_")})
             else:
-                out[j] = JobStatus(job_id=j, state="UNKNOWN")
+                out[j] = JobStatus(job_id=j, state="UNKNOWN", found=False)
         return out
 
     def _squeue(self, bases: Sequence[str]) -> dict[str, JobStatus]:
         proc = self._run(
             ["squeue", "--noheader", "--array", "--states=all", f"--jobs={','.join(bases)}",
-             f"--format={_SQUEUE_FORMAT}"],
+             f"--Format={_SQUEUE_FORMAT}"],
             check=False,
         )
         if proc.returncode != 0:
@@ -217,34 +258,42 @@ class SlurmClient:
             # the jobs it did know about are then looked up in sacct.
             if "Invalid job id" in proc.stderr:
                 return {}
-            raise SlurmError(_first_error(proc.stderr) or "squeue failed")
+            raise _failure("squeue", proc, "squeue failed")
         found: dict[str, JobStatus] = {}
         for line in proc.stdout.splitlines():
             parts = line.split("|")
-            if len(parts) != 7:
+            if len(parts) < len(_SQUEUE_FIELDS):
                 continue
-            job_id, raw, state, reason, nodelist, start, end = (p.strip() for p in parts)
+            job_id, raw, state, reason, nodelist, start, end, restarts = (
+                p.strip() for p in parts[:len(_SQUEUE_FIELDS)])
             self._raw_ids[job_id] = raw
             found[job_id] = JobStatus(
                 job_id=job_id, state=state, reason=_clean(reason), nodelist=_clean(nodelist),
                 start=_clean(start), end=_clean(end), raw_id=raw,
+                restarts=int(restarts) if restarts.isdigit() else None,
             )
         return found
 
     def _sacct(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        """The latest run of each job, with how often SLURM requeued it before (``restarts``:
+        the runs recorded before the latest)."""
+        return {j: replace(runs[-1], restarts=len(runs) - 1)
+                for j, runs in self.ended_attempts(job_ids).items() if runs}
+
+    def ended_attempts(self, job_ids: Sequence[str]) -> dict[str, list[JobStatus]]:
+        """Every recorded run of each job, oldest first (one sacct call): a requeued job has
+        one record per attempt (sacct --duplicates; the job-completion log keeps them all)."""
         if not job_ids:
             return {}
+        fields = f"--format={_SACCT_FIELDS}"
         if self._accounting is not False:
-            proc = self._run(
-                ["sacct", "--noheader", "--parsable2", "--allocations",
-                 f"--jobs={','.join(job_ids)}", f"--format={_SACCT_FIELDS}"],
-                check=False,
-            )
+            proc = self._run(["sacct", "--noheader", "--parsable2", "--allocations",
+                              "--duplicates", f"--jobs={','.join(job_ids)}", fields], check=False)
             if proc.returncode == 0:
                 self._accounting = True
-                return self._parse_sacct(proc.stdout, by_raw=False)
+                return self._parse_runs(proc.stdout, {j: [j] for j in job_ids}, by_raw=False)
             if "accounting storage is disabled" not in proc.stderr.lower():
-                raise SlurmError(_first_error(proc.stderr) or "sacct failed")
+                raise _failure("sacct", proc, "sacct failed")
             self._accounting = False
         # The job-completion log knows only raw ids: array tasks are found by the raw id that
         # squeue reported while they lived.
@@ -255,36 +304,32 @@ class SlurmClient:
         raws = [r for r in raw_to_ids if r.isdigit()]
         if not raws:
             return {}
-        proc = self._run(
-            ["sacct", "--completion", "--noheader", "--parsable2", f"--jobs={','.join(raws)}",
-             f"--format={_SACCT_FIELDS}"],
-            check=False,
-        )
+        proc = self._run(["sacct", "--completion", "--noheader", "--parsable2",
+                          f"--jobs={','.join(raws)}", fields], check=False)
         if proc.returncode != 0:
-            raise SlurmError(_first_error(proc.stderr) or "sacct --completion failed")
-        by_raw = self._parse_sacct(proc.stdout, by_raw=True)
-        out: dict[str, JobStatus] = {}
-        for raw, status in by_raw.items():
-            for j in raw_to_ids.get(raw, []):
-                out[j] = replace(status, job_id=j)
-        return out
+            raise _failure("sacct", proc, "sacct --completion failed")
+        return self._parse_runs(proc.stdout, raw_to_ids, by_raw=True)
 
     @staticmethod
-    def _parse_sacct(text: str, *, by_raw: bool) -> dict[str, JobStatus]:
-        out: dict[str, JobStatus] = {}
+    def _parse_runs(text: str, ids: Mapping[str, list[str]], *, by_raw: bool
+                    ) -> dict[str, list[JobStatus]]:
+        out: dict[str, list[JobStatus]] = {}
         for line in text.splitlines():
-            parts = line.split("|")
-            if len(parts) < 7:
+            parts = [p.strip() for p in line.split("|")]
+            if len(parts) < 7 or "." in parts[0]:  # job steps: the allocation speaks for all
                 continue
-            job_id, raw, state, exit_code, nodelist, start, end = (p.strip() for p in parts[:7])
-            if "." in job_id:  # job steps (batch, extern, 0, ...): the allocation speaks for all
+            job_id, raw, state, exit_code, nodelist, start, end = parts[:7]
+            word = slurm_word(state)
+            # A run that ended, or the record a requeue leaves (scontrol requeue).
+            if not (scheduler_state(word).ended or word.startswith("REQUEUE")):
                 continue
-            status = JobStatus(
-                job_id=job_id, state=state.split()[0] if state else "UNKNOWN",
-                exit_code=_clean(exit_code), nodelist=_clean(nodelist), start=_clean(start),
-                end=_clean(end), raw_id=raw,
-            )
-            out[raw if by_raw else job_id] = status
+            for j in ids.get(raw if by_raw else job_id, ()):
+                out.setdefault(j, []).append(JobStatus(
+                    job_id=j, state=word, exit_code=_clean(exit_code),
+                    nodelist=_clean(nodelist), start=_clean(start), end=_clean(end),
+                    raw_id=raw))
+        for runs in out.values():
+            runs.sort(key=lambda s: (s.start or "", s.end or ""))
         return out
 
     def find_by_comment(self, prefix: str) -> dict[str, str]:

@@ -21,7 +21,7 @@ from frontier_llm.errors import UserError
 from frontier_llm.jobs.lifecycle import JobState
 from frontier_llm.jobs.sweepdir import Manifest
 from frontier_llm.store import Store
-from frontier_llm.store.schema import flm_jobs, flm_layouts, flm_sweeps
+from frontier_llm.store.schema import flm_attempts, flm_jobs, flm_layouts, flm_sweeps
 
 _JOB_FIELDS = ("job_key", "state", "reason", "exit_code", "nodelist", "scheduler_job_id",
                "array_index", "script_path", "executor", "attempts", "run_id", "submitted_at",
@@ -97,7 +97,28 @@ class SweepJobs:
         with self.store.read() as conn:
             return [dict(r) for r in conn.execute(query).mappings()]
 
+    def earlier_attempts(self) -> dict[str, list[dict[str, Any]]]:
+        """Each job's ended attempts before its current one, oldest first."""
+        query = select(flm_attempts).where(flm_attempts.c.sweep_id == self.sweep_id).order_by(
+            flm_attempts.c.job_key, flm_attempts.c.attempt)
+        out: dict[str, list[dict[str, Any]]] = {}
+        with self.store.read() as conn:
+            for r in conn.execute(query).mappings():
+                out.setdefault(r["job_key"], []).append(dict(r))
+        return out
+
     # --- writes -----------------------------------------------------------------------------
+    def archive(self, attempts: list[dict[str, Any]]) -> None:
+        """Keep ended attempts (dicts of flm_attempts' columns, with job_key and attempt) before
+        their job's row moves on to a new one; an attempt already kept is left as it is."""
+        if not attempts:
+            return
+        rows = [{"sweep_id": self.sweep_id, **a} for a in attempts]
+        with self.store.write() as conn:
+            conn.execute(_insert(self.store, flm_attempts).on_conflict_do_nothing(
+                index_elements=["sweep_id", "job_key", "attempt"]), rows)
+
+
     def mark_submitting(self, keys: list[str], token: str, executor: str) -> None:
         """Record the intent before sbatch: reason holds the token SLURM's comment will carry."""
         self._update_many([{"k": k, "state": JobState.SUBMITTING, "reason": f"token {token}",

@@ -7,7 +7,8 @@ import numpy as np
 
 from frontier_llm.costmodel import TIME_PARTS
 from frontier_llm.planner.plan import Plan
-from frontier_llm.planner.space import OOM
+from frontier_llm.planner.space import ENGINE_REASON, OOM
+from frontier_llm.specs.engine_rules import RULES
 from frontier_llm.specs.layout import Schedule
 
 # Knobs compared one at a time: the fastest layout that differs from the winner in this knob.
@@ -36,6 +37,18 @@ def _main_difference(plan: Plan, best: int, other: int) -> str:
     return f"+{deltas[part]:.3g} s of {PART_NAMES[part]}"
 
 
+def _engine_rejections(plan: Plan) -> dict[str, tuple[int, list[str]]]:
+    """Per engine, the layouts its own rules rejected and the rules that did."""
+    out: dict[str, tuple[int, list[str]]] = {}
+    for (engine, rule), code in ENGINE_REASON.items():
+        count = int(np.sum(plan.reason == code))
+        if count:
+            total, rules = out.get(str(engine), (0, []))
+            out[str(engine)] = (total + count, [*rules, RULES[engine].reason(rule)
+                                                .removeprefix(f"engine {engine} ")])
+    return out
+
+
 def explain(plan: Plan) -> str:
     lines = []
     total = len(plan.reason)
@@ -44,6 +57,11 @@ def explain(plan: Plan) -> str:
                  f"{plan.system.memory_bytes / 1e9:.0f} GB, {total - valid:,} rejected:")
     for reason, count in sorted(plan.rejections().items(), key=lambda kv: -kv[1]):
         lines.append(f"  {count:>10,}  {reason}")
+    by_engine = _engine_rejections(plan)
+    if by_engine:
+        lines.append("Rejected by an engine's own rules (specs/engine_rules.py):")
+        lines += [f"  {engine:<10} {count:>10,}  ({'; '.join(rules)})"
+                  for engine, (count, rules) in by_engine.items()]
     order = plan.order()
     if not len(order):
         lines.append("No layout is valid and fits.")

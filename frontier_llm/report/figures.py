@@ -323,6 +323,7 @@ def plot_memory_breakdown(breakdown: pd.DataFrame, title: str | None = None) -> 
 
 _METRICS = {"iteration_time_s": ("iteration time (s)", True),
             "tflops_per_gpu": ("TFLOP/s per GPU", True),
+            "tokens_per_s_per_gpu": ("tokens/s per GPU", True),
             "pct_peak": ("% of peak (MFU)", False)}
 
 

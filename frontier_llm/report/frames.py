@@ -30,14 +30,15 @@ LAYOUT_KEYS = ("model", "system", "tp", "pp", "dp", "micro_batch", "global_batch
                "sharding")
 
 
-def layout_rows(model: ModelSpec, system: SystemSpec, layouts: Sequence[Layout],
-                engine: str = "megatron") -> pd.DataFrame:
-    """The cost model's figures for ``layouts`` (one row each), with the memory breakdown
-    (``mem_<part>_bytes``) and the layout's columns. Pure: no database, no files."""
+def layout_rows(model: ModelSpec, system: SystemSpec, layouts: Sequence[Layout]
+                ) -> pd.DataFrame:
+    """The cost model's figures for ``layouts`` (one row each, each with its own engine), with
+    the memory breakdown (``mem_<part>_bytes``) and the layout's columns. Pure: no database, no
+    files."""
     layouts = list(layouts)
     if not layouts:
         return pd.DataFrame(columns=[*LAYOUT_KEYS, "world_size", "seq_len"])
-    fig = evaluate(model, system, from_configs(layouts), engine)
+    fig = evaluate(model, system, from_configs(layouts))
     df = pd.DataFrame({
         "model": model.name, "system": system.name,
         "tp": [c.tp for c in layouts], "pp": [c.pp for c in layouts],

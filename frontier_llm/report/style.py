@@ -32,7 +32,8 @@ MISSING = {"color": "#999999", "marker": "o", "linestyle": "none", "markersize":
            "markerfacecolor": "none", "label": "missing point"}
 PUBLISHED = {"color": "#009E73", "marker": "D", "linestyle": "none", "label": "published"}
 MEMORY_PARTS = {"params": "#0072B2", "grads": "#56B4E9", "optimizer": "#009E73",
-                "activations": "#E69F00", "buffers": "#CC79A7", "reserved": "#999999"}
+                "activations": "#E69F00", "loss": "#D55E00", "buffers": "#CC79A7",
+                "reserved": "#999999"}
 # Extra colours for several series (layouts, models) in one panel.
 SERIES = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 

@@ -10,7 +10,10 @@ Sources:
   pipe/engine.py`` asserts ``zero_optimization_stage() < ZeroStageEnum.gradients``); its pipeline
   engine has one training schedule (``TrainSchedule``, 1F1B) and no interleaving; MiCS
   (``mics_shard_size``: all states sharded in groups) and ZeRO++ hpZ (``zero_hpz_partition_size``:
-  a secondary parameter shard inside a group) are ZeRO-3 features.
+  a secondary parameter shard inside a group) are ZeRO-3 features; DeepSpeed 0.19 removed MiCS
+  (``deepspeed/runtime/config.py``, ``_REMOVED_ZERO_CONFIG_KEYS``: "MiCS ZeRO-3 sharding has
+  been removed; 'zero_optimization.mics_shard_size' is no longer supported"), so of the partial
+  placements only hpZ runs.
 - Megatron-LM: schedules without and with interleaving
   (``--num-layers-per-virtual-pipeline-stage``),
   no GPipe; an uneven split (``--decoder-first/last-pipeline-num-layers``) is refused with
@@ -60,8 +63,16 @@ class EngineRules:
     # Behaviour the cost model reads.
     tp_comm_overlap: bool  # TP collectives overlapped with GEMMs
     prefetch: int  # sharded parameters gathered this many layers ahead (0: no prefetch)
+    # At most this many parameters are prefetched ahead (0: whole layers, ``prefetch`` of them).
+    prefetch_bucket_params: int
+    # Sharded parameters gathered one collective per module (each norm and linear layer) rather
+    # than one per layer; gradients reduce-scattered in buckets of at most this many elements
+    # (0: one per layer).
+    gather_per_module: bool
+    reduce_bucket_params: int
     reshard_after_forward: bool  # sharded parameters gathered again in backward
     gradient_bucketing: bool  # DP gradient reduction in buckets overlapped with backward
+    reduce_fp32: bool  # 16-bit training reduces gradients in fp32 (else in the training dtype)
     # How layers are split over pipeline chunks (specs/pipeline_split.py), and whether an uneven
     # split composes with the interleaved schedule.
     pipeline_split: str
@@ -160,11 +171,10 @@ class EngineRules:
 
 
 def _is_partial_of_zero3(sharding: Sharding) -> bool:
-    """MiCS (every component partial over one group) or ZeRO++ hpZ (parameters partial, the
-    rest fully sharded): the partial placements DeepSpeed builds on ZeRO-3."""
+    """ZeRO++ hpZ (parameters partial, the rest fully sharded): the partial placement DeepSpeed
+    builds on ZeRO-3. MiCS (every component partial over one group) was the other, removed in
+    DeepSpeed 0.19 (module docstring)."""
     kinds = [getattr(sharding, c).kind for c in COMPONENTS]
-    if all(k == PlacementKind.PARTIAL for k in kinds):
-        return len({getattr(sharding, c).group for c in COMPONENTS}) == 1
     return kinds == [PlacementKind.PARTIAL, PlacementKind.FULL, PlacementKind.FULL]
 
 
@@ -175,8 +185,14 @@ RULES: dict[Engine, EngineRules] = {
         shardings=None, pipeline_shardings=None, partial_sharding=True,
         sequence_parallel=True, dtypes=(DType.FP32, DType.BF16),
         dtype_reason="; fp16 needs loss scaling, which flm bench's native engine does not do",
-        tp_comm_overlap=False, prefetch=1, reshard_after_forward=True, gradient_bucketing=True,
-        pipeline_split="manual", whole_kv_heads=True, vocab_divisible=True,
+        # FSDP2 ``fully_shard``: reshard_after_forward=True by default, implicit prefetch of the
+        # next layer's all-gather in forward and backward; torchtitan's (and flm bench's)
+        # mixed precision reduces gradients in fp32 (``mixed_precision_reduce = "float32"``).
+        # ``fully_shard`` on each block gathers the block's parameters in one all-gather and
+        # reduce-scatters its gradients in one reduce-scatter.
+        tp_comm_overlap=False, prefetch=1, prefetch_bucket_params=0, gather_per_module=False,
+        reduce_bucket_params=0, reshard_after_forward=True, gradient_bucketing=True,
+        reduce_fp32=True, pipeline_split="manual", whole_kv_heads=True, vocab_divisible=True,
     ),
     Engine.MEGATRON: EngineRules(
         engine=Engine.MEGATRON, title="Megatron-LM",
@@ -184,8 +200,13 @@ RULES: dict[Engine, EngineRules] = {
         shardings=(zero_preset(0), zero_preset(1)), pipeline_shardings=None,
         partial_sharding=False, sequence_parallel=True,
         dtypes=(DType.FP32, DType.BF16, DType.FP16), dtype_reason="",
-        tp_comm_overlap=True, prefetch=0, reshard_after_forward=False, gradient_bucketing=True,
-        pipeline_split="first_last", uneven_interleaved=False,
+        # ``--tp-comm-overlap``, ``--overlap-grad-reduce`` / ``--overlap-param-gather`` (bucketed
+        # DP communication behind backward / the next forward: the README's measured setting);
+        # main gradients in fp32 and reduced in fp32 (``--accumulate-allreduce-grads-in-fp32``,
+        # the default for bf16). No parameter sharding, so nothing to prefetch.
+        tp_comm_overlap=True, prefetch=0, prefetch_bucket_params=0, gather_per_module=False,
+        reduce_bucket_params=0, reshard_after_forward=False, gradient_bucketing=True,
+        reduce_fp32=True, pipeline_split="first_last", uneven_interleaved=False,
     ),
     Engine.DEEPSPEED: EngineRules(
         engine=Engine.DEEPSPEED, title="DeepSpeed",
@@ -193,7 +214,18 @@ RULES: dict[Engine, EngineRules] = {
         shardings=tuple(zero_preset(s) for s in range(4)),
         pipeline_shardings=(zero_preset(0), zero_preset(1)), partial_sharding=True,
         sequence_parallel=False, dtypes=(DType.FP32, DType.BF16, DType.FP16), dtype_reason="",
-        tp_comm_overlap=False, prefetch=1, reshard_after_forward=True, gradient_bucketing=True,
+        # ZeRO-3 frees gathered parameters after each module's forward and gathers them again in
+        # backward, prefetching at most ``stage3_prefetch_bucket_size`` parameters ahead (default
+        # 5e7: a fraction of a large model's layer; deepspeed/runtime/zero/config.py);
+        # ``overlap_comm`` is on by
+        # default for stage 3 (reduction in ``reduce_bucket_size`` buckets behind backward);
+        # gradients are reduced in the training dtype (``communication_data_type`` unset).
+        # Parameters are fetched by a hook on each submodule (``fetch_sub_module``: one
+        # all-gather per norm or linear layer), gradients reduced in ``reduce_bucket_size``
+        # buckets (default 5e8 elements).
+        tp_comm_overlap=False, prefetch=1, prefetch_bucket_params=50_000_000,
+        gather_per_module=True, reduce_bucket_params=500_000_000,
+        reshard_after_forward=True, gradient_bucketing=True, reduce_fp32=False,
         pipeline_split="parameters",
     ),
 }

@@ -104,6 +104,27 @@ flm_jobs = Table(
     UniqueConstraint("sweep_id", "job_key", name="uq_flm_jobs_sweep_key"),
 )
 
+# One row per ended attempt of a job that ran again (SLURM requeued it after a node failure or
+# a preemption, or flm sweep retry resubmitted it); the job's current attempt is its flm_jobs
+# row. Revision 0007.
+flm_attempts = Table(
+    "flm_attempts", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("sweep_id", Integer, ForeignKey("flm_sweeps.id", ondelete="CASCADE"), nullable=False),
+    Column("job_key", String(200), nullable=False),
+    Column("attempt", Integer, nullable=False),  # 1 = the job's first run
+    Column("scheduler_job_id", String(64)),
+    Column("run_id", String(128)),
+    Column("state", String(32), nullable=False),
+    Column("reason", Text),
+    Column("exit_code", String(32)),
+    Column("nodelist", Text),
+    Column("started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("log_path", Text),
+    UniqueConstraint("sweep_id", "job_key", "attempt", name="uq_flm_attempts_job_attempt"),
+)
+
 flm_runs = Table(
     "flm_runs", metadata,
     Column("id", Integer, primary_key=True),

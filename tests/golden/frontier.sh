@@ -14,6 +14,7 @@
 #SBATCH --constraint=nvme
 #SBATCH --network=disable_rdzv_get
 #SBATCH --output=/lustre/orion/proj/sweeps/frontier-175b-weak/logs/g0/%a-%A.out
+#SBATCH --open-mode=append
 set -eo pipefail
 
 # --- environment ---
@@ -47,6 +48,14 @@ export FLM_SWEEP=frontier-175b-weak
 export TORCH_EXTENSIONS_DIR=/lustre/orion/proj/torch_ext
 # --- end environment ---
 
+# SLURM requeued this job (node failure, preemption): this attempt gets a run id and a log of
+# its own, so nothing of an earlier attempt is overwritten or mistaken for this one's.
+restart_suffix=""
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
+    restart_suffix="-r$SLURM_RESTART_COUNT"
+    exec >>/lustre/orion/proj/sweeps/frontier-175b-weak/logs/g0/"${SLURM_ARRAY_TASK_ID:-0}-${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}.r$SLURM_RESTART_COUNT.out" 2>&1
+fi
+
 # --- task ---
 task="${SLURM_ARRAY_TASK_ID:-0}"
 case "$task" in
@@ -54,7 +63,7 @@ case "$task" in
     *) echo "flm: this script has no task $task" >&2; exit 2 ;;
 esac
 trace_dir=/lustre/orion/proj/sweeps/frontier-175b-weak/traces
-run_id="${key}-j${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}"
+run_id="${key}-j${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}${restart_suffix}"
 mkdir -p "$trace_dir"
 export FLM_JOB_KEY="$key" FLM_RUN_ID="$run_id"
 # The first host, read whole and cut here: a pipe into head would let scontrol die of SIGPIPE
@@ -66,5 +75,7 @@ MASTER_ADDR="${MASTER_ADDR%%$'\n'*}"
 MASTER_PORT="$(( 29500 + ${SLURM_JOB_ID:-0} % 20000 ))"
 export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+# The submission this job belongs to (flm sweep submit reconciles interrupted submits).
+echo "${FLM_SUBMIT_TOKEN:-}" > "$trace_dir/$run_id.token"
 exec srun --nodes=128 --ntasks-per-node=8 --cpus-per-task=7 --gpus-per-task=1 --gpu-bind=closest \
     flm bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"

@@ -8,6 +8,7 @@
 #SBATCH --time=00:05:00
 #SBATCH --overcommit
 #SBATCH --output=/tmp/sweeps/tiny-cpu/logs/g0/%a-%A.out
+#SBATCH --open-mode=append
 set -eo pipefail
 
 # --- environment ---
@@ -15,6 +16,14 @@ export FLM_BINDING=none
 export OMP_NUM_THREADS=1
 export FLM_SWEEP=tiny-cpu
 # --- end environment ---
+
+# SLURM requeued this job (node failure, preemption): this attempt gets a run id and a log of
+# its own, so nothing of an earlier attempt is overwritten or mistaken for this one's.
+restart_suffix=""
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
+    restart_suffix="-r$SLURM_RESTART_COUNT"
+    exec >>/tmp/sweeps/tiny-cpu/logs/g0/"${SLURM_ARRAY_TASK_ID:-0}-${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}.r$SLURM_RESTART_COUNT.out" 2>&1
+fi
 
 # --- task ---
 task="${SLURM_ARRAY_TASK_ID:-0}"
@@ -24,7 +33,7 @@ case "$task" in
     *) echo "flm: this script has no task $task" >&2; exit 2 ;;
 esac
 trace_dir=/tmp/sweeps/tiny-cpu/traces
-run_id="${key}-j${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}"
+run_id="${key}-j${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}${restart_suffix}"
 mkdir -p "$trace_dir"
 export FLM_JOB_KEY="$key" FLM_RUN_ID="$run_id"
 # The first host, read whole and cut here: a pipe into head would let scontrol die of SIGPIPE
@@ -36,5 +45,7 @@ MASTER_ADDR="${MASTER_ADDR%%$'\n'*}"
 MASTER_PORT="$(( 29500 + ${SLURM_JOB_ID:-0} % 20000 ))"
 export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+# The submission this job belongs to (flm sweep submit reconciles interrupted submits).
+echo "${FLM_SUBMIT_TOKEN:-}" > "$trace_dir/$run_id.token"
 exec srun --overcommit --ntasks=4 \
     flm bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"

@@ -12,6 +12,7 @@
 #SBATCH --partition=standard-g
 #SBATCH --mem=0
 #SBATCH --output=/scratch/project_465000000/lumi-22b/logs/g0/%a-%A.out
+#SBATCH --open-mode=append
 set -eo pipefail
 
 # --- environment ---
@@ -33,6 +34,14 @@ export OMP_NUM_THREADS=7
 export FLM_SWEEP=lumi-22b
 # --- end environment ---
 
+# SLURM requeued this job (node failure, preemption): this attempt gets a run id and a log of
+# its own, so nothing of an earlier attempt is overwritten or mistaken for this one's.
+restart_suffix=""
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
+    restart_suffix="-r$SLURM_RESTART_COUNT"
+    exec >>/scratch/project_465000000/lumi-22b/logs/g0/"${SLURM_ARRAY_TASK_ID:-0}-${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}.r$SLURM_RESTART_COUNT.out" 2>&1
+fi
+
 # --- task ---
 task="${SLURM_ARRAY_TASK_ID:-0}"
 case "$task" in
@@ -40,7 +49,7 @@ case "$task" in
     *) echo "flm: this script has no task $task" >&2; exit 2 ;;
 esac
 trace_dir=/scratch/project_465000000/lumi-22b/traces
-run_id="${key}-j${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}"
+run_id="${key}-j${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}${restart_suffix}"
 mkdir -p "$trace_dir"
 export FLM_JOB_KEY="$key" FLM_RUN_ID="$run_id"
 # The first host, read whole and cut here: a pipe into head would let scontrol die of SIGPIPE
@@ -52,5 +61,7 @@ MASTER_ADDR="${MASTER_ADDR%%$'\n'*}"
 MASTER_PORT="$(( 29500 + ${SLURM_JOB_ID:-0} % 20000 ))"
 export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+# The submission this job belongs to (flm sweep submit reconciles interrupted submits).
+echo "${FLM_SUBMIT_TOKEN:-}" > "$trace_dir/$run_id.token"
 exec srun --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --gpus-per-node=8 --cpu-bind=mask_cpu:0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000 \
     flm bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"

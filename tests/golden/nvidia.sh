@@ -12,6 +12,7 @@
 #SBATCH --mem=0
 #SBATCH --exclusive
 #SBATCH --output=/scratch/sweeps/h100-explore/logs/g1/%a-%A.out
+#SBATCH --open-mode=append
 set -eo pipefail
 
 # --- environment ---
@@ -21,6 +22,14 @@ export OMP_NUM_THREADS=14
 export FLM_SWEEP=h100-explore
 # --- end environment ---
 
+# SLURM requeued this job (node failure, preemption): this attempt gets a run id and a log of
+# its own, so nothing of an earlier attempt is overwritten or mistaken for this one's.
+restart_suffix=""
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
+    restart_suffix="-r$SLURM_RESTART_COUNT"
+    exec >>/scratch/sweeps/h100-explore/logs/g1/"${SLURM_ARRAY_TASK_ID:-0}-${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}.r$SLURM_RESTART_COUNT.out" 2>&1
+fi
+
 # --- task ---
 task="${SLURM_ARRAY_TASK_ID:-0}"
 case "$task" in
@@ -29,7 +38,7 @@ case "$task" in
     *) echo "flm: this script has no task $task" >&2; exit 2 ;;
 esac
 trace_dir=/scratch/sweeps/h100-explore/traces
-run_id="${key}-j${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}"
+run_id="${key}-j${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}${restart_suffix}"
 mkdir -p "$trace_dir"
 export FLM_JOB_KEY="$key" FLM_RUN_ID="$run_id"
 # The first host, read whole and cut here: a pipe into head would let scontrol die of SIGPIPE
@@ -41,6 +50,8 @@ MASTER_ADDR="${MASTER_ADDR%%$'\n'*}"
 MASTER_PORT="$(( 29500 + ${SLURM_JOB_ID:-0} % 20000 ))"
 export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+# The submission this job belongs to (flm sweep submit reconciles interrupted submits).
+echo "${FLM_SUBMIT_TOKEN:-}" > "$trace_dir/$run_id.token"
 exec srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=112 --gpus-per-node=8 --container-image=/scratch/images/pytorch+flm.sqsh --container-mounts=/scratch:/scratch \
     torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$run_id" --no-python \
     python -m frontier_llm.cli bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"

@@ -1,0 +1,265 @@
+"""DeepSpeedEngine: one rank of a layout run by DeepSpeed (ZeRO 0-3, PipelineModule).
+
+The same GPT layers as the native engine (``model.py``, weights keyed by parameter name), the
+same data (``data.py``), a torch ``Adam`` with the native engine's hyper-parameters (not
+DeepSpeed's FusedAdam, which JIT-compiles for about 50 s on CPU: machine-notes), and the config
+from :func:`~frontier_llm.bench.deepspeed_config.deepspeed_config`. ``bench/run.py`` drives it
+exactly as it drives :class:`~frontier_llm.bench.engine.NativeEngine` (``step``,
+``state_bytes``, ``activations_peak_bytes``, ``coords``, ``has_last``): timing, trace, status
+and out-of-memory handling are run.py's, not repeated here.
+
+Rank layout: DeepSpeed's ``PipeModelDataParallelTopology`` orders ranks (pipe, data, model),
+model (TP) innermost: rank = (pp·dp + d)·tp + t, the native mesh's order, so a rank has the same
+coordinates under both engines.
+
+Model-state bytes are read from DeepSpeed's own containers after the first optimizer step (see
+:meth:`DeepSpeedEngine.state_bytes`); where they differ from the cost model's ZeRO accounting,
+``costmodel/deepspeed_buffers.py`` models the difference (docs/costmodel.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+import torch
+from torch import nn
+
+from frontier_llm.bench.activations import SavedTensorMeter
+from frontier_llm.bench.data import TokenSource
+from frontier_llm.bench.deepspeed_config import deepspeed_config
+from frontier_llm.bench.engine import LR, RankState
+from frontier_llm.bench.model import build_model, loss_fn
+from frontier_llm.specs.layout import Layout
+from frontier_llm.specs.model import ModelSpec
+
+BETAS, EPS = (0.9, 0.95), 1e-8
+
+
+def coords_of(layout: Layout, rank: int) -> dict[str, int]:
+    """(pp, dp, tp) coordinates of ``rank`` in DeepSpeed's (pipe, data, model) topology."""
+    t = rank % layout.tp
+    d = (rank // layout.tp) % layout.dp
+    p = rank // (layout.tp * layout.dp)
+    return {"pp": p, "dp": d, "tp": t}
+
+
+class GPTPiece(nn.Module):
+    """One entry of the PipelineModule's layer list: the embeddings, one block or the head, each
+    a :class:`GPT` holding only that part (weights keyed by name: the reference's values)."""
+
+    def __init__(self, spec: ModelSpec, layer_ids: list[int], first: bool, last: bool, *,
+                 seed: int, dtype: str, device: str, flash: bool, recompute: str) -> None:
+        super().__init__()
+        self.gpt = build_model(spec, seed=seed, dtype=dtype, device=device, layer_ids=layer_ids,
+                               first=first, last=last, flash=flash, recompute=recompute)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gpt(x)
+
+
+def piece_args(spec: ModelSpec) -> list[tuple[list[int], bool, bool]]:
+    """(layer_ids, first, last) of each pipeline piece: embeddings, the blocks, the head."""
+    return ([([], True, False)] + [([i], False, False) for i in range(spec.layers)]
+            + [([], False, True)])
+
+
+def piece_params(spec: ModelSpec) -> list[int]:
+    """Parameters of each piece, as DeepSpeed's ``partition_method='parameters'`` counts them
+    (built on the meta device: no memory)."""
+    from frontier_llm.bench.model import GPT
+
+    with torch.device("meta"):
+        return [sum(p.numel() for p in GPT(spec, layer_ids=ids, first=f, last=la).parameters())
+                for ids, f, la in piece_args(spec)]
+
+
+def pipeline_parts(spec: ModelSpec, pp: int) -> list[int]:
+    """DeepSpeed's piece boundaries for ``pp`` stages (``PipelineModule.parts``): what
+    ``_partition_layers('parameters')`` computes, through DeepSpeed's own function."""
+    from deepspeed.runtime.utils import partition_balanced
+
+    return list(partition_balanced(weights=piece_params(spec), num_parts=pp))
+
+
+def stage_blocks(spec: ModelSpec, pp: int) -> list[list[int]]:
+    """Transformer layers on each pipeline stage under DeepSpeed's partition."""
+    parts = pipeline_parts(spec, pp)
+    pieces = piece_args(spec)
+    return [[i for ids, _, _ in pieces[parts[s]:parts[s + 1]] for i in ids] for s in range(pp)]
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (views of one flat buffer count once,
+    by the buffer's size)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None or t.numel() == 0:
+            continue
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def _storages(tensors) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors if t is not None and t.numel()}
+
+
+class DeepSpeedEngine:
+    """Build and train one rank's part of the model with DeepSpeed (after init_process_group)."""
+
+    name = "deepspeed"
+
+    def __init__(self, spec: ModelSpec, layout: Layout, *, rank: int, world_size: int,
+                 device: torch.device, seed: int = 0, data: str | None = None,
+                 bucket_bytes: int | None = None, local_rank: int = 0) -> None:
+        # DeepSpeed asserts LOCAL_RANK is set (torchrun and its own launcher set it; srun and
+        # mpiexec do not): it comes from the launcher discovery of bench/launch.py.
+        os.environ.setdefault("LOCAL_RANK", str(local_rank))
+        import deepspeed
+
+        # Joins the process group run.py created (gloo on CPU, NCCL on GPUs); the PipelineModule
+        # topology needs DeepSpeed's communication backend before deepspeed.initialize.
+        deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
+        self.spec, self.layout, self.device, self.seed = spec, layout, device, seed
+        self.rank = rank
+        self.coords = coords_of(layout, rank)
+        torch.manual_seed(seed + 7919 * self.coords["dp"] + 104729 * self.coords["pp"])
+        self.data = TokenSource(spec.vocab, spec.seq_len, seed, data)
+        self.meter = SavedTensorMeter()
+        self.config = deepspeed_config(
+            layout, bucket_mb=bucket_bytes / 2**20 if bucket_bytes else None)
+        self.has_first = self.has_last = True
+        if layout.pp > 1:
+            model = self._pipeline_module(spec, layout, seed, device)
+            stage = self.coords["pp"]
+            self.has_first, self.has_last = stage == 0, stage == layout.pp - 1
+        else:
+            model = build_model(spec, seed=seed, dtype=layout.dtype, device=device,
+                                flash=layout.flash_attention, recompute=layout.recompute)
+        model.train()
+        self.inner = None
+
+        def make_optimizer(params):
+            self.inner = torch.optim.Adam(params, lr=LR, betas=BETAS, eps=EPS)
+            return self.inner
+
+        # AutoTP replaces the linear layers inside initialize: the optimizer must be built on
+        # the sharded parameters, so DeepSpeed gets a callable (machine-notes).
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=make_optimizer if layout.tp > 1
+            else make_optimizer(list(model.parameters())), config=self.config)
+        self._model_params = list(self.engine.module.parameters())
+        self.stage = self.config["zero_optimization"]["stage"]
+        self._state: RankState | None = None
+        self._grads_peak = 0
+        self._wrap_inner_step()
+
+    @staticmethod
+    def _pipeline_module(spec: ModelSpec, layout: Layout, seed: int, device: torch.device):
+        """``deepspeed.pipe.PipelineModule`` over the pieces, split by parameter count
+        (``partition_method='parameters'``, DeepSpeed's default and the cost model's
+        ``pipeline_split`` for this engine); only this stage's pieces are built (LayerSpec)."""
+        from deepspeed.pipe import LayerSpec, PipelineModule
+        from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+        kw = dict(seed=seed, dtype=layout.dtype, device=str(device),
+                  flash=layout.flash_attention, recompute=layout.recompute)
+        specs = [LayerSpec(GPTPiece, spec, ids, first, last, **kw)
+                 for ids, first, last in piece_args(spec)]
+        topo = PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp,
+                                             num_dp=layout.dp)
+        # PipelineModule prints its partition on stdout, where flm bench's summary line goes.
+        with contextlib.redirect_stdout(sys.stderr):
+            return PipelineModule(layers=specs, topology=topo, loss_fn=loss_fn,
+                                  partition_method="parameters")
+
+    # -- measuring what this rank holds -----------------------------------------------------
+    def _wrap_inner_step(self) -> None:
+        """Measure gradients where they are complete: when DeepSpeed calls the torch optimizer
+        (after the reduction, at the accumulation boundary)."""
+        inner_step = self.inner.step
+
+        def step(*args, **kwargs):
+            out = inner_step(*args, **kwargs)
+            if self._state is None:
+                self._state = self._measure()
+            return out
+
+        self.inner.step = step
+
+    def _param_tensors(self) -> list[torch.Tensor]:
+        """The parameter storage this rank keeps between steps (ZeRO-3: its partitions)."""
+        if self.stage == 3:
+            # ZeRO++ hpZ adds a secondary shard over its partition group (gathered in backward).
+            return [t for p in self._model_params
+                    for t in (p.ds_tensor, getattr(p, "ds_secondary_tensor", None))
+                    if t is not None]
+        return [p.detach() for p in self._model_params]
+
+    def _measure(self) -> RankState:
+        params = self._param_tensors()
+        param_storage = _storages(params)
+        opt_params = [p for g in self.inner.param_groups for p in g["params"]]
+        # Gradients: the model's .grad (ZeRO 0/1 keep whole ones) and the partitions the
+        # torch optimizer was handed (ZeRO 1-3); the same storage counted once.
+        grads = [p.grad for p in self._model_params] + [p.grad for p in opt_params]
+        # Optimizer: Adam's moments, plus DeepSpeed's fp32 master partition where it is a copy
+        # (ZeRO 1/2 always clone it, even in fp32; ZeRO-3 shares the fp32 parameters).
+        state = [t for s in self.inner.state.values() for t in s.values()
+                 if isinstance(t, torch.Tensor) and t.dim() > 0]
+        masters = [p for p in opt_params if p.untyped_storage().data_ptr() not in param_storage]
+        return RankState(params_bytes=sum(t.numel() * t.element_size() for t in params),
+                         grads_bytes=_storage_bytes(grads),
+                         optimizer_bytes=_storage_bytes(state) + _storage_bytes(masters))
+
+    def state_bytes(self) -> RankState:
+        state = self._state or RankState(0, 0, 0)
+        return RankState(state.params_bytes, max(state.grads_bytes, self._grads_peak),
+                         state.optimizer_bytes)
+
+    @property
+    def activations_peak_bytes(self) -> int:
+        return self.meter.peak
+
+    def parameters(self) -> list[nn.Parameter]:
+        return list(self._model_params)
+
+    # -- one training step -----------------------------------------------------------------
+    def _fwd_bwd(self, inputs: torch.Tensor, targets: torch.Tensor) -> float | None:
+        lay = self.layout
+        if lay.pp > 1:
+            # PipelineEngine runs the whole 1F1B schedule over the micro-batches (first stage
+            # reads inputs, last stage labels) and returns their mean loss on every rank.
+            batches = iter(list(zip(inputs.split(lay.micro_batch),
+                                    targets.split(lay.micro_batch), strict=True)))
+            loss = self.engine.train_batch(data_iter=batches)
+            self._grads_peak = max(self._grads_peak, _storage_bytes(
+                [p.grad for p in self._model_params]))
+            return float(loss) if self.has_last else None
+        total = 0.0
+        for x, y in zip(inputs.split(lay.micro_batch), targets.split(lay.micro_batch),
+                        strict=True):
+            loss = loss_fn(self.engine(x), y)
+            # DeepSpeed scales by 1/gradient_accumulation_steps in backward and steps the
+            # optimizer at the accumulation boundary only.
+            self.engine.backward(loss)
+            # ZeRO 0/1 accumulate whole gradients in .grad until the boundary; ZeRO 2 views
+            # of its partition buffer: what is held between backward and the step.
+            self._grads_peak = max(self._grads_peak, _storage_bytes(
+                [p.grad for p in self._model_params]))
+            self.engine.step()
+            total += float(loss.detach()) / lay.num_microbatches
+        return total
+
+    def step(self, step: int, measure_activations: bool = False) -> float | None:
+        """One optimizer step over this rank's slice of global batch ``step``."""
+        inputs, targets = self.data.rank_batch(step, self.layout.global_batch, self.layout.dp,
+                                               self.coords["dp"])
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        if measure_activations:
+            self.meter.reset_peak()
+            with self.meter.measuring():
+                return self._fwd_bwd(inputs, targets)
+        return self._fwd_bwd(inputs, targets)

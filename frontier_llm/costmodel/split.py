@@ -1,0 +1,83 @@
+"""Layers per pipeline rank, as each layout's engine splits them (specs/pipeline_split.py).
+
+The cost model needs, per layout, the layers a pipeline rank holds (all its chunks) and its
+fullest chunk (interleaving keeps chunks in flight), for the ranks whose memory can be the peak
+(rank 0, the fullest middle rank, rank p − 1: the fullest sets the peak) and the slowest (it sets
+the pace). The split (``specs/pipeline_split.stage_layers``) depends only on (pp,
+virtual_stages, engine), so it is computed once per distinct combination in a table and gathered
+back per row.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from frontier_llm.costmodel.layouts import LayoutTable
+from frontier_llm.errors import SpecError
+from frontier_llm.specs.layout import Engine
+from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.pipeline_split import stage_layers
+
+
+def chunk_layers(model: ModelSpec, pp: int, virtual_stages: int, engine: int
+                 ) -> tuple[int, ...]:
+    """Layers of each of the pp × v chunks in pipeline order (chunk c·pp + r on rank r), as
+    the engine (its code) splits them. A split the engine refuses (Megatron: uneven with
+    interleaving) is costed as the even floor split; the engine's rule rejects the layout."""
+    try:
+        return stage_layers(model.layers, pp, virtual_stages, Engine.from_code(engine), model)
+    except SpecError:
+        n = pp * virtual_stages
+        return (model.layers // n,) * n
+
+
+@lru_cache(maxsize=4096)
+def _split(model: ModelSpec, pp: int, v: int, engine: int) -> tuple[tuple[int, int], ...]:
+    """(layers held, fullest chunk) of every rank."""
+    chunks = chunk_layers(model, pp, v, engine)
+    return tuple((sum(chunks[r::pp]), max(chunks[r::pp])) for r in range(pp))
+
+
+def _gather(model: ModelSpec, t: LayoutTable, fn) -> np.ndarray:
+    """``fn(split, pp)`` (a tuple of ints) for each distinct (pp, v, engine) of ``t``, per row."""
+    key = (t.pp.astype(np.int64) * 65536 + t.virtual_stages) * 16 + t.engine
+    uniq, inverse = np.unique(key, return_inverse=True)
+    rows = [fn(_split(model, int(k // 16 // 65536), int(k // 16 % 65536), int(k % 16)),
+               int(k // 16 // 65536)) for k in uniq]
+    return np.array(rows, dtype=np.int64).reshape(len(uniq), -1)[inverse.reshape(-1)]
+
+
+def _summary(split, pp) -> tuple[int, ...]:
+    held = [h for h, _ in split]
+    mid = max(range(1, pp - 1), key=lambda r: (held[r], -r), default=0)
+    return (held[0], split[0][1], mid, held[mid], split[mid][1], held[-1], split[-1][1],
+            max(held[:-1] or [0]))
+
+
+def pipeline_ranks(model: ModelSpec, t: LayoutTable) -> dict[str, np.ndarray]:
+    """Per layout: ``first``/``last`` (layers held by rank 0 / p − 1) with their fullest chunks
+    ``chunk_first``/``chunk_last``; ``mid`` (the middle rank holding the most layers, the
+    earliest on a tie: 0 when pp < 3), its ``mid_held`` and ``chunk_mid``; ``most_but_last``
+    (the most held by any rank but the last, which also runs the head). Computed once per
+    table and model (step time and memory both read it)."""
+    memo = t.__dict__.get("_pipeline_ranks")
+    if memo is not None and memo[0] is model:
+        return memo[1]
+    cols = _gather(model, t, _summary) if len(t) else np.zeros((0, 8), dtype=np.int64)
+    names = ("first", "chunk_first", "mid", "mid_held", "chunk_mid", "last", "chunk_last",
+             "most_but_last")
+    out = {n: cols[:, i] for i, n in enumerate(names)}
+    t.__dict__["_pipeline_ranks"] = (model, out)
+    return out
+
+
+def rank_layers(model: ModelSpec, t: LayoutTable, pp_rank) -> tuple[np.ndarray, np.ndarray]:
+    """(layers held, fullest chunk) of rank ``pp_rank`` (an int or a column) in every layout.
+    One Python step per row: for the scalar helpers, not the planner's tables."""
+    r = np.broadcast_to(np.asarray(pp_rank), (len(t),))
+    out = [_split(model, int(pp), int(v), int(e))[int(rr)]
+           for pp, v, e, rr in zip(t.pp, t.virtual_stages, t.engine, r, strict=False)]
+    arr = np.array(out, dtype=np.int64).reshape(len(t), 2)
+    return arr[:, 0], arr[:, 1]
