@@ -45,7 +45,7 @@ CASES = [
     ("bench-memory-limit", ["bench", "--model", "tiny-gpt", "--memory-limit", "9" * 400,
                             "--trace-dir", "{tmp}/t"], "too large"),
     ("bench-engine", ["bench", "--model", "tiny-gpt", "--engine", "megatron", "--trace-dir",
-                      "{tmp}/t"], "runs engine native only"),
+                      "{tmp}/t"], "engine megatron is for planning only"),
     ("bench-config-binary", ["bench", "--config", "{bin}", "--trace-dir", "{tmp}/t"],
      "not a text file"),
     ("sweep-submit-in-flight", ["sweep", "submit", "x.yaml", "--max-in-flight", "0"],
