@@ -129,7 +129,9 @@ def test_faults_are_classified_and_lose_nothing(slurm_cluster, tmp_path):
     assert states == {"ok": "COMPLETED", "crash": "FAILED", "oom": "OOM", "slow": "TIMEOUT",
                       "cancel": "CANCELLED"}, rows
     assert "injected crash" in rows["crash"]["reason"]
-    assert "allocate memory" in rows["oom"]["reason"]
+    # Where the allocation fails under the limit decides the words (torch's allocator, or
+    # Python's MemoryError while the rank writes its trace); the state above is what counts.
+    assert any(w in rows["oom"]["reason"] for w in ("allocate memory", "MemoryError"))
     # The faults cost no other job its result.
     ok = read_trace(trace_path(out / "traces", rows["ok"]["run_id"]))
     assert ok["status"] == "completed"

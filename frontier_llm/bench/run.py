@@ -109,8 +109,9 @@ def prediction_fields(cfg: BenchConfig) -> dict:
     try:
         from frontier_llm.costmodel import predict
 
-        # The engine's own activation-saving convention (PyTorch-native SP keeps gathered inputs).
-        pred = predict(cfg.model, cfg.system, cfg.layout, engine="native")
+        # The layout names its engine, and with it the engine's own conventions (what it saves
+        # for backward, what it shards): the cost model reads them from the layout.
+        pred = predict(cfg.model, cfg.system, cfg.layout)
     except Exception as exc:  # the benchmark must run even where the cost model has no answer
         return {"prediction": None, "prediction_error": _describe("cost model", exc)}
     out: dict = {}
@@ -120,8 +121,7 @@ def prediction_fields(cfg: BenchConfig) -> dict:
         pred["memory_per_rank"] = [
             {"pp_stage": s, **{k: int(v) for k, v in
                                rank_state_bytes(cfg.model, cfg.layout, s).items()},
-             "activations_bytes": int(rank_activation_bytes(cfg.model, cfg.layout, s,
-                                                            engine="native"))}
+             "activations_bytes": int(rank_activation_bytes(cfg.model, cfg.layout, s))}
             for s in range(cfg.layout.pp)
         ]
     except Exception as exc:
