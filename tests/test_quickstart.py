@@ -211,8 +211,10 @@ def test_a_folder_made_with_other_settings_is_refused(tmp_path, capsys):
     (tmp_path / "other" / "mine.txt").write_text("x")
     assert main(["quickstart", "--out", str(tmp_path / "other")]) == 2
     assert "not a quickstart folder" in capsys.readouterr().err
-    assert main(["quickstart", "--out", str(tmp_path / "new"), "--trials", "0"]) == 2
-    assert "--trials must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # argparse's type check: exit 2, one line
+        main(["quickstart", "--out", str(tmp_path / "new"), "--trials", "0"])
+    assert refused.value.code == 2
+    assert "--trials must be between 1 and 1,000" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
 
 

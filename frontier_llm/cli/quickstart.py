@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from frontier_llm.cli.common import add_command
+from frontier_llm.cli.numbers import count
 
 DEFAULT_OUT = "flm-quickstart"
 DEFAULT_SYSTEM = "cpu-local-fit"  # frontier_llm.quickstart.settings.DEFAULT_SYSTEM (lazy import)
@@ -40,15 +41,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"{DEFAULT_SYSTEM}, cpu-local calibrated on this project's 2-core VM: "
                         "on another machine make your own with flm calibrate (docs/tune.md)")
     g = p.add_argument_group("size (smaller for CI; a folder keeps the sizes it was made with)")
-    g.add_argument("--layouts", type=int, default=4, metavar="N",
+    # Bounds at parse time, so an absurd size is refused before anything is written.
+    g.add_argument("--layouts", type=count(1, 6, "--layouts"), default=4, metavar="N",
                    help="4-rank layouts to measure: the fastest predicted of each TP x PP "
                         "shape (default 4, at most the 6 shapes of 4 ranks; the weak-scaling "
                         "series adds 2 smaller runs)")
-    g.add_argument("--steps", type=int, default=4, metavar="N",
-                   help="measured training steps per run, after one warm-up step (default 4)")
-    g.add_argument("--trials", type=int, default=4, metavar="N",
-                   help="jobs the Optuna study may run (default 4; its first 2 are the "
-                        "model's favourites)")
+    g.add_argument("--steps", type=count(1, 10_000, "--steps"), default=4, metavar="N",
+                   help="measured training steps per run, after one warm-up step (default 4, "
+                        "at most 10,000)")
+    g.add_argument("--trials", type=count(1, 1_000, "--trials"), default=4, metavar="N",
+                   help="jobs the Optuna study may run (default 4, at most 1,000; its first "
+                        "2 are the model's favourites)")
     p.set_defaults(func=_quickstart)
 
 
