@@ -45,7 +45,8 @@ RATE_EFFICIENCIES = ("matmul", "memory", "collective")
 class Efficiency:
     """A fraction (0 <= value <= 1), with where it came from: an achievable share of a datasheet
     rate (``matmul``, ``memory``, ``collective``) or a share of communication hidden behind
-    compute (``tp_overlap``, ``dp_overlap``)."""
+    compute (``tp_overlap``). Data-parallel overlap is no knob: the engine's behaviour decides
+    it (docs/costmodel.md)."""
 
     value: float
     source: str = ""
