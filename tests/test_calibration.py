@@ -77,10 +77,6 @@ def test_errors_per_system_are_within_bounds(table):
         assert error_summary(rows)["mape"] <= 0.05, system
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not met: torchtitan's 'selective' is op-level activation checkpointing (every second "
-    "matmul recomputed), a recompute mode the layout vocabulary does not have; the model keeps "
-    "every activation for it (docs/costmodel.md §6)"))
 def test_stated_peak_memory_within_ten_percent(table):
     errors = table["memory_error"].dropna()
     assert len(errors) and np.all(np.abs(errors) <= 0.10), errors

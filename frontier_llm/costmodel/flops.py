@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from frontier_llm.costmodel.checkpoint_policy import kept_dense_fraction
 from frontier_llm.specs.model import ModelSpec
 
 ArrayLike = Any  # float or numpy array
@@ -50,16 +51,20 @@ def recompute_flops(model: ModelSpec, batch_tokens: ArrayLike, recompute: str) -
 
     ``full`` reruns every block's forward (not the logits): the 72 -> 96 factor of eq. 3.
     ``selective`` (Korthikanti et al. 2022 §4.2) reruns only the attention core, Q·Kᵀ, softmax and
-    scores·V.
+    scores·V. ``selective-op`` reruns the matrix multiplies whose outputs it does not keep
+    (:mod:`.checkpoint_policy`); the attention kernel's output is kept (PyTorch's SDPA, as
+    torchtitan runs it).
     """
     dense, attn = layer_forward_flops_per_token(model)
+    if recompute == "selective-op":
+        return model.layers * dense * (1 - float(kept_dense_fraction(model))) * batch_tokens
     if recompute == "full":
         return model.layers * (dense + attn) * batch_tokens
     if recompute == "selective":
         return model.layers * attn * batch_tokens
     if recompute == "none":
         return 0.0 * batch_tokens
-    raise ValueError(f"recompute must be none, selective or full (got {recompute!r})")
+    raise ValueError(f"recompute must be none, selective, full or selective-op (got {recompute!r})")
 
 
 def hardware_flops(model: ModelSpec, batch_tokens: ArrayLike, recompute: str) -> ArrayLike:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from frontier_llm.costmodel.behaviour import behaviour
+from frontier_llm.costmodel.checkpoint_policy import kept_bytes_per_token
 from frontier_llm.costmodel.deepspeed_buffers import (
     extra_optimizer_bytes,
     extra_param_bytes,
@@ -126,9 +127,14 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None) -> n
     layers_per_chunk = chunk  # every chunk in flight counted as the rank's fullest
     full = layer_activation_bytes(model, t)
     # Full recompute keeps only each layer's input, and rebuilds one layer at a time (its input
-    # is then part of the rebuilt layer).
-    per_layer = np.where(t.recompute == Recompute.FULL.code, sb * h * e * rep, full)
-    transient = np.where(t.recompute == Recompute.FULL.code, full - per_layer, 0)
+    # is then part of the rebuilt layer); op-level selective keeps the input and what its policy
+    # saves (costmodel/checkpoint_policy.py), and rebuilds the rest of one layer at a time.
+    is_full = t.recompute == Recompute.FULL.code
+    is_op = t.recompute == Recompute.SELECTIVE_OP.code
+    layer_input = sb * h * e * rep
+    op_kept = layer_input + sb * kept_bytes_per_token(model, t.tp, e, t.flash_attention)
+    per_layer = np.select([is_full, is_op], [layer_input, op_kept], full)
+    transient = np.where(is_full | is_op, np.maximum(full - per_layer, 0), 0)
     layers = chunks * layers_per_chunk
     micro_in_flight = np.where(t.schedule == Schedule.INTERLEAVED.code,
                                _cdiv(chunks, t.virtual_stages), chunks)

@@ -12,7 +12,8 @@ Per micro-batch and transformer block, a rank spends:
   communication (Megatron's ``--tp-comm-overlap``), up to the ``tp_overlap`` fraction of the
   block's GEMM time hides it;
 - recomputation: full recompute replays the forward (and its TP communication); selective replays
-  the attention core only.
+  the attention core only; op-level selective replays all but the matmuls and attention kernel
+  it keeps (:mod:`.checkpoint_policy`).
 
 A pipeline rank holds the blocks its engine's split gives it (:mod:`.split`); the first adds the
 embedding, the last the output head and the loss. Pipeline stages exchange ``b·s·h/t`` elements
@@ -36,6 +37,7 @@ import numpy as np
 
 from frontier_llm.costmodel import comm
 from frontier_llm.costmodel.behaviour import behaviour
+from frontier_llm.costmodel.checkpoint_policy import kept_dense_fraction
 from frontier_llm.costmodel.flops import (
     layer_forward_flops_per_token,
     logits_forward_flops_per_token,
@@ -129,7 +131,13 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates)
     bwd_comm = 2 * tp_ar
     full = t.recompute == Recompute.FULL.code
     selective = t.recompute == Recompute.SELECTIVE.code
-    recompute = np.select([full, selective], [fwd, f_attn + f_softmax], 0.0)
+    # Op-level selective replays the block but the matmuls and attention kernel it kept
+    # (costmodel/checkpoint_policy.py); TP collectives' outputs are kept too (torchtitan's policy
+    # saves them), so no TP communication is replayed.
+    op = t.recompute == Recompute.SELECTIVE_OP.code
+    op_replay = fwd - f_dense * kept_dense_fraction(model, tp) - np.where(
+        t.flash_attention, f_attn, 0.0)
+    recompute = np.select([full, selective, op], [fwd, f_attn + f_softmax, op_replay], 0.0)
     recompute_comm = np.where(full, fwd_comm, 0.0)
     # Overlapped TP communication (Megatron's tp-comm-overlap) hides behind the GEMMs it is
     # pipelined with, never more than they last.

@@ -117,14 +117,16 @@ def row_space(row: pd.Series) -> SearchSpace:
         if recompute.startswith("full"):
             kw["recompute"] = ("full",)
             kw["flash_attention"] = (False,)
+        elif recompute.startswith("selective") and engine.engine == Engine.NATIVE:
+            # PyTorch-native "selective" is torchtitan's op-level selective checkpointing
+            # (its llama3_8b.toml: mode 'selective', selective_ac_option 'op'), over SDPA,
+            # whose default kernel is flash attention.
+            kw["recompute"] = ("selective-op",)
         elif recompute.startswith("selective"):
+            # Megatron's selective recomputation (Korthikanti et al. 2022 §4.2) exists to drop
+            # the unfused attention core's scores; a run that states it ran the unfused kernel.
             kw["recompute"] = ("selective",)
-            if engine.engine != Engine.NATIVE:
-                # Megatron's selective recomputation (Korthikanti et al. 2022 §4.2) exists to
-                # drop the unfused attention core's scores; a run that states it ran the unfused
-                # kernel. PyTorch's (torchtitan's op-level selective checkpointing) runs over
-                # SDPA, whose default kernel is flash attention.
-                kw["flash_attention"] = (False,)
+            kw["flash_attention"] = (False,)
         if "sequence parallel" in recompute:
             kw["sequence_parallel"] = (True,)
     notes = str(row.get("notes") or "")

@@ -255,6 +255,7 @@ def _engine_layout_codes(t: LayoutTable, sharding_id: np.ndarray,
     sched_bad = np.array([[s not in r.schedules for s in Schedule] for r in rules])
     dtype_bad = np.array([[d not in r.dtypes for d in DType] for r in rules])
     sp_bad = np.array([not r.sequence_parallel for r in rules])
+    rec_bad = np.array([[x not in r.recomputes for x in Recompute] for r in rules])
 
     def code(rule: str) -> np.ndarray:
         return np.array([ENGINE_REASON.get((e, rule), 0) for e in engines], dtype=np.int16)
@@ -266,6 +267,7 @@ def _engine_layout_codes(t: LayoutTable, sharding_id: np.ndarray,
         (t.sequence_parallel & sp_bad[eng], code("sequence_parallel")),
         (~runs[eng, sharding_id], code("sharding")),
         (multi & ~pipe[eng, sharding_id], code("pipeline_sharding")),
+        (rec_bad[eng, t.recompute], code("recompute")),
     ]
     out = np.zeros(len(t), dtype=np.int16)
     for mask, codes in reversed(broken):  # the first rule broken wins

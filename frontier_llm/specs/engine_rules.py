@@ -38,6 +38,7 @@ from frontier_llm.specs.layout import (
     Engine,
     Layout,
     PlacementKind,
+    Recompute,
     Schedule,
     Sharding,
     zero_preset,
@@ -60,6 +61,7 @@ class EngineRules:
     sequence_parallel: bool
     dtypes: tuple[DType, ...]
     dtype_reason: str  # why a dtype is missing, when it is
+    recomputes: tuple[Recompute, ...]  # activation recomputation it offers
     # Behaviour the cost model reads.
     tp_comm_overlap: bool  # TP collectives overlapped with GEMMs
     prefetch: int  # sharded parameters gathered this many layers ahead (0: no prefetch)
@@ -107,6 +109,9 @@ class EngineRules:
                         f"{name} does not compose sharding {layout.sharding.describe()} with "
                         f"pipeline parallelism (with pp > 1 it runs "
                         f"{self.describe_shardings(self.pipeline_shardings)})"))
+        if layout.recompute not in self.recomputes:
+            out.append(("recompute", f"{name} has no '{layout.recompute}' recomputation "
+                                     f"(it has {', '.join(self.recomputes)})"))
         if model is None:
             return out
         if not self.uneven_interleaved and layout.virtual_stages > 1 \
@@ -131,6 +136,7 @@ class EngineRules:
             "sequence_parallel": not self.sequence_parallel,
             "sharding": self.shardings is not None,
             "pipeline_sharding": self.pipeline_shardings is not None,
+            "recompute": set(self.recomputes) != set(Recompute),
             "uneven_interleaved": not self.uneven_interleaved,
             "whole_kv_heads": self.whole_kv_heads,
             "vocab_tp": self.vocab_divisible,
@@ -149,6 +155,9 @@ class EngineRules:
                         + (" and partial ZeRO-3 placements" if self.partial_sharding else ""),
             "pipeline_sharding": f"{name} runs only "
                                  f"{self.describe_shardings(self.pipeline_shardings)} with pp > 1",
+            "recompute": f"{name} has no "
+                         f"{' or '.join(str(r) for r in Recompute if r not in self.recomputes)} "
+                         "recomputation",
             "uneven_interleaved": f"{name} splits layers unevenly only without interleaving",
             "whole_kv_heads": f"{name} shards whole K/V heads (kv_heads < tp)",
             "vocab_tp": f"{name} needs vocab divisible by tp",
@@ -178,6 +187,9 @@ def _is_partial_of_zero3(sharding: Sharding) -> bool:
     return kinds == [PlacementKind.PARTIAL, PlacementKind.FULL, PlacementKind.FULL]
 
 
+# Korthikanti et al. 2022's recomputation (none, the attention core, whole blocks).
+_BLOCK_RECOMPUTES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+
 RULES: dict[Engine, EngineRules] = {
     Engine.NATIVE: EngineRules(
         engine=Engine.NATIVE, title="PyTorch native (FSDP2, DTensor TP, pipelining)",
@@ -185,6 +197,9 @@ RULES: dict[Engine, EngineRules] = {
         shardings=None, pipeline_shardings=None, partial_sharding=True,
         sequence_parallel=True, dtypes=(DType.FP32, DType.BF16),
         dtype_reason="; fp16 needs loss scaling, which flm bench's native engine does not do",
+        # torch.utils.checkpoint: whole blocks, the attention core, or op by op with a policy
+        # (create_selective_checkpoint_contexts; costmodel/checkpoint_policy.py).
+        recomputes=tuple(Recompute),
         # FSDP2 ``fully_shard``: reshard_after_forward=True by default, implicit prefetch of the
         # next layer's all-gather in forward and backward; torchtitan's (and flm bench's)
         # mixed precision reduces gradients in fp32 (``mixed_precision_reduce = "float32"``).
@@ -200,6 +215,8 @@ RULES: dict[Engine, EngineRules] = {
         shardings=(zero_preset(0), zero_preset(1)), pipeline_shardings=None,
         partial_sharding=False, sequence_parallel=True,
         dtypes=(DType.FP32, DType.BF16, DType.FP16), dtype_reason="",
+        # ``--recompute-granularity selective|full``: the attention core or whole blocks.
+        recomputes=_BLOCK_RECOMPUTES,
         # ``--tp-comm-overlap``, ``--overlap-grad-reduce`` / ``--overlap-param-gather`` (bucketed
         # DP communication behind backward / the next forward: the README's measured setting);
         # main gradients in fp32 and reduced in fp32 (``--accumulate-allreduce-grads-in-fp32``,
@@ -214,6 +231,9 @@ RULES: dict[Engine, EngineRules] = {
         shardings=tuple(zero_preset(s) for s in range(4)),
         pipeline_shardings=(zero_preset(0), zero_preset(1)), partial_sharding=True,
         sequence_parallel=False, dtypes=(DType.FP32, DType.BF16, DType.FP16), dtype_reason="",
+        # Its activation checkpointing (``deepspeed.checkpointing``) checkpoints functions the
+        # model wraps: whole blocks or the attention core, not op by op.
+        recomputes=_BLOCK_RECOMPUTES,
         # ZeRO-3 frees gathered parameters after each module's forward and gathers them again in
         # backward, prefetching at most ``stage3_prefetch_bucket_size`` parameters ahead (default
         # 5e7: a fraction of a large model's layer; deepspeed/runtime/zero/config.py);
@@ -233,7 +253,8 @@ RULES: dict[Engine, EngineRules] = {
 
 # The rules of :meth:`EngineRules.broken`, in its order: those of the layout alone (checked by
 # Layout.__post_init__) and those against a model (checked by Layout.check_model).
-LAYOUT_RULES = ("schedule", "dtype", "sequence_parallel", "sharding", "pipeline_sharding")
+LAYOUT_RULES = ("schedule", "dtype", "sequence_parallel", "sharding", "pipeline_sharding",
+                "recompute")
 MODEL_RULES = ("uneven_interleaved", "whole_kv_heads", "vocab_tp")
 
 

@@ -77,11 +77,16 @@ class Schedule(Vocabulary):
 
 
 class Recompute(Vocabulary):
-    """Activation recomputation (Korthikanti et al. 2022)."""
+    """Activation recomputation. ``selective`` and ``full`` are Korthikanti et al. 2022's
+    (the attention core, the whole block); ``selective-op`` is PyTorch's op-level selective
+    activation checkpointing as torchtitan applies it (``mode = 'selective'``,
+    ``selective_ac_option = 'op'``): each block keeps the outputs of its 1st, 3rd, 5th, ...
+    matrix multiply and of the attention kernel and recomputes everything else."""
 
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
+    SELECTIVE_OP = "selective-op"
 
 
 class DType(Vocabulary):
