@@ -23,6 +23,7 @@ import pytest
 from slurm_fixtures import tiny_sweep
 
 from frontier_llm.jobs import runner
+from frontier_llm.jobs.executors import _HeldInterrupt
 from frontier_llm.jobs.lifecycle import JobState
 from frontier_llm.jobs.sweepspec import load_sweep
 from frontier_llm.store import open_store
@@ -103,3 +104,23 @@ def test_ctrl_c_right_after_a_detached_job_starts_records_it(tmp_path, monkeypat
     finally:
         _kill(started)
         store.close()
+
+
+def test_a_held_ctrl_c_comes_at_the_end_of_the_block():
+    reached = []
+    with pytest.raises(KeyboardInterrupt), _HeldInterrupt():
+        os.kill(os.getpid(), signal.SIGINT)
+        reached.append(sum(range(1000)))  # Python code after the signal: not interrupted
+    assert reached == [499500]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_ignored_ctrl_c_stays_ignored():
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with _HeldInterrupt() as held:
+            os.kill(os.getpid(), signal.SIGINT)
+            held.deliver()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, old)
