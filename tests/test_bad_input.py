@@ -5,12 +5,14 @@ nothing written. In-process calls of ``flm``'s main, so a hang would hang the te
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from frontier_llm.cli import main
 
 HUGE = "99999999999999999999"
+TINY_CPU = Path(__file__).resolve().parents[1] / "sweeps" / "tiny-cpu.yaml"
 
 # (id, argv, words the one line holds); {tmp} is the test's folder, {bin} a binary file there.
 CASES = [
@@ -73,6 +75,11 @@ CASES = [
      "not a text file"),
     ("report-binary-sweep", ["report", "scaling", "--sweep", "{bin}", "--out", "{tmp}/out",
                              "--db", "sqlite:///{tmp}/t.db"], "not a text file"),
+    ("report-layouts-gpus", ["report", "layouts", "--sweep", "{tmp}/s.yaml", "--out",
+                             "{tmp}/out", "--gpus", "0"], "between 1 and 1,048,576"),
+    ("report-layouts-gpus-absent", ["report", "layouts", "--sweep", str(TINY_CPU), "--model-only",
+                                    "--out", "{tmp}/out", "--gpus", "3"],
+     "no layout of the sweep uses 3 GPUs (its layouts use 1, 2, 4)"),
     ("quickstart-steps", ["quickstart", "--out", "{tmp}/qs", "--steps", "0"],
      "--steps must be between 1 and 10,000"),
     ("quickstart-steps-huge", ["quickstart", "--out", "{tmp}/qs", "--steps",

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from slurm_fixtures import flm, tiny_sweep
 
 from frontier_llm.errors import SpecError
 from frontier_llm.jobs import contract
@@ -24,25 +25,11 @@ from frontier_llm.jobs.sweepspec import load_sweep
 
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
 
-PACKED = """\
-name: packed
-model: tiny-gpt
-system: cpu-local
-template: local
-gpus_per_node: 4
-dtype: fp32
-steps: 2
-warmup: 1
-global_batch: 4
-pack: 2
-resources:
-  time: "00:05:00"
-layouts:
-  - {dp: 2, micro_batch: 2, name: a}
-  - {dp: 2, micro_batch: 2, name: b, bench_args: {fault: crash, fault_step: 1}}
-  - {dp: 2, micro_batch: 2, name: c}
-  - {dp: 1, micro_batch: 2, name: alone}
-"""
+PACKED = tiny_sweep("packed", [
+    "{dp: 2, micro_batch: 2, name: a}",
+    "{dp: 2, micro_batch: 2, name: b, bench_args: {fault: crash, fault_step: 1}}",
+    "{dp: 2, micro_batch: 2, name: c}",
+    "{dp: 1, micro_batch: 2, name: alone}"], steps=2, extra="pack: 2\n")
 
 
 def _sweep(tmp_path: Path, text: str, name: str = "s.yaml"):
@@ -200,19 +187,12 @@ def test_pack_keys_only_for_part_of_a_pack(tmp_path):
 
 
 def test_cli_says_allocations_and_dry_run_arrays(tmp_path):
-    import sys
-
     spec = tmp_path / "packed.yaml"
     spec.write_text(PACKED)
-
-    def flm(*args):
-        return subprocess.run([sys.executable, "-m", "frontier_llm.cli", *map(str, args)],
-                              capture_output=True, text=True, check=True).stdout
-
     assert "4 jobs in 2 scripts (3 allocations, up to 2 layouts each)" in flm(
-        "sweep", "render", spec, "--out", tmp_path / "run")
+        "sweep", "render", spec, "--out", tmp_path / "run").stdout
     dry = flm("sweep", "submit", spec, "--out", tmp_path / "run", "--dry-run",
-              "--db", f"sqlite:///{tmp_path}/flm.db")
+              "--db", f"sqlite:///{tmp_path}/flm.db").stdout
     assert "--array=0-1 " in dry and "--array=0-0 " in dry
 
 

@@ -267,3 +267,16 @@ def test_sweep_by_name_shows_jobs_without_runs(tmp_path, capsys):
     assert math.isnan(t.loc[4, "measured_efficiency_pct"])
     assert t.loc[4, "predicted_efficiency_pct"] > 0
     check_png(out / f"{sweep.name}-scaling.png")
+
+
+def test_layouts_of_one_world_size(tmp_path, capsys):
+    """--gpus keeps the layouts on that many GPUs, in files of their own beside the full
+    report's (the cost model's predictions of tiny-cpu: layouts on 1, 2 and 4 GPUs)."""
+    sweep = str(REPO / "sweeps" / "tiny-cpu.yaml")
+    assert main(["report", "layouts", "--sweep", sweep, "--model-only", "--gpus", "2",
+                 "--out", str(tmp_path)]) == 0
+    assert "2 layouts, 0 completed runs" in capsys.readouterr().out
+    table = pd.read_csv(tmp_path / "tiny-cpu-layouts-2gpus.csv")
+    assert sorted(table["layout"]) == ["tp1 pp1 dp2 mb2", "tp1 pp2 dp1 mb1"]
+    assert set(table["gpus"]) == {2}
+    assert not (tmp_path / "tiny-cpu-layouts.csv").exists()

@@ -15,15 +15,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from slurm_fixtures import (
+    SlurmCluster,
+    flm,
+    slurm_conf,
+    start_cluster,
+    stop_cluster,
+    sweep_status,
+    tiny_sweep,
+    wait_for,
+)
 
 from frontier_llm.jobs import runner
 from frontier_llm.jobs.lifecycle import JobState
@@ -33,49 +41,26 @@ from frontier_llm.store import open_store
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slurm-cluster.sh"
-
-SWEEP = """\
-name: {name}
-model: tiny-gpt
-system: cpu-local
-template: local
-gpus_per_node: 4
-dtype: fp32
-steps: {steps}
-warmup: 1
-global_batch: 4
-resources:
-  time: "00:05:00"
-layouts:
-{layouts}
-"""
-
-
 def sweep_file(tmp_path: Path, name: str, layouts: list[str], steps: int = 3) -> Path:
     path = tmp_path / f"{name}.yaml"
-    path.write_text(SWEEP.format(name=name, steps=steps,
-                                 layouts="\n".join(f"  - {x}" for x in layouts)))
+    path.write_text(tiny_sweep(name, layouts, steps))
     return path
 
 
 @pytest.fixture(scope="module")
 def cluster():
     """A cluster of this module's own: its faults (a killed node daemon, a controller that
-    loses its state) must not reach the session's cluster the other tests share."""
-    directory = Path(tempfile.mkdtemp(prefix="flm-slurm-faults-"))
-    os.chmod(directory, 0o755)
+    loses its state) must not reach the session's cluster the other tests share. SLURM_CONF
+    points at it while this module runs."""
     env = {**os.environ, "FLM_SLURM_MIN_JOB_AGE": "5", "FLM_SLURM_SLURMD_TIMEOUT": "5",
            "FLM_SLURM_EXTRA_CONF": "MessageTimeout=3"}
-    out = subprocess.run([str(SCRIPT), "start", str(directory)], capture_output=True, text=True,
-                         timeout=120, env=env)
+    cluster = start_cluster("flm-slurm-faults-", env)
     try:
-        assert out.returncode == 0, out.stderr
-        yield directory
+        with slurm_conf(cluster):
+            yield cluster
     finally:
-        subprocess.run([str(SCRIPT), "stop", str(directory)], timeout=60, check=False)
-        end_step_daemons(directory)
-        shutil.rmtree(directory, ignore_errors=True)
+        stop_cluster(cluster.directory)
+        end_step_daemons(cluster.directory)
 
 
 def end_step_daemons(directory: Path) -> None:
@@ -93,51 +78,18 @@ def end_step_daemons(directory: Path) -> None:
                 os.kill(int(proc.name), signal.SIGKILL)
 
 
-def ctl(cluster: Path, command: str, *extra: str) -> None:
-    subprocess.run([str(SCRIPT), command, str(cluster), *extra], check=True,
-                   capture_output=True, timeout=90)
-
-
-def env_of(cluster: Path) -> dict[str, str]:
-    return {**os.environ, "SLURM_CONF": str(cluster / "slurm.conf")}
-
-
-def job_pids(cluster: Path, job: str) -> list[int]:
+def job_pids(cluster: SlurmCluster, job: str) -> list[int]:
     """The processes of ``job``'s tasks on this node (scontrol listpids asks its step daemons,
     which live on without slurmd)."""
     out = subprocess.run(["scontrol", "listpids", job.split("_")[0]], capture_output=True,
-                         text=True, env=env_of(cluster)).stdout
+                         text=True, env=cluster.env()).stdout
     return [int(line.split()[0]) for line in out.splitlines()[1:]
             if line.split() and line.split()[0].isdigit()]
 
 
-def sinfo(cluster: Path) -> str:
+def sinfo(cluster: SlurmCluster) -> str:
     return subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
-                          env=env_of(cluster)).stdout.strip()
-
-
-def flm(cluster: Path, *args: object, check: bool = True) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "frontier_llm.cli", *map(str, args)],
-                         capture_output=True, text=True, timeout=600, env=env_of(cluster))
-    if check and out.returncode != 0:
-        raise AssertionError(f"flm {' '.join(map(str, args))} exited {out.returncode}:\n"
-                             f"{out.stdout}\n{out.stderr}")
-    return out
-
-
-def status(cluster: Path, name: str, db: str, *extra: object) -> dict[str, dict]:
-    out = flm(cluster, "sweep", "status", name, "--db", db, "--format", "json", *extra)
-    return {r["job_key"]: r for r in json.loads(out.stdout)}
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+                          env=cluster.env()).stdout.strip()
 
 
 class _Crash(Exception):
@@ -146,7 +98,7 @@ class _Crash(Exception):
 
 def test_scheduler_faults(cluster, tmp_path, monkeypatch):
     db = f"sqlite:///{tmp_path}/flm.db"
-    client = SlurmClient(env_of(cluster))
+    client = SlurmClient(cluster.env())
 
     # --- 1. An interrupted submit, resumed after SLURM has forgotten the finished job --------
     # The submit dies after sbatch returned, before the job id was recorded; the job runs,
@@ -187,18 +139,18 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
     # tracking through a 10 s controller outage and ends with the job COMPLETED, its first
     # attempt kept as NODE_FAIL, and never HUNG on the first attempt's stale heartbeat.
     spec = sweep_file(tmp_path, "requeue", ["{dp: 1, micro_batch: 2, name: long}"], steps=1500)
-    flm(cluster, "sweep", "submit", spec, "--out", tmp_path / "requeue", "--db", db)
+    flm("sweep", "submit", spec, "--out", tmp_path / "requeue", "--db", db)
     waiter = subprocess.Popen(
         [sys.executable, "-m", "frontier_llm.cli", "sweep", "status", "requeue", "--db", db,
          "--format", "json", "--wait", "--timeout", "400", "--max-interval", "1",
          "--hung-after", "25", "--collect"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_of(cluster))
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env())
     try:
         rtraces = tmp_path / "requeue" / "traces"
         wait_for(lambda: list(rtraces.glob("*.heartbeat.json")), 120, "the first heartbeat")
-        ctl(cluster, "stop-slurmd")
+        cluster.ctl("stop-slurmd")
         job = wait_for(lambda: [j for j, s in client.query(
-            [r["scheduler_job_id"] for r in status(cluster, "requeue", db).values()]).items()
+            [r["scheduler_job_id"] for r in sweep_status("requeue", db).values()]).items()
             if (s.restarts or 0) >= 1], 120, "SLURM to requeue the job")[0]
         # The node died with its processes: the first attempt's ranks go too (by their pids,
         # from the step daemons). Left alive, SLURM would kill them only when the job runs
@@ -209,10 +161,10 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
         # Their step daemons report the end and exit; then the node daemon comes back.
         # (their sockets leave the spool folder): a step still there when slurmd registers
         # makes SLURM kill the job on the node, and refuse to launch it there again.
-        spool = cluster / "spool"
+        spool = cluster.directory / "spool"
         wait_for(lambda: not list(spool.glob(f"*_{job.split('_')[0]}.*")), 90,
                  "the first attempt's step daemons to exit")
-        ctl(cluster, "start-slurmd")
+        cluster.ctl("start-slurmd")
         wait_for(lambda: sinfo(cluster) == "idle", 90, f"the node to be idle ({sinfo(cluster)})")
         # SLURM holds a requeued job for 2 minutes (its BeginTime); let it start now. Asked
         # again every few seconds while it is pending: an update that lands while SLURM is
@@ -225,17 +177,17 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
             if not beats and time.monotonic() - last_release[0] > 5:
                 last_release[0] = time.monotonic()
                 subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"],
-                               check=False, env=env_of(cluster), capture_output=True)
+                               check=False, env=cluster.env(), capture_output=True)
             return beats
 
         # The second attempt beats in a file of its own (srun needs the controller to start
         # its step, so the outage comes once the step runs).
         wait_for(second_heartbeat, 120,
                  f"the second attempt's heartbeat ({client.query([job])}, {sinfo(cluster)})")
-        pid = int((cluster / "slurmctld.pid").read_text())
+        pid = int((cluster.directory / "slurmctld.pid").read_text())
         os.kill(pid, 15)  # the controller goes away (by its pid file) ...
         time.sleep(10)
-        ctl(cluster, "restart-ctld")  # ... and comes back with its saved state
+        cluster.ctl("restart-ctld")  # ... and comes back with its saved state
         out, err = waiter.communicate(timeout=400)
     finally:
         if waiter.poll() is None:
@@ -251,7 +203,7 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
     assert row["run_id"].endswith("-r1") and row["earlier"] == "1 NODE_FAIL", row
     logs = sorted(p.name for p in (tmp_path / "requeue" / "logs").rglob("*.out"))
     assert len(logs) == 2 and any(".r1." in n for n in logs), logs
-    results = json.loads(flm(cluster, "results", "--db", db, "--sweep", "requeue", "--format",
+    results = json.loads(flm("results", "--db", db, "--sweep", "requeue", "--format",
                              "json").stdout)
     print("--- flm results:", [(r["run_id"], r["status"], r["error"]) for r in results])
     assert sorted(r["status"] for r in results) == ["NODE_FAIL", "completed"], results
@@ -264,40 +216,38 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
         "{dp: 1, micro_batch: 2, name: done}",
         "{dp: 1, micro_batch: 2, name: stuck1, bench_args: {fault: hang, fault_step: 1}}",
         "{dp: 1, micro_batch: 2, name: stuck2, bench_args: {fault: hang, fault_step: 1}}"])
-    flm(cluster, "sweep", "submit", spec, "--out", tmp_path / "amnesia", "--db", db)
+    flm("sweep", "submit", spec, "--out", tmp_path / "amnesia", "--db", db)
     atraces = tmp_path / "amnesia" / "traces"
     wait_for(lambda: len(list(atraces.glob("*.heartbeat.json"))) == 3
              and list(atraces.glob("done-*.trace.json")), 120, "done's trace, stuck's beats")
-    ctl(cluster, "restart-ctld", "--clean")
-    rows = status(cluster, "amnesia", db, "--outage-limit", 60)
+    cluster.ctl("restart-ctld", "--clean")
+    rows = sweep_status("amnesia", db, "--outage-limit", 60)
     print("--- after a restart without state:", {k: (r["state"], r["reason"])
                                                for k, r in rows.items()})
     assert {k: r["state"] for k, r in rows.items()} == {
         "done": "COMPLETED", "stuck1": "LOST", "stuck2": "LOST"}, rows
     assert "no record" in rows["stuck1"]["reason"]
-    assert "cancelled 1 jobs" in flm(cluster, "sweep", "cancel", "amnesia", "--db", db,
+    assert "cancelled 1 jobs" in flm("sweep", "cancel", "amnesia", "--db", db,
                                      "--job", "stuck2").stdout
-    rows = status(cluster, "amnesia", db)
+    rows = sweep_status("amnesia", db)
     assert rows["stuck2"]["state"] == "CANCELLED" and rows["stuck1"]["state"] == "LOST"
-    retried = flm(cluster, "sweep", "retry", "amnesia", "--db", db, "--failed-only")
+    retried = flm("sweep", "retry", "amnesia", "--db", db, "--failed-only")
     assert "resubmitted 2 jobs" in retried.stdout, retried.stdout
-    rows = status(cluster, "amnesia", db)
+    rows = sweep_status("amnesia", db)
     assert {k: (r["state"] in ("PENDING", "RUNNING"), r["attempts"]) for k, r in rows.items()} \
         == {"done": (False, 1), "stuck1": (True, 2), "stuck2": (True, 2)}, rows
     assert rows["stuck1"]["earlier"] == "1 LOST" and rows["stuck2"]["earlier"] == "1 CANCELLED"
 
     # --- 4. A controller that stays away past --outage-limit ----------------------------------
     # status gives up with the states as last seen (exit 4); cancel changes nothing (exit 2).
-    pid = int((cluster / "slurmctld.pid").read_text())
+    pid = int((cluster.directory / "slurmctld.pid").read_text())
     os.kill(pid, signal.SIGTERM)
     wait_for(lambda: not Path(f"/proc/{pid}").exists(), 30, "slurmctld to stop")
-    out = flm(cluster, "sweep", "status", "amnesia", "--db", db, "--outage-limit", 2,
-              check=False)
+    out = flm("sweep", "status", "amnesia", "--db", db, "--outage-limit", 2, check=False)
     assert out.returncode == 4, out.stderr
     assert "controller unreachable since" in out.stderr and "as last seen" in out.stderr
     assert out.stdout.count("PENDING") + out.stdout.count("RUNNING") == 2, out.stdout
-    out = flm(cluster, "sweep", "cancel", "amnesia", "--db", db, "--outage-limit", 2,
-              check=False)
+    out = flm("sweep", "cancel", "amnesia", "--db", db, "--outage-limit", 2, check=False)
     assert out.returncode == 2 and "nothing was changed" in out.stderr, out.stderr
-    ctl(cluster, "restart-ctld")
-    assert "cancelled 2 jobs" in flm(cluster, "sweep", "cancel", "amnesia", "--db", db).stdout
+    cluster.ctl("restart-ctld")
+    assert "cancelled 2 jobs" in flm("sweep", "cancel", "amnesia", "--db", db).stdout

@@ -8,9 +8,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+from slurm_fixtures import wait_for
 
 from frontier_llm.bench.trace import read_trace, trace_path
 from frontier_llm.cli import main
@@ -78,8 +78,10 @@ def test_local_cancel_stops_a_running_job(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         store = open_store(db)
-        state = SweepJobs.find(store, "local-tiny") if _wait(lambda: _has_sweep(store)) else None
-        row = _wait(lambda: _beating(state, out))
+        wait_for(lambda: _has_sweep(store), 120, "the sweep's rows", interval_s=0.3)
+        state = SweepJobs.find(store, "local-tiny")
+        row = wait_for(lambda: _beating(state, out), 120, "the slow job's heartbeat",
+                       interval_s=0.3)
         assert main(["sweep", "cancel", "local-tiny", "--db", db, "--job", "slow"]) == 0
         submit.wait(timeout=120)
         final = state.rows(["slow"])[0]
@@ -99,16 +101,6 @@ def test_local_cancel_stops_a_running_job(tmp_path):
             except subprocess.TimeoutExpired:
                 submit.kill()
                 submit.wait()
-
-
-def _wait(predicate, timeout_s: float = 120.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError("timed out")
 
 
 def _has_sweep(store) -> bool:

@@ -4,13 +4,10 @@ flm bench in every job (tiny-gpt on CPU ranks over gloo), with faults of every k
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from slurm_fixtures import flm, sweep_status, tiny_sweep, wait_for
 from sqlalchemy import func, select
 
 from frontier_llm.bench.trace import read_trace, trace_path
@@ -25,39 +22,12 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
 
-FAULTS = """\
-name: faults
-model: tiny-gpt
-system: cpu-local
-template: local
-gpus_per_node: 4
-dtype: fp32
-steps: 3
-warmup: 1
-global_batch: 4
-resources:
-  time: "00:05:00"
-layouts:
-  - {dp: 2, micro_batch: 2, name: ok}
-  - {dp: 2, micro_batch: 2, name: crash, bench_args: {fault: crash, fault_step: 1}}
-  - {dp: 1, micro_batch: 2, name: oom, bench_args: {memory_limit: 100M}}
-  - {dp: 1, micro_batch: 2, name: slow, time: "1", bench_args: {fault: hang, fault_step: 1}}
-  - {dp: 1, micro_batch: 2, name: cancel, bench_args: {fault: hang, fault_step: 1}}
-"""
-
-
-def flm(*args: object, check: bool = True) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "frontier_llm.cli", *map(str, args)],
-                         capture_output=True, text=True, timeout=600, env=os.environ.copy())
-    if check and out.returncode != 0:
-        raise AssertionError(f"flm {' '.join(map(str, args))} exited {out.returncode}:\n"
-                             f"{out.stdout}\n{out.stderr}")
-    return out
-
-
-def status(name: str, db: str, *extra: object) -> dict[str, dict]:
-    out = flm("sweep", "status", name, "--db", db, "--format", "json", *extra)
-    return {r["job_key"]: r for r in json.loads(out.stdout)}
+FAULTS = tiny_sweep("faults", [
+    "{dp: 2, micro_batch: 2, name: ok}",
+    "{dp: 2, micro_batch: 2, name: crash, bench_args: {fault: crash, fault_step: 1}}",
+    "{dp: 1, micro_batch: 2, name: oom, bench_args: {memory_limit: 100M}}",
+    '{dp: 1, micro_batch: 2, name: slow, time: "1", bench_args: {fault: hang, fault_step: 1}}',
+    "{dp: 1, micro_batch: 2, name: cancel, bench_args: {fault: hang, fault_step: 1}}"])
 
 
 def test_tiny_cpu_sweep_end_to_end(slurm_cluster, tmp_path):
@@ -69,8 +39,8 @@ def test_tiny_cpu_sweep_end_to_end(slurm_cluster, tmp_path):
     again = flm("sweep", "submit", sweep, "--out", out, "--db", db)
     assert "submitted 0 jobs, 4 already submitted" in again.stdout
 
-    rows = status("tiny-cpu", db, "--wait", "--timeout", 300, "--max-interval", 2,
-                  "--collect")
+    rows = sweep_status("tiny-cpu", db, "--wait", "--timeout", 300, "--max-interval", 2,
+                        "--collect")
     assert {r["state"] for r in rows.values()} == {"COMPLETED"}, rows
     jobs = load_sweep(sweep).jobs
     assert set(rows) == {j.key for j in jobs}
@@ -96,16 +66,6 @@ def test_tiny_cpu_sweep_end_to_end(slurm_cluster, tmp_path):
         store.close()
 
 
-def _wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1.0)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_faults_are_classified_and_lose_nothing(slurm_cluster, tmp_path):
     db = f"sqlite:///{tmp_path}/flm.db"
     out = tmp_path / "run"
@@ -115,16 +75,16 @@ def test_faults_are_classified_and_lose_nothing(slurm_cluster, tmp_path):
 
     # The hanging jobs stop beating: HUNG while they are still in the queue.
     def hung():
-        rows = status("faults", db, "--hung-after", 3)
+        rows = sweep_status("faults", db, "--hung-after", 3)
         return rows if {rows["slow"]["state"], rows["cancel"]["state"]} == {"HUNG"} else None
 
-    rows = _wait_for(hung, 120, "the hanging jobs to be classified HUNG")
+    rows = wait_for(hung, 120, "the hanging jobs to be classified HUNG", interval_s=1.0)
     assert "heartbeat" in rows["slow"]["reason"]
 
     cancelled = flm("sweep", "cancel", "faults", "--db", db, "--job", "cancel")
     assert "cancelled 1 jobs" in cancelled.stdout
 
-    rows = status("faults", db, "--wait", "--timeout", 240, "--max-interval", 2)
+    rows = sweep_status("faults", db, "--wait", "--timeout", 240, "--max-interval", 2)
     states = {k: r["state"] for k, r in rows.items()}
     assert states == {"ok": "COMPLETED", "crash": "FAILED", "oom": "OOM", "slow": "TIMEOUT",
                       "cancel": "CANCELLED"}, rows
@@ -234,24 +194,10 @@ def test_wait_timeout_with_jobs_unfinished_exits_4_and_says_how_many(slurm_clust
         flm("sweep", "cancel", "tiny-cpu", "--db", db)
 
 
-PACKED = """\
-name: packed
-model: tiny-gpt
-system: cpu-local
-template: local
-gpus_per_node: 4
-dtype: fp32
-steps: 3
-warmup: 1
-global_batch: 4
-pack: 3
-resources:
-  time: "00:05:00"
-layouts:
-  - {dp: 2, micro_batch: 2, name: first}
-  - {dp: 2, micro_batch: 2, name: crash, bench_args: {fault: crash, fault_step: 1}}
-  - {dp: 2, micro_batch: 2, name: last}
-"""
+PACKED = tiny_sweep("packed", [
+    "{dp: 2, micro_batch: 2, name: first}",
+    "{dp: 2, micro_batch: 2, name: crash, bench_args: {fault: crash, fault_step: 1}}",
+    "{dp: 2, micro_batch: 2, name: last}"], extra="pack: 3\n")
 
 
 def test_packed_sweep_judges_each_layout_alone(slurm_cluster, tmp_path):
@@ -264,7 +210,7 @@ def test_packed_sweep_judges_each_layout_alone(slurm_cluster, tmp_path):
     first = flm("sweep", "submit", spec, "--out", out, "--db", db)
     assert "submitted 3 jobs" in first.stdout
 
-    rows = status("packed", db, "--wait", "--timeout", 300, "--max-interval", 2, "--collect")
+    rows = sweep_status("packed", db, "--wait", "--timeout", 300, "--max-interval", 2, "--collect")
     states = {k: r["state"] for k, r in rows.items()}
     assert states == {"first": "COMPLETED", "crash": "FAILED", "last": "COMPLETED"}, rows
     assert "injected crash" in rows["crash"]["reason"]
@@ -284,7 +230,7 @@ def test_packed_sweep_judges_each_layout_alone(slurm_cluster, tmp_path):
     # A retry runs the crashed layout alone in a new allocation; the others keep their result.
     retried = flm("sweep", "retry", "packed", "--db", db, "--failed-only")
     assert "resubmitted 1 jobs" in retried.stdout
-    rows = status("packed", db, "--wait", "--timeout", 300, "--max-interval", 2)
+    rows = sweep_status("packed", db, "--wait", "--timeout", 300, "--max-interval", 2)
     assert {k: (r["state"], r["attempts"]) for k, r in rows.items()} == {
         "first": ("COMPLETED", 1), "crash": ("FAILED", 2), "last": ("COMPLETED", 1)}, rows
     job = rows["crash"]["scheduler_job_id"].split("_")[0]
@@ -301,7 +247,7 @@ def test_concurrent_pack_runs_steps_side_by_side(slurm_cluster, tmp_path):
     spec.write_text(PACKED.replace("name: packed", "name: concurrent")
                     .replace("pack: 3", "pack: 2\npack_mode: concurrent"))
     flm("sweep", "submit", spec, "--out", out, "--db", db)
-    rows = status("concurrent", db, "--wait", "--timeout", 300, "--max-interval", 2)
+    rows = sweep_status("concurrent", db, "--wait", "--timeout", 300, "--max-interval", 2)
     states = {k: r["state"] for k, r in rows.items()}
     assert states == {"first": "COMPLETED", "crash": "FAILED", "last": "COMPLETED"}, rows
     assert "injected crash" in rows["crash"]["reason"]

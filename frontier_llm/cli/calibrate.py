@@ -278,7 +278,7 @@ def _from_runs(args: argparse.Namespace) -> int:
     )
     from frontier_llm.calibrate.system_file import base_mapping, write_system
     from frontier_llm.catalog import load_system
-    from frontier_llm.cli.store import _open_existing
+    from frontier_llm.store import open_existing
 
     knobs = tuple(k.strip() for k in args.knobs.split(",") if k.strip())
     unknown = [k for k in knobs if k not in KNOBS]
@@ -290,7 +290,7 @@ def _from_runs(args: argparse.Namespace) -> int:
         raise UserError(f"--out: folder {Path(args.fr_out).parent} does not exist")
     if args.folds < 2:
         raise UserError(f"--folds must be at least 2 (got {args.folds})")
-    store = _open_existing(args.fr_db)
+    store = open_existing(args.fr_db)
     try:
         runs = load_runs(store, args.sweep)
         test = load_runs(store, args.test_sweep) if args.test_sweep else None

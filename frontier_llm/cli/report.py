@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from frontier_llm.cli.common import add_command, db_parent
+from frontier_llm.cli.numbers import gpus
 
 _SWEEP_HELP = ("a sweep name in the database, or a sweep file (sweeps/NAME.yaml): its points "
                "are predicted by the cost model and joined with the database's runs of that "
@@ -36,12 +37,17 @@ def _scaling(args: argparse.Namespace) -> int:
 
 
 def _layouts(args: argparse.Namespace) -> int:
+    from frontier_llm.report.frames import at_world_size
     from frontier_llm.report.render import layouts_report
     from frontier_llm.report.sources import rank_memory, sweep_report_frame
 
     frame, name = sweep_report_frame(args.sweep, args.db, model_only=args.model_only)
+    report = f"{name}-layouts"
+    if args.gpus is not None:
+        frame = at_world_size(frame, args.gpus)
+        report += f"-{args.gpus}gpus"  # beside the report of every size, not over it
     ranks = None if args.model_only else rank_memory(args.db, name)
-    table, paths = layouts_report(frame, args.out, f"{name}-layouts",
+    table, paths = layouts_report(frame, args.out, report,
                                   require_measured=not args.model_only, rank_memory=ranks,
                                   log=args.log)
     _written(paths)
@@ -112,11 +118,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "One row per layout of the sweep: its runs and their status, median throughput per "
         "GPU, measured peak memory, the predictions and their errors; a second figure breaks "
         "the predicted memory per rank into parameters, gradients, optimizer states, "
-        "activations and buffers.",
+        "activations and buffers. --gpus keeps the layouts of one world size, so that "
+        "layouts are compared on equal footing (NAME-layouts-Ngpus files).",
         ["flm report layouts --sweep frontier-22b-explore --out reports/",
+         "flm report layouts --sweep tiny-cpu --gpus 4 --out reports/",
          "flm report layouts --sweep sweeps/frontier-22b-explore.yaml --model-only --out r/"],
         parents=[db])
     common(q)
+    q.add_argument("--gpus", type=gpus, default=None, metavar="N",
+                   help="only the layouts on N GPUs in all (tp x pp x dp; Frontier: GCDs); "
+                        "a size no layout of the sweep uses is refused, naming those it uses")
     q.add_argument("--model-only", action="store_true",
                    help="predictions only, no database (needs a sweep file)")
     q.add_argument("--log", action="store_true",

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import pandas as pd
-from sqlalchemy.engine import make_url
 
 from frontier_llm.cli.common import add_command, add_format, db_parent, emit_frame, emit_json
 from frontier_llm.cli.numbers import count
 from frontier_llm.cli.progress import Progress
-from frontier_llm.errors import UserError
-from frontier_llm.store import SCHEMA_VERSION, open_store
+from frontier_llm.store import SCHEMA_VERSION, open_existing, open_store
 from frontier_llm.store.ingest import DEFAULT_BATCH, collect
 from frontier_llm.store.queries import error_stats, runs_frame, validation_frame
-from frontier_llm.store.url import resolve_url
 
 # What `flm results` shows as a table; csv and json carry every column.
 _RESULT_TABLE_COLUMNS = ["run_id", "sweep_name", "status", "model", "system", "tp", "pp", "dp",
@@ -26,17 +22,6 @@ _RESULT_TABLE_COLUMNS = ["run_id", "sweep_name", "status", "model", "system", "t
 
 def _err(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def _open_existing(db: str | None):
-    """Open a database that reads expect to exist: a missing SQLite file is a mistake (wrong
-    directory, no --db), not an empty result, and must not be created by a read."""
-    url = make_url(resolve_url(db))
-    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:" \
-            and not Path(url.database).exists():
-        raise UserError(f"no database at {url.database}: run 'flm collect DIR' first, or pass "
-                        "--db URL (or set $FLM_DB)")
-    return open_store(db)
 
 
 def _collect(args: argparse.Namespace) -> int:
@@ -63,7 +48,7 @@ def _collect(args: argparse.Namespace) -> int:
 
 
 def _results(args: argparse.Namespace) -> int:
-    store = _open_existing(args.db)
+    store = open_existing(args.db)
     try:
         df = _with_unmeasured_attempts(store, runs_frame(store, sweep=args.sweep), args.sweep)
     finally:
@@ -109,7 +94,7 @@ def _fmt_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    store = _open_existing(args.db)
+    store = open_existing(args.db)
     try:
         runs = validation_frame(store, sweep=args.sweep, costmodel_version=args.costmodel_version)
     finally:

@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -229,53 +230,63 @@ class LocalExecutor(Executor):
         running: dict[str, tuple[subprocess.Popen, float, float, Any]] = {}
         env = {**os.environ, "OMP_NUM_THREADS": "1", "FLM_SWEEP": manifest.sweep,
                **self.extra_env}
-        try:
-            while queue or running:
-                while queue and len(running) < limit:
-                    job = queue.pop(0)
-                    run_id = make_run_id(job["key"], token)
-                    log = manifest.path(_local_log(job, token))
-                    log.parent.mkdir(parents=True, exist_ok=True)
-                    fh = open(log, "wb")  # noqa: SIM115 (closed when the process ends)
-                    proc = subprocess.Popen(
-                        self._argv(manifest, job, run_id), stdout=fh, stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL, cwd=manifest.directory, start_new_session=True,
-                        env={**env, "FLM_JOB_KEY": job["key"], "FLM_RUN_ID": run_id},
-                    )
-                    running[job["key"]] = (proc, time.monotonic(), time_limit_s(job["time"]), fh)
-                    recorder.submitted(
-                        {job["key"]: (f"local:{proc.pid}:{token}", job["index"], run_id)},
-                        JobState.RUNNING)
-                done = {}
-                for key, (proc, started, limit_s, fh) in list(running.items()):
-                    code = proc.poll()
-                    if code is None and time.monotonic() - started > limit_s:
+        # Ctrl-C is held to the points where ``running`` and the records match what runs: one
+        # that raised between a process's start and its entry in ``running`` left its session
+        # (out of reach of the terminal's Ctrl-C) running after flm exited, and a resume, which
+        # finds no local submission again, ran the job a second time.
+        with _HeldInterrupt() as interrupt:
+            try:
+                while queue or running:
+                    while queue and len(running) < limit:
+                        interrupt.deliver()
+                        job = queue.pop(0)
+                        run_id = make_run_id(job["key"], token)
+                        log = manifest.path(_local_log(job, token))
+                        log.parent.mkdir(parents=True, exist_ok=True)
+                        fh = open(log, "wb")  # noqa: SIM115 (closed when the process ends)
+                        proc = subprocess.Popen(
+                            self._argv(manifest, job, run_id), stdout=fh,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            cwd=manifest.directory, start_new_session=True,
+                            env={**env, "FLM_JOB_KEY": job["key"], "FLM_RUN_ID": run_id},
+                        )
+                        running[job["key"]] = (proc, time.monotonic(),
+                                               time_limit_s(job["time"]), fh)
+                        recorder.submitted(
+                            {job["key"]: (f"local:{proc.pid}:{token}", job["index"], run_id)},
+                            JobState.RUNNING)
+                    done = {}
+                    for key, (proc, started, limit_s, fh) in list(running.items()):
+                        code = proc.poll()
+                        if code is None and time.monotonic() - started > limit_s:
+                            _kill_session(proc)
+                            proc.wait()
+                            done[key] = Observation(SchedulerState.TIMEOUT,
+                                                    f"{proc.returncode}:0")
+                        elif code is not None and code < 0:
+                            # Killed by a signal that was not our time limit: flm sweep cancel.
+                            done[key] = Observation(SchedulerState.CANCELLED, f"0:{-code}",
+                                                    said=f"stopped by signal {-code}")
+                        elif code is not None:
+                            done[key] = Observation(SchedulerState.EXITED, f"{code}:0")
+                        if key in done:
+                            fh.close()
+                            del running[key]
+                    if done:
+                        recorder.observed(done)
+                    elif running:
+                        time.sleep(self.poll_s)
+                    interrupt.deliver()
+            finally:
+                # Interrupted (Ctrl-C): stop what runs and say so.
+                if running:
+                    for proc, _, _, fh in running.values():
                         _kill_session(proc)
                         proc.wait()
-                        done[key] = Observation(SchedulerState.TIMEOUT, f"{proc.returncode}:0")
-                    elif code is not None and code < 0:
-                        # Killed by a signal that was not our time limit: flm sweep cancel.
-                        done[key] = Observation(SchedulerState.CANCELLED, f"0:{-code}",
-                                                said=f"stopped by signal {-code}")
-                    elif code is not None:
-                        done[key] = Observation(SchedulerState.EXITED, f"{code}:0")
-                    if key in done:
                         fh.close()
-                        del running[key]
-                if done:
-                    recorder.observed(done)
-                elif running:
-                    time.sleep(self.poll_s)
-        finally:
-            # Interrupted (Ctrl-C): stop what runs and say so.
-            if running:
-                for proc, _, _, fh in running.values():
-                    _kill_session(proc)
-                    proc.wait()
-                    fh.close()
-                recorder.observed({k: Observation(SchedulerState.CANCELLED,
-                                                  said="interrupted flm sweep submit")
-                                   for k in running})
+                    recorder.observed({k: Observation(SchedulerState.CANCELLED,
+                                                      said="interrupted flm sweep submit")
+                                       for k in running})
 
     def observe(self, manifest, rows):
         out = {}
@@ -327,6 +338,42 @@ def _alive(pid: int) -> bool:
             return fh.read().split(") ", 1)[1][0] != "Z"
     except OSError:
         return True
+
+
+class _HeldInterrupt:
+    """Holds SIGINT inside ``with``: the handler only notes it, and ``deliver()`` (called where
+    interrupting is safe) or the end of the block hands it to the handler that was there before
+    (Python's own raises KeyboardInterrupt). Only in the main thread (the only one Python
+    delivers signals to) and only over a Python-level handler: an ignored SIGINT stays ignored.
+
+    Not ``pthread_sigmask``: a child inherits the blocked mask across exec, so the job's ranks
+    would start deaf to Ctrl-C.
+    """
+
+    def __init__(self) -> None:
+        self.previous: Any = None
+        self.pending = False
+
+    def __enter__(self) -> _HeldInterrupt:
+        current = signal.getsignal(signal.SIGINT)
+        if callable(current) and threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._note)
+        return self
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.pending = True
+
+    def deliver(self) -> None:
+        if self.pending:
+            self.pending = False
+            self.previous(signal.SIGINT, None)
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if self.previous is None:
+            return
+        signal.signal(signal.SIGINT, self.previous)
+        if kind is None:  # one that came during the last records still interrupts
+            self.deliver()
 
 
 def _kill_session(proc: subprocess.Popen) -> None:

@@ -156,3 +156,13 @@ def plan_rows(plan, top: int = 5) -> pd.DataFrame:
     df = layout_rows(plan.model, plan.system, [plan.layout(int(i)) for i in order])
     df.insert(0, "rank", range(1, len(df) + 1))
     return df
+
+
+def at_world_size(frame: pd.DataFrame, gpus: int) -> pd.DataFrame:
+    """The rows of ``frame`` whose layouts use ``gpus`` GPUs in all; refused (UserError) when
+    none does, naming the world sizes that are there."""
+    sizes = sorted({int(n) for n in pd.to_numeric(frame["world_size"], errors="coerce").dropna()})
+    if gpus not in sizes:
+        raise UserError(f"no layout of the sweep uses {gpus} GPUs (its layouts use "
+                        f"{', '.join(map(str, sizes)) or 'none'})")
+    return frame[frame["world_size"] == gpus].reset_index(drop=True)

@@ -8,32 +8,20 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
-from sqlalchemy.engine import make_url
 
 from frontier_llm.errors import UserError
 from frontier_llm.report.frames import layout_rows, sweep_frame, with_measurements
-from frontier_llm.store import open_store
+from frontier_llm.store import open_existing
 from frontier_llm.store.queries import (
     rank_memory_frame,
     runs_frame,
     sweep_names,
     validation_frame,
 )
-from frontier_llm.store.url import resolve_url
 
 
 def is_sweep_file(sweep: str) -> bool:
     return sweep.endswith((".yaml", ".yml"))
-
-
-def open_existing(db: str | None):
-    """Open a database a report reads: a missing SQLite file is an error, never created."""
-    url = make_url(resolve_url(db))
-    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:" \
-            and not Path(url.database).exists():
-        raise UserError(f"no database at {url.database}: run 'flm collect DIR' first, or pass "
-                        "--db URL (or set $FLM_DB)")
-    return open_store(db)
 
 
 def measured_runs(db: str | None, sweep: str | None) -> pd.DataFrame:

@@ -19,13 +19,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from frontier_llm.errors import UserError
 from frontier_llm.store import migrate
 from frontier_llm.store.url import parse_url, redact, resolve_url
 
-__all__ = ["SCHEMA_VERSION", "Store", "connect", "open_store", "redact", "resolve_url"]
+__all__ = ["SCHEMA_VERSION", "Store", "connect", "open_existing", "open_store", "redact",
+           "resolve_url"]
 
 # The schema version this frontier_llm uses (the newest Alembic revision).
 SCHEMA_VERSION = migrate.head_version()
@@ -157,6 +159,17 @@ def connect(url: str | None = None) -> Store:
     store = Store(engine, shown)
     store._password = parsed.password  # only to scrub it from driver messages
     return store
+
+
+def open_existing(url: str | None = None) -> Store:
+    """Open a database that a read expects to exist: a missing SQLite file is a mistake (wrong
+    directory, no --db), not an empty result, and a read must not create it."""
+    parsed = make_url(resolve_url(url))
+    if parsed.get_backend_name() == "sqlite" and parsed.database \
+            and parsed.database != ":memory:" and not Path(parsed.database).exists():
+        raise UserError(f"no database at {parsed.database}: run 'flm collect DIR' first, or pass "
+                        "--db URL (or set $FLM_DB)")
+    return open_store(url)
 
 
 def open_store(url: str | None = None, *, check: bool = True) -> Store:

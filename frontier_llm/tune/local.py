@@ -14,7 +14,7 @@ import os
 import subprocess
 
 from frontier_llm.jobs.contract import run_id as make_run_id
-from frontier_llm.jobs.executors import LocalExecutor, _alive, _local_pid
+from frontier_llm.jobs.executors import LocalExecutor, _alive, _HeldInterrupt, _local_pid
 from frontier_llm.jobs.lifecycle import JobState, Observation, SchedulerState
 
 # Processes this interpreter started, so their exit codes can be read (and zombies reaped).
@@ -32,14 +32,16 @@ class DetachedLocalExecutor(LocalExecutor):
             run_id = make_run_id(job["key"], token)
             log = manifest.path(f"logs/{job['group']}/{job['index']}-{token}.out")
             log.parent.mkdir(parents=True, exist_ok=True)
-            with open(log, "wb") as fh:
+            # Ctrl-C waits until the started process is recorded: unrecorded, it would run on
+            # (its own session) and a resume would start the job again.
+            with _HeldInterrupt(), open(log, "wb") as fh:
                 proc = subprocess.Popen(
                     self._argv(manifest, job, run_id), stdout=fh, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, cwd=manifest.directory, start_new_session=True,
                     env={**env, "FLM_JOB_KEY": job["key"], "FLM_RUN_ID": run_id})
-            _CHILDREN[proc.pid] = proc
-            recorder.submitted({key: (f"local:{proc.pid}:{token}", job["index"], run_id)},
-                               JobState.RUNNING)
+                _CHILDREN[proc.pid] = proc
+                recorder.submitted({key: (f"local:{proc.pid}:{token}", job["index"], run_id)},
+                                   JobState.RUNNING)
 
     def observe(self, manifest, rows):
         out = {}
