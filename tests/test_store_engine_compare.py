@@ -13,10 +13,11 @@ from store_fixtures import make_trace
 
 from frontier_llm.bench.trace import write_trace
 from frontier_llm.cli import main
+from frontier_llm.report.errors import errors_table
 from frontier_llm.store import open_store
 from frontier_llm.store.engine_compare import compare_runs, compare_validation
 from frontier_llm.store.ingest import collect
-from frontier_llm.store.queries import error_stats, final_losses, runs_frame, validated_runs
+from frontier_llm.store.queries import final_losses, runs_frame, validated_runs
 
 DP2 = dict(dp=2, zero=1, global_batch=4)  # on both engines
 PP2 = dict(pp=2, zero=1, global_batch=4)  # native only (deepspeed's run failed)
@@ -110,8 +111,9 @@ def test_validation_errors_per_engine_and_statistics_per_system_and_engine(store
     assert both["deepspeed_step_time_error_pct"] == pytest.approx(-12.5)
     assert both["deepspeed_predicted_step_time_s"] == pytest.approx(1.2)
     assert pd.isna(wide.loc[(1, 2, 1), "deepspeed_step_time_error_pct"])
-    stats = error_stats(validated, by=("system", "engine")).set_index(["system", "engine"])
-    assert list(stats.index) == [("cpu-local", "deepspeed"), ("cpu-local", "native")]
+    stats = errors_table(validated).set_index(["system", "engine"])
+    assert list(stats.index) == [("cpu-local", "deepspeed"), ("cpu-local", "native"),
+                                 ("(all)", "(all)")]
     assert stats.loc[("cpu-local", "deepspeed"), "runs"] == 3
     assert stats.loc[("cpu-local", "deepspeed"), "step_time_mape_pct"] == pytest.approx(
         (0 + 25 + 25) / 3)  # tp2: 1.0 vs 0.8 = +25 %
@@ -138,8 +140,8 @@ def test_cli_by_engine_in_every_format(store, db_url, capsys):
     assert main(["validate", "--db", db_url, "--by-engine", "--format", "json"]) == 0
     v = json.loads(capsys.readouterr().out)
     assert len(v["layouts"]) == 3
-    assert {(s["system"], s["engine"]) for s in v["stats"]} == {("cpu-local", "native"),
-                                                               ("cpu-local", "deepspeed")}
+    assert {(s["system"], s["engine"]) for s in v["stats"]} == {
+        ("cpu-local", "native"), ("cpu-local", "deepspeed"), ("(all)", "(all)")}
     assert main(["validate", "--db", db_url, "--by-engine", "--stats-only",
                  "--format", "csv"]) == 0
     stats = pd.read_csv(io.StringIO(capsys.readouterr().out))

@@ -172,6 +172,8 @@ def _validate(args: argparse.Namespace) -> int:
 def _validate_by_engine(args: argparse.Namespace) -> int:
     """flm validate --by-engine: each layout's engines side by side, statistics per system x
     engine."""
+    from frontier_llm.report.errors import ERROR_COLUMNS, errors_table  # flm report's
+
     store = _open_existing(args.db)
     try:
         runs = validated_runs(runs_frame(store, sweep=args.sweep,
@@ -179,7 +181,8 @@ def _validate_by_engine(args: argparse.Namespace) -> int:
     finally:
         store.close()
     wide = compare_validation(runs)
-    stats = error_stats(runs, by=("system", "engine"))
+    # flm report's table: per system x engine, with the mean signed error (bias) too.
+    stats = errors_table(runs) if not runs.empty else pd.DataFrame(columns=ERROR_COLUMNS)
     if args.format == "json":
         emit_json({"layouts": wide.to_dict(orient="records"),
                    "stats": stats.to_dict(orient="records")})

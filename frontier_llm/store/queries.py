@@ -144,35 +144,26 @@ def validation_frame(store: Store, sweep: str | None = None,
     return out.reset_index(drop=True)
 
 
-def error_stats(validation: pd.DataFrame, by: tuple[str, ...] = ("system",)) -> pd.DataFrame:
+def error_stats(validation: pd.DataFrame) -> pd.DataFrame:
     """Per system (and over all, system ``(all)``): runs compared, mean absolute percentage
-    error (MAPE) and the largest absolute percentage error, for step time and peak memory.
-
-    ``by`` adds grouping columns after ``system`` (``("system", "engine")``: per system x
-    engine, and ``(all)`` systems per engine)."""
-    rest = [c for c in by if c != "system"]
-    groups = [((name,) if isinstance(name, str) else tuple(name), g)
-              for name, g in validation.groupby(["system", *rest], sort=True)]
-    if validation["system"].nunique() != 1:
-        if rest:
-            groups += [(("(all)", *((k,) if isinstance(k, str) else k)), g)
-                       for k, g in validation.groupby(rest, sort=True)]
-        else:
-            groups.append((("(all)",), validation))
+    error (MAPE) and the largest absolute percentage error, for step time and peak memory."""
     rows = []
-    for names, g in groups:
+    groups = [(name, g) for name, g in validation.groupby("system", sort=True)]
+    if len(groups) != 1:
+        groups.append(("(all)", validation))
+    for name, g in groups:
         st = g["step_time_error_pct"].astype(float).abs().dropna()
         mem = g["memory_error_pct"].astype(float).abs().dropna()
         rows.append({
-            **dict(zip(["system", *rest], names, strict=True)), "runs": len(g),
+            "system": name, "runs": len(g),
             "step_time_mape_pct": st.mean() if len(st) else np.nan,
             "step_time_max_ape_pct": st.max() if len(st) else np.nan,
             "memory_runs": len(mem),
             "memory_mape_pct": mem.mean() if len(mem) else np.nan,
             "memory_max_ape_pct": mem.max() if len(mem) else np.nan,
         })
-    cols = ["system", *rest, "runs", "step_time_mape_pct", "step_time_max_ape_pct",
-            "memory_runs", "memory_mape_pct", "memory_max_ape_pct"]
+    cols = ["system", "runs", "step_time_mape_pct", "step_time_max_ape_pct", "memory_runs",
+            "memory_mape_pct", "memory_max_ape_pct"]
     return pd.DataFrame(rows, columns=cols)
 
 
