@@ -49,7 +49,7 @@ def _pivot(runs: pd.DataFrame, measures: tuple, engines: list[str]) -> pd.DataFr
     runs = runs.copy()
     # A non-ZeRO sharding has no stage (NULL): a key value all the same, not a missing one.
     runs["zero_stage"] = runs["zero_stage"].astype("Int64").astype(str)
-    # One row per layout even for layouts with no run on any shown engine.
+    # One row per layout that has a run; each engine joins its summary (or blanks).
     out = runs[key].drop_duplicates().reset_index(drop=True)
     for engine in engines:
         mine = runs[runs["engine"] == engine]
