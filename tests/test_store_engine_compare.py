@@ -150,3 +150,27 @@ def test_cli_by_engine_in_every_format(store, db_url, capsys):
     text = capsys.readouterr().out
     assert "predicted vs measured per engine" in text and "step_err_%" in text
     assert "error statistics per system and engine" in text
+
+
+def test_a_sharding_without_zero_stage_is_one_layout(tmp_path):
+    """hpZ-style partial sharding has no ZeRO stage (NULL in the store): its two engines still
+    share one row, apart from the ZeRO-1 layout of the same shape."""
+    from frontier_llm.catalog import load_model
+    from frontier_llm.specs.identity import layout_hash
+    from frontier_llm.specs.layout import Layout
+
+    for run_id, engine in (("hpz-native", "native"), ("hpz-ds", "deepspeed")):
+        t = make_trace(run_id, dp=4, engine=engine)
+        layout = Layout.from_dict({**t["layout"], "sharding": "p=partial:2,g=full,o=full"})
+        t["layout"], t["layout_hash"] = layout.to_dict(), layout_hash(
+            load_model("tiny-gpt"), "cpu-local", layout)
+        write_trace(tmp_path / "t", t)
+    write_trace(tmp_path / "t", make_trace("z1-native", dp=4, zero=1))
+    s = open_store(f"sqlite:///{tmp_path / 'hpz.db'}")
+    collect(s, [tmp_path / "t"])
+    wide = compare_runs(_runs(s)).set_index("sharding")
+    s.close()
+    assert sorted(wide.index) == ["p=partial:2,g=full,o=full", "zero1"]
+    hpz = wide.loc["p=partial:2,g=full,o=full"]
+    assert (hpz["native_runs"], hpz["deepspeed_runs"]) == (1, 1) and pd.isna(hpz["zero_stage"])
+    assert wide.loc["zero1", "zero_stage"] == 1 and wide.loc["zero1", "deepspeed_runs"] == 0

@@ -44,11 +44,14 @@ def engines_of(runs: pd.DataFrame) -> list[str]:
     return [e.value for e in Engine if e.value in SHOWN_ENGINES or e.value in present]
 
 
+_NO_STAGE = -1
+
+
 def _pivot(runs: pd.DataFrame, measures: tuple, engines: list[str]) -> pd.DataFrame:
     key = list(LAYOUT_KEY)
     runs = runs.copy()
-    # A non-ZeRO sharding has no stage (NULL): a key value all the same, not a missing one.
-    runs["zero_stage"] = runs["zero_stage"].astype("Int64").astype(str)
+    # A non-ZeRO sharding has no stage (NULL): a key value like any other here, not a gap.
+    runs["zero_stage"] = runs["zero_stage"].astype("Int64").fillna(_NO_STAGE)
     # One row per layout that has a run; each engine joins its summary (or blanks).
     out = runs[key].drop_duplicates().reset_index(drop=True)
     for engine in engines:
@@ -58,7 +61,7 @@ def _pivot(runs: pd.DataFrame, measures: tuple, engines: list[str]) -> pd.DataFr
             **{f"{engine}_{name}": (column, how) for name, column, how in measures})
         out = out.merge(agg.reset_index(), on=key, how="left")
         out[f"{engine}_runs"] = out[f"{engine}_runs"].fillna(0).astype(int)
-    out["zero_stage"] = pd.to_numeric(out["zero_stage"], errors="coerce").astype("Int64")
+    out["zero_stage"] = out["zero_stage"].astype("Int64").replace(_NO_STAGE, pd.NA)
     return out.sort_values(key, ignore_index=True)
 
 
