@@ -35,14 +35,14 @@ def make_trace(run_id: str, *, model: str = "tiny-gpt", system: str = "cpu-local
                pp: int = 1, dp: int = 1, micro_batch: int = 1, global_batch: int | None = None,
                zero: int = 0, steps: int = 10, warmup: int = 2, status: str = "completed",
                labels: dict | None = None, seed: int = 0, costmodel_version: str = "test-1",
-               predicted_step_time_s: float | None = None) -> dict:
+               predicted_step_time_s: float | None = None, engine: str = "native") -> dict:
     """A valid trace as ``flm bench`` writes it: one memory entry per rank, per-step times
     around a base time with noise, summary = median of measured steps, and a prediction."""
     rng = random.Random(f"{run_id}:{seed}")
     spec = load_model(model)
     gb = global_batch or micro_batch * dp * max(pp, 1) * 2
     layout = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=gb,
-                            sharding=zero, dtype="fp32")
+                            sharding=zero, dtype="fp32", engine=engine)
     ldict = layout.to_dict()
     mdict = spec.to_dict()
     base = 0.05 * gb / (tp * pp * dp) + 0.01
@@ -78,7 +78,7 @@ def make_trace(run_id: str, *, model: str = "tiny-gpt", system: str = "cpu-local
         "run_id": run_id,
         "status": status,
         "error": None if ok else f"{status}: injected by the test",
-        "engine": "native",
+        "engine": engine,
         "started_at": "2025-01-02T03:04:05+00:00",
         "finished_at": "2025-01-02T03:05:05+00:00",
         "model": {k: mdict[k] for k in _MODEL_KEYS},

@@ -166,3 +166,35 @@ def test_hostile_label_is_one_argument(tmp_path):
                   "layouts:\n  - {tp: 1}\n")
     argv = load_sweep(path).jobs[0].bench_args
     assert f"note={hostile}" in argv
+
+
+def test_engine_list_gives_each_layout_on_each_engine(tmp_path):
+    """space engine: [native, deepspeed] -> one job per (layout, engine), each job's flm bench
+    line and rendered script carry its engine; a layouts entry may name its engine too."""
+    path = _write(tmp_path, BASE + "gpus: [2]\nglobal_batch: 4\ndtype: fp32\nspace:\n"
+                  "  tp: [1]\n  pp: [1, 2]\n  zero: [1]\n  engine: [native, deepspeed]\n")
+    sweep = load_sweep(path)
+    pairs = sorted((j.layout.pp, str(j.layout.engine)) for j in sweep.jobs)
+    assert pairs == [(1, "deepspeed"), (1, "native"), (2, "deepspeed"), (2, "native")]
+    for job in sweep.jobs:
+        argv = job.bench_args
+        assert argv[argv.index("--engine") + 1] == str(job.layout.engine)
+    manifest = render_sweep(sweep, tmp_path / "run")
+    script = "".join(manifest.path(g["script"]).read_text() for g in manifest.groups)
+    assert script.count("--engine deepspeed") == 2 and script.count("--engine native") == 2
+    one = _write(tmp_path, BASE + "layouts:\n  - {dp: 2, zero: 1, engine: deepspeed}\n",
+                 "one.yaml")
+    assert str(load_sweep(one).jobs[0].layout.engine) == "deepspeed"
+
+
+def test_top_level_engine_native_still_loads_any_other_is_refused(tmp_path):
+    """Old sweep files (kept in sweep folders and the database) said engine: native at the top
+    level, which never had an effect; anything else there says where the engine goes now."""
+    old = _write(tmp_path, BASE + "engine: native\nlayouts:\n  - {dp: 2, engine: deepspeed}\n")
+    assert str(load_sweep(old).jobs[0].layout.engine) == "deepspeed"
+    bad = _write(tmp_path, BASE + "engine: deepspeed\nlayouts:\n  - {dp: 2}\n", "bad.yaml")
+    with pytest.raises(SpecError) as info:
+        load_sweep(bad)
+    msg = str(info.value)
+    assert msg.startswith(f"{bad}:4: the engine is a layout knob") and "\n" not in msg
+    assert "space (engine: [native, deepspeed])" in msg

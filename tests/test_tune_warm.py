@@ -27,7 +27,8 @@ def test_study_space_fields_are_the_layout_knobs():
     assert list(search_knobs()) == [n for n in layout_types() if n not in NOT_SEARCHED]
     assert [f.name for f in dataclasses.fields(StudySpace)] == [*search_knobs(), "zero", "run"]
     # Values are checked by the knob's type: a vocabulary's words, whole numbers, true/false.
-    with pytest.raises(SpecError, match="recompute 'some' is not none, selective, full or selective-op"):
+    with pytest.raises(SpecError,
+                       match="recompute 'some' is not none, selective, full or selective-op"):
         StudySpace(recompute=["some"])
     with pytest.raises(SpecError, match="micro_batch values must be at least 1"):
         StudySpace(micro_batch=[0])

@@ -11,13 +11,40 @@ from frontier_llm.cli.common import add_command, add_format, db_parent, emit_fra
 from frontier_llm.cli.numbers import count
 from frontier_llm.cli.progress import Progress
 from frontier_llm.store import SCHEMA_VERSION, open_existing, open_store
+from frontier_llm.store.engine_compare import (
+    RESULT_LABELS,
+    VALIDATION_LABELS,
+    compare_runs,
+    compare_validation,
+    table_view,
+)
 from frontier_llm.store.ingest import DEFAULT_BATCH, collect
-from frontier_llm.store.queries import error_stats, runs_frame, validation_frame
+from frontier_llm.store.queries import (
+    error_stats,
+    final_losses,
+    runs_frame,
+    validated_runs,
+    validation_frame,
+)
 
 # What `flm results` shows as a table; csv and json carry every column.
 _RESULT_TABLE_COLUMNS = ["run_id", "sweep_name", "status", "model", "system", "tp", "pp", "dp",
                          "micro_batch", "global_batch", "sharding", "step_time_s",
                          "predicted_step_time_s", "tokens_per_s", "mfu", "peak_memory_bytes"]
+
+
+# What one row of --by-engine is: a layout, the same on every engine.
+_SAME_LAYOUT = ("the runs of one model, system and world size whose layout fields, the "
+                "global batch among them, differ in the engine alone")
+BY_ENGINE_RESULTS = (
+    f"one row per layout ({_SAME_LAYOUT}), each engine's columns side by side: completed "
+    "runs, median step time, tokens/s per GPU, peak memory and final loss "
+    "(<engine>_<measure>), and deepspeed over native for step time, tokens/s per GPU and peak "
+    "memory (<measure>_deepspeed_over_native); an engine with no run of the layout is blank")
+BY_ENGINE_VALIDATE = (
+    f"one row per layout ({_SAME_LAYOUT}), each engine's measured and predicted step time "
+    "and its signed step-time and memory errors side by side (blank where the engine has no "
+    "run), then the error statistics per system and engine")
 
 
 def _err(line: str) -> None:
@@ -49,6 +76,16 @@ def _collect(args: argparse.Namespace) -> int:
 
 def _results(args: argparse.Namespace) -> int:
     store = open_existing(args.db)
+    if args.by_engine:
+        try:
+            runs = runs_frame(store, sweep=args.sweep).merge(
+                final_losses(store, sweep=args.sweep), on="run_id", how="left")
+        finally:
+            store.close()
+        wide = compare_runs(runs)
+        emit_frame(table_view(wide, RESULT_LABELS) if args.format == "table" else wide,
+                   args.format)
+        return 0
     try:
         df = _with_unmeasured_attempts(store, runs_frame(store, sweep=args.sweep), args.sweep)
     finally:
@@ -94,6 +131,8 @@ def _fmt_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    if args.by_engine:
+        return _validate_by_engine(args)
     store = open_existing(args.db)
     try:
         runs = validation_frame(store, sweep=args.sweep, costmodel_version=args.costmodel_version)
@@ -111,6 +150,37 @@ def _validate(args: argparse.Namespace) -> int:
             emit_frame(_fmt_table(runs), "table")
             print()
         print("error statistics per system (MAPE = mean absolute percentage error):")
+        emit_frame(_fmt_table(stats), "table")
+    return 0
+
+
+def _validate_by_engine(args: argparse.Namespace) -> int:
+    """flm validate --by-engine: each layout's engines side by side, statistics per system x
+    engine."""
+    from frontier_llm.report.errors import ERROR_COLUMNS, errors_table  # flm report's
+
+    store = open_existing(args.db)
+    try:
+        runs = validated_runs(runs_frame(store, sweep=args.sweep,
+                                         costmodel_version=args.costmodel_version))
+    finally:
+        store.close()
+    wide = compare_validation(runs)
+    # flm report's table: per system x engine, with the mean signed error (bias) too.
+    stats = errors_table(runs) if not runs.empty else pd.DataFrame(columns=ERROR_COLUMNS)
+    if args.format == "json":
+        emit_json({"layouts": wide.to_dict(orient="records"),
+                   "stats": stats.to_dict(orient="records")})
+    elif args.format == "csv":
+        emit_frame(stats if args.stats_only else wide, "csv")
+    else:
+        if not args.stats_only:
+            print("predicted vs measured per engine (error = (predicted - measured) / "
+                  "measured, mean over the layout's runs):")
+            emit_frame(table_view(wide, VALIDATION_LABELS), "table")
+            print()
+        print("error statistics per system and engine (MAPE = mean absolute percentage "
+              "error):")
         emit_frame(_fmt_table(stats), "table")
     return 0
 
@@ -170,10 +240,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "One row per run: status, layout, measured step time, throughput, MFU and peak memory, "
         "and the cost model's prediction for the same layout. The table shows the main "
         "columns; csv and json carry all of them.",
-        ["flm results", "flm results --sweep tp-study --format csv > runs.csv"],
+        ["flm results", "flm results --sweep tp-study --format csv > runs.csv",
+         "flm results --sweep engines --by-engine"],
         parents=[db],
     )
     p.add_argument("--sweep", metavar="NAME", help="only runs of this sweep")
+    p.add_argument("--by-engine", action="store_true", help=BY_ENGINE_RESULTS)
     add_format(p)
     p.set_defaults(func=_results)
 
@@ -184,7 +256,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "error (MAPE) and the largest one. json holds both; csv the per-run rows (or the "
         "statistics with --stats-only).",
         ["flm validate", "flm validate --sweep tp-study --stats-only",
-         "flm validate --format json"],
+         "flm validate --format json", "flm validate --by-engine --stats-only"],
         parents=[db],
     )
     p.add_argument("--sweep", metavar="NAME", help="only runs of this sweep")
@@ -192,6 +264,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="compare with this cost-model version's predictions (default: the one "
                    "each run's trace carried)")
     p.add_argument("--stats-only", action="store_true", help="only the error statistics")
+    p.add_argument("--by-engine", action="store_true", help=BY_ENGINE_VALIDATE)
     add_format(p)
     p.set_defaults(func=_validate)
 

@@ -104,7 +104,8 @@ class SpaceSpec:
     flash_attention: list | None = None
     zero: list | None = None
     sharding: list | None = None
-    # Training engines to compare (a list; default native): each engine's rules apply.
+    # Training engines to compare (a list; default native): each engine's rules apply. The
+    # engine is a layout knob, so it lives here or in each ``layouts:`` entry, nowhere else.
     engine: list | None = None
 
     def __post_init__(self) -> None:
@@ -139,8 +140,6 @@ class SweepFile:
     models: list | None = None
     template: str | None = None
     executor: Literal["slurm", "local"] = "slurm"
-    # The benchmark engine inside each job; the native PyTorch engine is the one flm bench has.
-    engine: Literal["native"] = "native"
     nodes: list | None = None
     gpus: list | None = None
     gpus_per_node: int | None = None
@@ -457,6 +456,21 @@ def _ref(name: str, source: Path) -> str:
     return name
 
 
+def _drop_old_engine_key(top: LineMap) -> None:
+    """A top-level ``engine:`` was once a field that could only say ``native`` and was never
+    read. Sweep folders and the database keep such files (flm report reloads them), so
+    ``engine: native`` is still accepted and means nothing; any other word is refused with
+    where the engine goes now (it is a layout knob: one place, the layouts)."""
+    if "engine" not in top:
+        return
+    if top["engine"] == "native":
+        del top["engine"]
+        return
+    raise SpecError(f"{top.where('engine')}: the engine is a layout knob: list it under "
+                    f"space (engine: [native, deepspeed]) or give it in each layouts entry "
+                    f"(engine: deepspeed), not at the top level", "engine")
+
+
 def load_sweep(path: str | Path, text: str | None = None) -> Sweep:
     """Read, validate and expand a sweep file (``text``: its content, when the caller made it,
     e.g. flm tune's one-trial sweeps; errors still name ``path``)."""
@@ -466,6 +480,7 @@ def load_sweep(path: str | Path, text: str | None = None) -> Sweep:
         raise SpecError(f"{path}:1: a sweep file holds a mapping of settings")
     # Nested sections are built on their own so that their errors keep their own line.
     top = data.copy()
+    _drop_old_engine_key(top)
     nested = {}
     for key, cls in (("resources", ResourcesSpec), ("environment", EnvironmentSpec)):
         if key in top:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import and_, literal, select
+from sqlalchemy import and_, func, literal, select
 
 from frontier_llm.specs.layout import Layout, layout_types
 from frontier_llm.store import Store
@@ -15,6 +15,7 @@ from frontier_llm.store.schema import (
     flm_predictions,
     flm_rank_memory,
     flm_runs,
+    flm_steps,
 )
 
 _LAYOUT_COLUMNS = ("model_name", "system_name", *LAYOUT_COLUMNS, "layout_hash")
@@ -38,7 +39,9 @@ def runs_frame(store: Store, sweep: str | None = None,
     version = r.c.costmodel_version if costmodel_version is None else literal(costmodel_version)
     cols = [r.c[c] for c in _RUN_COLUMNS]
     cols += [lay.c.model_name.label("model"), lay.c.system_name.label("system")]
-    cols += [lay.c[c] for c in _LAYOUT_COLUMNS if c not in ("model_name", "system_name")]
+    # The layout's engine is the run's (the trace's engine field is its layout's): one column.
+    cols += [lay.c[c] for c in _LAYOUT_COLUMNS if c not in ("model_name", "system_name",
+                                                            "engine")]
     cols += [p.c[c].label(f"predicted_{c}") for c in _PREDICTED_COLUMNS]
     stmt = (
         select(*cols)
@@ -90,15 +93,40 @@ def _ape(predicted: pd.Series, measured: pd.Series) -> pd.Series:
     return out.replace([np.inf, -np.inf], np.nan)
 
 
+def final_losses(store: Store, sweep: str | None = None) -> pd.DataFrame:
+    """``run_id`` and ``final_loss``: the loss of each run's last step (NaN when it logged
+    none), the figure that shows two engines trained alike from the same seed."""
+    r, st = flm_runs, flm_steps
+    last = (select(st.c.run, func.max(st.c.step).label("step")).group_by(st.c.run)
+            .subquery())
+    stmt = (select(r.c.run_id, st.c.loss.label("final_loss"))
+            .select_from(r.join(last, last.c.run == r.c.id).join(
+                st, and_(st.c.run == last.c.run, st.c.step == last.c.step))))
+    if sweep is not None:
+        stmt = stmt.where(r.c.sweep_name == sweep)
+    with store.read() as conn:
+        df = pd.DataFrame([tuple(row) for row in conn.execute(stmt)],
+                          columns=["run_id", "final_loss"])
+    df["final_loss"] = pd.to_numeric(df["final_loss"], errors="coerce").astype(float)
+    return df
+
+
+def validated_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The completed runs of ``runs_frame`` that have a prediction, every column kept, with
+    the signed errors ``step_time_error_pct`` and ``memory_error_pct`` added:
+    ``(predicted - measured) / measured * 100``, positive when the model predicted too slow /
+    too much memory."""
+    df = runs[(runs["status"] == "completed") & runs["predicted_costmodel_version"].notna()]
+    return df.assign(
+        step_time_error_pct=_ape(df["predicted_step_time_s"], df["step_time_s"]),
+        memory_error_pct=_ape(df["predicted_peak_memory_bytes"], df["peak_memory_bytes"]))
+
+
 def validation_frame(store: Store, sweep: str | None = None,
                      costmodel_version: str | None = None) -> pd.DataFrame:
-    """Predicted against measured, one row per completed run that has a prediction.
-
-    Errors are signed percentages, ``(predicted - measured) / measured * 100``: positive means
-    the model predicted too slow / too much memory.
-    """
-    df = runs_frame(store, sweep, costmodel_version)
-    df = df[(df["status"] == "completed") & df["predicted_costmodel_version"].notna()]
+    """Predicted against measured, one row per completed run that has a prediction
+    (signed errors as :func:`validated_runs` computes them)."""
+    df = validated_runs(runs_frame(store, sweep, costmodel_version))
     out = pd.DataFrame({
         "run_id": df["run_id"], "system": df["system"], "engine": df["engine"],
         "model": df["model"], "tp": df["tp"], "pp": df["pp"], "dp": df["dp"],
@@ -107,10 +135,10 @@ def validation_frame(store: Store, sweep: str | None = None,
         "costmodel_version": df["predicted_costmodel_version"],
         "measured_step_time_s": df["step_time_s"],
         "predicted_step_time_s": df["predicted_step_time_s"],
-        "step_time_error_pct": _ape(df["predicted_step_time_s"], df["step_time_s"]),
+        "step_time_error_pct": df["step_time_error_pct"],
         "measured_peak_memory_bytes": df["peak_memory_bytes"],
         "predicted_peak_memory_bytes": df["predicted_peak_memory_bytes"],
-        "memory_error_pct": _ape(df["predicted_peak_memory_bytes"], df["peak_memory_bytes"]),
+        "memory_error_pct": df["memory_error_pct"],
         "measured_mfu": df["mfu"], "predicted_mfu": df["predicted_mfu"],
     })
     return out.reset_index(drop=True)
