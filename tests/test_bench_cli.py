@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -142,6 +143,28 @@ def test_under_srun(tmp_path, slurm_cluster):
     assert trace["environment"]["launcher"] == "srun"
     assert trace["environment"]["slurm_job_id"]
     assert {m["pp_stage"] for m in trace["memory"]} == {0, 1}
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_under_mpiexec_inside_a_slurm_job(tmp_path, slurm_cluster):
+    """MPICH's Hydra starts its proxy with srun inside a job: each rank sees a one-task step
+    (SLURM_NTASKS=1) and must take its world from PMI_* instead."""
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    cmd = shlex.join([str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", "2", *FLM,
+                      "bench", *TINY, "--dp", "2", "--global-batch", "2",
+                      "--trace-dir", str(tmp_path), "--run-id", "run"])
+    environ = {**env(), "SLURM_CONF": str(slurm_cluster.conf)}
+    proc = subprocess.run(["sbatch", "--wait", "--overcommit", "-n", "2", "-t", "5",
+                           "-o", str(tmp_path / "job.out"), "--wrap", cmd],
+                          capture_output=True, text=True, timeout=300, env=environ)
+    out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+    assert proc.returncode == 0, (proc.stderr + out)[-2000:]
+    trace = read_trace(tmp_path / "run.trace.json")
+    e = trace["environment"]
+    assert (e["launcher"], e["world_size"], trace["status"], len(trace["memory"])) == (
+        "mpiexec", 2, "completed", 2)
+    assert e["slurm_job_id"] and e["slurm_job_id"] in proc.stdout  # "Submitted batch job N"
 
 
 @pytest.mark.slow

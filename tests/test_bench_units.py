@@ -4,6 +4,8 @@ optimizer, model pieces, memory limits and the command line (no process group ne
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -106,6 +108,44 @@ def test_mpiexec_environment_with_master():
     env = {"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "2", "MASTER_ADDR": "h0",
            "MASTER_PORT": "999"}
     assert launch.detect(env) == launch.RankEnv(2, 4, 2, "h0", 999, "mpiexec", None)
+
+
+LAUNCHER_ENVS = json.loads((Path(__file__).parent / "data" / "launcher_envs.json").read_text())
+
+
+@pytest.mark.parametrize("case, expected", [
+    # case in tests/data/launcher_envs.json: (rank, world, local rank, launcher, slurm job)
+    ("srun", (1, 2, 1, "srun", "1")),
+    ("srun_pmi2", (1, 2, 1, "srun", "2")),  # srun's own PMI: PMI_* equal the step's
+    # Hydra starts one proxy per node with srun: the ranks see a one-task step, SLURM_NTASKS=1.
+    ("mpiexec_in_job", (1, 2, 1, "mpiexec", "1")),
+    ("mpiexec_alone", (1, 2, 1, "mpiexec", None)),
+    ("torchrun_in_srun", (1, 2, 1, "torchrun", "1")),
+    ("deepspeed_alone", (1, 2, 1, "deepspeed", None)),
+    ("deepspeed_in_srun", (1, 2, 1, "deepspeed", "3")),
+    ("deepspeed_mpich_in_job", (1, 2, 1, "mpiexec", "3")),
+    ("batch_shell", None),  # the batch script's own shell: no step, runs alone (spawns)
+])
+def test_detect_on_what_each_launcher_really_sets(case, expected, monkeypatch):
+    """Environments captured from real launches (see tests/data/README.md). Where no
+    MASTER_ADDR is given, MPI ranks ask mpi4py for rank 0's address: that broadcast needs a
+    real MPI world, so here it answers a fixed pair (tests/test_bench_cli.py runs it for real)."""
+    monkeypatch.setattr(launch, "_mpi_master", lambda rank: ("h0", 4242))
+    r = launch.detect(LAUNCHER_ENVS[case]["env"])
+    got = None if r is None else (r.rank, r.world_size, r.local_rank, r.launcher,
+                                  r.slurm_job_id)
+    assert got == expected
+
+
+def test_open_mpi_inside_a_job_wins_over_its_daemon_step(monkeypatch):
+    """Open MPI is not installed here: its variables (OMPI_COMM_WORLD_*, Open MPI's mpirun(1)
+    man page) over the one-task step its prted daemon runs in, as Hydra's above."""
+    monkeypatch.setattr(launch, "_mpi_master", lambda rank: ("h0", 4242))
+    env = {**LAUNCHER_ENVS["mpiexec_in_job"]["env"], "OMPI_COMM_WORLD_RANK": "3",
+           "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "3"}
+    for key in ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "SLURM_EXTERNAL_LAUNCHER"):
+        env.pop(key)
+    assert launch.detect(env) == launch.RankEnv(3, 4, 3, "h0", 4242, "mpiexec", "1")
 
 
 def test_nodelist_expansion():

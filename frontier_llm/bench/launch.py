@@ -11,6 +11,17 @@
 * mpiexec (MPICH ``PMI_RANK``/``PMI_SIZE``, Open MPI ``OMPI_COMM_WORLD_*``): rank 0's hostname and
   a free port are broadcast with ``mpi4py`` (MPI discovers, gloo/NCCL communicate).
 
+Precedence, innermost launcher first, because an outer launcher's variables are inherited and
+stale inside an inner one:
+
+1. the torchrun variables: only a launcher that started this very process sets ``RANK`` (torchrun
+   or the deepspeed launcher under srun see the one-task step's ``SLURM_NTASKS=1``; DeepSpeed's
+   MPICH runner maps ``PMI_RANK`` to ``RANK`` itself);
+2. MPI's variables over SLURM's: ``mpiexec`` in a batch job (MPICH's Hydra, Open MPI's prte)
+   starts one proxy per node with ``srun``, so its ranks inherit that proxy step's
+   ``SLURM_PROCID=0``/``SLURM_NTASKS=1`` (one step task per node) and only ``PMI_*`` tell the
+   world. When the MPI world *is* the srun step (``srun --mpi=pmi2`` sets both, equal) the
+   launcher is srun, and its node list gives the master without MPI.
 Outside all of these, :func:`spawn_local` starts ``--nproc`` copies of the command with the
 torchrun variables set, watches them, and ends the survivors when one fails.
 """
@@ -78,42 +89,69 @@ def _mpi_master(rank: int) -> tuple[str, int]:
     return MPI.COMM_WORLD.bcast(data, root=0)
 
 
+_MPI_KEYS = (  # (rank, size, local rank) per MPI implementation
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+    ("PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_RANK"),
+)
+
+
+def _mpi_world(env) -> tuple[int, int, int] | None:
+    """(rank, size, local rank) from an MPI launcher's variables, or None."""
+    for rank_key, size_key, local_key in _MPI_KEYS:
+        if rank_key in env and size_key in env:
+            return int(env[rank_key]), int(env[size_key]), int(env.get(local_key, 0))
+    return None
+
+
+def _srun_step(env) -> tuple[int, int, int] | None:
+    """(rank, size, local rank) of this srun step's task, or None outside a step."""
+    if "SLURM_STEP_ID" not in env or "SLURM_PROCID" not in env:
+        return None
+    world = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS", 1))
+    return int(env["SLURM_PROCID"]), world, int(env.get("SLURM_LOCALID", 0))
+
+
 def detect(env: os._Environ | dict | None = None) -> RankEnv | None:
-    """The launcher this process runs under, or None when it runs alone."""
+    """The launcher this process runs under, or None when it runs alone (precedence: see the
+    module's docstring)."""
     env = os.environ if env is None else env
+    job = env.get("SLURM_JOB_ID")
     if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env:
-        # The deepspeed launcher sets the torchrun variables plus its CROSS_RANK/CROSS_SIZE.
+        # The deepspeed launcher sets the torchrun variables plus its CROSS_RANK/CROSS_SIZE;
+        # DeepSpeed's MPICH runner starts ranks with mpirun and maps PMI_RANK to RANK.
+        mpi = _mpi_world(env)
         launcher = env.get("FLM_LAUNCHER") or (
             "torchrun" if "TORCHELASTIC_RUN_ID" in env
-            else "deepspeed" if "CROSS_RANK" in env else "env"
+            else "deepspeed" if "CROSS_RANK" in env
+            else "mpiexec" if mpi is not None and mpi[:2] == (int(env["RANK"]),
+                                                               int(env["WORLD_SIZE"]))
+            else "env"
         )
         return RankEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
-                       env["MASTER_ADDR"], int(env.get("MASTER_PORT", 29500)), launcher,
-                       env.get("SLURM_JOB_ID"))
-    if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env:
-        job = env.get("SLURM_JOB_ID", "0")
+                       env["MASTER_ADDR"], int(env.get("MASTER_PORT", 29500)), launcher, job)
+    mpi, step = _mpi_world(env), _srun_step(env)
+    # Hydra marks the srun it starts its proxies with; without the mark, an MPI world equal
+    # to the step's is srun's own PMI (srun --mpi=pmi2).
+    srun_is_mpi = (mpi is not None and step is not None and mpi[:2] == step[:2]
+                   and "SLURM_EXTERNAL_LAUNCHER" not in env)
+    if step is not None and (mpi is None or srun_is_mpi):
+        rank, world, local = step
+        job_s = job or "0"
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "localhost")
         addr = env.get("MASTER_ADDR") or first_host(nodelist)
-        step = env["SLURM_STEP_ID"]
-        step_n = int(step) if step.isdigit() else 0
-        job_n = int(job) if job.isdigit() else 0
+        step_id = env["SLURM_STEP_ID"]
+        step_n = int(step_id) if step_id.isdigit() else 0
+        job_n = int(job_s) if job_s.isdigit() else 0
         port = int(env.get("MASTER_PORT") or 20000 + (job_n * 31 + step_n) % 20000)
-        world = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS", 1))
-        return RankEnv(int(env["SLURM_PROCID"]), world, int(env.get("SLURM_LOCALID", 0)),
-                       addr, port, "srun", job)
-    for rank_key, size_key, local_key in (
-        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
-        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
-        ("PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_RANK"),
-    ):
-        if rank_key in env and size_key in env:
-            rank = int(env[rank_key])
-            if "MASTER_ADDR" in env:
-                addr, port = env["MASTER_ADDR"], int(env.get("MASTER_PORT", 29500))
-            else:
-                addr, port = _mpi_master(rank)
-            return RankEnv(rank, int(env[size_key]), int(env.get(local_key, 0)), addr, port,
-                           "mpiexec", env.get("SLURM_JOB_ID"))
+        return RankEnv(rank, world, local, addr, port, "srun", job_s)
+    if mpi is not None:
+        rank, world, local = mpi
+        if "MASTER_ADDR" in env:
+            addr, port = env["MASTER_ADDR"], int(env.get("MASTER_PORT", 29500))
+        else:
+            addr, port = _mpi_master(rank)
+        return RankEnv(rank, world, local, addr, port, "mpiexec", job)
     return None
 
 
