@@ -66,6 +66,37 @@ def test_local_sweep_runs_classifies_and_resumes(tmp_path, capsys):
     assert "submitted 0 jobs" in capsys.readouterr().out
 
 
+SECRET = "postgresql://flm:hunter2-not-for-logs@db.example/flm"
+
+
+def test_local_jobs_get_the_sweeps_environment_and_print_no_value(tmp_path, capsys,
+                                                                   monkeypatch):
+    """environment.env reaches a local job as it reaches a SLURM job's script: the trace
+    records the visible-devices variable the sweep set (CPU torch ignores it), and a secret
+    value in it is in no output, log or trace."""
+    for name in ("ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    spec = tmp_path / "local.yaml"
+    spec.write_text(SWEEP.split("layouts:")[0].replace("name: local-tiny", "name: local-env")
+                    + f"environment:\n  env: {{ROCR_VISIBLE_DEVICES: 3, FLM_DB: '{SECRET}'}}\n"
+                    + "layouts:\n  - {dp: 1, micro_batch: 2, name: one}\n")
+    db = f"sqlite:///{tmp_path}/flm.db"
+    out = tmp_path / "run"
+    assert main(["sweep", "submit", str(spec), "--out", str(out), "--db", db]) == 0
+    printed = "".join(capsys.readouterr())
+    assert main(["sweep", "status", "local-env", "--db", db, "--format", "json", "--wait",
+                 "--timeout", "60"]) == 0
+    status_out, status_err = capsys.readouterr()
+    printed += status_out + status_err
+    row = json.loads(status_out)[0]
+    assert row["state"] == "COMPLETED", row
+    trace_file = trace_path(out / "traces", row["run_id"])
+    assert read_trace(trace_file)["environment"]["visible_devices"] == {
+        "ROCR_VISIBLE_DEVICES": "3"}
+    logs = "".join(p.read_text() for p in (out / "logs").rglob("*.out"))
+    assert logs and SECRET not in printed + logs + trace_file.read_text()
+
+
 def test_local_cancel_stops_a_running_job(tmp_path):
     """flm sweep cancel, from another process, ends a running local job and all its ranks."""
     spec = tmp_path / "local.yaml"

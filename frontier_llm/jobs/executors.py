@@ -222,14 +222,20 @@ class LocalExecutor(Executor):
         return [*job["command"], *job["argv"], "--run-id", run_id,
                 "--trace-dir", str(manifest.trace_dir)]
 
+    def _env(self, manifest: Manifest, job: Mapping[str, Any], run_id: str) -> dict[str, str]:
+        """A local job's environment: this shell's, then what a job script exports that is
+        not the site's (FLM_SWEEP, the sweep's ``environment.env``), then the job's names.
+        ``environment.modules`` and ``setup`` are shell for the cluster and not run here."""
+        return {**os.environ, "OMP_NUM_THREADS": "1", "FLM_SWEEP": manifest.sweep,
+                **manifest.env, **self.extra_env, "FLM_JOB_KEY": job["key"],
+                "FLM_RUN_ID": run_id}
+
     def submit(self, manifest, keys, recorder, *, token, max_in_flight=None, hold=False):
         if hold:
             raise UserError("--hold needs the slurm executor")
         queue = [manifest.job(k) for k in keys]
         limit = max(1, max_in_flight or 1)
         running: dict[str, tuple[subprocess.Popen, float, float, Any]] = {}
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "FLM_SWEEP": manifest.sweep,
-               **self.extra_env}
         # Ctrl-C is held to the points where ``running`` and the records match what runs: one
         # that raised between a process's start and its entry in ``running`` left its session
         # (out of reach of the terminal's Ctrl-C) running after flm exited, and a resume, which
@@ -248,7 +254,7 @@ class LocalExecutor(Executor):
                             self._argv(manifest, job, run_id), stdout=fh,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             cwd=manifest.directory, start_new_session=True,
-                            env={**env, "FLM_JOB_KEY": job["key"], "FLM_RUN_ID": run_id},
+                            env=self._env(manifest, job, run_id),
                         )
                         running[job["key"]] = (proc, time.monotonic(),
                                                time_limit_s(job["time"]), fh)

@@ -77,6 +77,12 @@ class Manifest:
         return self.data["groups"]
 
     @property
+    def env(self) -> dict[str, str]:
+        """The sweep's ``environment.env`` (``sweep_env``); {} in a folder rendered before the
+        manifest held it."""
+        return dict(self.data.get("env") or [])
+
+    @property
     def trace_dir(self) -> Path:
         return self.directory / "traces"
 
@@ -186,7 +192,7 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
             resources=_resources(sweep, group),
             tasks=tasks,
             modules=None if env.modules is None else tuple(env.modules),
-            env=tuple((str(k), _env_value(v)) for k, v in (env.env or {}).items()),
+            env=sweep_env(sweep),
             setup=tuple(env.setup or ()),
             options={k: None if v is None else str(v)
                      for k, v in (sweep.spec.template_options or {}).items()},
@@ -194,6 +200,14 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
             site=sweep.site,
         )))
     return out
+
+
+def sweep_env(sweep: Sweep) -> tuple[tuple[str, str], ...]:
+    """What the sweep's ``environment.env`` sets in every job, as the job sees it (booleans as
+    1/0): the job scripts export it, the local executor passes it (manifest ``env``). The site's
+    variables are not in it: they are the centre's settings for its nodes, which a local job
+    does not run on."""
+    return tuple((str(k), _env_value(v)) for k, v in (sweep.spec.environment.env or {}).items())
 
 
 def _env_value(v: Any) -> str:
@@ -257,6 +271,8 @@ def render_sweep(sweep: Sweep, directory: str | Path) -> Manifest:
         "executor": sweep.spec.executor, "system": sweep.system.name,
         "frontier_llm": __version__, "skipped": dict(sweep.skipped),
         "groups": groups, "jobs": jobs,
+        # Values as written in the sweep file (sweep.yaml beside, and the scripts, hold them too).
+        "env": [list(kv) for kv in sweep_env(sweep)],
     }
     _write(inside(directory, "sweep.yaml"), sweep.text)
     _write(inside(directory, MANIFEST), json.dumps(data, indent=1) + "\n")

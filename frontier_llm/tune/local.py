@@ -10,7 +10,6 @@ slurm executor where they matter.
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 from frontier_llm.jobs.contract import run_id as make_run_id
@@ -25,8 +24,6 @@ class DetachedLocalExecutor(LocalExecutor):
     name = "local"
 
     def submit(self, manifest, keys, recorder, *, token, max_in_flight=None, hold=False):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "FLM_SWEEP": manifest.sweep,
-               **self.extra_env}
         for key in keys:
             job = manifest.job(key)
             run_id = make_run_id(job["key"], token)
@@ -38,7 +35,7 @@ class DetachedLocalExecutor(LocalExecutor):
                 proc = subprocess.Popen(
                     self._argv(manifest, job, run_id), stdout=fh, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, cwd=manifest.directory, start_new_session=True,
-                    env={**env, "FLM_JOB_KEY": job["key"], "FLM_RUN_ID": run_id})
+                    env=self._env(manifest, job, run_id))
                 _CHILDREN[proc.pid] = proc
                 recorder.submitted({key: (f"local:{proc.pid}:{token}", job["index"], run_id)},
                                    JobState.RUNNING)
