@@ -286,3 +286,40 @@ def test_child_command_line_round_trips():
 def test_model_is_required():
     with pytest.raises(UserError, match="--model is required"):
         build_config(parse("--tp", "1"))
+
+
+# -- the first error among the ranks ------------------------------------------------------------
+GLOO_READ = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537]"
+             " Read error [127.0.0.1]:33712: Connection reset by peer.")
+
+
+def _reports(tmp_path, reports: dict[int, dict]):
+    import types
+
+    from frontier_llm.bench.run import _is_collateral, _status_path
+
+    cfg = types.SimpleNamespace(trace_dir=str(tmp_path), run_id="r")
+    for rank, (error, t) in reports.items():
+        _status_path(cfg, rank).write_text(json.dumps({
+            "status": "failed", "error": error, "time": t,
+            "collateral": _is_collateral(RuntimeError(error))}))
+    return cfg
+
+
+def test_first_error_names_the_rank_that_failed_on_its_own(tmp_path):
+    from frontier_llm.bench.run import _first_error
+
+    cfg = _reports(tmp_path, {0: (GLOO_READ, 1.0), 1: ("ValueError: bad batch", 2.0)})
+    assert _first_error(cfg, 2, None, wait_s=0)["error"] == "rank 1: ValueError: bad batch"
+
+
+def test_first_error_names_a_silent_rank_before_the_echo(tmp_path):
+    """A rank that died without a report (os._exit, a signal): rank 0's gloo error is only
+    its echo, so the trace names the silent rank first."""
+    from frontier_llm.bench.run import _first_error
+
+    cfg = _reports(tmp_path, {0: (GLOO_READ, 1.0), 2: (GLOO_READ, 1.5)})
+    assert _first_error(cfg, 3, None, wait_s=0)["error"] == (
+        f"rank 1 left no report (crashed or hung?); rank 0: {GLOO_READ}")
+    cfg = _reports(tmp_path, {1: (GLOO_READ, 1.2)})  # rank 1's echo arrives: no silent rank
+    assert _first_error(cfg, 3, None, wait_s=0)["error"] == f"rank 0: {GLOO_READ}"

@@ -10,10 +10,12 @@ import time
 
 import pytest
 
+from frontier_llm.bench.peer_errors import is_collateral
 from frontier_llm.bench.trace import write_heartbeat
 from frontier_llm.jobs.classify import (
     classify,
     exit_status,
+    failure_reason,
     first_error_line,
     heartbeat_age,
     load_trace,
@@ -101,6 +103,87 @@ def test_first_error_line_prefers_the_exception():
         "KeyError: 'a'")
     assert first_error_line("ok\nsrun: error: task 0 failed\n") == "srun: error: task 0 failed"
     assert first_error_line("all good\n") is None
+
+
+# Error lines of real ranks: (text, collateral?, where it was seen).
+GLOO_READ = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] "
+             "Read error [127.0.0.1]:33712: Connection reset by peer. This is typically caused "
+             "by a remote worker hanging or bugs in the application. Check the logs of the "
+             "remote worker before reporting an error. GLHF! \U0001f3d6\ufe0f")
+RANK_ERRORS = [
+    # torch 2.13 gloo here: rank 0 of flm bench --dp 2 when rank 1 crashes (srun and local)
+    (GLOO_READ, True, "flm bench --fault crash, local SLURM"),
+    # the same with FLM_COLLECTIVE_TIMEOUT=5 when rank 1 hangs
+    ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+     "unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete", True,
+     "flm bench --fault hang"),
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "
+     "peer [127.0.0.1]:10895", True,
+     "github.com/RVC-Project/Retrieval-based-Voice-Conversion-WebUI/issues/1882"),
+    ("[rank3]: torch.distributed.DistBackendError: NCCL error in: /opt/pytorch/pytorch/torch/"
+     "csrc/distributed/c10d/ProcessGroupNCCL.cpp:3763, remote process exited or there was a "
+     "network error, NCCL version 2.28.8", True, "github.com/NVIDIA/nccl/issues/1928"),
+    ("ncclRemoteError: A call failed possibly due to a network error or a remote process "
+     "exiting prematurely.", True, "github.com/NVIDIA/nccl/issues/2076"),
+    ("[rank0]:[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught "
+     "collective operation timeout: WorkNCCL(SeqNum=1580, OpType=ALLREDUCE, NumelIn=466119168, "
+     "NumelOut=466119168, Timeout(ms)=600000) ran for 600060 milliseconds before timing out.",
+     True, "github.com/hiyouga/LlamaFactory/issues/7396"),
+    ("Net : Connection closed by remote peer user<50260>", True,
+     "github.com/NVIDIA/nccl/issues/1514"),
+    # root causes
+    ("flm bench: injected crash on rank 1 at step 1", False, "flm bench --fault crash"),
+    ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+     "ProcessGroupNCCL.cpp:1331, unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+     False, "github.com/pytorch/pytorch/issues/111187"),
+    ("RuntimeError: CUDA error: peer access is not supported between these two devices", False,
+     "CUDA's cudaErrorPeerAccessUnsupported text"),
+    ("ValueError: heads (4) is not divisible by tp (3)", False, "a refused layout"),
+    ("srun: error: vm: task 1: Exited with exit code 1", False, "srun, local SLURM"),
+]
+
+
+@pytest.mark.parametrize("text, collateral, source", RANK_ERRORS,
+                         ids=[f"{i}-{'echo' if c else 'cause'}"
+                              for i, (_, c, _) in enumerate(RANK_ERRORS)])
+def test_a_lost_peer_is_told_from_a_root_cause(text, collateral, source):
+    assert is_collateral(text) is collateral, source
+
+
+# The step log of a packed layout whose rank 1 crashed, in the order srun once forwarded it:
+# rank 0's gloo error above rank 1's own line. Rank 0 wrote the trace.
+PEER_FIRST = f"""flm: task 0 job crash run crash-j7 on vm
+Traceback (most recent call last):
+  File "frontier_llm/bench/run.py", line 300, in run_rank
+{GLOO_READ}
+flm bench: injected crash on rank 1 at step 1
+srun: error: vm: task 1: Exited with exit code 1
+srun: error: vm: task 0: Exited with exit code 1
+"""
+TRACE_ECHO = "rank 1 left no report (crashed or hung?); rank 0: " + GLOO_READ
+
+
+@pytest.mark.parametrize("log, trace_error, reason", [
+    (PEER_FIRST, TRACE_ECHO, "flm bench: injected crash on rank 1 at step 1"),
+    (PEER_FIRST, None, "flm bench: injected crash on rank 1 at step 1"),
+    # every error an echo: the bench's choice, which names the silent rank
+    (f"Traceback (most recent call last):\n{GLOO_READ}\n", TRACE_ECHO, TRACE_ECHO),
+    (f"{GLOO_READ}\n", None, GLOO_READ[:500]),
+    # a root cause in the trace beats an echo in the log
+    (f"{GLOO_READ}\n", "rank 1: ValueError: bad batch", "rank 1: ValueError: bad batch"),
+    # the log's own root cause still comes first, as before
+    ("KeyError: 'a'\n", "rank 0: ValueError: b", "KeyError: 'a'"),
+    ("", None, None),
+])
+def test_failure_reason_prefers_the_root_cause(log, trace_error, reason):
+    assert failure_reason(log, trace_error) == reason
+
+
+def test_failed_packed_step_names_the_crash_not_the_peer():
+    trace = {"status": "failed", "error": TRACE_ECHO}
+    for word, code in (("FAILED", "1:0"), ("EXITED", "1")):
+        v = classify(seen(word, code), trace=trace, log_text=PEER_FIRST)
+        assert (v.state, v.reason) == (FAILED, "flm bench: injected crash on rank 1 at step 1")
 
 
 def test_exit_status_and_helpers():

@@ -35,6 +35,7 @@ from frontier_llm.bench import placement
 from frontier_llm.bench.config import BenchConfig
 from frontier_llm.bench.engines import check as check_layout
 from frontier_llm.bench.launch import RankEnv
+from frontier_llm.bench.peer_errors import is_collateral
 from frontier_llm.bench.trace import heartbeat_path, trace_path, write_heartbeat, write_trace
 from frontier_llm.costmodel.flops import hardware_flops, model_flops
 from frontier_llm.errors import ExitCode
@@ -183,17 +184,22 @@ def _first_error(cfg: BenchConfig, world: int, own: dict | None, wait_s: float =
     reports = sorted(found.items(), key=lambda kv: kv[1].get("time", 0.0))
     ooms = [r for r in reports if r[1].get("status") == "oom"]
     # A collective error on a healthy rank is a symptom; prefer the rank that failed on its own.
-    causes = ooms or [r for r in reports if not r[1].get("collateral")] or reports
+    causes = ooms or [r for r in reports if not r[1].get("collateral")]
     if causes:
         rank, rep = causes[0]
         return {"status": rep["status"], "error": f"rank {rank}: {rep['error']}"}
+    if reports:
+        # Every report is a lost peer: a rank that left none (os._exit, a signal, a hang) is
+        # the likelier cause; name it before the echo.
+        rank, rep = reports[0]
+        silent = [r for r in range(world) if r not in found]
+        first = f"rank {silent[0]} left no report (crashed or hung?); " if silent else ""
+        return {"status": rep["status"], "error": f"{first}rank {rank}: {rep['error']}"}
     return own or {"status": "failed", "error": "a rank failed without a report"}
 
 
 def _is_collateral(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return any(w in text for w in ("connection closed", "connection reset", "timed out",
-                                   "timeout", "broken pipe", "peer"))
+    return is_collateral(str(exc))
 
 
 def _rss_peak() -> int:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from frontier_llm.bench.peer_errors import is_collateral
 from frontier_llm.bench.trace import TraceError, heartbeat_path, read_trace, trace_path
 from frontier_llm.errors import ExitCode
 from frontier_llm.jobs.contract import BANNER_PREFIX
@@ -35,9 +37,8 @@ class Verdict:
         return self.state.terminal
 
 
-def first_error_line(text: str) -> str | None:
-    """The first line of ``text`` that says something went wrong (in log order, so the root
-    cause on one rank comes before the other ranks' reports of a lost peer)."""
+def error_lines(text: str) -> Iterator[str]:
+    """The lines of ``text`` that say something went wrong, in log order."""
     for line in text.splitlines():
         ln = line.strip()
         if not ln:
@@ -46,8 +47,23 @@ def first_error_line(text: str) -> str | None:
         if ln.startswith(("Traceback", BANNER_PREFIX)):
             continue
         if _ERROR_LINE.search(ln):
-            return ln[:500]
-    return None
+            yield ln[:500]
+
+
+def first_error_line(text: str) -> str | None:
+    """The first line of ``text`` that says something went wrong."""
+    return next(error_lines(text), None)
+
+
+def failure_reason(log_text: str, trace_error: str | None) -> str | None:
+    """Why a job failed: the first error of its log, then its trace's, that is not a
+    collective failing because a peer died (bench/peer_errors.py). The ranks of one job share a
+    log, and a healthy rank's "Read error" can land above the dying rank's own line. When every
+    error is such an echo, the trace's (the bench chose it from every rank's report), else the
+    log's first."""
+    lines = list(error_lines(log_text))
+    cause = next((e for e in [*lines, trace_error] if e and not is_collateral(e)), None)
+    return cause or trace_error or next(iter(lines), None)
 
 
 def exit_status(exit_code: str | int | None) -> tuple[int | None, int | None]:
@@ -146,7 +162,7 @@ def classify(
             return Verdict(JobState.FAILED, error or "trace status failed")
         return Verdict(JobState.FAILED, f"exit 0 but {trace_problem or 'no valid trace'}")
     if state in (S.FAILED, S.EXITED):
-        reason = first_error_line(log_text) or error
+        reason = failure_reason(log_text, error)
         if not reason:
             reason = f"exit code {code}" if code else (f"signal {sig}" if sig else "failed")
         return Verdict(JobState.FAILED, reason)
@@ -167,8 +183,7 @@ def _forgotten(status: str | None, error: str | None, log_text: str,
     if status == "oom":
         return Verdict(JobState.OOM, error or first_error_line(log_text) or "out of memory")
     if status == "failed":
-        return Verdict(JobState.FAILED,
-                       first_error_line(log_text) or error or "trace status failed")
+        return Verdict(JobState.FAILED, failure_reason(log_text, error) or "trace status failed")
     if status == "timeout":
         # flm bench writes "timeout" on any SIGTERM: a time limit, a cancel, or a controller
         # that killed a job it did not know; only the lost record could have told them apart.
