@@ -24,7 +24,14 @@ models have no dropout. On CPU, SDPA with dropout is decomposed into ``bmm`` / `
 ``bernoulli_`` anyway, so this only matters on GPUs.
 
 torchtitan also keeps the outputs of sequence-parallel reduce-scatters; flm's policy does not
-(the cost model does not count them), so under SP they are issued again in the recompute.
+(the cost model does not count them), so under SP they are issued again in the recompute. As in
+torchtitan's default configuration (``early_stop = false``) the recompute runs the whole block;
+unlike it (``preserve_rng_state = false``, no dropout there) the generator state is restored for
+the recompute, which is what keeps dropout exact.
+
+The saved-activation meter (bench/activations.py) does not see the cached outputs nor the
+rebuilt block's saved tensors through its hooks; :func:`_metered` and :func:`_metered_fn` hand
+both to it.
 """
 
 from __future__ import annotations
@@ -146,6 +153,9 @@ def _metered_fn(fn: Callable) -> Callable:
 
 def checkpoint_selective_op(fn: Callable, *args):
     """``fn(*args)`` under ``selective-op`` (non-reentrant checkpoint with the op policy)."""
+    # torchtitan's default (``early_stop = false`` in its activation-checkpoint config): the
+    # recompute runs the whole block, so every cached output is consumed by it.
     return torch.utils.checkpoint.checkpoint(
-        _metered_fn(fn), *args, use_reentrant=False, context_fn=selective_op_contexts)
+        _metered_fn(fn), *args, use_reentrant=False, context_fn=selective_op_contexts,
+        early_stop=False)
 
