@@ -258,11 +258,13 @@ def test_config_file_with_flag_overrides(tmp_path):
 def test_child_command_line_round_trips():
     args = parse("--model", "tiny-gpt-8l", "--pp", "2", "--virtual-stages", "2",
                  "--global-batch", "4", "--sharding", "p=replicate,g=full,o=full", "--dp", "1",
-                 "--sequence-parallel", "--tp", "2", "--memory-limit", "1G", "--dtype", "fp32")
+                 "--sequence-parallel", "--tp", "2", "--memory-limit", "1G", "--dtype", "fp32",
+                 "--recompute", "selective-op")
     cfg = build_config(args)
     cfg.run_id = "r1"
     again = build_config(parse(*child_argv(cfg, args)))
     assert again.layout == cfg.layout and again.memory_limit == 2**30
+    assert again.layout.recompute == "selective-op"
     assert again.run_id == "r1" and again.model == cfg.model
 
 
