@@ -75,8 +75,10 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None
     }
 
 
-def layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
-    """Bytes one transformer block saves for backward per micro-batch (no recompute)."""
+def layer_activation_bytes(model: ModelSpec, t: LayoutTable, rebuilt: bool = False) -> np.ndarray:
+    """Bytes one transformer block saves for backward per micro-batch (no recompute); with
+    ``rebuilt``, those of a block being rebuilt in backward, which keeps the unfused attention
+    scores whatever the recompute mode."""
     e = ACT_BYTES[t.dtype]
     tp = t.tp
     s, b, h, f = model.seq_len, t.micro_batch, model.hidden, model.ffn_hidden
@@ -96,7 +98,7 @@ def layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
     # Q·Kᵀ softmax output, its dropout mask and output; flash attention and selective recompute
     # keep none of them (flash keeps a fp32 log-sum-exp per row instead).
     scores = heads * s * sb * (e + (drop + e if drop else 0))
-    keep_scores = ~t.flash_attention & (t.recompute == Recompute.NONE.code)
+    keep_scores = ~t.flash_attention & ((t.recompute == Recompute.NONE.code) | rebuilt)
     lse = np.where(t.flash_attention, 4 * heads * sb, 0)
     return whole + split + np.where(keep_scores, scores, 0) + lse
 
@@ -134,7 +136,10 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None) -> n
     layer_input = sb * h * e * rep
     op_kept = layer_input + sb * kept_bytes_per_token(model, t.tp, e, t.flash_attention)
     per_layer = np.select([is_full, is_op], [layer_input, op_kept], full)
-    transient = np.where(is_full | is_op, np.maximum(full - per_layer, 0), 0)
+    # A block rebuilt under selective-op runs the unfused attention core again, which saves its
+    # s x s scores until its backward (flm bench measures it: test_bench_checkpoint_policy.py).
+    rebuilt = np.where(is_op, layer_activation_bytes(model, t, rebuilt=True), full)
+    transient = np.where(is_full | is_op, np.maximum(rebuilt - per_layer, 0), 0)
     layers = chunks * layers_per_chunk
     micro_in_flight = np.where(t.schedule == Schedule.INTERLEAVED.code,
                                _cdiv(chunks, t.virtual_stages), chunks)
