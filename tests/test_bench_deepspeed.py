@@ -1,7 +1,8 @@
 """flm bench --engine deepspeed trains exactly like one process: real DeepSpeed on real gloo ranks.
 
-The layouts of the issue that the DeepSpeed engine runs (ZeRO 0-3 on dp2, pp2 + ZeRO-1 on 2
-ranks; tp2 x dp2 ZeRO-1 and ZeRO-3 through AutoTP on 4) train in one launch per world size
+The layouts of the issue (ZeRO 0-3 on dp2, pp2 + ZeRO-1 on 2 ranks; tp2 x dp2 ZeRO-1 and ZeRO-3
+through AutoTP and pp2 x tp2 through PipelineModule with the engine's own tensor-parallel layers
+on 4; dp2 x pp2 x tp2 on 8) train in one launch per world size
 (tests/deepspeed_ranks.py: the real DeepSpeedEngine, deepspeed.initialize, PipelineModule);
 fp32, fixed seed, 5 steps, losses within 1e-5 relative of the single-process reference, and
 per-rank model-state bytes within 0.5 % of the cost model's ``rank_state_bytes`` (which models
@@ -42,10 +43,18 @@ CASES = [
     ("dp2-zero3", "tiny-llama", dict(dp=2, global_batch=4, sharding=3)),
     ("pp2-zero1", "tiny-gpt", dict(pp=2, global_batch=4, sharding=1)),
 ]
-# On 4 ranks: AutoTP training (explicit layer specs) with ZeRO-1 and ZeRO-3 data parallelism.
+# On 4 ranks: AutoTP training (explicit layer specs) with ZeRO-1 and ZeRO-3 data parallelism;
+# pp2 x tp2 through PipelineModule with the engine's own Megatron-style layers (tp_layers.py),
+# GPT (biases, learned positions) with ZeRO-0 and Llama (GQA: one KV head per rank) with ZeRO-1.
 CASES4 = [
     ("tp2xdp2-zero1", "tiny-gpt", dict(tp=2, dp=2, global_batch=4, sharding=1)),
     ("tp2xdp2-zero3", "tiny-gpt", dict(tp=2, dp=2, global_batch=4, sharding=3)),
+    ("pp2xtp2-zero0", "tiny-gpt", dict(pp=2, tp=2, global_batch=4, sharding=0)),
+    ("pp2xtp2-zero1", "tiny-llama", dict(pp=2, tp=2, global_batch=4, sharding=1)),
+]
+# On 8 ranks: all three at once, ZeRO-1 partitioning the optimizer over the two pipelines.
+CASES8 = [
+    ("dp2xpp2xtp2-zero1", "tiny-gpt", dict(dp=2, pp=2, tp=2, global_batch=4, sharding=1)),
 ]
 
 
@@ -90,7 +99,8 @@ def launch(tmp_path: Path, env: dict, world: int, cases: list[dict], timeout: fl
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world, layouts", [(2, CASES), (4, CASES4)], ids=["2-ranks", "4-ranks"])
+@pytest.mark.parametrize("world, layouts", [(2, CASES), (4, CASES4), (8, CASES8)],
+                         ids=["2-ranks", "4-ranks", "8-ranks"])
 def test_layouts_train_like_one_process(tmp_path, ds_extension_cache, world, layouts):
     cases = [{"id": i, "model": m, "layout": f, "steps": STEPS} for i, m, f in layouts]
     ranks = launch(tmp_path, ds_extension_cache, world, cases)

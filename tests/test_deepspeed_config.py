@@ -82,7 +82,6 @@ def test_engine_rules_refuse_what_deepspeed_refuses(kw, rule):
 
 
 @pytest.mark.parametrize("model, kw, rule", [
-    ("tiny-gpt", dict(tp=2, pp=2, global_batch=2), "with pipelines"),
     ("tiny-gpt", dict(pp=2, global_batch=1), "micro-batches"),
 ])
 def test_bench_refuses_before_any_process(model, kw, rule):
