@@ -81,12 +81,29 @@ def test_engine_rules_refuse_what_deepspeed_refuses(kw, rule):
         ds(**kw)
 
 
-@pytest.mark.parametrize("model, kw, rule", [
-    ("tiny-gpt", dict(pp=2, global_batch=1), "micro-batches"),
+def test_bench_refuses_before_any_process():
+    import dataclasses
+
+    tied = dataclasses.replace(load_model("tiny-gpt"), tied_embeddings=True)
+    with pytest.raises(UserError, match="TiedLayerSpec"):
+        check(tied, ds(pp=2, global_batch=2))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(pp=2, tp=2, global_batch=2),  # Megatron-style layers inside PipelineModule stages
+    dict(dp=2, pp=2, tp=2, global_batch=4, sharding=1),
+    dict(pp=2, global_batch=1),  # DeepSpeed's TrainSchedule runs fewer micro-batches than stages
 ])
-def test_bench_refuses_before_any_process(model, kw, rule):
-    with pytest.raises(UserError, match=rule):
-        check(load_model(model), ds(**kw))
+def test_bench_accepts_pipelines_with_tp_and_few_micro_batches(kw):
+    check(load_model("tiny-gpt"), ds(**kw), kw.get("dp", 1) * kw["pp"] * kw.get("tp", 1))
+
+
+def test_pipeline_tp_config_has_no_autotp_block():
+    """With pipelines the engine's own layers split the model and PipelineModule's grid is the
+    mpu: no AutoTP block, and train_batch_size is checked against the grid's dp."""
+    cfg = deepspeed_config(ds(dp=2, pp=2, tp=2, global_batch=4, sharding=1))
+    assert "tensor_parallel" not in cfg and cfg["train_batch_size"] == 4
+    assert cfg["gradient_accumulation_steps"] == 2
 
 
 def test_native_engine_checks_are_unchanged():

@@ -106,6 +106,7 @@ def test_planner_never_proposes_a_layout_its_engine_rejects(plans):
 RULE_WORDS = {"schedule": "pipeline schedule", "dtype": "does not train in",
               "sequence_parallel": "sequence parallelism", "sharding": "does not run sharding",
               "pipeline_sharding": "compose sharding", "uneven_interleaved": "unevenly",
+              "pipeline_microbatches": "micro-batch per stage",
               "whole_kv_heads": "whole K/V heads", "vocab_tp": "vocabulary"}
 
 
