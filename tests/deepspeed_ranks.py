@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -52,11 +51,6 @@ def main(out: Path, cases: list[dict]) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        code = main(Path(sys.argv[1]), json.loads(sys.argv[2]))
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    from rank_exit import run_rank  # tests/, this script's folder, is on sys.path
+
+    run_rank(main, Path(sys.argv[1]), json.loads(sys.argv[2]))

@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import sys
-import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -69,11 +68,6 @@ def one_model(model_name: str, vocab: int, rank: int, world: int) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        code = main(Path(sys.argv[1]), sys.argv[2].split(","), int(sys.argv[3]))
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    from rank_exit import run_rank  # tests/, this script's folder, is on sys.path
+
+    run_rank(main, Path(sys.argv[1]), sys.argv[2].split(","), int(sys.argv[3]))

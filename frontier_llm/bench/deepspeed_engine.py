@@ -30,7 +30,7 @@ from torch import nn
 from frontier_llm.bench.activations import SavedTensorMeter
 from frontier_llm.bench.data import TokenSource
 from frontier_llm.bench.deepspeed_config import deepspeed_config
-from frontier_llm.bench.engine import LR, RankState
+from frontier_llm.bench.engine import LR, RankState, run_batch
 from frontier_llm.bench.model import build_model, loss_fn
 from frontier_llm.bench.tp_layers import TPGroup, shard_model, vocab_parallel_loss
 from frontier_llm.specs.layout import Layout
@@ -311,12 +311,6 @@ class DeepSpeedEngine:
         return total
 
     def step(self, step: int, measure_activations: bool = False) -> float | None:
-        """One optimizer step over this rank's slice of global batch ``step``."""
-        inputs, targets = self.data.rank_batch(step, self.layout.global_batch, self.layout.dp,
-                                               self.coords["dp"])
-        inputs, targets = inputs.to(self.device), targets.to(self.device)
-        if measure_activations:
-            self.meter.reset_peak()
-            with self.meter.measuring():
-                return self._fwd_bwd(inputs, targets)
-        return self._fwd_bwd(inputs, targets)
+        """One optimizer step over this rank's slice of global batch ``step`` (DeepSpeed steps
+        the optimizer inside ``_fwd_bwd``, at the accumulation boundary)."""
+        return run_batch(self, step, measure_activations, self._fwd_bwd)
