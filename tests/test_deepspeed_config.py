@@ -189,3 +189,13 @@ def test_hpz_keeps_the_primary_shard_in_the_cost_model():
     got = rank_state_bytes(spec, ds(dp=4, global_batch=4, dtype="fp32",
                                     sharding="p=partial:2,g=full,o=full"), 0)
     assert got == {"params_bytes": 704640, "grads_bytes": 234880, "optimizer_bytes": 704640}
+
+
+def test_pipeline_tp_has_no_autotp_vocabulary_term():
+    """With pipelines the deepspeed engine's TP layers split the vocabulary (tp_layers.py): the
+    cost model's DeepSpeed parameters equal the native (Megatron-style) count."""
+    spec = load_model("tiny-gpt")
+    for stage in (0, 1):
+        native = rank_state_bytes(spec, Layout(pp=2, tp=2, global_batch=2, dtype="fp32"), stage)
+        deep = rank_state_bytes(spec, ds(pp=2, tp=2, global_batch=2, dtype="fp32"), stage)
+        assert deep == native  # ZeRO-0: no fp32 master partition either
