@@ -10,6 +10,7 @@ once. Teardown as machine-notes: barrier, destroy_process_group, flush, os._exit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -31,7 +32,8 @@ def main(out: Path, cases: list[dict]) -> int:
 
     results = []
     for case in cases:
-        spec = load_model(case["model"])
+        # "model_fields": ModelSpec fields changed for the case (tied embeddings).
+        spec = dataclasses.replace(load_model(case["model"]), **case.get("model_fields", {}))
         layout = Layout.from_dict({**case["layout"], "engine": "deepspeed", "dtype": "fp32"})
         engine = DeepSpeedEngine(spec, layout, rank=rank, world_size=world,
                                  device=torch.device("cpu"), seed=0)

@@ -109,10 +109,17 @@ def _balanced_pipeline_module() -> type:
 
         def __init__(self, counts: list[int], **kwargs) -> None:
             self._piece_counts = list(counts)
+            self.tied_weights: list[tuple[nn.Parameter, object]] = []
             super().__init__(**kwargs)
 
         def _count_layer_params(self) -> list[int]:
             return list(self._piece_counts)
+
+        def get_tied_weights_and_groups(self):
+            # The pipeline engine's ReduceTiedGrads instruction all-reduces each weight's
+            # gradient over its group before the data-parallel reduction: with
+            # ``tied_weights`` (see _tie_embeddings) the embedding and head copies too.
+            return [*super().get_tied_weights_and_groups(), *self.tied_weights]
 
     return BalancedOnModel
 
@@ -217,7 +224,33 @@ class DeepSpeedEngine:
                 partition_method="parameters")
         if tp is not None:
             tp.group = module.mpu().get_slice_parallel_group()
+        if spec.tied_embeddings:
+            self._tie_embeddings(module, layout)
         return module
+
+    def _tie_embeddings(self, module, layout: Layout) -> None:
+        """Tied embeddings across pipeline stages, as Megatron keeps them: the first stage's
+        token embedding and the last stage's head are two copies of one matrix (the same init,
+        keyed by the embedding's name; under TP the same vocabulary rows), whose gradients are
+        summed over a group of the first and last stage of each (dp, tp) position before the
+        data-parallel reduction; the updates then agree. DeepSpeed's ``TiedLayerSpec`` would
+        build one module type at both ends, which does not fit these pieces (positions on the
+        first stage, the final norm on the last), so the pairs are handed to its pipeline engine
+        through ``get_tied_weights_and_groups``. Every rank creates every group, in one order
+        (new_group is collective)."""
+        mine = None
+        for d in range(layout.dp):
+            for t in range(layout.tp):
+                ranks = [(p * layout.dp + d) * layout.tp + t for p in (0, layout.pp - 1)]
+                group = torch.distributed.new_group(ranks)
+                if self.rank in ranks:
+                    mine = group
+        names = ("gpt.tok_embeddings.weight", "gpt.output.weight")
+        for name, p in module.named_parameters():
+            if name.endswith(names):
+                module.tied_weights.append((p, mine))
+                if name.endswith(names[1]):
+                    p.ds_pipe_replicated = True  # counted once in DeepSpeed's gradient norm
 
     # -- measuring what this rank holds -----------------------------------------------------
     def _wrap_inner_step(self) -> None:

@@ -31,9 +31,6 @@ def check(model: ModelSpec, layout: Layout, world_size: int | None = None) -> No
     if world_size is not None:
         layout.check_world(world_size)
     zero_settings(layout)  # shardings without a DeepSpeed equivalent
-    if layout.pp > 1 and model.tied_embeddings:
-        raise UserError("the deepspeed engine of flm bench does not tie embeddings across "
-                        "pipeline stages (TiedLayerSpec) yet: untie them or use pp 1")
 
 
 def create(cfg, renv, device):
