@@ -1,8 +1,8 @@
 """flm bench --engine deepspeed trains exactly like one process: real DeepSpeed on real gloo ranks.
 
-The layouts of the issue (ZeRO 0-3 on dp2, pp2 + ZeRO-1 on 2 ranks; tp2 x dp2 ZeRO-1 and ZeRO-3
-through AutoTP and pp2 x tp2 through PipelineModule with the engine's own tensor-parallel layers
-on 4; dp2 x pp2 x tp2 on 8) train in one launch per world size
+The layouts of the issue (ZeRO 0-3 on dp2, pp2 + ZeRO-1, untied and tied, on 2 ranks; tp2 x dp2
+ZeRO-1 and ZeRO-3 through AutoTP and pp2 x tp2 through PipelineModule with the engine's own
+tensor-parallel layers on 4; dp2 x pp2 x tp2 on 8) train in one launch per world size
 (tests/deepspeed_ranks.py: the real DeepSpeedEngine, deepspeed.initialize, PipelineModule);
 fp32, fixed seed, 5 steps, losses within 1e-5 relative of the single-process reference, and
 per-rank model-state bytes within 0.5 % of the cost model's ``rank_state_bytes`` (which models
