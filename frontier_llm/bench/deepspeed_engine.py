@@ -1,4 +1,8 @@
-"""DeepSpeedEngine: one rank of a layout run by DeepSpeed (ZeRO 0-3, PipelineModule).
+"""DeepSpeedEngine: one rank of a layout run by DeepSpeed (ZeRO 0-3, PipelineModule, TP).
+
+Tensor parallelism: AutoTP training without pipelines; with pipelines Megatron-DeepSpeed's way,
+each pipeline piece holding this TP rank's slices (``tp_layers.py``) and PipelineModule's grid
+as the mpu (DeepSpeed takes no other with a PipelineModule).
 
 The same GPT layers as the native engine (``model.py``, weights keyed by parameter name), the
 same data (``data.py``), a torch ``Adam`` with the native engine's hyper-parameters (not
