@@ -42,6 +42,13 @@ class TPGroup:
     group: dist.ProcessGroup | None = None
 
 
+def _group(tp: TPGroup) -> dist.ProcessGroup:
+    # Unbound, a collective would silently run over the whole world.
+    if tp.group is None:
+        raise RuntimeError("the tensor-parallel group was not bound before the layers ran")
+    return tp.group
+
+
 class _CopyToTP(torch.autograd.Function):
     """Identity forward; all-reduce of the input gradient over the TP group in backward (the
     input of a column-parallel layer feeds every rank's slice)."""
@@ -54,7 +61,7 @@ class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.tp.group)
+        dist.all_reduce(grad, group=_group(ctx.tp))
         return grad, None
 
 
@@ -65,7 +72,7 @@ class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
         x = x.contiguous()
-        dist.all_reduce(x, group=tp.group)
+        dist.all_reduce(x, group=_group(tp))
         return x
 
     @staticmethod
@@ -161,15 +168,15 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
                 tp: TPGroup) -> torch.Tensor:
         logits = logits.float()
         vmax = logits.max(dim=-1).values
-        dist.all_reduce(vmax, op=dist.ReduceOp.MAX, group=tp.group)
+        dist.all_reduce(vmax, op=dist.ReduceOp.MAX, group=_group(tp))
         shifted = logits - vmax.unsqueeze(-1)
         outside = (targets < start) | (targets >= start + logits.shape[-1])
         local = (targets - start).masked_fill(outside, 0)
         picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        dist.all_reduce(picked, group=tp.group)
+        dist.all_reduce(picked, group=_group(tp))
         exp = shifted.exp()
         total = exp.sum(dim=-1)
-        dist.all_reduce(total, group=tp.group)
+        dist.all_reduce(total, group=_group(tp))
         ctx.save_for_backward(exp.div_(total.unsqueeze(-1)), local, outside)
         return total.log() - picked
 
