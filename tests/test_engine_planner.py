@@ -111,7 +111,7 @@ RULE_WORDS = {"schedule": "pipeline schedule", "dtype": "does not train in",
               "sequence_parallel": "sequence parallelism", "sharding": "does not run sharding",
               "pipeline_sharding": "compose sharding", "uneven_interleaved": "unevenly",
               "whole_kv_heads": "whole K/V heads", "vocab_tp": "vocabulary",
-              "recompute": "recomputation"}
+              "recompute": "recomputation", "pipeline_microbatches": "micro-batch per stage"}
 
 
 def _keyword(reason: str) -> str:
