@@ -32,6 +32,10 @@ LAYOUTS = {
     "dp2-zero3": ["--dp", "2", "--zero", "3", "--global-batch", "8"],
     "pp2-zero1": ["--pp", "2", "--zero", "1", "--global-batch", "8"],
     "tp2xdp2-zero1": ["--tp", "2", "--dp", "2", "--zero", "1", "--global-batch", "8"],
+    # DeepSpeed: PipelineModule stages of Megatron-style TP layers (bench/tp_layers.py).
+    "pp2xtp2-zero1": ["--pp", "2", "--tp", "2", "--zero", "1", "--global-batch", "8"],
+    "dp2xpp2xtp2-zero1": ["--dp", "2", "--pp", "2", "--tp", "2", "--zero", "1",
+                          "--global-batch", "8"],
 }
 
 

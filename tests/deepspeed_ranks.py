@@ -10,10 +10,10 @@ once. Teardown as machine-notes: barrier, destroy_process_group, flush, os._exit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
-import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -32,7 +32,8 @@ def main(out: Path, cases: list[dict]) -> int:
 
     results = []
     for case in cases:
-        spec = load_model(case["model"])
+        # "model_fields": ModelSpec fields changed for the case (tied embeddings).
+        spec = dataclasses.replace(load_model(case["model"]), **case.get("model_fields", {}))
         layout = Layout.from_dict({**case["layout"], "engine": "deepspeed", "dtype": "fp32"})
         engine = DeepSpeedEngine(spec, layout, rank=rank, world_size=world,
                                  device=torch.device("cpu"), seed=0)
@@ -52,11 +53,6 @@ def main(out: Path, cases: list[dict]) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        code = main(Path(sys.argv[1]), json.loads(sys.argv[2]))
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    from rank_exit import run_rank  # tests/, this script's folder, is on sys.path
+
+    run_rank(main, Path(sys.argv[1]), json.loads(sys.argv[2]))

@@ -1,7 +1,8 @@
 """flm bench --engine deepspeed trains exactly like one process: real DeepSpeed on real gloo ranks.
 
-The layouts of the issue that the DeepSpeed engine runs (ZeRO 0-3 on dp2, pp2 + ZeRO-1 on 2
-ranks; tp2 x dp2 ZeRO-1 and ZeRO-3 through AutoTP on 4) train in one launch per world size
+The layouts of the issue (ZeRO 0-3 on dp2, pp2 + ZeRO-1, untied and tied, on 2 ranks; tp2 x dp2
+ZeRO-1 and ZeRO-3 through AutoTP and pp2 x tp2 through PipelineModule with the engine's own
+tensor-parallel layers on 4; dp2 x pp2 x tp2 on 8) train in one launch per world size
 (tests/deepspeed_ranks.py: the real DeepSpeedEngine, deepspeed.initialize, PipelineModule);
 fp32, fixed seed, 5 steps, losses within 1e-5 relative of the single-process reference, and
 per-rank model-state bytes within 0.5 % of the cost model's ``rank_state_bytes`` (which models
@@ -14,6 +15,7 @@ is one stable directory for the whole test run and later ones (``ds_extension_ca
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -41,11 +43,25 @@ CASES = [
     ("dp2-zero2", "tiny-gpt", dict(dp=2, global_batch=4, sharding=2)),
     ("dp2-zero3", "tiny-llama", dict(dp=2, global_batch=4, sharding=3)),
     ("pp2-zero1", "tiny-gpt", dict(pp=2, global_batch=4, sharding=1)),
+    # Tied embeddings: the first stage's embedding and the last stage's head, gradients summed.
+    ("pp2-zero1-tied", "tiny-gpt", dict(pp=2, global_batch=4, sharding=1)),
 ]
-# On 4 ranks: AutoTP training (explicit layer specs) with ZeRO-1 and ZeRO-3 data parallelism.
+# ModelSpec fields a case changes.
+MODEL_FIELDS = {"pp2-zero1-tied": {"tied_embeddings": True},
+                "pp2xtp2-zero0-tied": {"tied_embeddings": True}}
+# On 4 ranks: AutoTP training (explicit layer specs) with ZeRO-1 and ZeRO-3 data parallelism;
+# pp2 x tp2 through PipelineModule with the engine's own Megatron-style layers (tp_layers.py),
+# GPT (biases, learned positions, tied embeddings: the same vocabulary rows at both ends) with
+# ZeRO-0 and Llama (GQA: one KV head per rank) with ZeRO-1.
 CASES4 = [
     ("tp2xdp2-zero1", "tiny-gpt", dict(tp=2, dp=2, global_batch=4, sharding=1)),
     ("tp2xdp2-zero3", "tiny-gpt", dict(tp=2, dp=2, global_batch=4, sharding=3)),
+    ("pp2xtp2-zero0-tied", "tiny-gpt", dict(pp=2, tp=2, global_batch=4, sharding=0)),
+    ("pp2xtp2-zero1", "tiny-llama", dict(pp=2, tp=2, global_batch=4, sharding=1)),
+]
+# On 8 ranks: all three at once, ZeRO-1 partitioning the optimizer over the two pipelines.
+CASES8 = [
+    ("dp2xpp2xtp2-zero1", "tiny-gpt", dict(dp=2, pp=2, tp=2, global_batch=4, sharding=1)),
 ]
 
 
@@ -90,12 +106,14 @@ def launch(tmp_path: Path, env: dict, world: int, cases: list[dict], timeout: fl
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world, layouts", [(2, CASES), (4, CASES4)], ids=["2-ranks", "4-ranks"])
+@pytest.mark.parametrize("world, layouts", [(2, CASES), (4, CASES4), (8, CASES8)],
+                         ids=["2-ranks", "4-ranks", "8-ranks"])
 def test_layouts_train_like_one_process(tmp_path, ds_extension_cache, world, layouts):
-    cases = [{"id": i, "model": m, "layout": f, "steps": STEPS} for i, m, f in layouts]
+    cases = [{"id": i, "model": m, "layout": f, "steps": STEPS,
+              "model_fields": MODEL_FIELDS.get(i, {})} for i, m, f in layouts]
     ranks = launch(tmp_path, ds_extension_cache, world, cases)
     for n, (case_id, model_name, fields) in enumerate(layouts):
-        model = load_model(model_name)
+        model = dataclasses.replace(load_model(model_name), **MODEL_FIELDS.get(case_id, {}))
         layout = Layout(dtype="fp32", engine="deepspeed", **fields)
         ref = reference_losses(model, layout, STEPS)
         # Each data-parallel replica's loss is its own slice's: their mean is the batch's.

@@ -38,6 +38,11 @@ LAYOUTS = [
     ("hsdp-2x2", "tiny-gpt",
      dict(dp=4, global_batch=4,
           sharding={"params": "partial:2", "grads": "partial:2", "optim": "partial:2"})),
+    # Op-level selective recompute (torchtitan's policy) under FSDP and under TP + SP.
+    ("dp2-fsdp-selective-op", "tiny-gpt",
+     dict(dp=2, global_batch=4, sharding=3, recompute="selective-op")),
+    ("tp2-sp-selective-op", "tiny-llama",
+     dict(tp=2, global_batch=2, sequence_parallel=True, recompute="selective-op")),
 ]
 
 
@@ -91,6 +96,7 @@ def test_layout_matches_single_process(tmp_path, model_name, fields):
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_against_reference(model_name, layout, trace)
     assert trace["environment"]["world_size"] == layout.world_size
+    assert trace["layout"]["recompute"] == layout.recompute
     assert trace["environment"]["launcher"] == "local"
     assert trace["summary"]["steps_measured"] == STEPS
     assert trace["prediction"] is not None and trace["prediction"]["costmodel_version"]

@@ -81,13 +81,31 @@ def test_engine_rules_refuse_what_deepspeed_refuses(kw, rule):
         ds(**kw)
 
 
-@pytest.mark.parametrize("model, kw, rule", [
-    ("tiny-gpt", dict(tp=2, pp=2, global_batch=2), "with pipelines"),
-    ("tiny-gpt", dict(pp=2, global_batch=1), "micro-batches"),
+def test_bench_refuses_before_any_process():
+    with pytest.raises(UserError, match="engine megatron is for planning only"):
+        check(load_model("tiny-gpt"), Layout(engine="megatron"))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(pp=2, tp=2, global_batch=2),  # Megatron-style layers inside PipelineModule stages
+    dict(dp=2, pp=2, tp=2, global_batch=4, sharding=1),
+    dict(pp=2, global_batch=1),  # DeepSpeed's TrainSchedule runs fewer micro-batches than stages
 ])
-def test_bench_refuses_before_any_process(model, kw, rule):
-    with pytest.raises(UserError, match=rule):
-        check(load_model(model), ds(**kw))
+def test_bench_accepts_pipelines_with_tp_and_few_micro_batches(kw):
+    import dataclasses
+
+    world = kw.get("dp", 1) * kw["pp"] * kw.get("tp", 1)
+    check(load_model("tiny-gpt"), ds(**kw), world)
+    # Tied embeddings across stages too (the GPT-3 catalog models tie them).
+    check(dataclasses.replace(load_model("tiny-gpt"), tied_embeddings=True), ds(**kw), world)
+
+
+def test_pipeline_tp_config_has_no_autotp_block():
+    """With pipelines the engine's own layers split the model and PipelineModule's grid is the
+    mpu: no AutoTP block, and train_batch_size is checked against the grid's dp."""
+    cfg = deepspeed_config(ds(dp=2, pp=2, tp=2, global_batch=4, sharding=1))
+    assert "tensor_parallel" not in cfg and cfg["train_batch_size"] == 4
+    assert cfg["gradient_accumulation_steps"] == 2
 
 
 def test_native_engine_checks_are_unchanged():
@@ -173,3 +191,13 @@ def test_hpz_keeps_the_primary_shard_in_the_cost_model():
     got = rank_state_bytes(spec, ds(dp=4, global_batch=4, dtype="fp32",
                                     sharding="p=partial:2,g=full,o=full"), 0)
     assert got == {"params_bytes": 704640, "grads_bytes": 234880, "optimizer_bytes": 704640}
+
+
+def test_pipeline_tp_has_no_autotp_vocabulary_term():
+    """With pipelines the deepspeed engine's TP layers split the vocabulary (tp_layers.py): the
+    cost model's DeepSpeed parameters equal the native (Megatron-style) count."""
+    spec = load_model("tiny-gpt")
+    for stage in (0, 1):
+        native = rank_state_bytes(spec, Layout(pp=2, tp=2, global_batch=2, dtype="fp32"), stage)
+        deep = rank_state_bytes(spec, ds(pp=2, tp=2, global_batch=2, dtype="fp32"), stage)
+        assert deep == native  # ZeRO-0: no fp32 master partition either

@@ -47,6 +47,10 @@ RULE_TABLE = [
     ("native", dict(pp=5, global_batch=10, schedule="interleaved", virtual_stages=3), "gpt-22b",
      None),  # uneven interleaved: 15 chunks of 3 or 4 layers
     ("native", dict(pp=5, global_batch=5), "tiny-gpt", "leaves a chunk without layers"),
+    # Op-level selective checkpointing is PyTorch's (flm bench runs it: bench/checkpoint_policy).
+    ("native", dict(recompute="selective-op"), None, None),
+    ("megatron", dict(recompute="selective-op"), None, "has no 'selective-op' recomputation"),
+    ("deepspeed", dict(recompute="selective-op"), None, "has no 'selective-op' recomputation"),
 ]
 
 
@@ -107,7 +111,7 @@ RULE_WORDS = {"schedule": "pipeline schedule", "dtype": "does not train in",
               "sequence_parallel": "sequence parallelism", "sharding": "does not run sharding",
               "pipeline_sharding": "compose sharding", "uneven_interleaved": "unevenly",
               "whole_kv_heads": "whole K/V heads", "vocab_tp": "vocabulary",
-              "recompute": "recomputation"}
+              "recompute": "recomputation", "pipeline_microbatches": "micro-batch per stage"}
 
 
 def _keyword(reason: str) -> str:

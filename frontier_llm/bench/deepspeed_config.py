@@ -19,7 +19,10 @@
 * ``activation_checkpointing`` when the layout recomputes (the model's own ``torch.utils.
   checkpoint`` does the work; the block only records the choice, no partitioning or CPU offload);
 * ``tensor_parallel`` (AutoTP training, ``autotp_size`` = tp) with explicit layer specs
-  (:data:`AUTOTP_LAYER_SPECS`) when tp > 1.
+  (:data:`AUTOTP_LAYER_SPECS`) when tp > 1 without pipelines. With pipelines AutoTP cannot serve
+  (its 2-D (dp, tp) mesh spans the whole world, so pipeline stages land in its data-parallel
+  group): the engine builds Megatron-style layers itself (``bench/tp_layers.py``) and
+  ``PipelineModule``'s grid is the mpu, so no ``tensor_parallel`` block.
 
 The optimizer is not in the config: the engine passes a torch optimizer, since a config optimizer
 makes DeepSpeed JIT-compile FusedAdam (about 50 s on CPU, machine-notes), and
@@ -101,7 +104,7 @@ def deepspeed_config(layout: Layout, bucket_mb: float | None = None) -> dict:
             "partition_activations": False, "contiguous_memory_optimization": False,
             "cpu_checkpointing": False, "synchronize_checkpoint_boundary": False,
         }
-    if layout.tp > 1:
+    if layout.tp > 1 and layout.pp == 1:
         cfg["tensor_parallel"] = {"autotp_size": layout.tp, "partition_config": {
             "use_default_specs": False, "layer_specs": AUTOTP_LAYER_SPECS}}
         # DeepSpeedConfig checks train_batch_size against the whole world (TP ranks included)

@@ -1,4 +1,8 @@
-"""DeepSpeedEngine: one rank of a layout run by DeepSpeed (ZeRO 0-3, PipelineModule).
+"""DeepSpeedEngine: one rank of a layout run by DeepSpeed (ZeRO 0-3, PipelineModule, TP).
+
+Tensor parallelism: AutoTP training without pipelines; with pipelines Megatron-DeepSpeed's way,
+each pipeline piece holding this TP rank's slices (``tp_layers.py``) and PipelineModule's grid
+as the mpu (DeepSpeed takes no other with a PipelineModule).
 
 The same GPT layers as the native engine (``model.py``, weights keyed by parameter name), the
 same data (``data.py``), a torch ``Adam`` with the native engine's hyper-parameters (not
@@ -20,6 +24,7 @@ Model-state bytes are read from DeepSpeed's own containers after the first optim
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 
@@ -29,8 +34,9 @@ from torch import nn
 from frontier_llm.bench.activations import SavedTensorMeter
 from frontier_llm.bench.data import TokenSource
 from frontier_llm.bench.deepspeed_config import deepspeed_config
-from frontier_llm.bench.engine import LR, RankState
+from frontier_llm.bench.engine import LR, RankState, run_batch
 from frontier_llm.bench.model import build_model, loss_fn
+from frontier_llm.bench.tp_layers import TPGroup, shard_model, vocab_parallel_loss
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
 
@@ -50,10 +56,14 @@ class GPTPiece(nn.Module):
     a :class:`GPT` holding only that part (weights keyed by name: the reference's values)."""
 
     def __init__(self, spec: ModelSpec, layer_ids: list[int], first: bool, last: bool, *,
-                 seed: int, dtype: str, device: str, flash: bool, recompute: str) -> None:
+                 seed: int, dtype: str, device: str, flash: bool, recompute: str,
+                 tp: TPGroup | None = None) -> None:
         super().__init__()
         self.gpt = build_model(spec, seed=seed, dtype=dtype, device=device, layer_ids=layer_ids,
                                first=first, last=last, flash=flash, recompute=recompute)
+        if tp is not None:
+            # Megatron-DeepSpeed's way: this TP rank's slices as plain parameters (tp_layers.py).
+            shard_model(self.gpt, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.gpt(x)
@@ -88,6 +98,34 @@ def stage_blocks(spec: ModelSpec, pp: int) -> list[list[int]]:
     parts = pipeline_parts(spec, pp)
     pieces = piece_args(spec)
     return [[i for ids, _, _ in pieces[parts[s]:parts[s + 1]] for i in ids] for s in range(pp)]
+
+
+@functools.cache
+def _balanced_pipeline_module() -> type:
+    """The PipelineModule subclass below (a function: deepspeed is imported only when used)."""
+    from deepspeed.pipe import PipelineModule
+
+    class BalancedOnModel(PipelineModule):
+        """PipelineModule whose ``partition_method='parameters'`` weighs each piece by the
+        whole model's parameter count (``piece_params``) rather than by building every piece on
+        every rank: the same counts without tensor parallelism, and with it the split the cost
+        model assumes (``pipeline_split``), the same on every TP rank."""
+
+        def __init__(self, counts: list[int], **kwargs) -> None:
+            self._piece_counts = list(counts)
+            self.tied_weights: list[tuple[nn.Parameter, object]] = []
+            super().__init__(**kwargs)
+
+        def _count_layer_params(self) -> list[int]:
+            return list(self._piece_counts)
+
+        def get_tied_weights_and_groups(self):
+            # The pipeline engine's ReduceTiedGrads instruction all-reduces each weight's
+            # gradient over its group before the data-parallel reduction: with
+            # ``tied_weights`` (see _tie_embeddings) the embedding and head copies too.
+            return [*super().get_tied_weights_and_groups(), *self.tied_weights]
+
+    return BalancedOnModel
 
 
 def _storage_bytes(tensors) -> int:
@@ -146,34 +184,77 @@ class DeepSpeedEngine:
             return self.inner
 
         # AutoTP replaces the linear layers inside initialize: the optimizer must be built on
-        # the sharded parameters, so DeepSpeed gets a callable (machine-notes).
+        # the sharded parameters, so DeepSpeed gets a callable (machine-notes). Under pipelines
+        # the stages hold their slices already (tp_layers.py) and PipelineModule's grid is the
+        # mpu (deepspeed.initialize takes no other with a PipelineModule).
+        autotp = layout.tp > 1 and layout.pp == 1
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=make_optimizer if layout.tp > 1
+            model=model, optimizer=make_optimizer if autotp
             else make_optimizer(list(model.parameters())), config=self.config)
         self._model_params = list(self.engine.module.parameters())
         self.stage = self.config["zero_optimization"]["stage"]
         self._state: RankState | None = None
         self._grads_peak = 0
         self._wrap_inner_step()
+        if layout.pp > 1:
+            self._wrap_grad_reduction()
 
-    @staticmethod
-    def _pipeline_module(spec: ModelSpec, layout: Layout, seed: int, device: torch.device):
+    def _pipeline_module(self, spec: ModelSpec, layout: Layout, seed: int,
+                         device: torch.device):
         """``deepspeed.pipe.PipelineModule`` over the pieces, split by parameter count
         (``partition_method='parameters'``, DeepSpeed's default and the cost model's
-        ``pipeline_split`` for this engine); only this stage's pieces are built (LayerSpec)."""
-        from deepspeed.pipe import LayerSpec, PipelineModule
+        ``pipeline_split`` for this engine); only this stage's pieces are built (LayerSpec).
+
+        With tp > 1 each piece holds this TP rank's slices (Megatron-DeepSpeed's layers,
+        ``tp_layers.py``), the loss is the vocabulary-parallel cross entropy, and the TP group
+        is the (pipe, data)-fixed ``model`` axis of the topology: the grid's slice group, bound
+        to the layers once PipelineModule has built it."""
+        from deepspeed.pipe import LayerSpec
         from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
+        tp = TPGroup(self.coords["tp"], layout.tp) if layout.tp > 1 else None
         kw = dict(seed=seed, dtype=layout.dtype, device=str(device),
-                  flash=layout.flash_attention, recompute=layout.recompute)
+                  flash=layout.flash_attention, recompute=layout.recompute, tp=tp)
         specs = [LayerSpec(GPTPiece, spec, ids, first, last, **kw)
                  for ids, first, last in piece_args(spec)]
         topo = PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp,
                                              num_dp=layout.dp)
+        loss = loss_fn if tp is None else functools.partial(vocab_parallel_loss, tp=tp,
+                                                            vocab=spec.vocab)
         # PipelineModule prints its partition on stdout, where flm bench's summary line goes.
         with contextlib.redirect_stdout(sys.stderr):
-            return PipelineModule(layers=specs, topology=topo, loss_fn=loss_fn,
-                                  partition_method="parameters")
+            module = _balanced_pipeline_module()(
+                piece_params(spec), layers=specs, topology=topo, loss_fn=loss,
+                partition_method="parameters")
+        if tp is not None:
+            tp.group = module.mpu().get_slice_parallel_group()
+        if spec.tied_embeddings:
+            self._tie_embeddings(module, layout)
+        return module
+
+    def _tie_embeddings(self, module, layout: Layout) -> None:
+        """Tied embeddings across pipeline stages, as Megatron keeps them: the first stage's
+        token embedding and the last stage's head are two copies of one matrix (the same init,
+        keyed by the embedding's name; under TP the same vocabulary rows), whose gradients are
+        summed over a group of the first and last stage of each (dp, tp) position before the
+        data-parallel reduction; the updates then agree. DeepSpeed's ``TiedLayerSpec`` would
+        build one module type at both ends, which does not fit these pieces (positions on the
+        first stage, the final norm on the last), so the pairs are handed to its pipeline engine
+        through ``get_tied_weights_and_groups``. Every rank creates every group, in one order
+        (new_group is collective)."""
+        mine = None
+        for d in range(layout.dp):
+            for t in range(layout.tp):
+                ranks = [(p * layout.dp + d) * layout.tp + t for p in (0, layout.pp - 1)]
+                group = torch.distributed.new_group(ranks)
+                if self.rank in ranks:
+                    mine = group
+        names = ("gpt.tok_embeddings.weight", "gpt.output.weight")
+        for name, p in module.named_parameters():
+            if name.endswith(names):
+                module.tied_weights.append((p, mine))
+                if name.endswith(names[1]):
+                    p.ds_pipe_replicated = True  # counted once in DeepSpeed's gradient norm
 
     # -- measuring what this rank holds -----------------------------------------------------
     def _wrap_inner_step(self) -> None:
@@ -188,6 +269,21 @@ class DeepSpeedEngine:
             return out
 
         self.inner.step = step
+
+    def _wrap_grad_reduction(self) -> None:
+        """Under pipelines measure the gradients when the last micro-batch's backward is done
+        and before DeepSpeed reduces them (PipelineEngine's ReduceGrads instruction): ZeRO-1
+        frees the whole ``.grad`` of a rank's parameters once they are reduced into its
+        partition, before the torch optimizer runs."""
+        for name in ("allreduce_gradients", "_bf16_reduce_grads"):
+            reduce = getattr(self.engine, name)
+
+            def measured(*args, _reduce=reduce, **kwargs):
+                self._grads_peak = max(self._grads_peak, _storage_bytes(
+                    [p.grad for p in self._model_params]))
+                return _reduce(*args, **kwargs)
+
+            setattr(self.engine, name, measured)
 
     def _param_tensors(self) -> list[torch.Tensor]:
         """The parameter storage this rank keeps between steps (ZeRO-3: its partitions)."""
@@ -235,8 +331,6 @@ class DeepSpeedEngine:
             batches = iter(list(zip(inputs.split(lay.micro_batch),
                                     targets.split(lay.micro_batch), strict=True)))
             loss = self.engine.train_batch(data_iter=batches)
-            self._grads_peak = max(self._grads_peak, _storage_bytes(
-                [p.grad for p in self._model_params]))
             return float(loss) if self.has_last else None
         total = 0.0
         for x, y in zip(inputs.split(lay.micro_batch), targets.split(lay.micro_batch),
@@ -254,12 +348,6 @@ class DeepSpeedEngine:
         return total
 
     def step(self, step: int, measure_activations: bool = False) -> float | None:
-        """One optimizer step over this rank's slice of global batch ``step``."""
-        inputs, targets = self.data.rank_batch(step, self.layout.global_batch, self.layout.dp,
-                                               self.coords["dp"])
-        inputs, targets = inputs.to(self.device), targets.to(self.device)
-        if measure_activations:
-            self.meter.reset_peak()
-            with self.meter.measuring():
-                return self._fwd_bwd(inputs, targets)
-        return self._fwd_bwd(inputs, targets)
+        """One optimizer step over this rank's slice of global batch ``step`` (DeepSpeed steps
+        the optimizer inside ``_fwd_bwd``, at the accumulation boundary)."""
+        return run_batch(self, step, measure_activations, self._fwd_bwd)

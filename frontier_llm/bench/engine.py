@@ -11,6 +11,7 @@ optimizer step over the rank's share of the global batch and returns the loss th
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -210,15 +211,7 @@ class NativeEngine:
 
     def step(self, step: int, measure_activations: bool = False) -> float | None:
         """One optimizer step over this rank's slice of global batch ``step``."""
-        inputs, targets = self.data.rank_batch(step, self.layout.global_batch, self.layout.dp,
-                                               self.coords["dp"])
-        inputs, targets = inputs.to(self.device), targets.to(self.device)
-        if measure_activations:
-            self.meter.reset_peak()
-            with self.meter.measuring():
-                loss = self._forward_backward(inputs, targets)
-        else:
-            loss = self._forward_backward(inputs, targets)
+        loss = run_batch(self, step, measure_activations, self._forward_backward)
         grads = self._settle_grads()
         if self.dp_group is not None:
             kw = {"bucket_bytes": self.bucket_bytes} if self.bucket_bytes else {}
@@ -241,6 +234,22 @@ class NativeEngine:
     @property
     def activations_peak_bytes(self) -> int:
         return self.meter.peak
+
+
+def run_batch(engine, step: int, measure_activations: bool,
+              forward_backward: Callable[[torch.Tensor, torch.Tensor], float | None]
+              ) -> float | None:
+    """Forward and backward over ``engine``'s slice of global batch ``step`` (its data-parallel
+    rank's sequences, on its device), under its saved-activation meter when
+    ``measure_activations``: the part of a training step every engine shares."""
+    lay = engine.layout
+    inputs, targets = engine.data.rank_batch(step, lay.global_batch, lay.dp, engine.coords["dp"])
+    inputs, targets = inputs.to(engine.device), targets.to(engine.device)
+    if not measure_activations:
+        return forward_backward(inputs, targets)
+    engine.meter.reset_peak()
+    with engine.meter.measuring():
+        return forward_backward(inputs, targets)
 
 
 def reference_losses(spec: ModelSpec, layout: Layout, steps: int, seed: int = 0,

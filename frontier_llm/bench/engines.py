@@ -31,16 +31,6 @@ def check(model: ModelSpec, layout: Layout, world_size: int | None = None) -> No
     if world_size is not None:
         layout.check_world(world_size)
     zero_settings(layout)  # shardings without a DeepSpeed equivalent
-    if layout.tp > 1 and layout.pp > 1:
-        raise UserError("the deepspeed engine of flm bench does not compose tensor parallelism "
-                        "(AutoTP) with pipelines yet: use tp 1 or pp 1")
-    if layout.pp > 1 and model.tied_embeddings:
-        raise UserError("the deepspeed engine of flm bench does not tie embeddings across "
-                        "pipeline stages (TiedLayerSpec) yet: untie them or use pp 1")
-    if layout.pp > 1 and layout.num_microbatches < layout.pp:
-        raise UserError(
-            f"pp ({layout.pp}) > micro-batches per step ({layout.num_microbatches} = "
-            "global_batch / (micro_batch x dp)): the pipeline needs one micro-batch per stage")
 
 
 def create(cfg, renv, device):

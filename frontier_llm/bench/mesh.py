@@ -99,17 +99,12 @@ def check_layout(model: ModelSpec, layout: Layout, world_size: int | None = None
     layout.check_model(model)
     if world_size is not None:
         layout.check_world(world_size)
-    # The native engine's own rules (whole K/V heads, an exactly split vocabulary, no fp16)
+    # The native engine's own rules (whole K/V heads, an exactly split vocabulary, no fp16,
+    # a micro-batch per stage under 1F1B)
     # are engine_rules' and were applied above, by Layout and check_model.
     if layout.engine != Engine.NATIVE:
         raise UserError(
             f"flm bench runs engine native only (got engine {layout.engine}): plan and predict "
             "other engines with flm plan / flm predict --engine"
-        )
-    if layout.pp > 1 and layout.num_microbatches < layout.pp:
-        raise UserError(
-            f"pp ({layout.pp}) > micro-batches per step ({layout.num_microbatches} = "
-            f"global_batch / (micro_batch x dp)): the pipeline schedules need at least one "
-            "micro-batch per stage"
         )
     return mesh_dims(layout)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from frontier_llm.bench.checkpoint_policy import checkpoint_selective_op
 from frontier_llm.specs.layout import DType, Recompute
 from frontier_llm.specs.model import ModelSpec
 
@@ -185,6 +186,7 @@ class Block(nn.Module):
         self.ffn_norm = _norm(spec)
         self.feed_forward = MLP(spec)
         self.full_recompute = recompute == "full"
+        self.op_recompute = recompute == Recompute.SELECTIVE_OP
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x))
@@ -194,6 +196,10 @@ class Block(nn.Module):
         if self.full_recompute and torch.is_grad_enabled():
             # Full recompute keeps only the block input (Korthikanti et al. 2022: 2·s·b·h).
             return checkpoint(self._forward, x, use_reentrant=True)
+        if self.op_recompute and torch.is_grad_enabled():
+            # Op-level selective (torchtitan's policy): keeps the block input, every second
+            # matmul's and the attention kernel's outputs.
+            return checkpoint_selective_op(self._forward, x)
         return self._forward(x)
 
 

@@ -14,7 +14,10 @@ holds that copy. ZeRO-1 builds it even over one DP rank (pp2 x dp1). Measured by
 Replicated vocabulary under tensor parallelism: DeepSpeed's AutoTP training (the
 ``tensor_parallel`` config with explicit layer specs: Q, K, V, fc1 column-parallel, out-proj and
 fc2 row-parallel) shards only those linear layers; the token embedding and the output head stay
-whole on every TP rank, where Megatron's accounting splits them over the vocabulary.
+whole on every TP rank, where Megatron's accounting splits them over the vocabulary. Only
+without pipelines: with pp > 1 ``flm bench``'s DeepSpeed engine (like Megatron-DeepSpeed) uses
+its own vocabulary-parallel embedding and head (``bench/tp_layers.py``), measured equal to the
+Megatron accounting with no extra term.
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ def extra_params(model, t, pp_rank) -> np.ndarray:
     rows = (model.vocab - (-(-model.vocab // tp))) * model.hidden
     separate = (not model.tied_embeddings) | (pp > 1)
     n = np.where(r == 0, rows, 0) + np.where((r == pp - 1) & separate, rows, 0)
-    # AutoTP is what tensor parallelism means without pipelines; with pp > 1 the DeepSpeed runs
-    # that use TP are Megatron-DeepSpeed's, whose embedding and head are vocabulary-parallel.
+    # AutoTP is what tensor parallelism means without pipelines; with pp > 1 TP is
+    # Megatron-DeepSpeed's layers (flm bench's too: bench/tp_layers.py), whose embedding and
+    # head are vocabulary-parallel.
     return np.where((t.engine == Engine.DEEPSPEED.code) & (tp > 1) & (pp == 1), n, 0)
 
 

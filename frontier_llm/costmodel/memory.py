@@ -75,8 +75,10 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None
     }
 
 
-def layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
-    """Bytes one transformer block saves for backward per micro-batch (no recompute)."""
+def layer_activation_bytes(model: ModelSpec, t: LayoutTable, rebuilt: bool = False) -> np.ndarray:
+    """Bytes one transformer block saves for backward per micro-batch (no recompute); with
+    ``rebuilt``, those of a block being rebuilt in backward, which keeps the unfused attention
+    scores whatever the recompute mode."""
     e = ACT_BYTES[t.dtype]
     tp = t.tp
     s, b, h, f = model.seq_len, t.micro_batch, model.hidden, model.ffn_hidden
@@ -92,11 +94,15 @@ def layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
     linear_in = np.where(t.engine == Engine.NATIVE.code, 1.0, rep)
     whole = sb * (rep * (2 * e * h + 2 * drop * h + 2 * stats) + linear_in * 2 * e * h)
     mlp_saved = 2 if model.activation == "gelu" else 4  # fc1 out + act out | gate, up, silu, prod
-    split = sb * e * ((q + kv) + kv + q + mlp_saved * f_rank)  # Q,K | V | proj input | MLP
+    # The unfused core's matmuls save K and V after grouped-query expansion to every query head
+    # (flm bench's and Megatron's unfused attention repeat them); flash attention and the
+    # attention-core checkpoint (selective) keep them unexpanded.
+    kv_saved = np.where(~t.flash_attention & (t.recompute != Recompute.SELECTIVE.code), q, kv)
+    split = sb * e * ((q + kv_saved) + kv_saved + q + mlp_saved * f_rank)  # Q,K|V|proj in|MLP
     # Q·Kᵀ softmax output, its dropout mask and output; flash attention and selective recompute
     # keep none of them (flash keeps a fp32 log-sum-exp per row instead).
     scores = heads * s * sb * (e + (drop + e if drop else 0))
-    keep_scores = ~t.flash_attention & (t.recompute == Recompute.NONE.code)
+    keep_scores = ~t.flash_attention & ((t.recompute == Recompute.NONE.code) | rebuilt)
     lse = np.where(t.flash_attention, 4 * heads * sb, 0)
     return whole + split + np.where(keep_scores, scores, 0) + lse
 
@@ -134,7 +140,11 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None) -> n
     layer_input = sb * h * e * rep
     op_kept = layer_input + sb * kept_bytes_per_token(model, t.tp, e, t.flash_attention)
     per_layer = np.select([is_full, is_op], [layer_input, op_kept], full)
-    transient = np.where(is_full | is_op, np.maximum(full - per_layer, 0), 0)
+    # A block rebuilt in backward (full or op-level recompute) runs the unfused attention core
+    # again, which saves its s x s scores until its backward (flm bench measures it:
+    # test_bench_checkpoint_policy.py).
+    rebuilt = layer_activation_bytes(model, t, rebuilt=True)
+    transient = np.where(is_full | is_op, np.maximum(rebuilt - per_layer, 0), 0)
     layers = chunks * layers_per_chunk
     micro_in_flight = np.where(t.schedule == Schedule.INTERLEAVED.code,
                                _cdiv(chunks, t.virtual_stages), chunks)

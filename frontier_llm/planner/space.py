@@ -256,6 +256,8 @@ def _engine_layout_codes(t: LayoutTable, sharding_id: np.ndarray,
     dtype_bad = np.array([[d not in r.dtypes for d in DType] for r in rules])
     sp_bad = np.array([not r.sequence_parallel for r in rules])
     rec_bad = np.array([[x not in r.recomputes for x in Recompute] for r in rules])
+    mb_bad = np.array([[s in r.microbatch_per_stage for s in Schedule] for r in rules])
+    few = t.global_batch // (t.micro_batch * t.dp) < t.pp
 
     def code(rule: str) -> np.ndarray:
         return np.array([ENGINE_REASON.get((e, rule), 0) for e in engines], dtype=np.int16)
@@ -268,6 +270,7 @@ def _engine_layout_codes(t: LayoutTable, sharding_id: np.ndarray,
         (~runs[eng, sharding_id], code("sharding")),
         (multi & ~pipe[eng, sharding_id], code("pipeline_sharding")),
         (rec_bad[eng, t.recompute], code("recompute")),
+        (multi & mb_bad[eng, t.schedule] & few, code("pipeline_microbatches")),
     ]
     out = np.zeros(len(t), dtype=np.int16)
     for mask, codes in reversed(broken):  # the first rule broken wins

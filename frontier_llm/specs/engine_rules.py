@@ -23,7 +23,10 @@ Sources:
   communication overlap.
 - PyTorch native (FSDP2 ``fully_shard``, DTensor tensor parallel, ``torch.distributed.pipelining``
   with ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``): any AMSP placement
-  (HSDP via a 2-D mesh, ``reshard_after_forward=int`` for partial parameter sharding). ``flm
+  (HSDP via a 2-D mesh, ``reshard_after_forward=int`` for partial parameter sharding);
+  ``Schedule1F1B`` needs at least as many micro-batches as stages (``schedules.py`` raises).
+  DeepSpeed's ``TrainSchedule`` runs fewer (measured: pp2 with one micro-batch equals the
+  reference). ``flm
   bench``'s native engine does no fp16 loss scaling and shards whole K/V heads.
 """
 
@@ -83,6 +86,8 @@ class EngineRules:
     # vocabulary.
     whole_kv_heads: bool = False
     vocab_divisible: bool = False
+    # Pipeline schedules that need at least one micro-batch per stage (m >= pp).
+    microbatch_per_stage: tuple[Schedule, ...] = ()
 
     def violations(self, layout: Layout, model: ModelSpec | None = None) -> list[str]:
         """Every rule of this engine that ``layout`` breaks, as messages naming the engine."""
@@ -112,6 +117,12 @@ class EngineRules:
         if layout.recompute not in self.recomputes:
             out.append(("recompute", f"{name} has no '{layout.recompute}' recomputation "
                                      f"(it has {', '.join(self.recomputes)})"))
+        if layout.pp > 1 and layout.schedule in self.microbatch_per_stage \
+                and layout.num_microbatches < layout.pp:
+            out.append(("pipeline_microbatches",
+                        f"{name}'s {layout.schedule} schedule needs at least one micro-batch per "
+                        f"stage: pp ({layout.pp}) > micro-batches per step "
+                        f"({layout.num_microbatches} = global_batch / (micro_batch x dp))"))
         if model is None:
             return out
         if not self.uneven_interleaved and layout.virtual_stages > 1 \
@@ -137,6 +148,7 @@ class EngineRules:
             "sharding": self.shardings is not None,
             "pipeline_sharding": self.pipeline_shardings is not None,
             "recompute": set(self.recomputes) != set(Recompute),
+            "pipeline_microbatches": bool(self.microbatch_per_stage),
             "uneven_interleaved": not self.uneven_interleaved,
             "whole_kv_heads": self.whole_kv_heads,
             "vocab_tp": self.vocab_divisible,
@@ -158,6 +170,8 @@ class EngineRules:
             "recompute": f"{name} has no "
                          f"{' or '.join(str(r) for r in Recompute if r not in self.recomputes)} "
                          "recomputation",
+            "pipeline_microbatches": f"{name} needs a micro-batch per stage with "
+                                     f"{' or '.join(self.microbatch_per_stage)}",
             "uneven_interleaved": f"{name} splits layers unevenly only without interleaving",
             "whole_kv_heads": f"{name} shards whole K/V heads (kv_heads < tp)",
             "vocab_tp": f"{name} needs vocab divisible by tp",
@@ -208,6 +222,10 @@ RULES: dict[Engine, EngineRules] = {
         tp_comm_overlap=False, prefetch=1, prefetch_bucket_params=0, gather_per_module=False,
         reduce_bucket_params=0, reshard_after_forward=True, gradient_bucketing=True,
         reduce_fp32=True, pipeline_split="manual", whole_kv_heads=True, vocab_divisible=True,
+        # torch.distributed.pipelining's Schedule1F1B raises "Number of microbatches (m) must be
+        # greater than or equal to the number of stages" (its GPipe runs m < pp; the
+        # interleaved schedule's own rule, m a multiple of pp, already implies m >= pp).
+        microbatch_per_stage=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED),
     ),
     Engine.MEGATRON: EngineRules(
         engine=Engine.MEGATRON, title="Megatron-LM",
@@ -254,7 +272,7 @@ RULES: dict[Engine, EngineRules] = {
 # The rules of :meth:`EngineRules.broken`, in its order: those of the layout alone (checked by
 # Layout.__post_init__) and those against a model (checked by Layout.check_model).
 LAYOUT_RULES = ("schedule", "dtype", "sequence_parallel", "sharding", "pipeline_sharding",
-                "recompute")
+                "recompute", "pipeline_microbatches")
 MODEL_RULES = ("uneven_interleaved", "whole_kv_heads", "vocab_tp")
 
 
