@@ -138,20 +138,28 @@ def _validate(args: argparse.Namespace) -> int:
         runs = validation_frame(store, sweep=args.sweep, costmodel_version=args.costmodel_version)
     finally:
         store.close()
-    stats = error_stats(runs)
+    _emit_validation(args, "runs", runs, _fmt_table(runs),
+                     "predicted vs measured (error = (predicted - measured) / measured):",
+                     error_stats(runs), "per system")
+    return 0
+
+
+def _emit_validation(args: argparse.Namespace, key: str, rows: pd.DataFrame,
+                     shown: pd.DataFrame, title: str, stats: pd.DataFrame, per: str) -> None:
+    """flm validate's output in every format: the rows (``shown`` as the table) and the error
+    statistics (``per`` names their grouping)."""
     if args.format == "json":
-        emit_json({"runs": runs.to_dict(orient="records"),
+        emit_json({key: rows.to_dict(orient="records"),
                    "stats": stats.to_dict(orient="records")})
     elif args.format == "csv":
-        emit_frame(stats if args.stats_only else runs, "csv")
+        emit_frame(stats if args.stats_only else rows, "csv")
     else:
         if not args.stats_only:
-            print("predicted vs measured (error = (predicted - measured) / measured):")
-            emit_frame(_fmt_table(runs), "table")
+            print(title)
+            emit_frame(shown, "table")
             print()
-        print("error statistics per system (MAPE = mean absolute percentage error):")
+        print(f"error statistics {per} (MAPE = mean absolute percentage error):")
         emit_frame(_fmt_table(stats), "table")
-    return 0
 
 
 def _validate_by_engine(args: argparse.Namespace) -> int:
@@ -168,20 +176,9 @@ def _validate_by_engine(args: argparse.Namespace) -> int:
     wide = compare_validation(runs)
     # flm report's table: per system x engine, with the mean signed error (bias) too.
     stats = errors_table(runs) if not runs.empty else pd.DataFrame(columns=ERROR_COLUMNS)
-    if args.format == "json":
-        emit_json({"layouts": wide.to_dict(orient="records"),
-                   "stats": stats.to_dict(orient="records")})
-    elif args.format == "csv":
-        emit_frame(stats if args.stats_only else wide, "csv")
-    else:
-        if not args.stats_only:
-            print("predicted vs measured per engine (error = (predicted - measured) / "
-                  "measured, mean over the layout's runs):")
-            emit_frame(table_view(wide, VALIDATION_LABELS), "table")
-            print()
-        print("error statistics per system and engine (MAPE = mean absolute percentage "
-              "error):")
-        emit_frame(_fmt_table(stats), "table")
+    _emit_validation(args, "layouts", wide, table_view(wide, VALIDATION_LABELS),
+                     "predicted vs measured per engine (error = (predicted - measured) / "
+                     "measured, mean over the layout's runs):", stats, "per system and engine")
     return 0
 
 
