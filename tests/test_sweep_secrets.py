@@ -193,3 +193,23 @@ def test_slurm_job_gets_pass_env_values_that_are_written_nowhere(slurm_cluster, 
     for text in (printed.stdout, printed.stderr, status.stdout, status.stderr):
         assert TOKEN not in text and PASSWORD not in text
     _nowhere(tmp_path, TOKEN, PASSWORD)
+
+
+def test_a_study_file_is_held_to_the_same_rule(tmp_path):
+    """flm tune's study file is a sweep file with a study block: a credential in its
+    environment is refused with the study file's line, and pass_env is kept for its trials."""
+    from frontier_llm.errors import SpecError
+    from frontier_llm.tune.spec import load_study
+
+    study = BASE.format(extra="gpus: [1]\nstudy:\n  space: {micro_batch: [1, 2], zero: [0]}\n"
+                              "  budget: {trials: 2}\nenvironment:\n  env:\n"
+                              f"    HF_TOKEN: {TOKEN}\n").split("layouts:")[0]
+    path = tmp_path / "study.yaml"
+    path.write_text(study)
+    with pytest.raises(SpecError) as info:
+        load_study(path)
+    assert str(info.value).startswith(f"{path}:16: environment.env.HF_TOKEN is named like")
+    assert TOKEN not in str(info.value)
+    path.write_text(study.replace(f"  env:\n    HF_TOKEN: {TOKEN}\n", "  pass_env: [HF_TOKEN]\n"))
+    trial = load_study(path).trial_sweep(0, {"dp": 1, "micro_batch": 1})
+    assert trial.spec.environment.pass_env == ["HF_TOKEN"]
