@@ -213,3 +213,21 @@ def test_a_study_file_is_held_to_the_same_rule(tmp_path):
     path.write_text(study.replace(f"  env:\n    HF_TOKEN: {TOKEN}\n", "  pass_env: [HF_TOKEN]\n"))
     trial = load_study(path).trial_sweep(0, {"dp": 1, "micro_batch": 1})
     assert trial.spec.environment.pass_env == ["HF_TOKEN"]
+
+
+def test_retry_without_a_pass_env_variable_changes_nothing(tmp_path, capsys, monkeypatch):
+    """A local sweep whose jobs ran with the variable; retried without it: one line, exit 2,
+    the rows as they were."""
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    path = _sweep(tmp_path, "command: ['true']\nenvironment:\n  pass_env: [HF_TOKEN]\n")
+    db = f"sqlite:///{tmp_path}/flm.db"
+    assert main(["sweep", "submit", str(path), "--out", str(tmp_path / "run"), "--db", db]) == 0
+    capsys.readouterr()
+    assert main(["sweep", "status", "sec", "--db", db, "--format", "json"]) == 0
+    before = capsys.readouterr().out
+    assert json.loads(before)[0]["state"] == "FAILED"  # no trace: a retry would resubmit it
+    monkeypatch.delenv("HF_TOKEN")
+    assert main(["sweep", "retry", "sec", "--db", db]) == 2
+    assert "HF_TOKEN is not set in this shell" in capsys.readouterr().err
+    assert main(["sweep", "status", "sec", "--db", db, "--format", "json"]) == 0
+    assert capsys.readouterr().out == before

@@ -423,6 +423,7 @@ def cancel(session: Session, keys: Sequence[str] | None = None, *, hung_only: bo
 def retry(session: Session, *, failed_only: bool, max_in_flight: int | None = None,
           hold: bool = False) -> dict[str, int]:
     """Resubmit ended jobs: those that did not complete (``failed_only``) or all of them."""
+    require_passed(session.manifest.pass_env, session.executor)  # before any row changes
     rows = refresh(session, ride_out=True)
     require_controller(session)
     hung = [r for r in rows if r["state"] == JobState.HUNG]
