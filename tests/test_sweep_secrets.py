@@ -133,14 +133,14 @@ def test_pass_env_writes_names_only_and_the_job_stops_without_them(tmp_path, mon
     assert "flm: HF_TOKEN (environment.pass_env) did not reach the job" in lost.stderr
 
 
-@pytest.mark.parametrize("executor", ["local", "slurm"])
+@pytest.mark.parametrize("executor", ["local", "slurm", "--dry-run"])
 def test_submit_without_a_pass_env_variable_writes_nothing(tmp_path, capsys, monkeypatch,
                                                            executor):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     path = _sweep(tmp_path, "environment:\n  pass_env: [HF_TOKEN]\n")
     out, db = tmp_path / "run", tmp_path / "flm.db"
-    assert main(["sweep", "submit", str(path), "--out", str(out), "--db", str(db),
-                 "--executor", executor]) == 2
+    how = ["--dry-run"] if executor == "--dry-run" else ["--executor", executor]
+    assert main(["sweep", "submit", str(path), "--out", str(out), "--db", str(db), *how]) == 2
     err = capsys.readouterr().err
     assert err == ("flm: error: environment.pass_env: HF_TOKEN is not set in this shell; "
                    "export it before submitting (the jobs take the values from this shell; "
