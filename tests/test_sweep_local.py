@@ -66,19 +66,22 @@ def test_local_sweep_runs_classifies_and_resumes(tmp_path, capsys):
     assert "submitted 0 jobs" in capsys.readouterr().out
 
 
-SECRET = "postgresql://flm:hunter2-not-for-logs@db.example/flm"
+SECRET_PASSWORD = "hunter2-not-for-logs"
+SECRET = f"postgresql://flm:{SECRET_PASSWORD}@db.example/flm"
 
 
 def test_local_jobs_get_the_sweeps_environment_and_print_no_value(tmp_path, capsys,
                                                                    monkeypatch):
     """environment.env reaches a local job as it reaches a SLURM job's script: the trace
-    records the visible-devices variable the sweep set (CPU torch ignores it), and a secret
-    value in it is in no output, log or trace."""
+    records the visible-devices variable the sweep set (CPU torch ignores it). A secret passes
+    by name (environment.pass_env) from flm's own environment: the trace names it, and its
+    value is in no output, no file of the sweep folder and not in the database."""
     for name in ("ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FLM_DB", SECRET)
     spec = tmp_path / "local.yaml"
     spec.write_text(SWEEP.split("layouts:")[0].replace("name: local-tiny", "name: local-env")
-                    + f"environment:\n  env: {{ROCR_VISIBLE_DEVICES: 3, FLM_DB: '{SECRET}'}}\n"
+                    + "environment:\n  env: {ROCR_VISIBLE_DEVICES: 3}\n  pass_env: [FLM_DB]\n"
                     + "layouts:\n  - {dp: 1, micro_batch: 2, name: one}\n")
     db = f"sqlite:///{tmp_path}/flm.db"
     out = tmp_path / "run"
@@ -91,10 +94,12 @@ def test_local_jobs_get_the_sweeps_environment_and_print_no_value(tmp_path, caps
     row = json.loads(status_out)[0]
     assert row["state"] == "COMPLETED", row
     trace_file = trace_path(out / "traces", row["run_id"])
-    assert read_trace(trace_file)["environment"]["visible_devices"] == {
-        "ROCR_VISIBLE_DEVICES": "3"}
-    logs = "".join(p.read_text() for p in (out / "logs").rglob("*.out"))
-    assert logs and SECRET not in printed + logs + trace_file.read_text()
+    environment = read_trace(trace_file)["environment"]
+    assert environment["visible_devices"] == {"ROCR_VISIBLE_DEVICES": "3"}
+    assert environment["passed_env"] == ["FLM_DB"]
+    assert list((out / "logs").rglob("*.out")) and SECRET_PASSWORD not in printed
+    for f in tmp_path.rglob("*"):  # the sweep folder (logs, traces, manifest) and flm.db
+        assert not f.is_file() or SECRET_PASSWORD.encode() not in f.read_bytes(), f
 
 
 def test_local_cancel_stops_a_running_job(tmp_path):

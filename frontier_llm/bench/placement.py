@@ -32,6 +32,17 @@ def visible_devices(env: Mapping[str, str]) -> dict[str, str]:
     return {k: env[k] for k in VISIBLE_VARS if k in env}
 
 
+# The job script (and the local executor) name here, space-separated, the variables the sweep
+# passes through from the submitting shell (environment.pass_env): names only, never values.
+PASS_ENV_VAR = "FLM_PASS_ENV"
+
+
+def passed_env(env: Mapping[str, str]) -> list[str]:
+    """The pass-through variables this rank received: their names, never their values (a
+    trace is shared as freely as a log)."""
+    return sorted(n for n in env.get(PASS_ENV_VAR, "").split() if n in env)
+
+
 def node_count(env: Mapping[str, str]) -> int:
     """Nodes of this run's job step (SLURM), else 1."""
     for key in ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"):

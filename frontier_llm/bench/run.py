@@ -275,6 +275,7 @@ def _setup(cfg: BenchConfig, renv: RankEnv, started: str) -> _Rank:
         trace["environment"].update(
             nodes=nodes, binding=os.environ.get("FLM_BINDING", "none"),
             visible_devices=placement.visible_devices(os.environ),
+            passed_env=placement.passed_env(os.environ),
             transport=placement.transport(backend, os.environ))
     Path(cfg.trace_dir).mkdir(parents=True, exist_ok=True)
     _status_path(cfg, renv.rank).unlink(missing_ok=True)

@@ -190,6 +190,9 @@ def _submit(args) -> int:
         raise UserError("--max-in-flight must be at least 1")
     sweep = runner.sweep_with_overrides(args.sweep, **_overrides(args))
     out = args.out or runner.default_out(sweep.name)
+    # Before anything is written (the folder, the database): a dry run says it too.
+    runner.require_passed(sweep.spec.environment.pass_env or (),
+                          runner.make_executor(args.executor or sweep.spec.executor))
     if args.dry_run:
         manifest = render_sweep(sweep, out)
         executor = args.executor or sweep.spec.executor

@@ -9,6 +9,7 @@ shell and compares what it computes with these functions.
 
 from __future__ import annotations
 
+from frontier_llm.bench.placement import PASS_ENV_VAR
 from frontier_llm.errors import ExitCode
 
 # A run id is the job key and the scheduler's job id (an array's id for every task of it): the
@@ -93,6 +94,7 @@ def template_values(master_port_base: int, pack: int = 1) -> dict[str, str | int
         "step_master_port": f"$(( {int(master_port_base)} + (${{SLURM_JOB_ID:-0}} * {int(pack)} "
                             f"+ slot) % {MASTER_PORT_SPAN} ))",
         "pack_keys_env": PACK_KEYS_ENV,
+        "pass_env_var": PASS_ENV_VAR,
         "step_start": STEP_START,
         "step_exit": STEP_EXIT,
         "step_log": STEP_LOG,

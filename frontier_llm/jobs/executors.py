@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from frontier_llm.errors import UserError
 from frontier_llm.jobs.contract import (
     PACK_KEYS_ENV,
+    PASS_ENV_VAR,
     STEP_LOG,
     SUBMIT_TOKEN_ENV,
     attempt_log_name,
@@ -69,6 +70,10 @@ class Executor(ABC):
     def log_path(self, manifest: Manifest, row: Mapping[str, Any]) -> Path | None:
         """The output file of the job's current attempt."""
 
+    def job_environ(self) -> Mapping[str, str]:
+        """The environment the jobs start from (environment.pass_env values come from it)."""
+        return os.environ
+
     def find_submitted(self, manifest: Manifest, token: str) -> dict[str, Submission]:
         """Submissions made under ``token`` that were never recorded (after a crash)."""
         return {}
@@ -98,6 +103,10 @@ class SlurmExecutor(Executor):
 
     def __init__(self, client: SlurmClient | None = None) -> None:
         self.client = client or SlurmClient()
+
+    def job_environ(self) -> Mapping[str, str]:
+        # sbatch hands its own environment to the job (--export=ALL unless told otherwise).
+        return os.environ if self.client.env is None else self.client.env
 
     def submit(self, manifest, keys, recorder, *, token, max_in_flight=None, hold=False):
         by_group: dict[str, list[dict]] = {}
@@ -224,10 +233,12 @@ class LocalExecutor(Executor):
 
     def _env(self, manifest: Manifest, job: Mapping[str, Any], run_id: str) -> dict[str, str]:
         """A local job's environment: this shell's, then what a job script exports that is
-        not the site's (FLM_SWEEP, the sweep's ``environment.env``), then the job's names.
+        not the site's (FLM_SWEEP, the sweep's ``environment.env``, the names of its
+        ``pass_env``, whose values this shell holds), then the job's names.
         ``environment.modules`` and ``setup`` are shell for the cluster and not run here."""
+        passed = {PASS_ENV_VAR: " ".join(manifest.pass_env)} if manifest.pass_env else {}
         return {**os.environ, "OMP_NUM_THREADS": "1", "FLM_SWEEP": manifest.sweep,
-                **manifest.env, **self.extra_env, "FLM_JOB_KEY": job["key"],
+                **manifest.env, **passed, **self.extra_env, "FLM_JOB_KEY": job["key"],
                 "FLM_RUN_ID": run_id}
 
     def submit(self, manifest, keys, recorder, *, token, max_in_flight=None, hold=False):

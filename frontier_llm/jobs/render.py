@@ -135,6 +135,8 @@ class JobScript:
     tasks: tuple[Task, ...]
     modules: tuple[str, ...] | None = None
     env: tuple[tuple[str, str], ...] = ()
+    # Names the job takes from the submitting shell (sbatch exports it); never their values.
+    pass_env: tuple[str, ...] = ()
     setup: tuple[str, ...] = ()
     options: Mapping[str, str | None] = field(default_factory=dict)
     command: tuple[str, ...] = ("flm", "bench")  # what runs each rank, before the task's args
@@ -156,6 +158,10 @@ class JobScript:
             if not _ENV_NAME.match(name):
                 raise SpecError(
                     f"environment variable name {name!r} is not a valid shell name", "env")
+        for name in self.pass_env:
+            if not _ENV_NAME.match(name):
+                raise SpecError(
+                    f"environment variable name {name!r} is not a valid shell name", "pass_env")
         for line in self.setup:
             _no_newline(line, "setup")
         _no_newline(self.log_pattern, "log_pattern")

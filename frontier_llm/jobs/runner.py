@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from frontier_llm.errors import UserError
+from frontier_llm.jobs import secrets
 from frontier_llm.jobs.classify import classify, heartbeat_age, load_trace
 from frontier_llm.jobs.contract import TOKEN_FILE, restart_of
 from frontier_llm.jobs.contract import run_id as make_run_id
@@ -74,10 +75,20 @@ def default_out(name: str) -> Path:
 
 def prepare(sweep: Sweep, out: str | Path | None, store: Store,
             client: SlurmClient | None = None, executor: str | None = None) -> Session:
-    """Render ``sweep`` into its folder and open (or create) its rows in the database."""
+    """Render ``sweep`` into its folder and open (or create) its rows in the database.
+    A pass_env variable missing from the jobs' environment stops it before anything is
+    written."""
+    chosen = make_executor(executor or sweep.spec.executor, client)
+    require_passed(sweep.spec.environment.pass_env or (), chosen)
     manifest = render_sweep(sweep, out or default_out(sweep.name))
     state = SweepJobs.open(store, manifest, sweep.text)
-    return Session(manifest, state, make_executor(executor or sweep.spec.executor, client))
+    return Session(manifest, state, chosen)
+
+
+def require_passed(names: Sequence[str], executor: Executor) -> None:
+    """Refuse (one line, no value) when a pass_env variable would not reach ``executor``'s
+    jobs: missing from the environment they start from, or kept back by $SBATCH_EXPORT."""
+    secrets.require_passed(names, executor.job_environ(), slurm=executor.name == "slurm")
 
 
 def resolve(target: str, out: str | None, store: Store, client: SlurmClient | None = None
@@ -202,6 +213,8 @@ def submit(session: Session, keys: Iterable[str] | None = None, *,
             and (wanted is None or r["job_key"] in wanted)]
     if not todo:
         return {"submitted": 0, "adopted": adopted, "already": len(rows)}
+    # Every submit (retry, a study's trials too) checks: the jobs read the values at start.
+    require_passed(session.manifest.pass_env, session.executor)
     token = uuid.uuid4().hex[:12]
     session.state.mark_submitting(todo, token, session.executor.name)
     try:
@@ -410,6 +423,7 @@ def cancel(session: Session, keys: Sequence[str] | None = None, *, hung_only: bo
 def retry(session: Session, *, failed_only: bool, max_in_flight: int | None = None,
           hold: bool = False) -> dict[str, int]:
     """Resubmit ended jobs: those that did not complete (``failed_only``) or all of them."""
+    require_passed(session.manifest.pass_env, session.executor)  # before any row changes
     rows = refresh(session, ride_out=True)
     require_controller(session)
     hung = [r for r in rows if r["state"] == JobState.HUNG]

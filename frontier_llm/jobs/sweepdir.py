@@ -83,6 +83,12 @@ class Manifest:
         return dict(self.data.get("env") or [])
 
     @property
+    def pass_env(self) -> tuple[str, ...]:
+        """The names of ``environment.pass_env``: variables the jobs take from the shell that
+        submits them (their values are written nowhere)."""
+        return tuple(self.data.get("pass_env") or ())
+
+    @property
     def trace_dir(self) -> Path:
         return self.directory / "traces"
 
@@ -193,6 +199,7 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
             tasks=tasks,
             modules=None if env.modules is None else tuple(env.modules),
             env=sweep_env(sweep),
+            pass_env=tuple(env.pass_env or ()),
             setup=tuple(env.setup or ()),
             options={k: None if v is None else str(v)
                      for k, v in (sweep.spec.template_options or {}).items()},
@@ -271,8 +278,10 @@ def render_sweep(sweep: Sweep, directory: str | Path) -> Manifest:
         "executor": sweep.spec.executor, "system": sweep.system.name,
         "frontier_llm": __version__, "skipped": dict(sweep.skipped),
         "groups": groups, "jobs": jobs,
-        # Values as written in the sweep file (sweep.yaml beside, and the scripts, hold them too).
+        # Values as written in the sweep file (sweep.yaml beside, and the scripts, hold them too;
+        # the loader refused secret-looking ones). pass_env: names only, never values.
         "env": [list(kv) for kv in sweep_env(sweep)],
+        "pass_env": list(sweep.spec.environment.pass_env or ()),
     }
     _write(inside(directory, "sweep.yaml"), sweep.text)
     _write(inside(directory, MANIFEST), json.dumps(data, indent=1) + "\n")

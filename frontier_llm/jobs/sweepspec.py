@@ -21,6 +21,7 @@ from frontier_llm.bench.config import bench_argv as bench_config_argv
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.jobs.render import TEMPLATES, template_options, template_path
+from frontier_llm.jobs.secrets import check_pass_env, check_sweep_file
 from frontier_llm.specs import (
     DType,
     Engine,
@@ -68,15 +69,23 @@ class ResourcesSpec:
 
 @dataclass(frozen=True)
 class EnvironmentSpec:
-    """How a job sets itself up: modules to load, variables to export, and raw setup lines."""
+    """How a job sets itself up: modules to load, variables to export, and raw setup lines.
+
+    ``env`` values are written into the job scripts, the sweep folder and the database;
+    ``pass_env`` names variables the job takes from the submitting shell, written nowhere
+    (frontier_llm.jobs.secrets)."""
 
     modules: list | None = None
     env: dict | None = None
     setup: list | None = None
+    pass_env: list | None = None
 
     def __post_init__(self) -> None:
         _str_list(self.modules, "modules")
         _str_list(self.setup, "setup")
+        why = check_pass_env(self.pass_env, self.env, None)
+        if why:
+            raise SpecError(why, "pass_env")
         if self.env is not None:
             if not isinstance(self.env, Mapping):
                 raise SpecError("env must be a mapping of NAME: value", "env")
@@ -478,6 +487,8 @@ def load_sweep(path: str | Path, text: str | None = None) -> Sweep:
     data = load_yaml(path) if text is None else loads_yaml(text, source=str(path))
     if not isinstance(data, LineMap):
         raise SpecError(f"{path}:1: a sweep file holds a mapping of settings")
+    # Before anything else reads it: a credential in the file is refused, whatever else is wrong.
+    check_sweep_file(data)
     # Nested sections are built on their own so that their errors keep their own line.
     top = data.copy()
     _drop_old_engine_key(top)
@@ -491,6 +502,9 @@ def load_sweep(path: str | Path, text: str | None = None) -> Sweep:
     spec = build(SweepFile, top)
     if nested:
         spec = dataclasses.replace(spec, **nested)
+    why = check_pass_env(spec.environment.pass_env, None, spec.resources.extra_sbatch)
+    if why:
+        raise SpecError(f"{data['resources'].where('extra_sbatch')}: {why}", "extra_sbatch")
     template = spec.template
     system_ref = _ref(spec.system, path)
     try:

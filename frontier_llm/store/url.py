@@ -76,6 +76,16 @@ def redact(url: str | URL) -> str:
     return f"{scheme}://{user}:***@{host}" if colon else f"{scheme}://{user}@{host}"
 
 
+def has_password(text: str) -> bool:
+    """Whether ``text`` is a URL (``scheme://``) whose credentials hold a password: the test
+    :func:`redact` applies, so what it would hide is what callers refuse to copy elsewhere."""
+    scheme, sep, rest = text.partition("://")
+    if not sep or not scheme:
+        return False
+    cred, at, _ = _split_credentials(rest)
+    return bool(at) and ":" in cred
+
+
 def _split_credentials(rest: str) -> tuple[str, str, str]:
     """``(user[:password], "@", host...)`` of what follows ``://``, or ``("", "", rest)``.
 
