@@ -167,3 +167,14 @@ def test_shipped_studies_load():
     for path in shipped:
         study = load_study(path)
         assert study.candidates.feasible()
+
+
+@pytest.mark.parametrize(("space", "shardings"), [
+    ("    sharding: [zero1, 'p=full,g=full,o=full']\n", {"zero1", "zero3"}),
+    ("", {"zero0"}),  # left out: the layout's default
+])
+def test_sharding_named_or_left_out(tmp_path, space, shardings):
+    """A space may name shardings (a ZeRO preset or the p=..,g=..,o=.. form) instead of ZeRO
+    stages, or leave them out; before, both ended in an AttributeError."""
+    s = load_study(write(tmp_path, **{"    zero: [0, 1]\n": space}))
+    assert {c.layout.sharding.describe() for c in s.candidates.feasible()} == shardings

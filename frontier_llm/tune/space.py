@@ -114,8 +114,8 @@ class Candidates:
         lists["schedule"] = [_schedule_label(x, v) for x in schedules
                              for v in (vs if x == "interleaved" else [1])]
         lists["sharding"] = ([f"zero{z}" for z in s.zero] if s.zero else
-                             [_parse_sharding(t).describe() for t in s.sharding] if s.sharding
-                             else [_parse_sharding(_default("sharding")).describe()])
+                             [Sharding.parse(_parse_sharding(t)).describe()
+                              for t in s.sharding or [_default("sharding")]])
         knobs: dict[str, list] = {n: lists[n] for n in kinds if n in lists}
         for k, values in sorted((s.run or {}).items()):
             knobs[f"run.{k}"] = list(values)
