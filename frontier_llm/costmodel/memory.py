@@ -78,7 +78,17 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None
 def layer_activation_bytes(model: ModelSpec, t: LayoutTable, rebuilt: bool = False) -> np.ndarray:
     """Bytes one transformer block saves for backward per micro-batch (no recompute); with
     ``rebuilt``, those of a block being rebuilt in backward, which keeps the unfused attention
-    scores whatever the recompute mode."""
+    scores whatever the recompute mode. Computed once per table and model (every pipeline rank
+    reads both)."""
+    memo = t.__dict__.get("_layer_activations")
+    if memo is None or memo[0] is not model:
+        memo = (model, _layer_activation_bytes(model, t))
+        t.__dict__["_layer_activations"] = memo
+    return memo[1][1] if rebuilt else memo[1][0]
+
+
+def _layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> tuple[np.ndarray, np.ndarray]:
+    """(saved, rebuilt) bytes of :func:`layer_activation_bytes`."""
     e = ACT_BYTES[t.dtype]
     tp = t.tp
     s, b, h, f = model.seq_len, t.micro_batch, model.hidden, model.ffn_hidden
@@ -102,9 +112,10 @@ def layer_activation_bytes(model: ModelSpec, t: LayoutTable, rebuilt: bool = Fal
     # Q·Kᵀ softmax output, its dropout mask and output; flash attention and selective recompute
     # keep none of them (flash keeps a fp32 log-sum-exp per row instead).
     scores = heads * s * sb * (e + (drop + e if drop else 0))
-    keep_scores = ~t.flash_attention & ((t.recompute == Recompute.NONE.code) | rebuilt)
+    unfused_scores = np.where(t.flash_attention, 0, scores)
     lse = np.where(t.flash_attention, 4 * heads * sb, 0)
-    return whole + split + np.where(keep_scores, scores, 0) + lse
+    rebuilt = whole + split + unfused_scores + lse
+    return rebuilt - np.where(t.recompute == Recompute.NONE.code, 0, unfused_scores), rebuilt
 
 
 def _in_flight_chunks(t: LayoutTable, pp_rank) -> np.ndarray:

@@ -42,11 +42,17 @@ def _split(model: ModelSpec, pp: int, v: int, engine: int) -> tuple[tuple[int, i
 
 def _gather(model: ModelSpec, t: LayoutTable, fn) -> np.ndarray:
     """``fn(split, pp)`` (a tuple of ints) for each distinct (pp, v, engine) of ``t``, per row."""
-    key = (t.pp.astype(np.int64) * 65536 + t.virtual_stages) * 16 + t.engine
-    uniq, inverse = np.unique(key, return_inverse=True)
-    rows = [fn(_split(model, int(k // 16 // 65536), int(k // 16 % 65536), int(k % 16)),
-               int(k // 16 // 65536)) for k in uniq]
-    return np.array(rows, dtype=np.int64).reshape(len(uniq), -1)[inverse.reshape(-1)]
+    # A dense key over the few (pp, v, engine) a table holds: a lookup table instead of a
+    # sort (np.unique) over every row.
+    vs, es = int(t.virtual_stages.max()) + 1, int(t.engine.max()) + 1
+    key = (t.pp.astype(np.int64) * vs + t.virtual_stages) * es + t.engine
+    present = np.zeros(int(key.max()) + 1, dtype=bool)
+    present[key] = True
+    uniq = np.flatnonzero(present)
+    inverse = np.cumsum(present) - 1
+    rows = [fn(_split(model, int(k // es // vs), int(k // es % vs), int(k % es)),
+               int(k // es // vs)) for k in uniq]
+    return np.array(rows, dtype=np.int64).reshape(len(uniq), -1)[inverse[key]]
 
 
 def _summary(split, pp) -> tuple[int, ...]:
