@@ -138,7 +138,9 @@ def fill_defaults(cols: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
     it enumerates; a new field is thereby planned at its default until the space names it)."""
     for col, value in default_row().items():
         if col not in cols:
-            cols[col] = np.full(n, value, dtype=COLUMNS[col])
+            # One value seen n times (read-only, no n-long copy): the planner's tables are
+            # millions of rows and most fields keep their default.
+            cols[col] = np.broadcast_to(np.array(value, dtype=COLUMNS[col]), (n,))
     return cols
 
 

@@ -161,11 +161,16 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
     # The cost model runs on the layouts no rule rejected; the others get NaN figures.
     ok = np.flatnonzero(reason == 0)
     sub = evaluate(model, system, layouts.take(ok))
-    # One block of rows for every float figure (one allocation, not one per figure).
+    # Every row gets every figure: NaN (False) where a rule rejected it. One block for the
+    # float figures, each row written once (the tables run to millions of rows).
     floats = [k for k, v in sub.items() if v.dtype != bool]
-    block = np.full((len(floats), len(reason)), np.nan)
-    block[:, ok] = np.stack([sub[k] for k in floats]) if floats else block[:, ok]
-    figures = dict(zip(floats, block, strict=True))
+    rejected = np.flatnonzero(reason != 0)
+    block = np.empty((len(floats), len(reason)))
+    figures = {}
+    for k, row in zip(floats, block, strict=True):
+        row[ok] = sub[k]
+        row[rejected] = np.nan
+        figures[k] = row
     for key, values in sub.items():
         if values.dtype == bool:
             figures[key] = np.zeros(len(reason), dtype=bool)
