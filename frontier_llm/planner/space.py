@@ -246,7 +246,21 @@ def _model_codes(model, tp, pp, sched_v, engines) -> np.ndarray:
 def _engine_layout_codes(t: LayoutTable, sharding_id: np.ndarray,
                          shardings: list[Sharding]) -> np.ndarray:
     """Each row's first broken engine rule of the layout alone (EngineRules.broken's order), 0
-    for none: every rule is a lookup in a small table indexed by the engine and one knob."""
+    for none. The rules read a few small knobs, so they are worked out once on the grid of those
+    knobs' values and each row looks its answer up (one gather, not a pass per rule)."""
+    few = t.global_batch // (t.micro_batch * t.dp) < t.pp
+    dims = (len(Engine), 2, 2, len(Schedule), len(DType), 2, len(Recompute), len(shardings))
+    grid = np.meshgrid(*(np.arange(d) for d in dims), indexing="ij")
+    table = _first_engine_rule(*(g.ravel() for g in grid), shardings)
+    flat = np.ravel_multi_index(
+        (t.engine, t.pp > 1, few, t.schedule, t.dtype, t.sequence_parallel, t.recompute,
+         sharding_id), dims)
+    return table[flat]
+
+
+def _first_engine_rule(eng, multi, few, schedule, dtype, sp, recompute, sharding_id,
+                       shardings: list[Sharding]) -> np.ndarray:
+    """The first engine rule of the layout alone each combination breaks (0 for none)."""
     engines = list(Engine)
     rules = [RULES[e] for e in engines]
     runs = np.array([[r.runs_sharding(x) for x in shardings] for r in rules], dtype=bool)
@@ -257,22 +271,21 @@ def _engine_layout_codes(t: LayoutTable, sharding_id: np.ndarray,
     sp_bad = np.array([not r.sequence_parallel for r in rules])
     rec_bad = np.array([[x not in r.recomputes for x in Recompute] for r in rules])
     mb_bad = np.array([[s in r.microbatch_per_stage for s in Schedule] for r in rules])
-    few = t.global_batch // (t.micro_batch * t.dp) < t.pp
+    multi, few, sp = multi.astype(bool), few.astype(bool), sp.astype(bool)
 
     def code(rule: str) -> np.ndarray:
         return np.array([ENGINE_REASON.get((e, rule), 0) for e in engines], dtype=np.int16)
 
-    eng, multi = t.engine, t.pp > 1
     broken = [
-        (multi & sched_bad[eng, t.schedule], code("schedule")),
-        (dtype_bad[eng, t.dtype], code("dtype")),
-        (t.sequence_parallel & sp_bad[eng], code("sequence_parallel")),
+        (multi & sched_bad[eng, schedule], code("schedule")),
+        (dtype_bad[eng, dtype], code("dtype")),
+        (sp & sp_bad[eng], code("sequence_parallel")),
         (~runs[eng, sharding_id], code("sharding")),
         (multi & ~pipe[eng, sharding_id], code("pipeline_sharding")),
-        (rec_bad[eng, t.recompute], code("recompute")),
-        (multi & mb_bad[eng, t.schedule] & few, code("pipeline_microbatches")),
+        (rec_bad[eng, recompute], code("recompute")),
+        (multi & mb_bad[eng, schedule] & few, code("pipeline_microbatches")),
     ]
-    out = np.zeros(len(t), dtype=np.int16)
+    out = np.zeros(len(eng), dtype=np.int16)
     for mask, codes in reversed(broken):  # the first rule broken wins
         out[mask] = codes[eng[mask]]
     return out
