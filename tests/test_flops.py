@@ -32,6 +32,21 @@ def test_selective_recompute_costs_only_attention_core():
     assert 0 < extra < 0.05 * model_flops(model, tokens)
 
 
+@pytest.mark.parametrize("name", ["gpt-22b", "llama3-8b"])
+def test_selective_op_replays_the_matmuls_it_does_not_keep(name):
+    """Op-level selective recompute replays the 2nd, 4th, ... weight matmuls (wk, wo, w3 for
+    SwiGLU; wk, wo, w2 for GeLU), and the attention core too when it is not one fused kernel."""
+    model = load_model(name)
+    h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
+    replayed = h * kv + h * h + h * f  # wk, wo, then w3 (SwiGLU) or w2 (GeLU): h x f either way
+    tokens = 2 * model.seq_len
+    extra = hardware_flops(model, tokens, "selective-op") - model_flops(model, tokens)
+    assert extra == pytest.approx(model.layers * 2 * replayed * tokens, rel=1e-12)
+    unfused = hardware_flops(model, tokens, "selective-op", flash=False)
+    assert unfused - extra - model_flops(model, tokens) == pytest.approx(
+        model.layers * 4 * model.seq_len * h * tokens, rel=1e-12)
+
+
 def test_reproduces_published_mfu_22b_a100():
     # Korthikanti et al. 2022 Table 5: 22B, 8 A100, batch 4, 1.10 s per iteration, MFU 41.5 %.
     model = load_model("gpt-22b")

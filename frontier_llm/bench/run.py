@@ -156,7 +156,8 @@ def summarize(cfg: BenchConfig, steps: list[dict], memory: list[dict], world: in
     t = statistics.median(measured)
     tokens = cfg.layout.global_batch * cfg.model.seq_len
     model_tf = model_flops(cfg.model, tokens) / t / world / 1e12
-    hw_tf = hardware_flops(cfg.model, tokens, cfg.layout.recompute) / t / world / 1e12
+    hw_tf = hardware_flops(cfg.model, tokens, cfg.layout.recompute,
+                           cfg.layout.flash_attention) / t / world / 1e12
     peak = cfg.system.peak_flops.get(cfg.layout.dtype)
     out.update({
         "step_time_s": t, "step_time_mean_s": statistics.fmean(measured),

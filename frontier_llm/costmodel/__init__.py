@@ -36,9 +36,10 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable) -> dict[s
     tokens = table.global_batch * model.seq_len
     gpus = table.world_size
     peak = dtype_peaks(system)[table.dtype]
-    hw = np.array([hardware_flops(model, 1.0, r) for r in Recompute.words()])
+    hw = np.array([[hardware_flops(model, 1.0, r, flash) for flash in (False, True)]
+                   for r in Recompute.words()])
     model_f = model_flops(model, tokens.astype(float))
-    hardware_f = hw[table.recompute] * tokens
+    hardware_f = hw[table.recompute, table.flash_attention.astype(int)] * tokens
     step = times["step_time"]
     out = {
         "step_time_s": step,

@@ -46,18 +46,20 @@ def model_flops(model: ModelSpec, batch_tokens: ArrayLike) -> ArrayLike:
     return 3.0 * forward * batch_tokens
 
 
-def recompute_flops(model: ModelSpec, batch_tokens: ArrayLike, recompute: str) -> ArrayLike:
+def recompute_flops(model: ModelSpec, batch_tokens: ArrayLike, recompute: str,
+                    flash: bool = True) -> ArrayLike:
     """Extra forward FLOPs spent recomputing activations.
 
     ``full`` reruns every block's forward (not the logits): the 72 -> 96 factor of eq. 3.
     ``selective`` (Korthikanti et al. 2022 §4.2) reruns only the attention core, Q·Kᵀ, softmax and
     scores·V. ``selective-op`` reruns the matrix multiplies whose outputs it does not keep
-    (:mod:`.checkpoint_policy`); the attention kernel's output is kept (PyTorch's SDPA, as
-    torchtitan runs it).
+    (:mod:`.checkpoint_policy`); a fused attention kernel's output is kept (PyTorch's SDPA, as
+    torchtitan runs it), the unfused core (``flash=False``) is replayed.
     """
     dense, attn = layer_forward_flops_per_token(model)
     if recompute == "selective-op":
-        return model.layers * dense * (1 - float(kept_dense_fraction(model))) * batch_tokens
+        replayed = dense * (1 - float(kept_dense_fraction(model))) + (0.0 if flash else attn)
+        return model.layers * replayed * batch_tokens
     if recompute == "full":
         return model.layers * (dense + attn) * batch_tokens
     if recompute == "selective":
@@ -67,9 +69,11 @@ def recompute_flops(model: ModelSpec, batch_tokens: ArrayLike, recompute: str) -
     raise ValueError(f"recompute must be none, selective, full or selective-op (got {recompute!r})")
 
 
-def hardware_flops(model: ModelSpec, batch_tokens: ArrayLike, recompute: str) -> ArrayLike:
+def hardware_flops(model: ModelSpec, batch_tokens: ArrayLike, recompute: str,
+                   flash: bool = True) -> ArrayLike:
     """Hardware FLOPs: model FLOPs plus recomputation (the numerator of HFU)."""
-    return model_flops(model, batch_tokens) + recompute_flops(model, batch_tokens, recompute)
+    return model_flops(model, batch_tokens) + recompute_flops(model, batch_tokens, recompute,
+                                                              flash)
 
 
 def iteration_flops(model: ModelSpec, global_batch: ArrayLike, recompute: str = "none") -> dict:
