@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from report_fixtures import check_pdf, check_png
 from store_fixtures import make_trace
+from sweep_texts import local_sweep
 
 from frontier_llm.bench.trace import write_trace
 from frontier_llm.cli import main
@@ -225,21 +226,8 @@ def test_help_explains(capsys):
     assert "--predicted" in text and "weak" in text and "exit 2" not in text
 
 
-SWEEP = """\
-name: tiny-strong-recorded
-model: tiny-gpt
-system: cpu-local
-executor: local
-gpus_per_node: 4
-dtype: fp32
-steps: 2
-warmup: 1
-global_batch: 4
-layouts:
-  - {dp: 1, micro_batch: 1, name: dp1}
-  - {dp: 2, micro_batch: 1, name: dp2}
-  - {dp: 4, micro_batch: 1, name: dp4}
-"""
+SWEEP = local_sweep("tiny-strong-recorded", [f"{{dp: {d}, micro_batch: 1, name: dp{d}}}"
+                                              for d in (1, 2, 4)])
 
 
 def test_sweep_by_name_shows_jobs_without_runs(tmp_path, capsys):

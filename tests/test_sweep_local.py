@@ -11,6 +11,7 @@ import sys
 
 import pytest
 from slurm_fixtures import wait_for
+from sweep_texts import local_sweep
 
 from frontier_llm.bench.trace import read_trace, trace_path
 from frontier_llm.cli import main
@@ -20,23 +21,11 @@ from frontier_llm.store import open_store
 
 pytestmark = [pytest.mark.slow]
 
-SWEEP = """\
-name: local-tiny
-model: tiny-gpt
-system: cpu-local
-executor: local
-gpus_per_node: 4
-dtype: fp32
-steps: 2
-warmup: 1
-global_batch: 4
-resources:
-  time: "00:05:00"
-layouts:
-  - {dp: 2, micro_batch: 2, name: dp2}
-  - {dp: 1, micro_batch: 2, name: crash, bench_args: {fault: crash, fault_step: 0}}
-  - {dp: 1, micro_batch: 2, name: slow, time: "0:03", bench_args: {fault: hang, fault_step: 1}}
-"""
+SWEEP = local_sweep("local-tiny", [
+    "{dp: 2, micro_batch: 2, name: dp2}",
+    "{dp: 1, micro_batch: 2, name: crash, bench_args: {fault: crash, fault_step: 0}}",
+    '{dp: 1, micro_batch: 2, name: slow, time: "0:03", bench_args: {fault: hang, fault_step: 1}}',
+], extra='resources:\n  time: "00:05:00"\n')
 
 
 def test_local_sweep_runs_classifies_and_resumes(tmp_path, capsys):
@@ -80,9 +69,9 @@ def test_local_jobs_get_the_sweeps_environment_and_print_no_value(tmp_path, caps
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FLM_DB", SECRET)
     spec = tmp_path / "local.yaml"
-    spec.write_text(SWEEP.split("layouts:")[0].replace("name: local-tiny", "name: local-env")
-                    + "environment:\n  env: {ROCR_VISIBLE_DEVICES: 3}\n  pass_env: [FLM_DB]\n"
-                    + "layouts:\n  - {dp: 1, micro_batch: 2, name: one}\n")
+    spec.write_text(local_sweep("local-env", ["{dp: 1, micro_batch: 2, name: one}"],
+                                "environment:\n  env: {ROCR_VISIBLE_DEVICES: 3}\n"
+                                "  pass_env: [FLM_DB]\n"))
     db = f"sqlite:///{tmp_path}/flm.db"
     out = tmp_path / "run"
     assert main(["sweep", "submit", str(spec), "--out", str(out), "--db", db]) == 0

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from slurm_fixtures import flm, sweep_status, tiny_sweep
+from sweep_texts import local_sweep
 
 from frontier_llm.bench.trace import read_trace, trace_path
 from frontier_llm.cli import main
@@ -20,24 +21,13 @@ TOKEN = "wandb-sekrit-4f1d9c"
 PASSWORD = "pw-sekrit-77aa"
 DB_URL = f"postgresql://flm:{PASSWORD}@db.invalid/flm"
 
-BASE = """\
-name: sec
-model: tiny-gpt
-system: cpu-local
-executor: local
-gpus_per_node: 4
-dtype: fp32
-steps: 2
-warmup: 1
-global_batch: 4
-{extra}layouts:
-  - {{dp: 1, micro_batch: 2, name: one}}
-"""
+def base(extra: str) -> str:
+    return local_sweep("sec", ["{dp: 1, micro_batch: 2, name: one}"], extra)
 
 
 def _sweep(tmp_path: Path, extra: str) -> Path:
     path = tmp_path / "sweep.yaml"
-    path.write_text(BASE.format(extra=extra))
+    path.write_text(base(extra))
     return path
 
 
@@ -201,7 +191,7 @@ def test_a_study_file_is_held_to_the_same_rule(tmp_path):
     from frontier_llm.errors import SpecError
     from frontier_llm.tune.spec import load_study
 
-    study = BASE.format(extra="gpus: [1]\nstudy:\n  space: {micro_batch: [1, 2], zero: [0]}\n"
+    study = base("gpus: [1]\nstudy:\n  space: {micro_batch: [1, 2], zero: [0]}\n"
                               "  budget: {trials: 2}\nenvironment:\n  env:\n"
                               f"    HF_TOKEN: {TOKEN}\n").split("layouts:")[0]
     path = tmp_path / "study.yaml"
