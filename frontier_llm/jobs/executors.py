@@ -241,6 +241,20 @@ class LocalExecutor(Executor):
                 **manifest.env, **passed, **self.extra_env, "FLM_JOB_KEY": job["key"],
                 "FLM_RUN_ID": run_id}
 
+    def _start(self, manifest: Manifest, job: Mapping[str, Any],
+               token: str) -> tuple[subprocess.Popen, Any, str]:
+        """Start one job in its own session, its output to its attempt's log: (process, the
+        open log, run id). Call it where Ctrl-C is held (_HeldInterrupt) until it is recorded."""
+        run_id = make_run_id(job["key"], token)
+        log = manifest.path(_local_log(job, token))
+        log.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(log, "wb")  # noqa: SIM115 (the caller closes it)
+        proc = subprocess.Popen(
+            self._argv(manifest, job, run_id), stdout=fh, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, cwd=manifest.directory, start_new_session=True,
+            env=self._env(manifest, job, run_id))
+        return proc, fh, run_id
+
     def submit(self, manifest, keys, recorder, *, token, max_in_flight=None, hold=False):
         if hold:
             raise UserError("--hold needs the slurm executor")
@@ -257,16 +271,7 @@ class LocalExecutor(Executor):
                     while queue and len(running) < limit:
                         interrupt.deliver()
                         job = queue.pop(0)
-                        run_id = make_run_id(job["key"], token)
-                        log = manifest.path(_local_log(job, token))
-                        log.parent.mkdir(parents=True, exist_ok=True)
-                        fh = open(log, "wb")  # noqa: SIM115 (closed when the process ends)
-                        proc = subprocess.Popen(
-                            self._argv(manifest, job, run_id), stdout=fh,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            cwd=manifest.directory, start_new_session=True,
-                            env=self._env(manifest, job, run_id),
-                        )
+                        proc, fh, run_id = self._start(manifest, job, token)
                         running[job["key"]] = (proc, time.monotonic(),
                                                time_limit_s(job["time"]), fh)
                         recorder.submitted(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import subprocess
 
-from frontier_llm.jobs.contract import run_id as make_run_id
 from frontier_llm.jobs.executors import LocalExecutor, _alive, _HeldInterrupt, _local_pid
 from frontier_llm.jobs.lifecycle import JobState, Observation, SchedulerState
 
@@ -26,16 +25,11 @@ class DetachedLocalExecutor(LocalExecutor):
     def submit(self, manifest, keys, recorder, *, token, max_in_flight=None, hold=False):
         for key in keys:
             job = manifest.job(key)
-            run_id = make_run_id(job["key"], token)
-            log = manifest.path(f"logs/{job['group']}/{job['index']}-{token}.out")
-            log.parent.mkdir(parents=True, exist_ok=True)
             # Ctrl-C waits until the started process is recorded: unrecorded, it would run on
             # (its own session) and a resume would start the job again.
-            with _HeldInterrupt(), open(log, "wb") as fh:
-                proc = subprocess.Popen(
-                    self._argv(manifest, job, run_id), stdout=fh, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, cwd=manifest.directory, start_new_session=True,
-                    env=self._env(manifest, job, run_id))
+            with _HeldInterrupt():
+                proc, fh, run_id = self._start(manifest, job, token)
+                fh.close()  # the process holds its own copy
                 _CHILDREN[proc.pid] = proc
                 recorder.submitted({key: (f"local:{proc.pid}:{token}", job["index"], run_id)},
                                    JobState.RUNNING)
