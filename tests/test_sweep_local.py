@@ -141,3 +141,27 @@ def _beating(state: SweepJobs, out):
     if row["state"] == "RUNNING" and (out / "traces" / f"{row['run_id']}.heartbeat.json").exists():
         return row
     return None
+
+
+def test_flm_called_by_its_path_from_an_environment_not_activated_runs_its_jobs(tmp_path):
+    """An HPC user calls ``/path/to/venv/bin/flm`` without activating the venv: its bin is not
+    on PATH, and a job started as plain ``flm`` would find no such program (or another
+    installation's). The job must run the installation that started it: the sweep completes."""
+    flm_exe = os.path.join(os.path.dirname(sys.executable), "flm")
+    assert os.access(flm_exe, os.X_OK), "the test command installs flm beside its python"
+    spec = tmp_path / "local.yaml"
+    spec.write_text(local_sweep("by-path", ["{dp: 1, micro_batch: 2, name: one}"]))
+    bins = {os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(flm_exe))}
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                           if p and p not in bins and not os.path.exists(os.path.join(p, "flm")))
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = path
+    db = f"sqlite:///{tmp_path}/flm.db"
+    out = subprocess.run([flm_exe, "sweep", "submit", str(spec), "--out", str(tmp_path / "run"),
+                          "--db", db], capture_output=True, text=True, env=env, timeout=300,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    status = subprocess.run([flm_exe, "sweep", "status", "by-path", "--db", db, "--format",
+                             "json"], capture_output=True, text=True, env=env, timeout=120)
+    rows = {r["job_key"]: r for r in json.loads(status.stdout)}
+    assert rows["one"]["state"] == "COMPLETED", rows["one"]

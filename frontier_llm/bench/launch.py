@@ -34,8 +34,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -163,16 +165,17 @@ def spawn_local(argv: list[str], nproc: int, grace_s: float = 15.0) -> list[int]
     """
     port = free_port()
     procs: list[subprocess.Popen] = []
-    for rank in range(nproc):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), FLM_LAUNCHER="local")
-        env.setdefault("OMP_NUM_THREADS", "1")
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "frontier_llm.cli", "bench", *argv], env=env
-        ))
     failed_at: float | None = None
+    previous = _stop_on_sigterm()
     try:
+        for rank in range(nproc):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
+                       LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), FLM_LAUNCHER="local")
+            env.setdefault("OMP_NUM_THREADS", "1")
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "frontier_llm.cli", "bench", *argv], env=env
+            ))
         while any(p.poll() is None for p in procs):
             now = time.monotonic()
             if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
@@ -187,7 +190,43 @@ def spawn_local(argv: list[str], nproc: int, grace_s: float = 15.0) -> list[int]
     except KeyboardInterrupt:
         _terminate(procs)
         raise
+    except _Stopped:
+        # A SIGTERM to the job's process group (a time limit, a cancel, the local executor)
+        # reached the ranks too: they record it. Give them that moment, then stop and reap
+        # them, so that no rank outlives its launcher.
+        _wait_all(procs, 3.0)
+        _terminate(procs)
+        # Then end as the signal would have ended us: whoever sent it (flm sweep cancel, the
+        # local executor) reads "killed by SIGTERM", not an exit status of our choosing.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise SystemExit(128 + signal.SIGTERM) from None  # not reached
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return [p.wait() for p in procs]
+
+
+class _Stopped(BaseException):
+    """SIGTERM reached the launcher (BaseException: no ``except Exception`` swallows it)."""
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise _Stopped
+
+
+def _stop_on_sigterm() -> Any:
+    """Turn SIGTERM into :class:`_Stopped` while the ranks run; the handler it replaced (None
+    off the main thread, where Python cannot set one)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_stopped)
+
+
+def _wait_all(procs: list[subprocess.Popen], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _terminate(procs: list[subprocess.Popen]) -> None:

@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -228,7 +229,7 @@ class LocalExecutor(Executor):
         self.extra_env = dict(extra_env or {})
 
     def _argv(self, manifest: Manifest, job: Mapping[str, Any], run_id: str) -> list[str]:
-        return [*job["command"], *job["argv"], "--run-id", run_id,
+        return [*local_command(job["command"]), *job["argv"], "--run-id", run_id,
                 "--trace-dir", str(manifest.trace_dir)]
 
     def _env(self, manifest: Manifest, job: Mapping[str, Any], run_id: str) -> dict[str, str]:
@@ -398,14 +399,65 @@ class _HeldInterrupt:
             self.deliver()
 
 
-def _kill_session(proc: subprocess.Popen) -> None:
-    try:
+def local_command(command: Sequence[str]) -> list[str]:
+    """A job's command as this machine runs it: a leading ``flm`` becomes this interpreter's
+    ``python -m frontier_llm.cli``, so that a job runs the installation that started it, also
+    when flm was called by its absolute path from an environment that is not activated (its
+    ``bin`` not on PATH). Batch scripts keep ``flm`` by name: on a cluster the script names
+    its environment (FLM_VENV, the site's modules)."""
+    command = list(command)
+    if command[:1] == ["flm"]:
+        return [sys.executable, "-m", "frontier_llm.cli", *command[1:]]
+    return command
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (zombies left out: a rank orphaned by its
+    launcher stays a zombie wherever process 1 does not reap, and runs nothing). Read from
+    /proc; where there is none, the group's leader stands for the group."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        return [pgid]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # Fields after the command's closing parenthesis: state, ppid, pgrp, ...
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended while we looked
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def _wait_group(pgid: int, timeout_s: float) -> bool:
+    """Wait until no live process is left in group ``pgid``; False if some still are."""
+    deadline = time.monotonic() + timeout_s
+    while group_members(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _kill_session(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop a job's whole process group: SIGTERM (flm bench records it and its launcher stops
+    its ranks), then SIGKILL for whatever is still alive after ``grace_s``. Waits for every
+    member, not only the leader: a rank that outlived its launcher would hold its cores, its
+    port and its trace after flm said the job had stopped."""
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    if not _wait_group(proc.pid, grace_s):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        _wait_group(proc.pid, 5.0)
+    proc.wait()
 
 
 def make_executor(name: str, client: SlurmClient | None = None) -> Executor:
