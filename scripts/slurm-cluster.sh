@@ -4,7 +4,8 @@
 #   scripts/slurm-cluster.sh install      apt-get slurm-wlm + munge when missing (no-op otherwise)
 #   scripts/slurm-cluster.sh start DIR    munged + slurmctld + slurmd with all state under DIR;
 #                                         prints `export SLURM_CONF=...` lines for the caller
-#   scripts/slurm-cluster.sh stop DIR     stop the daemons of DIR by their pid files
+#   scripts/slurm-cluster.sh stop DIR     cancel DIR's jobs, stop its daemons by their pid
+#                                         files, then end what its job steps left running
 #   scripts/slurm-cluster.sh restart-ctld DIR [--clean]
 #                                         stop slurmctld and start it again, with its saved
 #                                         state, or with none (--clean: every job forgotten,
@@ -18,7 +19,8 @@
 #
 # Every run keeps its config, state, spool, logs and munge socket in its own DIR and is reached
 # through SLURM_CONF, so two test runs never see each other's jobs. Daemons are stopped by pid
-# file only, never by process name, so nothing else on the machine is touched.
+# file, what their jobs left by the cluster's SLURM_CONF in its environment, never by process
+# name, so nothing else on the machine is touched.
 set -euo pipefail
 
 die() { echo "slurm-cluster: $*" >&2; exit 1; }
@@ -192,12 +194,52 @@ cmd_start_slurmd() {
     wait_for 20 pid_alive "$DIR/slurmd.pid" || die "slurmd did not start (see $DIR/log)"
 }
 
+no_jobs() { [[ -z $(SLURM_CONF="$DIR/slurm.conf" squeue -h -o %A 2>/dev/null) ]]; }
+
+# The live processes that started with this cluster's SLURM_CONF in their environment, this
+# script and its callers left out: job steps (slurmstepd and the tasks it runs) outlive their
+# slurmd, and a job the controller forgot (restart-ctld --clean) cannot be cancelled.
+cluster_processes() {
+    local needle="SLURM_CONF=$DIR/slurm.conf" keep=" $$ " p pid state
+    p=$$
+    while [[ $p -gt 1 ]]; do
+        p=$(awk '{print $4}' "/proc/$p/stat" 2>/dev/null) || break
+        keep+="$p "
+    done
+    for p in /proc/[0-9]*; do
+        pid=${p#/proc/}
+        [[ $keep == *" $pid "* ]] && continue
+        state=$(sed 's/.*) //' "$p/stat" 2>/dev/null | cut -d' ' -f1) || continue
+        [[ -n $state && $state != Z ]] || continue
+        tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qxF "$needle" && echo "$pid"
+    done
+    return 0
+}
+
+none_left() { [[ -z $(cluster_processes) ]]; }
+
 cmd_stop() {
     DIR=$(cd "$1" && pwd) || die "no cluster folder $1"
-    local pidfile
+    local pidfile pids
+    # Jobs first, while the controller can still end them the way a site would.
+    if pid_alive "$DIR/slurmctld.pid"; then
+        SLURM_CONF="$DIR/slurm.conf" squeue -h -o %A 2>/dev/null \
+            | xargs -r env SLURM_CONF="$DIR/slurm.conf" scancel 2>/dev/null || true
+        wait_for 20 no_jobs || true
+    fi
     for pidfile in "$DIR/slurmd.pid" "$DIR/slurmctld.pid" "$DIR/munge/munged.pid"; do
         stop_pidfile "$pidfile"
     done
+    pids=$(cluster_processes)
+    if [[ -n $pids ]]; then
+        # shellcheck disable=SC2086 # one pid a word
+        kill $pids 2>/dev/null || true
+        if ! wait_for 10 none_left; then
+            pids=$(cluster_processes)
+            # shellcheck disable=SC2086
+            [[ -z $pids ]] || kill -9 $pids 2>/dev/null || true
+        fi
+    fi
 }
 
 case "${1:-}" in

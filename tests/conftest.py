@@ -1,11 +1,59 @@
 """Fixtures shared by several test modules: a real PostgreSQL/SQLite database URL
 (``db_url``, ``pg_server``; tests/store_fixtures.py) and a real local SLURM cluster
-(``slurm_cluster``; tests/slurm_fixtures.py), and the database of real ``flm bench`` runs the
-report tests read (``bench_db``; tests/report_fixtures.py). Defined there, offered to every
-module here."""
+(``slurm_cluster``; tests/slurm_fixtures.py), the database of real ``flm bench`` runs the
+report tests read (``bench_db``; tests/report_fixtures.py), and ``sigint_raises`` for tests
+that send SIGINT. Defined there, offered to every module here.
 
+At the end of the session, after the shared servers are stopped, any process the tests started
+that is still alive fails the run, named, and is stopped (tests/processes.py).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+
+import pytest
+from processes import end, mark_session, survivors
 from report_fixtures import bench_db
-from slurm_fixtures import slurm_cluster
-from store_fixtures import db_url, pg_server
+from slurm_fixtures import CLUSTER, slurm_cluster
+from store_fixtures import POSTGRES, db_url, pg_server
 
-__all__ = ["bench_db", "db_url", "pg_server", "slurm_cluster"]
+__all__ = ["bench_db", "db_url", "pg_server", "sigint_raises", "slurm_cluster"]
+
+_TOKEN: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _TOKEN.append(mark_session())
+
+
+@pytest.fixture
+def sigint_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt here, as at an interactive prompt, whatever this process
+    inherited: a shell without job control starts a background command with SIGINT ignored,
+    and Python then leaves it ignored."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # The shared servers are stopped here rather than at interpreter exit, so that what they
+    # leave behind (a job step of a forgotten job, say) is seen below.
+    CLUSTER.stop()
+    POSTGRES.stop()
+    left = survivors(_TOKEN[0]) if _TOKEN else []
+    if not left:
+        return
+    end(left)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = ["processes the tests started were still running at the end (now stopped):",
+             *(f"  {s}" for s in left)]
+    if reporter is not None:
+        reporter.write_line("\n".join(lines), red=True)
+    else:
+        print("\n".join(lines))
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -29,6 +29,10 @@ from frontier_llm.jobs.sweepspec import load_sweep
 from frontier_llm.store import open_store
 from frontier_llm.tune.local import DetachedLocalExecutor
 
+# Each test relies on SIGINT raising KeyboardInterrupt, which a suite started in the background
+# by a script (SIGINT ignored) would not give it.
+pytestmark = pytest.mark.usefixtures("sigint_raises")
+
 SWEEP = tiny_sweep("interrupted", [
     "{dp: 1, micro_batch: 2, name: first, bench_args: {fault: hang, fault_step: 0}}",
     "{dp: 1, micro_batch: 2, name: second}"], steps=2, extra="executor: local\n")

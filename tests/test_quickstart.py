@@ -64,6 +64,13 @@ def _is_png(path: Path) -> bool:
     return h > 100 and w > 100
 
 
+def _sigint_default() -> None:
+    """In the child, before exec: SIGINT's default action, as at a terminal. A suite started in
+    the background by a script has SIGINT ignored, the child would inherit that, and the
+    Ctrl-C below would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_quickstart_runs_the_loop_survives_ctrl_c_and_resumes(tmp_path, capsys):
     out = tmp_path / "qs"
@@ -71,7 +78,8 @@ def test_quickstart_runs_the_loop_survives_ctrl_c_and_resumes(tmp_path, capsys):
     log = (tmp_path / "first.log").open("w")
     first = subprocess.Popen([sys.executable, "-m", "frontier_llm.cli", "quickstart", "--out",
                               str(out), *SMALL], stdout=log, stderr=subprocess.STDOUT,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+                             env={**os.environ, "OMP_NUM_THREADS": "1"},
+                             preexec_fn=_sigint_default)
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and first.poll() is None:

@@ -1,0 +1,75 @@
+"""The processes a test session started, found again at its end.
+
+Every process the tests start, directly or through a launcher (flm bench's ranks, a local
+job's process group, SLURM's daemons and the job steps they run, PostgreSQL), inherits this
+session's environment and with it ``FLM_TEST_SESSION=<token>``; /proc/PID/environ keeps the
+environment a process started with, so the token finds them wherever they were re-parented.
+Zombies are left out: they run nothing (and where process 1 does not reap orphans, as in some
+containers, an orphan's zombie stays until the machine restarts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+MARK = "FLM_TEST_SESSION"
+
+
+@dataclass(frozen=True)
+class Survivor:
+    pid: int
+    command: str
+
+    def __str__(self) -> str:
+        return f"pid {self.pid}: {self.command}"
+
+
+def mark_session() -> str:
+    """Give this process (and so everything it starts from now on) a token of its own."""
+    token = uuid.uuid4().hex
+    os.environ[MARK] = token
+    return token
+
+
+def _state(pid: str) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def survivors(token: str) -> list[Survivor]:
+    """Live processes other than this one that started with ``token`` in their environment."""
+    needle = f"{MARK}={token}".encode()
+    me = str(os.getpid())
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or entry.name == me:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # ended while we looked, or not ours to read
+        if needle in environ.split(b"\0") and _state(entry.name) not in (None, "Z"):
+            command = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
+            found.append(Survivor(int(entry.name), command[:200]))
+    return sorted(found, key=lambda s: s.pid)
+
+
+def end(found: list[Survivor], grace_s: float = 5.0) -> None:
+    """SIGTERM each, then SIGKILL what is still alive after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for s in found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(s.pid, sig)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_state(str(s.pid)) not in (None, "Z")
+                                                  for s in found):
+            time.sleep(0.1)
