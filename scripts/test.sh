@@ -1,14 +1,44 @@
 #!/usr/bin/env bash
-# The project's test command (README, .ci/run): installs everything the tests need on a bare
-# machine (the package with its dev extra, and the system services the end-to-end tests use),
-# then runs the whole suite, slow end-to-end tests included.
+# The project's test command (README, .ci/run): builds the environment the README builds and
+# tests in it, on a bare machine too.
+#
+# - Python: the virtualenv this shell has activated (VIRTUAL_ENV), else the repository's own
+#   .venv, made here with python3.11 (or python3) when missing and reused after. Never the
+#   system Python: it may hold packages a user's environment will not, and a test that passes
+#   only because of them hides a missing requirement in setup.cfg.
+# - The package with its dev extra (pip install -e ".[dev]", as the README says).
+# - The system services the end-to-end tests use: a one-node SLURM and a PostgreSQL, each
+#   installed from Debian's packages when missing. The tests start and stop their own instances.
+# Then ruff, the import layers and the whole suite, slow end-to-end tests and each benchmark's
+# quick mode included. Arguments go to pytest (bash scripts/test.sh -k quickstart).
+#
+# FLM_TEST_VENV=DIR builds or reuses the virtualenv in DIR instead of .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+if [[ -n "${VIRTUAL_ENV:-}" && -x "$VIRTUAL_ENV/bin/python" ]]; then
+    venv=$VIRTUAL_ENV
+else
+    venv=${FLM_TEST_VENV:-.venv}
+    if [[ ! -x "$venv/bin/python" ]]; then
+        base=$(command -v python3.11 || command -v python3) || {
+            echo "scripts/test.sh: no python3.11 or python3 on PATH" >&2; exit 1; }
+        "$base" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+            echo "scripts/test.sh: $base is older than Python 3.11" >&2; exit 1; }
+        echo "scripts/test.sh: making the virtualenv $venv with $base"
+        "$base" -m venv "$venv"
+    fi
+fi
+# What activating it does (bin/activate is not for scripts under set -u): its python and its
+# console scripts (flm, ruff, lint-imports) come first. Tests that need flm off the PATH, as
+# an HPC user calls it by its absolute path, take the venv's bin out themselves.
+venv=$(cd "$venv" && pwd)
+export VIRTUAL_ENV=$venv
+export PATH="$venv/bin:$PATH"
+unset PYTHONHOME
+
 DS_BUILD_OPS=0 python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
 
-# System services for the end-to-end tests: a one-node SLURM and a PostgreSQL, each installed
-# from Debian's packages when missing. The tests start and stop their own instances.
 for script in scripts/slurm-cluster.sh scripts/postgres.sh; do
     if [[ -x "$script" ]]; then
         "$script" install
@@ -18,6 +48,6 @@ done
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 python -m ruff check .
 # The import layers (.importlinter): specs -> costmodel/catalog -> planner -> bench -> store ->
-# jobs -> report/tune/calibrate -> cli, no package importing one above it.
+# jobs -> report/tune/calibrate -> quickstart -> cli, no package importing one above it.
 lint-imports
 exec python -m pytest "$@"
