@@ -50,10 +50,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     end(left)
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    lines = ["processes the tests started were still running at the end (now stopped):",
-             *(f"  {s}" for s in left)]
+    title = "processes the tests started, still running at the end (now stopped)"
     if reporter is not None:
-        reporter.write_line("\n".join(lines), red=True)
+        reporter.write_line("")  # after the progress line, which has no end of line yet
+        reporter.write_sep("=", title, red=True)
+        for s in left:
+            reporter.write_line(f"  {s}", red=True)
     else:
-        print("\n".join(lines))
+        print(title, *left, sep="\n  ")
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
