@@ -15,6 +15,12 @@ system, and after the refit, with the fitted figures. Target: MAPE <= 20 % after
 Every layout has 2 ranks: on a CPU every rank shares the machine's cores, so the matrix rate a
 rank sees depends on how many ranks run at once; the microbenchmark times the GEMMs with all its
 ranks running, like a 2-rank layout. Run: ``python benchmarks/bench_calibrate.py [--keep DIR]``.
+
+``--quick`` (what tests/test_benchmarks.py runs, under a minute): the same three stages on
+tiny-gpt, messages up to 4 MiB without the MPI baseline (up to 64 KiB the latency of a busy
+machine can hide the bandwidth, and the fit refuses to guess one), three layouts (two to fit,
+one to test), one round of 2 steps each. Its errors say nothing about the model; it shows the
+loop runs.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,6 +36,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+QUICK = (0, 4, 8)  # a tp, a dp and a pp layout: tp and pp to fit, dp to test
 LAYOUTS = [  # (flags); alternate ones go to train and test
     "--tp 2 --micro-batch 4 --global-batch 4",
     "--tp 2 --micro-batch 2 --global-batch 4",
@@ -64,29 +72,49 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2,
                     help="times each layout is measured, in alternating order (default 2)")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny-gpt, 3 layouts, 1 round of 2 steps, messages to 4 MiB (under "
+                         "a minute): what tests/test_benchmarks.py runs")
     args = ap.parse_args()
+    model, layouts, micro = "small-gpt", LAYOUTS, []
+    if args.quick:
+        args.steps, args.rounds = 2, 1
+        model, layouts = "tiny-gpt", [LAYOUTS[i] for i in QUICK]
+        micro = ["--model", model, "--max-bytes", "4M", "--no-mpi"]
     work = Path(args.keep or tempfile.mkdtemp(prefix="flm-bench-calibrate-"))
     work.mkdir(parents=True, exist_ok=True)
+    try:
+        measure(args, work, model, layouts, micro)
+    finally:
+        # A temporary folder goes with the run (its traces and databases are only inputs of
+        # the figures printed); --keep leaves the files for a look afterwards.
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, work: Path, model: str, layouts: list[str],
+            micro: list[str]) -> None:
     db = f"sqlite:///{work}/flm.db"
     t0 = time.monotonic()
 
     print("1. microbenchmarks: flm calibrate run --nproc 2", file=sys.stderr)
     cal = work / "cpu-cal.yaml"
     out = flm("calibrate", "run", "--nproc", "2", "--out", str(cal), "--db", db,
-              "--results-dir", str(work / "results"), "--format", "json")
+              "--results-dir", str(work / "results"), "--format", "json", *micro)
     fitted = json.loads(out)
     t1 = time.monotonic()
 
-    print(f"2. flm bench on {len(LAYOUTS)} small-gpt layouts x {args.rounds} rounds",
+    print(f"2. flm bench on {len(layouts)} {model} layouts x {args.rounds} rounds",
           file=sys.stderr)
-    jobs = [(i, flags) for i, flags in enumerate(LAYOUTS)]
+    jobs = list(enumerate(layouts))
     for r in range(args.rounds):
         # Alternate the order: the machine's load drifts (other users), and a layout measured
         # early and late sees both; the loop takes each layout's median over its runs.
         for i, flags in (jobs if r % 2 == 0 else jobs[::-1]):
             sweep = "calib-train" if i % 2 == 0 else "calib-test"
-            flm("bench", "--model", "small-gpt", "--system", str(cal), "--dtype", "fp32",
-                "--steps", str(args.steps), "--warmup", "2", "--trace-dir", str(work / sweep),
+            flm("bench", "--model", model, "--system", str(cal), "--dtype", "fp32",
+                "--steps", str(args.steps), "--warmup", "1" if args.quick else "2",
+                "--trace-dir", str(work / sweep),
                 "--label", f"sweep={sweep}", *flags.split())
             print(f"   round {r + 1} {sweep}: {flags}", file=sys.stderr)
     flm("collect", str(work / "calib-train"), str(work / "calib-test"), "--db", db, "--quiet")
@@ -134,8 +162,8 @@ def main() -> None:
           f"(target <= 20 %: {'met' if s_after <= 20 else 'NOT met'})")
     print(f"ratio built-in / after: {s_builtin / s_after:.1f}x; on the train half: k-fold "
           f"held-out {cv_after:.1f} %, in-sample {ins_after:.1f} %")
-    print(f"time: microbenchmarks {t1 - t0:.0f} s, benches {t2 - t1:.0f} s, fits {t3 - t2:.0f} s;"
-          f" files in {work}")
+    print(f"time: microbenchmarks {t1 - t0:.0f} s, benches {t2 - t1:.0f} s, fits {t3 - t2:.0f} s"
+          + (f"; files in {work}" if args.keep else ""))
 
 
 if __name__ == "__main__":

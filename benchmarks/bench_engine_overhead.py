@@ -14,6 +14,10 @@ through the engine and prints its MFU against the system's bf16 peak (target >= 
 
     python benchmarks/bench_engine_overhead.py [--model small-gpt] [--steps 30] [--blocks 3]
         [--micro-batch 8] [--dtype fp32] [--gpu-micro-batch 4] [--gpu-steps 10]
+    python benchmarks/bench_engine_overhead.py --quick   # seconds: what the tests run
+
+``--quick``: tiny-gpt, micro-batch 2, one block of 5 steps each (one GPU step with a GPU); the
+same code and figures, too few steps for the ratio to mean much.
 """
 
 from __future__ import annotations
@@ -129,7 +133,13 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--gpu-micro-batch", type=int, default=4)
     ap.add_argument("--gpu-steps", type=int, default=10)
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny-gpt, micro-batch 2, 1 block of 5 steps (seconds): what "
+                         "tests/test_benchmarks.py runs")
     args = ap.parse_args()
+    if args.quick:
+        args.model, args.micro_batch, args.steps, args.blocks = "tiny-gpt", 2, 5, 1
+        args.gpu_steps = 1
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:

@@ -10,6 +10,7 @@ engines' losses agree (fp32: within 1e-5).
 
     python benchmarks/bench_engines.py [--model small-gpt] [--steps 10] [--warmup 2]
         [--only dp2-zero1,...]
+    python benchmarks/bench_engines.py --quick   # dp2-zero1 of tiny-gpt, 2 steps: the tests
 
 DeepSpeed JIT-builds its comm op once (kept in TORCH_EXTENSIONS_DIR, default
 ~/.cache/torch_extensions): run it once before timing on a fresh machine.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,7 +66,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--only", default=None, help="comma-separated layout names")
+    ap.add_argument("--quick", action="store_true",
+                    help="one layout (dp2-zero1) of tiny-gpt, 2 steps after 1 warm-up (seconds "
+                         "once DeepSpeed's op is built): what tests/test_benchmarks.py runs")
     args = ap.parse_args()
+    if args.quick:
+        args.model, args.steps, args.warmup, args.only = "tiny-gpt", 2, 1, "dp2-zero1"
     names = args.only.split(",") if args.only else list(LAYOUTS)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,6 +98,9 @@ def main() -> None:
               f"{d['step'] / n['step']:.2f} | {n['peak'] / mb:.1f} | {d['peak'] / mb:.1f} | "
               f"{d['peak'] / n['peak']:.2f} | {n['rss'] / mb:.0f} | {d['rss'] / mb:.0f} | "
               f"{d['rss'] / n['rss']:.2f} | {'yes' if same else 'NO'} |")
+    step = statistics.median(d["step"] / n["step"] for _, n, d, _ in rows)
+    print(f"ratio deepspeed / native step time: median {step:.2f} over {len(rows)} layout(s); "
+          f"losses equal in {sum(same for *_, same in rows)} of {len(rows)}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ It also times the trace check alone on 2,000 of the traces: the collector's fast
 (fastjsonschema, store/schema_check.py) against jsonschema (bench/trace.py validate_trace).
 
     python benchmarks/bench_ingest.py [--traces 10000] [--baseline 1000] [--db URL]
+    python benchmarks/bench_ingest.py --quick   # 300 traces, baseline 100: seconds (the tests)
 """
 
 from __future__ import annotations
@@ -115,7 +116,12 @@ def main() -> None:
     ap.add_argument("--baseline", type=int, default=1_000)
     ap.add_argument("--db", choices=("sqlite", "postgresql"), default="sqlite",
                     help="postgresql starts a throwaway server with scripts/postgres.sh")
+    ap.add_argument("--quick", action="store_true",
+                    help="300 traces, a baseline of 100 (seconds): what tests/test_benchmarks.py "
+                         "runs")
     args = ap.parse_args()
+    if args.quick:
+        args.traces, args.baseline = 300, 100
 
     with tempfile.TemporaryDirectory(prefix="flm-bench-ingest-") as tmp:
         tmp = Path(tmp)

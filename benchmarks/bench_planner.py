@@ -10,6 +10,10 @@ printed. Targets: the full space in under 1 s on 2 cores, at least 1,000,000 lay
 and 10); the whole curve in under 1 s (issue 10).
 
     python benchmarks/bench_planner.py [--repeat 5] [--scalar-sample 3000] [--engine native]
+    python benchmarks/bench_planner.py --quick   # seconds: what tests/test_benchmarks.py runs
+
+``--quick`` plans the same space once (no repeats), samples 200 layouts for the scalar baseline
+and curves 8..512 GPUs: it proves the benchmark runs; one repeat is not a figure to quote.
 """
 
 from __future__ import annotations
@@ -37,7 +41,11 @@ def main() -> None:
                     help="engines to plan for, comma-separated (default all three)")
     ap.add_argument("--curve", default="8-65536",
                     help="power-of-two GPU counts LO-HI of the scaling curve ('' for none)")
+    ap.add_argument("--quick", action="store_true",
+                    help="one repeat, a 200-layout scalar sample, the curve 8-512 (seconds)")
     args = ap.parse_args()
+    if args.quick:
+        args.repeat, args.scalar_sample, args.curve = 1, 200, "8-512"
     model, system = load_model(args.model), load_system(args.system)
     space = SearchSpace(engine=tuple(args.engine.split(",")))
 

@@ -23,6 +23,8 @@ For each, the number of measured trials (jobs) until the best measured layout is
 until one within 5 % of it is; a search that does not get there within the whole space counts
 as the space's size + 1. Prints the medians and the ratio of each to random search.
 Target: (a) needs at most a third of random search's trials.
+
+    python benchmarks/bench_tune.py --quick   # 2 seeds (seconds): what the tests run
 """
 
 from __future__ import annotations
@@ -67,7 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", metavar="S",
                     help="run these searches only: a a1 a2 a3 b c")
     ap.add_argument("--table", default=str(REPO / "tests" / "data" / "tune_replay.csv"))
+    ap.add_argument("--quick", action="store_true",
+                    help="2 seeds (seconds): what tests/test_benchmarks.py runs")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.seeds = 2
 
     study = load_study(args.study)
     cands = study.candidates

@@ -8,7 +8,11 @@ Every point the cost model accepts (valid and predicted to fit) is run once, one
 with the study's flm bench arguments (steps, warmup, run settings). The file starts with comment
 lines that record how it was made: the command, the date, the host, CPU count, load and the
 versions of Python, torch and frontier_llm. Rows are appended as they are measured, so an
-interrupted run resumes where it stopped.
+interrupted run resumes where it stopped. It ends with the ratio of measured to predicted
+throughput per rank over the layouts it measured (the cost model being the in-run baseline).
+
+``--quick`` (what tests/test_benchmarks.py runs, seconds): one layout, 2 steps after 1 warm-up,
+into a temporary file unless --out is given; never the shipped table.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import csv
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,13 +61,29 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--study", default=str(REPO / "benchmarks" / "tune_replay_study.yaml"))
-    ap.add_argument("--out", default=str(REPO / "tests" / "data" / "tune_replay.csv"))
+    ap.add_argument("--out", default=None,
+                    help="the table to write or resume (default tests/data/tune_replay.csv; "
+                         "with --quick a temporary file)")
     ap.add_argument("--limit", type=int, default=None, help="measure at most N layouts")
+    ap.add_argument("--quick", action="store_true",
+                    help="one layout, 2 steps after 1 warm-up (seconds): what "
+                         "tests/test_benchmarks.py runs")
     args = ap.parse_args(argv)
+    if not args.quick:
+        return measure(args, argv, Path(args.out or REPO / "tests" / "data" / "tune_replay.csv"))
+    # Fewer steps than the study's: a quick table cannot stand in for the shipped one, so it
+    # goes to a temporary file unless --out names one.
+    args.limit = 1
+    with tempfile.TemporaryDirectory(prefix="flm-quick-replay-") as tmp:
+        return measure(args, argv, Path(args.out or Path(tmp) / "tune_replay.csv"),
+                       ["--steps", "2", "--warmup", "1"])
 
+
+def measure(args: argparse.Namespace, argv: list[str], out: Path,
+            extra: list[str] | None = None) -> int:
+    """Run the layouts not yet in ``out`` (``extra``: flm bench arguments after the study's)."""
     study = load_study(args.study)
     cands = study.candidates.feasible()
-    out = Path(args.out)
     done = set()
     if out.is_file():
         with open(out) as fh:
@@ -75,11 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(cands)} layouts, {len(done)} already measured, {len(todo)} to go",
           flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    ratios: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, c in enumerate(todo):
             job = study.trial_sweep(i, c.layout_entry()).jobs[0]
             cmd = [sys.executable, "-m", "frontier_llm.cli", "bench", *job.bench_args,
-                   "--trace-dir", tmp, "--run-id", f"replay-{i}"]
+                   "--trace-dir", tmp, "--run-id", f"replay-{i}", *(extra or [])]
             t0 = time.monotonic()
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
             wall = time.monotonic() - t0
@@ -107,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{i + 1}/{len(todo)}] {c.describe()}: {row['status']} "
                   f"{row['throughput_per_gpu'] or 0:.1f} tokens/s/rank ({wall:.0f} s)",
                   flush=True)
+            if tps:
+                ratios.append(row["throughput_per_gpu"] / row["predicted_throughput_per_gpu"])
+    if ratios:
+        print(f"ratio measured / predicted throughput per rank ({study.system.name}): median "
+              f"{statistics.median(ratios):.2f} over the {len(ratios)} layout(s) measured now")
     return 0
 
 
