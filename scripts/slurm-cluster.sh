@@ -200,19 +200,20 @@ no_jobs() { [[ -z $(SLURM_CONF="$DIR/slurm.conf" squeue -h -o %A 2>/dev/null) ]]
 # script and its callers left out: job steps (slurmstepd and the tasks it runs) outlive their
 # slurmd, and a job the controller forgot (restart-ctld --clean) cannot be cancelled.
 cluster_processes() {
-    local needle="SLURM_CONF=$DIR/slurm.conf" keep=" $$ " p pid state
+    local needle="SLURM_CONF=$DIR/slurm.conf" keep=" $$ " p file pid state
     p=$$
     while [[ $p -gt 1 ]]; do
         p=$(awk '{print $4}' "/proc/$p/stat" 2>/dev/null) || break
         keep+="$p "
     done
-    for p in /proc/[0-9]*; do
-        pid=${p#/proc/}
+    # One grep over every environment (NUL-separated entries, -z), not a process per pid.
+    while read -r file; do
+        pid=${file#/proc/}
+        pid=${pid%/environ}
         [[ $keep == *" $pid "* ]] && continue
-        state=$(sed 's/.*) //' "$p/stat" 2>/dev/null | cut -d' ' -f1) || continue
-        [[ -n $state && $state != Z ]] || continue
-        tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qxF "$needle" && echo "$pid"
-    done
+        state=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null) || continue
+        [[ -n $state && ${state:0:1} != Z ]] && echo "$pid"
+    done < <(grep -lsxzF "$needle" /proc/[0-9]*/environ 2>/dev/null)
     return 0
 }
 
