@@ -333,7 +333,9 @@ class Quickstart:
             frame, _ = sweep_report_frame(SWEEP_NAME, db)
             frame = frame[frame["world_size"] == self.s.ranks]
             title = (f"{self.s.model} on {self.s.ranks} CPU ranks: the fastest predicted "
-                     "layout of each TP x PP shape")
+                     "layout of each TP x PP shape"
+                     + (" (predicted: the microbenchmark file that chose them)"
+                        if "microbench" in res.systems else ""))
             table, paths = layouts_report(frame, out, f"{SWEEP_NAME}-layouts",
                                           rank_memory=rank_memory(db, SWEEP_NAME), title=title,
                                           per="rank", log=True)
@@ -348,7 +350,10 @@ class Quickstart:
             frame = calibration.three_systems(validation_runs(db, None), db,
                                               [(labels[r], str(p))
                                                for r, p in res.systems.items()])
-            table, paths = errors_report(frame, out, f"{SWEEP_NAME}-errors", overall=False)
+            title = (f"{self.s.model}: every run predicted by each system file"
+                     + (" (peak memory: the same for each)" if len(res.systems) > 1 else ""))
+            table, paths = errors_report(frame, out, f"{SWEEP_NAME}-errors", overall=False,
+                                         title=title)
             verdicts.append(f"cost model against all {int(table['runs'].iloc[0])} runs (sweep "
                             "and study): step time MAPE, bias, rank correlation of predicted "
                             "and measured throughput per rank")
