@@ -151,10 +151,14 @@ class Quickstart:
         self.r.say(f"   ({stage}: {seconds:.0f} s)")
         return value
 
-    def _predicting(self, *roles: str) -> Path:
-        """The latest of ``roles`` that this run has a system file for."""
-        return next(self.result.systems[r] for r in reversed(("built-in", *roles))
-                    if r in self.result.systems)
+    def _predicting(self, *roles: str) -> str:
+        """The system that predicts: the file of the latest of ``roles`` this run has (an
+        absolute path, since the sweep and study files that name it are read elsewhere), else
+        the settings' system as given (a catalog name stays a name)."""
+        for role in reversed(roles):
+            if role in self.result.systems:
+                return str(self.result.systems[role].resolve())
+        return self.s.system
 
     # --- 1. calibrate ----------------------------------------------------------------------------
     def calibrate(self) -> None:
@@ -182,12 +186,12 @@ class Quickstart:
     def plan(self) -> Choice:
         s = self.s
         system = self._predicting("microbench")
-        choice = choose(s, str(system))
+        choice = choose(s, system)
         choice.ranked.to_csv(self.result.plan_csv, index=False)
         self.r.say(f"2. plan: {s.model} on {s.ranks} CPU ranks, global batch "
                    f"{s.global_batch}: {len(choice.plan.reason)} layouts evaluated, "
                    f"{len(choice.ranked)} valid and predicted to fit")
-        self.r.say(f"   predicted with {_shown(system)}"
+        self.r.say(f"   predicted with {_shown(Path(system)) if system != s.system else system}"
                    + (" (calibrated here)" if "microbench" in self.result.systems else
                       " (not calibrated on this machine)"))
         self.r.say(plan_table(choice, top=8))
@@ -203,7 +207,7 @@ class Quickstart:
 
         res = self.result
         text = sweep_text(self.s, [*choice.scaling, *choice.layouts],
-                          str(self._predicting("microbench").resolve()))
+                          self._predicting("microbench"))
         _write_once(res.sweep_file, text)
         sweep = load_sweep(res.sweep_file)
         store = open_store(res.db_url)
@@ -274,7 +278,7 @@ class Quickstart:
 
         res = self.result
         _write_once(res.study_file,
-                    study_text(self.s, str(self._predicting("microbench", "refit").resolve())))
+                    study_text(self.s, self._predicting("microbench", "refit")))
         study = load_study(res.study_file)
         store = open_store(res.db_url)
         try:
