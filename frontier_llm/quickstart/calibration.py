@@ -216,7 +216,8 @@ def _knob(system: SystemSpec, knob: str) -> float:
 def knob_text(knob: str, value: float) -> str:
     """A fitted knob in its unit (docs/calibrate.md §5's table)."""
     if knob in ("layer_overhead_s", "latency", "network_latency"):
-        return f"{knob} {value * 1e3:.3g} ms"
+        # The fit's bound is 0: a value below a nanosecond is that bound, not a measurement.
+        return f"{knob} {value * 1e3:.3g} ms" if value >= 1e-9 else f"{knob} 0 (its bound)"
     if knob == "matmul":
         return f"matmul {value / 1e9:.3g} GFLOP/s"
     return f"{knob} {value:.3g} of the link bandwidth" if knob == "collective" else \

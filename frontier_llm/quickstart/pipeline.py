@@ -338,7 +338,7 @@ class Quickstart:
             frame = frame[frame["world_size"] == self.s.ranks]
             title = (f"{self.s.model} on {self.s.ranks} CPU ranks: the fastest predicted "
                      "layout of each TP x PP shape"
-                     + (" (predicted: the microbenchmark file that chose them)"
+                     + ("\npredicted by the microbenchmark-calibrated file that chose them"
                         if "microbench" in res.systems else ""))
             table, paths = layouts_report(frame, out, f"{SWEEP_NAME}-layouts",
                                           rank_memory=rank_memory(db, SWEEP_NAME), title=title,
