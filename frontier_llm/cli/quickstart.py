@@ -29,14 +29,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "errors report compares the built-in, microbenchmark and refitted files) into "
         "DIR/reports; print where "
         "everything is and the commands to run next on a cluster. No cluster, GPU or "
-        "configuration needed; about 3 minutes on 2 cores with the defaults (measured while "
+        "configuration needed; 130 to 170 s on 2 cores with the defaults (measured while "
         "other work shared them; docs/quickstart.md).\n\n"
         "Ctrl-C leaves the database consistent; running it again with the same --out and "
-        "options resumes: completed jobs and told trials are kept, not run again. A folder "
+        "options resumes: finished calibration files, completed jobs and told trials are kept, "
+        "not run again. A folder "
         "made with other options is refused.",
         [f"flm quickstart                       # into ./{DEFAULT_OUT}",
          "flm quickstart --out /tmp/qs",
-         "flm quickstart --out /tmp/qs-ci --layouts 2 --steps 2 --trials 1   # CI: ~1 minute"],
+         "flm quickstart --out /tmp/qs-ci --layouts 2 --steps 2 --trials 1   # CI: ~1 minute",
+         "flm quickstart --out /tmp/qs-mine --system my-cpu.yaml --no-calibrate   # your file"],
     )
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                    help=f"folder for the database, files and reports (default ./{DEFAULT_OUT}); "
