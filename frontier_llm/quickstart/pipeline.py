@@ -167,6 +167,12 @@ class Quickstart:
             self.r.say(f"1. calibrate: skipped (--no-calibrate): {s.system} predicts as it is")
             return
         files = calibration.Files(s.calibration_dir)
+        if self.result.sweep_file.is_file() and not files.microbench.is_file():
+            # The sweep file names the calibration that planned it: a folder whose sweep was
+            # written without one is another version's, and measuring first would be wasted.
+            raise UserError(f"{self.result.sweep_file} was written by another version of flm "
+                            "quickstart (one that did not calibrate); give another --out to "
+                            "start afresh")
         self.r.say(f"1. calibrate: flm calibrate's microbenchmarks on {s.ranks} ranks here "
                    f"(block GEMMs of {s.model}, gloo collectives), fitted into {s.system}")
         with self.r.bar("calibrate") as bar:
