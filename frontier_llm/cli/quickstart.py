@@ -100,9 +100,8 @@ def _quickstart(args: argparse.Namespace) -> int:
     print(f"\n7. where everything is ({out}):")
     rows = [
         ("flm.db", "the results database: job rows, runs, per-rank memory, the Optuna study"),
-        ("calibration/", "microbench.yaml, refit.yaml: this machine's system files "
-         "(--system FILE)" if result.systems.keys() - {"built-in"}
-         else "(not calibrated: --no-calibrate)"),
+        *([("calibration/", "microbench.yaml, refit.yaml: this machine's system files "
+            "(--system FILE)")] if result.systems.keys() - {"built-in"} else []),
         ("plan.csv", "every valid layout with the cost model's prediction"),
         ("quickstart-sweep.yaml, sweep/", "the sweep file; its job scripts, logs and traces"),
         ("quickstart-study.yaml, study/", "the study file; each trial's job folder"),

@@ -385,8 +385,9 @@ class Quickstart:
                     verdicts.append(f"  refit on the study's {len(study)} runs alone (never "
                                     f"fitted on): step time MAPE {mape:.1f} %")
             mem = table["memory_mape_pct"].iloc[-1]
-            verdicts.append(f"  peak memory MAPE {mem:.2g} % (the same for each: the "
-                            "calibrations change rates, not bytes)")
+            verdicts.append(f"  peak memory MAPE {mem:.2g} %"
+                            + (" (the same for each: the calibrations change rates, not bytes)"
+                               if len(res.systems) > 1 else ""))
             return paths
 
         verdicts: list[str] = []
