@@ -116,6 +116,8 @@ def test_quickstart_runs_the_loop_survives_ctrl_c_and_resumes(tmp_path, capsys):
     assert main(["quickstart", "--out", str(out), *SMALL]) == 0
     second = capsys.readouterr().out
     assert "resuming the quickstart" in second
+    # The microbenchmark calibration finished before Ctrl-C: the resume keeps it.
+    assert "microbench.yaml: reused" in second
     jobs = _jobs(db)
     assert len(jobs) >= 3  # 2 layouts at 4 ranks and at least one smaller scaling point
     assert all(s == "COMPLETED" for s, _, _ in jobs.values()), jobs
@@ -131,8 +133,9 @@ def test_quickstart_runs_the_loop_survives_ctrl_c_and_resumes(tmp_path, capsys):
     study = optuna.load_study(study_name="quickstart-tune", storage=f"sqlite:///{db}")
     measured = [t for t in study.trials if t.user_attrs.get("flm_outcome") == "measured"]
     # The sweep's 4-rank layouts are told to the study from the store (no job); its one job
-    # goes to a layout the sweep did not measure, and the model's favourite (warm start, which
-    # the sweep measured) is told as a duplicate of the sweep's run.
+    # goes to a layout the sweep did not measure. The warm start is the refitted model's
+    # favourite: told as a duplicate of the sweep's run when the sweep measured it (the
+    # microbenchmark file chose the sweep's layouts), else it is the job that ran.
     told = [t for t in measured if "flm_from_sweep" in t.user_attrs]
     jobs_run = [t for t in measured if "flm_sweep" in t.user_attrs]
     assert len(told) == 2 and len(jobs_run) == 1 and jobs_run[0].values[0] > 0
@@ -140,7 +143,11 @@ def test_quickstart_runs_the_loop_survives_ctrl_c_and_resumes(tmp_path, capsys):
     assert {t.user_attrs["flm_run_id"] for t in told} <= sweep_runs
     assert jobs_run[0].user_attrs["flm_key"] not in {t.user_attrs["flm_key"] for t in told}
     warm = [t for t in study.trials if t.user_attrs.get("flm_warm_start") == 1]
-    assert warm and warm[0].user_attrs.get("flm_outcome") == "duplicate"
+    assert warm
+    if warm[0].user_attrs.get("flm_key") in {t.user_attrs["flm_key"] for t in told}:
+        assert warm[0].user_attrs.get("flm_outcome") == "duplicate"
+    else:
+        assert warm[0].number == jobs_run[0].number
 
     # Files: the plan, the sweep and study files, the reports with valid figures.
     for name in ("plan.csv", "quickstart-sweep.yaml", "quickstart-study.yaml",
@@ -152,6 +159,21 @@ def test_quickstart_runs_the_loop_survives_ctrl_c_and_resumes(tmp_path, capsys):
         for ext in ("csv", "md", "pdf"):
             assert (reports / f"{stem}.{ext}").stat().st_size > 0, (stem, ext)
         assert _is_png(reports / f"{stem}.png"), stem
+    # The errors report compares the three system files on the same runs, and the refit's
+    # scores were printed before the study.
+    import pandas as pd
+
+    errors = pd.read_csv(reports / "quickstart-errors.csv")
+    assert [s.split(":")[0] for s in errors["system"]] == ["built-in", "microbench", "refit"]
+    assert errors["runs"].nunique() == 1 and errors["runs"].iloc[0] == len(jobs) + 1
+    assert errors["step_time_mape_pct"].nunique() == 3  # three files, three predictions
+    for name in ("microbench.yaml", "refit.yaml"):
+        assert (out / "calibration" / name).is_file()
+    assert "refit, held out" in second and "refit, in-sample" in second
+    assert str((out / "calibration" / "refit.yaml").resolve()) in \
+        (out / "quickstart-study.yaml").read_text()
+    assert str((out / "calibration" / "microbench.yaml").resolve()) in \
+        (out / "quickstart-sweep.yaml").read_text()
     scaling = (reports / "quickstart-scaling.csv").read_text()
     assert "predicted_efficiency_pct" in scaling and "weak" in scaling
     assert "rank correlation of predicted and measured" in second
@@ -226,14 +248,15 @@ def test_a_folder_made_with_other_settings_is_refused(tmp_path, capsys):
     assert not (tmp_path / "new").exists()
 
 
-def test_it_predicts_with_the_calibrated_cpu_system_and_takes_another(tmp_path, capsys):
-    """The default system is cpu-local with its overhead and latency fitted on this kind of
-    CPU: its predictions differ from plain cpu-local's (slower: Python and gloo overheads). A
-    --system that does not exist is refused in one line before anything is written."""
-    fit, plain = choose(Settings()), choose(Settings(system="cpu-local"))
-    assert Settings().system_file.name == "cpu-local-fit.yaml"
-    assert Settings().system_file.is_file()
-    assert fit.ranked["step_time_s"].min() > 2 * plain.ranked["step_time_s"].min()
+def test_its_base_system_is_cpu_local_and_takes_another(tmp_path, capsys):
+    """The base system is the catalog's cpu-local (the quickstart calibrates it here), and
+    --no-calibrate is part of a folder's settings. A --system that does not exist is refused in
+    one line before anything is written."""
+    assert Settings().system_file.name == "cpu-local.yaml" and Settings().system_file.is_file()
+    assert Settings().calibrate and not Settings(calibrate=False).calibrate
+    assert Settings().record() != Settings(calibrate=False).record()
+    fit = choose(Settings(), "cpu-local-fit")  # the plan takes the file that predicts
+    assert fit.ranked["step_time_s"].min() > 2 * choose(Settings()).ranked["step_time_s"].min()
     assert main(["quickstart", "--out", str(tmp_path / "qs"), "--system", "cpu-locl"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cpu-local" in err[0]
@@ -275,8 +298,8 @@ def test_help_documents_the_smaller_settings(capsys):
     with pytest.raises(SystemExit):
         build_parser("quickstart").parse_args(["quickstart", "--help"])
     text = capsys.readouterr().out
-    for flag in ("--out", "--system", "cpu-local-fit", "flm calibrate", "--layouts", "--steps",
-                 "--trials", "resume"):
+    for flag in ("--out", "--system", "cpu-local", "--no-calibrate", "flm calibrate",
+                 "--from-runs", "--layouts", "--steps", "--trials", "resume"):
         assert flag in text
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert "quickstart" in sub.choices

@@ -4,21 +4,48 @@ With ``mpiexec`` on the PATH and ``mpi4py`` importable (the ``mpich`` wheel prov
 ranks start under MPI, so the microbenchmark also times the MPI baseline; otherwise they start
 as plain processes with the torchrun variables (no MPI baseline, and the file says so by having
 no ``mpi`` rows).
+
+:func:`measure` is the same from Python, without the command line: it starts
+``python -m frontier_llm.calibrate.local CONFIG`` ranks (the ``__main__`` below) on a
+:class:`~frontier_llm.calibrate.microbench.WorkerConfig` written as JSON, so a caller can size
+the measurement (a shorter GEMM loop, fewer message sizes) and follow its progress.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
 
 from frontier_llm.bench.launch import free_port
+from frontier_llm.calibrate.microbench import WorkerConfig
 
 
 def mpi_available() -> bool:
     return shutil.which("mpiexec") is not None and importlib.util.find_spec("mpi4py") is not None
+
+
+def _rank_env(env: dict[str, str], rank: int, nproc: int, port: str) -> dict[str, str]:
+    return dict(env, RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
+                LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                FLM_LAUNCHER="local")
+
+
+def _end(procs: list[subprocess.Popen]) -> None:
+    """Kill the ranks still running and reap them: an interrupted caller (Ctrl-C) must not
+    leave ranks behind waiting for a peer that is gone."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait()
 
 
 def spawn(worker_argv: list[str], nproc: int, use_mpi: bool, timeout_s: float) -> int:
@@ -35,17 +62,79 @@ def spawn(worker_argv: list[str], nproc: int, use_mpi: bool, timeout_s: float) -
                                   timeout=timeout_s, check=False).returncode
         except subprocess.TimeoutExpired:
             return 124
-    procs = []
-    for rank in range(nproc):
-        renv = dict(env, RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
-                    LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                    FLM_LAUNCHER="local")
-        procs.append(subprocess.Popen(base, env=renv))
+    procs = [subprocess.Popen(base, env=_rank_env(env, rank, nproc, port))
+             for rank in range(nproc)]
     codes = []
-    for p in procs:
-        try:
-            codes.append(p.wait(timeout=timeout_s))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            codes.append(124)
+    try:
+        for p in procs:
+            try:
+                codes.append(p.wait(timeout=timeout_s))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes.append(124)
+    finally:
+        _end(procs)
     return max(codes)
+
+
+def measure(cfg: WorkerConfig, nproc: int, out: Path, model: str, system: str,
+            timeout_s: float = 300.0, log: Path | None = None,
+            on_progress: Callable[[str], None] | None = None) -> int:
+    """Run the microbenchmark as ``nproc`` local processes (no MPI baseline); rank 0 writes
+    ``out`` (atomically). ``on_progress`` gets rank 0's progress lines as they come ("24 GEMMs
+    timed", "node x2 all_reduce done", ...); every rank's output goes to ``log``. Returns the
+    worst exit code (124 on timeout). Interrupted (Ctrl-C), it kills its ranks and re-raises:
+    ``out`` is then either absent or a whole file from an earlier run."""
+    out = Path(out)
+    log = Path(log) if log else out.with_suffix(".log")
+    config = out.with_name(out.name + ".config.json")
+    config.write_text(json.dumps({"cfg": {**asdict(cfg), "gemms": [asdict(g) for g in cfg.gemms]},
+                                  "out": str(out), "model": model, "system": system}))
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    port = str(free_port())
+    argv = [sys.executable, "-m", "frontier_llm.calibrate.local", str(config)]
+    seen = 0
+    with open(log, "w") as fh:
+        procs = [subprocess.Popen(argv, env=_rank_env(env, rank, nproc, port), stdout=fh,
+                                  stderr=subprocess.STDOUT) for rank in range(nproc)]
+        try:
+            deadline = time.monotonic() + timeout_s
+            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                time.sleep(0.2)
+                if on_progress:
+                    seen = _progress(log, seen, on_progress)
+            codes = [124 if p.poll() is None else p.returncode for p in procs]
+        finally:
+            _end(procs)
+    if on_progress:
+        _progress(log, seen, on_progress)
+    return max(codes)
+
+
+_MARK = "flm-calibrate-progress: "
+
+
+def _progress(log: Path, seen: int, emit: Callable[[str], None]) -> int:
+    lines = log.read_text(errors="replace").splitlines()
+    for line in lines[seen:]:
+        if line.startswith(_MARK):
+            emit(line[len(_MARK):])
+    return len(lines)
+
+
+def _main(config_path: str) -> int:
+    from frontier_llm.calibrate.microbench import run_worker
+    from frontier_llm.calibrate.shapes import Gemm
+
+    doc = json.loads(Path(config_path).read_text())
+    raw = dict(doc["cfg"])
+    raw["gemms"] = [Gemm(**g) for g in raw["gemms"]]
+    raw["ops"] = tuple(raw["ops"])
+    cfg = WorkerConfig(**raw)
+    return run_worker(cfg, Path(doc["out"]), doc["model"], doc["system"],
+                      progress=lambda line: print(_MARK + line, flush=True))
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1]))

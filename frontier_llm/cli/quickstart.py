@@ -12,34 +12,46 @@ from frontier_llm.cli.common import add_command
 from frontier_llm.cli.numbers import count
 
 DEFAULT_OUT = "flm-quickstart"
-DEFAULT_SYSTEM = "cpu-local-fit"  # frontier_llm.quickstart.settings.DEFAULT_SYSTEM (lazy import)
+DEFAULT_SYSTEM = "cpu-local"  # frontier_llm.quickstart.settings.DEFAULT_SYSTEM (lazy import)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(
         sub, "quickstart", "the whole loop on this machine: plan, sweep, store, tune, report",
-        "Plan a tiny GPT on 4 CPU ranks and print the fastest predicted layouts; run a sweep of "
+        "Calibrate this machine (a few seconds of flm calibrate's GEMM and collective "
+        "microbenchmarks on the 4 ranks, fitted into the --system file); plan a tiny GPT on 4 "
+        "CPU ranks with that calibration and print the fastest predicted layouts; run a sweep of "
         "the fastest of each TP x PP shape (and a weak-scaling series) as real flm bench runs "
-        "with the local executor, and store their traces in DIR/flm.db; run a short Optuna "
-        "study warm-started by the cost model; write the scaling, layout and error reports "
-        "(measured beside predicted, CSV, Markdown, PNG, PDF) into DIR/reports; print where "
+        "with the local executor, and store their traces in DIR/flm.db; refit the calibration "
+        "on the sweep's runs (flm calibrate --from-runs) and print the step-time error and rank "
+        "correlation of each system file; run a short Optuna study warm-started by the refitted "
+        "model; write the scaling, layout and error reports (measured beside predicted; the "
+        "errors report compares the built-in, microbenchmark and refitted files) into "
+        "DIR/reports; print where "
         "everything is and the commands to run next on a cluster. No cluster, GPU or "
-        "configuration needed; about 3 minutes on 2 cores with the defaults (measured while "
+        "configuration needed; 130 to 170 s on 2 cores with the defaults (measured while "
         "other work shared them; docs/quickstart.md).\n\n"
         "Ctrl-C leaves the database consistent; running it again with the same --out and "
-        "options resumes: completed jobs and told trials are kept, not run again. A folder "
+        "options resumes: finished calibration files, completed jobs and told trials are kept, "
+        "not run again. A folder "
         "made with other options is refused.",
         [f"flm quickstart                       # into ./{DEFAULT_OUT}",
          "flm quickstart --out /tmp/qs",
-         "flm quickstart --out /tmp/qs-ci --layouts 2 --steps 2 --trials 1   # CI: ~1 minute"],
+         "flm quickstart --out /tmp/qs-ci --layouts 2 --steps 2 --trials 1   # CI: ~1 minute",
+         "flm quickstart --out /tmp/qs-mine --system my-cpu.yaml --no-calibrate   # your file"],
     )
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                    help=f"folder for the database, files and reports (default ./{DEFAULT_OUT}); "
                         "run again with the same folder to resume")
     p.add_argument("--system", default=DEFAULT_SYSTEM, metavar="S",
-                   help=f"system (catalog name or YAML path) whose cost model predicts; default "
-                        f"{DEFAULT_SYSTEM}, cpu-local calibrated on this project's 2-core VM: "
-                        "on another machine make your own with flm calibrate (docs/tune.md)")
+                   help=f"base system (catalog name or YAML path; default {DEFAULT_SYSTEM}, the "
+                        "catalog's estimates): the quickstart calibrates it on this machine "
+                        "(flm calibrate's microbenchmarks, then a refit from the sweep's runs), "
+                        "keeping what it does not measure (memory, site); with --no-calibrate "
+                        "it predicts as it is")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="skip both calibrations: the plan, the sweep and the study predict with "
+                        "--system as given (for a system file you calibrated yourself)")
     g = p.add_argument_group("size (smaller for CI; a folder keeps the sizes it was made with)")
     # Bounds at parse time, so an absurd size is refused before anything is written.
     g.add_argument("--layouts", type=count(1, 6, "--layouts"), default=4, metavar="N",
@@ -73,7 +85,8 @@ def _quickstart(args: argparse.Namespace) -> int:
     from frontier_llm.quickstart import Quickstart, Settings
     from frontier_llm.quickstart.nextsteps import cluster_steps
 
-    settings = Settings(out=Path(args.out), system=_system(args.system), layouts=args.layouts,
+    settings = Settings(out=Path(args.out), system=_system(args.system),
+                        calibrate=not args.no_calibrate, layouts=args.layouts,
                         steps=args.steps, trials=args.trials, warm_start=min(2, args.trials))
     try:
         result = Quickstart(settings, _CliReporter()).run()
@@ -84,9 +97,11 @@ def _quickstart(args: argparse.Namespace) -> int:
         raise
     out = result.out
     db = result.db_url
-    print(f"\n5. where everything is ({out}):")
+    print(f"\n7. where everything is ({out}):")
     rows = [
         ("flm.db", "the results database: job rows, runs, per-rank memory, the Optuna study"),
+        *([("calibration/", "microbench.yaml, refit.yaml: this machine's system files "
+            "(--system FILE)")] if result.systems.keys() - {"built-in"} else []),
         ("plan.csv", "every valid layout with the cost model's prediction"),
         ("quickstart-sweep.yaml, sweep/", "the sweep file; its job scripts, logs and traces"),
         ("quickstart-study.yaml, study/", "the study file; each trial's job folder"),
@@ -119,4 +134,4 @@ def _system(name: str) -> str:
 def _size_flags(args: argparse.Namespace) -> str:
     defaults = {"system": DEFAULT_SYSTEM, "layouts": 4, "steps": 4, "trials": 4}
     return "".join(f" --{k} {getattr(args, k)}" for k, v in defaults.items()
-                   if getattr(args, k) != v)
+                   if getattr(args, k) != v) + (" --no-calibrate" if args.no_calibrate else "")

@@ -40,8 +40,9 @@ def search_space(settings: Settings) -> SearchSpace:
                        sharding=(zero_preset(0), zero_preset(1)), dtype="fp32")
 
 
-def choose(settings: Settings) -> Choice:
-    model, system = load_model(settings.model), load_system(settings.system)
+def choose(settings: Settings, system_name: str | None = None) -> Choice:
+    """Plan with ``system_name`` (the quickstart's calibrated file), else the settings' system."""
+    model, system = load_model(settings.model), load_system(system_name or settings.system)
     result = plan(model, system, settings.ranks, settings.global_batch, search_space(settings))
     ranked = result.ranked()
     indices = result.ranked_indices()

@@ -14,9 +14,9 @@ SWEEP_NAME = "quickstart"
 STUDY_NAME = "quickstart-tune"
 
 
-def _header(settings: Settings) -> str:
+def _header(settings: Settings, system: str | None) -> str:
     return (f"model: {settings.model}\n"
-            f"system: {settings.system}\n"
+            f"system: {system or settings.system}\n"
             "template: local\n"
             "executor: local            # jobs run as processes here; 'slurm' on a cluster\n"
             f"gpus_per_node: {settings.ranks}\n"
@@ -35,21 +35,23 @@ def layout_entry(layout: Layout) -> dict:
             "global_batch": d["global_batch"], "zero": layout.zero_stage}
 
 
-def sweep_text(settings: Settings, layouts: Sequence[Layout]) -> str:
-    """One job per layout: the chosen layouts at full size and the scaling series."""
+def sweep_text(settings: Settings, layouts: Sequence[Layout], system: str | None = None) -> str:
+    """One job per layout: the chosen layouts at full size and the scaling series; ``system``
+    (the file that predicts, a path or a name) defaults to the settings' system."""
     lines = ["# Written by flm quickstart: the layouts its plan chose, one job each "
              "(docs/sweeps.md)",
              f"name: {SWEEP_NAME}",
              f'description: "{settings.model} on up to {settings.ranks} CPU ranks: the '
              'fastest predicted layout of each TP x PP shape, and a weak-scaling series"',
-             _header(settings).rstrip("\n"),
+             _header(settings, system).rstrip("\n"),
              "layouts:"]
     lines += [f"  - {json.dumps(layout_entry(lay))}" for lay in layouts]
     return "\n".join(lines) + "\n"
 
 
-def study_text(settings: Settings) -> str:
-    """An Optuna study over the same model and ranks, warm-started by the cost model."""
+def study_text(settings: Settings, system: str | None = None) -> str:
+    """An Optuna study over the same model and ranks, warm-started by the cost model of
+    ``system`` (defaults to the settings' system)."""
     divisors = [d for d in range(1, settings.ranks + 1) if settings.ranks % d == 0]
     return "\n".join([
         "# Written by flm quickstart: an Optuna study whose trials are real jobs "
@@ -57,7 +59,7 @@ def study_text(settings: Settings) -> str:
         f"name: {STUDY_NAME}",
         f'description: "{settings.model} on {settings.ranks} CPU ranks: TP x PP x micro-batch '
         'x ZeRO, model in the loop"',
-        _header(settings).rstrip("\n"),
+        _header(settings, system).rstrip("\n"),
         f"gpus: [{settings.ranks}]",
         f"global_batch: {settings.global_batch}",
         "study:",

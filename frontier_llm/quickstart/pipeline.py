@@ -1,4 +1,5 @@
-"""The quickstart's stages, each a call into the stage's own API: the planner (choose), the sweep
+"""The quickstart's stages, each a call into the stage's own API: flm calibrate's microbenchmarks
+and refit from runs (calibrate, through quickstart.calibration), the planner (choose), the sweep
 runner with the local executor and the collector (jobs, store), the Optuna driver (tune) and the
 reports (report). Nothing here measures or predicts by itself.
 
@@ -8,6 +9,7 @@ consistent; a second run skips every completed job and told trial and finishes t
 - sweep: jobs that completed (or failed) keep their verdict and are not run again; the job that
   Ctrl-C stopped is recorded CANCELLED by the local executor and is run again, under a new run
   id; a job left RUNNING by a killed process is observed (alive or ended, by its trace) first.
+- calibration: each system file is written atomically, last; one that exists is reused.
 - study: ``flm tune``'s step is idempotent (docs/tune.md); a trial whose job was running when
   the driver stopped is collected by the next step, not submitted again.
 """
@@ -24,13 +26,15 @@ from typing import Any, Protocol
 
 import pandas as pd
 
+from frontier_llm.catalog import load_system
 from frontier_llm.errors import UserError
 from frontier_llm.jobs import runner
 from frontier_llm.jobs.lifecycle import JobState
 from frontier_llm.jobs.sweepspec import load_sweep
+from frontier_llm.quickstart import calibration
 from frontier_llm.quickstart.choose import Choice, choose
 from frontier_llm.quickstart.files import STUDY_NAME, SWEEP_NAME, study_text, sweep_text
-from frontier_llm.quickstart.settings import DEFAULT_SYSTEM, Settings, claim
+from frontier_llm.quickstart.settings import Settings, claim
 from frontier_llm.store import open_store
 
 # Update a bar: (done, total, what is happening).
@@ -92,6 +96,11 @@ class QuickstartResult:
     reports: list[Path] = field(default_factory=list)
     skipped_reports: dict[str, str] = field(default_factory=dict)  # report -> why not
     seconds: dict[str, float] = field(default_factory=dict)  # wall time of each stage
+    # The system files that predicted, by role (built-in, microbench, refit): the errors
+    # report compares them on the same runs.
+    systems: dict[str, Path] = field(default_factory=dict)
+    # Step time MAPE (%) and rank correlation of throughput per rank, by (runs, system role).
+    scores: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
 
 class Quickstart:
@@ -112,8 +121,11 @@ class Quickstart:
             if self.result.resumed:
                 self.r.say(f"resuming the quickstart in {self.s.out} (done work is kept)")
                 self._upgrade_database()
+            self.result.systems = {"built-in": self.s.system_file}
+            self._timed("calibrate", self.calibrate)
             choice = self._timed("plan", self.plan)
             self._timed("sweep", self.sweep, choice)
+            self._timed("refit", self.refit)
             self._timed("study", self.tune)
             self._timed("reports", self.report, choice)
         return self.result
@@ -139,18 +151,55 @@ class Quickstart:
         self.r.say(f"   ({stage}: {seconds:.0f} s)")
         return value
 
-    # --- 1. plan -------------------------------------------------------------------------------
+    def _predicting(self, *roles: str) -> str:
+        """The system that predicts: the file of the latest of ``roles`` this run has (an
+        absolute path, since the sweep and study files that name it are read elsewhere), else
+        the settings' system as given (a catalog name stays a name)."""
+        for role in reversed(roles):
+            if role in self.result.systems:
+                return str(self.result.systems[role].resolve())
+        return self.s.system
+
+    # --- 1. calibrate ----------------------------------------------------------------------------
+    def calibrate(self) -> None:
+        s = self.s
+        if not s.calibrate:
+            self.r.say(f"1. calibrate: skipped (--no-calibrate): {s.system} predicts as it is")
+            return
+        files = calibration.Files(s.calibration_dir)
+        if self.result.sweep_file.is_file() and not files.microbench.is_file():
+            # The sweep file names the calibration that planned it: a folder whose sweep was
+            # written without one is another version's, and measuring first would be wasted.
+            raise UserError(f"{self.result.sweep_file} was written by another version of flm "
+                            "quickstart (one that did not calibrate); give another --out to "
+                            "start afresh")
+        self.r.say(f"1. calibrate: flm calibrate's microbenchmarks on {s.ranks} ranks here "
+                   f"(block GEMMs of {s.model}, gloo collectives), fitted into {s.system}")
+        with self.r.bar("calibrate") as bar:
+            # Rank 0's steps: the GEMMs, then each collective of each group shape.
+            steps = 1 + 2 * 4
+            done = [0]
+
+            def progress(line: str) -> None:
+                done[0] += 1
+                bar.update(min(done[0], steps), steps, f"calibrate: {line}")
+
+            path, what = calibration.microbench(s, files, self.result.db_url, progress)
+        self.result.systems["microbench"] = path
+        self.r.say(f"   {_shown(path)}: {what}")
+
+    # --- 2. plan -------------------------------------------------------------------------------
     def plan(self) -> Choice:
         s = self.s
-        choice = choose(s)
+        system = self._predicting("microbench")
+        choice = choose(s, system)
         choice.ranked.to_csv(self.result.plan_csv, index=False)
-        self.r.say(f"1. plan: {s.model} on {s.ranks} CPU ranks ({s.system}), global batch "
+        self.r.say(f"2. plan: {s.model} on {s.ranks} CPU ranks, global batch "
                    f"{s.global_batch}: {len(choice.plan.reason)} layouts evaluated, "
                    f"{len(choice.ranked)} valid and predicted to fit")
-        self.r.say(f"   predicted with {_shown(s.system_file)}"
-                   + (": cpu-local calibrated on this project's 2-core VM (its header); on "
-                      "another machine calibrate your own with flm calibrate (docs/tune.md)"
-                      " and pass it as --system" if s.system == DEFAULT_SYSTEM else ""))
+        self.r.say(f"   predicted with {_shown(Path(system)) if system != s.system else system}"
+                   + (" (calibrated here)" if "microbench" in self.result.systems else
+                      " (not calibrated on this machine)"))
         self.r.say(plan_table(choice, top=8))
         self.r.say(f"   measuring the {len(choice.layouts)} marked * (the fastest predicted of "
                    "each TP x PP shape)"
@@ -163,7 +212,8 @@ class Quickstart:
         from frontier_llm.store.ingest import collect
 
         res = self.result
-        text = sweep_text(self.s, [*choice.scaling, *choice.layouts])
+        text = sweep_text(self.s, [*choice.scaling, *choice.layouts],
+                          self._predicting("microbench"))
         _write_once(res.sweep_file, text)
         sweep = load_sweep(res.sweep_file)
         store = open_store(res.db_url)
@@ -173,7 +223,7 @@ class Quickstart:
             before = {r["job_key"]: r["run_id"] for r in rows}
             todo = [r["job_key"] for r in rows
                     if r["state"] in (JobState.RENDERED, JobState.SUBMITTING)]
-            self.r.say(f"2. sweep: {len(rows)} jobs (real flm bench runs, one at a time): "
+            self.r.say(f"3. sweep: {len(rows)} jobs (real flm bench runs, one at a time): "
                        f"{len(todo)} to run, {len(rows) - len(todo)} done before")
             with self.r.bar("sweep") as bar:
                 def watch(current: list[dict[str, Any]]) -> None:
@@ -200,7 +250,32 @@ class Quickstart:
             if r["state"] != JobState.COMPLETED:
                 self.r.say(f"   {r['job_key']}: {r['state']} {r['reason'] or ''}".rstrip())
 
-    # --- 3. study --------------------------------------------------------------------------------
+    # --- 4. refit --------------------------------------------------------------------------------
+    def refit(self) -> None:
+        s = self.s
+        if not s.calibrate:
+            self.r.say("4. refit: skipped (--no-calibrate)")
+            return
+        files = calibration.Files(s.calibration_dir)
+        self.r.say(f"4. refit: flm calibrate --from-runs on the sweep's runs (knobs "
+                   f"{', '.join(calibration.REFIT_KNOBS)}, from the microbenchmark file)")
+        with self.r.bar("refit") as bar:
+            bar.update(0, None, "refit: fitting, with k-fold cross-validation")
+            fit = calibration.refit(s, files, self.result.db_url, SWEEP_NAME)
+        if fit.file is None:
+            self.r.say(f"   no refit: {fit.why}; the study predicts with the microbenchmark "
+                       "file")
+            return
+        self.result.systems["refit"] = fit.file
+        knobs = ", ".join(calibration.knob_text(k, v) for k, v in fit.knobs.items())
+        self.r.say(f"   {_shown(fit.file)}: {knobs}; the study predicts with it")
+        self.r.say(f"   step time against the sweep's {len(fit.per_run)} layouts: MAPE, rank "
+                   "correlation of predicted and measured throughput per rank")
+        for what, mape, rho in calibration.sweep_scores(s, fit):
+            self.result.scores[("sweep", what)] = (mape, rho)
+            self.r.say(f"     {what:<34} {mape:6.1f} %   {rho:+.2f}")
+
+    # --- 5. study --------------------------------------------------------------------------------
     def tune(self) -> None:
         from frontier_llm.tune import optuna_study as osx
         from frontier_llm.tune import report as tune_report
@@ -208,13 +283,14 @@ class Quickstart:
         from frontier_llm.tune.spec import load_study
 
         res = self.result
-        _write_once(res.study_file, study_text(self.s))
+        _write_once(res.study_file,
+                    study_text(self.s, self._predicting("microbench", "refit")))
         study = load_study(res.study_file)
         store = open_store(res.db_url)
         try:
             tuner = Tuner(study, store, res.db_url, out=res.study_dir.resolve(),
                           executor="local")
-            self.r.say(f"3. study: Optuna ({study.section.sampler}), {self.s.trials} trials, "
+            self.r.say(f"5. study: Optuna ({study.section.sampler}), {self.s.trials} trials, "
                        f"the first {study.section.warm_start} the layouts the model predicts "
                        "fastest; proposals it predicts not to fit, or already measured, cost "
                        "no job")
@@ -238,7 +314,7 @@ class Quickstart:
         for line in tune_report.status_lines(status):
             self.r.say(f"   {line}")
 
-    # --- 4. reports -----------------------------------------------------------------------------
+    # --- 6. reports -----------------------------------------------------------------------------
     def report(self, choice: Choice) -> None:
         from frontier_llm.report.render import errors_report, layouts_report, scaling_report
         from frontier_llm.report.sources import rank_memory, sweep_report_frame, validation_runs
@@ -247,7 +323,7 @@ class Quickstart:
         out = res.reports_dir
         out.mkdir(parents=True, exist_ok=True)
         db = res.db_url
-        self.r.say(f"4. reports: measured beside predicted ({out})")
+        self.r.say(f"6. reports: measured beside predicted ({out})")
 
         def scaling() -> list[Path]:
             if not choice.scaling:
@@ -267,7 +343,9 @@ class Quickstart:
             frame, _ = sweep_report_frame(SWEEP_NAME, db)
             frame = frame[frame["world_size"] == self.s.ranks]
             title = (f"{self.s.model} on {self.s.ranks} CPU ranks: the fastest predicted "
-                     "layout of each TP x PP shape")
+                     "layout of each TP x PP shape"
+                     + ("\npredicted by the microbenchmark-calibrated file that chose them"
+                        if "microbench" in res.systems else ""))
             table, paths = layouts_report(frame, out, f"{SWEEP_NAME}-layouts",
                                           rank_memory=rank_memory(db, SWEEP_NAME), title=title,
                                           per="rank", log=True)
@@ -275,15 +353,41 @@ class Quickstart:
             return paths
 
         def errors() -> list[Path]:
-            table, paths = errors_report(validation_runs(db, None), out, f"{SWEEP_NAME}-errors")
-            last = table.iloc[-1]
-            bias = float(last["step_time_bias_pct"])
-            verdicts.append(
-                f"cost model against all {int(last['runs'])} runs: step time MAPE "
-                f"{last['step_time_mape_pct']:.0f} % (predicted "
-                f"{'shorter' if bias < 0 else 'longer'} than measured: bias {bias:+.0f} %), "
-                f"peak memory MAPE {last['memory_mape_pct']:.2g} %, with {self.s.system} "
-                "(far off? calibrate this machine: flm calibrate, docs/tune.md)")
+            # Every run, predicted by each system file this run has (built-in, microbenchmark,
+            # refit): one group each in the errors report.
+            labels = {role: f"{role}: {load_system(str(path)).name}"
+                      for role, path in res.systems.items()}
+            frame = calibration.three_systems(validation_runs(db, None), db,
+                                              [(labels[r], str(p))
+                                               for r, p in res.systems.items()])
+            title = (f"{self.s.model}: every run predicted by each system file"
+                     + (" (peak memory: the same for each)" if len(res.systems) > 1 else ""))
+            table, paths = errors_report(frame, out, f"{SWEEP_NAME}-errors", overall=False,
+                                         title=title)
+            verdicts.append(f"cost model against all {int(table['runs'].iloc[0])} runs (sweep "
+                            "and study): step time MAPE, bias, rank correlation of predicted "
+                            "and measured throughput per rank")
+            for role in res.systems:
+                row = table[table["system"] == labels[role]].iloc[0]
+                mape, rho = float(row["step_time_mape_pct"]), float(row["throughput_rank_corr"])
+                res.scores[("all", role)] = (mape, rho)
+                verdicts.append(f"  {labels[role]:<40} {mape:6.1f} %  "
+                                f"{float(row['step_time_bias_pct']):+6.1f} %  {rho:+.2f}")
+            if "refit" in res.systems:
+                # The study's runs: chosen and predicted after the refit, never fitted on.
+                study = frame[(frame["system"] == labels["refit"])
+                              & (frame["sweep_name"] != SWEEP_NAME)]
+                if len(study):
+                    mape, rho = calibration.score(
+                        study["measured_step_time_s"], study["predicted_step_time_s"],
+                        study["global_batch"] / (study["tp"] * study["pp"] * study["dp"]))
+                    res.scores[("study", "refit")] = (mape, rho)
+                    verdicts.append(f"  refit on the study's {len(study)} runs alone (never "
+                                    f"fitted on): step time MAPE {mape:.1f} %")
+            mem = table["memory_mape_pct"].iloc[-1]
+            verdicts.append(f"  peak memory MAPE {mem:.2g} %"
+                            + (" (the same for each: the calibrations change rates, not bytes)"
+                               if len(res.systems) > 1 else ""))
             return paths
 
         verdicts: list[str] = []

@@ -20,7 +20,7 @@ from frontier_llm.catalog import SYSTEMS_DIR
 from frontier_llm.errors import UserError
 
 RECORD = "quickstart.json"
-DEFAULT_SYSTEM = "cpu-local-fit"
+DEFAULT_SYSTEM = "cpu-local"
 LOCK = "quickstart.lock"
 
 
@@ -31,9 +31,11 @@ class Settings:
 
     out: Path = Path("flm-quickstart")
     model: str = "tiny-gpt"
-    # cpu-local with its per-block overhead and message latency fitted on this project's 2-core
-    # VM (the file's header): the catalog's plain cpu-local predicts these CPU ranks 10-20x fast.
+    # The base system: the catalog's cpu-local (estimated rates) unless --system names another.
+    # With calibrate (the default) the quickstart measures this machine and predicts with the
+    # base calibrated here (quickstart/calibration.py); without, with the base as it is.
     system: str = DEFAULT_SYSTEM
+    calibrate: bool = True
     ranks: int = 4
     global_batch: int = 8
     layouts: int = 4  # 4-rank layouts measured: the fastest predicted of each TP x PP shape
@@ -58,12 +60,16 @@ class Settings:
         return self.out / "flm.db"
 
     @property
+    def calibration_dir(self) -> Path:
+        return self.out / "calibration"
+
+    @property
     def db_url(self) -> str:
         return f"sqlite:///{self.db_path.resolve()}"
 
     @property
     def system_file(self) -> Path:
-        """The YAML file whose rates predict: a path as given, or the catalog's file."""
+        """The base system's YAML file: a path as given, or the catalog's file."""
         path = Path(self.system)
         return path if path.is_file() else SYSTEMS_DIR / f"{self.system}.yaml"
 

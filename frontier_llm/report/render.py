@@ -66,13 +66,17 @@ def layouts_report(frame: pd.DataFrame, out: str | Path, name: str,
     return table, paths
 
 
-def errors_report(validation: pd.DataFrame, out: str | Path, name: str = "errors"
+def errors_report(validation: pd.DataFrame, out: str | Path, name: str = "errors",
+                  overall: bool = True, title: str | None = None
                   ) -> tuple[pd.DataFrame, list[Path]]:
-    table = errors_table(validation)
-    fig = figures.plot_errors(validation)
-    paths = write_table(table, table, out, name, "Cost model against measurements",
+    """``overall=False``: no row pooling the groups (errors_table)."""
+    table = errors_table(validation, overall=overall)
+    fig = figures.plot_errors(validation, title=title)
+    paths = write_table(table, table, out, name, title or "Cost model against measurements",
                         ["MAPE = mean absolute percentage error; bias = mean signed error "
-                         "(positive: predicted too slow / too much memory)"])
+                         "(positive: predicted too slow / too much memory)",
+                         "throughput_rank_corr = rank (Spearman) correlation of predicted and "
+                         "measured throughput per GPU over the group's runs"])
     validation.to_csv(Path(out) / f"{name}-runs.csv", index=False)
     paths.append(Path(out) / f"{name}-runs.csv")
     return table, paths + style.save(fig, out, name)
