@@ -138,7 +138,15 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
     # same id. The requeued attempt gets its own run id and log; `status --wait` keeps
     # tracking through a 10 s controller outage and ends with the job COMPLETED, its first
     # attempt kept as NODE_FAIL, and never HUNG on the first attempt's stale heartbeat.
-    spec = sweep_file(tmp_path, "requeue", ["{dp: 1, micro_batch: 2, name: long}"], steps=1500)
+    # The first attempt must still run when the node fails, however fast this machine is (1500
+    # steps once ended in 15 s on an idle one, before SLURM noticed the node: nothing to
+    # requeue); the requeued attempt must end. A wrapper gives the first attempt steps for hours.
+    wrapper = tmp_path / "first-attempt-long.sh"
+    wrapper.write_text('#!/bin/sh\nif [ "${SLURM_RESTART_COUNT:-0}" -eq 0 ]; then\n'
+                       '    exec flm bench "$@" --steps 1000000\nfi\nexec flm bench "$@"\n')
+    wrapper.chmod(0o755)
+    spec = sweep_file(tmp_path, "requeue", ["{dp: 1, micro_batch: 2, name: long}"], steps=30)
+    spec.write_text(spec.read_text() + f"command: [{wrapper}]\n")
     flm("sweep", "submit", spec, "--out", tmp_path / "requeue", "--db", db)
     waiter = subprocess.Popen(
         [sys.executable, "-m", "frontier_llm.cli", "sweep", "status", "requeue", "--db", db,
