@@ -194,7 +194,14 @@ cmd_start_slurmd() {
     wait_for 20 pid_alive "$DIR/slurmd.pid" || die "slurmd did not start (see $DIR/log)"
 }
 
-no_jobs() { [[ -z $(SLURM_CONF="$DIR/slurm.conf" squeue -h -o %A 2>/dev/null) ]]; }
+# No job left but COMPLETING ones: a job whose node daemon died stays COMPLETING until that
+# node answers again, and its processes are ended below either way.
+no_jobs() {
+    # Not `! ... | grep -q`: under pipefail, squeue killed by grep's early exit would read as
+    # "no jobs".
+    # shellcheck disable=SC2143
+    [[ -z $(SLURM_CONF="$DIR/slurm.conf" squeue -h -o '%A %t' 2>/dev/null | grep -v ' CG$') ]]
+}
 
 # The live processes that started with this cluster's SLURM_CONF in their environment, this
 # script and its callers left out: job steps (slurmstepd and the tasks it runs) outlive their
@@ -235,7 +242,9 @@ cmd_stop() {
     if [[ -n $pids ]]; then
         # shellcheck disable=SC2086 # one pid a word
         kill $pids 2>/dev/null || true
-        if ! wait_for 10 none_left; then
+        # Step daemons of a forgotten job ignore TERM (they retry their last message for
+        # ever): 3 s is what a task needs to record its end; then KILL.
+        if ! wait_for 3 none_left; then
             pids=$(cluster_processes)
             # shellcheck disable=SC2086
             [[ -z $pids ]] || kill -9 $pids 2>/dev/null || true

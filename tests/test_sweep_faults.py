@@ -59,23 +59,9 @@ def cluster():
         with slurm_conf(cluster):
             yield cluster
     finally:
+        # Its stop also ends the step daemons the faults leave (a forgotten job's retry its
+        # last message for ever) and their tasks.
         stop_cluster(cluster.directory)
-        end_step_daemons(cluster.directory)
-
-
-def end_step_daemons(directory: Path) -> None:
-    """Step daemons of this cluster that outlived it: a step whose controller forgot its job
-    (the clean restart) or went away retries its last message for ever. Found by the files
-    they hold open in this cluster's folder, ended by their pids."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if not (proc / "comm").read_text().startswith("slurmstepd"):
-                continue
-            held = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
-            if any(h.startswith(str(directory)) for h in held):
-                os.kill(int(proc.name), signal.SIGKILL)
 
 
 def job_pids(cluster: SlurmCluster, job: str) -> list[int]:
