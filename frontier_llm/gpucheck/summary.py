@@ -185,8 +185,9 @@ def markdown(doc: dict) -> str:
               if best else "Best: none completed."]
     lines += ["", "## Memory: measured against flm predict", "",
               "| run | status | recompute | mb | allocated GiB | reserved GiB | predicted GiB "
-              "| reserved / predicted | allocated / (predicted − reserve) |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+              "| reserved / predicted | allocated / (predicted − reserve) "
+              "| on a CPU: states + activations / predicted |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in doc["memory"] + doc["deepspeed"]["runs"]:
         m = r.get("memory") or {}
         lay = r.get("layout") or {}
@@ -194,7 +195,8 @@ def markdown(doc: dict) -> str:
                      f"{lay.get('micro_batch')} | {_gib(m.get('allocated_peak_bytes'))} | "
                      f"{_gib(m.get('reserved_peak_bytes'))} | "
                      f"{_gib(m.get('predicted_peak_bytes'))} | "
-                     f"{_num(m.get('ratio_reserved'))} | {_num(m.get('ratio_allocated'))} |")
+                     f"{_num(m.get('ratio_reserved'))} | {_num(m.get('ratio_allocated'))} | "
+                     f"{_num(m.get('ratio_states_and_activations'))} |")
     cal = doc.get("calibration") or {}
     lines += ["", "## Calibration (flm calibrate GEMMs on this device)", ""]
     if cal.get("system_file"):
