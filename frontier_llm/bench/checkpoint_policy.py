@@ -95,7 +95,9 @@ def _kept_tensors(storage: dict) -> list[tuple[object, torch.Tensor]]:
     it (or when the graph is freed unused)."""
     out = []
     for slots in storage.values():
-        for entry in slots.values():
+        # torch 2.13 keys each op's outputs by call index (a dict); torch 2.11 and older keep
+        # them in a list (the GPU machines' torch: docs/gpu.md).
+        for entry in slots.values() if isinstance(slots, dict) else slots:
             for wrapper in torch.utils._pytree.tree_leaves(entry):
                 value = getattr(wrapper, "val", None)
                 if isinstance(value, torch.Tensor):
