@@ -37,11 +37,28 @@ def mark_session() -> str:
     return token
 
 
-def _state(pid: str) -> str | None:
+def stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat's fields after the command's last ')' (the command may hold spaces and
+    parentheses): state, ppid, pgrp, session, ...; None once the process is gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
+
+
+def _state(pid: int | str) -> str | None:
+    fields = stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def in_session(sid: int) -> list[int]:
+    """Processes still in session ``sid``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        fields = stat_fields(entry.name) if entry.name.isdigit() else None
+        if fields is not None and int(fields[3]) == sid:
+            out.append(int(entry.name))
+    return out
 
 
 def survivors(token: str) -> list[Survivor]:

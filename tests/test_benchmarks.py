@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import in_session
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = sorted((REPO / "benchmarks").glob("*.py"))
@@ -34,21 +35,6 @@ RATIO = re.compile(r"\b(ratio|speed-up)\b.*\d", re.IGNORECASE)
 TIMEOUT_S = 300
 
 pytestmark = pytest.mark.slow
-
-
-def _session_processes(sid: int) -> list[int]:
-    """Processes still in session ``sid`` (field 6 of /proc/PID/stat)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # ended while we looked
-            continue
-        # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-        fields = text[text.rindex(")") + 2:].split()
-        if int(fields[3]) == sid:
-            out.append(int(stat.parent.name))
-    return out
 
 
 def _cache(relative: Path) -> bool:
@@ -85,7 +71,7 @@ def test_quick_mode_runs_and_prints_figures(path: Path, tmp_path: Path,
         out, err = proc.communicate()
         pytest.fail(f"{path.name} --quick ran over {TIMEOUT_S} s:\n{out[-3000:]}\n{err[-3000:]}")
     seconds = time.monotonic() - t0
-    left = _session_processes(proc.pid)
+    left = in_session(proc.pid)
     for pid in left:
         with contextlib.suppress(ProcessLookupError):  # it may end on its own meanwhile
             os.kill(pid, signal.SIGKILL)

@@ -356,11 +356,18 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     # A zombie of ours is not alive.
+    fields = _stat(pid)
+    return fields is None or fields[0] != "Z"
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's closing parenthesis (state, ppid,
+    pgrp, session, ...: the command may hold spaces and parentheses), or None where it cannot
+    be read (ended, or no /proc)."""
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return True
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 class _HeldInterrupt:
@@ -424,14 +431,8 @@ def group_members(pgid: int) -> list[int]:
         return [pgid]
     members = []
     for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            # Fields after the command's closing parenthesis: state, ppid, pgrp, ...
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # ended while we looked
-        if fields[0] != "Z" and int(fields[2]) == pgid:
+        fields = _stat(entry.name) if entry.name.isdigit() else None  # None: ended meanwhile
+        if fields is not None and fields[0] != "Z" and int(fields[2]) == pgid:
             members.append(int(entry.name))
     return members
 
