@@ -37,6 +37,54 @@ def test_no_visible_device_is_an_error():
         placement.device_index(0, 0)
 
 
+@pytest.mark.parametrize("env,local_rank,expected", [
+    ({"ROCR_VISIBLE_DEVICES": "5"}, 5, 0),  # Frontier --gpu-bind=closest: one GCD, relabelled 0
+    ({"CUDA_VISIBLE_DEVICES": "3"}, 3, 0),
+    ({"ROCR_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, 5, 5),  # LUMI CPU masks: every GCD visible
+    ({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, 7, 7),  # DGX --gpus-per-node
+    ({"ROCR_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "HIP_VISIBLE_DEVICES": "2"}, 6, 0),
+])
+def test_deepspeed_local_rank_is_the_chosen_device(monkeypatch, env, local_rank, expected):
+    """DeepSpeed calls set_device(LOCAL_RANK): the engine must export the device run.py chose.
+
+    No GPU here: the visibility variables stand for what srun sets, the device count for what
+    the runtime reports, and a stub ``deepspeed`` module records LOCAL_RANK when the engine
+    hands over to it (the real DeepSpeed path runs on CPUs in test_bench_deepspeed.py).
+    """
+    import sys
+    import types
+
+    import torch
+
+    from frontier_llm.bench.deepspeed_engine import DeepSpeedEngine
+
+    index = placement.device_index(local_rank, placement.visible_count(env))
+    assert index == expected
+    seen = {}
+
+    class Handover(Exception):
+        pass
+
+    def init_distributed(**_):
+        seen["LOCAL_RANK"] = os.environ["LOCAL_RANK"]
+        raise Handover
+
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))  # what torchrun would have set
+    monkeypatch.setattr(torch.distributed, "get_backend", lambda *a: "nccl")
+    monkeypatch.setitem(sys.modules, "deepspeed",
+                        types.SimpleNamespace(init_distributed=init_distributed))
+    with pytest.raises(Handover):
+        DeepSpeedEngine(None, None, rank=local_rank, world_size=8,
+                        device=torch.device("cuda", index), local_rank=local_rank)
+    assert seen["LOCAL_RANK"] == str(expected)
+
+
+def test_visible_count_reads_every_variable():
+    assert placement.visible_count({}) is None
+    assert placement.visible_count({"CUDA_VISIBLE_DEVICES": "0,1"}) == 2
+    assert placement.visible_count({"CUDA_VISIBLE_DEVICES": ""}) == 0
+
+
 @pytest.mark.parametrize("log,expected", [
     ("x NCCL INFO NET/OFI Using aws-ofi-rccl 1.4.0\n", "OFI"),
     ("x NCCL INFO NET/Socket : Using [0]hsn0:10.1.1.1<0>\n", "Socket"),

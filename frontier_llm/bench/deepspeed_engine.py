@@ -36,6 +36,7 @@ from frontier_llm.bench.data import TokenSource
 from frontier_llm.bench.deepspeed_config import deepspeed_config
 from frontier_llm.bench.engine import LR, RankState, run_batch
 from frontier_llm.bench.model import build_model, loss_fn
+from frontier_llm.bench.placement import engine_local_rank
 from frontier_llm.bench.tp_layers import TPGroup, shard_model, vocab_parallel_loss
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
@@ -152,9 +153,11 @@ class DeepSpeedEngine:
     def __init__(self, spec: ModelSpec, layout: Layout, *, rank: int, world_size: int,
                  device: torch.device, seed: int = 0, data: str | None = None,
                  bucket_bytes: int | None = None, local_rank: int = 0) -> None:
-        # DeepSpeed asserts LOCAL_RANK is set (torchrun and its own launcher set it; srun and
-        # mpiexec do not): it comes from the launcher discovery of bench/launch.py.
-        os.environ.setdefault("LOCAL_RANK", str(local_rank))
+        # DeepSpeed asserts LOCAL_RANK is set and calls set_device(LOCAL_RANK): it must be the
+        # device run.py chose (0 for every rank under --gpu-bind=closest), overriding what a
+        # launcher set, or local ranks 1-7 ask for a GCD they cannot see.
+        os.environ["LOCAL_RANK"] = str(engine_local_rank(
+            local_rank, device.index if device.type != "cpu" else None))
         import deepspeed
 
         # Joins the process group run.py created (gloo on CPU, NCCL on GPUs); the PipelineModule

@@ -27,6 +27,20 @@ def device_index(local_rank: int, visible: int) -> int:
     return local_rank % visible
 
 
+def visible_count(env: Mapping[str, str]) -> int | None:
+    """Devices the visibility variables leave this rank (the fewest when several are set, as
+    each filters the one before it); None when none is set (the runtime shows all)."""
+    counts = [len([d for d in env[k].split(",") if d.strip()]) for k in VISIBLE_VARS if k in env]
+    return min(counts) if counts else None
+
+
+def engine_local_rank(local_rank: int, device_index: int | None) -> int:
+    """``LOCAL_RANK`` for an engine that calls ``set_device(LOCAL_RANK)`` itself (DeepSpeed
+    does, in ``init_distributed`` and its engine): the device index this rank chose, not its
+    SLURM local id, which under ``--gpu-bind=closest`` names a GCD the rank cannot see."""
+    return local_rank if device_index is None else device_index
+
+
 def visible_devices(env: Mapping[str, str]) -> dict[str, str]:
     """The device-visibility variables the launcher set for this rank."""
     return {k: env[k] for k in VISIBLE_VARS if k in env}
