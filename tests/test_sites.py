@@ -19,6 +19,7 @@ from frontier_llm.catalog import load_system, system_names
 from frontier_llm.jobs.render import JobScript, Resources, Task, render
 from frontier_llm.jobs.sweepdir import render_sweep, with_resources
 from frontier_llm.jobs.sweepspec import load_sweep
+from frontier_llm.specs.site import time_seconds
 
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
 SHIPPED = sorted(SWEEPS.glob("*.yaml"))
@@ -100,7 +101,9 @@ def test_every_shipped_sweep_reaches_srun_with_the_site_flags(path, tmp_path, st
     sweep = load_sweep(path)
     if sweep.site.account_required:
         sweep = with_resources(sweep, account="ABC123")
-    manifest = render_sweep(sweep, tmp_path / "out")
+    manifest = render_sweep(sweep, tmp_path / "out")  # walltime check included
+    for job in manifest.jobs:  # every predicted job fits its time limit, start-up and margin in
+        assert job.get("predicted_runtime_s", 0) <= time_seconds(job["time"]), job["key"]
     sbatch_expect, srun_expect = EXPECT[sweep.system.name]
     modules = list(sweep.site.modules or ())
     for group in manifest.groups:
@@ -110,7 +113,8 @@ def test_every_shipped_sweep_reaches_srun_with_the_site_flags(path, tmp_path, st
         (tmp_path / "module.log").unlink(missing_ok=True)
         out = _submit(script, stubs, sbatch_expect, srun_expect)
         assert out.returncode == 0, out.stderr
-        assert (tmp_path / "srun.reached").read_text() == "nid000001\n"
+        # One srun step per layout of the allocation (a packed sweep runs several in turn).
+        assert (tmp_path / "srun.reached").read_text() == "nid000001\n" * group["pack"]
         loaded = (tmp_path / "module.log").read_text().split("\n") if modules else [""]
         assert [m.removeprefix("load ") for m in loaded if m] == modules
         args = (tmp_path / "srun.args").read_text().splitlines()

@@ -40,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "the site requires one (Frontier, LUMI)")
         for name in ("partition", "qos", "time"):
             g.add_argument(f"--{name}", default=None)
+        g.add_argument("--allow-overtime", action="store_true",
+                       help="write and submit jobs whose predicted runtime (start-up + steps x "
+                            "predicted step time + margin) is over their --time")
 
     r = add_command(actions, "render", "write the job scripts and a manifest (no submission)",
                     "Expand the sweep and write DIR/scripts/*.sh (one per job array), "
@@ -155,7 +158,7 @@ def _render(args) -> int:
     from frontier_llm.jobs.sweepdir import render_sweep
 
     sweep = sweep_with_overrides(args.sweep, **_overrides(args))
-    manifest = render_sweep(sweep, args.out)
+    manifest = render_sweep(sweep, args.out, args.allow_overtime)
     packed = ""
     if any(g.get("pack", 1) > 1 for g in manifest.groups):
         allocations = sum(_array_tasks(g) for g in manifest.groups)
@@ -194,7 +197,7 @@ def _submit(args) -> int:
     runner.require_passed(sweep.spec.environment.pass_env or (),
                           runner.make_executor(args.executor or sweep.spec.executor))
     if args.dry_run:
-        manifest = render_sweep(sweep, out)
+        manifest = render_sweep(sweep, out, args.allow_overtime)
         executor = args.executor or sweep.spec.executor
         print(f"dry run: {len(manifest.jobs)} jobs in {len(manifest.groups)} arrays, "
               f"executor {executor}, folder {manifest.directory}")
@@ -207,7 +210,8 @@ def _submit(args) -> int:
         return 0
     store = _store(args)
     try:
-        session = runner.prepare(sweep, out, store, executor=args.executor)
+        session = runner.prepare(sweep, out, store, executor=args.executor,
+                                 allow_overtime=args.allow_overtime)
         with _job_progress(session, "submit"):
             counts = runner.submit(session, max_in_flight=args.max_in_flight, hold=args.hold)
         rows = session.state.rows()

@@ -44,7 +44,7 @@ def check(site_name: str, site: Site, jobs: Iterable[tuple[int, Resources]],
                           "an account (project) is required: give --account, set FLM_ACCOUNT "
                           "or SBATCH_ACCOUNT, or set resources.account in the sweep")
         asked = time_seconds(r.time)
-        if site.time_bins:
+        if site.time_bins and site.bins_apply(r.partition):
             b = site.time_bin(r.nodes)
             if b is None:
                 top = max(x.max_nodes for x in site.time_bins)

@@ -21,7 +21,7 @@ from typing import Any
 
 from frontier_llm import __version__
 from frontier_llm.errors import UserError
-from frontier_llm.jobs import site_policy
+from frontier_llm.jobs import site_policy, walltime
 from frontier_llm.jobs.render import JobScript, Resources, Task, render
 from frontier_llm.jobs.sweepspec import Sweep, SweepJob
 from frontier_llm.specs.identity import layout_hash
@@ -236,13 +236,20 @@ def with_resources(sweep: Sweep, **overrides: str | None) -> Sweep:
     return dataclasses.replace(sweep, spec=spec, jobs=jobs)
 
 
-def render_sweep(sweep: Sweep, directory: str | Path) -> Manifest:
-    """Write scripts, manifest and the sweep file into ``directory``; return the manifest."""
+def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = False) -> Manifest:
+    """Write scripts, manifest and the sweep file into ``directory``; return the manifest.
+    ``allow_overtime``: write jobs whose predicted runtime is over their time limit too."""
     directory = Path(directory).resolve()
     scripts = job_scripts(sweep, directory)
     # The site's rules first: a refused sweep leaves nothing written (docs/sites.md).
     site_policy.check(sweep.system.name, sweep.site,
                       [(len(g.packs), js.resources) for g, js in scripts])
+    res = scripts[0][1].resources if scripts else None
+    needs = dict(walltime.check(
+        [(j.key, j.nodes, j.prediction.get("step_time_s"), j.time) for j in sweep.jobs],
+        sweep.spec.warmup + sweep.spec.steps, sweep.site,
+        partition=res.partition if res else None, qos=res.qos if res else None,
+        allow_overtime=allow_overtime))
     directory.mkdir(parents=True, exist_ok=True)
     by_key = {j.key: j for j in sweep.jobs}
     groups = []
@@ -271,6 +278,7 @@ def render_sweep(sweep: Sweep, directory: str | Path) -> Manifest:
                 "layout_hash": layout_hash(job.model, sweep.system.name, job.layout),
                 "command": list(script.command), "argv": list(job.bench_args),
                 "prediction": dict(job.prediction),
+                **({"predicted_runtime_s": round(needs[key])} if key in needs else {}),
             })
     inside(directory, "traces").mkdir(exist_ok=True)
     data = {

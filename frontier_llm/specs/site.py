@@ -101,6 +101,9 @@ class Site:
     usable_cores_per_node: int | None = None
     max_queued_jobs: int | None = None
     time_bins: tuple[TimeBin, ...] = ()
+    # The partitions the node-count bins govern (empty: every one); another partition has only
+    # its own queue limits (Frontier: the bins are batch's, extended allows 24 h).
+    time_bins_partitions: tuple[str, ...] = ()
     queues: tuple[tuple[str, QueueRule], ...] = ()
     sources: tuple[tuple[str, str], ...] = ()
 
@@ -132,6 +135,11 @@ class Site:
             if n == name and rule.kind == kind:
                 return rule
         return None
+
+    def bins_apply(self, partition: str | None) -> bool:
+        """Whether the node-count bins govern a job in ``partition`` (None: the site's)."""
+        chosen = partition or self.partition
+        return not self.time_bins_partitions or chosen in self.time_bins_partitions
 
     def time_bin(self, nodes: int) -> TimeBin | None:
         for b in self.time_bins:
@@ -211,7 +219,7 @@ def merge(base: Site | None, raw: Mapping | None) -> Site:
             kw[key] = tuple(merged.items())
         elif key == "modules":
             kw[key] = _str_tuple(value, key)
-        elif key in ("cpu_masks", "setup"):
+        elif key in ("cpu_masks", "setup", "time_bins_partitions"):
             kw[key] = _str_tuple(value, key) or ()
         elif key == "time_bins":
             kw[key] = tuple(_time_bin(b) for b in (value or []))

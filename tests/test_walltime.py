@@ -1,0 +1,73 @@
+"""Predicted runtime against the time limit, before sbatch: refused in one line naming the
+layout, the figures and what to change; ``--allow-overtime`` submits anyway."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from frontier_llm.catalog import load_system
+from frontier_llm.jobs.walltime import MARGIN, STARTUP_S, Need, OvertimeError, check, longest_time
+from frontier_llm.specs.site import time_seconds
+
+SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
+FRONTIER = load_system("frontier").site
+
+
+def test_need_is_start_up_plus_steps_plus_margin():
+    need = Need(646.0, 13)
+    assert need.seconds == pytest.approx((STARTUP_S + 13 * 646.0) * (1 + MARGIN))
+    assert Need(646.0, need.steps_within(need.seconds)).seconds <= need.seconds
+    assert Need(646.0, need.steps_within(7200) + 1).seconds > 7200
+
+
+@pytest.mark.parametrize("nodes,step,limit,partition,refused,hint", [
+    # The issue's figures: 175B at 16 nodes, 13 steps of 646 s against one hour.
+    (16, 646.0, "01:00:00", "batch", True, "(4 fit, warm-up included), more nodes, or pass"),
+    (16, 646.0, "02:00:00", "batch", True, "more nodes, or pass --allow-overtime"),  # bin: 2 h
+    (32, 328.0, "01:00:00", "batch", True, "a longer --time (at least 1:27:29; the site allows "
+                                           "02:00:00)"),
+    (32, 328.0, "02:00:00", "batch", False, ""),
+    (16, 646.0, "04:00:00", "extended", False, ""),  # extended: 24 h, the bins do not apply
+    (96, 907.0, "02:00:00", "batch", True, "the site allows 06:00:00"),
+    (1, None, "00:01:00", "batch", False, ""),  # no prediction: nothing to compare
+])
+def test_runtime_against_time_limit(nodes, step, limit, partition, refused, hint):
+    jobs = [("k", nodes, step, limit)]
+    if not refused:
+        check(jobs, 13, FRONTIER, partition=partition)
+        return
+    with pytest.raises(OvertimeError) as err:
+        check(jobs, 13, FRONTIER, partition=partition)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(f"walltime: layout k ({nodes} nodes) needs ")
+    assert f"13 steps x {step:.0f} s predicted" in text and f"--time {limit}" in text
+    assert hint in text, text
+    assert check(jobs, 13, FRONTIER, partition=partition, allow_overtime=True)
+
+
+def test_longest_time_per_partition_and_qos():
+    assert longest_time(FRONTIER, 16, "batch", None) == "02:00:00"
+    assert longest_time(FRONTIER, 16, "extended", None) == "24:00:00"
+    assert longest_time(FRONTIER, 200, "batch", "debug") == "02:00:00"
+
+
+def test_too_short_walltime_is_refused_by_the_cli_and_allow_overtime_renders(tmp_path):
+    env = {**os.environ, "FLM_ACCOUNT": "ABC123"}
+    cmd = [sys.executable, "-m", "frontier_llm.cli", "sweep", "render",
+           str(SWEEPS / "frontier-1t-strong.yaml"), "--out", str(tmp_path / "o"),
+           "--time", "01:00:00"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1 and "walltime: layout gpt-1t-n96-" in out.stderr
+    assert not (tmp_path / "o").exists()
+    out = subprocess.run([*cmd, "--allow-overtime"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    jobs = json.loads((tmp_path / "o" / "manifest.json").read_text())["jobs"]
+    assert all(j["predicted_runtime_s"] > time_seconds(j["time"]) for j in jobs[:1])
