@@ -181,7 +181,7 @@ def test_the_script_computes_the_contract_as_python_does(tmp_path):
                          check=True)
     banner, printed = out.stdout.decode().split("\n", 1)
     port, run_id = printed.split("\0")[:2]
-    assert int(port) == contract.master_port(31000, 54321) == 31000 + 54321 % 20000
+    assert int(port) == contract.master_port(31000, 54321) == 31000 + 54321 % 1768
     assert run_id == contract.run_id("hostile", "54300")
     assert banner.startswith(f"{contract.BANNER_PREFIX}0 job hostile run {run_id} ")
     assert (Path(job.trace_dir) / f"{run_id}{contract.TOKEN_FILE}").read_text() == "\n"
@@ -233,7 +233,8 @@ def test_frontier_script_has_the_frontier_recipe():
     for needle in ("--gpus-per-task=1 --gpu-bind=closest", "--cpus-per-task=7",
                    "module load rocm/7", "module load rccl-net-plugin", "MIOPEN_USER_DB_PATH",
                    "NCCL_SOCKET_IFNAME=hsn0", "#SBATCH --network=disable_rdzv_get",
-                   "export NCCL_NET=OFI", "export FI_CXI_RDZV_PROTO=alt_read", "exec srun"):
+                   "export NCCL_NET='AWS Libfabric'", "export FI_CXI_RDZV_PROTO=alt_read",
+                   "#SBATCH --signal=B:USR1@300", "--kill-on-bad-exit=0 --wait=", "exec srun"):
         assert needle in text, needle
     assert "rocm/5" not in text
     assert re.search(r"MIOPEN_USER_DB_PATH=.*SLURM_JOB_ID", text)

@@ -101,6 +101,7 @@ def test_transport_from_the_debug_log(log, expected):
 def test_transport_falls_back_to_nccl_net_then_unknown_and_gloo_is_gloo():
     assert placement.transport("gloo", {"NCCL_NET": "OFI"}) == "gloo"
     assert placement.transport("nccl", {"NCCL_NET": "OFI"}) == "OFI"
+    assert placement.transport("nccl", {"NCCL_NET": "AWS Libfabric"}) == "OFI"
     assert placement.transport("nccl", {}) == "unknown"
     assert placement.transport("nccl", {"NCCL_NET": "OFI"}, "Using network Socket") == "Socket"
 

@@ -47,6 +47,96 @@ RULES = [
 ]
 
 
+LUMI = "https://docs.lumi-supercomputer.eu/runjobs/scheduled-jobs/"
+# Rules of the second pass (issue 26): (system, sweep body, refusal start, source).
+RULES_2 = [
+    ("frontier", "layouts: [{dp: 8}]\nresources: {partition: standard-g, account: A}\n",
+     "site rule frontier.partitions: partition 'standard-g' is not one of frontier's (batch, "
+     "extended)", OLCF + "#batch-partition-queue-policy"),
+    ("frontier", "layouts: [{dp: 8}]\nresources: {qos: urgent, account: A}\n",
+     "site rule frontier.qos_names: qos 'urgent' is not one of frontier's (normal, debug)", OLCF),
+    ("lumi-g", "layouts: [{dp: 8}]\nresources: {partition: batch, account: project_1}\n",
+     "site rule lumi-g.partitions: partition 'batch' is not one of lumi-g's (standard-g, "
+     "small-g, dev-g)", LUMI + "partitions/"),
+    ("lumi-g", "layouts: [{dp: 8}]\nresources: {account: ABC123}\n",
+     "site rule lumi-g.account_pattern: account 'ABC123' is not of the site's form "
+     "'project_[0-9]+'", LUMI + "batch-job/#specifying-the-account"),
+    ("lumi-g", "layouts: [{dp: 16}]\nresources: {account: project_1}\n",
+     "site rule lumi-g.net_plugin_modules: a 2-node job loads no network plugin",
+     "https://docs.lumi-supercomputer.eu/software/packages/pytorch/"),
+    ("frontier", "layouts: [{dp: 16}]\nresources: {account: A}\nenvironment: {modules: [rocm]}\n",
+     "site rule frontier.net_plugin_modules: a 2-node job loads no network plugin",
+     "https://docs.olcf.ornl.gov/software/analytics/pytorch_frontier.html"),
+    ("frontier", "layouts: [{dp: 520}]\nresources: {partition: extended, account: A}\n",
+     "site rule frontier.queues: partition extended allows at most 64 nodes; a job asks for 65",
+     OLCF + "#debug-quality-of-service-class"),
+    ("dgx-h100", "template: frontier\nlayouts: [{dp: 8}]\n",
+     "site rule dgx-h100.template: template frontier is a frontier template; dgx-h100 jobs use "
+     "the nvidia family", ""),
+]
+
+
+@pytest.mark.parametrize("system,body,message,source", RULES_2, ids=lambda v: str(v)[:24])
+def test_second_pass_site_rules(system, body, message, source, tmp_path, monkeypatch):
+    monkeypatch.delenv("SBATCH_ACCOUNT", raising=False)
+    sweep = load_sweep(_sweep(tmp_path, body, system=system))
+    with pytest.raises(SpecError) as err:
+        render_sweep(sweep, tmp_path / "out")
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(message), text
+    assert source in text
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("system,body", [
+    # extended: 24 h for up to 64 nodes; the 2-hour bin of 1-91 nodes is batch's only.
+    ("frontier", "layouts: [{dp: 16}]\nresources: {partition: extended, time: '20:00:00', "
+                 "account: A}\n"),
+    # A LUMI multi-node job with the plugin's module, or the AI guide's container bindings.
+    ("lumi-g", "layouts: [{dp: 16}]\nresources: {account: project_465000000}\n"
+               "environment: {modules: [LUMI, aws-ofi-rccl/1.4]}\n"),
+    ("lumi-g", "layouts: [{dp: 16}]\nresources: {account: project_465000000}\n"
+               "environment: {modules: [lumi-aif-singularity-bindings]}\n"),
+    ("frontier", "layouts: [{dp: 8}]\nresources: {account: A, extra_sbatch: ['-S 8']}\n"),
+])
+def test_what_the_site_allows_renders(system, body, tmp_path):
+    manifest = render_sweep(load_sweep(_sweep(tmp_path, body, system=system)), tmp_path / "out")
+    text = manifest.path(manifest.groups[0]["script"]).read_text()
+    assert "#SBATCH --time=" in text
+    if "-S 8" in body:
+        assert "#SBATCH --core-spec=8\n" in text  # one word sbatch reads as -S 8
+
+
+@pytest.mark.parametrize("given,expected", [
+    ("-S 8", "--core-spec=8"), ("-S8", "--core-spec=8"), ("-C nvme", "--constraint=nvme"),
+    ("-H", "--hold"), ("--exclusive", "--exclusive"), ("-Z 1", SpecError), ("-S", SpecError),
+    ("-H now", SpecError),
+])
+def test_extra_sbatch_short_options_take_their_long_form(given, expected):
+    from frontier_llm.jobs.sbatch_options import long_form
+
+    if expected is SpecError:
+        with pytest.raises(SpecError, match="extra_sbatch"):
+            long_form(given)
+    else:
+        assert long_form(given) == expected
+
+
+def test_master_port_stays_below_the_ephemeral_range():
+    from frontier_llm.jobs import contract
+
+    base = contract.DEFAULT_MASTER_PORT
+    ports = {contract.master_port(base, job, slot, 4) for job in (0, 1, 12767, 10**7 + 3)
+             for slot in range(4)}
+    assert min(ports) >= base and max(ports) < contract.EPHEMERAL_LOW == 32768
+    [(_, job)] = job_scripts(load_sweep(Path(__file__).parents[1] / "sweeps" / "tiny-cpu.yaml"),
+                             Path("/tmp/flm-unused"))[:1]
+    import dataclasses
+
+    with pytest.raises(SpecError, match="below the ephemeral range"):
+        render(dataclasses.replace(job, options={"master_port": "40000"}))
+
+
 @pytest.mark.parametrize("body,message,source", RULES, ids=lambda v: str(v)[:30])
 def test_each_site_rule_is_refused_with_its_source(body, message, source, tmp_path, monkeypatch):
     monkeypatch.delenv("SBATCH_ACCOUNT", raising=False)
@@ -136,3 +226,21 @@ def test_a_custom_template_extending_frontier_renders_from_the_sweeps_folder(tmp
                                         r"custom.sh.j2 \(valid: rccl_plugin_dir, "
                                         r"miopen_cache_root, master_port\)"):
         load_sweep(bad)
+
+
+@pytest.mark.parametrize("engine,tp,expected", [
+    ("native", 2, ()),  # flm bench's engines do not overlap TP communication
+    ("deepspeed", 2, ()),
+    ("megatron", 2, (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),)),  # --tp-comm-overlap
+    ("megatron", 1, ()),  # no TP communication to overlap
+])
+def test_cuda_device_max_connections_only_where_tp_communication_overlaps(tmp_path, engine, tp,
+                                                                          expected):
+    import dataclasses
+
+    from frontier_llm.jobs.sweepdir import _task_env
+
+    sweep = load_sweep(_sweep(tmp_path, f"layouts: [{{tp: {tp}}}]\n", system="dgx-h100"))
+    job = sweep.jobs[0]
+    job = dataclasses.replace(job, layout=dataclasses.replace(job.layout, engine=engine))
+    assert _task_env(sweep, job) == expected

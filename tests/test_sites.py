@@ -120,7 +120,7 @@ def test_every_shipped_sweep_reaches_srun_with_the_site_flags(path, tmp_path, st
         args = (tmp_path / "srun.args").read_text().splitlines()
         assert args[args.index("--run-id") + 1].endswith("-j4242")
         if group["nodes"] > 1 and sweep.system.name == "frontier":
-            assert "export NCCL_NET=OFI" in script.read_text()
+            assert "export NCCL_NET='AWS Libfabric'" in script.read_text()
 
 
 def _frontier_job(nodes: int, tmp_path: Path) -> JobScript:

@@ -74,8 +74,7 @@ def transport_from_log(text: str) -> str | None:
     """
     chosen = _CHOSEN.findall(text)
     if chosen:
-        name = chosen[-1]
-        return "OFI" if name.lower().startswith(("aws", "libfabric", "ofi")) else name
+        return _net_name(chosen[-1])
     names = _NET.findall(text)
     if not names:
         return None
@@ -86,7 +85,13 @@ def transport(backend: str, env: Mapping[str, str], log_text: str = "") -> str:
     """The collective transport: gloo, or NCCL/RCCL's network (log, else NCCL_NET)."""
     if backend != "nccl":
         return backend
-    return transport_from_log(log_text) or env.get("NCCL_NET") or "unknown"
+    given = env.get("NCCL_NET")
+    return transport_from_log(log_text) or (_net_name(given) if given else "unknown")
+
+
+def _net_name(name: str) -> str:
+    """The libfabric plugin under any of its names ("AWS Libfabric", OFI) is ``OFI``."""
+    return "OFI" if name.lower().startswith(("aws", "libfabric", "ofi")) else name
 
 
 def is_suspect(transport_name: str, nodes: int) -> bool:

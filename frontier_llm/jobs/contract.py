@@ -30,9 +30,18 @@ RESTART_SUFFIX = "-r{restart}"
 SUBMIT_TOKEN_ENV = "FLM_SUBMIT_TOKEN"
 TOKEN_FILE = ".token"
 
-# Ranks of several jobs may share a node: each job meets on base + (job id mod span).
-MASTER_PORT_SPAN = 20000
-DEFAULT_MASTER_PORT = 29500
+# Ranks of several jobs may share a node: each job meets on base + (job id mod span), all below
+# Linux's ephemeral range (net.ipv4.ip_local_port_range, default 32768-60999: kernel
+# ip-sysctl documentation), where any outgoing connection of the node may already hold the port
+# and rank 0's listen would fail with EADDRINUSE.
+EPHEMERAL_LOW = 32768
+DEFAULT_MASTER_PORT = 20000
+MIN_MASTER_PORT_SPAN = 1000
+
+
+def master_port_span(base: int) -> int:
+    """Ports from ``base`` up to the ephemeral range."""
+    return EPHEMERAL_LOW - base
 
 # The first line a job script prints; classify.first_error_line skips it (it names the job key,
 # which may hold any word, "error" included).
@@ -75,7 +84,7 @@ def master_port(base: int, slurm_job_id: int, slot: int = 0, pack: int = 1) -> i
     side, and a finished step's port may linger in TIME_WAIT. Job ids of running jobs differ,
     so job id x pack + slot differs for every running step (array tasks included, whose ids
     SLURM does not hand out in index order)."""
-    return base + (slurm_job_id * pack + slot) % MASTER_PORT_SPAN
+    return base + (slurm_job_id * pack + slot) % master_port_span(base)
 
 
 def template_values(master_port_base: int, pack: int = 1) -> dict[str, str | int]:
@@ -89,10 +98,10 @@ def template_values(master_port_base: int, pack: int = 1) -> dict[str, str | int
         "submit_token_env": SUBMIT_TOKEN_ENV,
         "token_file": TOKEN_FILE,
         "master_port": f"$(( {int(master_port_base)} + ${{SLURM_JOB_ID:-0}} "
-                       f"% {MASTER_PORT_SPAN} ))",
+                       f"% {master_port_span(master_port_base)} ))",
         # A packed step's port: the script sets $slot (the step's place in its pack) before it.
         "step_master_port": f"$(( {int(master_port_base)} + (${{SLURM_JOB_ID:-0}} * {int(pack)} "
-                            f"+ slot) % {MASTER_PORT_SPAN} ))",
+                            f"+ slot) % {master_port_span(master_port_base)} ))",
         "pack_keys_env": PACK_KEYS_ENV,
         "pass_env_var": PASS_ENV_VAR,
         "step_start": STEP_START,

@@ -14,11 +14,24 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from frontier_llm.bench.placement import collective_timeout_s
 from frontier_llm.errors import SpecError
 from frontier_llm.specs.site import Site
 
 # What follows the rank command on every launch line: the task's arguments and the run's names.
 RANK_TAIL = '"$@" --run-id "$run_id" --trace-dir "$trace_dir"'
+# After the first rank exits, the others have their collective timeout to fail too, then this
+# long for rank 0 to gather the ranks' errors and write the failed trace.
+TRACE_GRACE_S = 60
+
+
+def srun_bounds(world_size: int) -> list[str]:
+    """srun options that end a step whose ranks are stuck (srun man page): a rank's non-zero
+    exit does not kill the others at once (--kill-on-bad-exit=0: rank 0 still writes the failed
+    trace), but once one rank has exited the rest get the collective timeout plus a grace
+    (--wait), so a rank hung outside a collective cannot hold the allocation to its time limit."""
+    wait = int(collective_timeout_s(world_size, {})) + 1 + TRACE_GRACE_S
+    return ["--kill-on-bad-exit=0", f"--wait={wait}"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,7 @@ class SrunLauncher(Launcher):
             if j.cpus_per_task:
                 words.append(f"--cpus-per-task={j.cpus_per_task}")
             words += self._binding()
+        words += srun_bounds(j.nodes * j.ranks_per_node)
         if j.exact:
             # Overcommitted (the local CPU cluster) the allocation has fewer CPUs than ranks and
             # --exact refuses a step ("More processors requested than permitted"): there the
@@ -116,7 +130,12 @@ class SrunLauncher(Launcher):
             # Every rank sees every GPU of its node and picks local rank mod count (LUMI).
             return [f"--gpus-per-node={j.gpus_per_node}",
                     "--cpu-bind=mask_cpu:" + ",".join(masks[:j.ranks_per_node])]
-        return [f"--gpus-per-node={j.gpus_per_node}"]
+        words = [f"--gpus-per-node={j.gpus_per_node}"]
+        if site.distribution:
+            words.append(f"--distribution={site.distribution}")
+        if site.cpu_bind:
+            words.append(f"--cpu-bind={site.cpu_bind}")
+        return words
 
 
 class TorchrunLauncher(Launcher):
@@ -141,6 +160,7 @@ class TorchrunLauncher(Launcher):
             words.append(f"--cpus-per-task={shape.cpus_per_task}")
         if j.gpus_per_node:
             words.append(f"--gpus-per-node={j.gpus_per_node}")
+        words += srun_bounds(j.nodes * j.ranks_per_node)
         words += self._container()
         run = ["torchrun", f"--nnodes={j.nodes}", f"--nproc-per-node={j.ranks_per_node}",
                "--rdzv-backend=c10d"]

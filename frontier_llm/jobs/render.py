@@ -32,6 +32,7 @@ from frontier_llm import __version__
 from frontier_llm.errors import SpecError
 from frontier_llm.jobs import contract
 from frontier_llm.jobs.launchers import LaunchJob, launcher_for
+from frontier_llm.jobs.sbatch_options import long_form
 from frontier_llm.specs.site import Site
 
 # Shipped templates are package data (frontier_llm/job_templates), read through importlib.resources.
@@ -86,9 +87,8 @@ class Resources:
             _no_newline(getattr(self, name), name)
         for opt in self.extra:
             _no_newline(opt, "extra_sbatch")
-            if not opt.startswith("--"):
-                raise SpecError(f"extra_sbatch options start with '--' (got {opt!r})",
-                                "extra_sbatch")
+        # Short options (-S 8) in their long form: one #SBATCH word, one name for the rules.
+        object.__setattr__(self, "extra", tuple(long_form(o) for o in self.extra))
         for name in ("nodes", "ntasks_per_node"):
             if getattr(self, name) < 1:
                 raise SpecError(f"{name} must be at least 1 (got {getattr(self, name)})", name)
@@ -286,6 +286,11 @@ def render(job: JobScript) -> str:
                                 f"(valid: {', '.join(known)})", "template_options")
     if not str(options["master_port"]).isdigit():
         raise SpecError("template_options.master_port must be a port number", "template_options")
+    top = contract.EPHEMERAL_LOW - contract.MIN_MASTER_PORT_SPAN
+    if not 1024 <= int(options["master_port"]) <= top:
+        raise SpecError(f"template_options.master_port must be 1024-{top}: the job's ports "
+                        f"stay below the ephemeral range ({contract.EPHEMERAL_LOW}+)",
+                        "template_options")
     site, r = job.site, job.resources
     launcher = launcher_for(LaunchJob(
         nodes=r.nodes, ranks_per_node=r.ntasks_per_node, gpus_per_node=r.gpus_per_node,

@@ -8,10 +8,11 @@ or accept and then hold forever — never reaches sbatch. docs/sites.md lists th
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 
 from frontier_llm.errors import SpecError
-from frontier_llm.jobs.render import Resources
+from frontier_llm.jobs.render import JobScript, Resources, template_family
 from frontier_llm.specs.site import Site, time_seconds
 
 # Environment variables that give sbatch an account when the script has none (sbatch man page:
@@ -43,6 +44,17 @@ def check(site_name: str, site: Site, jobs: Iterable[tuple[int, Resources]],
             raise _refuse(site_name, site, "account_required",
                           "an account (project) is required: give --account, set FLM_ACCOUNT "
                           "or SBATCH_ACCOUNT, or set resources.account in the sweep")
+        account = r.account or next((env[k] for k in ACCOUNT_ENV if env.get(k)), None)
+        if site.account_pattern and account and not re.fullmatch(site.account_pattern, account):
+            raise _refuse(site_name, site, "account_pattern",
+                          f"account {account!r} is not of the site's form "
+                          f"{site.account_pattern!r} (e.g. LUMI's project_465000000)")
+        for kind, name, known in (("partition", r.partition, site.partitions),
+                                  ("qos", r.qos, site.qos_names)):
+            if known and name is not None and name not in known:
+                raise _refuse(site_name, site, "partitions" if kind == "partition" else
+                              "qos_names", f"{kind} {name!r} is not one of {site_name}'s "
+                              f"({', '.join(known)})")
         asked = time_seconds(r.time)
         if site.time_bins and site.bins_apply(r.partition):
             b = site.time_bin(r.nodes)
@@ -86,3 +98,25 @@ def check(site_name: str, site: Site, jobs: Iterable[tuple[int, Resources]],
                       f"a user may queue {site.max_queued_jobs} jobs (each array task counts); "
                       f"the sweep has {total}: split it into sweeps of at most "
                       f"{site.max_queued_jobs} jobs")
+
+
+def check_scripts(site_name: str, site: Site, scripts: Iterable[JobScript]) -> None:
+    """Refuse what only the whole script shows: a template made for another family of systems,
+    and a multi-node job whose collectives would have no network plugin."""
+    for job in scripts:
+        family = template_family(job.template)
+        if family is not None and family != site.template:
+            raise _refuse(site_name, site, "template",
+                          f"template {job.template} is a {family} template; {site_name} "
+                          f"jobs use the {site.template} family (set template: "
+                          f"{site.template}, or a template that extends it)")
+        if job.resources.nodes > 1 and site.net_plugin_modules:
+            modules = site.modules if job.modules is None else job.modules
+            loaded = {m.split("/")[0] for m in modules or ()}
+            if not loaded & set(site.net_plugin_modules) and not job.options.get(
+                    "rccl_plugin_dir"):
+                raise _refuse(site_name, site, "net_plugin_modules",
+                              f"a {job.resources.nodes}-node job loads no network plugin, so "
+                              "RCCL would stop at its first collective (NCCL_NET names the "
+                              f"plugin): add one of {', '.join(site.net_plugin_modules)} to "
+                              "environment.modules, or set template_options.rccl_plugin_dir")

@@ -24,6 +24,7 @@ from frontier_llm.errors import UserError
 from frontier_llm.jobs import site_policy, walltime
 from frontier_llm.jobs.render import JobScript, Resources, Task, render
 from frontier_llm.jobs.sweepspec import Sweep, SweepJob
+from frontier_llm.specs.engine_rules import rules_for
 from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.layout import PlacementKind
 from frontier_llm.specs.site import time_seconds
@@ -171,10 +172,15 @@ def _resources(sweep: Sweep, group: Group) -> Resources:
 
 
 def _task_env(sweep: Sweep, job: SweepJob) -> tuple[tuple[str, str], ...]:
-    """Variables for one task: the site's ``env_without_fsdp`` unless the layout shards its
-    parameters (NVIDIA: CUDA_DEVICE_MAX_CONNECTIONS=1 must not be set with FSDP)."""
+    """Variables for one task: the site's ``env_without_fsdp`` for layouts whose engine
+    overlaps TP communication and that do not shard parameters (NVIDIA:
+    CUDA_DEVICE_MAX_CONNECTIONS=1 must not be set with FSDP)."""
     fsdp = job.layout.sharding.params.kind != PlacementKind.REPLICATE and job.layout.dp > 1
-    return () if fsdp else sweep.site.env_without_fsdp
+    # CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue) orders kernels so TP communication
+    # can overlap GEMMs; it also stops other streams' kernels running concurrently, a cost with
+    # no gain for an engine that does not overlap TP communication (flm bench's do not).
+    overlap = job.layout.tp > 1 and rules_for(job.layout.engine).tp_comm_overlap
+    return sweep.site.env_without_fsdp if overlap and not fsdp else ()
 
 
 def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
@@ -244,6 +250,7 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
     # The site's rules first: a refused sweep leaves nothing written (docs/sites.md).
     site_policy.check(sweep.system.name, sweep.site,
                       [(len(g.packs), js.resources) for g, js in scripts])
+    site_policy.check_scripts(sweep.system.name, sweep.site, [js for _, js in scripts])
     res = scripts[0][1].resources if scripts else None
     needs = dict(walltime.check(
         [(j.key, j.nodes, j.prediction.get("step_time_s"), j.time) for j in sweep.jobs],

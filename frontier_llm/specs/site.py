@@ -85,7 +85,20 @@ class Site:
     overcommit: bool = False  # more ranks than cores (the local CPU cluster)
     partition: str | None = None
     qos: str | None = None
+    # The names the site documents (empty: not checked); another is refused before sbatch.
+    partitions: tuple[str, ...] = ()
+    qos_names: tuple[str, ...] = ()
     account_required: bool = False
+    account_pattern: str | None = None  # a regular expression the whole account must match
+    # Modules that give RCCL/NCCL its network plugin; a multi-node job loading none of them
+    # (and naming no plugin folder) is refused (empty: not checked).
+    net_plugin_modules: tuple[str, ...] = ()
+    # srun's task distribution and CPU binding for sites without CPU masks (DGX: block:block,
+    # cores) so each rank's cores are its own and on its GPU's socket.
+    distribution: str | None = None
+    cpu_bind: str | None = None
+    # sbatch --signal=B:USR1@N: the batch shell is told N seconds before the time limit.
+    signal_before_end_s: int | None = None
     mem: str | None = None
     exclusive: bool = False
     sbatch_network: str | None = None  # sbatch --network=...
@@ -117,10 +130,17 @@ class Site:
             if not re.fullmatch(r"0x[0-9a-fA-F]+", mask):
                 raise SpecError(f"site.cpu_masks: {mask!r} is not a hex mask such as 0xfe",
                                 "cpu_masks")
-        for name in ("cpus_per_task", "usable_cores_per_node", "max_queued_jobs"):
+        for name in ("cpus_per_task", "usable_cores_per_node", "max_queued_jobs",
+                     "signal_before_end_s"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise SpecError(f"site.{name} must be at least 1", name)
+        if self.account_pattern is not None:
+            try:
+                re.compile(self.account_pattern)
+            except re.error as exc:
+                raise SpecError(f"site.account_pattern is not a regular expression: {exc}",
+                                "account_pattern") from None
         for group in ("env", "env_multi_node", "env_single_node", "env_without_fsdp"):
             for k, _ in getattr(self, group):
                 if not _ENV_NAME.match(k):
@@ -187,7 +207,8 @@ def split_sources(raw: Mapping) -> tuple[dict[str, Any], dict[str, str]]:
     return values, sources
 
 
-_STRINGS = ("partition", "qos", "mem", "sbatch_network", "container_image", "container_mounts")
+_STRINGS = ("partition", "qos", "mem", "sbatch_network", "container_image", "container_mounts",
+            "account_pattern", "distribution", "cpu_bind")
 _FIELDS = {f.name for f in dataclasses.fields(Site)} - {"sources"}
 
 
@@ -219,7 +240,8 @@ def merge(base: Site | None, raw: Mapping | None) -> Site:
             kw[key] = tuple(merged.items())
         elif key == "modules":
             kw[key] = _str_tuple(value, key)
-        elif key in ("cpu_masks", "setup", "time_bins_partitions"):
+        elif key in ("cpu_masks", "setup", "time_bins_partitions", "partitions", "qos_names",
+                     "net_plugin_modules"):
             kw[key] = _str_tuple(value, key) or ()
         elif key == "time_bins":
             kw[key] = tuple(_time_bin(b) for b in (value or []))
@@ -270,7 +292,8 @@ def _check_types(site: Site) -> None:
     for name in ("gpus", "overcommit", "account_required", "exclusive", "module_reset"):
         if not isinstance(getattr(site, name), bool):
             raise SpecError(f"site.{name} must be true or false", name)
-    for name in ("cpus_per_task", "usable_cores_per_node", "max_queued_jobs"):
+    for name in ("cpus_per_task", "usable_cores_per_node", "max_queued_jobs",
+                 "signal_before_end_s"):
         v = getattr(site, name)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
             raise SpecError(f"site.{name} must be a whole number", name)

@@ -13,6 +13,7 @@
 #SBATCH --qos=normal
 #SBATCH --constraint=nvme
 #SBATCH --network=disable_rdzv_get
+#SBATCH --signal=B:USR1@300
 #SBATCH --output=/lustre/orion/proj/sweeps/frontier-175b-weak/logs/g0/%a-%A.out
 #SBATCH --open-mode=append
 set -eo pipefail
@@ -38,7 +39,7 @@ export FI_CXI_RDZV_THRESHOLD=0
 export FI_CXI_RDZV_GET_MIN=0
 export FI_CXI_DEFAULT_TX_SIZE=2048
 export FI_CXI_RX_MATCH_MODE=hybrid
-export NCCL_NET=OFI
+export NCCL_NET='AWS Libfabric'
 export FLM_BINDING=closest
 MIOPEN_USER_DB_PATH=/tmp"/miopen-${USER:-flm}-${SLURM_JOB_ID:-0}"
 export MIOPEN_USER_DB_PATH MIOPEN_CUSTOM_CACHE_DIR="$MIOPEN_USER_DB_PATH"
@@ -72,10 +73,10 @@ MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}")"
 MASTER_ADDR="${MASTER_ADDR%%$'\n'*}"
 : "${MASTER_ADDR:?flm: scontrol listed no host for SLURM_JOB_NODELIST}"
 # A port of this job's own: several jobs may share a node.
-MASTER_PORT="$(( 29500 + ${SLURM_JOB_ID:-0} % 20000 ))"
+MASTER_PORT="$(( 20000 + ${SLURM_JOB_ID:-0} % 12768 ))"
 export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 # The submission this job belongs to (flm sweep submit reconciles interrupted submits).
 echo "${FLM_SUBMIT_TOKEN:-}" > "$trace_dir/$run_id.token"
-exec srun --nodes=128 --ntasks-per-node=8 --cpus-per-task=7 --gpus-per-task=1 --gpu-bind=closest \
+exec srun --nodes=128 --ntasks-per-node=8 --cpus-per-task=7 --gpus-per-task=1 --gpu-bind=closest --kill-on-bad-exit=0 --wait=193 \
     flm bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"

@@ -42,10 +42,10 @@ MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}")"
 MASTER_ADDR="${MASTER_ADDR%%$'\n'*}"
 : "${MASTER_ADDR:?flm: scontrol listed no host for SLURM_JOB_NODELIST}"
 # A port of this job's own: several jobs may share a node.
-MASTER_PORT="$(( 29500 + ${SLURM_JOB_ID:-0} % 20000 ))"
+MASTER_PORT="$(( 20000 + ${SLURM_JOB_ID:-0} % 12768 ))"
 export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 # The submission this job belongs to (flm sweep submit reconciles interrupted submits).
 echo "${FLM_SUBMIT_TOKEN:-}" > "$trace_dir/$run_id.token"
-exec srun --overcommit --ntasks=4 \
+exec srun --overcommit --ntasks=4 --kill-on-bad-exit=0 --wait=91 \
     flm bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"

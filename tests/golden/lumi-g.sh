@@ -24,7 +24,15 @@ export NCCL_NET_GDR_LEVEL=3
 export CXI_FORK_SAFE=1
 export CXI_FORK_SAFE_HP=1
 export FI_CXI_DISABLE_CQ_HUGETLB=1
-export NCCL_NET=OFI
+export NCCL_CROSS_NIC=1
+export HSA_FORCE_FINE_GRAIN_PCIE=1
+export FI_MR_CACHE_MONITOR=userfaultfd
+export FI_CXI_DISABLE_HOST_REGISTER=1
+export FI_CXI_DEFAULT_CQ_SIZE=131072
+export FI_CXI_RX_MATCH_MODE=hybrid
+export FI_CXI_RDZV_EAGER_SIZE=0
+export FI_CXI_DEFAULT_TX_SIZE=2048
+export NCCL_NET='AWS Libfabric'
 export FLM_BINDING=cpu-masks
 export NCCL_NET_PLUGIN=/project/project_465000000/aws-ofi-rccl/lib/librccl-net.so
 MIOPEN_USER_DB_PATH=/tmp"/miopen-${USER:-flm}-${SLURM_JOB_ID:-0}"
@@ -58,10 +66,10 @@ MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}")"
 MASTER_ADDR="${MASTER_ADDR%%$'\n'*}"
 : "${MASTER_ADDR:?flm: scontrol listed no host for SLURM_JOB_NODELIST}"
 # A port of this job's own: several jobs may share a node.
-MASTER_PORT="$(( 29500 + ${SLURM_JOB_ID:-0} % 20000 ))"
+MASTER_PORT="$(( 20000 + ${SLURM_JOB_ID:-0} % 12768 ))"
 export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 # The submission this job belongs to (flm sweep submit reconciles interrupted submits).
 echo "${FLM_SUBMIT_TOKEN:-}" > "$trace_dir/$run_id.token"
-exec srun --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --gpus-per-node=8 --cpu-bind=mask_cpu:0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000 \
+exec srun --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --gpus-per-node=8 --cpu-bind=mask_cpu:0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000 --kill-on-bad-exit=0 --wait=92 \
     flm bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"
