@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from frontier_llm import __version__
-from frontier_llm.bench import placement
+from frontier_llm.bench import deadline, placement
 from frontier_llm.bench.config import BenchConfig
 from frontier_llm.bench.engines import check as check_layout
 from frontier_llm.bench.launch import RankEnv
@@ -221,6 +221,8 @@ class _Rank:
     trace: dict | None  # rank 0 only
     steps: list[dict] = field(default_factory=list)
     engine: Any = None
+    deadline: deadline.Deadline | None = None
+    stopped: str | None = None  # why the steps ended before the last (the job's time limit)
 
     @property
     def rank(self) -> int:
@@ -238,13 +240,15 @@ def run_rank(cfg: BenchConfig, renv: RankEnv) -> int:
     check_layout(cfg.model, cfg.layout, renv.world_size)  # before any process group
     me = _setup(cfg, renv, started)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    me.deadline = deadline.for_rank(renv.rank)
+    me.deadline.install()
     try:
         _start_engine(me)
         _timed_steps(me)
         _gather(me)
     except BaseException as exc:
         return _teardown(_record_failure(me, exc), clean=False)
-    return _teardown(EXIT_OK, clean=True)
+    return _teardown(EXIT_FAILED if me.stopped else EXIT_OK, clean=True)
 
 
 def _setup(cfg: BenchConfig, renv: RankEnv, started: str) -> _Rank:
@@ -310,6 +314,10 @@ def _timed_steps(me: _Rank) -> None:
     cfg = me.cfg
     total = cfg.warmup + cfg.steps
     for step in range(total):
+        me.stopped = _stop_reason(me)
+        if me.stopped:
+            me.stopped = f"stopped before step {step} of {total}: {me.stopped}"
+            break
         if cfg.fault and step == cfg.fault_step and me.rank == me.world - 1:
             _inject(cfg.fault, me.rank, step)
         if me.cuda:
@@ -327,6 +335,23 @@ def _timed_steps(me: _Rank) -> None:
             write_heartbeat(cfg.trace_dir, cfg.run_id, step + 1, total, rank=me.rank)
 
 
+def _stop_reason(me: _Rank) -> str | None:
+    """Why the next step must not start (the job's end is too near), agreed by every rank: one
+    all-reduce of the ranks' flags, so all stop before the same step."""
+    import torch
+    import torch.distributed as dist
+
+    assert me.deadline is not None
+    measured = [s["time_s"] for s in me.steps]
+    predicted = ((me.trace or {}).get("prediction") or {}).get("step_time_s") or 0.0
+    own = me.deadline.reason(max(measured) if measured else float(predicted))
+    flag = torch.tensor([1 if own else 0], dtype=torch.int32, device=me.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if not int(flag.item()):
+        return None
+    return own or "another rank was told the job's time limit is near (SIGUSR1)"
+
+
 def _gather(me: _Rank) -> None:
     """Every rank's record to rank 0, which writes the completed trace."""
     import torch.distributed as dist
@@ -342,6 +367,8 @@ def _gather(me: _Rank) -> None:
         trace["summary"] = summarize(cfg, trace["steps"], trace["memory"], me.world)
         trace["status"], trace["finished_at"] = "completed", _now()
         _judge_transport(trace, me.backend, me.nccl_log, me.nodes)
+        if me.stopped:  # a valid trace of the steps done, not a run killed mid-step
+            trace["status"], trace["error"] = "timeout", me.stopped
         path = write_trace(cfg.trace_dir, trace)
         if me.renv.launcher != "local":  # the local spawner prints its own line
             print(summary_line(trace, path), flush=True)
