@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from frontier_llm.errors import UserError
-from frontier_llm.jobs import secrets
+from frontier_llm.jobs import secrets, site_policy
 from frontier_llm.jobs.classify import classify, heartbeat_age, load_trace
 from frontier_llm.jobs.contract import TOKEN_FILE, restart_of
 from frontier_llm.jobs.contract import run_id as make_run_id
@@ -216,6 +216,7 @@ def submit(session: Session, keys: Iterable[str] | None = None, *,
         return {"submitted": 0, "adopted": adopted, "already": len(rows)}
     # Every submit (retry, a study's trials too) checks: the jobs read the values at start.
     require_passed(session.manifest.pass_env, session.executor)
+    _check_queue_room(session, todo)
     token = uuid.uuid4().hex[:12]
     session.state.mark_submitting(todo, token, session.executor.name)
     try:
@@ -232,6 +233,17 @@ def submit(session: Session, keys: Iterable[str] | None = None, *,
         session.state.revert_submitting(left, f"sbatch refused: {exc}")
         raise
     return {"submitted": len(todo), "adopted": adopted, "already": len(rows) - len(todo)}
+
+
+def _check_queue_room(session: Session, todo: Sequence[str]) -> None:
+    """The site's per-user queue limit, against the jobs the user has queued now (any sweep's,
+    any tool's): sbatch would reject the excess at submit time, part of an array included."""
+    limit = session.manifest.data.get("queue_limit")
+    client = getattr(session.executor, "client", None)
+    if not limit or session.executor.name != "slurm" or client is None:
+        return
+    tasks = {(session.manifest.job(k)["group"], session.manifest.job(k)["index"]) for k in todo}
+    site_policy.check_queue_room(limit, client.queued_count(), len(tasks))
 
 
 def refresh(session: Session, *, ride_out: bool = False) -> list[dict[str, Any]]:

@@ -120,3 +120,16 @@ def check_scripts(site_name: str, site: Site, scripts: Iterable[JobScript]) -> N
                               "RCCL would stop at its first collective (NCCL_NET names the "
                               f"plugin): add one of {', '.join(site.net_plugin_modules)} to "
                               "environment.modules, or set template_options.rccl_plugin_dir")
+
+
+def check_queue_room(limit: Mapping[str, object], queued: int, adding: int) -> None:
+    """Refuse a submit that would take the user's queued jobs (``queued``, from squeue --me)
+    over the site's limit (``limit``: the manifest's ``queue_limit``)."""
+    most = int(limit["max_queued_jobs"])  # type: ignore[call-overload]
+    if queued + adding > most:
+        source = f" (source: {limit['source']})" if limit.get("source") else ""
+        raise SiteRuleError(
+            f"site rule {limit['site']}.max_queued_jobs: you have {queued} jobs queued and this "
+            f"submit adds {adding} (each array task counts), over the {most} a user may queue: "
+            f"wait for some to end, cancel some, or submit fewer (flm sweep submit KEY...)"
+            f"{source}", "max_queued_jobs")

@@ -332,6 +332,12 @@ class SlurmClient:
             runs.sort(key=lambda s: (s.start or "", s.end or ""))
         return out
 
+    def queued_count(self) -> int:
+        """The user's jobs the controller holds now, each array task counted (one squeue
+        call): what a site's per-user queue limit counts."""
+        proc = self._run(["squeue", "--noheader", "--array", "--me", "--format=%i"])
+        return sum(1 for line in proc.stdout.splitlines() if line.strip())
+
     def find_by_comment(self, prefix: str) -> dict[str, str]:
         """Live or recent jobs whose comment starts with ``prefix``: job id -> comment (one
         squeue call; finds a submission whose id was never recorded)."""

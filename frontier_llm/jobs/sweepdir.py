@@ -297,6 +297,11 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
         # the loader refused secret-looking ones). pass_env: names only, never values.
         "env": [list(kv) for kv in sweep_env(sweep)],
         "pass_env": list(sweep.spec.environment.pass_env or ()),
+        # Checked again at submit against the user's jobs already queued (squeue --me).
+        **({"queue_limit": {"site": sweep.system.name, "max_queued_jobs":
+                            sweep.site.max_queued_jobs,
+                            "source": sweep.site.source("max_queued_jobs")}}
+           if sweep.site.max_queued_jobs else {}),
     }
     _write(inside(directory, "sweep.yaml"), sweep.text)
     _write(inside(directory, MANIFEST), json.dumps(data, indent=1) + "\n")
