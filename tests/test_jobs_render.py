@@ -54,6 +54,35 @@ def _examples() -> dict[str, JobScript]:
             options={"rccl_plugin_dir": "/project/project_465000000/aws-ofi-rccl/lib"},
             site=load_system("lumi-g").site,
         ),
+        # The OLCF sbcast guide's staging of a packed environment to the NVMe.
+        "frontier-staged": JobScript(
+            template="frontier", sweep="f22b", job_name="flm-f22b-g0",
+            trace_dir="/lustre/orion/proj/f22b/traces",
+            log_pattern="/lustre/orion/proj/f22b/logs/g0/%a-%A.out",
+            resources=Resources(nodes=2, ntasks_per_node=8, cpus_per_task=7, gpus_per_node=8,
+                                time="00:30:00", account="ABC123", partition="batch"),
+            tasks=(Task(0, "gpt-22b-n2", ("--model", "gpt-22b", "--tp", "8")),),
+            setup=('source "$FLM_VENV/bin/activate"',),
+            options={"stage_env": "/lustre/orion/proj/flm-env.tar.gz"},
+            site=load_system("frontier").site,
+        ),
+        # LUMI AI guide's container route: AI factory image, bindings module, venv in SquashFS.
+        "lumi-g-container": JobScript(
+            template="frontier", sweep="lumi-c", job_name="flm-lumi-c-g0",
+            trace_dir="/scratch/project_465000000/lumi-c/traces",
+            log_pattern="/scratch/project_465000000/lumi-c/logs/g0/%a-%A.out",
+            resources=Resources(nodes=2, ntasks_per_node=8, cpus_per_task=7, gpus_per_node=8,
+                                time="01:00:00", account="project_465000000",
+                                partition="standard-g", mem="0"),
+            tasks=(Task(0, "gpt-22b-n2-tp8-pp2", ("--model", "gpt-22b", "--tp", "8")),),
+            modules=("lumi-aif-singularity-bindings",),
+            env=(("SINGULARITYENV_PREPEND_PATH", "/user-software/bin"),),
+            site=merge(load_system("lumi-g").site, {
+                "module_paths": ["/appl/local/laifs/modules"],
+                "singularity_image": "/appl/local/laifs/containers/lumi-multitorch-full.sif",
+                "singularity_binds": ["/scratch/project_465000000/flm-env.sqsh:/user-software:"
+                                      "image-src=/"]}),
+        ),
         "nvidia": JobScript(
             template="nvidia", sweep="h100-explore", job_name="flm-h100-explore-g1",
             trace_dir="/scratch/sweeps/h100-explore/traces",

@@ -70,6 +70,10 @@ RULES_2 = [
     ("frontier", "layouts: [{dp: 520}]\nresources: {partition: extended, account: A}\n",
      "site rule frontier.queues: partition extended allows at most 64 nodes; a job asks for 65",
      OLCF + "#debug-quality-of-service-class"),
+    ("lumi-g", "layouts: [{dp: 8}]\nresources: {account: project_1}\n"
+               "template_options: {stage_env: /scratch/env.tar.gz}\n",
+     "site rule lumi-g.stage_dir: template_options.stage_env: lumi-g documents no node-local "
+     "storage", ""),
     ("dgx-h100", "template: frontier\nlayouts: [{dp: 8}]\n",
      "site rule dgx-h100.template: template frontier is a frontier template; dgx-h100 jobs use "
      "the nvidia family", ""),
@@ -224,7 +228,7 @@ def test_a_custom_template_extending_frontier_renders_from_the_sweeps_folder(tmp
                  "template_options: {launcher: torchrun}\n", name="bad.yaml")
     with pytest.raises(SpecError, match=r"bad.yaml:\d+: unknown template option 'launcher' for "
                                         r"custom.sh.j2 \(valid: rccl_plugin_dir, "
-                                        r"miopen_cache_root, master_port\)"):
+                                        r"miopen_cache_root, stage_env, master_port\)"):
         load_sweep(bad)
 
 

@@ -112,7 +112,16 @@ class SrunLauncher(Launcher):
             # steps share the allocation's CPUs (--overlap), as its ranks do anyway.
             words.append("--overlap" if j.overcommit else "--exact")
         words += self._container()
-        return f"{_q(words)} \\\n    {_q(j.command)} {RANK_TAIL}"
+        return f"{_q(words)} \\\n    {_q(self._in_image(j.command))} {RANK_TAIL}"
+
+    def _in_image(self, command: tuple[str, ...]) -> list[str]:
+        """The rank command inside the site's Singularity image, when it names one (LUMI AI
+        guide: srun ... singularity run [-B ...] IMAGE command)."""
+        site = self.job.site
+        if not site.singularity_image:
+            return list(command)
+        binds = [w for b in site.singularity_binds for w in ("-B", b)]
+        return ["singularity", "run", *binds, site.singularity_image, *command]
 
     def _binding(self) -> list[str]:
         j, site = self.job, self.job.site

@@ -50,6 +50,9 @@ TEMPLATE_OPTIONS: dict[str, dict[str, str | None]] = {
         # rccl-net-plugin module provides it (OLCF PyTorch guide, "RCCL Network Plugin").
         "rccl_plugin_dir": None,
         "miopen_cache_root": "/tmp",
+        # A packed Python environment (conda-pack .tar.gz) staged with sbcast to the site's
+        # node-local storage before the ranks start (site.stage_dir; OLCF sbcast guide).
+        "stage_env": None,
         **_COMMON_OPTIONS,
     },
     "nvidia": {

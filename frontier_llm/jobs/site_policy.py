@@ -110,6 +110,11 @@ def check_scripts(site_name: str, site: Site, scripts: Iterable[JobScript]) -> N
                           f"template {job.template} is a {family} template; {site_name} "
                           f"jobs use the {site.template} family (set template: "
                           f"{site.template}, or a template that extends it)")
+        if job.options.get("stage_env") and not site.stage_dir:
+            raise _refuse(site_name, site, "stage_dir",
+                          f"template_options.stage_env: {site_name} documents no node-local "
+                          "storage to stage an environment to (on LUMI use the container "
+                          "route: docs/sites.md)")
         if job.resources.nodes > 1 and site.net_plugin_modules:
             modules = site.modules if job.modules is None else job.modules
             loaded = {m.split("/")[0] for m in modules or ()}

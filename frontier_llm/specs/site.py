@@ -103,6 +103,7 @@ class Site:
     exclusive: bool = False
     sbatch_network: str | None = None  # sbatch --network=...
     module_reset: bool = False
+    module_paths: tuple[str, ...] = ()  # `module use` before the loads (LUMI AI factory modules)
     modules: tuple[str, ...] | None = None
     setup: tuple[str, ...] = ()  # shell lines after the modules (written as code, on purpose)
     env: tuple[tuple[str, str], ...] = ()
@@ -111,6 +112,13 @@ class Site:
     env_without_fsdp: tuple[tuple[str, str], ...] = ()  # only for layouts that do not shard params
     container_image: str | None = None  # pyxis srun --container-image
     container_mounts: str | None = None  # pyxis srun --container-mounts
+    # Each rank runs inside `singularity run [-B bind]... IMAGE` (LUMI AI guide's container route).
+    singularity_image: str | None = None
+    singularity_binds: tuple[str, ...] = ()
+    # Node-local storage a packed environment may be staged to with sbcast
+    # (template_options.stage_env), and the constraint that gives a job that storage.
+    stage_dir: str | None = None
+    stage_constraint: str | None = None
     usable_cores_per_node: int | None = None
     max_queued_jobs: int | None = None
     time_bins: tuple[TimeBin, ...] = ()
@@ -208,7 +216,8 @@ def split_sources(raw: Mapping) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 _STRINGS = ("partition", "qos", "mem", "sbatch_network", "container_image", "container_mounts",
-            "account_pattern", "distribution", "cpu_bind")
+            "account_pattern", "distribution", "cpu_bind", "singularity_image", "stage_dir",
+            "stage_constraint")
 _FIELDS = {f.name for f in dataclasses.fields(Site)} - {"sources"}
 
 
@@ -241,7 +250,7 @@ def merge(base: Site | None, raw: Mapping | None) -> Site:
         elif key == "modules":
             kw[key] = _str_tuple(value, key)
         elif key in ("cpu_masks", "setup", "time_bins_partitions", "partitions", "qos_names",
-                     "net_plugin_modules"):
+                     "net_plugin_modules", "module_paths", "singularity_binds"):
             kw[key] = _str_tuple(value, key) or ()
         elif key == "time_bins":
             kw[key] = tuple(_time_bin(b) for b in (value or []))
