@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from frontier_llm.catalog import load_system
-from frontier_llm.jobs.walltime import MARGIN, STARTUP_S, Need, OvertimeError, check, longest_time
+from frontier_llm.jobs.walltime import (
+    MARGIN,
+    Need,
+    OvertimeError,
+    check,
+    longest_time,
+    steps_in,
+)
 from frontier_llm.specs.site import time_seconds
 
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
@@ -20,17 +27,19 @@ FRONTIER = load_system("frontier").site
 
 
 def test_need_is_start_up_plus_steps_plus_margin():
-    need = Need(646.0, 13)
-    assert need.seconds == pytest.approx((STARTUP_S + 13 * 646.0) * (1 + MARGIN))
-    assert Need(646.0, need.steps_within(need.seconds)).seconds <= need.seconds
-    assert Need(646.0, need.steps_within(7200) + 1).seconds > 7200
+    need = Need(646.0, 13, nodes=16)
+    assert need.startup_s == 76.0  # a minute plus a second per node
+    assert need.seconds == pytest.approx((76.0 + 13 * 646.0) * (1 + MARGIN))
+    assert Need(646.0, need.steps_within(need.seconds), 16).seconds <= need.seconds
+    assert Need(646.0, need.steps_within(7200) + 1, 16).seconds > 7200
+    assert Need(0.003, 13).seconds < 300  # a tiny CPU job fits five minutes
 
 
 @pytest.mark.parametrize("nodes,step,limit,partition,refused,hint", [
     # The figures: 175B at 16 nodes, 13 steps of 646 s against one hour.
     (16, 646.0, "01:00:00", "batch", True, "(4 fit, warm-up included), more nodes, or pass"),
     (16, 646.0, "02:00:00", "batch", True, "more nodes, or pass --allow-overtime"),  # bin: 2 h
-    (32, 328.0, "01:00:00", "batch", True, "a longer --time (at least 1:27:29; the site allows "
+    (32, 328.0, "01:00:00", "batch", True, "a longer --time (at least 1:23:30; the site allows "
                                            "02:00:00)"),
     (32, 328.0, "02:00:00", "batch", False, ""),
     (16, 646.0, "04:00:00", "extended", False, ""),  # extended: 24 h, the bins do not apply
@@ -38,17 +47,23 @@ def test_need_is_start_up_plus_steps_plus_margin():
     (1, None, "00:01:00", "batch", False, ""),  # no prediction: nothing to compare
 ])
 def test_runtime_against_time_limit(nodes, step, limit, partition, refused, hint):
-    jobs = [("k", nodes, step, limit)]
+    jobs = [("k", nodes, step, limit, 13)]
     if not refused:
-        check(jobs, 13, FRONTIER, partition=partition)
+        check(jobs, FRONTIER, partition=partition)
         return
     with pytest.raises(OvertimeError) as err:
-        check(jobs, 13, FRONTIER, partition=partition)
+        check(jobs, FRONTIER, partition=partition)
     text = str(err.value)
     assert "\n" not in text and text.startswith(f"walltime: layout k ({nodes} nodes) needs ")
     assert f"13 steps x {step:.0f} s predicted" in text and f"--time {limit}" in text
     assert hint in text, text
-    assert check(jobs, 13, FRONTIER, partition=partition, allow_overtime=True)
+    assert check(jobs, FRONTIER, partition=partition, allow_overtime=True)
+
+
+def test_a_layouts_own_steps_count():
+    argv = ("--model", "m", "--steps", "10", "--warmup", "3", "--steps", "2")
+    assert steps_in(argv, 99) == 5  # the last --steps wins, as argparse reads it
+    assert steps_in(("--model", "m"), 13) == 13
 
 
 def test_longest_time_per_partition_and_qos():

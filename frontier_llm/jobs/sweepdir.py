@@ -252,9 +252,10 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
                       [(len(g.packs), js.resources) for g, js in scripts])
     site_policy.check_scripts(sweep.system.name, sweep.site, [js for _, js in scripts])
     res = scripts[0][1].resources if scripts else None
+    steps = sweep.spec.warmup + sweep.spec.steps
     needs = dict(walltime.check(
-        [(j.key, j.nodes, j.prediction.get("step_time_s"), j.time) for j in sweep.jobs],
-        sweep.spec.warmup + sweep.spec.steps, sweep.site,
+        [(j.key, j.nodes, j.prediction.get("step_time_s"), j.time,
+          walltime.steps_in(j.bench_args, steps)) for j in sweep.jobs], sweep.site,
         partition=res.partition if res else None, qos=res.qos if res else None,
         allow_overtime=allow_overtime))
     directory.mkdir(parents=True, exist_ok=True)

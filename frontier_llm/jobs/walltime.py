@@ -13,17 +13,20 @@ is not checked: there is nothing to compare.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from frontier_llm.errors import SpecError
 from frontier_llm.specs.site import Site, time_seconds
 
-# Stated, not measured: importing the Python environment from the parallel file system, building
-# the model and setting up the first communicators. OLCF's PyTorch guide warns the import alone is
-# slow at scale without sbcast staging; no site publishes a figure.
-STARTUP_S = 300.0
+# Stated, not measured: importing the Python environment, building the model and setting up the
+# first communicators, a minute plus a second per node (imports from the parallel file system
+# slow down with the nodes reading at once: OLCF's PyTorch guide recommends sbcast staging for
+# it; no site publishes a figure). 16 nodes: 76 s; 384 nodes: 7.4 minutes.
+STARTUP_BASE_S = 60.0
+STARTUP_PER_NODE_S = 1.0
 # The cost model's step times are within about 10-20 % of measured ones where it is calibrated;
 # a job needs to survive the slower side.
 MARGIN = 0.15
@@ -39,8 +42,12 @@ class Need:
 
     step_time_s: float
     steps: int  # warm-up included
-    startup_s: float = STARTUP_S
+    nodes: int = 1
     margin: float = MARGIN
+
+    @property
+    def startup_s(self) -> float:
+        return STARTUP_BASE_S + STARTUP_PER_NODE_S * self.nodes
 
     @property
     def seconds(self) -> float:
@@ -72,20 +79,30 @@ def _hms(seconds: float) -> str:
     return f"{s // 3600:d}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def check(jobs: Iterable[tuple[str, int, float | None, str]], steps: int, site: Site,
+def steps_in(argv: Sequence[str], default: int) -> int:
+    """Warm-up plus measured steps a ``flm bench`` command line runs (its last ``--steps`` and
+    ``--warmup`` win, as argparse reads them; a layout's bench_args may override the sweep's)."""
+    found: dict[str, int] = {}
+    for flag, value in itertools.pairwise(argv):
+        if flag in ("--steps", "--warmup") and str(value).isdigit():
+            found[flag] = int(value)
+    return found["--steps"] + found["--warmup"] if len(found) == 2 else default
+
+
+def check(jobs: Iterable[tuple[str, int, float | None, str, int]], site: Site,
           partition: str | None = None, qos: str | None = None,
           allow_overtime: bool = False) -> list[tuple[str, float]]:
     """Refuse the first job whose need is over its time limit; return every checked job's
     ``(key, seconds needed)``.
 
-    ``jobs``: (key, nodes, predicted step time or None, time limit); ``steps``: warm-up plus
-    measured steps of each job.
+    ``jobs``: (key, nodes, predicted step time or None, time limit, warm-up plus measured
+    steps).
     """
     needs = []
-    for key, nodes, step_time, limit in jobs:
+    for key, nodes, step_time, limit, steps in jobs:
         if not step_time:
             continue
-        need = Need(float(step_time), steps)
+        need = Need(float(step_time), steps, nodes)
         needs.append((key, need.seconds))
         limit_s = time_seconds(limit)
         if need.seconds <= limit_s or allow_overtime:
