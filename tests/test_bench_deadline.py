@@ -30,6 +30,12 @@ def test_the_jobs_end_from_slurm_or_squeue():
     assert deadline.job_end_time({}) is None  # not a SLURM job: no check
 
 
+def test_the_reserve_is_a_tenth_of_a_short_job():
+    assert deadline.reserve_s({}, left_s=3600) == 60.0
+    assert deadline.reserve_s({}, left_s=56) == pytest.approx(5.6)  # a one-minute job
+    assert deadline.reserve_s({"FLM_DEADLINE_RESERVE": "48"}, left_s=56) == 48.0
+
+
 @pytest.mark.parametrize("now,end,step,reserve,stop", [
     (0, 100, 30, 60, False), (0, 100, 41, 60, True), (0, None, 1e9, 60, False),
 ])

@@ -9,7 +9,8 @@ bench asks whether the step can still end, with the trace written, before the jo
   controller), else unknown (no check);
 * the next step's time: the longest measured so far, else the cost model's prediction;
 * a reserve for gathering the ranks' records and writing the trace (``FLM_DEADLINE_RESERVE``
-  seconds, default 60);
+  seconds; by default 60, or a tenth of the time left when bench starts if that is less, so a
+  one-minute test job still runs its steps);
 * a SIGUSR1 (sbatch ``--signal=B:USR1@N``, which srun passes to every rank) means "the end is
   near" by itself.
 
@@ -54,12 +55,16 @@ def job_end_time(env: Mapping[str, str],
         return None
 
 
-def reserve_s(env: Mapping[str, str]) -> float:
-    """Seconds kept for writing the trace after the last step."""
+def reserve_s(env: Mapping[str, str], left_s: float | None = None) -> float:
+    """Seconds kept for writing the trace after the last step: ``FLM_DEADLINE_RESERVE``, else
+    60 s, or a tenth of ``left_s`` (the time left at start) when that is less."""
     try:
-        return float(env.get(RESERVE_ENV, DEFAULT_RESERVE_S))
-    except ValueError:
+        return float(env[RESERVE_ENV])
+    except (KeyError, ValueError):
+        pass
+    if left_s is None:
         return DEFAULT_RESERVE_S
+    return min(DEFAULT_RESERVE_S, 0.1 * max(0.0, left_s))
 
 
 def step_cannot_finish(now: float, end: float | None, next_step_s: float,
@@ -97,4 +102,5 @@ class Deadline:
 def for_rank(rank: int, env: Mapping[str, str] | None = None) -> Deadline:
     """Rank 0 reads the job's end; the others follow its decision (and their own SIGUSR1)."""
     env = os.environ if env is None else env
-    return Deadline(job_end_time(env) if rank == 0 else None, reserve_s(env))
+    end = job_end_time(env) if rank == 0 else None
+    return Deadline(end, reserve_s(env, None if end is None else end - time.time()))
