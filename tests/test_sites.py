@@ -57,9 +57,9 @@ echo "$MASTER_ADDR" >> "$STUB_DIR/srun.reached"
 # sources in the system YAMLs and docs/sites.md.
 EXPECT = {
     "frontier": ("--account=ABC123 --partition=batch --network=disable_rdzv_get "
-                 "--cpus-per-task=7",
-                 "--cpus-per-task=7 --gpus-per-task=1 --gpu-bind=closest"),
-    "cpu-local": ("", "--overcommit"),
+                 "--cpus-per-task=7 --signal=B:USR1@300",
+                 "--cpus-per-task=7 --gpus-per-task=1 --gpu-bind=closest --kill-on-bad-exit=0"),
+    "cpu-local": ("", "--overcommit --kill-on-bad-exit=0"),
 }
 
 
