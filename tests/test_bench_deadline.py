@@ -46,40 +46,51 @@ def test_a_step_that_would_eat_the_reserve_is_not_started(now, end, step, reserv
     assert "SIGUSR1" in d.reason(0.0, now=now)
 
 
+def _submit(tmp_path, environ: dict[str, str], run_id: str) -> str:
+    """A one-minute job whose bench would run for far longer, its srun exec'd as the rendered
+    scripts do (so a batch-shell signal reaches srun, which passes it on)."""
+    cmd = shlex.join(["srun", *FLM, "bench", "--model", "tiny-gpt", "--dtype", "fp32",
+                      "--steps", "100000", "--warmup", "1", "--trace-dir", str(tmp_path),
+                      "--run-id", run_id])
+    return subprocess.run(["sbatch", "--parsable", "-n", "1", "--time=1",
+                           "-o", str(tmp_path / f"{run_id}.out"), "--wrap", f"exec {cmd}"],
+                          capture_output=True, text=True, timeout=60, env=environ,
+                          check=True).stdout.strip()
+
+
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_a_job_near_its_time_limit_ends_with_a_timeout_trace(tmp_path, slurm_cluster):
-    """The real SLURM (22.05 here: no SLURM_JOB_END_TIME, so rank 0 reads squeue's EndTime):
-    a one-minute job whose bench would run for far longer. With 48 s kept for the trace, bench
-    stops about 12 s in, long before SLURM's kill, and the trace keeps the steps done."""
-    cmd = shlex.join(["srun", *FLM, "bench", "--model", "tiny-gpt", "--dtype", "fp32",
-                      "--steps", "100000", "--warmup", "1", "--trace-dir", str(tmp_path),
-                      "--run-id", "run"])
+    """The real SLURM (22.05 here: no SLURM_JOB_END_TIME, so rank 0 reads squeue's EndTime).
+    Job ``end``: with 50 s kept for the trace, bench stops about 10 s in, long before SLURM's
+    kill. Job ``usr1``, beside it: the batch shell gets USR1 (what --signal=B:USR1@300 sends),
+    and bench stops before its next step. Both traces keep the steps done."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    environ.update(SLURM_CONF=str(slurm_cluster.conf), OMP_NUM_THREADS="1",
-                   FLM_DEADLINE_RESERVE="48")
+    environ.update(SLURM_CONF=str(slurm_cluster.conf), OMP_NUM_THREADS="1")
     start = time.monotonic()
-    job = subprocess.run(["sbatch", "--parsable", "-n", "1", "--time=1",
-                          "-o", str(tmp_path / "job.out"), "--wrap", cmd],
-                         capture_output=True, text=True, timeout=60, env=environ,
-                         check=True).stdout.strip()
+    jobs = {"end": _submit(tmp_path, {**environ, "FLM_DEADLINE_RESERVE": "50"}, "end"),
+            "usr1": _submit(tmp_path, environ, "usr1")}
+    wait_for(lambda: (tmp_path / "usr1.heartbeat.json").exists(), 60, "usr1's first step")
+    subprocess.run(["scancel", "--batch", "--signal=USR1", jobs["usr1"]], env=environ,
+                   check=True, timeout=30)
 
-    def ended() -> str | None:  # sbatch --wait polls with a back-off of up to 30 s
+    def ended(job: str) -> str | None:  # sbatch --wait polls with a back-off of up to 30 s
         out = subprocess.run(["scontrol", "show", "job", job, "-o"], capture_output=True,
                              text=True, timeout=30, env=environ).stdout
         return out if any(f"JobState={s} " in out for s in ("COMPLETED", "FAILED",
                                                              "TIMEOUT", "CANCELLED")) else None
 
-    record = wait_for(ended, 90, f"job {job} to end")
-    took = time.monotonic() - start
-    log = (tmp_path / "job.out").read_text()
-    assert took < 45, took  # stopped by itself, not by the time limit (60 s)
-    assert "JobState=FAILED " in record and "ExitCode=1:0" in record, record  # not completed
-    assert "Traceback" not in log and "DUE TO TIME LIMIT" not in log, log[-2000:]
-    trace = read_trace(tmp_path / "run.trace.json")
-    assert trace["status"] == "timeout", trace["error"]
-    assert "before the job's time limit" in trace["error"]
-    steps = trace["steps"]
-    assert 0 < len(steps) < 100001 and [s["step"] for s in steps] == list(range(len(steps)))
-    assert trace["summary"]["steps_measured"] == len(steps) - 1
-    assert trace["error"].startswith(f"stopped before step {len(steps)} of 100001")
+    for run_id, job in jobs.items():
+        record = wait_for(lambda job=job: ended(job), 90, f"job {run_id} to end")
+        assert time.monotonic() - start < 45  # stopped by itself, not by the limit (60 s)
+        assert "JobState=FAILED " in record and "ExitCode=1:0" in record, record
+        log = (tmp_path / f"{run_id}.out").read_text()
+        assert "Traceback" not in log and "DUE TO TIME LIMIT" not in log, log[-2000:]
+        trace = read_trace(tmp_path / f"{run_id}.trace.json")
+        assert trace["status"] == "timeout", trace["error"]
+        steps = trace["steps"]
+        assert 0 < len(steps) < 100001 and [s["step"] for s in steps] == list(range(len(steps)))
+        assert trace["summary"]["steps_measured"] == len(steps) - 1
+        assert trace["error"].startswith(f"stopped before step {len(steps)} of 100001: ")
+        why = "SIGUSR1" if run_id == "usr1" else "before the job's time limit"
+        assert why in trace["error"], trace["error"]
