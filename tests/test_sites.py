@@ -199,11 +199,17 @@ def test_other_sites_reach_their_launch_line(name, tmp_path, stubs):
         sbatch = "--partition=standard-g --mem=0 --account=project_1"
         srun = ("--cpus-per-task=7 --gpus-per-node=8 --cpu-bind=mask_cpu:"
                 + ",".join(site.cpu_masks))
-        assert "--gpu-bind" not in script.read_text()
-        assert "export FI_CXI_DISABLE_CQ_HUGETLB=1" in script.read_text()
+        text = script.read_text()
+        assert "--gpu-bind" not in text
+        for line in ("FI_CXI_DISABLE_CQ_HUGETLB=1", "NCCL_NET='AWS Libfabric'",
+                     "FI_MR_CACHE_MONITOR=userfaultfd", "FI_CXI_DISABLE_HOST_REGISTER=1",
+                     "FI_CXI_DEFAULT_CQ_SIZE=131072"):
+            assert f"export {line}\n" in text, line
     else:
         sbatch = "--exclusive --mem=0"
-        srun = f"--cpus-per-task={site.cpus_per_task} --gpus-per-node=8"
+        srun = (f"--cpus-per-task={site.cpus_per_task} --gpus-per-node=8 "
+                "--distribution=block:block --cpu-bind=cores")
+    srun += " --kill-on-bad-exit=0"
     out = _submit(script, stubs, sbatch, srun)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "srun.reached").exists()
