@@ -265,6 +265,6 @@ def test_layouts_of_one_world_size(tmp_path, capsys):
                  "--out", str(tmp_path)]) == 0
     assert "2 layouts, 0 completed runs" in capsys.readouterr().out
     table = pd.read_csv(tmp_path / "tiny-cpu-layouts-2gpus.csv")
-    assert sorted(table["layout"]) == ["tp1 pp1 dp2 mb2", "tp1 pp2 dp1 mb1"]
+    assert sorted(table["layout"]) == ["tp1 pp1 dp2 mb2 gb4 fp32", "tp1 pp2 dp1 mb1 gb4 fp32"]
     assert set(table["gpus"]) == {2}
     assert not (tmp_path / "tiny-cpu-layouts.csv").exists()

@@ -33,7 +33,8 @@ from frontier_llm.specs import (
     SystemSpec,
 )
 from frontier_llm.specs.build import build
-from frontier_llm.specs.layout import MAX_COUNT, MAX_GPUS, layout_types
+from frontier_llm.specs.forms import label
+from frontier_llm.specs.layout import MAX_COUNT, MAX_GPUS, complete_layout
 from frontier_llm.specs.site import Site, merge
 from frontier_llm.specs.yamlio import LineMap, load_yaml, loads_yaml
 
@@ -273,34 +274,10 @@ def _where(data: Any, key: str | None = None) -> str:
 
 
 def _layout_key(model_name: str, nodes: int, p: Layout) -> str:
-    """A readable key that differs for every layout knob that differs from the defaults."""
-    parts = [re.sub(r"[^A-Za-z0-9._-]", "_", model_name), f"n{nodes}", f"tp{p.tp}", f"pp{p.pp}",
-             f"dp{p.dp}", f"mb{p.micro_batch}", f"gb{p.global_batch}"]
-    if p.pp > 1 or p.schedule != "1f1b":
-        parts.append(p.schedule + (f"v{p.virtual_stages}" if p.virtual_stages > 1 else ""))
-    if p.sequence_parallel:
-        parts.append("sp")
-    if p.recompute != "none":
-        parts.append(f"r{p.recompute}")
-    stage = p.zero_stage
-    if stage:
-        parts.append(f"z{stage}")
-    elif stage is None:
-        parts.append("s" + re.sub(r"[^A-Za-z0-9]", "", p.sharding.describe()))
-    if not p.flash_attention:
-        parts.append("noflash")
-    parts.append(p.dtype)
-    # A knob added to Layout later shows in the key when it is not at its default.
-    default = Layout()
-    for name in layout_types():
-        if name not in _KEYED and getattr(p, name) != getattr(default, name):
-            parts.append(re.sub(r"[^A-Za-z0-9.]", "", f"{name}{getattr(p, name)}"))
-    return "-".join(parts)
-
-
-# The fields _layout_key spells out by hand (short forms).
-_KEYED = ("tp", "pp", "dp", "micro_batch", "global_batch", "schedule", "virtual_stages",
-          "sequence_parallel", "recompute", "flash_attention", "dtype", "sharding")
+    """A readable key that differs for every layout knob that differs from the defaults: the
+    model, the node count and the layout's one label (specs.forms.label) as path-safe words."""
+    words = [re.sub(r"[^A-Za-z0-9._-]", "", w) for w in label(p).split()]
+    return "-".join([re.sub(r"[^A-Za-z0-9._-]", "_", model_name), f"n{nodes}", *words])
 
 
 def bench_argv(sweep_name: str, key: str, model_ref: str, system_ref: str, p: Layout,
@@ -427,12 +404,10 @@ def _explicit_jobs(spec: SweepFile, entries: list, models: list[tuple[str, Model
             raise SpecError(f"{where}name {name!r} may hold only letters, digits, '.', '_', '-'",
                             "name")
         data.setdefault("dtype", spec.dtype)
-        if "global_batch" not in data:
-            if spec.global_batch is not None:
-                data["global_batch"] = spec.global_batch
-            else:
-                data["global_batch"] = int(data.get("micro_batch", 1)) * int(data.get("dp", 1))
-        layout = Layout.from_dict(data)
+        if spec.global_batch is not None:
+            data.setdefault("global_batch", spec.global_batch)
+        # The fill rules of flm bench and flm predict (global batch, interleaving, zero).
+        layout = Layout.from_dict(complete_layout(data))
         n, rpn = _placement(layout.world_size, per_node)
         targets = [(r, m) for r, m in models if only_model is None or r == only_model]
         if not targets:

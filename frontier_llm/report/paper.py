@@ -23,6 +23,7 @@ from frontier_llm.report.layouts import KNOBS, knob_table, layouts_table, memory
 from frontier_llm.report.scaling import scaling_table, summary
 from frontier_llm.report.sources import sweep_report_frame
 from frontier_llm.report.tables import write_table
+from frontier_llm.specs.forms import key_columns
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEPS = REPO / "sweeps"
@@ -108,7 +109,7 @@ def memory_22b(db: str | None, out: Path) -> list[Path]:
     """Predicted memory per GCD by part for the 22B layouts of the throughput figure, with the
     measured peak where measured and the GCD's 64 GB."""
     table, frame = _22b_layouts(db)
-    keys = ["tp", "pp", "dp", "micro_batch", "global_batch"]
+    keys = key_columns(table)
     picked = pd.concat([knob_table(table, k) for k in KNOBS]).drop_duplicates(subset=keys)
     rows = picked[[*keys, "peak_memory_gb"]].merge(
         frame.drop_duplicates(subset=keys).drop(columns=["peak_memory_gb"], errors="ignore"),
