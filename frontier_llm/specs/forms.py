@@ -63,7 +63,42 @@ def layout_records(layouts: Iterable[Layout]) -> dict[str, list]:
     return {name: [r[name] for r in rows] for name in LAYOUT_COLUMNS}
 
 
-def _defaults() -> dict[str, Any]:
+def layout_entry(layout: Layout) -> dict[str, Any]:
+    """A sweep file's ``layouts:`` entry for ``layout``: the degrees and batches, and every
+    other field that is not at its default (the sharding as its text); loading the entry gives
+    ``layout`` back."""
+    defaults = {k: _word(v) for k, v in field_defaults().items()}
+    record = layout_record(layout)
+    return {k: v for k, v in record.items() if k in _ALWAYS or v != defaults[k]}
+
+
+# The layout columns every table of layouts shows; the others where they differ between rows.
+ALWAYS_SHOWN = ("tp", "pp", "dp", "micro_batch")
+
+
+def shown_columns(frame: Any, key: Sequence[str] = LAYOUT_COLUMNS,
+                  always: Iterable[str] = ALWAYS_SHOWN) -> list[str]:
+    """The layout columns a table of ``frame`` shows: ``always`` and every other column of
+    ``key`` whose value differs between the rows (a knob added later shows where it varies)."""
+    always = set(always)
+    return [c for c in key_columns(frame, key)
+            if c in always or frame[c].astype(str).nunique() > 1]
+
+
+def display_layouts(frame: Any, always: Iterable[str] = ALWAYS_SHOWN) -> Any:
+    """:func:`shown_columns` of ``frame`` as a new frame, the schedule written with its
+    interleaving (``interleaved:4``) in place of two columns."""
+    cols = shown_columns(frame, always=always)
+    out = frame[cols].copy()
+    if "virtual_stages" in out or "schedule" in out:
+        out["schedule"] = [schedule_label(s, v) for s, v in
+                           zip(frame["schedule"], frame["virtual_stages"], strict=True)]
+        out = out.drop(columns=["virtual_stages"], errors="ignore")
+    return out
+
+
+def field_defaults() -> dict[str, Any]:
+    """Each field's default value, by name."""
     out = {}
     for f in layout_fields():
         value = f.default_factory() if f.default is dataclasses.MISSING else f.default
@@ -103,6 +138,11 @@ def schedule_label(schedule: str, virtual_stages: int) -> str:
     return str(schedule)
 
 
+def row_schedule(row: Mapping[str, Any]) -> str:
+    """:func:`schedule_label` of a frame row."""
+    return schedule_label(str(row["schedule"]), int(row["virtual_stages"]))
+
+
 def parse_schedule_label(text: str) -> dict[str, Any]:
     """``interleaved:4`` -> schedule and virtual_stages (the inverse of :func:`schedule_label`)."""
     schedule, _, v = str(text).partition(":")
@@ -122,7 +162,7 @@ def row_label(row: Mapping[str, Any] | Any, omit: Iterable[str] = ()) -> str:
     default), read as they are: a row is labelled even where it is not a whole layout."""
     get = row.get if hasattr(row, "get") else (lambda k, d=None: getattr(row, k, d))
     values = {}
-    for name, default in _defaults().items():
+    for name, default in field_defaults().items():
         value = get(name, None)
         values[name] = _word(default) if _missing(value) else _plain(value)
     return _label(values, omit)
@@ -137,7 +177,7 @@ _FLAG_WORDS = {"sequence_parallel": "sp", "flash_attention": "flash"}
 
 def _label(values: Mapping[str, Any], omit: Iterable[str]) -> str:
     omit = set(omit)
-    defaults = {k: _word(v) for k, v in _defaults().items()}
+    defaults = {k: _word(v) for k, v in field_defaults().items()}
     parts = [f"{short}{values[name]}" for name, short in _ALWAYS.items() if name not in omit]
     for name, kind in layout_types().items():
         if name in omit or name in _ALWAYS or name == "virtual_stages":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from frontier_llm.specs.forms import ALWAYS_SHOWN, shown_columns
 from frontier_llm.specs.layout import Engine
 from frontier_llm.store.schema import LAYOUT_COLUMNS
 
@@ -21,8 +22,6 @@ BASELINE = Engine.NATIVE.value
 # any other engine (megatron, from traces written elsewhere) joins when it has runs.
 SHOWN_ENGINES = (Engine.NATIVE.value, Engine.DEEPSPEED.value)
 LAYOUT_KEY = ("model", "system", "world_size", *(c for c in LAYOUT_COLUMNS if c != "engine"))
-# The key columns a table shows always; the others only where they differ between rows.
-TABLE_KEY = ("model", "system", "tp", "pp", "dp", "micro_batch", "global_batch", "sharding")
 # (measure, run column, how runs of one layout and engine are summarised)
 RESULT_MEASURES = (("step_time_s", "step_time_s", "median"),
                    ("tokens_per_s_per_gpu", "tokens_per_s_per_gpu", "median"),
@@ -119,8 +118,7 @@ def table_view(wide: pd.DataFrame, labels: dict[str, tuple[str, float, int]]) ->
     RESULT_LABELS or VALIDATION_LABELS): the main key columns (and any other key column whose
     value differs between rows), then under each engine its measures, then under
     ``<engine>/native`` the ratios; memory in MiB, figures rounded, blanks for no value."""
-    shown = [c for c in LAYOUT_KEY if c in TABLE_KEY or (
-        c not in ("world_size", "zero_stage") and wide[c].astype(str).nunique() > 1)]
+    shown = ["model", "system", *shown_columns(wide, always=(*ALWAYS_SHOWN, "global_batch"))]
     columns: dict[tuple[str, str], pd.Series] = {("", c): wide[c] for c in shown}
     engines = [e.value for e in Engine if f"{e.value}_runs" in wide]
     for engine in engines:

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import and_, func, literal, select
 
+from frontier_llm.specs.forms import key_columns
 from frontier_llm.specs.layout import Layout, layout_types
 from frontier_llm.store import Store
 from frontier_llm.store.schema import (
@@ -128,11 +129,8 @@ def validation_frame(store: Store, sweep: str | None = None,
     (signed errors as :func:`validated_runs` computes them)."""
     df = validated_runs(runs_frame(store, sweep, costmodel_version))
     out = pd.DataFrame({
-        "run_id": df["run_id"], "system": df["system"], "engine": df["engine"],
-        "model": df["model"], "tp": df["tp"], "pp": df["pp"], "dp": df["dp"],
-        "micro_batch": df["micro_batch"],
-        "global_batch": df["global_batch"], "sharding": df["sharding"],
-        "costmodel_version": df["predicted_costmodel_version"],
+        "run_id": df["run_id"], **{c: df[c] for c in key_columns(df)},
+        "world_size": df["world_size"], "costmodel_version": df["predicted_costmodel_version"],
         "measured_step_time_s": df["step_time_s"],
         "predicted_step_time_s": df["predicted_step_time_s"],
         "step_time_error_pct": df["step_time_error_pct"],

@@ -21,8 +21,16 @@ from typing import Any
 from optuna.distributions import CategoricalDistribution
 
 from frontier_llm.errors import SpecError, UserError
-from frontier_llm.planner import SearchSpace, layout_from_row, plan
+from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.space import divisors
+from frontier_llm.specs.forms import (
+    field_defaults,
+    label,
+    layout_from_row,
+    parse_schedule_label,
+    row_schedule,
+    schedule_label,
+)
 from frontier_llm.specs.layout import Layout, Sharding, Vocabulary
 from frontier_llm.tune.runcost import run_seconds
 from frontier_llm.tune.spec import search_knobs
@@ -68,16 +76,7 @@ class Candidate:
     def describe(self) -> str:
         if self.layout is None:
             return ", ".join(f"{k}={v}" for k, v in self.params.items())
-        c = self.layout
-        sched = f"{c.schedule}:{c.virtual_stages}" if c.schedule == "interleaved" else c.schedule
-        text = (f"tp={c.tp} pp={c.pp} dp={c.dp} micro_batch={c.micro_batch} {sched} "
-                f"recompute={c.recompute}{' sp' if c.sequence_parallel else ''} "
-                f"{c.sharding.describe()}")
-        return text + "".join(f" {k}={v}" for k, v in self.run.items())
-
-
-def _schedule_label(schedule: str, v: int) -> str:
-    return f"interleaved:{v}" if schedule == "interleaved" else schedule
+        return label(self.layout) + "".join(f" {k}={v}" for k, v in self.run.items())
 
 
 class Candidates:
@@ -111,11 +110,10 @@ class Candidates:
                     "virtual_stages": [2]}
         lists = {n: list(listed[n] or defaults.get(n) or [_default(n)]) for n in kinds}
         schedules, vs = lists.pop("schedule"), lists.pop("virtual_stages")
-        lists["schedule"] = [_schedule_label(x, v) for x in schedules
+        lists["schedule"] = [schedule_label(x, v) for x in schedules
                              for v in (vs if x == "interleaved" else [1])]
-        lists["sharding"] = ([f"zero{z}" for z in s.zero] if s.zero else
-                             [Sharding.parse(_parse_sharding(t)).describe()
-                              for t in s.sharding or [_default("sharding")]])
+        lists["sharding"] = [Sharding.parse(t).describe()
+                             for t in s.zero or s.sharding or [_default("sharding")]]
         knobs: dict[str, list] = {n: lists[n] for n in kinds if n in lists}
         for k, values in sorted((s.run or {}).items()):
             knobs[f"run.{k}"] = list(values)
@@ -126,10 +124,9 @@ class Candidates:
         if not ok_tp:
             raise UserError(f"no tp value divides the {gpus} ranks")
         planner = {f.name for f in dataclasses.fields(SearchSpace)}
-        values = {**{n: tuple(lists[n]) for n in lists}, "tp": ok_tp,
-                  "schedule": tuple(schedules), "virtual_stages": tuple(vs),
-                  "sharding": tuple(Sharding.parse(_parse_sharding(x))
-                                    for x in knobs["sharding"])}
+        values = {n: tuple(v) for n, v in lists.items()}
+        values.update(tp=ok_tp, schedule=tuple(schedules), virtual_stages=tuple(vs))
+        values["sharding"] = tuple(map(Sharding.parse, knobs["sharding"]))
         unplanned = [n for n in values if n not in planner and len(values[n]) > 1]
         if unplanned:
             raise UserError(f"the planner does not search {', '.join(unplanned)}: give one value")
@@ -179,10 +176,8 @@ class Candidates:
         tp, pp = int(v["tp"]), int(v["pp"])
         if self.gpus % (tp * pp):
             return f"tp x pp ({tp} x {pp}) does not divide the {self.gpus} ranks"
-        sched, _, vs = str(v["schedule"]).partition(":")
         knobs = {n: v[n] for n in search_knobs() if n in v}
-        knobs.update(schedule=sched, virtual_stages=int(vs or 1),
-                     sharding=_parse_sharding(v["sharding"]))
+        knobs.update(parse_schedule_label(v["schedule"]), sharding=Sharding.parse(v["sharding"]))
         try:
             Layout(dp=self.gpus // (tp * pp), global_batch=self.global_batch, **knobs)
         except SpecError as exc:
@@ -235,9 +230,9 @@ class Candidates:
 
 
 def _default(name: str) -> Any:
-    """A Layout field's default value (a knob the study does not list keeps it)."""
-    f = next(f for f in dataclasses.fields(Layout) if f.name == name)
-    value = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    """A Layout field's default as a study parameter takes it (a knob the study does not list
+    keeps it)."""
+    value = field_defaults()[name]
     if isinstance(value, Sharding):
         return value.describe()
     return value.value if isinstance(value, Vocabulary) else value
@@ -246,7 +241,7 @@ def _default(name: str) -> Any:
 def _param_value(row: Any, name: str, kind: type) -> Any:
     """A plan row's value of knob ``name`` as the study's parameter takes it."""
     if name == "schedule":
-        return _schedule_label(str(row["schedule"]), int(row["virtual_stages"]))
+        return row_schedule(row)
     if kind is int:
         return int(row[name])
     if kind is bool:
@@ -273,21 +268,6 @@ def _with_run(pred: dict, model: Any, system: Any, layout: Layout | None,
 
 def _key(values: Mapping[str, Any], knobs: Mapping[str, list]) -> tuple:
     return tuple((k, str(values[k])) for k in sorted(knobs))
-
-
-def _parse_sharding(text: Any) -> Any:
-    """'zero1' -> 1; 'p=replicate,g=full,o=partial:8' -> a mapping Sharding.parse takes."""
-    if isinstance(text, int):
-        return text
-    t = str(text)
-    if t.startswith("zero") and t[4:].isdigit():
-        return int(t[4:])
-    names = {"p": "params", "g": "grads", "o": "optim", "params": "params", "grads": "grads",
-             "optim": "optim"}
-    try:
-        return {names[k.strip()]: v.strip() for k, v in (p.split("=", 1) for p in t.split(","))}
-    except (KeyError, ValueError):
-        raise SpecError(f"sharding {t!r} is zeroN or p=..,g=..,o=..", "sharding") from None
 
 
 def _plain(value: Any) -> Any:
