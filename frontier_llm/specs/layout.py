@@ -280,8 +280,9 @@ class Layout:
         "shard norms and dropout over the TP ranks (needs tp >= 2)"))
     recompute: Recompute = field(default=Recompute.NONE, metadata=_knob(
         "activation recomputation"))
+    # search: what a space that leaves the knob open searches (specs/space.py).
     flash_attention: bool = field(default=True, metadata=_knob(
-        "model unfused attention (keeps the softmax scores)"))
+        "model unfused attention (keeps the softmax scores)", search=(True,)))
     dtype: DType = field(default=DType.BF16, metadata=_knob(
         "training precision", default_text=None))
     sharding: Sharding = field(default_factory=Sharding, metadata=_knob(
@@ -290,7 +291,7 @@ class Layout:
     engine: Engine = field(default=Engine.NATIVE, metadata=_knob(
         "training engine: native (PyTorch FSDP2 / tensor parallel / pipelining, flm bench's "
         "own), megatron (Megatron-LM) or deepspeed; each runs only what its rules allow",
-        new_knob=True))
+        new_knob=True, search=("native",)))
 
     def __post_init__(self) -> None:
         if not isinstance(self.sharding, Sharding):

@@ -9,7 +9,6 @@ to fit (with the predicted peak memory).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import math
@@ -22,18 +21,17 @@ from optuna.distributions import CategoricalDistribution
 
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.planner import SearchSpace, plan
-from frontier_llm.planner.space import divisors
+from frontier_llm.planner.space import open_degrees
 from frontier_llm.specs.forms import (
-    field_defaults,
     label,
     layout_from_row,
     parse_schedule_label,
     row_schedule,
     schedule_label,
 )
-from frontier_llm.specs.layout import Layout, Sharding, Vocabulary
+from frontier_llm.specs.layout import Layout, Sharding
+from frontier_llm.specs.space import grid_values, space_knobs
 from frontier_llm.tune.runcost import run_seconds
-from frontier_llm.tune.spec import search_knobs
 
 NOT_A_LAYOUT = "not a layout of the ranks"
 NO_FIT = "does not fit in memory"
@@ -101,19 +99,22 @@ class Candidates:
         (tune.runcost), as the benchmark's ablation does."""
         s, model, gpus = study.space, study.model, study.gpus
         dtype = study.probe.spec.dtype
-        kinds = search_knobs()
-        # Every knob of search_knobs(): its listed values, else its default list. Schedule and
-        # virtual stages are one parameter (virtual stages mean something only interleaved).
+        kinds = space_knobs()
+        # Every knob: its listed values, else its grid default (specs.space), an open degree
+        # expanded to the planner's list. Schedule and virtual stages are one parameter
+        # (virtual stages mean something only interleaved).
         listed = {n: getattr(s, n) for n in kinds}
-        defaults = {"tp": divisors(gpus),
-                    "pp": [d for d in divisors(gpus) if d <= model.layers],
-                    "virtual_stages": [2]}
-        lists = {n: list(listed[n] or defaults.get(n) or [_default(n)]) for n in kinds}
+        if s.zero:
+            listed["sharding"] = s.zero
+        lists = {n: list(v) if v is not None else None
+                 for n, v in grid_values(listed).items()}
+        for name in ("tp", "pp", "virtual_stages"):
+            lists[name] = lists[name] or list(open_degrees(name, model, gpus,
+                                                           pps=tuple(lists["pp"] or ())))
         schedules, vs = lists.pop("schedule"), lists.pop("virtual_stages")
         lists["schedule"] = [schedule_label(x, v) for x in schedules
                              for v in (vs if x == "interleaved" else [1])]
-        lists["sharding"] = [Sharding.parse(t).describe()
-                             for t in s.zero or s.sharding or [_default("sharding")]]
+        lists["sharding"] = [Sharding.parse(t).describe() for t in lists["sharding"]]
         knobs: dict[str, list] = {n: lists[n] for n in kinds if n in lists}
         for k, values in sorted((s.run or {}).items()):
             knobs[f"run.{k}"] = list(values)
@@ -123,14 +124,9 @@ class Candidates:
         ok_tp = tuple(t for t in knobs["tp"] if gpus % t == 0)
         if not ok_tp:
             raise UserError(f"no tp value divides the {gpus} ranks")
-        planner = {f.name for f in dataclasses.fields(SearchSpace)}
         values = {n: tuple(v) for n, v in lists.items()}
-        values.update(tp=ok_tp, schedule=tuple(schedules), virtual_stages=tuple(vs))
-        values["sharding"] = tuple(map(Sharding.parse, knobs["sharding"]))
-        unplanned = [n for n in values if n not in planner and len(values[n]) > 1]
-        if unplanned:
-            raise UserError(f"the planner does not search {', '.join(unplanned)}: give one value")
-        space = SearchSpace(dtype=dtype, **{n: v for n, v in values.items() if n in planner})
+        values.update(tp=ok_tp, schedule=tuple(schedules), virtual_stages=tuple(vs) or None)
+        space = SearchSpace(dtype=dtype, **values)
         result = plan(model, study.system, gpus, study.global_batch, space)
         frame = result.frame()
         table: dict[tuple, Candidate] = {}
@@ -176,7 +172,7 @@ class Candidates:
         tp, pp = int(v["tp"]), int(v["pp"])
         if self.gpus % (tp * pp):
             return f"tp x pp ({tp} x {pp}) does not divide the {self.gpus} ranks"
-        knobs = {n: v[n] for n in search_knobs() if n in v}
+        knobs = {n: v[n] for n in space_knobs() if n in v}
         knobs.update(parse_schedule_label(v["schedule"]), sharding=Sharding.parse(v["sharding"]))
         try:
             Layout(dp=self.gpus // (tp * pp), global_batch=self.global_batch, **knobs)
@@ -227,15 +223,6 @@ class Candidates:
 
     def size(self) -> int:
         return math.prod(len(v) for v in self.choices.values())
-
-
-def _default(name: str) -> Any:
-    """A Layout field's default as a study parameter takes it (a knob the study does not list
-    keeps it)."""
-    value = field_defaults()[name]
-    if isinstance(value, Sharding):
-        return value.describe()
-    return value.value if isinstance(value, Vocabulary) else value
 
 
 def _param_value(row: Any, name: str, kind: type) -> Any:
