@@ -33,20 +33,15 @@ Sources:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from frontier_llm.errors import SpecError
-from frontier_llm.specs.layout import (
-    COMPONENTS,
-    DType,
-    Engine,
-    Layout,
-    PlacementKind,
-    Recompute,
-    Schedule,
-    Sharding,
-    zero_preset,
-)
 from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.sharding import COMPONENTS, Sharding, zero_preset
+from frontier_llm.specs.vocab import DType, Engine, PlacementKind, Recompute, Schedule
+
+if TYPE_CHECKING:  # annotations only: the layout imports its rules, never the reverse
+    from frontier_llm.specs.layout import Layout
 
 
 @dataclass(frozen=True)
