@@ -35,6 +35,7 @@ from frontier_llm.costmodel import evaluate, from_configs
 from frontier_llm.errors import UserError
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.system import Efficiency, SystemSpec
+from frontier_llm.specs.vocab import RunStatus
 
 KNOBS = ("matmul", "layer_overhead_s", "latency", "network_latency", "collective", "memory")
 UNITS = {"matmul": "FLOP/s", "layer_overhead_s": "s", "latency": "s", "network_latency": "s",
@@ -89,7 +90,7 @@ def load_runs(store, sweep: str) -> pd.DataFrame:
         rows = [tuple(x) for x in conn.execute(stmt)]
     df = pd.DataFrame(rows, columns=["run_id", "measured_s", "status", "model_json",
                                      "layout_json", "layout_hash"])
-    df = df[(df["status"] == "completed") & (pd.to_numeric(df["measured_s"]) > 0)]
+    df = df[(df["status"] == RunStatus.COMPLETED) & (pd.to_numeric(df["measured_s"]) > 0)]
     if df.empty:
         raise UserError(f"no completed runs with a step time for sweep {sweep!r} in the "
                         "database: run 'flm collect DIR' on its traces, or check --sweep/--db")

@@ -20,8 +20,9 @@ from frontier_llm.specs.forms import LAYOUT_KEY, layout_records
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
+from frontier_llm.specs.vocab import RunStatus
 
-COMPLETED = "completed"
+COMPLETED = RunStatus.COMPLETED.value
 MISSING = "missing"  # a point the sweep names that has no run in the database
 PREDICTED_ONLY = "predicted"  # a point drawn from the cost model alone (no database given)
 

@@ -24,6 +24,7 @@ from frontier_llm.report.scaling import scaling_table, summary
 from frontier_llm.report.sources import sweep_report_frame
 from frontier_llm.report.tables import write_table
 from frontier_llm.specs.forms import key_columns
+from frontier_llm.specs.vocab import RunStatus
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEPS = REPO / "sweeps"
@@ -57,7 +58,7 @@ def _frame(sweep: str, db: str | None) -> tuple[pd.DataFrame, bool]:
             raise
         print(f"note: {exc}; drawing the cost model's prediction alone", file=sys.stderr)
         return sweep_report_frame(path, None, model_only=True)[0], False
-    return frame, (frame["status"] == "completed").any()
+    return frame, (frame["status"] == RunStatus.COMPLETED).any()
 
 
 def _scaling(mode: str, db: str | None, out: Path) -> list[Path]:

@@ -15,6 +15,7 @@ import pandas as pd
 
 from frontier_llm.specs.forms import ALWAYS_SHOWN, shown_columns
 from frontier_llm.specs.layout import Engine
+from frontier_llm.specs.vocab import RunStatus
 from frontier_llm.store.schema import LAYOUT_COLUMNS
 
 BASELINE = Engine.NATIVE.value
@@ -73,7 +74,7 @@ def compare_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per layout from ``runs_frame`` (completed runs only, ``final_loss`` optional):
     per engine the runs, median step time, tokens/s per GPU, peak memory and final loss; then
     each other engine's step time, tokens/s per GPU and peak memory over native's."""
-    runs = runs[runs["status"] == "completed"].copy()
+    runs = runs[runs["status"] == RunStatus.COMPLETED].copy()
     runs["tokens_per_s_per_gpu"] = (runs["tokens_per_s"].astype(float)
                                     / runs["world_size"].astype(float))
     runs["peak_memory_bytes"] = runs["peak_memory_bytes"].astype(float)

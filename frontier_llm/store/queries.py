@@ -9,6 +9,7 @@ from sqlalchemy import and_, func, literal, select
 
 from frontier_llm.specs.forms import key_columns
 from frontier_llm.specs.layout import Layout, layout_types
+from frontier_llm.specs.vocab import RunStatus
 from frontier_llm.store import Store
 from frontier_llm.store.schema import (
     LAYOUT_COLUMNS,
@@ -117,7 +118,7 @@ def validated_runs(runs: pd.DataFrame) -> pd.DataFrame:
     the signed errors ``step_time_error_pct`` and ``memory_error_pct`` added:
     ``(predicted - measured) / measured * 100``, positive when the model predicted too slow /
     too much memory."""
-    df = runs[(runs["status"] == "completed") & runs["predicted_costmodel_version"].notna()]
+    df = runs[(runs["status"] == RunStatus.COMPLETED) & runs["predicted_costmodel_version"].notna()]
     return df.assign(
         step_time_error_pct=_ape(df["predicted_step_time_s"], df["step_time_s"]),
         memory_error_pct=_ape(df["predicted_peak_memory_bytes"], df["peak_memory_bytes"]))
