@@ -34,7 +34,7 @@ from frontier_llm.specs.layout import (
 )
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.pipeline_split import min_chunk_layers
-from frontier_llm.specs.space import STRUCTURAL, open_values, space_knobs
+from frontier_llm.specs.space import open_values, space_knobs
 from frontier_llm.specs.system import SystemSpec
 
 # Rejection reasons, by code (0 = valid). In the order Layout checks them, so both name the
@@ -104,6 +104,13 @@ SearchSpace = dataclasses.make_dataclass(
 SearchSpace.__module__ = __name__
 SearchSpace.__doc__ = ("Candidate values for each layout knob (None: open, the planner's "
                        "list), the precision, and bounds of the open tp and micro-batch lists.")
+
+
+# Knobs enumerated by rules of their own (the degrees per block of one tp x pp, the schedule with
+# its interleaving depths, sequence parallelism only with tp > 1, the sharding's six columns, the
+# engine for its model rules); every other knob is one column of its values (_product).
+STRUCTURAL = ("tp", "pp", "schedule", "virtual_stages", "sequence_parallel", "sharding",
+              "engine")
 
 
 def knob_values(space: SearchSpace, name: str) -> tuple | None:

@@ -120,12 +120,12 @@ class EngineRules:
                         f"({layout.num_microbatches} = global_batch / (micro_batch x dp))"))
         if model is None:
             return out
-        if not self.uneven_interleaved and layout.virtual_stages > 1 \
-                and model.layers % (layout.pp * layout.virtual_stages):
+        if not self.uneven_interleaved and layout.chunks > layout.pp \
+                and model.layers % layout.chunks:
             out.append(("uneven_interleaved",
                         f"{name} splits layers unevenly only without interleaving: layers "
-                        f"({model.layers}) is not divisible by pp x virtual_stages "
-                        f"({layout.pp} x {layout.virtual_stages})"))
+                        f"({model.layers}) is not divisible by the {layout.chunks} chunks of "
+                        f"its interleaved pipeline"))
         if self.whole_kv_heads and model.kv_heads < layout.tp:
             out.append(("whole_kv_heads", f"{name} shards whole K/V heads: kv_heads "
                                           f"({model.kv_heads}) < tp ({layout.tp})"))

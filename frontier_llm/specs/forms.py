@@ -17,12 +17,13 @@ from typing import Any
 
 from frontier_llm.specs.layout import (
     Layout,
-    Schedule,
     Sharding,
     Vocabulary,
     layout_argv,
     layout_fields,
     layout_types,
+    row_schedule,
+    schedule_label,
 )
 
 # Every field, in field order: the columns that hold a layout in a frame.
@@ -90,10 +91,10 @@ def display_layouts(frame: Any, always: Iterable[str] = ALWAYS_SHOWN) -> Any:
     interleaving (``interleaved:4``) in place of two columns."""
     cols = shown_columns(frame, always=always)
     out = frame[cols].copy()
-    if "virtual_stages" in out or "schedule" in out:
-        out["schedule"] = [schedule_label(s, v) for s, v in
-                           zip(frame["schedule"], frame["virtual_stages"], strict=True)]
-        out = out.drop(columns=["virtual_stages"], errors="ignore")
+    for part, whole in _WRITTEN_WITH.items():
+        if part in out or whole in out:
+            out[whole] = [row_schedule(r) for _, r in frame.iterrows()]
+            out = out.drop(columns=[part], errors="ignore")
     return out
 
 
@@ -130,25 +131,6 @@ def layout_from_row(row: Mapping[str, Any] | Any) -> Layout:
     return Layout.from_dict(values)
 
 
-def schedule_label(schedule: str, virtual_stages: int) -> str:
-    """The schedule with its interleaving, the one way it is written: ``1f1b``, ``gpipe``,
-    ``interleaved:4``."""
-    if str(schedule) == Schedule.INTERLEAVED:
-        return f"{Schedule.INTERLEAVED}:{int(virtual_stages)}"
-    return str(schedule)
-
-
-def row_schedule(row: Mapping[str, Any]) -> str:
-    """:func:`schedule_label` of a frame row."""
-    return schedule_label(str(row["schedule"]), int(row["virtual_stages"]))
-
-
-def parse_schedule_label(text: str) -> dict[str, Any]:
-    """``interleaved:4`` -> schedule and virtual_stages (the inverse of :func:`schedule_label`)."""
-    schedule, _, v = str(text).partition(":")
-    return {"schedule": schedule, "virtual_stages": int(v) if v else 1}
-
-
 def label(layout: Layout, omit: Iterable[str] = ()) -> str:
     """The one text label of a layout: the degrees and batches always (``tp8 pp4 dp2 mb1
     gb64``), every other knob only where it is not at its default, so two different layouts
@@ -168,6 +150,9 @@ def row_label(row: Mapping[str, Any] | Any, omit: Iterable[str] = ()) -> str:
     return _label(values, omit)
 
 
+# Knobs written as part of another's text (interleaved:4): part -> whole.
+_WRITTEN_WITH = {f.name: f.metadata["written_with"] for f in layout_fields()
+                 if "written_with" in f.metadata}
 # The knobs every label shows, with their short names; the others appear when not at default.
 _ALWAYS = {"tp": "tp", "pp": "pp", "dp": "dp", "micro_batch": "mb", "global_batch": "gb"}
 # Short words in labels for knobs whose value alone would be ambiguous.
@@ -180,12 +165,13 @@ def _label(values: Mapping[str, Any], omit: Iterable[str]) -> str:
     defaults = {k: _word(v) for k, v in field_defaults().items()}
     parts = [f"{short}{values[name]}" for name, short in _ALWAYS.items() if name not in omit]
     for name, kind in layout_types().items():
-        if name in omit or name in _ALWAYS or name == "virtual_stages":
-            continue  # virtual stages are written with the schedule
+        if name in omit or name in _ALWAYS or name in _WRITTEN_WITH:
+            continue  # written as part of another knob's text
         value = values[name]
-        if name == "schedule":
-            if str(value) != defaults[name] or int(values["virtual_stages"]) > 1:
-                parts.append(schedule_label(value, values["virtual_stages"]))
+        if name in _WRITTEN_WITH.values():
+            text = row_schedule(values)
+            if text != schedule_label(defaults[name], 1):
+                parts.append(text)
         elif kind is bool:
             if bool(value) != defaults[name]:
                 word = _FLAG_WORDS.get(name, name.replace("_", "-"))

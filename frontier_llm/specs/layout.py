@@ -30,7 +30,8 @@ from frontier_llm.specs.vocab import DType, Engine, PlacementKind, Recompute, Sc
 __all__ = ["COMPONENTS", "MAX_COUNT", "MAX_GPUS", "DType", "Engine", "Layout", "ParallelConfig",
            "Placement", "PlacementKind", "Recompute", "Schedule", "Sharding", "Vocabulary",
            "complete_layout", "given_options", "layout_argv", "layout_fields",
-           "layout_json_schema", "layout_types", "zero_preset"]
+           "layout_json_schema", "layout_types", "merge_schedule", "parse_schedule_label",
+           "row_schedule", "schedule_label", "zero_preset"]
 
 
 # The largest GPU count anything plans, predicts or runs (2**20; Frontier has 75,264 GCDs and the
@@ -54,8 +55,11 @@ class Layout:
     and give it its meaning (cost model, engine, rules below); docs/layout.md lists the rest.
     """
 
-    tp: int = field(default=1, metadata=_knob("tensor-parallel degree"))
-    pp: int = field(default=1, metadata=_knob("pipeline-parallel degree"))
+    # grid_open: a sweep's or study's space that does not list the knob leaves it to the
+    # planner's list (specs/space.py) rather than the default; written_with: the knob is
+    # written as part of another's text (the schedule's: interleaved:4).
+    tp: int = field(default=1, metadata=_knob("tensor-parallel degree", grid_open=True))
+    pp: int = field(default=1, metadata=_knob("pipeline-parallel degree", grid_open=True))
     dp: int = field(default=1, metadata=_knob("data-parallel degree"))
     micro_batch: int = field(default=1, metadata=_knob("sequences per micro-batch"))
     global_batch: int = field(default=1, metadata=_knob(
@@ -64,7 +68,8 @@ class Layout:
         "pipeline schedule (default 1f1b; interleaved when --virtual-stages > 1)",
         default_text=None))
     virtual_stages: int = field(default=1, metadata=_knob(
-        "model chunks per pipeline rank for the interleaved schedule"))
+        "model chunks per pipeline rank for the interleaved schedule", grid_open=True,
+        written_with="schedule"))
     sequence_parallel: bool = field(default=False, metadata=_knob(
         "shard norms and dropout over the TP ranks (needs tp >= 2)"))
     recompute: Recompute = field(default=Recompute.NONE, metadata=_knob(
@@ -188,6 +193,23 @@ class Layout:
         self.check_model(model)
         return split_layers(model.layers, self.pp, self.virtual_stages, self.engine, model)
 
+    @property
+    def chunks(self) -> int:
+        """Model chunks of the pipeline: pp stages, each holding virtual_stages of them."""
+        return self.pp * self.virtual_stages
+
+    def rank_chunks(self, pp_rank: int) -> list[int]:
+        """The chunks pipeline rank ``pp_rank`` holds, in execution order: chunk ``c`` of rank
+        ``r`` is global chunk ``c·pp + r`` (Narayanan et al. 2021's interleaving)."""
+        return [c * self.pp + pp_rank for c in range(self.virtual_stages)]
+
+    def chunk_layer_ids(self, model: ModelSpec, chunk: int) -> list[int]:
+        """The indices of the transformer layers global chunk ``chunk`` holds, by this layout's
+        engine's split (:meth:`stage_layers`)."""
+        counts = self.stage_layers(model)
+        start = sum(counts[:chunk])
+        return list(range(start, start + counts[chunk]))
+
     def check_world(self, world_size: int) -> None:
         if self.world_size != world_size:
             raise SpecError(
@@ -242,6 +264,36 @@ def given_options(options: Any) -> dict:
     every field, and ``zero``, the sharding's ZeRO shorthand."""
     names = (*layout_types(), "zero")
     return {n: getattr(options, n) for n in names if getattr(options, n, None) is not None}
+
+
+def schedule_label(schedule: str, virtual_stages: int) -> str:
+    """The schedule with its interleaving, the one way it is written: ``1f1b``, ``gpipe``,
+    ``interleaved:4``."""
+    if str(schedule) == Schedule.INTERLEAVED:
+        return f"{Schedule.INTERLEAVED}:{int(virtual_stages)}"
+    return str(schedule)
+
+
+def row_schedule(row: Any) -> str:
+    """:func:`schedule_label` of a mapping or frame row holding the two fields."""
+    return schedule_label(str(row["schedule"]), int(row["virtual_stages"]))
+
+
+def parse_schedule_label(text: str) -> dict[str, Any]:
+    """``interleaved:4`` -> schedule and virtual_stages (the inverse of :func:`schedule_label`)."""
+    schedule, _, v = str(text).partition(":")
+    return {"schedule": schedule, "virtual_stages": int(v) if v else 1}
+
+
+def merge_schedule(lists: dict[str, Any]) -> dict[str, Any]:
+    """Value lists with the schedule and its interleaving depths as one list of labels
+    (``1f1b``, ``interleaved:2``, ``interleaved:4``): depth means something only interleaved,
+    so a study searches the two as one parameter."""
+    out = dict(lists)
+    schedules, depths = out.pop("schedule"), out.pop("virtual_stages") or [1]
+    out["schedule"] = [schedule_label(x, v) for x in schedules
+                       for v in (depths if x == Schedule.INTERLEAVED else [1])]
+    return out
 
 
 def complete_layout(values: dict) -> dict:

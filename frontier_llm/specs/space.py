@@ -25,15 +25,10 @@ from frontier_llm.specs.layout import Sharding, Vocabulary, layout_fields, layou
 # Layout fields a space does not list: dp follows from tp, pp and the GPU count; the global
 # batch and the precision are the run's (layouts are compared at one batch and one precision).
 NOT_SEARCHED = ("dp", "global_batch", "dtype")
-# Knobs a grid space leaves to the planner when it does not list them: the degrees (every one
-# that divides the GPU count) and the interleaving depth (every one that divides a stage's
-# layers), which only make sense against the model and the GPU count.
-ALWAYS_OPEN = ("tp", "pp", "virtual_stages")
-# Knobs the planner enumerates by rules of their own (the degrees per block of one tp x pp, the
-# schedule with its interleaving depths, sequence parallelism only with tp > 1, the sharding's
-# six columns, the engine for its model rules); every other knob is one column of its values.
-STRUCTURAL = ("tp", "pp", "schedule", "virtual_stages", "sequence_parallel", "sharding",
-              "engine")
+# Knobs a grid space leaves to the planner when it does not list them (metadata grid_open):
+# the degrees (every one that divides the GPU count) and the interleaving depth (every one that
+# divides a stage's layers), which only make sense against the model and the GPU count.
+ALWAYS_OPEN = tuple(f.name for f in layout_fields() if f.metadata.get("grid_open"))
 
 
 def space_knobs() -> dict[str, type]:

@@ -22,15 +22,15 @@ from optuna.distributions import CategoricalDistribution
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.space import open_degrees
-from frontier_llm.specs.forms import (
-    label,
-    layout_from_row,
+from frontier_llm.specs.forms import label, layout_from_row
+from frontier_llm.specs.layout import (
+    Layout,
+    Sharding,
+    merge_schedule,
     parse_schedule_label,
     row_schedule,
-    schedule_label,
 )
-from frontier_llm.specs.layout import Layout, Sharding
-from frontier_llm.specs.space import grid_values, space_knobs
+from frontier_llm.specs.space import ALWAYS_OPEN, grid_values, space_knobs
 from frontier_llm.tune.runcost import run_seconds
 
 NOT_A_LAYOUT = "not a layout of the ranks"
@@ -108,12 +108,11 @@ class Candidates:
             listed["sharding"] = s.zero
         lists = {n: list(v) if v is not None else None
                  for n, v in grid_values(listed).items()}
-        for name in ("tp", "pp", "virtual_stages"):
+        for name in ALWAYS_OPEN:
             lists[name] = lists[name] or list(open_degrees(name, model, gpus,
                                                            pps=tuple(lists["pp"] or ())))
-        schedules, vs = lists.pop("schedule"), lists.pop("virtual_stages")
-        lists["schedule"] = [schedule_label(x, v) for x in schedules
-                             for v in (vs if x == "interleaved" else [1])]
+        planned = {n: tuple(v) for n, v in lists.items()}  # the planner's lists
+        lists = merge_schedule(lists)
         lists["sharding"] = [Sharding.parse(t).describe() for t in lists["sharding"]]
         knobs: dict[str, list] = {n: lists[n] for n in kinds if n in lists}
         for k, values in sorted((s.run or {}).items()):
@@ -124,9 +123,7 @@ class Candidates:
         ok_tp = tuple(t for t in knobs["tp"] if gpus % t == 0)
         if not ok_tp:
             raise UserError(f"no tp value divides the {gpus} ranks")
-        values = {n: tuple(v) for n, v in lists.items()}
-        values.update(tp=ok_tp, schedule=tuple(schedules), virtual_stages=tuple(vs) or None)
-        space = SearchSpace(dtype=dtype, **values)
+        space = SearchSpace(dtype=dtype, **{**planned, "tp": ok_tp})
         result = plan(model, study.system, gpus, study.global_batch, space)
         frame = result.frame()
         table: dict[tuple, Candidate] = {}
