@@ -29,6 +29,13 @@ def _scaling(args: argparse.Namespace) -> int:
     _written(paths)
     for series, t in table.groupby("series", sort=False):
         last = t.iloc[-1]
+        if t["gpus"].nunique() < 2:
+            times = [f"{c.split('_')[0] if c != 'step_time_s' else 'measured'} "
+                     f"{last[c]:.3g} s" for c in ("step_time_s", "predicted_step_time_s")
+                     if c in t and last[c] == last[c]]
+            print(f"{series}: one point ({int(last['gpus'])} {args.gpu_label}), no scaling "
+                  f"efficiency; step time {', '.join(times) or 'not measured'}")
+            continue
         parts = [f"{c.split('_')[0]} {last[c]:.1f} %" for c in (
             "measured_efficiency_pct", "predicted_efficiency_pct") if c in t and last[c] == last[c]]
         print(f"{series}: {t['mode'].iloc[0]}-scaling efficiency at {int(last['gpus'])} "

@@ -70,9 +70,7 @@ def _collect(args: argparse.Namespace) -> int:
     if args.format == "json":
         emit_json({"db": store.url_redacted, **report.as_dict()})
     else:
-        print(f"collected {report.seen} trace files into {store.url_redacted}: "
-              f"{report.inserted} new, {report.updated} updated, {report.unchanged} unchanged, "
-              f"{len(report.quarantined)} quarantined ({report.seconds:.2f} s)")
+        print(report.summary(store.url_redacted))
     return 0
 
 

@@ -74,11 +74,11 @@ def run_env(mode: Mode, work: Path) -> dict[str, str]:
 
 def layout_for(mode: Mode, micro_batch: int, recompute: str = "none", engine: str = "native",
                zero: int = 0):
-    from frontier_llm.specs.layout import Layout, complete_layout
+    from frontier_llm.specs.layout import Layout, zero_preset
 
-    return Layout.from_dict(complete_layout({
-        "micro_batch": micro_batch, "global_batch": micro_batch, "dtype": mode.dtype,
-        "recompute": recompute, "flash_attention": True, "engine": engine, "zero": zero}))
+    return Layout(micro_batch=micro_batch, global_batch=micro_batch, dtype=mode.dtype,
+                  recompute=recompute, flash_attention=True, engine=engine,
+                  sharding=zero_preset(zero))
 
 
 def bench(mode: Mode, work: Path, system: str, layout, run_id: str, steps: int, warmup: int,

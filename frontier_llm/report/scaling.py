@@ -149,6 +149,11 @@ def _series_table(series: pd.DataFrame, keys: list[str], want_measured: bool,
     if not want_measured:
         out = out.drop(columns=[c for c in out.columns if c.startswith(
             ("step_time_", "tokens_per_s_per_gpu")) or c == "step_time_s"])
+    if out["gpus"].nunique() < 2:
+        # One GPU count: nothing to compare it with, so no efficiency (not a vacuous 100 %).
+        for c in [c for c in out.columns if "efficiency" in c]:
+            out[c] = np.nan
+    out["points"] = out["gpus"].nunique()
     return out
 
 

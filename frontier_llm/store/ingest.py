@@ -86,6 +86,12 @@ class IngestReport:
     retries: int = 0
     seconds: float = 0.0
 
+    def summary(self, where: str) -> str:
+        """What was stored, in a sentence (``where``: the database, its password hidden)."""
+        return (f"collected {self.seen} trace files into {where}: {self.inserted} new, "
+                f"{self.updated} updated, {self.unchanged} unchanged, "
+                f"{len(self.quarantined)} quarantined ({self.seconds:.2f} s)")
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "seen": self.seen, "inserted": self.inserted, "updated": self.updated,
