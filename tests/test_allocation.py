@@ -202,3 +202,36 @@ def test_plan_json_carries_intervals_and_the_budget(capsys):
         assert first[f"{name}_low"] < first[name] < first[f"{name}_high"], name
     assert first["memory_verdict"] in ("fits", "tight")
     assert first["steps"] == math.ceil(3e11 / (first["global_batch"] * 2048))
+
+
+def test_plan_deadline_on_a_short_curve(capsys):
+    """The CLI's choice is the curve's row with the fewest node-hours among those that finish
+    by the deadline, and it says so."""
+    assert main(["plan", "--model", "gpt-22b", "--system", "frontier", "--tokens", "300B",
+                 "--curve", "16-64", "--deadline", "200d", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    cur = pd.DataFrame(doc["curve"])
+    assert list(cur["gpus"]) == [16, 32, 64]
+    inside = cur[cur["fits"] & (cur["train_days"] <= 200)]
+    assert len(inside) and doc["selection"]["gpus"] == int(
+        inside.sort_values(["node_hours", "gpus"]).iloc[0]["gpus"])
+    assert (cur["train_days_low"] < cur["train_days"]).all()
+    # A deadline no count meets: exit 1 and the message says what would qualify.
+    assert main(["plan", "--model", "gpt-22b", "--system", "frontier", "--tokens", "300B",
+                 "--curve", "16-32", "--deadline", "1d"]) == 1
+    assert "nothing qualifies" in capsys.readouterr().out
+
+
+def test_min_gpus_is_the_first_count_that_fits(capsys):
+    from frontier_llm.planner import plan
+
+    assert main(["plan", "--model", "gpt-22b", "--system", "frontier", "--gpus", "64",
+                 "--min-gpus", "--format", "json"]) == 0
+    row = json.loads(capsys.readouterr().out)["min_gpus"][0]
+    n = row["min_gpus"]
+    model, system = load_model("gpt-22b"), load_system("frontier")
+    assert n >= 2 and n & (n - 1) == 0  # a power of two, and 22B does not fit on one GCD
+    assert len(plan(model, system, n).order()) and not len(plan(model, system, n // 2).order())
+    fitting = plan(model, system, n).frame(plan(model, system, n).order())
+    assert row["largest_micro_batch_at_min"] == fitting["micro_batch"].max()
+    assert row["largest_micro_batch_at_gpus"] >= 1

@@ -104,8 +104,13 @@ def annotate(frame: pd.DataFrame, model: ModelSpec, system: SystemSpec,
     return out
 
 
-def _range(lo: pd.Series, hi: pd.Series, fmt: str) -> list[str]:
-    return [f"{a:{fmt}}-{b:{fmt}}" if np.isfinite(a) and np.isfinite(b) else ""
+def _num(x: float) -> str:
+    """Three significant figures below 1,000, whole numbers with separators above."""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
+def _range(lo: pd.Series, hi: pd.Series) -> list[str]:
+    return [f"{_num(a)}-{_num(b)}" if np.isfinite(a) and np.isfinite(b) else ""
             for a, b in zip(lo, hi, strict=True)]
 
 
@@ -117,13 +122,13 @@ def display_columns(shown: pd.DataFrame, full: pd.DataFrame, args: argparse.Name
         return shown
     shown = shown.copy()
     pct = f"{args.confidence:.0%}"
-    shown[f"step_s {pct}"] = _range(full["step_time_s_low"], full["step_time_s_high"], ".3g")
+    shown[f"step_s {pct}"] = _range(full["step_time_s_low"], full["step_time_s_high"])
     shown["mem"] = full["memory_verdict"].to_numpy()
     if args.tokens is not None:
-        shown["days"] = full["train_days"].round(1).to_numpy()
-        shown[f"days {pct}"] = _range(full["train_days_low"], full["train_days_high"], ".0f")
-        shown["node_h"] = full["node_hours"].round(0).to_numpy()
-        shown["MWh"] = (full["energy_kwh"] / 1e3).round(1).to_numpy()
+        shown["days"] = [_num(x) for x in full["train_days"]]
+        shown[f"days {pct}"] = _range(full["train_days_low"], full["train_days_high"])
+        shown["node_h"] = [_num(x) for x in full["node_hours"]]
+        shown["MWh"] = [_num(x) for x in full["energy_kwh"] / 1e3]
     return shown
 
 
@@ -132,7 +137,7 @@ def summary_lines(model: ModelSpec, system: SystemSpec, frame: pd.DataFrame,
     """What the intervals and the token budget rest on, for stderr."""
     lines = []
     if len(frame) and "interval_basis" in frame:
-        bases = "; ".join(dict.fromkeys(frame["interval_basis"].astype(str)))
+        bases = "; ".join(b for b in dict.fromkeys(frame["interval_basis"].astype(str)) if b)
         lines.append(f"# intervals at {args.confidence:.0%}: step time from {bases}; memory "
                      f"from {frame['memory_interval_basis'].iloc[0]}")
     if args.tokens is not None:
@@ -189,25 +194,28 @@ def curve_counts(args: argparse.Namespace, system: SystemSpec) -> list[int]:
 
 
 def curve_table(cur: pd.DataFrame, args: argparse.Namespace) -> pd.DataFrame:
-    """The curve as a readable table: one row per GPU count."""
-    out = pd.DataFrame({"gpus": cur["gpus"]})
-    fits = cur["fits"].astype(bool)
-    if "tp" not in cur:
-        out["fits"] = fits
-        return out
-    out["nodes"] = alloc.nodes_for(cur["gpus"], 1).astype(int)  # replaced below when known
-    if "nodes" in cur:
-        out["nodes"] = cur["nodes"]
+    """The curve as a readable table: one row per GPU count (blank where nothing fits)."""
+    fits = cur["fits"].astype(bool).to_numpy()
+    if not fits.any():
+        return pd.DataFrame({"gpus": cur["gpus"], "fits": fits})
+    ok = cur[fits]
+    out = pd.DataFrame({"gpus": ok["gpus"].astype(int)})
+    if "nodes" in ok:
+        out["nodes"] = ok["nodes"].astype(int)
     for col, name in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("micro_batch", "mb")):
-        out[name] = cur[col].astype("Int64")
-    if "engine" in cur and cur["engine"].nunique() > 1:
-        out["engine"] = cur["engine"]
-    out["step_s"] = cur["step_time_s"].round(2)
-    shown = display_columns(out, cur, args)
-    shown.loc[~fits.to_numpy(), shown.columns[1:]] = None
-    if "nodes" in shown and "nodes" not in cur:
-        shown = shown.drop(columns="nodes")
-    return shown.fillna("") if (~fits).any() else shown
+        out[name] = ok[col].astype(int)
+    if "engine" in ok and ok["engine"].nunique() > 1:
+        out["engine"] = ok["engine"].astype(str)
+    out["step_s"] = ok["step_time_s"].round(2)
+    out = display_columns(out, ok, args)
+    out = out.astype(object)
+    # Counts where nothing fits: the GPU count and a blank row.
+    missing = pd.DataFrame({"gpus": cur.loc[~fits, "gpus"].astype(int)}).astype(object)
+    table = pd.concat([out, missing]).sort_values("gpus", kind="stable")
+    if len(missing):
+        table["fits"] = [bool(f) for f in fits[np.argsort(cur["gpus"].to_numpy(),
+                                                          kind="stable")]]
+    return table.fillna("").reset_index(drop=True)
 
 
 def run_min_gpus(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,

@@ -92,13 +92,13 @@ def add_allocation(frame: pd.DataFrame, system: SystemSpec, seq_len: int,
     where it states none), each with ``_low``/``_high`` from the step-time interval. A new
     frame; ``frame`` is not changed."""
     out = frame.copy()
-    gpus = (out["tp"] * out["pp"] * out["dp"]).to_numpy(float)
+    gpus = (out["gpus"] if "gpus" in out else out["tp"] * out["pp"] * out["dp"]).to_numpy(float)
     nodes = nodes_for(gpus, system.gpus_per_node)
     tokens_per_step = out["global_batch"].to_numpy(float) * seq_len
     steps = np.ceil(tokens / tokens_per_step)
     out["tokens"] = tokens
-    out["steps"] = steps.astype(np.int64)
-    out["nodes"] = nodes.astype(np.int64)
+    out["steps"] = _whole(steps)
+    out["nodes"] = _whole(nodes)
     if system.power is not None:
         p = system.power
         # The GPUs of the job draw their share; the host of every node charged draws in full.
@@ -114,6 +114,11 @@ def add_allocation(frame: pd.DataFrame, system: SystemSpec, seq_len: int,
         out[f"gpu_hours{end}"] = gpus * seconds / 3600.0
         out[f"energy_kwh{end}"] = watts * seconds / 3.6e6
     return out
+
+
+def _whole(values: np.ndarray) -> list:
+    """Whole numbers as Python ints (None where NaN: a curve's count where nothing fits)."""
+    return [int(v) if np.isfinite(v) else None for v in values]
 
 
 def power_note(system: SystemSpec) -> str:
@@ -204,10 +209,10 @@ def select_deadline(cur: pd.DataFrame, deadline_days: float, end: str = "") -> S
     share = deadline_days / fastest[days]
     return Selection(None, (
         f"nothing qualifies: the fastest, {int(fastest['gpus']):,} GPUs, needs "
-        f"{fastest[days]:.1f} days for a {deadline_days:g}-day deadline; would need more GPUs "
-        f"than the curve's largest count ({int(ok['gpus'].max()):,}; --curve LO-HI) with "
-        f"better scaling than the curve shows, or at most {share * fastest['tokens']:.3g} "
-        f"tokens ({share:.0%} of the budget)"))
+        f"{fastest[days]:.1f} days for a {deadline_days:g}-day deadline; would need at least "
+        f"{math.ceil(fastest['gpus'] / share):,} GPUs (the fastest's count scaled by "
+        f"{1 / share:.2f}, at perfect scaling; --curve LO-HI plans further), or at most "
+        f"{share * fastest['tokens']:.3g} tokens ({share:.0%} of the budget)"))
 
 
 def select_budget(cur: pd.DataFrame, max_node_hours: float, end: str = "") -> Selection:

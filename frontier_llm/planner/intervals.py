@@ -159,11 +159,12 @@ def add_intervals(frame: pd.DataFrame, system: SystemSpec,
     ``peak_memory_bytes``) with ``interval_confidence``, ``<figure>_low``/``_high`` for each of
     :data:`INTERVAL_FIGURES`, ``memory_verdict`` and the bases of the widths. A new frame."""
     out = frame.copy()
-    engines = out["engine"].astype(str).to_numpy() if "engine" in out else \
-        np.full(len(out), "native")
-    q = np.zeros(len(out))
-    basis = np.empty(len(out), dtype=object)
-    for engine in np.unique(engines):
+    # Rows without an engine (a curve's GPU count where nothing fits) get no interval.
+    engines = (out["engine"].astype(object).where(out["engine"].notna(), "").astype(str)
+               .to_numpy() if "engine" in out else np.full(len(out), "native"))
+    q = np.full(len(out), np.nan)
+    basis = np.full(len(out), "", dtype=object)
+    for engine in np.unique(engines[engines != ""]):
         w = step_width(system, str(engine), confidence, residuals)
         q[engines == engine] = w.q
         basis[engines == engine] = w.basis
