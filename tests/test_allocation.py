@@ -250,3 +250,29 @@ def test_risk_aware_ranks_by_the_pessimistic_throughput(capsys):
     # of nearly the same speed; the plain order is by the prediction.
     assert (np.diff(plain["tokens_per_s"].to_numpy()) <= 1e-9).all()
     assert set(risky["memory_verdict"]) <= {"fits", "tight"}
+
+
+def test_report_plan_writes_four_files_with_the_bands(tmp_path):
+    """The figure from a hand-made curve: the band spans low..high, the deadline is drawn, the
+    chosen count circled; CSV, Markdown, PNG and PDF written."""
+    from frontier_llm.report.allocation import allocation_report, format_tokens, plot_allocation
+
+    cur = _curve([64, 128, 256], [100, 55, 30]).assign(
+        train_days_low=lambda d: d["train_days"] * 0.8,
+        train_days_high=lambda d: d["train_days"] * 1.3,
+        node_hours_low=lambda d: d["node_hours"] * 0.8,
+        node_hours_high=lambda d: d["node_hours"] * 1.3, interval_confidence=0.8,
+        nodes=lambda d: d["gpus"] // 8)
+    fig = plot_allocation(cur, deadline_days=60, selected_gpus=128)
+    left, right = fig.axes[:2]
+    labels = [t.get_text() for t in left.get_legend().get_texts()]
+    assert "80% interval" in labels and "deadline (60 days)" in labels
+    assert any(lab.startswith("chosen") for lab in labels)
+    band = left.collections[0].get_paths()[0].vertices
+    assert band[:, 1].max() == pytest.approx(130) and band[:, 1].min() == pytest.approx(24)
+    assert right.get_ylim()[0] == 0  # node-hours from zero
+    paths = allocation_report(cur, tmp_path, "x-plan", "x", ["a note"], 60, 128)
+    assert sorted(p.suffix for p in paths) == [".csv", ".md", ".pdf", ".png"]
+    assert all(p.stat().st_size > 0 for p in paths)
+    assert "a note" in (tmp_path / "x-plan.md").read_text()
+    assert (format_tokens(2e13), format_tokens(3e11)) == ("20T", "300B")

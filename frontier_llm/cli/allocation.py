@@ -151,12 +151,9 @@ def run_curve(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
               space: SearchSpace) -> int:
     """--curve / --deadline / --max-node-hours: the best layout at each GPU count."""
     counts = curve_counts(args, system)
-    plans = []
     with Progress(f"planning {len(counts)} GPU counts") as bar:
-        for i, n in enumerate(counts):
-            plans.append(plan(model, system, n, None, space))
-            bar.update(i + 1, len(counts))
-    cur = annotate(alloc.curve(plans), model, system, args)
+        cur = alloc.allocation_curve(model, system, counts, args.tokens, args.confidence, space,
+                                     on_count=lambda i: bar.update(i, len(counts)))
     selection = None
     end = "_high" if args.risk_aware else ""
     if args.deadline is not None:
@@ -292,3 +289,65 @@ def predict_lines(extra: dict) -> list[str]:
             f"({extra['node_hours_low']:,.0f}-{extra['node_hours_high']:,.0f}), "
             f"{extra['gpu_hours']:,.0f} GPU-hours, {extra['energy_kwh'] / 1e3:,.1f} MWh")
     return lines
+
+
+def add_report_arguments(q: argparse.ArgumentParser) -> None:
+    """flm report plan's flags."""
+    from frontier_llm.specs.layout import Engine
+
+    q.add_argument("--model", required=True, help="catalog name or YAML path")
+    q.add_argument("--system", required=True, help="catalog name or YAML path")
+    q.add_argument("--tokens", type=tokens, required=True, metavar="T",
+                   help="token budget, e.g. 2e13, 20T, 300B")
+    q.add_argument("--out", required=True, metavar="DIR", help="folder for the report files")
+    q.add_argument("--deadline", type=days, default=None, metavar="D",
+                   help="draw the deadline (45d, 12w, 36h) and circle the GPU count that meets "
+                        "it for the fewest node-hours")
+    q.add_argument("--curve", type=curve_range, default=DEFAULT_CURVE, metavar="LO-HI",
+                   help="power-of-two GPU counts from LO to HI (default: one node's GPUs to "
+                        "65,536)")
+    q.add_argument("--engine", default="native", choices=Engine.words(),
+                   help="the training engine to plan for (default native)")
+    q.add_argument("--confidence", type=fraction, default=DEFAULT_CONFIDENCE, metavar="C",
+                   help=f"confidence of the bands (default {DEFAULT_CONFIDENCE})")
+
+
+def run_report_plan(args: argparse.Namespace) -> int:
+    """flm report plan: the allocation curve as CSV, Markdown, PNG and PDF."""
+    from frontier_llm.catalog import load_model, load_system
+    from frontier_llm.report.allocation import allocation_report, format_tokens
+
+    model, system = load_model(args.model), load_system(args.system)
+    counts = curve_counts(args, system)
+    space = SearchSpace(engine=(args.engine,))
+    with Progress(f"planning {len(counts)} GPU counts") as bar:
+        cur = alloc.allocation_curve(model, system, counts, args.tokens, args.confidence, space,
+                                     on_count=lambda i: bar.update(i, len(counts)))
+    selection = alloc.select_deadline(cur, args.deadline) if args.deadline else None
+    label = "GCDs" if "GCD" in system.gpu else "GPUs"
+    name = f"{model.name}-{system.name}-plan"
+    flops = alloc.training_flops(model.num_params(), args.tokens)
+    bases = [b for b in cur["interval_basis"].astype(str) if b and b != "nan"]
+    notes = [
+        f"{model.name} ({model.num_params():.3g} parameters) on {system.name}, "
+        f"{args.tokens:.3g} tokens: 6ND = {flops:.3g} FLOPs; engine {args.engine}; at each GPU "
+        "count the planner's fastest layout that fits, with its default global batch (the "
+        "smallest multiple of the GPU count holding 4M tokens)",
+        f"bands: {args.confidence:.0%} intervals from the cost model's out-of-sample error "
+        f"({bases[0] if bases else 'no layout fits at any count'})",
+        alloc.power_note(system),
+        "node-hours count whole nodes; days assume the job runs without queue waits, failures "
+        "or restarts",
+    ]
+    if selection is not None:
+        notes.append(selection.message)
+    paths = allocation_report(
+        cur, args.out, name,
+        f"{model.name} on {system.name}: {format_tokens(args.tokens)} tokens, {args.engine}",
+        notes, args.deadline, None if selection is None or selection.row is None
+        else int(selection.row["gpus"]), label)
+    for p in paths:
+        print(f"wrote {p}")
+    if selection is not None:
+        print(f"flm report plan: {selection.message}")
+    return 0

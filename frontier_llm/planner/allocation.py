@@ -29,6 +29,7 @@ import pandas as pd
 from frontier_llm.errors import UserError
 from frontier_llm.planner.plan import Plan
 from frontier_llm.specs.layout import MAX_GPUS
+from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
 # The largest published pre-training runs are tens of trillions of tokens (Llama 3: 15T); a
@@ -261,3 +262,26 @@ def largest_micro_batch(p: Plan) -> pd.DataFrame:
     frame["engine"] = frame["engine"].astype(str)
     best = frame.sort_values("micro_batch", ascending=False, kind="stable")
     return best.groupby("engine", sort=False, observed=True).head(1).reset_index(drop=True)
+
+
+def allocation_curve(model: ModelSpec, system: SystemSpec, counts: Iterable[int],
+                     tokens: float | None = None, confidence: float | None = None,
+                     space=None, on_count: Callable[[int], None] | None = None
+                     ) -> pd.DataFrame:
+    """The best layout at each GPU count of ``counts`` with its intervals (``confidence``,
+    default :data:`~frontier_llm.planner.intervals.DEFAULT_CONFIDENCE`) and, with ``tokens``,
+    the budget's days, node-hours, GPU-hours and energy: what ``flm plan --curve`` prints,
+    ``flm report plan`` draws and a notebook plots. ``on_count(i)`` after each count."""
+    from frontier_llm.planner import intervals
+    from frontier_llm.planner.plan import plan
+
+    plans = []
+    for i, n in enumerate(counts):
+        plans.append(plan(model, system, int(n), None, space))
+        if on_count:
+            on_count(i + 1)
+    cur = curve(plans)
+    cur = intervals.add_intervals(cur, system, confidence or intervals.DEFAULT_CONFIDENCE)
+    if tokens is not None:
+        cur = add_allocation(cur, system, model.seq_len, tokens)
+    return cur
