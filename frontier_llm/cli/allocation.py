@@ -55,7 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--curve", nargs="?", const=DEFAULT_CURVE, default=None, type=curve_range,
                    metavar="LO-HI",
                    help="the best layout at every power-of-two GPU count from LO to HI "
-                        "(default: one node's GPUs to 65,536) instead of the layouts at --gpus")
+                        "(default: one node's GPUs to 65,536) instead of the layouts at --gpus; "
+                        "each count with its default global batch unless --global-batch fixes "
+                        "one for all")
     g.add_argument("--deadline", type=days, default=None, metavar="D",
                    help="with --tokens: the GPU count (and layout) that trains within D "
                         "(45d, 12w, 36h) for the fewest node-hours; implies --curve")
@@ -153,7 +155,8 @@ def run_curve(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
     counts = curve_counts(args, system)
     with Progress(f"planning {len(counts)} GPU counts") as bar:
         cur = alloc.allocation_curve(model, system, counts, args.tokens, args.confidence, space,
-                                     on_count=lambda i: bar.update(i, len(counts)))
+                                     on_count=lambda i: bar.update(i, len(counts)),
+                                     global_batch=args.global_batch)
     selection = None
     end = "_high" if args.risk_aware else ""
     if args.deadline is not None:

@@ -266,18 +266,20 @@ def largest_micro_batch(p: Plan) -> pd.DataFrame:
 
 def allocation_curve(model: ModelSpec, system: SystemSpec, counts: Iterable[int],
                      tokens: float | None = None, confidence: float | None = None,
-                     space=None, on_count: Callable[[int], None] | None = None
-                     ) -> pd.DataFrame:
+                     space=None, on_count: Callable[[int], None] | None = None,
+                     global_batch: int | None = None) -> pd.DataFrame:
     """The best layout at each GPU count of ``counts`` with its intervals (``confidence``,
     default :data:`~frontier_llm.planner.intervals.DEFAULT_CONFIDENCE`) and, with ``tokens``,
     the budget's days, node-hours, GPU-hours and energy: what ``flm plan --curve`` prints,
-    ``flm report plan`` draws and a notebook plots. ``on_count(i)`` after each count."""
+    ``flm report plan`` draws and a notebook plots. ``on_count(i)`` after each count.
+    ``global_batch`` None: each count's default (it grows with the count, planner.plan);
+    a number: the same batch at every count (strong scaling)."""
     from frontier_llm.planner import intervals
     from frontier_llm.planner.plan import plan
 
     plans = []
     for i, n in enumerate(counts):
-        plans.append(plan(model, system, int(n), None, space))
+        plans.append(plan(model, system, int(n), global_batch, space))
         if on_count:
             on_count(i + 1)
     cur = curve(plans)
