@@ -22,12 +22,22 @@ SHOWN = {"gpus": "GPUs", "nodes": "nodes", "tp": "tp", "pp": "pp", "dp": "dp",
          "memory_verdict": "memory", "train_days": "days", "train_days_low": "days low",
          "train_days_high": "days high", "node_hours": "node-hours",
          "node_hours_low": "node-h low", "node_hours_high": "node-h high",
-         "energy_kwh": "kWh"}
+         "energy_mwh": "MWh"}
+# Whole numbers, kept whole where a count without a fitting layout leaves them empty.
+_WHOLE = ("gpus", "nodes", "tp", "pp", "dp", "micro_batch")
 BAND = {"alpha": 0.22, "linewidth": 0}
 
 
 def allocation_table(cur: pd.DataFrame) -> pd.DataFrame:
     """The Markdown table's rows: one per GPU count, the columns of :data:`SHOWN`."""
+    cur = cur.copy()
+    if "energy_kwh" in cur:
+        cur["energy_mwh"] = cur["energy_kwh"] / 1e3
+    for col in _WHOLE:
+        if col in cur:
+            cur[col] = pd.array(cur[col].to_numpy(float), dtype="Int64")
+    if "memory_verdict" in cur:
+        cur["memory_verdict"] = cur["memory_verdict"].replace("", None)
     cols = [c for c in SHOWN if c in cur]
     return cur[cols].rename(columns=SHOWN)
 
