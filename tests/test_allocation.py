@@ -208,10 +208,15 @@ def test_plan_deadline_on_a_short_curve(capsys):
     """The CLI's choice is the curve's row with the fewest node-hours among those that finish
     by the deadline, and it says so."""
     assert main(["plan", "--model", "gpt-22b", "--system", "frontier", "--tokens", "300B",
-                 "--curve", "16-64", "--deadline", "200d", "--format", "json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    cur = pd.DataFrame(doc["curve"])
-    assert list(cur["gpus"]) == [16, 32, 64]
+                 "--curve", "4-64", "--deadline", "200d", "--format", "json"]) == 0
+
+    def strict(word):
+        raise AssertionError(f"not strict JSON: {word}")
+
+    doc = json.loads(capsys.readouterr().out, parse_constant=strict)
+    assert doc["curve"][0]["fits"] is False and doc["curve"][0]["train_days"] is None  # 4 GCDs
+    cur = pd.DataFrame(doc["curve"][1:])
+    assert list(cur["gpus"]) == [8, 16, 32, 64]
     inside = cur[cur["fits"] & (cur["train_days"] <= 200)]
     assert len(inside) and doc["selection"]["gpus"] == int(
         inside.sort_values(["node_hours", "gpus"]).iloc[0]["gpus"])

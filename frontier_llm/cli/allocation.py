@@ -168,7 +168,8 @@ def run_curve(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
     if args.format == "json":
         doc = {"model": model.name, "system": system.name, "tokens": args.tokens,
                "interval_confidence": args.confidence,
-               "curve": cur.to_dict(orient="records")}
+               # NaN (a count where nothing fits) as null: strict JSON for jq and friends.
+               "curve": cur.astype(object).where(cur.notna(), None).to_dict(orient="records")}
         if selection is not None:
             doc["selection"] = {"message": selection.message,
                                 "gpus": None if selection.row is None
