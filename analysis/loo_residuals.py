@@ -28,14 +28,18 @@ from fit_efficiency import RUNS_CSV, fit, with_eff
 from frontier_llm.catalog import load_system
 from frontier_llm.planner.calibration import load_runs, row_system, validate_runs
 
-OUT = Path(__file__).resolve().parents[1] / "frontier_llm" / "planner" / "data" / \
-    "calibration_residuals.csv"
+OUT = (
+    Path(__file__).resolve().parents[1]
+    / "frontier_llm"
+    / "planner"
+    / "data"
+    / "calibration_residuals.csv"
+)
 # Per system with rows: the knobs fitted to them, the ones held at a value, and where the search
 # starts (docs/costmodel.md §6).
 FITS = {
     "dgx-a100": (("matmul", "collective", "matmul_half_hidden"), {"memory": 0.8}, {}),
-    "dgx-h100": (("matmul", "collective", "matmul_half_hidden", "tp_overlap"), {"memory": 0.8},
-                 {}),
+    "dgx-h100": (("matmul", "collective", "matmul_half_hidden", "tp_overlap"), {"memory": 0.8}, {}),
     "grand-teton-h100": (("matmul",), {}, {"matmul": 0.73}),
 }
 # Whose fitted knobs stand in for a system's own in the transfer residual.
@@ -50,8 +54,9 @@ def step_log_residual(row: pd.Series) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--csv", default=str(RUNS_CSV))
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
@@ -63,8 +68,9 @@ def main() -> None:
         base = load_system(name)
         knobs, fixed, start = FITS[name]
         base = with_eff(base, fixed)
-        values = {k: getattr(base, k) if k == "matmul_half_hidden" else base.eff(k, 0.0)
-                  for k in knobs}
+        values = {
+            k: getattr(base, k) if k == "matmul_half_hidden" else base.eff(k, 0.0) for k in knobs
+        }
         values.update(start)
         same = [j for j in range(len(runs)) if systems[j] == name and j != i]
         t0 = time.perf_counter()
@@ -72,23 +78,39 @@ def main() -> None:
         held = runs.iloc[[i]]
         loo = validate_runs(held, {name: with_eff(base, fitted)}).iloc[0]
         donor = load_system(TRANSFER[name])
-        carried = {k: getattr(donor, k) if k == "matmul_half_hidden" else donor.eff(k, 0.0)
-                   for k in TRANSFERRED}
+        carried = {
+            k: getattr(donor, k) if k == "matmul_half_hidden" else donor.eff(k, 0.0)
+            for k in TRANSFERRED
+        }
         transfer = validate_runs(held, {name: with_eff(load_system(name), carried)}).iloc[0]
-        out.append({"row": i, "source": held.iloc[0]["source"].split()[0],
-                    "model": held.iloc[0]["model"], "system": name, "engine": loo["engine"],
-                    "gpus": int(held.iloc[0]["num_gpus"]), "metric": loo["metric"],
-                    "measured": loo["measured"], "loo_predicted": loo["predicted"],
-                    "loo_log_residual": round(step_log_residual(loo), 6),
-                    "transfer_from": TRANSFER[name],
-                    "transfer_predicted": transfer["predicted"],
-                    "transfer_log_residual": round(step_log_residual(transfer), 6),
-                    "memory_log_residual": (round(math.log(1 + loo["memory_error"]), 6)
-                                            if "memory_error" in loo
-                                            and pd.notna(loo["memory_error"]) else None)})
-        print(f"row {i:2d} {name:<17} {out[-1]['model']:<24} loo "
-              f"{out[-1]['loo_log_residual']:+.3f} transfer {out[-1]['transfer_log_residual']:+.3f}"
-              f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+        out.append(
+            {
+                "row": i,
+                "source": held.iloc[0]["source"].split()[0],
+                "model": held.iloc[0]["model"],
+                "system": name,
+                "engine": loo["engine"],
+                "gpus": int(held.iloc[0]["num_gpus"]),
+                "metric": loo["metric"],
+                "measured": loo["measured"],
+                "loo_predicted": loo["predicted"],
+                "loo_log_residual": round(step_log_residual(loo), 6),
+                "transfer_from": TRANSFER[name],
+                "transfer_predicted": transfer["predicted"],
+                "transfer_log_residual": round(step_log_residual(transfer), 6),
+                "memory_log_residual": (
+                    round(math.log(1 + loo["memory_error"]), 6)
+                    if "memory_error" in loo and pd.notna(loo["memory_error"])
+                    else None
+                ),
+            }
+        )
+        print(
+            f"row {i:2d} {name:<17} {out[-1]['model']:<24} loo "
+            f"{out[-1]['loo_log_residual']:+.3f} transfer {out[-1]['transfer_log_residual']:+.3f}"
+            f" ({time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
     pd.DataFrame(out).to_csv(args.out, index=False)
     print(f"wrote {args.out}")
 

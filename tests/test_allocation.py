@@ -29,9 +29,18 @@ def test_the_seed_arithmetic_six_n_d():
     assert alloc.training_flops(gpt1t, 2e13) == pytest.approx(1.2e26, rel=0.02)
 
 
-@pytest.mark.parametrize("text, value", [("2e13", 2e13), ("20T", 2e13), ("300B", 3e11),
-                                         ("1.5m", 1.5e6), ("20 t", 2e13), ("7G", 7e9),
-                                         ("1000", 1e3)])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("2e13", 2e13),
+        ("20T", 2e13),
+        ("300B", 3e11),
+        ("1.5m", 1.5e6),
+        ("20 t", 2e13),
+        ("7G", 7e9),
+        ("1000", 1e3),
+    ],
+)
 def test_token_counts_parse(text, value):
     assert alloc.parse_tokens(text) == pytest.approx(value)
 
@@ -53,13 +62,19 @@ def test_bad_deadlines_are_refused(text):
         alloc.parse_days(text)
 
 
-@pytest.mark.parametrize("argv", [
-    ["plan", "--tokens", "-1T"], ["plan", "--tokens", "1e30"], ["plan", "--tokens", "0"],
-    ["plan", "--tokens", "20T", "--deadline", "0d"], ["plan", "--tokens", "1T",
-                                                      "--deadline", "1e9"],
-    ["plan", "--confidence", "1.5"], ["plan", "--max-node-hours", "-4", "--tokens", "1T"],
-    ["predict", "--model", "gpt-22b", "--system", "frontier", "--tokens", "lots"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "--tokens", "-1T"],
+        ["plan", "--tokens", "1e30"],
+        ["plan", "--tokens", "0"],
+        ["plan", "--tokens", "20T", "--deadline", "0d"],
+        ["plan", "--tokens", "1T", "--deadline", "1e9"],
+        ["plan", "--confidence", "1.5"],
+        ["plan", "--max-node-hours", "-4", "--tokens", "1T"],
+        ["predict", "--model", "gpt-22b", "--system", "frontier", "--tokens", "lots"],
+    ],
+)
 def test_bad_input_is_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -81,8 +96,15 @@ def _rows(**cols) -> pd.DataFrame:
 def test_budget_cost_by_hand():
     """16 Frontier GCDs (2 nodes), 8 sequences of 1024 tokens a step, 2 s a step, 100 steps."""
     frontier = load_system("frontier")
-    frame = _rows(tp=[1], pp=[1], dp=[16], global_batch=[8], step_time_s=[2.0],
-                  step_time_s_low=[1.0], step_time_s_high=[4.0])
+    frame = _rows(
+        tp=[1],
+        pp=[1],
+        dp=[16],
+        global_batch=[8],
+        step_time_s=[2.0],
+        step_time_s_low=[1.0],
+        step_time_s_high=[4.0],
+    )
     out = alloc.add_allocation(frame, frontier, seq_len=1024, tokens=8 * 1024 * 100)
     row = out.iloc[0]
     assert row["steps"] == 100 and row["nodes"] == 2
@@ -93,7 +115,8 @@ def test_budget_cost_by_hand():
     watts = p.utilisation * p.device_w * 16 + p.host_w * 2
     assert row["energy_kwh"] == pytest.approx(watts * 200 / 3.6e6)
     assert (row["train_days_low"], row["train_days_high"]) == pytest.approx(
-        (100 / 86400, 400 / 86400))
+        (100 / 86400, 400 / 86400)
+    )
     # One token more than 100 steps hold is a 101st step.
     assert alloc.add_allocation(frame, frontier, 1024, 8 * 1024 * 100 + 1)["steps"][0] == 101
     # A system without power figures: energy is NaN, nothing else changes.
@@ -104,9 +127,15 @@ def test_budget_cost_by_hand():
 def _curve(gpus, days, tokens=1e12, fits=None) -> pd.DataFrame:
     """A hand-made curve: node-hours from days on gpus/8 nodes."""
     gpus, days = np.array(gpus, float), np.array(days, float)
-    return pd.DataFrame({"gpus": gpus.astype(int), "fits": fits if fits is not None else True,
-                         "tokens": tokens, "train_days": days,
-                         "node_hours": gpus / 8 * days * 24})
+    return pd.DataFrame(
+        {
+            "gpus": gpus.astype(int),
+            "fits": fits if fits is not None else True,
+            "tokens": tokens,
+            "train_days": days,
+            "node_hours": gpus / 8 * days * 24,
+        }
+    )
 
 
 def test_deadline_picks_the_fewest_node_hours_that_finish():
@@ -159,16 +188,22 @@ def test_loo_coverage_on_the_calibration_rows():
     table = intervals.loo_coverage(0.8)
     coverage = table["covered"].mean()
     median = float(np.median(table["half_width"]))
-    print(f"\nLOO coverage at 80 %: {coverage:.1%} of {len(table)} rows; median half-width "
-          f"{median:.3f} in log step time (x{math.exp(median):.3f})")
+    print(
+        f"\nLOO coverage at 80 %: {coverage:.1%} of {len(table)} rows; median half-width "
+        f"{median:.3f} in log step time (x{math.exp(median):.3f})"
+    )
     assert len(table) == 23
     assert 0.70 <= coverage <= 0.95
 
 
 def test_intervals_bracket_the_prediction_and_widen_with_confidence():
     frontier = load_system("frontier")
-    frame = _rows(engine=["megatron", "native"], step_time_s=[10.0, 10.0],
-                  tokens_per_s=[1e5, 1e5], peak_memory_bytes=[30e9, 63e9])
+    frame = _rows(
+        engine=["megatron", "native"],
+        step_time_s=[10.0, 10.0],
+        tokens_per_s=[1e5, 1e5],
+        peak_memory_bytes=[30e9, 63e9],
+    )
     lo = intervals.add_intervals(frame, frontier, 0.5)
     hi = intervals.add_intervals(frame, frontier, 0.8)
     for out in (lo, hi):
@@ -182,8 +217,9 @@ def test_intervals_bracket_the_prediction_and_widen_with_confidence():
 
 def test_a_calibrated_system_uses_its_own_cross_validated_error():
     errs = (0.1, -0.2, 0.05, -0.05, 0.3)
-    system = dataclasses.replace(load_system("cpu-local"),
-                                 prediction_error=PredictionError(errs, "5-fold CV"))
+    system = dataclasses.replace(
+        load_system("cpu-local"), prediction_error=PredictionError(errs, "5-fold CV")
+    )
     assert intervals.system_class(system) == "calibrated"
     w = intervals.step_width(system, "native", 0.8)
     assert w.q == pytest.approx(0.3) and "5 held-out runs" in w.basis  # ceil(6 x 0.8) = 5th
@@ -192,13 +228,37 @@ def test_a_calibrated_system_uses_its_own_cross_validated_error():
 
 
 def test_plan_json_carries_intervals_and_the_budget(capsys):
-    assert main(["plan", "--model", "gpt-22b", "--system", "frontier", "--gpus", "16",
-                 "--top", "2", "--tokens", "300B", "--format", "json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "gpt-22b",
+                "--system",
+                "frontier",
+                "--gpus",
+                "16",
+                "--top",
+                "2",
+                "--tokens",
+                "300B",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     assert doc["interval_confidence"] == 0.8 and doc["tokens"] == 3e11
     first = doc["layouts"][0]
-    for name in ("step_time_s", "tokens_per_s", "peak_memory_bytes", "train_days",
-                 "node_hours", "energy_kwh"):
+    for name in (
+        "step_time_s",
+        "tokens_per_s",
+        "peak_memory_bytes",
+        "train_days",
+        "node_hours",
+        "energy_kwh",
+    ):
         assert first[f"{name}_low"] < first[name] < first[f"{name}_high"], name
     assert first["memory_verdict"] in ("fits", "tight")
     assert first["steps"] == math.ceil(3e11 / (first["global_batch"] * 2048))
@@ -207,8 +267,26 @@ def test_plan_json_carries_intervals_and_the_budget(capsys):
 def test_plan_deadline_on_a_short_curve(capsys):
     """The CLI's choice is the curve's row with the fewest node-hours among those that finish
     by the deadline, and it says so."""
-    assert main(["plan", "--model", "gpt-22b", "--system", "frontier", "--tokens", "300B",
-                 "--curve", "4-64", "--deadline", "200d", "--format", "json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "gpt-22b",
+                "--system",
+                "frontier",
+                "--tokens",
+                "300B",
+                "--curve",
+                "4-64",
+                "--deadline",
+                "200d",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
 
     def strict(word):
         raise AssertionError(f"not strict JSON: {word}")
@@ -219,19 +297,51 @@ def test_plan_deadline_on_a_short_curve(capsys):
     assert list(cur["gpus"]) == [8, 16, 32, 64]
     inside = cur[cur["fits"] & (cur["train_days"] <= 200)]
     assert len(inside) and doc["selection"]["gpus"] == int(
-        inside.sort_values(["node_hours", "gpus"]).iloc[0]["gpus"])
+        inside.sort_values(["node_hours", "gpus"]).iloc[0]["gpus"]
+    )
     assert (cur["train_days_low"] < cur["train_days"]).all()
     # A deadline no count meets: exit 1 and the message says what would qualify.
-    assert main(["plan", "--model", "gpt-22b", "--system", "frontier", "--tokens", "300B",
-                 "--curve", "16-32", "--deadline", "1d"]) == 1
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "gpt-22b",
+                "--system",
+                "frontier",
+                "--tokens",
+                "300B",
+                "--curve",
+                "16-32",
+                "--deadline",
+                "1d",
+            ]
+        )
+        == 1
+    )
     assert "nothing qualifies" in capsys.readouterr().out
 
 
 def test_min_gpus_is_the_first_count_that_fits(capsys):
     from frontier_llm.planner import plan
 
-    assert main(["plan", "--model", "gpt-22b", "--system", "frontier", "--gpus", "64",
-                 "--min-gpus", "--format", "json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "gpt-22b",
+                "--system",
+                "frontier",
+                "--gpus",
+                "64",
+                "--min-gpus",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
     row = json.loads(capsys.readouterr().out)["min_gpus"][0]
     n = row["min_gpus"]
     model, system = load_model("gpt-22b"), load_system("frontier")
@@ -243,8 +353,22 @@ def test_min_gpus_is_the_first_count_that_fits(capsys):
 
 
 def test_risk_aware_ranks_by_the_pessimistic_throughput(capsys):
-    argv = ["plan", "--model", "gpt-22b", "--system", "dgx-a100", "--gpus", "64", "--engine",
-            "megatron,deepspeed", "--top", "30", "--all", "--format", "json"]
+    argv = [
+        "plan",
+        "--model",
+        "gpt-22b",
+        "--system",
+        "dgx-a100",
+        "--gpus",
+        "64",
+        "--engine",
+        "megatron,deepspeed",
+        "--top",
+        "30",
+        "--all",
+        "--format",
+        "json",
+    ]
     assert main([*argv, "--risk-aware"]) == 0
     risky = pd.DataFrame(json.loads(capsys.readouterr().out)["layouts"])
     assert main(argv) == 0
@@ -266,8 +390,10 @@ def test_report_plan_writes_four_files_with_the_bands(tmp_path):
         train_days_low=lambda d: d["train_days"] * 0.8,
         train_days_high=lambda d: d["train_days"] * 1.3,
         node_hours_low=lambda d: d["node_hours"] * 0.8,
-        node_hours_high=lambda d: d["node_hours"] * 1.3, interval_confidence=0.8,
-        nodes=lambda d: d["gpus"] // 8)
+        node_hours_high=lambda d: d["node_hours"] * 1.3,
+        interval_confidence=0.8,
+        nodes=lambda d: d["gpus"] // 8,
+    )
     fig = plot_allocation(cur, deadline_days=60, selected_gpus=128)
     left, right = fig.axes[:2]
     labels = [t.get_text() for t in left.get_legend().get_texts()]

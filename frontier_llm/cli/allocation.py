@@ -33,46 +33,78 @@ def curve_range(text: str) -> str:
         lo, hi = (int(p) for p in parts)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--curve takes LO-HI GPU counts, e.g. 8-65536 (got {text!r})") from None
+            f"--curve takes LO-HI GPU counts, e.g. 8-65536 (got {text!r})"
+        ) from None
     if not 1 <= lo <= hi <= MAX_GPUS:
         raise argparse.ArgumentTypeError(
-            f"--curve needs 1 <= LO <= HI <= {MAX_GPUS:,} (got {text})")
+            f"--curve needs 1 <= LO <= HI <= {MAX_GPUS:,} (got {text})"
+        )
     return text
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register the allocation flags on ``flm plan``."""
-    g = p.add_argument_group(
-        "plan an allocation (docs/planner.md, 'Planning an allocation')")
-    g.add_argument("--tokens", type=tokens, default=None, metavar="T",
-                   help="token budget, e.g. 2e13, 20T, 300B: adds steps, days, node-hours, "
-                        "GPU-hours and energy (kWh, from the system's power: key) with their "
-                        "intervals")
-    g.add_argument("--confidence", type=fraction, default=DEFAULT_CONFIDENCE, metavar="C",
-                   help="confidence of the intervals every prediction carries (default "
-                        f"{DEFAULT_CONFIDENCE}); their width is the model's measured "
-                        "out-of-sample error on the calibration runs")
-    g.add_argument("--curve", nargs="?", const=DEFAULT_CURVE, default=None, type=curve_range,
-                   metavar="LO-HI",
-                   help="the best layout at every power-of-two GPU count from LO to HI "
-                        "(default: one node's GPUs to 65,536) instead of the layouts at --gpus; "
-                        "each count with its default global batch unless --global-batch fixes "
-                        "one for all")
-    g.add_argument("--deadline", type=days, default=None, metavar="D",
-                   help="with --tokens: the GPU count (and layout) that trains within D "
-                        "(45d, 12w, 36h) for the fewest node-hours; implies --curve")
-    g.add_argument("--max-node-hours", type=positive_float(1e12), default=None, metavar="N",
-                   help="with --tokens: the fastest GPU count within N node-hours; implies "
-                        "--curve")
-    g.add_argument("--min-gpus", action="store_true",
-                   help="per engine: the smallest power-of-two GPU count with a layout "
-                        "predicted to fit, and the largest micro-batch that fits there and at "
-                        "--gpus")
-    g.add_argument("--risk-aware", action="store_true",
-                   help="rank by the pessimistic (low) end of the throughput interval and "
-                        "mark layouts whose memory interval straddles the device's capacity "
-                        "('tight'); with one engine the order is unchanged, since an engine's "
-                        "width is the same for all its layouts")
+    g = p.add_argument_group("plan an allocation (docs/planner.md, 'Planning an allocation')")
+    g.add_argument(
+        "--tokens",
+        type=tokens,
+        default=None,
+        metavar="T",
+        help="token budget, e.g. 2e13, 20T, 300B: adds steps, days, node-hours, "
+        "GPU-hours and energy (kWh, from the system's power: key) with their "
+        "intervals",
+    )
+    g.add_argument(
+        "--confidence",
+        type=fraction,
+        default=DEFAULT_CONFIDENCE,
+        metavar="C",
+        help="confidence of the intervals every prediction carries (default "
+        f"{DEFAULT_CONFIDENCE}); their width is the model's measured "
+        "out-of-sample error on the calibration runs",
+    )
+    g.add_argument(
+        "--curve",
+        nargs="?",
+        const=DEFAULT_CURVE,
+        default=None,
+        type=curve_range,
+        metavar="LO-HI",
+        help="the best layout at every power-of-two GPU count from LO to HI "
+        "(default: one node's GPUs to 65,536) instead of the layouts at --gpus; "
+        "each count with its default global batch unless --global-batch fixes "
+        "one for all",
+    )
+    g.add_argument(
+        "--deadline",
+        type=days,
+        default=None,
+        metavar="D",
+        help="with --tokens: the GPU count (and layout) that trains within D "
+        "(45d, 12w, 36h) for the fewest node-hours; implies --curve",
+    )
+    g.add_argument(
+        "--max-node-hours",
+        type=positive_float(1e12),
+        default=None,
+        metavar="N",
+        help="with --tokens: the fastest GPU count within N node-hours; implies --curve",
+    )
+    g.add_argument(
+        "--min-gpus",
+        action="store_true",
+        help="per engine: the smallest power-of-two GPU count with a layout "
+        "predicted to fit, and the largest micro-batch that fits there and at "
+        "--gpus",
+    )
+    g.add_argument(
+        "--risk-aware",
+        action="store_true",
+        help="rank by the pessimistic (low) end of the throughput interval and "
+        "mark layouts whose memory interval straddles the device's capacity "
+        "('tight'); with one engine the order is unchanged, since an engine's "
+        "width is the same for all its layouts",
+    )
 
 
 def wants_curve(args: argparse.Namespace) -> bool:
@@ -88,8 +120,13 @@ def check(args: argparse.Namespace) -> str | None:
     return None
 
 
-def annotate(frame: pd.DataFrame, model: ModelSpec, system: SystemSpec,
-             args: argparse.Namespace, top: int | None = None) -> pd.DataFrame:
+def annotate(
+    frame: pd.DataFrame,
+    model: ModelSpec,
+    system: SystemSpec,
+    args: argparse.Namespace,
+    top: int | None = None,
+) -> pd.DataFrame:
     """Intervals (always), the token budget's figures (with --tokens), the risk-aware order
     (with --risk-aware; then the first ``top`` rows)."""
     out = add_intervals(frame, system, args.confidence) if len(frame) else frame
@@ -98,8 +135,9 @@ def annotate(frame: pd.DataFrame, model: ModelSpec, system: SystemSpec,
     if getattr(args, "risk_aware", False) and len(out):
         # Rank by the low end of throughput; layouts that do not fit stay after those that do.
         fits = out["fits"].astype(bool) if "fits" in out else pd.Series(True, index=out.index)
-        out = out.assign(_fit=~fits).sort_values(["_fit", "tokens_per_s_low"],
-                                                 ascending=[True, False], kind="stable")
+        out = out.assign(_fit=~fits).sort_values(
+            ["_fit", "tokens_per_s_low"], ascending=[True, False], kind="stable"
+        )
         out = out.drop(columns="_fit").head(top).reset_index(drop=True)
         if "rank" in out:
             out["rank"] = np.arange(1, len(out) + 1)
@@ -112,12 +150,15 @@ def _num(x: float) -> str:
 
 
 def _range(lo: pd.Series, hi: pd.Series) -> list[str]:
-    return [f"{_num(a)}-{_num(b)}" if np.isfinite(a) and np.isfinite(b) else ""
-            for a, b in zip(lo, hi, strict=True)]
+    return [
+        f"{_num(a)}-{_num(b)}" if np.isfinite(a) and np.isfinite(b) else ""
+        for a, b in zip(lo, hi, strict=True)
+    ]
 
 
-def display_columns(shown: pd.DataFrame, full: pd.DataFrame, args: argparse.Namespace
-                    ) -> pd.DataFrame:
+def display_columns(
+    shown: pd.DataFrame, full: pd.DataFrame, args: argparse.Namespace
+) -> pd.DataFrame:
     """The table's extra columns: the step-time interval, the memory verdict, and with
     --tokens days, node-hours and MWh with their intervals."""
     if not len(full) or "step_time_s_low" not in full:
@@ -134,29 +175,42 @@ def display_columns(shown: pd.DataFrame, full: pd.DataFrame, args: argparse.Name
     return shown
 
 
-def summary_lines(model: ModelSpec, system: SystemSpec, frame: pd.DataFrame,
-                  args: argparse.Namespace) -> list[str]:
+def summary_lines(
+    model: ModelSpec, system: SystemSpec, frame: pd.DataFrame, args: argparse.Namespace
+) -> list[str]:
     """What the intervals and the token budget rest on, for stderr."""
     lines = []
     if len(frame) and "interval_basis" in frame:
         bases = "; ".join(b for b in dict.fromkeys(frame["interval_basis"].astype(str)) if b)
-        lines.append(f"# intervals at {args.confidence:.0%}: step time from {bases}; memory "
-                     f"from {frame['memory_interval_basis'].iloc[0]}")
+        lines.append(
+            f"# intervals at {args.confidence:.0%}: step time from {bases}; memory "
+            f"from {frame['memory_interval_basis'].iloc[0]}"
+        )
     if args.tokens is not None:
         flops = alloc.training_flops(model.num_params(), args.tokens)
-        lines.append(f"# {args.tokens:.3g} tokens x {model.num_params():.3g} parameters: "
-                     f"6ND = {flops:.3g} FLOPs; {alloc.power_note(system)}")
+        lines.append(
+            f"# {args.tokens:.3g} tokens x {model.num_params():.3g} parameters: "
+            f"6ND = {flops:.3g} FLOPs; {alloc.power_note(system)}"
+        )
     return lines
 
 
-def run_curve(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
-              space: SearchSpace) -> int:
+def run_curve(
+    args: argparse.Namespace, model: ModelSpec, system: SystemSpec, space: SearchSpace
+) -> int:
     """--curve / --deadline / --max-node-hours: the best layout at each GPU count."""
     counts = curve_counts(args, system)
     with Progress(f"planning {len(counts)} GPU counts") as bar:
-        cur = alloc.allocation_curve(model, system, counts, args.tokens, args.confidence, space,
-                                     on_count=lambda i: bar.update(i, len(counts)),
-                                     global_batch=args.global_batch)
+        cur = alloc.allocation_curve(
+            model,
+            system,
+            counts,
+            args.tokens,
+            args.confidence,
+            space,
+            on_count=lambda i: bar.update(i, len(counts)),
+            global_batch=args.global_batch,
+        )
     selection = None
     end = "_high" if args.risk_aware else ""
     if args.deadline is not None:
@@ -166,22 +220,29 @@ def run_curve(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
     for line in summary_lines(model, system, cur, args):
         print(line, file=sys.stderr)
     if args.format == "json":
-        doc = {"model": model.name, "system": system.name, "tokens": args.tokens,
-               "interval_confidence": args.confidence,
-               # NaN (a count where nothing fits) as null: strict JSON for jq and friends.
-               "curve": cur.astype(object).where(cur.notna(), None).to_dict(orient="records")}
+        doc = {
+            "model": model.name,
+            "system": system.name,
+            "tokens": args.tokens,
+            "interval_confidence": args.confidence,
+            # NaN (a count where nothing fits) as null: strict JSON for jq and friends.
+            "curve": cur.astype(object).where(cur.notna(), None).to_dict(orient="records"),
+        }
         if selection is not None:
-            doc["selection"] = {"message": selection.message,
-                                "gpus": None if selection.row is None
-                                else int(selection.row["gpus"])}
+            doc["selection"] = {
+                "message": selection.message,
+                "gpus": None if selection.row is None else int(selection.row["gpus"]),
+            }
         emit_json(doc)
     elif args.format == "csv":
         emit_frame(cur, "csv")
     else:
         emit_frame(curve_table(cur, args), "table")
     if selection is not None:
-        print(f"flm plan: {selection.message}",
-              file=sys.stdout if args.format == "table" else sys.stderr)
+        print(
+            f"flm plan: {selection.message}",
+            file=sys.stdout if args.format == "table" else sys.stderr,
+        )
         return 0 if selection.row is not None else 1
     return 0 if cur["fits"].astype(bool).any() else 1
 
@@ -214,13 +275,13 @@ def curve_table(cur: pd.DataFrame, args: argparse.Namespace) -> pd.DataFrame:
     missing = pd.DataFrame({"gpus": cur.loc[~fits, "gpus"].astype(int)}).astype(object)
     table = pd.concat([out, missing]).sort_values("gpus", kind="stable")
     if len(missing):
-        table["fits"] = [bool(f) for f in fits[np.argsort(cur["gpus"].to_numpy(),
-                                                          kind="stable")]]
+        table["fits"] = [bool(f) for f in fits[np.argsort(cur["gpus"].to_numpy(), kind="stable")]]
     return table.fillna("").reset_index(drop=True)
 
 
-def run_min_gpus(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
-                 space: SearchSpace) -> int:
+def run_min_gpus(
+    args: argparse.Namespace, model: ModelSpec, system: SystemSpec, space: SearchSpace
+) -> int:
     """--min-gpus: per engine, the smallest power-of-two GPU count with a layout that fits,
     and the largest micro-batch that fits there and at --gpus."""
     from dataclasses import replace
@@ -230,8 +291,13 @@ def run_min_gpus(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
     for engine in args.engine:
         sub = replace(space, engine=(engine,))
         smallest = alloc.min_gpus(lambda n, sub=sub: plan(model, system, n, None, sub), counts)
-        row = {"engine": engine, "min_gpus": None, "largest_micro_batch_at_min": None,
-               "gpus": args.gpus, "largest_micro_batch_at_gpus": None}
+        row = {
+            "engine": engine,
+            "min_gpus": None,
+            "largest_micro_batch_at_min": None,
+            "gpus": args.gpus,
+            "largest_micro_batch_at_gpus": None,
+        }
         if smallest is not None:
             best = alloc.largest_micro_batch(smallest)
             row["min_gpus"] = smallest.gpus
@@ -242,8 +308,13 @@ def run_min_gpus(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
         rows.append(row)
     table = pd.DataFrame(rows)
     if args.format == "json":
-        emit_json({"model": model.name, "system": system.name,
-                   "min_gpus": table.to_dict(orient="records")})
+        emit_json(
+            {
+                "model": model.name,
+                "system": system.name,
+                "min_gpus": table.to_dict(orient="records"),
+            }
+        )
     else:
         emit_frame(table, args.format)
     return 0 if table["min_gpus"].notna().any() else 1
@@ -251,47 +322,82 @@ def run_min_gpus(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
 
 def add_predict_arguments(p: argparse.ArgumentParser) -> None:
     """flm predict's --tokens and --confidence."""
-    p.add_argument("--tokens", type=tokens, default=None, metavar="T",
-                   help="token budget, e.g. 2e13, 20T, 300B: adds steps, days, node-hours, "
-                        "GPU-hours and energy with their intervals")
-    p.add_argument("--confidence", type=fraction, default=DEFAULT_CONFIDENCE, metavar="C",
-                   help=f"confidence of the intervals (default {DEFAULT_CONFIDENCE}): the "
-                        "model's measured out-of-sample error on the calibration runs")
+    p.add_argument(
+        "--tokens",
+        type=tokens,
+        default=None,
+        metavar="T",
+        help="token budget, e.g. 2e13, 20T, 300B: adds steps, days, node-hours, "
+        "GPU-hours and energy with their intervals",
+    )
+    p.add_argument(
+        "--confidence",
+        type=fraction,
+        default=DEFAULT_CONFIDENCE,
+        metavar="C",
+        help=f"confidence of the intervals (default {DEFAULT_CONFIDENCE}): the "
+        "model's measured out-of-sample error on the calibration runs",
+    )
 
 
 # Keys flm predict adds (JSON), beside its own.
-_PREDICT_KEYS = ("interval_confidence", "memory_verdict", "interval_basis",
-                 "memory_interval_basis", "tokens", "steps", "nodes")
+_PREDICT_KEYS = (
+    "interval_confidence",
+    "memory_verdict",
+    "interval_basis",
+    "memory_interval_basis",
+    "tokens",
+    "steps",
+    "nodes",
+)
 
 
-def predict_extras(out: dict, layout, model: ModelSpec, system: SystemSpec,
-                   args: argparse.Namespace) -> dict:
+def predict_extras(
+    out: dict, layout, model: ModelSpec, system: SystemSpec, args: argparse.Namespace
+) -> dict:
     """flm predict's intervals (and, with --tokens, the budget's figures) for one layout."""
-    row = pd.DataFrame([{"tp": layout.tp, "pp": layout.pp, "dp": layout.dp,
-                         "global_batch": layout.global_batch, "engine": str(layout.engine),
-                         "step_time_s": out["step_time_s"], "tokens_per_s": out["tokens_per_s"],
-                         "peak_memory_bytes": out["peak_memory_bytes"], "fits": out["fits"]}])
+    row = pd.DataFrame(
+        [
+            {
+                "tp": layout.tp,
+                "pp": layout.pp,
+                "dp": layout.dp,
+                "global_batch": layout.global_batch,
+                "engine": str(layout.engine),
+                "step_time_s": out["step_time_s"],
+                "tokens_per_s": out["tokens_per_s"],
+                "peak_memory_bytes": out["peak_memory_bytes"],
+                "fits": out["fits"],
+            }
+        ]
+    )
     row = annotate(row, model, system, args).iloc[0]
-    keep = [k for k in row.index if k.endswith(("_low", "_high")) or k in _PREDICT_KEYS
-            or k in alloc.ALLOCATION_FIGURES]
+    keep = [
+        k
+        for k in row.index
+        if k.endswith(("_low", "_high")) or k in _PREDICT_KEYS or k in alloc.ALLOCATION_FIGURES
+    ]
     return {k: row[k].item() if hasattr(row[k], "item") else row[k] for k in keep}
 
 
 def predict_lines(extra: dict) -> list[str]:
     """flm predict's table lines for the intervals and the token budget."""
     c = f"{extra['interval_confidence']:.0%}"
-    lines = [f"interval    {c}: step {extra['step_time_s_low']:.4g}-"
-             f"{extra['step_time_s_high']:.4g} s, memory "
-             f"{extra['peak_memory_bytes_low'] / 1e9:.2f}-"
-             f"{extra['peak_memory_bytes_high'] / 1e9:.2f} GB: {extra['memory_verdict']} "
-             f"({extra['interval_basis']})"]
+    lines = [
+        f"interval    {c}: step {extra['step_time_s_low']:.4g}-"
+        f"{extra['step_time_s_high']:.4g} s, memory "
+        f"{extra['peak_memory_bytes_low'] / 1e9:.2f}-"
+        f"{extra['peak_memory_bytes_high'] / 1e9:.2f} GB: {extra['memory_verdict']} "
+        f"({extra['interval_basis']})"
+    ]
     if "train_days" in extra:
         lines.append(
             f"budget      {extra['tokens']:.3g} tokens: {extra['steps']:,} steps, "
             f"{extra['train_days']:.1f} days ({extra['train_days_low']:.1f}-"
             f"{extra['train_days_high']:.1f}), {extra['node_hours']:,.0f} node-hours "
             f"({extra['node_hours_low']:,.0f}-{extra['node_hours_high']:,.0f}), "
-            f"{extra['gpu_hours']:,.0f} GPU-hours, {extra['energy_kwh'] / 1e3:,.1f} MWh")
+            f"{extra['gpu_hours']:,.0f} GPU-hours, {extra['energy_kwh'] / 1e3:,.1f} MWh"
+        )
     return lines
 
 
@@ -301,19 +407,42 @@ def add_report_arguments(q: argparse.ArgumentParser) -> None:
 
     q.add_argument("--model", required=True, help="catalog name or YAML path")
     q.add_argument("--system", required=True, help="catalog name or YAML path")
-    q.add_argument("--tokens", type=tokens, required=True, metavar="T",
-                   help="token budget, e.g. 2e13, 20T, 300B")
+    q.add_argument(
+        "--tokens",
+        type=tokens,
+        required=True,
+        metavar="T",
+        help="token budget, e.g. 2e13, 20T, 300B",
+    )
     q.add_argument("--out", required=True, metavar="DIR", help="folder for the report files")
-    q.add_argument("--deadline", type=days, default=None, metavar="D",
-                   help="draw the deadline (45d, 12w, 36h) and circle the GPU count that meets "
-                        "it for the fewest node-hours")
-    q.add_argument("--curve", type=curve_range, default=DEFAULT_CURVE, metavar="LO-HI",
-                   help="power-of-two GPU counts from LO to HI (default: one node's GPUs to "
-                        "65,536)")
-    q.add_argument("--engine", default="native", choices=Engine.words(),
-                   help="the training engine to plan for (default native)")
-    q.add_argument("--confidence", type=fraction, default=DEFAULT_CONFIDENCE, metavar="C",
-                   help=f"confidence of the bands (default {DEFAULT_CONFIDENCE})")
+    q.add_argument(
+        "--deadline",
+        type=days,
+        default=None,
+        metavar="D",
+        help="draw the deadline (45d, 12w, 36h) and circle the GPU count that meets "
+        "it for the fewest node-hours",
+    )
+    q.add_argument(
+        "--curve",
+        type=curve_range,
+        default=DEFAULT_CURVE,
+        metavar="LO-HI",
+        help="power-of-two GPU counts from LO to HI (default: one node's GPUs to 65,536)",
+    )
+    q.add_argument(
+        "--engine",
+        default="native",
+        choices=Engine.words(),
+        help="the training engine to plan for (default native)",
+    )
+    q.add_argument(
+        "--confidence",
+        type=fraction,
+        default=DEFAULT_CONFIDENCE,
+        metavar="C",
+        help=f"confidence of the bands (default {DEFAULT_CONFIDENCE})",
+    )
 
 
 def run_report_plan(args: argparse.Namespace) -> int:
@@ -325,8 +454,15 @@ def run_report_plan(args: argparse.Namespace) -> int:
     counts = curve_counts(args, system)
     space = SearchSpace(engine=(args.engine,))
     with Progress(f"planning {len(counts)} GPU counts") as bar:
-        cur = alloc.allocation_curve(model, system, counts, args.tokens, args.confidence, space,
-                                     on_count=lambda i: bar.update(i, len(counts)))
+        cur = alloc.allocation_curve(
+            model,
+            system,
+            counts,
+            args.tokens,
+            args.confidence,
+            space,
+            on_count=lambda i: bar.update(i, len(counts)),
+        )
     selection = alloc.select_deadline(cur, args.deadline) if args.deadline else None
     label = "GCDs" if "GCD" in system.gpu else "GPUs"
     name = f"{model.name}-{system.name}-plan"
@@ -346,10 +482,15 @@ def run_report_plan(args: argparse.Namespace) -> int:
     if selection is not None:
         notes.append(selection.message)
     paths = allocation_report(
-        cur, args.out, name,
+        cur,
+        args.out,
+        name,
         f"{model.name} on {system.name}: {format_tokens(args.tokens)} tokens, {args.engine}",
-        notes, args.deadline, None if selection is None or selection.row is None
-        else int(selection.row["gpus"]), label)
+        notes,
+        args.deadline,
+        None if selection is None or selection.row is None else int(selection.row["gpus"]),
+        label,
+    )
     for p in paths:
         print(f"wrote {p}")
     if selection is not None:

@@ -68,8 +68,9 @@ def parse_days(text: str) -> float:
         raise ValueError(f"expected a duration such as 45d, 12w or 36h, got {text!r}")
     value = float(match.group(1)) * _DAYS[match.group(2).lower()]
     if not math.isfinite(value) or not 0 < value <= MAX_DAYS:
-        raise ValueError(f"the duration must be above 0 and at most {MAX_DAYS:,.0f} days "
-                         f"(got {text})")
+        raise ValueError(
+            f"the duration must be above 0 and at most {MAX_DAYS:,.0f} days (got {text})"
+        )
     return value
 
 
@@ -84,8 +85,9 @@ def nodes_for(gpus, gpus_per_node: int):
     return np.ceil(np.asarray(gpus, dtype=float) / gpus_per_node)
 
 
-def add_allocation(frame: pd.DataFrame, system: SystemSpec, seq_len: int,
-                   tokens: float) -> pd.DataFrame:
+def add_allocation(
+    frame: pd.DataFrame, system: SystemSpec, seq_len: int, tokens: float
+) -> pd.DataFrame:
     """``frame`` (rows with ``tp, pp, dp, global_batch, step_time_s``, and
     ``step_time_s_low/_high`` when intervals were added) with the cost of ``tokens`` tokens:
     ``steps`` (whole iterations of ``global_batch · seq_len`` tokens), ``train_days``,
@@ -127,17 +129,20 @@ def power_note(system: SystemSpec) -> str:
     p = system.power
     if p is None:
         return f"energy: {system.name} states no power figures (its YAML has no power: key)"
-    return (f"energy: {p.utilisation:.0%} of {p.device_w:g} W per GPU + {p.host_w:g} W per node "
-            f"host = {p.node_w(system.gpus_per_node) / 1e3:.2f} kW a full node "
-            f"(utilisation assumed; sources in {system.name}'s YAML)")
+    return (
+        f"energy: {p.utilisation:.0%} of {p.device_w:g} W per GPU + {p.host_w:g} W per node "
+        f"host = {p.node_w(system.gpus_per_node) / 1e3:.2f} kW a full node "
+        f"(utilisation assumed; sources in {system.name}'s YAML)"
+    )
 
 
 # --- the scaling curve ----------------------------------------------------------------------
 def power_of_two_counts(lo: int, hi: int) -> list[int]:
     """Every power of two from ``lo`` to ``hi`` (both rounded up to a power of two)."""
     if not 1 <= lo <= hi <= MAX_GPUS:
-        raise UserError(f"a curve's GPU counts must satisfy 1 <= LO <= HI <= {MAX_GPUS:,} "
-                        f"(got {lo}-{hi})")
+        raise UserError(
+            f"a curve's GPU counts must satisfy 1 <= LO <= HI <= {MAX_GPUS:,} (got {lo}-{hi})"
+        )
     first = 1 << max(0, math.ceil(math.log2(lo)))
     out = []
     while first <= hi:
@@ -146,8 +151,7 @@ def power_of_two_counts(lo: int, hi: int) -> list[int]:
     return out
 
 
-def curve(plans: Iterable[Plan], pick: Callable[[Plan], int | None] | None = None
-          ) -> pd.DataFrame:
+def curve(plans: Iterable[Plan], pick: Callable[[Plan], int | None] | None = None) -> pd.DataFrame:
     """The best layout at each GPU count: one row per plan (its ``gpus``), the row ``pick``
     chooses (default: the plan's fastest that fits), with ``rank`` dropped. A count where no
     layout fits has a row with ``fits`` False and NaN figures, so that the curve shows where
@@ -156,8 +160,9 @@ def curve(plans: Iterable[Plan], pick: Callable[[Plan], int | None] | None = Non
     for p in plans:
         i = pick(p) if pick else _fastest(p)
         if i is None:
-            rows.append(pd.DataFrame({"gpus": [p.gpus], "global_batch": [p.global_batch],
-                                      "fits": [False]}))
+            rows.append(
+                pd.DataFrame({"gpus": [p.gpus], "global_batch": [p.global_batch], "fits": [False]})
+            )
             continue
         row = p.frame(np.array([i]))
         row.insert(0, "gpus", p.gpus)
@@ -185,8 +190,9 @@ def _fitting(cur: pd.DataFrame) -> pd.DataFrame:
     need = ("train_days", "node_hours")
     missing = [c for c in need if c not in cur]
     if missing:
-        raise UserError("a deadline or node-hour budget needs --tokens (the curve has no "
-                        f"{', '.join(missing)})")
+        raise UserError(
+            f"a deadline or node-hour budget needs --tokens (the curve has no {', '.join(missing)})"
+        )
     return cur[cur["fits"].astype(bool) & cur["train_days"].notna()]
 
 
@@ -198,22 +204,32 @@ def select_deadline(cur: pd.DataFrame, deadline_days: float, end: str = "") -> S
     ok = _fitting(cur)
     days, hours = f"train_days{end}", f"node_hours{end}"
     if not len(ok):
-        return Selection(None, "nothing qualifies: no GPU count of the curve has a layout that "
-                               "fits in memory; would need more GPUs (see --min-gpus)")
+        return Selection(
+            None,
+            "nothing qualifies: no GPU count of the curve has a layout that "
+            "fits in memory; would need more GPUs (see --min-gpus)",
+        )
     inside = ok[ok[days] <= deadline_days]
     if len(inside):
         best = inside.sort_values([hours, "gpus"]).iloc[0]
-        return Selection(best, f"{int(best['gpus']):,} GPUs train in {best[days]:.1f} days "
-                               f"(deadline {deadline_days:g}) for {best[hours]:,.0f} node-hours, "
-                               f"the fewest of the {len(inside)} GPU counts that finish in time")
+        return Selection(
+            best,
+            f"{int(best['gpus']):,} GPUs train in {best[days]:.1f} days "
+            f"(deadline {deadline_days:g}) for {best[hours]:,.0f} node-hours, "
+            f"the fewest of the {len(inside)} GPU counts that finish in time",
+        )
     fastest = ok.sort_values([days, "gpus"]).iloc[0]
     share = deadline_days / fastest[days]
-    return Selection(None, (
-        f"nothing qualifies: the fastest, {int(fastest['gpus']):,} GPUs, needs "
-        f"{fastest[days]:.1f} days for a {deadline_days:g}-day deadline; would need at least "
-        f"{math.ceil(fastest['gpus'] / share):,} GPUs (the fastest's count scaled by "
-        f"{1 / share:.2f}, at perfect scaling; --curve LO-HI plans further), or at most "
-        f"{share * fastest['tokens']:.3g} tokens ({share:.0%} of the budget)"))
+    return Selection(
+        None,
+        (
+            f"nothing qualifies: the fastest, {int(fastest['gpus']):,} GPUs, needs "
+            f"{fastest[days]:.1f} days for a {deadline_days:g}-day deadline; would need at least "
+            f"{math.ceil(fastest['gpus'] / share):,} GPUs (the fastest's count scaled by "
+            f"{1 / share:.2f}, at perfect scaling; --curve LO-HI plans further), or at most "
+            f"{share * fastest['tokens']:.3g} tokens ({share:.0%} of the budget)"
+        ),
+    )
 
 
 def select_budget(cur: pd.DataFrame, max_node_hours: float, end: str = "") -> Selection:
@@ -223,21 +239,31 @@ def select_budget(cur: pd.DataFrame, max_node_hours: float, end: str = "") -> Se
     ok = _fitting(cur)
     days, hours = f"train_days{end}", f"node_hours{end}"
     if not len(ok):
-        return Selection(None, "nothing qualifies: no GPU count of the curve has a layout that "
-                               "fits in memory; would need more GPUs (see --min-gpus)")
+        return Selection(
+            None,
+            "nothing qualifies: no GPU count of the curve has a layout that "
+            "fits in memory; would need more GPUs (see --min-gpus)",
+        )
     inside = ok[ok[hours] <= max_node_hours]
     if len(inside):
         best = inside.sort_values([days, hours]).iloc[0]
-        return Selection(best, f"{int(best['gpus']):,} GPUs train in {best[days]:.1f} days for "
-                               f"{best[hours]:,.0f} node-hours (budget {max_node_hours:,.0f}), "
-                               f"the fastest of the {len(inside)} GPU counts within budget")
+        return Selection(
+            best,
+            f"{int(best['gpus']):,} GPUs train in {best[days]:.1f} days for "
+            f"{best[hours]:,.0f} node-hours (budget {max_node_hours:,.0f}), "
+            f"the fastest of the {len(inside)} GPU counts within budget",
+        )
     cheapest = ok.sort_values([hours, "gpus"]).iloc[0]
     share = max_node_hours / cheapest[hours]
-    return Selection(None, (
-        f"nothing qualifies: the cheapest, {int(cheapest['gpus']):,} GPUs, needs "
-        f"{cheapest[hours]:,.0f} node-hours for a budget of {max_node_hours:,.0f}; would need "
-        f"a budget of at least {cheapest[hours]:,.0f} node-hours, or at most "
-        f"{share * cheapest['tokens']:.3g} tokens ({share:.0%} of the budget)"))
+    return Selection(
+        None,
+        (
+            f"nothing qualifies: the cheapest, {int(cheapest['gpus']):,} GPUs, needs "
+            f"{cheapest[hours]:,.0f} node-hours for a budget of {max_node_hours:,.0f}; would need "
+            f"a budget of at least {cheapest[hours]:,.0f} node-hours, or at most "
+            f"{share * cheapest['tokens']:.3g} tokens ({share:.0%} of the budget)"
+        ),
+    )
 
 
 # --- the smallest machine -----------------------------------------------------------------
@@ -264,10 +290,16 @@ def largest_micro_batch(p: Plan) -> pd.DataFrame:
     return best.groupby("engine", sort=False, observed=True).head(1).reset_index(drop=True)
 
 
-def allocation_curve(model: ModelSpec, system: SystemSpec, counts: Iterable[int],
-                     tokens: float | None = None, confidence: float | None = None,
-                     space=None, on_count: Callable[[int], None] | None = None,
-                     global_batch: int | None = None) -> pd.DataFrame:
+def allocation_curve(
+    model: ModelSpec,
+    system: SystemSpec,
+    counts: Iterable[int],
+    tokens: float | None = None,
+    confidence: float | None = None,
+    space=None,
+    on_count: Callable[[int], None] | None = None,
+    global_batch: int | None = None,
+) -> pd.DataFrame:
     """The best layout at each GPU count of ``counts`` with its intervals (``confidence``,
     default :data:`~frontier_llm.planner.intervals.DEFAULT_CONFIDENCE`) and, with ``tokens``,
     the budget's days, node-hours, GPU-hours and energy: what ``flm plan --curve`` prints,

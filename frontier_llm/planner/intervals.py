@@ -53,8 +53,9 @@ def load_residuals(path: str | Path = RESIDUALS) -> pd.DataFrame:
     try:
         return pd.read_csv(path)
     except FileNotFoundError:
-        raise UserError(f"{path}: no such file (python analysis/loo_residuals.py writes it)"
-                        ) from None
+        raise UserError(
+            f"{path}: no such file (python analysis/loo_residuals.py writes it)"
+        ) from None
 
 
 def conformal_quantile(abs_residuals: np.ndarray, confidence: float) -> float:
@@ -98,8 +99,12 @@ class Width:
     basis: str
 
 
-def step_width(system: SystemSpec, engine: str, confidence: float = DEFAULT_CONFIDENCE,
-               residuals: pd.DataFrame | None = None) -> Width:
+def step_width(
+    system: SystemSpec,
+    engine: str,
+    confidence: float = DEFAULT_CONFIDENCE,
+    residuals: pd.DataFrame | None = None,
+) -> Width:
     """The step-time half-width (log space) for ``engine`` on ``system``."""
     check_confidence(confidence)
     cls = system_class(system, residuals)
@@ -108,8 +113,11 @@ def step_width(system: SystemSpec, engine: str, confidence: float = DEFAULT_CONF
         q = conformal_quantile(r, confidence)
         if not math.isfinite(q):
             q = float(np.max(np.abs(r)))
-        return Width(q, f"calibrated: {len(r)} held-out runs "
-                        f"({system.prediction_error.method or 'flm calibrate --from-runs'})")
+        return Width(
+            q,
+            f"calibrated: {len(r)} held-out runs "
+            f"({system.prediction_error.method or 'flm calibrate --from-runs'})",
+        )
     res = load_residuals() if residuals is None else residuals
     if cls == "fitted":
         pool = res[res["system"].isin(fitted_systems(res))]
@@ -120,14 +128,15 @@ def step_width(system: SystemSpec, engine: str, confidence: float = DEFAULT_CONF
     q = half_width(group, pool[col].to_numpy(float), confidence)
     small = math.isinf(conformal_quantile(group, confidence))
     how = "leave-one-out" if cls == "fitted" else "knobs carried from another system"
-    basis = (f"{cls}: {len(group)} {engine} row(s), {how}"
-             + (f"; too few for {confidence:.0%}, pooled with the class's {len(pool)} rows"
-                if small else ""))
+    basis = f"{cls}: {len(group)} {engine} row(s), {how}" + (
+        f"; too few for {confidence:.0%}, pooled with the class's {len(pool)} rows" if small else ""
+    )
     return Width(q, basis)
 
 
-def memory_width(confidence: float = DEFAULT_CONFIDENCE,
-                 residuals: pd.DataFrame | None = None) -> Width:
+def memory_width(
+    confidence: float = DEFAULT_CONFIDENCE, residuals: pd.DataFrame | None = None
+) -> Width:
     """The peak-memory half-width (log space) from the rows that state a measured peak."""
     check_confidence(confidence)
     res = load_residuals() if residuals is None else residuals
@@ -137,8 +146,11 @@ def memory_width(confidence: float = DEFAULT_CONFIDENCE,
     q = conformal_quantile(r, confidence)
     if math.isfinite(q):
         return Width(q, f"{len(r)} rows with a measured peak memory")
-    return Width(float(np.max(np.abs(r))), f"{len(r)} row(s) with a measured peak memory, too "
-                 f"few for {confidence:.0%}: the width is their largest error")
+    return Width(
+        float(np.max(np.abs(r))),
+        f"{len(r)} row(s) with a measured peak memory, too "
+        f"few for {confidence:.0%}: the width is their largest error",
+    )
 
 
 def check_confidence(confidence: float) -> None:
@@ -152,16 +164,22 @@ def memory_verdict(low, high, capacity: float) -> np.ndarray:
     return np.where(high <= capacity, "fits", np.where(low > capacity, "exceeds", "tight"))
 
 
-def add_intervals(frame: pd.DataFrame, system: SystemSpec,
-                  confidence: float = DEFAULT_CONFIDENCE,
-                  residuals: pd.DataFrame | None = None) -> pd.DataFrame:
+def add_intervals(
+    frame: pd.DataFrame,
+    system: SystemSpec,
+    confidence: float = DEFAULT_CONFIDENCE,
+    residuals: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """``frame`` (plan rows with ``engine``, ``step_time_s``, ``tokens_per_s``,
     ``peak_memory_bytes``) with ``interval_confidence``, ``<figure>_low``/``_high`` for each of
     :data:`INTERVAL_FIGURES`, ``memory_verdict`` and the bases of the widths. A new frame."""
     out = frame.copy()
     # Rows without an engine (a curve's GPU count where nothing fits) get no interval.
-    engines = (out["engine"].astype(object).where(out["engine"].notna(), "").astype(str)
-               .to_numpy() if "engine" in out else np.full(len(out), "native"))
+    engines = (
+        out["engine"].astype(object).where(out["engine"].notna(), "").astype(str).to_numpy()
+        if "engine" in out
+        else np.full(len(out), "native")
+    )
     q = np.full(len(out), np.nan)
     basis = np.full(len(out), "", dtype=object)
     for engine in np.unique(engines[engines != ""]):
@@ -178,16 +196,20 @@ def add_intervals(frame: pd.DataFrame, system: SystemSpec,
     out["peak_memory_bytes_low"] = peak * np.exp(-mem.q)
     out["peak_memory_bytes_high"] = peak * np.exp(mem.q)
     out["memory_verdict"] = np.where(
-        np.isnan(peak), "",
-        memory_verdict(out["peak_memory_bytes_low"], out["peak_memory_bytes_high"],
-                       system.memory_bytes))
+        np.isnan(peak),
+        "",
+        memory_verdict(
+            out["peak_memory_bytes_low"], out["peak_memory_bytes_high"], system.memory_bytes
+        ),
+    )
     out["interval_basis"] = basis
     out["memory_interval_basis"] = mem.basis
     return out
 
 
-def loo_coverage(confidence: float = DEFAULT_CONFIDENCE,
-                 residuals: pd.DataFrame | None = None) -> pd.DataFrame:
+def loo_coverage(
+    confidence: float = DEFAULT_CONFIDENCE, residuals: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """Each calibration row's own interval, built without it: the row is held out of the
     residuals, its system's class and engine give the half-width from the others (the rules of
     :func:`step_width`), and the row is covered when its own out-of-sample residual lies inside.
@@ -204,7 +226,15 @@ def loo_coverage(confidence: float = DEFAULT_CONFIDENCE,
         group = pool[pool["engine"] == held["engine"]][col].to_numpy(float)
         q = half_width(group, pool[col].to_numpy(float), confidence)
         r = float(held[col])
-        rows.append({"row": int(held["row"]), "model": held["model"], "system": held["system"],
-                     "engine": held["engine"], "residual": r, "half_width": q,
-                     "covered": abs(r) <= q})
+        rows.append(
+            {
+                "row": int(held["row"]),
+                "model": held["model"],
+                "system": held["system"],
+                "engine": held["engine"],
+                "residual": r,
+                "half_width": q,
+                "covered": abs(r) <= q,
+            }
+        )
     return pd.DataFrame(rows)

@@ -17,12 +17,24 @@ from frontier_llm.report.figures import _gpu_axis, _log_axis
 from frontier_llm.report.tables import write_table
 
 # The curve's columns a reader wants, in the Markdown table.
-SHOWN = {"gpus": "GPUs", "nodes": "nodes", "tp": "tp", "pp": "pp", "dp": "dp",
-         "micro_batch": "mb", "step_time_s": "step s", "mfu": "MFU",
-         "memory_verdict": "memory", "train_days": "days", "train_days_low": "days low",
-         "train_days_high": "days high", "node_hours": "node-hours",
-         "node_hours_low": "node-h low", "node_hours_high": "node-h high",
-         "energy_mwh": "MWh"}
+SHOWN = {
+    "gpus": "GPUs",
+    "nodes": "nodes",
+    "tp": "tp",
+    "pp": "pp",
+    "dp": "dp",
+    "micro_batch": "mb",
+    "step_time_s": "step s",
+    "mfu": "MFU",
+    "memory_verdict": "memory",
+    "train_days": "days",
+    "train_days_low": "days low",
+    "train_days_high": "days high",
+    "node_hours": "node-hours",
+    "node_hours_low": "node-h low",
+    "node_hours_high": "node-h high",
+    "energy_mwh": "MWh",
+}
 # Whole numbers, kept whole where a count without a fitting layout leaves them empty.
 _WHOLE = ("gpus", "nodes", "tp", "pp", "dp", "micro_batch")
 BAND = {"alpha": 0.22, "linewidth": 0}
@@ -59,9 +71,13 @@ def _scale(values) -> tuple[float, str]:
     return 1.0, ""
 
 
-def plot_allocation(cur: pd.DataFrame, deadline_days: float | None = None,
-                    selected_gpus: int | None = None, gpu_label: str = "GPUs",
-                    title: str | None = None) -> Figure:
+def plot_allocation(
+    cur: pd.DataFrame,
+    deadline_days: float | None = None,
+    selected_gpus: int | None = None,
+    gpu_label: str = "GPUs",
+    title: str | None = None,
+) -> Figure:
     """Two panels against the GPU count (log 2): days to train (log axis) and node-hours
     (linear from zero, so that the allocation's size reads directly), the predicted best
     layout's as a line with the interval as a band, the deadline as a horizontal line, the
@@ -70,21 +86,46 @@ def plot_allocation(cur: pd.DataFrame, deadline_days: float | None = None,
     days = cur["train_days"] if "train_days" in cur else pd.Series(np.nan, index=cur.index)
     fits = cur["fits"].astype(bool).to_numpy() & days.notna().to_numpy()
     ok = cur[fits]
-    conf = float(cur["interval_confidence"].dropna().iloc[0]) \
-        if "interval_confidence" in cur and cur["interval_confidence"].notna().any() else None
+    conf = (
+        float(cur["interval_confidence"].dropna().iloc[0])
+        if "interval_confidence" in cur and cur["interval_confidence"].notna().any()
+        else None
+    )
     band_label = f"{conf:.0%} interval" if conf else "interval"
     div, word = _scale(ok["node_hours_high"]) if len(ok) else (1.0, "")
-    for ax, col, unit, scale in ((left, "train_days", "days to train", 1.0),
-                                 (right, "node_hours", f"{word}node-hours", div)):
-        ax.fill_between(ok["gpus"], ok[f"{col}_low"] / scale, ok[f"{col}_high"] / scale,
-                        color=style.PREDICTED["color"], label=band_label, **BAND)
-        ax.plot(ok["gpus"], ok[col] / scale, color=style.PREDICTED["color"],
-                marker=style.PREDICTED["marker"], linestyle="-", label="predicted (best layout)")
+    for ax, col, unit, scale in (
+        (left, "train_days", "days to train", 1.0),
+        (right, "node_hours", f"{word}node-hours", div),
+    ):
+        ax.fill_between(
+            ok["gpus"],
+            ok[f"{col}_low"] / scale,
+            ok[f"{col}_high"] / scale,
+            color=style.PREDICTED["color"],
+            label=band_label,
+            **BAND,
+        )
+        ax.plot(
+            ok["gpus"],
+            ok[col] / scale,
+            color=style.PREDICTED["color"],
+            marker=style.PREDICTED["marker"],
+            linestyle="-",
+            label="predicted (best layout)",
+        )
         if selected_gpus is not None and selected_gpus in set(ok["gpus"]):
             row = ok[ok["gpus"] == selected_gpus].iloc[0]
-            ax.plot([selected_gpus], [row[col] / scale], marker="o", markersize=13,
-                    markerfacecolor="none", markeredgecolor="#000000", markeredgewidth=1.5,
-                    linestyle="none", label="chosen: fewest node-hours in time")
+            ax.plot(
+                [selected_gpus],
+                [row[col] / scale],
+                marker="o",
+                markersize=13,
+                markerfacecolor="none",
+                markeredgecolor="#000000",
+                markeredgewidth=1.5,
+                linestyle="none",
+                label="chosen: fewest node-hours in time",
+            )
         _gpu_axis(ax, cur["gpus"], gpu_label)
         # Many powers of two side by side: slanted labels do not run into each other.
         for tick in ax.get_xticklabels():
@@ -95,8 +136,13 @@ def plot_allocation(cur: pd.DataFrame, deadline_days: float | None = None,
         missing = cur[~fits]
         if len(missing):
             foot = blended_transform_factory(ax.transData, ax.transAxes)
-            ax.plot(missing["gpus"], np.full(len(missing), 0.03), transform=foot,
-                    clip_on=False, **{**style.MISSING, "label": "no layout fits"})
+            ax.plot(
+                missing["gpus"],
+                np.full(len(missing), 0.03),
+                transform=foot,
+                clip_on=False,
+                **{**style.MISSING, "label": "no layout fits"},
+            )
     left.set_yscale("log")
     _log_axis(left.yaxis)
     if len(ok):
@@ -107,13 +153,25 @@ def plot_allocation(cur: pd.DataFrame, deadline_days: float | None = None,
         left.set_ylim(min(values) / 2.5, max(values) * 1.6)
         right.set_ylim(0, ok["node_hours_high"].max() / div * 1.1)
     if deadline_days is not None:
-        left.axhline(deadline_days, color=style.FAILED["color"], linestyle="--", linewidth=1.3,
-                     label=f"deadline ({deadline_days:g} days)")
+        left.axhline(
+            deadline_days,
+            color=style.FAILED["color"],
+            linestyle="--",
+            linewidth=1.3,
+            label=f"deadline ({deadline_days:g} days)",
+        )
         if selected_gpus is None and len(ok):
-            left.annotate("no GPU count meets the deadline", (0.98, deadline_days),
-                          xycoords=("axes fraction", "data"), xytext=(0, 5),
-                          textcoords="offset points", ha="right", va="bottom", fontsize=8.5,
-                          color=style.FAILED["color"])
+            left.annotate(
+                "no GPU count meets the deadline",
+                (0.98, deadline_days),
+                xycoords=("axes fraction", "data"),
+                xytext=(0, 5),
+                textcoords="offset points",
+                ha="right",
+                va="bottom",
+                fontsize=8.5,
+                color=style.FAILED["color"],
+            )
     left.set_title("time to train")
     right.set_title("allocation")
     for ax in (left, right):
@@ -123,10 +181,16 @@ def plot_allocation(cur: pd.DataFrame, deadline_days: float | None = None,
     return fig
 
 
-def allocation_report(cur: pd.DataFrame, out: str | Path, name: str, title: str,
-                      notes: list[str], deadline_days: float | None = None,
-                      selected_gpus: int | None = None, gpu_label: str = "GPUs"
-                      ) -> list[Path]:
+def allocation_report(
+    cur: pd.DataFrame,
+    out: str | Path,
+    name: str,
+    title: str,
+    notes: list[str],
+    deadline_days: float | None = None,
+    selected_gpus: int | None = None,
+    gpu_label: str = "GPUs",
+) -> list[Path]:
     """NAME.csv (every column of the curve), NAME.md (the main ones and ``notes``), NAME.png
     and NAME.pdf (:func:`plot_allocation`) in ``out``."""
     fig = plot_allocation(cur, deadline_days, selected_gpus, gpu_label, title)

@@ -76,8 +76,9 @@ class Power:
         if not self.host_w >= 0:
             raise SpecError("power.host_w must not be negative", "host_w")
         if not 0 < self.utilisation <= 1:
-            raise SpecError(f"power.utilisation must be in (0, 1] (got {self.utilisation})",
-                            "utilisation")
+            raise SpecError(
+                f"power.utilisation must be in (0, 1] (got {self.utilisation})", "utilisation"
+            )
 
     def node_w(self, gpus_per_node: int) -> float:
         return self.utilisation * gpus_per_node * self.device_w + self.host_w
@@ -97,8 +98,9 @@ class PredictionError:
     def __post_init__(self) -> None:
         values = tuple(float(x) for x in self.log_residuals)
         if not values:
-            raise SpecError("prediction_error.log_residuals needs at least one value",
-                            "log_residuals")
+            raise SpecError(
+                "prediction_error.log_residuals needs at least one value", "log_residuals"
+            )
         object.__setattr__(self, "log_residuals", values)
 
 
