@@ -53,6 +53,17 @@ def step_log_residual(row: pd.Series) -> float:
     return math.log(ratio) if row["metric"] == "iteration_time_s" else -math.log(ratio)
 
 
+def transfer_prediction(held: pd.DataFrame, name: str) -> pd.Series:
+    """``held`` (one calibration row of system ``name``) predicted with the fitted knobs of
+    TRANSFER[name] in place of its system's own (validate_runs' row)."""
+    donor = load_system(TRANSFER[name])
+    carried = {
+        k: getattr(donor, k) if k == "matmul_half_hidden" else donor.eff(k, 0.0)
+        for k in TRANSFERRED
+    }
+    return validate_runs(held, {name: with_eff(load_system(name), carried)}).iloc[0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -77,12 +88,7 @@ def main() -> None:
         fitted = fit(runs.iloc[same], base, knobs, values, rounds=1)
         held = runs.iloc[[i]]
         loo = validate_runs(held, {name: with_eff(base, fitted)}).iloc[0]
-        donor = load_system(TRANSFER[name])
-        carried = {
-            k: getattr(donor, k) if k == "matmul_half_hidden" else donor.eff(k, 0.0)
-            for k in TRANSFERRED
-        }
-        transfer = validate_runs(held, {name: with_eff(load_system(name), carried)}).iloc[0]
+        transfer = transfer_prediction(held, name)
         out.append(
             {
                 "row": i,
