@@ -103,7 +103,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="rank by the pessimistic (low) end of the throughput interval and "
         "mark layouts whose memory interval straddles the device's capacity "
         "('tight'); with one engine the order is unchanged, since an engine's "
-        "width is the same for all its layouts",
+        "width is the same for all its layouts; with --deadline or "
+        "--max-node-hours, judge by the pessimistic (high) end of days and "
+        "node-hours",
     )
 
 

@@ -152,7 +152,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         ["flm plan", "flm plan --model gpt-1t --system frontier --gpus 3072 --top 20 --explain",
          "flm plan --model llama3-70b --system frontier --gpus 768 --engine megatron,deepspeed",
          "flm plan --model llama3-70b --system dgx-h100 --gpus 64 --tp 8 --format csv",
-         "flm plan --model my-model.yaml --system my-system.yaml --gpus 128"],
+         "flm plan --model my-model.yaml --system my-system.yaml --gpus 128",
+         "flm plan --model gpt-1t --system frontier --tokens 20T --deadline 120d "
+         "--engine megatron"],
     )
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"catalog name or YAML path (default {DEFAULT_MODEL}; see flm models)")
