@@ -106,4 +106,5 @@ def test_planner_tour_notebook(tmp_path, monkeypatch):
     out = "\n".join(outputs)
     assert out.count("Winner: ") == 3 and "=== gpt-1t ===" in out
     assert "params_gb" in out and "activations_gb" in out  # the memory breakdown table
-    assert out.count("<png>") == 3
+    assert "nothing qualifies" in out  # the allocation cell: 20T tokens miss 120 days
+    assert out.count("<png>") == 4  # three memory breakdowns and the allocation curve

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from frontier_llm.catalog import load_model, load_system
+from frontier_llm.cli import allocation as alloc_cli
 from frontier_llm.cli.common import add_command, add_format, emit_frame, emit_json
 from frontier_llm.cli.layout_args import add_layout_args, layout_from_args
 from frontier_llm.cli.numbers import MAX_GPUS, count, count_list, gpus
@@ -59,10 +60,20 @@ def run_plan(args: argparse.Namespace) -> int:
         sharding=tuple(zero_preset(z) for z in args.zero) if args.zero else None,
         flash_attention=(args.flash_attention,), dtype=args.dtype, engine=args.engine,
     )
+    refused = alloc_cli.check(args)
+    if refused:
+        print(f"flm plan: {refused}", file=sys.stderr)
+        return 2
+    if args.min_gpus:
+        return alloc_cli.run_min_gpus(args, model, system, space)
+    if alloc_cli.wants_curve(args):
+        return alloc_cli.run_curve(args, model, system, space)
     start = time.perf_counter()
     result = plan(model, system, args.gpus, args.global_batch, space)
     seconds = time.perf_counter() - start
-    ranked = result.ranked(args.top, fits_only=not args.include_oom, frontier=not args.all)
+    ranked = result.ranked(None if args.risk_aware else args.top,
+                           fits_only=not args.include_oom, frontier=not args.all)
+    ranked = alloc_cli.annotate(ranked, model, system, args, args.top)
     shown = "" if args.all else (
         f", {len(result.ranked_indices(None, frontier=True)):,} not dominated (no other is as "
         "fast with less memory; --all shows every one)")
@@ -72,13 +83,17 @@ def run_plan(args: argparse.Namespace) -> int:
         f"{int(np.sum(result.valid)):,} valid and fit{shown}",
         file=sys.stderr,
     )
+    for line in alloc_cli.summary_lines(model, system, ranked, args):
+        print(line, file=sys.stderr)
     if args.format == "table":
-        emit_frame(_display(ranked, len(args.engine)), "table")
+        emit_frame(alloc_cli.display_columns(_display(ranked, len(args.engine)), ranked, args),
+                   "table")
     elif args.format == "csv":
         emit_frame(ranked, "csv")
     else:
         emit_json({"model": model.name, "system": system.name, "gpus": args.gpus,
                    "global_batch": result.global_batch, "evaluated": len(result.reason),
+                   "interval_confidence": args.confidence, "tokens": args.tokens,
                    "rejected": result.rejections(),
                    "layouts": ranked.to_dict(orient="records")})
     if args.explain:
@@ -97,6 +112,8 @@ def run_predict(args: argparse.Namespace) -> int:
         layout.check_world(args.gpus)
     out = {"model": model.name, "system": system.name, "layout": layout.to_dict(),
            **predict(model, system, layout)}
+    extra = alloc_cli.predict_extras(out, layout, model, system, args)
+    out.update(extra)
     if args.format == "json":
         emit_json(out)
         return 0
@@ -119,6 +136,8 @@ def run_predict(args: argparse.Namespace) -> int:
                                       for k, v in bd["time_s"].items() if v > 0))
     print("memory      " + ", ".join(f"{k} {v / 1e9:.2f} GB"
                                       for k, v in bd["memory_bytes"].items() if v > 0))
+    for line in alloc_cli.predict_lines(extra):
+        print(line)
     return 0
 
 
@@ -133,7 +152,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         ["flm plan", "flm plan --model gpt-1t --system frontier --gpus 3072 --top 20 --explain",
          "flm plan --model llama3-70b --system frontier --gpus 768 --engine megatron,deepspeed",
          "flm plan --model llama3-70b --system dgx-h100 --gpus 64 --tp 8 --format csv",
-         "flm plan --model my-model.yaml --system my-system.yaml --gpus 128"],
+         "flm plan --model my-model.yaml --system my-system.yaml --gpus 128",
+         "flm plan --model gpt-1t --system frontier --tokens 20T --deadline 120d "
+         "--engine megatron"],
     )
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"catalog name or YAML path (default {DEFAULT_MODEL}; see flm models)")
@@ -168,6 +189,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="training engines to plan for, comma-separated, of "
                         f"{', '.join(Engine.words())} (default native); each engine's rules "
                         "(specs/engine_rules.py) reject what it cannot run")
+    alloc_cli.add_arguments(p)
     add_format(p)
     p.set_defaults(func=run_plan)
 
@@ -186,6 +208,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=gpus, default=None,
                    help="check that tp x pp x dp uses exactly this many GPUs")
     add_layout_args(p)
+    alloc_cli.add_predict_arguments(p)
     add_format(p, choices=("table", "json"))
     p.set_defaults(func=run_predict)
 

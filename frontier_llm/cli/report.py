@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from frontier_llm.cli import allocation as alloc_cli
 from frontier_llm.cli.common import add_command, db_parent
 from frontier_llm.cli.numbers import gpus
 
@@ -155,3 +156,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="compare with this cost-model version's predictions (default: the one "
                         "each run's trace carried)")
     e.set_defaults(func=_errors)
+
+    a = add_command(
+        actions, "plan", "time to train and node-hours for a token budget, with error bands",
+        "For a token budget, the planner's best layout at each power-of-two GPU count: days to "
+        "train and node-hours against the GPU count with their intervals (the cost model's "
+        "out-of-sample error), the deadline line if given: NAME.csv, NAME.md, NAME.png and "
+        "NAME.pdf, NAME = MODEL-SYSTEM-plan (docs/planner.md, 'Planning an allocation').",
+        ["flm report plan --model gpt-1t --system frontier --tokens 20T --deadline 120d "
+         "--out reports/",
+         "flm report plan --model gpt-175b --system dgx-h100 --tokens 300B --curve 64-4096 "
+         "--out r/"])
+    alloc_cli.add_report_arguments(a)
+    a.set_defaults(func=alloc_cli.run_report_plan)
