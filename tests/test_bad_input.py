@@ -26,7 +26,7 @@ CASES = [
     ("plan-tp-list", ["plan", "--tp", f"8,{HUGE}"], "each value must be between"),
     ("plan-tp-zero", ["plan", "--tp", "0"], "each value must be between"),
     ("plan-micro-batch", ["plan", "--micro-batch", "1,x"], "comma-separated integers"),
-    ("plan-engine", ["plan", "--engine", "jax"], "engines are a comma-separated list"),
+    ("plan-engine", ["plan", "--engine", "jax"], "--engine takes comma-separated values of native, megatron, deepspeed"),
     ("predict-tp-huge", ["predict", "--model", "gpt-22b", "--system", "frontier", "--tp", HUGE],
      "--tp must be between"),
     ("predict-world-above-max", ["predict", "--model", "gpt-22b", "--system", "frontier",

@@ -17,6 +17,8 @@ from frontier_llm.cli.progress import Progress
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner import allocation as alloc
 from frontier_llm.planner.intervals import DEFAULT_CONFIDENCE, add_intervals
+from frontier_llm.planner.space import knob_values
+from frontier_llm.specs.forms import layout_record
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
@@ -290,7 +292,7 @@ def run_min_gpus(
 
     counts = alloc.power_of_two_counts(1, MAX_GPUS)
     rows = []
-    for engine in args.engine:
+    for engine in knob_values(space, "engine"):
         sub = replace(space, engine=(engine,))
         smallest = alloc.min_gpus(lambda n, sub=sub: plan(model, system, n, None, sub), counts)
         row = {
@@ -361,11 +363,7 @@ def predict_extras(
     row = pd.DataFrame(
         [
             {
-                "tp": layout.tp,
-                "pp": layout.pp,
-                "dp": layout.dp,
-                "global_batch": layout.global_batch,
-                "engine": str(layout.engine),
+                **layout_record(layout),
                 "step_time_s": out["step_time_s"],
                 "tokens_per_s": out["tokens_per_s"],
                 "peak_memory_bytes": out["peak_memory_bytes"],

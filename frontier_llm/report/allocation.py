@@ -15,15 +15,13 @@ from matplotlib.transforms import blended_transform_factory
 from frontier_llm.report import style
 from frontier_llm.report.figures import _gpu_axis, _log_axis
 from frontier_llm.report.tables import write_table
+from frontier_llm.specs.forms import row_label
 
 # The curve's columns a reader wants, in the Markdown table.
 SHOWN = {
     "gpus": "GPUs",
     "nodes": "nodes",
-    "tp": "tp",
-    "pp": "pp",
-    "dp": "dp",
-    "micro_batch": "mb",
+    "layout": "best layout",
     "step_time_s": "step s",
     "mfu": "MFU",
     "memory_verdict": "memory",
@@ -36,7 +34,7 @@ SHOWN = {
     "energy_mwh": "MWh",
 }
 # Whole numbers, kept whole where a count without a fitting layout leaves them empty.
-_WHOLE = ("gpus", "nodes", "tp", "pp", "dp", "micro_batch")
+_WHOLE = ("gpus", "nodes")
 BAND = {"alpha": 0.22, "linewidth": 0}
 
 
@@ -48,6 +46,8 @@ def allocation_table(cur: pd.DataFrame) -> pd.DataFrame:
     for col in _WHOLE:
         if col in cur:
             cur[col] = pd.array(cur[col].to_numpy(float), dtype="Int64")
+    if "tp" in cur:  # the one label of the best layout; none where no layout fits
+        cur["layout"] = [row_label(r) if pd.notna(r["tp"]) else "" for _, r in cur.iterrows()]
     if "memory_verdict" in cur:
         cur["memory_verdict"] = cur["memory_verdict"].replace("", None)
     cols = [c for c in SHOWN if c in cur]
