@@ -16,7 +16,7 @@ import numpy as np
 
 from frontier_llm.costmodel.layouts import LayoutTable, encode, fill_defaults
 from frontier_llm.errors import UserError
-from frontier_llm.specs.engine_rules import LAYOUT_RULES, MODEL_RULES, RULES
+from frontier_llm.specs.engine_rules import LAYOUT_RULES, MODEL_RULES, ONLY_KNOBS, RULES
 from frontier_llm.specs.layout import (
     COMPONENTS,
     MAX_COUNT,
@@ -303,7 +303,20 @@ def _engine_layout_codes(t: LayoutTable, sharding_id: np.ndarray,
     flat = np.ravel_multi_index(
         (t.engine, t.pp > 1, few, t.schedule, t.dtype, t.sequence_parallel, t.recompute,
          sharding_id), dims)
-    return table[flat]
+    out = table[flat]
+    # The engines' value rules on other knobs (EngineRules.only), in their order, after the
+    # rules above: one lookup per knob of (engine, the knob's code).
+    for knob in ONLY_KNOBS:
+        kind = layout_types()[knob]
+        values = (False, True) if kind is bool else tuple(kind)
+        allowed = [{k: vals for k, vals, _ in RULES[e].only}.get(knob) for e in Engine]
+        bad = np.array([[a is not None and v not in a for v in values] for a in allowed])
+        code = np.array([ENGINE_REASON.get((e, f"only_{knob}"), 0) for e in Engine],
+                        dtype=np.int16)
+        col = getattr(t, knob).astype(np.int64)
+        hit = (out == 0) & bad[t.engine, col]
+        out[hit] = code[t.engine[hit]]
+    return out
 
 
 def _first_engine_rule(eng, multi, few, schedule, dtype, sp, recompute, sharding_id,

@@ -86,6 +86,15 @@ class Layout:
         "training engine: native (PyTorch FSDP2 / tensor parallel / pipelining, flm bench's "
         "own), megatron (Megatron-LM) or deepspeed; each runs only what its rules allow",
         new_knob=True, search=("native",)))
+    # FSDP's reshard_after_forward (PyTorch fully_shard; torchtitan's fsdp_reshard_after_forward,
+    # which turns it off under pipeline parallelism, where every micro-batch would gather the
+    # stage's parameters again): off keeps each layer's gathered parameters from its forward to
+    # its backward, one all-gather fewer per layer and micro-batch for the memory of a whole
+    # unsharded stage. It changes nothing where parameters are not sharded.
+    reshard_after_forward: bool = field(default=True, metadata=_knob(
+        "free sharded parameters after each layer's forward and gather them again in its "
+        "backward (FSDP's reshard_after_forward); off keeps them: more memory, less "
+        "communication", new_knob=True, search=(True,)))
 
     def __post_init__(self) -> None:
         if not isinstance(self.sharding, Sharding):
