@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -243,16 +244,18 @@ def render_sweep(sweep: Sweep, directory: str | Path) -> Manifest:
     # The site's rules first: a refused sweep leaves nothing written (docs/sites.md).
     site_policy.check(sweep.system.name, sweep.site,
                       [(len(g.packs), js.resources) for g, js in scripts])
+    # Every script is rendered before anything is written: a template the sandbox refuses,
+    # or a value refused while rendering, leaves no folder behind.
+    texts = [render(script) for _, script in scripts]
     directory.mkdir(parents=True, exist_ok=True)
     by_key = {j.key: j for j in sweep.jobs}
     groups = []
     jobs = []
-    for group, script in scripts:
+    for (group, script), text in zip(scripts, texts, strict=True):
         path = inside(directory, group.script)
         path.parent.mkdir(parents=True, exist_ok=True)
         inside(directory, group.log_dir).mkdir(parents=True, exist_ok=True)
-        _write(path, render(script))
-        path.chmod(0o755)
+        _write(path, text, mode=0o755)
         groups.append({"name": group.name, "script": group.script, "nodes": group.nodes,
                        "ranks_per_node": group.ranks_per_node, "time": group.time,
                        "size": len(group.keys), "log_dir": group.log_dir, "pack": group.pack,
@@ -288,10 +291,21 @@ def render_sweep(sweep: Sweep, directory: str | Path) -> Manifest:
     return Manifest(directory, data)
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``text`` atomically. The temporary file has an unpredictable name,
+    made with O_EXCL by mkstemp in the target's folder: a fixed name (``.NAME.tmp``) in a
+    shared folder could be a symlink planted by someone else, and writing through it would
+    overwrite whatever it points to. ``os.replace`` renames over ``path`` itself, so a
+    symlink planted there is replaced, never followed."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            os.fchmod(fh.fileno(), mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def load_manifest(directory: str | Path) -> Manifest:
