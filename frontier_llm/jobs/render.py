@@ -32,7 +32,7 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from frontier_llm import __version__
 from frontier_llm.errors import SpecError
-from frontier_llm.jobs import contract
+from frontier_llm.jobs import contract, sbatch_values
 from frontier_llm.jobs.launchers import LaunchJob, launcher_for
 from frontier_llm.specs.site import Site
 
@@ -84,13 +84,16 @@ class Resources:
     extra: tuple[str, ...] = ()  # further sbatch options, one "--name=value" each
 
     def __post_init__(self) -> None:
+        # Each value lands in an #SBATCH line: a conservative character set per option
+        # (jobs/sbatch_values.py says why quoting is not enough there).
         for name in ("time", "account", "partition", "qos", "constraint", "mem"):
-            _no_newline(getattr(self, name), name)
+            sbatch_values.check(name, getattr(self, name))
         for opt in self.extra:
             _no_newline(opt, "extra_sbatch")
             if not opt.startswith("--"):
-                raise SpecError(f"extra_sbatch options start with '--' (got {opt!r})",
-                                "extra_sbatch")
+                raise SpecError("extra_sbatch options start with '--' (the value is not "
+                                "repeated here)", "extra_sbatch")
+            sbatch_values.check("extra_sbatch", opt)
         for name in ("nodes", "ntasks_per_node"):
             if getattr(self, name) < 1:
                 raise SpecError(f"{name} must be at least 1 (got {getattr(self, name)})", name)
@@ -166,8 +169,8 @@ class JobScript:
                     f"environment variable name {name!r} is not a valid shell name", "pass_env")
         for line in self.setup:
             _no_newline(line, "setup")
-        _no_newline(self.log_pattern, "log_pattern")
-        _no_newline(self.job_name, "job_name")
+        sbatch_values.check_path("log_pattern", self.log_pattern)
+        sbatch_values.check("job_name", self.job_name)
         if self.packs:
             listed = sorted(i for p in self.packs for i in p)
             if not all(self.packs) or listed != sorted(t.index for t in self.tasks):
@@ -325,7 +328,8 @@ def render(job: JobScript) -> str:
     port = str(options["master_port"])
     # isascii: "²".isdigit() is True, and int("²") is a ValueError.
     if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
-        raise SpecError("template_options.master_port must be a port number (1-65535)", "template_options")
+        raise SpecError("template_options.master_port must be a port number (1-65535)",
+                        "template_options")
     site, r = job.site, job.resources
     launcher = launcher_for(LaunchJob(
         nodes=r.nodes, ranks_per_node=r.ntasks_per_node, gpus_per_node=r.gpus_per_node,
