@@ -20,7 +20,13 @@ from frontier_llm.jobs.executors import Executor, Submission, make_executor
 from frontier_llm.jobs.lifecycle import JobState, Observation, SchedulerState
 from frontier_llm.jobs.slurm import ControllerUnreachable, SlurmClient, SlurmError, base_id
 from frontier_llm.jobs.state import SweepJobs
-from frontier_llm.jobs.sweepdir import Manifest, load_manifest, render_sweep, with_resources
+from frontier_llm.jobs.sweepdir import (
+    Manifest,
+    load_manifest,
+    render_sweep,
+    sweep_lock,
+    with_resources,
+)
 from frontier_llm.jobs.sweepspec import Sweep, load_sweep
 from frontier_llm.store import Store
 
@@ -205,7 +211,15 @@ def _started_under(manifest: Manifest, token: str, keys: set[str]) -> dict[str, 
 
 def submit(session: Session, keys: Iterable[str] | None = None, *,
            max_in_flight: int | None = None, hold: bool = False) -> dict[str, int]:
-    """Submit every job not yet submitted (or ``keys``); returns counts for the summary."""
+    """Submit every job not yet submitted (or ``keys``); returns counts for the summary.
+    One command at a time per sweep folder (sweepdir.sweep_lock): another submit of the same
+    sweep is refused until this one ends."""
+    with sweep_lock(session.manifest.directory):
+        return _submit(session, keys, max_in_flight=max_in_flight, hold=hold)
+
+
+def _submit(session: Session, keys: Iterable[str] | None, *, max_in_flight: int | None,
+            hold: bool) -> dict[str, int]:
     adopted = _resume(session)
     rows = session.state.rows()
     wanted = set(keys) if keys is not None else None
@@ -422,8 +436,15 @@ def cancel(session: Session, keys: Sequence[str] | None = None, *, hung_only: bo
 
 def retry(session: Session, *, failed_only: bool, max_in_flight: int | None = None,
           hold: bool = False) -> dict[str, int]:
-    """Resubmit ended jobs: those that did not complete (``failed_only``) or all of them."""
+    """Resubmit ended jobs: those that did not complete (``failed_only``) or all of them.
+    Under the sweep folder's submit lock from the first read of the rows on."""
     require_passed(session.manifest.pass_env, session.executor)  # before any row changes
+    with sweep_lock(session.manifest.directory):
+        return _retry(session, failed_only=failed_only, max_in_flight=max_in_flight, hold=hold)
+
+
+def _retry(session: Session, *, failed_only: bool, max_in_flight: int | None,
+           hold: bool) -> dict[str, int]:
     rows = refresh(session, ride_out=True)
     require_controller(session)
     hung = [r for r in rows if r["state"] == JobState.HUNG]
