@@ -3,6 +3,8 @@ job rows in the database. The CLI (frontier_llm/cli/sweep.py) is a thin layer ov
 
 from __future__ import annotations
 
+import os
+import stat
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -140,14 +142,32 @@ def _parse_time(text: str | None) -> datetime | None:
         return None
 
 
+# How much of a job's log the classifier reads: its last lines say how it ended.
+LOG_TAIL_BYTES = 200_000
+
+
+def tail_text(path: Path, limit: int) -> str:
+    """The last ``limit`` bytes of a regular file as text ("" when it is not one), read from
+    the end: a poll of a sweep whose jobs write 300 MB logs reads 200 KB of each, not all."""
+    try:
+        # O_NONBLOCK: a FIFO planted at a log's name must not hang the poll.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        fh.seek(max(0, info.st_size - limit))
+        return fh.read(limit).decode(errors="replace")
+
+
 def _verdict_update(session: Session, row: Mapping[str, Any], obs: Observation
                     ) -> dict[str, Any]:
     manifest = session.manifest
     trace, problem = load_trace(manifest.trace_dir, row.get("run_id"))
     log = session.executor.log_path(manifest, row)
-    log_text = ""
-    if log is not None and log.is_file():
-        log_text = log.read_text(errors="replace")[-200_000:]
+    log_text = tail_text(log, LOG_TAIL_BYTES) if log is not None else ""
     started = _parse_time(obs.start)
     running_for = None
     if started is not None and obs.state == SchedulerState.RUNNING:

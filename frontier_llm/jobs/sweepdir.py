@@ -379,4 +379,11 @@ def load_manifest(directory: str | Path) -> Manifest:
     if not path.is_file():
         raise UserError(f"{directory} holds no rendered sweep ({MANIFEST} is missing): run "
                         "'flm sweep render' or 'flm sweep submit' first")
-    return Manifest(directory, json.loads(path.read_text()))
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        raise UserError(f"{path} is not a manifest flm wrote (not JSON); render the sweep "
+                        "again") from None
+    if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
+        raise UserError(f"{path} is not a manifest flm wrote; render the sweep again")
+    return Manifest(directory, data)
