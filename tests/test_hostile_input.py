@@ -147,3 +147,13 @@ def test_a_log_tail_is_read_from_the_end_in_bounded_memory(tmp_path):
     assert peak < 4 * LOG_TAIL_BYTES
     os.mkfifo(tmp_path / "fifo.out")
     assert tail_text(tmp_path / "fifo.out", LOG_TAIL_BYTES) == ""  # not hung
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
+def test_a_sweep_file_that_is_no_regular_file_is_one_line(tmp_path, capsys, special):
+    path = Path(special)
+    if special == "fifo":
+        path = tmp_path / "s.yaml"
+        os.mkfifo(path)
+    _one_line(capsys, ["sweep", "render", str(path), "--out", str(tmp_path / "run")],
+              "not a regular file")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,8 @@ from frontier_llm.errors import SpecError
 # and anything that walks the data (the secret check, a sweep's expansion) would run for
 # ever. A sweep of thousands of layouts holds tens of thousands of nodes.
 MAX_NODES = 200_000
+# The largest YAML file read (a sweep, a study, a system): far above any real one.
+MAX_FILE_BYTES = 16 * 2**20
 
 
 class LineMap(dict):
@@ -68,7 +72,7 @@ def load_yaml(path: str | Path) -> Any:
 def read_text_file(path: Path) -> str:
     """The file's UTF-8 text; a missing, unreadable or non-text file is one SpecError line."""
     try:
-        data = path.read_bytes()
+        data = _read_regular(path)
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc.strerror}") from None
     try:
@@ -76,6 +80,19 @@ def read_text_file(path: Path) -> str:
     except UnicodeDecodeError as exc:
         raise SpecError(f"{path}: not a text file (invalid UTF-8 at byte {exc.start}); "
                         "expected YAML") from None
+
+
+def _read_regular(path: Path) -> bytes:
+    """A regular file's bytes, at most :data:`MAX_FILE_BYTES`: ``/dev/zero`` or a FIFO given
+    as a sweep file would otherwise be read until memory runs out, or forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SpecError(f"cannot read {path}: not a regular file")
+        data = fh.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise SpecError(f"cannot read {path}: larger than {MAX_FILE_BYTES // 2**20} MiB")
+    return data
 
 
 def loads_yaml(text: str, source: str = "<string>") -> Any:
