@@ -41,8 +41,9 @@ def _poisons() -> dict[str, str]:
 
 
 def _collect(capsys, db: Path, *dirs: Path) -> tuple[int, dict, str]:
-    code = main(["collect", *map(str, dirs), "--db", f"sqlite:///{db}", "--format", "json",
-                 "--quiet"])
+    code = main(
+        ["collect", *map(str, dirs), "--db", f"sqlite:///{db}", "--format", "json", "--quiet"]
+    )
     out, err = capsys.readouterr()
     assert "Traceback" not in err
     return code, (json.loads(out) if out else {}), err
@@ -84,8 +85,9 @@ def test_a_fifo_is_skipped_not_read(tmp_path, capsys):
     db = tmp_path / "flm.db"
     result: list = []
     # In a thread with a bound: before the fix the open() of the FIFO never returned.
-    worker = threading.Thread(target=lambda: result.append(_collect(capsys, db, folder)),
-                              daemon=True)
+    worker = threading.Thread(
+        target=lambda: result.append(_collect(capsys, db, folder)), daemon=True
+    )
     worker.start()
     worker.join(30)
     if worker.is_alive():  # unblock the stuck reader so the test process can end

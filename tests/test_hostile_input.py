@@ -38,28 +38,43 @@ def _bomb(levels: int = 9) -> str:
 
 def test_an_alias_bomb_is_refused_in_time(tmp_path, capsys):
     path = tmp_path / "bomb.yaml"
-    path.write_text(local_sweep("bomb", ["{dp: 1, micro_batch: 2, name: one}"],
-                                f"labels:\n  {_bomb().replace(chr(10), chr(10) + '  ')}\n"))
+    path.write_text(
+        local_sweep(
+            "bomb",
+            ["{dp: 1, micro_batch: 2, name: one}"],
+            f"labels:\n  {_bomb().replace(chr(10), chr(10) + '  ')}\n",
+        )
+    )
     assert len(path.read_bytes()) < 2000
     started = time.monotonic()
-    _one_line(capsys, ["sweep", "render", str(path), "--out", str(tmp_path / "run")],
-              "once its aliases are expanded")
+    _one_line(
+        capsys,
+        ["sweep", "render", str(path), "--out", str(tmp_path / "run")],
+        "once its aliases are expanded",
+    )
     assert time.monotonic() - started < 5
 
 
 def test_deep_nesting_is_one_line(tmp_path, capsys):
     path = tmp_path / "deep.yaml"
     path.write_text("name: deep\nlabels: " + "[" * 100_000 + "]" * 100_000 + "\n")
-    _one_line(capsys, ["sweep", "render", str(path), "--out", str(tmp_path / "run")],
-              "nested too deeply")
+    _one_line(
+        capsys, ["sweep", "render", str(path), "--out", str(tmp_path / "run")], "nested too deeply"
+    )
 
 
 def test_a_superscript_port_is_refused(tmp_path, capsys):
     path = tmp_path / "s.yaml"
-    path.write_text(local_sweep("port", ["{dp: 1, micro_batch: 2, name: one}"],
-                                'template_options: {master_port: "²"}\n'))
-    _one_line(capsys, ["sweep", "render", str(path), "--out", str(tmp_path / "run")],
-              "master_port must be a port number")
+    path.write_text(
+        local_sweep(
+            "port", ["{dp: 1, micro_batch: 2, name: one}"], 'template_options: {master_port: "²"}\n'
+        )
+    )
+    _one_line(
+        capsys,
+        ["sweep", "render", str(path), "--out", str(tmp_path / "run")],
+        "master_port must be a port number",
+    )
 
 
 @contextlib.contextmanager
@@ -67,8 +82,9 @@ def _tmpfs(where: Path, options: str) -> Iterator[Path]:
     """A small tmpfs mounted at ``where`` (a real full or read-only file system); the test is
     skipped where this process may not mount one (not root, or no CAP_SYS_ADMIN)."""
     where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
-                          capture_output=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
     try:
@@ -89,16 +105,21 @@ def test_a_full_disk_is_one_line(tmp_path, capsys):
             while True:
                 fh.write(b"\0" * 4096)
                 fh.flush()
-        _one_line(capsys, ["sweep", "render", str(_sweep(tmp_path)), "--out", str(mnt / "run")],
-                  "No space left on device")
-        _one_line(capsys, ["collect", str(tmp_path), "--db", f"sqlite:///{mnt}/flm.db"],
-                  "full")
+        _one_line(
+            capsys,
+            ["sweep", "render", str(_sweep(tmp_path)), "--out", str(mnt / "run")],
+            "No space left on device",
+        )
+        _one_line(capsys, ["collect", str(tmp_path), "--db", f"sqlite:///{mnt}/flm.db"], "full")
 
 
 def test_a_read_only_folder_is_one_line(tmp_path, capsys):
     with _tmpfs(tmp_path / "ro", "ro,size=64k") as mnt:
-        _one_line(capsys, ["sweep", "render", str(_sweep(tmp_path)), "--out", str(mnt / "run")],
-                  f"Read-only file system: {mnt / 'run'}")
+        _one_line(
+            capsys,
+            ["sweep", "render", str(_sweep(tmp_path)), "--out", str(mnt / "run")],
+            f"Read-only file system: {mnt / 'run'}",
+        )
 
 
 def _damaged_db(tmp_path: Path, capsys) -> Path:
@@ -127,8 +148,11 @@ def test_an_unknown_alembic_revision_is_one_line(tmp_path, capsys):
     with sqlite3.connect(db) as conn:
         conn.execute("update flm_alembic_version set version_num = '0000'")
     conn.close()
-    _one_line(capsys, ["db", "upgrade", "--db", f"sqlite:///{db}"],
-              "Can't locate revision identified by '0000'")
+    _one_line(
+        capsys,
+        ["db", "upgrade", "--db", f"sqlite:///{db}"],
+        "Can't locate revision identified by '0000'",
+    )
 
 
 def test_a_log_tail_is_read_from_the_end_in_bounded_memory(tmp_path):
@@ -155,5 +179,6 @@ def test_a_sweep_file_that_is_no_regular_file_is_one_line(tmp_path, capsys, spec
     if special == "fifo":
         path = tmp_path / "s.yaml"
         os.mkfifo(path)
-    _one_line(capsys, ["sweep", "render", str(path), "--out", str(tmp_path / "run")],
-              "not a regular file")
+    _one_line(
+        capsys, ["sweep", "render", str(path), "--out", str(tmp_path / "run")], "not a regular file"
+    )

@@ -16,15 +16,22 @@ from frontier_llm.store.url import parse_url, redact, redact_text
 SECRET = "Sek-rit 9'x"  # a blank and a quote too
 
 
-@pytest.mark.parametrize(("text", "shown"), [
-    ("postgresql://flm:pw-Sek@db/flm", "postgresql://flm:***@db/flm"),
-    ("postgresql://flm@db/flm?password=pw-Sek&sslmode=require",
-     "postgresql://flm@db/flm?password=***&sslmode=require"),
-    ("postgresql://flm@db/flm?sslmode=require&PASSWORD=pw-Sek",
-     "postgresql://flm@db/flm?sslmode=require&PASSWORD=***"),
-    ("host=db password=pw-Sek dbname=flm", "host=db password=*** dbname=flm"),
-    ("host=db password='pw-Sek \\' x' dbname=flm", "host=db password=*** dbname=flm"),
-])
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("postgresql://flm:pw-Sek@db/flm", "postgresql://flm:***@db/flm"),
+        (
+            "postgresql://flm@db/flm?password=pw-Sek&sslmode=require",
+            "postgresql://flm@db/flm?password=***&sslmode=require",
+        ),
+        (
+            "postgresql://flm@db/flm?sslmode=require&PASSWORD=pw-Sek",
+            "postgresql://flm@db/flm?sslmode=require&PASSWORD=***",
+        ),
+        ("host=db password=pw-Sek dbname=flm", "host=db password=*** dbname=flm"),
+        ("host=db password='pw-Sek \\' x' dbname=flm", "host=db password=*** dbname=flm"),
+    ],
+)
 def test_one_redaction_for_every_url_form(text, shown):
     assert redact(text) == shown
     assert redact_text(f"could not connect to {text}: refused").count("pw-Sek") == 0
@@ -43,8 +50,15 @@ def _cli(capsys, argv: list[str]) -> str:
 
 def test_a_query_string_password_is_not_printed_by_db_version(capsys):
     # Port 1 on this machine: nothing listens, the driver's refusal comes back at once.
-    err = _cli(capsys, ["db", "version", "--db",
-                        "postgresql://flm@127.0.0.1:1/flm?password=pw-Sek&connect_timeout=2"])
+    err = _cli(
+        capsys,
+        [
+            "db",
+            "version",
+            "--db",
+            "postgresql://flm@127.0.0.1:1/flm?password=pw-Sek&connect_timeout=2",
+        ],
+    )
     assert "cannot open database postgresql+psycopg://flm@127.0.0.1:1/flm?" in err
     assert "password=***" in err
 
@@ -72,10 +86,15 @@ def test_names_that_stay_allowed(name):
     assert not secret_name(name)
 
 
-@pytest.mark.parametrize("text", ["postgresql://flm:'Sek rit'@db/flm",
-                                  'postgresql://flm:"Sek rit"@db/flm',
-                                  "postgresql://flm:Sek rit@db/flm",
-                                  "postgresql://flm@db/flm?password=Sek"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "postgresql://flm:'Sek rit'@db/flm",
+        'postgresql://flm:"Sek rit"@db/flm',
+        "postgresql://flm:Sek rit@db/flm",
+        "postgresql://flm@db/flm?password=Sek",
+    ],
+)
 def test_spaced_quoted_and_query_passwords_are_found(text):
     assert password_url(text)
     assert password_url(f"flm collect runs --db {text} --quiet")
@@ -85,16 +104,23 @@ def test_a_port_then_an_address_is_no_password():
     assert not password_url("see https://host:8080/x or mail me@example.org")
 
 
-@pytest.mark.parametrize(("extra", "words"), [
-    ("site:\n  env:\n    DB_PASS: x1\n", "site.env.DB_PASS is named like a secret"),
-    ("site:\n  env_multi_node:\n    FLM_DB: 'postgresql://u@db/f?password=x1'\n",
-     "site.env_multi_node.FLM_DB holds a URL with a password"),
-    ("site:\n  setup:\n    - export GH_PAT=x1\n", "site.setup sets GH_PAT"),
-    ("environment:\n  setup:\n    - export SSH_KEY_PASSPHRASE='x1 x2'\n",
-     "environment.setup sets SSH_KEY_PASSPHRASE"),
-    ("labels: {db: \"postgresql://u:'x1 x2'@db/flm\"}\n", "db holds a URL with a password"),
-    ("labels: {db: 'host=db password=x1'}\n", "db holds a password= pair"),
-])
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        ("site:\n  env:\n    DB_PASS: x1\n", "site.env.DB_PASS is named like a secret"),
+        (
+            "site:\n  env_multi_node:\n    FLM_DB: 'postgresql://u@db/f?password=x1'\n",
+            "site.env_multi_node.FLM_DB holds a URL with a password",
+        ),
+        ("site:\n  setup:\n    - export GH_PAT=x1\n", "site.setup sets GH_PAT"),
+        (
+            "environment:\n  setup:\n    - export SSH_KEY_PASSPHRASE='x1 x2'\n",
+            "environment.setup sets SSH_KEY_PASSPHRASE",
+        ),
+        ("labels: {db: \"postgresql://u:'x1 x2'@db/flm\"}\n", "db holds a URL with a password"),
+        ("labels: {db: 'host=db password=x1'}\n", "db holds a password= pair"),
+    ],
+)
 def test_the_sweeps_site_section_and_every_form_are_checked(tmp_path, capsys, extra, words):
     path = tmp_path / "s.yaml"
     path.write_text(local_sweep("sec", ["{dp: 1, micro_batch: 2, name: one}"], extra))

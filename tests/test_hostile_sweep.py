@@ -32,11 +32,15 @@ from frontier_llm.store import open_store
 def _counting_sweep(tmp_path: Path, name: str, sleep_s: float, jobs: int = 2) -> Path:
     """A local sweep whose jobs append their key to ``tmp_path/runs.txt`` and sleep."""
     counter = tmp_path / "runs.txt"
-    code = ("import os, time; f = open(os.environ['COUNTER'], 'a'); "
-            "f.write(os.environ['FLM_JOB_KEY'] + '\\n'); f.close(); "
-            f"time.sleep({sleep_s})")
-    extra = (f"command: [{json.dumps(sys.executable)}, -c, {json.dumps(code)}]\n"
-             f"environment:\n  env: {{COUNTER: {json.dumps(str(counter))}}}\n")
+    code = (
+        "import os, time; f = open(os.environ['COUNTER'], 'a'); "
+        "f.write(os.environ['FLM_JOB_KEY'] + '\\n'); f.close(); "
+        f"time.sleep({sleep_s})"
+    )
+    extra = (
+        f"command: [{json.dumps(sys.executable)}, -c, {json.dumps(code)}]\n"
+        f"environment:\n  env: {{COUNTER: {json.dumps(str(counter))}}}\n"
+    )
     layouts = [f"{{dp: 1, micro_batch: 2, name: j{i}}}" for i in range(jobs)]
     path = tmp_path / f"{name}.yaml"
     path.write_text(local_sweep(name, layouts, extra))
@@ -45,8 +49,15 @@ def _counting_sweep(tmp_path: Path, name: str, sleep_s: float, jobs: int = 2) ->
 
 def test_two_concurrent_submits_run_each_job_once(tmp_path, capsys):
     path = _counting_sweep(tmp_path, "twice", sleep_s=1.5)
-    argv = ["sweep", "submit", str(path), "--out", str(tmp_path / "run"), "--db",
-            f"sqlite:///{tmp_path}/flm.db"]
+    argv = [
+        "sweep",
+        "submit",
+        str(path),
+        "--out",
+        str(tmp_path / "run"),
+        "--db",
+        f"sqlite:///{tmp_path}/flm.db",
+    ]
     codes: list[int] = []
     first = threading.Thread(target=lambda: codes.append(main(argv)))
     first.start()
@@ -72,8 +83,9 @@ def test_sighup_ends_a_local_submit_like_ctrl_c(tmp_path, monkeypatch):
     if original is signal.SIG_IGN:
         pytest.skip("SIGHUP is ignored here (nohup): flm leaves it ignored")
     store = open_store(f"sqlite:///{tmp_path}/flm.db")
-    session = runner.prepare(load_sweep(_counting_sweep(tmp_path, "hup", sleep_s=60)),
-                             tmp_path / "run", store)
+    session = runner.prepare(
+        load_sweep(_counting_sweep(tmp_path, "hup", sleep_s=60)), tmp_path / "run", store
+    )
     started: list[subprocess.Popen] = []
     real_popen = subprocess.Popen
 
@@ -103,8 +115,9 @@ def test_sighup_ends_a_local_submit_like_ctrl_c(tmp_path, monkeypatch):
 
 
 def test_a_local_job_is_signalled_only_as_the_process_it_started_as(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
     try:
         sid = local_id(proc.pid, "tok")
         assert _same_process(sid) is True
@@ -116,9 +129,14 @@ def test_a_local_job_is_signalled_only_as_the_process_it_started_as(tmp_path):
         ex = LocalExecutor()
         ex.cancel([{"scheduler_job_id": reused}, {"scheduler_job_id": other_host}])
         assert proc.poll() is None  # neither signalled it
-        seen = ex.observe(None, [{"job_key": "a", "scheduler_job_id": reused},
-                                 {"job_key": "b", "scheduler_job_id": other_host},
-                                 {"job_key": "c", "scheduler_job_id": sid}])
+        seen = ex.observe(
+            None,
+            [
+                {"job_key": "a", "scheduler_job_id": reused},
+                {"job_key": "b", "scheduler_job_id": other_host},
+                {"job_key": "c", "scheduler_job_id": sid},
+            ],
+        )
         assert seen["a"].state == SchedulerState.EXITED
         assert seen["b"].state == SchedulerState.UNKNOWN
         assert seen["c"].state == SchedulerState.RUNNING

@@ -26,14 +26,18 @@ FIELDS: dict[str, tuple[re.Pattern[str], str]] = {
     # Node features with sbatch's operators: intel&gpu, [rack1*2&rack2*4], (a|b), !x.
     "constraint": (re.compile(r"[A-Za-z0-9_.,&|\[\]()*!:-]+"), _NAME + " and , & | [ ] ( ) * ! :"),
     "mem": (re.compile(r"[0-9]+[KMGTkmgt]?"), "a number with an optional unit K, M, G or T"),
-    "time": (re.compile(r"(?:[0-9]+-)?[0-9]+(?::[0-9]+){0,2}|UNLIMITED|INFINITE"),
-             "a SLURM time (MM, HH:MM:SS, D-HH:MM:SS) or UNLIMITED"),
+    "time": (
+        re.compile(r"(?:[0-9]+-)?[0-9]+(?::[0-9]+){0,2}|UNLIMITED|INFINITE"),
+        "a SLURM time (MM, HH:MM:SS, D-HH:MM:SS) or UNLIMITED",
+    ),
     "job_name": (re.compile(r"[A-Za-z0-9_.-]+"), _NAME),
     # An option, then optionally =value: --constraint=nvme, --gres=gpu:4, --signal=B:USR1@60,
     # --export=ALL,X=1, --exclude=node[1-3], --mail-user=me@example.org.
-    "extra_sbatch": (re.compile(r"--[A-Za-z][A-Za-z0-9-]*(?:=[A-Za-z0-9_.,:/=@%+&|\[\]()*!~^-]*)?"),
-                     "one '--name' or '--name=value' option, the value of letters, digits and "
-                     "_ . , : / = @ % + & | [ ] ( ) * ! ~ ^ -"),
+    "extra_sbatch": (
+        re.compile(r"--[A-Za-z][A-Za-z0-9-]*(?:=[A-Za-z0-9_.,:/=@%+&|\[\]()*!~^-]*)?"),
+        "one '--name' or '--name=value' option, the value of letters, digits and "
+        "_ . , : / = @ % + & | [ ] ( ) * ! ~ ^ -",
+    ),
 }
 # Every character some field allows.
 _ANY = re.compile(r"[A-Za-z0-9_.,:/=@%+&|\[\]()*!~^-]")
@@ -55,11 +59,15 @@ def check(field: str, value: str | None) -> None:
         return
     # Name the first character that is outside every field's set, else the form is wrong.
     where = next((i for i, c in enumerate(value) if not _ANY.fullmatch(c)), None)
-    what = (f"character {value[where]!r} at position {where + 1}" if where is not None
-            else "its form")
-    raise SpecError(f"{field}: {what} is not allowed in an #SBATCH value (allowed: {allowed}); "
-                    "sbatch reads directives with its own quoting rules, so such a value could "
-                    "add options of its own (the value is not repeated here)", field)
+    what = (
+        f"character {value[where]!r} at position {where + 1}" if where is not None else "its form"
+    )
+    raise SpecError(
+        f"{field}: {what} is not allowed in an #SBATCH value (allowed: {allowed}); "
+        "sbatch reads directives with its own quoting rules, so such a value could "
+        "add options of its own (the value is not repeated here)",
+        field,
+    )
 
 
 def check_path(field: str, value: str) -> None:
@@ -68,6 +76,9 @@ def check_path(field: str, value: str) -> None:
     if bad:
         if "\n" in bad or "\r" in bad:
             raise SpecError(f"{field} must be one line (it holds a newline)", field)
-        raise SpecError(f"{field}: the path holds {' '.join(repr(c) for c in bad)}, which "
-                        "sbatch's directive parser would read as quoting; use a folder "
-                        "without quotes or backslashes", field)
+        raise SpecError(
+            f"{field}: the path holds {' '.join(repr(c) for c in bad)}, which "
+            "sbatch's directive parser would read as quoting; use a folder "
+            "without quotes or backslashes",
+            field,
+        )
