@@ -512,12 +512,17 @@ def _parse(item: tuple[Path, Path, bytes, str]) -> tuple[TraceRows | None, str]:
     path, _, data, digest = item
     try:
         try:
-            trace = json.loads(data, parse_constant=_no_constant)
+            trace = json.loads(data, parse_constant=_no_constant, parse_int=_int64,
+                               parse_float=_finite)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise TraceError(f"not valid JSON: {exc}") from None
         except RecursionError:
             raise TraceError("not valid JSON: nested too deeply") from None
-        _check_values(trace)
+        if b"\\ud" in data or b"\\uD" in data:  # an escaped surrogate: is each one paired?
+            try:
+                json.dumps(trace, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:
+                raise RowError("a string holds a lone surrogate (not UTF-8)") from None
         validate_trace_fast(trace)
         return trace_rows(trace, path.resolve(), digest), ""
     except (TraceError, RowError) as exc:
@@ -532,32 +537,20 @@ def _no_constant(name: str) -> Any:
     raise TraceError(f"not valid JSON: {name} is not a number JSON allows")
 
 
-def _check_values(trace: Any) -> None:
-    """Refuse values no database column holds: integers beyond 64 bits, NaN or infinite floats
-    (e.g. 1e400), strings that are not UTF-8 (a lone surrogate from "\\ud800"). Iterative: a
-    trace nested deep must not exhaust the stack here either."""
-    stack = [(trace, "")]
-    while stack:
-        value, where = stack.pop()
-        if isinstance(value, dict):
-            stack.extend((v, f"{where}/{k}") for k, v in value.items())
-            stack.extend((k, f"{where} (a key)") for k in value)
-        elif isinstance(value, list):
-            stack.extend((v, f"{where}/{i}") for i, v in enumerate(value))
-        elif isinstance(value, bool) or value is None:
-            continue
-        elif isinstance(value, int):
-            if not _INT_MIN <= value <= _INT_MAX:
-                raise RowError(f"{where or '/'}: integer out of the 64-bit range")
-        elif isinstance(value, float):
-            if not math.isfinite(value):
-                raise RowError(f"{where or '/'}: {value} is not a finite number")
-        elif isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise RowError(f"{where or '/'}: a string holds a lone surrogate (not UTF-8)"
-                               ) from None
+def _int64(text: str) -> int:
+    """An integer of the trace, refused beyond what a database column holds (64 bits)."""
+    value = int(text)
+    if not _INT_MIN <= value <= _INT_MAX:
+        raise RowError(f"integer {text[:30]} is out of the 64-bit range")
+    return value
+
+
+def _finite(text: str) -> float:
+    """A float of the trace, refused when it does not fit one (1e400 would be infinity)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise RowError(f"number {text[:30]} is out of range")
+    return value
 
 
 def _row_problem(exc: BaseException) -> bool:
