@@ -182,3 +182,10 @@ def test_a_sweep_file_that_is_no_regular_file_is_one_line(tmp_path, capsys, spec
     _one_line(
         capsys, ["sweep", "render", str(path), "--out", str(tmp_path / "run")], "not a regular file"
     )
+
+
+def test_a_deeply_nested_trace_is_an_invalid_trace_for_status(tmp_path):
+    from frontier_llm.jobs.classify import load_trace
+
+    (tmp_path / "r.trace.json").write_text("[" * 200_000 + "]" * 200_000)
+    assert load_trace(tmp_path, "r") == (None, "invalid trace: nested too deeply")
