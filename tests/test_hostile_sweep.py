@@ -48,7 +48,7 @@ def _counting_sweep(tmp_path: Path, name: str, sleep_s: float, jobs: int = 2) ->
 
 
 def test_two_concurrent_submits_run_each_job_once(tmp_path, capsys):
-    path = _counting_sweep(tmp_path, "twice", sleep_s=1.5)
+    path = _counting_sweep(tmp_path, "twice", sleep_s=2)
     argv = [
         "sweep",
         "submit",
