@@ -94,6 +94,9 @@ def load_trace(trace_dir: str | Path, run_id: str | None) -> tuple[dict | None, 
         return read_trace(path), None
     except TraceError as exc:
         return None, f"invalid trace: {exc}"
+    except RecursionError:
+        # A trace nested thousands deep must not end flm sweep status in a traceback.
+        return None, "invalid trace: nested too deeply"
 
 
 def heartbeat_age(trace_dir: str | Path, run_id: str | None, now: float | None = None
