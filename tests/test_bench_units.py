@@ -19,10 +19,10 @@ from frontier_llm.bench.memlimit import is_oom, parse_bytes
 from frontier_llm.bench.mesh import check_layout, mesh_dims
 from frontier_llm.bench.model import GPT, _RMSNormFn, build_model, loss_fn
 from frontier_llm.bench.optim import LocalAdam
-from frontier_llm.bench.pipeline import stage_ids, stage_layers
 from frontier_llm.catalog import load_model
 from frontier_llm.cli import build_parser
 from frontier_llm.errors import UserError
+from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.parallel import ParallelConfig, zero_preset
 
 
@@ -209,9 +209,11 @@ def test_model_has_the_specs_parameter_count(name):
 
 def test_stages_hold_their_layers_and_weights_match_the_whole_model():
     spec = load_model("tiny-gpt-8l")
-    assert stage_ids(pp=2, virtual_stages=2, pp_rank=1) == [1, 3]
-    assert stage_layers(spec, 2, 2, 3) == [6, 7]  # 4 chunks of 2
-    assert [stage_layers(spec, 3, 1, g) for g in range(3)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    interleaved = Layout(pp=2, global_batch=4, schedule="interleaved", virtual_stages=2)
+    assert interleaved.rank_chunks(1) == [1, 3]
+    assert interleaved.chunk_layer_ids(spec, 3) == [6, 7]  # 4 chunks of 2
+    three = Layout(pp=3, global_batch=3)
+    assert [three.chunk_layer_ids(spec, g) for g in range(3)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
     whole = dict(build_model(spec, seed=1).named_parameters())
     last = build_model(spec, seed=1, layer_ids=[6, 7], first=False, last=True)
     assert last.tok_embeddings is None

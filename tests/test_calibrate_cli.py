@@ -4,6 +4,7 @@ baseline), real flm bench runs in a real SQLite store, and a real local SLURM jo
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 from sqlalchemy import func, select
 
 from frontier_llm.catalog import load_system
+from frontier_llm.planner.intervals import system_class
 from frontier_llm.store import open_store
 from frontier_llm.store.calibration_tables import flm_calibration_samples, flm_calibrations
 
@@ -89,6 +91,12 @@ def test_cross_validated_report_on_real_bench_runs(tmp_path):
     assert refit.layer_overhead_s == pytest.approx(
         next(k["after"] for k in report["knobs"] if k["knob"] == "layer_overhead_s"), rel=1e-3)
     assert "from_runs" in refit.sources
+    # The file records the held-out error, and the planner's intervals use it (issue 27).
+    cv = [r for r in report["runs"] if r["set"] == "cv"]
+    assert refit.prediction_error.log_residuals == pytest.approx(
+        [math.log(1 + r["after_err_pct"] / 100) for r in cv], abs=1e-5)
+    assert "2-fold" in refit.prediction_error.method
+    assert system_class(refit) == "calibrated"
     # The table form prints the same summary for a person.
     table = flm("calibrate", "--from-runs", "--sweep", "cv", "--folds", "2", "--db", db)
     assert table.returncode == 0 and "held-out (2-fold CV)" in table.stdout

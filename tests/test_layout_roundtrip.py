@@ -28,7 +28,9 @@ from frontier_llm.cli.layout_args import add_layout_args, layout_from_args
 from frontier_llm.errors import SpecError
 from frontier_llm.jobs.sweepdir import render_sweep
 from frontier_llm.jobs.sweepspec import load_sweep
+from frontier_llm.report.sources import with_catalog_breakdown
 from frontier_llm.specs.engine_rules import RULES
+from frontier_llm.specs.forms import bench_command, layout_entry, layout_from_row, layout_record
 from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.layout import (
     COMPONENTS,
@@ -43,9 +45,10 @@ from frontier_llm.specs.layout import (
     layout_argv,
     zero_preset,
 )
+from frontier_llm.specs.space import space_knobs
 from frontier_llm.store import open_store
 from frontier_llm.store.ingest import collect
-from frontier_llm.store.queries import stored_layout
+from frontier_llm.store.queries import runs_frame, stored_layout
 
 # 48 layers: every pp x virtual_stages the strategy draws divides them; 16 heads: every tp.
 MODEL = {"name": "prop-gpt", "layers": 48, "hidden": 256, "heads": 16, "seq_len": 64,
@@ -89,6 +92,8 @@ def layouts(draw) -> Layout:
         allowed = rules.pipeline_shardings if pp > 1 and rules.pipeline_shardings else \
             rules.shardings
         sharding = draw(st.sampled_from(list(allowed)))
+    # Knobs an engine runs at some values only (EngineRules.only): one of those.
+    only = {knob: draw(st.sampled_from(list(values))) for knob, values, _ in rules.only}
     try:
         return Layout(
             tp=tp, pp=pp, dp=dp, micro_batch=micro, global_batch=micro * dp * steps,
@@ -98,6 +103,7 @@ def layouts(draw) -> Layout:
             recompute=draw(st.sampled_from(list(Recompute))),
             flash_attention=draw(st.booleans()), dtype=draw(st.sampled_from(list(rules.dtypes))),
             sharding=sharding, engine=engine,
+            reshard_after_forward=only.get("reshard_after_forward", draw(st.booleans())),
         )
     except SpecError:  # a sharding coarser than what it is built from
         assume(False)
@@ -105,14 +111,9 @@ def layouts(draw) -> Layout:
 
 def _sweep_file(folder: Path, layout: Layout) -> Path:
     """A sweep whose space holds exactly ``layout`` (the planner enumerates it)."""
-    space = {
-        "tp": [layout.tp], "pp": [layout.pp], "micro_batch": [layout.micro_batch],
-        "schedule": [str(layout.schedule)], "virtual_stages": [layout.virtual_stages],
-        "recompute": [str(layout.recompute)], "sequence_parallel": [layout.sequence_parallel],
-        "flash_attention": [layout.flash_attention],
-        "sharding": [layout.sharding.describe()], "engine": [str(layout.engine)],
-        "fits_only": False,
-    }
+    record = layout_record(layout)
+    space = {name: [record[name]] for name in space_knobs()}
+    space["fits_only"] = False
     (folder / "model.yaml").write_text(yaml.safe_dump(MODEL))
     sweep = {"name": "prop", "system": "cpu-local", "model": "model.yaml",
              "gpus": [layout.world_size], "gpus_per_node": 256, "dtype": str(layout.dtype),
@@ -120,6 +121,15 @@ def _sweep_file(folder: Path, layout: Layout) -> Path:
     path = folder / "sweep.yaml"
     path.write_text(yaml.safe_dump(sweep))
     return path
+
+
+def _one_layout_sweep(folder: Path, entry: dict) -> str:
+    """The sweep of _sweep_file with ``entry`` as its one ``layouts:`` entry (a study's trial
+    and the quickstart write such files)."""
+    sweep = yaml.safe_load((folder / "sweep.yaml").read_text())
+    del sweep["space"]
+    sweep["layouts"] = [entry]
+    return yaml.safe_dump(sweep)
 
 
 def _script_argv(script: str, key: str) -> list[str]:
@@ -169,10 +179,25 @@ def test_a_layout_survives_every_handoff(layout):
             report = collect(store, [cfg.trace_dir])
             assert report.as_dict()["inserted"] == 1, report.as_dict()
             back = stored_layout(store, expected)
+            runs = runs_frame(store)
         finally:
             store.close()
         assert back == layout
         assert layout_hash(cfg.model, cfg.system.name, back) == expected
+        # -> the report stage's frame of runs, and its rebuild of each run's layout
+        assert layout_from_row(runs.iloc[0]) == layout
+        assert layout_from_row(with_catalog_breakdown(runs).iloc[0]) == layout
+        # -> a study's trial (its sweep text) and flm tune best's bench command
+        entry = {k: v for k, v in layout.to_dict().items() if k != "zero_stage"}
+        tried = load_sweep(folder / "sweep.yaml", text=_one_layout_sweep(folder, entry))
+        assert tried.jobs[0].layout == layout
+        best = shlex.split(bench_command(layout))
+        assert layout_from_args(build_parser("bench").parse_args(
+            ["bench", "--model", "tiny-gpt", *best])) == layout
+        # -> the quickstart's layouts: entry
+        qs = load_sweep(folder / "sweep.yaml",
+                        text=_one_layout_sweep(folder, layout_entry(layout)))
+        assert qs.jobs[0].layout == layout
 
 
 @settings(max_examples=300, deadline=None)

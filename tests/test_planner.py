@@ -8,8 +8,9 @@ import pytest
 
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.errors import SpecError, UserError
-from frontier_llm.planner import REASONS, SearchSpace, default_global_batch, layout_from_row, plan
+from frontier_llm.planner import REASONS, SearchSpace, default_global_batch, plan
 from frontier_llm.planner.plan import non_dominated
+from frontier_llm.specs.forms import layout_from_row
 from frontier_llm.specs.parallel import ParallelConfig
 
 

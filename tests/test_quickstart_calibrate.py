@@ -99,8 +99,8 @@ def test_score_is_the_step_time_mape_and_the_rank_correlation_of_throughput_per_
 
 
 def test_the_errors_table_compares_systems_on_the_same_runs_without_pooling_them():
-    runs = pd.DataFrame({"run_id": ["a", "b", "c"], "engine": "native", "tp": 1, "pp": 1,
-                         "dp": [1, 2, 4], "global_batch": [2, 4, 8],
+    runs = pd.DataFrame({"run_id": ["a", "b", "c"], "engine": "native",
+                         "world_size": [1, 2, 4], "global_batch": [2, 4, 8],
                          "measured_step_time_s": [1.0, 2.0, 3.0],
                          "measured_peak_memory_bytes": 100, "predicted_peak_memory_bytes": 100,
                          "memory_error_pct": 0.0})

@@ -265,6 +265,23 @@ def test_layouts_of_one_world_size(tmp_path, capsys):
                  "--out", str(tmp_path)]) == 0
     assert "2 layouts, 0 completed runs" in capsys.readouterr().out
     table = pd.read_csv(tmp_path / "tiny-cpu-layouts-2gpus.csv")
-    assert sorted(table["layout"]) == ["tp1 pp1 dp2 mb2", "tp1 pp2 dp1 mb1"]
+    assert sorted(table["layout"]) == ["tp1 pp1 dp2 mb2 gb4 fp32", "tp1 pp2 dp1 mb1 gb4 fp32"]
     assert set(table["gpus"]) == {2}
     assert not (tmp_path / "tiny-cpu-layouts.csv").exists()
+
+
+def test_a_series_of_one_point_is_one_point_with_no_efficiency(tmp_path, capsys):
+    """A recipe run at one GPU count has nothing to scale against: its step time is drawn and
+    said, its efficiency is left empty (not a vacuous 100 %), beside a real series."""
+    df = pd.DataFrame([run(1, 8, 4.0), run(2, 8, 2.5), run(2, 8, 3.0, tp=2)])
+    table = scaling_table(df)
+    lone = table[table["series"].str.contains("tp2")]
+    assert len(lone) == 1 and lone["measured_efficiency_pct"].isna().all()
+    assert table.loc[~table.index.isin(lone.index), "measured_efficiency_pct"].notna().all()
+    sweep = str(REPO / "sweeps" / "tiny-cpu.yaml")
+    assert main(["report", "scaling", "--sweep", sweep, "--model-only",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-gpt tp2 pp1 mb1 fp32: one point (4 GPUs), no scaling efficiency; step " \
+           "time predicted" in out
+    assert "100.0 %" not in out

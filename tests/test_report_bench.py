@@ -35,7 +35,7 @@ def test_weak_scaling_measured_and_predicted(bench_db, tmp_path, capsys):
         assert t.loc[n, "measured_efficiency_pct"] == pytest.approx(x / (2 * 32 / base) * 100)
     assert t.loc[1, "measured_efficiency_pct"] == 100.0
     assert t["predicted_efficiency_pct"].notna().all()
-    assert "| tiny-gpt tp1 pp1 mb2 | weak | 1 |" in (out / "tiny-weak-scaling.md").read_text()
+    assert "| tiny-gpt tp1 pp1 mb2 fp32 | weak | 1 |" in (out / "tiny-weak-scaling.md").read_text()
     check_png(out / "tiny-weak-scaling.png")
     check_pdf(out / "tiny-weak-scaling.pdf")
 
@@ -95,7 +95,7 @@ def test_scaling_notebook_runs_on_the_bench_database(bench_db, tmp_path, monkeyp
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     out = "\n".join(_execute("scaling_efficiency", tmp_path))
     assert "w1a" in out and "s2-crash" not in out  # the weak runs' table
-    assert "tiny-gpt tp1 pp1 mb2  weak" in out  # the weak-scaling table
+    assert "tiny-gpt tp1 pp1 mb2 fp32  weak" in out  # the weak-scaling table
     assert "1 completed, 1 failed" in out  # the strong table keeps the crashed run
     assert out.count("<png>") == 2
 
@@ -106,4 +106,5 @@ def test_planner_tour_notebook(tmp_path, monkeypatch):
     out = "\n".join(outputs)
     assert out.count("Winner: ") == 3 and "=== gpt-1t ===" in out
     assert "params_gb" in out and "activations_gb" in out  # the memory breakdown table
-    assert out.count("<png>") == 3
+    assert "nothing qualifies" in out  # the allocation cell: 20T tokens miss 120 days
+    assert out.count("<png>") == 4  # three memory breakdowns and the allocation curve

@@ -39,9 +39,13 @@ def test_tiny_cpu_sweep_end_to_end(slurm_cluster, tmp_path):
     again = flm("sweep", "submit", sweep, "--out", out, "--db", db)
     assert "submitted 0 jobs, 4 already submitted" in again.stdout
 
-    rows = sweep_status("tiny-cpu", db, "--wait", "--timeout", 300, "--max-interval", 2,
-                        "--collect")
+    status = flm("sweep", "status", "tiny-cpu", "--db", db, "--format", "json", "--wait",
+                 "--timeout", 300, "--max-interval", 2, "--collect")
+    rows = {r["job_key"]: r for r in json.loads(status.stdout)}
     assert {r["state"] for r in rows.values()} == {"COMPLETED"}, rows
+    # What --collect stored, said in a sentence.
+    assert f"collected 4 trace files into {db}: 4 new, 0 updated, 0 unchanged, 0 quarantined" \
+        in status.stderr
     jobs = load_sweep(sweep).jobs
     assert set(rows) == {j.key for j in jobs}
     for job in jobs:

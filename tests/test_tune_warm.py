@@ -15,9 +15,11 @@ from frontier_llm.costmodel import comm
 from frontier_llm.costmodel.params import stage_params_per_rank
 from frontier_llm.errors import SpecError
 from frontier_llm.specs.layout import Layout, layout_types
+from frontier_llm.specs.space import NOT_SEARCHED
+from frontier_llm.specs.space import space_knobs as search_knobs
 from frontier_llm.tune import optuna_study as osx
 from frontier_llm.tune.runcost import MB, bucket_seconds, buckets, gradient_bytes, run_seconds
-from frontier_llm.tune.spec import NOT_SEARCHED, StudySpace, load_study, search_knobs
+from frontier_llm.tune.spec import StudySpace, load_study
 from tests.test_tune_spec import write
 
 
@@ -27,8 +29,8 @@ def test_study_space_fields_are_the_layout_knobs():
     assert list(search_knobs()) == [n for n in layout_types() if n not in NOT_SEARCHED]
     assert [f.name for f in dataclasses.fields(StudySpace)] == [*search_knobs(), "zero", "run"]
     # Values are checked by the knob's type: a vocabulary's words, whole numbers, true/false.
-    with pytest.raises(SpecError,
-                       match="recompute 'some' is not none, selective, full or selective-op"):
+    with pytest.raises(SpecError, match="recompute must be one of none, selective, full, "
+                                        r"selective-op \(got 'some'\)"):
         StudySpace(recompute=["some"])
     with pytest.raises(SpecError, match="micro_batch values must be at least 1"):
         StudySpace(micro_batch=[0])

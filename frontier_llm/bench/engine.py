@@ -25,7 +25,7 @@ from frontier_llm.bench.mesh import DIM_NAMES, MeshDims, check_layout
 from frontier_llm.bench.model import DTYPES, GPT, build_model, loss_fn
 from frontier_llm.bench.optim import LocalAdam, allreduce_mean, local
 from frontier_llm.bench.parallelize import apply_fsdp, apply_tp, local_bytes
-from frontier_llm.bench.pipeline import build_schedule, stage_ids, stage_io, stage_layers
+from frontier_llm.bench.pipeline import build_schedule, stage_io
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
 
@@ -63,13 +63,13 @@ class NativeEngine:
         self.data = TokenSource(spec.vocab, spec.seq_len, seed, data)
         self.meter = SavedTensorMeter()
 
-        num_stages = layout.pp * layout.virtual_stages
-        self.stage_indices = stage_ids(layout.pp, layout.virtual_stages, self.coords["pp"])
+        num_stages = layout.chunks
+        self.stage_indices = layout.rank_chunks(self.coords["pp"])
         self.modules: list[GPT] = []
         for g in self.stage_indices:
             m = build_model(
                 spec, seed=seed, dtype=layout.dtype, device=device,
-                layer_ids=stage_layers(spec, layout.pp, layout.virtual_stages, g),
+                layer_ids=layout.chunk_layer_ids(spec, g),
                 first=g == 0,
                 last=g == num_stages - 1, flash=layout.flash_attention,
                 recompute=layout.recompute,

@@ -82,11 +82,11 @@ def mesh_dims(layout: Layout) -> MeshDims:
                         reshard_after_forward=False, **base)
     if deg == {"params": dp, "grads": dp, "optim": dp}:
         return MeshDims(dp_replicate=1, dp_shard=dp, data_parallel="fsdp",
-                        reshard_after_forward=True, **base)
+                        reshard_after_forward=layout.reshard_after_forward, **base)
     k = deg["params"]
     if deg["grads"] == k and deg["optim"] == k:
         return MeshDims(dp_replicate=dp // k, dp_shard=k, data_parallel="hsdp",
-                        reshard_after_forward=True, **base)
+                        reshard_after_forward=layout.reshard_after_forward, **base)
     raise UserError(
         f"sharding {sh.describe()} has no PyTorch-native equivalent in the native engine: it "
         "runs zero0, zero1, zero2, zero3 and HSDP (params, grads and optimizer all partial:k)"

@@ -1,9 +1,8 @@
 """Pipeline stages and schedules (``torch.distributed.pipelining``).
 
-Layers are split into ``pp x v`` chunks (Narayanan et al. 2021, interleaved schedule), equal when
-they divide, else the native engine's uneven split (``specs/pipeline_split.py``): chunk ``c`` of
-pipeline rank ``r`` is global stage ``c·pp + r``. Global stage 0 holds the embeddings,
-the last global stage the final norm and the output head.
+Which chunks a pipeline rank holds and which layers each chunk gets are the layout's
+(``Layout.rank_chunks``, ``Layout.chunk_layer_ids``: the engine's split, specs/pipeline_split.py).
+Global stage 0 holds the embeddings, the last global stage the final norm and the output head.
 """
 
 from __future__ import annotations
@@ -11,22 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from frontier_llm.specs.layout import Engine, Schedule
+from frontier_llm.specs.layout import Schedule
 from frontier_llm.specs.model import ModelSpec
-from frontier_llm.specs.pipeline_split import stage_layers as split_layers
-
-
-def stage_ids(pp: int, virtual_stages: int, pp_rank: int) -> list[int]:
-    """Global stage indices held by ``pp_rank``, in execution order."""
-    return [c * pp + pp_rank for c in range(virtual_stages)]
-
-
-def stage_layers(spec: ModelSpec, pp: int, virtual_stages: int, stage: int) -> list[int]:
-    """The layer indices of global stage ``stage``: the native engine's split (even when
-    ``pp x v`` divides the layers, else uneven; ``specs/pipeline_split.py``)."""
-    counts = split_layers(spec.layers, pp, virtual_stages, Engine.NATIVE, spec)
-    start = sum(counts[:stage])
-    return list(range(start, start + counts[stage]))
 
 
 def stage_io(stage: int, num_stages: int, micro_batch: int, seq_local: int, spec: ModelSpec,

@@ -35,6 +35,7 @@ from frontier_llm.costmodel import evaluate, from_configs
 from frontier_llm.errors import UserError
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.system import Efficiency, SystemSpec
+from frontier_llm.specs.vocab import RunStatus
 
 KNOBS = ("matmul", "layer_overhead_s", "latency", "network_latency", "collective", "memory")
 UNITS = {"matmul": "FLOP/s", "layer_overhead_s": "s", "latency": "s", "network_latency": "s",
@@ -89,7 +90,7 @@ def load_runs(store, sweep: str) -> pd.DataFrame:
         rows = [tuple(x) for x in conn.execute(stmt)]
     df = pd.DataFrame(rows, columns=["run_id", "measured_s", "status", "model_json",
                                      "layout_json", "layout_hash"])
-    df = df[(df["status"] == "completed") & (pd.to_numeric(df["measured_s"]) > 0)]
+    df = df[(df["status"] == RunStatus.COMPLETED) & (pd.to_numeric(df["measured_s"]) > 0)]
     if df.empty:
         raise UserError(f"no completed runs with a step time for sweep {sweep!r} in the "
                         "database: run 'flm collect DIR' on its traces, or check --sweep/--db")
@@ -274,12 +275,27 @@ def closed_loop(system: SystemSpec, runs: pd.DataFrame, knobs: tuple[str, ...], 
                       system_all=system_all)
 
 
+def cv_log_residuals(report: LoopReport) -> list[float]:
+    """The k-fold cross-validation's held-out residuals, log(predicted / measured step time),
+    one per run: what the planner's intervals read from a refitted system file."""
+    cv = report.per_run[report.per_run["set"] == "cv"]
+    return [round(float(x), 6) for x in np.log(cv["after_s"] / cv["measured_s"])]
+
+
 def refitted_mapping(base: dict, report: LoopReport, source: str) -> dict:
-    """The base system's YAML mapping with the knobs fitted on all runs in place."""
+    """The base system's YAML mapping with the knobs fitted on all runs in place, and the
+    cross-validated error of those knobs (``prediction_error``: the planner's intervals for
+    this system come from it, planner/intervals.py)."""
     from frontier_llm.calibrate.system_file import plain
 
     s = report.system_all
     out = dict(base)
+    folds_used = int(report.per_run.loc[report.per_run["set"] == "cv", "fold"].max()) + 1
+    out["prediction_error"] = {
+        "log_residuals": cv_log_residuals(report),
+        "method": f"{folds_used}-fold cross-validation of the step time",
+        "source": source,
+    }
     out["peak_flops"] = {k: float(f"{v:.4g}") for k, v in s.peak_flops.items()}
     eff = dict(out.get("efficiency") or {})
     for name, e in s.efficiency.items():

@@ -59,6 +59,9 @@ def calibrated_mapping(base: dict, prov: dict, links: dict[tuple[str, str], Tier
                        matmul: MatmulFit | None, name: str) -> dict:
     """The base mapping with the measured figures in place (pure)."""
     out = dict(base)
+    # The base's held-out error was measured with the knobs replaced here: it no longer applies
+    # (the planner's intervals then fall back to the calibration rows', planner/intervals.py).
+    out.pop("prediction_error", None)
     spec: SystemSpec = system_from_mapping(plain(base))
     who = provenance_line(prov)
     backend = prov.get("versions", {}).get("backend", "")

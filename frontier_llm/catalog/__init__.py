@@ -14,6 +14,7 @@ from frontier_llm.errors import SpecError, UserError
 from frontier_llm.specs import Efficiency, LinkTier, ModelSpec, SystemSpec
 from frontier_llm.specs.build import build
 from frontier_llm.specs.site import site_from_mapping
+from frontier_llm.specs.system import Power, PredictionError
 from frontier_llm.specs.yamlio import LineMap, load_yaml
 
 HERE = Path(__file__).parent
@@ -88,7 +89,8 @@ def system_from_mapping(data: LineMap | dict) -> SystemSpec:
         SystemSpec,
         data,
         nested={"links": links, "efficiency": efficiency, "peak_flops": numbers,
-                "site": site_from_mapping},
+                "site": site_from_mapping, "power": lambda raw: build(Power, raw),
+                "prediction_error": lambda raw: build(PredictionError, raw)},
     )
 
 

@@ -91,6 +91,16 @@ def main(argv: list[str] | None = None) -> int:
         # `flm plan ... | head` closes the pipe early; that is not an error.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as exc:
+        # A full disk, a read-only folder, a damaged database: one line, exit 2 (cli/common.py).
+        # flm bench keeps its own handling: a rank's exit status means something to the job.
+        from frontier_llm.cli.common import one_line_error
+
+        line = None if args.command == "bench" else one_line_error(exc)
+        if line is None:
+            raise
+        print(f"flm: error: {line}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

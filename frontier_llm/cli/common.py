@@ -69,3 +69,36 @@ def emit_frame(df: pd.DataFrame, fmt: str, out=None) -> None:
 
 def emit_json(obj: Any, out=None) -> None:
     (out or sys.stdout).write(json.dumps(obj, indent=1, sort_keys=False, default=str) + "\n")
+
+
+def one_line_error(exc: BaseException) -> str | None:
+    """The one line the user sees for an error of the machine, the file system or the
+    database (exit 2 with ``flm: error:``), or None for a bug (which keeps its traceback).
+
+    A full disk, a read-only folder, a path that is a file, a corrupted SQLite page or a
+    database whose schema history this frontier_llm does not know are things to act on, not
+    tracebacks. Database and URL text passes through the store's one redaction, so no password
+    shows. SQLAlchemy and Alembic are looked up only where already imported: ``flm bench``
+    ranks must not import them.
+    """
+    if isinstance(exc, OSError):
+        where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+        what = exc.strerror or str(exc) or type(exc).__name__
+        return f"{what}: {where}" if where else what
+    sqlalchemy_exc = sys.modules.get("sqlalchemy.exc")
+    if sqlalchemy_exc is not None and isinstance(exc, sqlalchemy_exc.SQLAlchemyError):
+        from frontier_llm.store.url import redact_text
+
+        orig = getattr(exc, "orig", None) or exc
+        first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+        hint = ""
+        if "malformed" in first or "not a database" in first:
+            hint = " (the file is damaged: restore it from a copy, or collect into a new one)"
+        return f"database error: {redact_text(first)[:300]}{hint}"
+    alembic_exc = sys.modules.get("alembic.util.exc")
+    if alembic_exc is not None and isinstance(exc, alembic_exc.CommandError):
+        from frontier_llm.store.url import redact_text
+
+        return (f"database schema history: {redact_text(str(exc).splitlines()[0])[:300]} (a "
+                "database written by another frontier_llm? 'flm db version' shows its version)")
+    return None

@@ -28,9 +28,12 @@ __all__ = [
     "MAX_SECONDS",
     "count",
     "count_list",
+    "days",
+    "fraction",
     "gpus",
     "positive_float",
     "seconds",
+    "tokens",
 ]
 
 
@@ -104,3 +107,31 @@ def positive_float(hi: float = 1e12) -> Callable[[str], float]:
 
     parse.__name__ = "positive_float"
     return parse
+
+
+def tokens(text: str) -> float:
+    """A token budget: ``2e13``, ``20T``, ``300B`` (planner.allocation.parse_tokens)."""
+    from frontier_llm.planner.allocation import parse_tokens
+
+    try:
+        return parse_tokens(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def days(text: str) -> float:
+    """A deadline in days: ``45d``, ``12w``, ``36h`` or a bare number of days."""
+    from frontier_llm.planner.allocation import parse_days
+
+    try:
+        return parse_days(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def fraction(text: str) -> float:
+    """A number strictly between 0 and 1 (a confidence)."""
+    value = _finite(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, exclusive (got {text})")
+    return value

@@ -10,59 +10,55 @@ import numpy as np
 import pandas as pd
 
 from frontier_llm.catalog import load_model, load_system
+from frontier_llm.cli import allocation as alloc_cli
 from frontier_llm.cli.common import add_command, add_format, emit_frame, emit_json
-from frontier_llm.cli.layout_args import add_layout_args, layout_from_args
-from frontier_llm.cli.numbers import MAX_GPUS, count, count_list, gpus
+from frontier_llm.cli.layout_args import (
+    add_layout_args,
+    add_space_args,
+    layout_from_args,
+    space_from_args,
+)
+from frontier_llm.cli.numbers import MAX_GPUS, count, gpus
 from frontier_llm.costmodel import predict
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.explain import explain
-from frontier_llm.specs.layout import DType, Engine, Recompute, zero_preset
+from frontier_llm.specs.forms import display_layouts, label
+from frontier_llm.specs.layout import DType
 
 DEFAULT_MODEL, DEFAULT_SYSTEM, DEFAULT_GPUS = "gpt-175b", "frontier", 1024
 
-# What the table shows (the CSV and JSON formats carry every column).
-TABLE_COLUMNS = {
-    "rank": "rank", "tp": "tp", "pp": "pp", "dp": "dp", "micro_batch": "mb",
-    "schedule": "schedule", "recompute": "recompute", "sequence_parallel": "sp",
-    "sharding": "sharding", "step_time_s": "step_s", "tokens_per_s": "tokens/s",
-    "model_tflops_per_gpu": "TFLOP/s/gpu", "mfu": "MFU", "peak_memory_gb": "mem_GB",
-    "fits": "fits",
-}
+# The figures the table shows beside the layout columns that differ between its rows (the CSV
+# and JSON formats carry every column).
+TABLE_FIGURES = {"step_time_s": "step_s", "tokens_per_s": "tokens/s",
+                 "model_tflops_per_gpu": "TFLOP/s/gpu", "mfu": "MFU",
+                 "peak_memory_gb": "mem_GB", "fits": "fits"}
 
 
-def _engine_list(text: str) -> tuple[str, ...]:
-    words = tuple(w.strip() for w in text.split(",") if w.strip())
-    bad = [w for w in words if w not in Engine.words()]
-    if bad or not words:
-        raise argparse.ArgumentTypeError(
-            f"engines are a comma-separated list of {', '.join(Engine.words())} (got {text!r})")
-    return tuple(dict.fromkeys(words))
-
-
-def _display(df: pd.DataFrame, engines: int = 1) -> pd.DataFrame:
+def _display(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     df["peak_memory_gb"] = df["peak_memory_bytes"] / 1e9
-    df["schedule"] = [f"{s}:{v}" if s == "interleaved" else str(s)
-                      for s, v in zip(df["schedule"], df["virtual_stages"], strict=True)]
-    columns = dict(TABLE_COLUMNS)
-    if engines > 1:  # the engine column only when the plan compares engines
-        columns = {"rank": "rank", "engine": "engine", **columns}
-    df = df[list(columns)].rename(columns=columns)
-    return df.round({"step_s": 3, "tokens/s": 0, "TFLOP/s/gpu": 1, "MFU": 3, "mem_GB": 1})
+    out = pd.concat([df[["rank"]], display_layouts(df),
+                     df[list(TABLE_FIGURES)].rename(columns=TABLE_FIGURES)], axis=1)
+    return out.round({"step_s": 3, "tokens/s": 0, "TFLOP/s/gpu": 1, "MFU": 3, "mem_GB": 1})
 
 
 def run_plan(args: argparse.Namespace) -> int:
     model, system = load_model(args.model), load_system(args.system)
-    space = SearchSpace(
-        tp=args.tp, pp=args.pp, micro_batch=args.micro_batch,
-        recompute=tuple(args.recompute) if args.recompute else SearchSpace.recompute,
-        sharding=tuple(zero_preset(z) for z in args.zero) if args.zero else None,
-        flash_attention=(args.flash_attention,), dtype=args.dtype, engine=args.engine,
-    )
+    space = SearchSpace(dtype=args.dtype, **space_from_args(args))
+    refused = alloc_cli.check(args)
+    if refused:
+        print(f"flm plan: {refused}", file=sys.stderr)
+        return 2
+    if args.min_gpus:
+        return alloc_cli.run_min_gpus(args, model, system, space)
+    if alloc_cli.wants_curve(args):
+        return alloc_cli.run_curve(args, model, system, space)
     start = time.perf_counter()
     result = plan(model, system, args.gpus, args.global_batch, space)
     seconds = time.perf_counter() - start
-    ranked = result.ranked(args.top, fits_only=not args.include_oom, frontier=not args.all)
+    ranked = result.ranked(None if args.risk_aware else args.top,
+                           fits_only=not args.include_oom, frontier=not args.all)
+    ranked = alloc_cli.annotate(ranked, model, system, args, args.top)
     shown = "" if args.all else (
         f", {len(result.ranked_indices(None, frontier=True)):,} not dominated (no other is as "
         "fast with less memory; --all shows every one)")
@@ -72,13 +68,16 @@ def run_plan(args: argparse.Namespace) -> int:
         f"{int(np.sum(result.valid)):,} valid and fit{shown}",
         file=sys.stderr,
     )
+    for line in alloc_cli.summary_lines(model, system, ranked, args):
+        print(line, file=sys.stderr)
     if args.format == "table":
-        emit_frame(_display(ranked, len(args.engine)), "table")
+        emit_frame(alloc_cli.display_columns(_display(ranked), ranked, args), "table")
     elif args.format == "csv":
         emit_frame(ranked, "csv")
     else:
         emit_json({"model": model.name, "system": system.name, "gpus": args.gpus,
                    "global_batch": result.global_batch, "evaluated": len(result.reason),
+                   "interval_confidence": args.confidence, "tokens": args.tokens,
                    "rejected": result.rejections(),
                    "layouts": ranked.to_dict(orient="records")})
     if args.explain:
@@ -97,16 +96,14 @@ def run_predict(args: argparse.Namespace) -> int:
         layout.check_world(args.gpus)
     out = {"model": model.name, "system": system.name, "layout": layout.to_dict(),
            **predict(model, system, layout)}
+    extra = alloc_cli.predict_extras(out, layout, model, system, args)
+    out.update(extra)
     if args.format == "json":
         emit_json(out)
         return 0
     bd = out["breakdown"]
     print(f"{model.name} on {layout.world_size} x {system.gpu} ({system.name})")
-    print(f"layout      tp={layout.tp} pp={layout.pp} dp={layout.dp} mb={layout.micro_batch} "
-          f"gb={layout.global_batch} {layout.schedule}"
-          f"{f':{layout.virtual_stages}' if layout.virtual_stages > 1 else ''} "
-          f"recompute={layout.recompute}{' sp' if layout.sequence_parallel else ''} "
-          f"{layout.sharding.describe()} {layout.dtype} engine={layout.engine}")
+    print(f"layout      {label(layout)}")
     print(f"step time   {out['step_time_s']:.4g} s   ({out['tokens_per_s']:,.0f} tokens/s)")
     print(f"throughput  {out['model_tflops_per_gpu']:.1f} model TFLOP/s/GPU, "
           f"{out['hardware_tflops_per_gpu']:.1f} hardware; MFU {out['mfu']:.1%}, "
@@ -119,6 +116,8 @@ def run_predict(args: argparse.Namespace) -> int:
                                       for k, v in bd["time_s"].items() if v > 0))
     print("memory      " + ", ".join(f"{k} {v / 1e9:.2f} GB"
                                       for k, v in bd["memory_bytes"].items() if v > 0))
+    for line in alloc_cli.predict_lines(extra):
+        print(line)
     return 0
 
 
@@ -133,7 +132,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         ["flm plan", "flm plan --model gpt-1t --system frontier --gpus 3072 --top 20 --explain",
          "flm plan --model llama3-70b --system frontier --gpus 768 --engine megatron,deepspeed",
          "flm plan --model llama3-70b --system dgx-h100 --gpus 64 --tp 8 --format csv",
-         "flm plan --model my-model.yaml --system my-system.yaml --gpus 128"],
+         "flm plan --model my-model.yaml --system my-system.yaml --gpus 128",
+         "flm plan --model gpt-1t --system frontier --tokens 20T --deadline 120d "
+         "--engine megatron"],
     )
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"catalog name or YAML path (default {DEFAULT_MODEL}; see flm models)")
@@ -153,21 +154,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--all", action="store_true",
                    help="rank every layout; by default a layout is left out when another is at "
                         "least as fast with no more memory (it is dominated)")
-    g = p.add_argument_group("restrict the search")
-    g.add_argument("--tp", type=count_list(1, MAX_GPUS), help="tensor-parallel degrees, e.g. 4,8")
-    g.add_argument("--pp", type=count_list(1, MAX_GPUS), help="pipeline degrees, e.g. 8,16")
-    g.add_argument("--micro-batch", type=count_list(1), help="micro-batch sizes, e.g. 1,2")
-    g.add_argument("--recompute", nargs="+", choices=Recompute.words())
-    g.add_argument("--zero", type=int, nargs="+", choices=(0, 1, 2, 3),
-                   help="only these ZeRO presets (default: ZeRO-0..3 and AMSP partial ones)")
-    g.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
-                   help="assume unfused attention")
-    g.add_argument("--dtype", choices=DType.words(), default="bf16")
-    g.add_argument("--engine", type=_engine_list, default=(Engine.NATIVE.value,),
-                   metavar="ENGINE[,ENGINE]",
-                   help="training engines to plan for, comma-separated, of "
-                        f"{', '.join(Engine.words())} (default native); each engine's rules "
-                        "(specs/engine_rules.py) reject what it cannot run")
+    g = p.add_argument_group("restrict the search", "one flag per layout knob; a knob not "
+                             "given is searched over its default list")
+    add_space_args(g)
+    g.add_argument("--dtype", choices=DType.words(), default="bf16",
+                   help="training precision (default bf16)")
+    alloc_cli.add_arguments(p)
     add_format(p)
     p.set_defaults(func=run_plan)
 
@@ -186,6 +178,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=gpus, default=None,
                    help="check that tp x pp x dp uses exactly this many GPUs")
     add_layout_args(p)
+    alloc_cli.add_predict_arguments(p)
     add_format(p, choices=("table", "json"))
     p.set_defaults(func=run_predict)
 

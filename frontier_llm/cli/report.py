@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from frontier_llm.cli import allocation as alloc_cli
 from frontier_llm.cli.common import add_command, db_parent
 from frontier_llm.cli.numbers import gpus
 
@@ -29,6 +30,13 @@ def _scaling(args: argparse.Namespace) -> int:
     _written(paths)
     for series, t in table.groupby("series", sort=False):
         last = t.iloc[-1]
+        if t["gpus"].nunique() < 2:
+            times = [f"{c.split('_')[0] if c != 'step_time_s' else 'measured'} "
+                     f"{last[c]:.3g} s" for c in ("step_time_s", "predicted_step_time_s")
+                     if c in t and last[c] == last[c]]
+            print(f"{series}: one point ({int(last['gpus'])} {args.gpu_label}), no scaling "
+                  f"efficiency; step time {', '.join(times) or 'not measured'}")
+            continue
         parts = [f"{c.split('_')[0]} {last[c]:.1f} %" for c in (
             "measured_efficiency_pct", "predicted_efficiency_pct") if c in t and last[c] == last[c]]
         print(f"{series}: {t['mode'].iloc[0]}-scaling efficiency at {int(last['gpus'])} "
@@ -148,3 +156,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="compare with this cost-model version's predictions (default: the one "
                         "each run's trace carried)")
     e.set_defaults(func=_errors)
+
+    a = add_command(
+        actions, "plan", "time to train and node-hours for a token budget, with error bands",
+        "For a token budget, the planner's best layout at each power-of-two GPU count: days to "
+        "train and node-hours against the GPU count with their intervals (the cost model's "
+        "out-of-sample error), the deadline line if given: NAME.csv, NAME.md, NAME.png and "
+        "NAME.pdf, NAME = MODEL-SYSTEM-plan (docs/planner.md, 'Planning an allocation').",
+        ["flm report plan --model gpt-1t --system frontier --tokens 20T --deadline 120d "
+         "--out reports/",
+         "flm report plan --model gpt-175b --system dgx-h100 --tokens 300B --curve 64-4096 "
+         "--out r/"])
+    alloc_cli.add_report_arguments(a)
+    a.set_defaults(func=alloc_cli.run_report_plan)

@@ -10,6 +10,7 @@ import pandas as pd
 from frontier_llm.cli.common import add_command, add_format, db_parent, emit_frame, emit_json
 from frontier_llm.cli.numbers import count
 from frontier_llm.cli.progress import Progress
+from frontier_llm.specs.forms import display_layouts
 from frontier_llm.store import SCHEMA_VERSION, open_existing, open_store
 from frontier_llm.store.engine_compare import (
     RESULT_LABELS,
@@ -28,9 +29,10 @@ from frontier_llm.store.queries import (
 )
 
 # What `flm results` shows as a table; csv and json carry every column.
-_RESULT_TABLE_COLUMNS = ["run_id", "sweep_name", "status", "model", "system", "tp", "pp", "dp",
-                         "micro_batch", "global_batch", "sharding", "step_time_s",
-                         "predicted_step_time_s", "tokens_per_s", "mfu", "peak_memory_bytes"]
+# The layout's columns are those that differ between the runs shown (specs.forms).
+_RESULT_RUN_COLUMNS = ["run_id", "sweep_name", "status", "model", "system"]
+_RESULT_FIGURES = ["step_time_s", "predicted_step_time_s", "tokens_per_s", "mfu",
+                   "peak_memory_bytes"]
 
 
 # What one row of --by-engine is: a layout, the same on every engine.
@@ -68,9 +70,7 @@ def _collect(args: argparse.Namespace) -> int:
     if args.format == "json":
         emit_json({"db": store.url_redacted, **report.as_dict()})
     else:
-        print(f"collected {report.seen} trace files into {store.url_redacted}: "
-              f"{report.inserted} new, {report.updated} updated, {report.unchanged} unchanged, "
-              f"{len(report.quarantined)} quarantined ({report.seconds:.2f} s)")
+        print(report.summary(store.url_redacted))
     return 0
 
 
@@ -91,7 +91,8 @@ def _results(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.format == "table":
-        df = df[_RESULT_TABLE_COLUMNS]
+        df = pd.concat([df[_RESULT_RUN_COLUMNS], display_layouts(df),
+                        df[_RESULT_FIGURES]], axis=1)
     else:
         for c in ("started_at", "finished_at"):
             df[c] = df[c].map(lambda t: t.isoformat() if pd.notna(t) else None)

@@ -266,7 +266,9 @@ def _status(args) -> int:
             report = collect(store, [session.manifest.trace_dir])
             runner.link_layouts(session)
             rows = session.state.rows()
-            print(f"collected: {report.as_dict()}", file=sys.stderr)
+            print(report.summary(store.url_redacted), file=sys.stderr)
+            for path, reason in report.quarantined:
+                print(f"flm sweep status: quarantined {path}: {reason}", file=sys.stderr)
         earlier = session.state.earlier_attempts()
     finally:
         store.close()

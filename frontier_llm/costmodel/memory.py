@@ -184,7 +184,9 @@ def gathered_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None) -> np
     layers = rank_layers(model, t, pp_rank)[0] if held is None else held
     n_rest = np.maximum(
         stage_params_per_rank(model, t.tp, t.pp, pp_rank, layers, n_layer) - layers * n_layer, 0)
-    held = np.where(behaviour(t, "reshard_after_forward"),
+    # Resharded after forward (the engine's way, and the layout's choice): the layer in use and
+    # those prefetched; kept: every layer of the stage, gathered since its forward.
+    held = np.where(behaviour(t, "reshard_after_forward") & t.reshard_after_forward,
                     np.minimum(1 + behaviour(t, "prefetch"), layers), layers)
     fp32_copy = np.where(behaviour(t, "reduce_fp32") & (e < 4), 4, 0)
     unsharded = n_layer * (held * e + e + fp32_copy) + n_rest * (2 * e + fp32_copy)

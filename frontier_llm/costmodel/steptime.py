@@ -210,7 +210,8 @@ def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     rs = scatters * comm.reduce_scatter(system, kp, t.tp, n_layer * g / scatters)
     rest = comm.all_gather(system, kp, t.tp, n_rest * e) + comm.reduce_scatter(
         system, kp, t.tp, n_rest * g)
-    again = np.where(behaviour(t, "reshard_after_forward"), ag, 0.0)
+    # Parameters freed after forward are gathered again in backward (kept: no second gather).
+    again = np.where(behaviour(t, "reshard_after_forward") & t.reshard_after_forward, ag, 0.0)
     fwd_window = blk.fwd
     bwd_window = blk.compute - blk.fwd  # backward and any recompute
     # The share of a layer's gather issued ahead: all of it, or what the engine's prefetch

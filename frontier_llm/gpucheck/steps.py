@@ -24,6 +24,7 @@ from typing import Any
 
 from frontier_llm.gpucheck.modes import Mode, system_for
 from frontier_llm.gpucheck.summary import DOES_NOT_FIT
+from frontier_llm.specs.vocab import RunStatus
 
 ERROR_LINE = re.compile(r"^\s*([\w.]*(Error|Exception|Interrupt)\b.*|flm bench: .*|.*error: .*)$")
 GiB = 2**30
@@ -73,11 +74,11 @@ def run_env(mode: Mode, work: Path) -> dict[str, str]:
 
 def layout_for(mode: Mode, micro_batch: int, recompute: str = "none", engine: str = "native",
                zero: int = 0):
-    from frontier_llm.specs.layout import Layout, complete_layout
+    from frontier_llm.specs.layout import Layout, zero_preset
 
-    return Layout.from_dict(complete_layout({
-        "micro_batch": micro_batch, "global_batch": micro_batch, "dtype": mode.dtype,
-        "recompute": recompute, "flash_attention": True, "engine": engine, "zero": zero}))
+    return Layout(micro_batch=micro_batch, global_batch=micro_batch, dtype=mode.dtype,
+                  recompute=recompute, flash_attention=True, engine=engine,
+                  sharding=zero_preset(zero))
 
 
 def bench(mode: Mode, work: Path, system: str, layout, run_id: str, steps: int, warmup: int,
@@ -108,9 +109,10 @@ def bench(mode: Mode, work: Path, system: str, layout, run_id: str, steps: int, 
             rec.update(status=trace["status"], error=trace.get("error"), trace=path.name,
                        **figures(trace))
         except Exception as exc:  # a trace the schema refuses is a finding too
-            rec.update(status="failed", error=f"trace: {type(exc).__name__}: {exc}"[:500])
+            rec.update(status=RunStatus.FAILED.value,
+                       error=f"trace: {type(exc).__name__}: {exc}"[:500])
     else:
-        rec["status"] = "timeout" if code == 124 else "failed"
+        rec["status"] = (RunStatus.TIMEOUT if code == 124 else RunStatus.FAILED).value
         rec["error"] = (f"no trace after {timeout_s:.0f} s (killed)" if code == 124
                         else first_error_line(out) or f"exit {code}, no trace")
     return rec
@@ -322,7 +324,8 @@ def mfu(mode: Mode, work: Path, limit_s: float) -> int:
                                  mode.mfu_steps, mode.mfu_warmup,
                                  min(mode.run_timeout_s, budget.left()), "mfu"))
         save(work, "mfu", doc)
-    done = [r for r in doc["runs"] if r["status"] == "completed" and r.get("mfu") is not None]
+    done = [r for r in doc["runs"]
+            if r["status"] == RunStatus.COMPLETED and r.get("mfu") is not None]
     doc["best"] = max(done, key=lambda r: r["mfu"])["run_id"] if done else None
     save(work, "mfu", doc)
     return 0 if done else 1
@@ -342,7 +345,7 @@ def memory(mode: Mode, work: Path, limit_s: float) -> int:
                                      "memory"))
             save(work, "memory", doc)
     save(work, "memory", doc)
-    return 0 if all(r["status"] == "completed" for r in doc["runs"]) else 1
+    return 0 if all(r["status"] == RunStatus.COMPLETED for r in doc["runs"]) else 1
 
 
 def deepspeed(mode: Mode, work: Path, limit_s: float) -> int:
@@ -365,7 +368,7 @@ def deepspeed(mode: Mode, work: Path, limit_s: float) -> int:
                                  mode.deepspeed_steps, mode.deepspeed_warmup,
                                  min(mode.run_timeout_s + 60, budget.left()), "deepspeed"))
         save(work, "deepspeed", doc)
-    return 0 if all(r["status"] == "completed" for r in doc["runs"]) else 1
+    return 0 if all(r["status"] == RunStatus.COMPLETED for r in doc["runs"]) else 1
 
 
 def calibrate(mode: Mode, work: Path, limit_s: float) -> int:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from frontier_llm.gpucheck.modes import Mode
+from frontier_llm.specs.vocab import RunStatus
 
 MAX_FILES = 8
 LOG_TAIL_BYTES = 2**20
@@ -63,7 +64,7 @@ def step_time_errors(runs: list[dict], base: str, fitted: str | None, model_ref:
         systems["after"] = load_system(str(work / fitted))
     rows = []
     for run in runs:
-        if run.get("status") != "completed" or not run.get("step_time_s"):
+        if run.get("status") != RunStatus.COMPLETED or not run.get("step_time_s"):
             continue
         layout = Layout.from_dict(run["layout"])
         row: dict[str, Any] = {"run_id": run["run_id"], "measured_s": run["step_time_s"]}
@@ -105,7 +106,7 @@ def build(mode: Mode, work: Path, total_limit_s: float | None = None) -> dict:
             failures.append({"step": name, "what": name, "error": doc["error"]})
         for run in doc.get("runs", []):
             # A micro-batch the cost model says cannot fit is left out on purpose.
-            if run.get("status") not in ("completed", DOES_NOT_FIT):
+            if run.get("status") not in (RunStatus.COMPLETED, DOES_NOT_FIT):
                 failures.append({"step": name, "what": run["run_id"],
                                  "status": run.get("status"), "error": run.get("error")})
     runs = [r for s in ("mfu", "memory", "deepspeed") for r in (docs[s] or {}).get("runs", [])]

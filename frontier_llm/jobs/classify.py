@@ -21,6 +21,10 @@ from frontier_llm.bench.trace import TraceError, heartbeat_path, read_trace, tra
 from frontier_llm.errors import ExitCode
 from frontier_llm.jobs.contract import BANNER_PREFIX
 from frontier_llm.jobs.lifecycle import JobState, Observation, SchedulerState
+from frontier_llm.specs.vocab import RunStatus
+
+# Trace statuses whose run ran to its end (RunStatus.measured).
+_MEASURED = tuple(s for s in RunStatus if s.measured)
 
 _ERROR_LINE = re.compile(
     r"(^[\w.]*(Error|Exception|Interrupt)\b[^:]*:|\berror\b|\bfatal\b|\bkilled\b|\bcrash"
@@ -90,6 +94,9 @@ def load_trace(trace_dir: str | Path, run_id: str | None) -> tuple[dict | None, 
         return read_trace(path), None
     except TraceError as exc:
         return None, f"invalid trace: {exc}"
+    except RecursionError:
+        # A trace nested thousands deep must not end flm sweep status in a traceback.
+        return None, "invalid trace: nested too deeply"
 
 
 def heartbeat_age(trace_dir: str | Path, run_id: str | None, now: float | None = None
@@ -136,7 +143,7 @@ def classify(
     if observed.gone:
         return _forgotten(status, error, log_text, heartbeat_age_s)
     # The run's own account of an out-of-memory beats the scheduler's generic FAILED.
-    if status == "oom" or state == S.OUT_OF_MEMORY or code == ExitCode.OOM:
+    if status == RunStatus.OOM or state == S.OUT_OF_MEMORY or code == ExitCode.OOM:
         return Verdict(JobState.OOM, error or first_error_line(log_text) or "out of memory")
     if state == S.TIMEOUT:
         return Verdict(JobState.TIMEOUT, "time limit reached")
@@ -150,15 +157,16 @@ def classify(
         if "DUE TO TIME LIMIT" in log_text:
             return Verdict(JobState.TIMEOUT, "time limit reached")
         return Verdict(JobState.CANCELLED, said or "cancelled")
-    if status == "timeout":
+    if status == RunStatus.TIMEOUT:
         return Verdict(JobState.TIMEOUT, "time limit reached")
     if state == S.COMPLETED or (state == S.EXITED and (
-            code == ExitCode.OK or (code is None and status in ("completed", "suspect")))):
-        if status == "completed":
+            code == ExitCode.OK or (code is None and status in _MEASURED))):
+        if status == RunStatus.COMPLETED:
             return Verdict(JobState.COMPLETED)
-        if status == "suspect":  # ran to the end; the trace says why its figures are doubtful
+        # Ran to the end; the trace says why its figures are doubtful.
+        if status == RunStatus.SUSPECT:
             return Verdict(JobState.COMPLETED, error or "suspect measurement")
-        if status in ("failed", None) and trace is not None:
+        if status in (RunStatus.FAILED, None) and trace is not None:
             return Verdict(JobState.FAILED, error or "trace status failed")
         return Verdict(JobState.FAILED, f"exit 0 but {trace_problem or 'no valid trace'}")
     if state in (S.FAILED, S.EXITED):
@@ -176,15 +184,15 @@ def _forgotten(status: str | None, error: str | None, log_text: str,
                heartbeat_age_s: float | None) -> Verdict:
     """A job the scheduler no longer knows (its controller restarted without its state, or
     forgot the ended job before anyone asked): what its own trace says, else LOST."""
-    if status == "completed":
+    if status == RunStatus.COMPLETED:
         return Verdict(JobState.COMPLETED, f"from its trace ({_FORGOTTEN})")
-    if status == "suspect":
+    if status == RunStatus.SUSPECT:
         return Verdict(JobState.COMPLETED, error or "suspect measurement")
-    if status == "oom":
+    if status == RunStatus.OOM:
         return Verdict(JobState.OOM, error or first_error_line(log_text) or "out of memory")
-    if status == "failed":
+    if status == RunStatus.FAILED:
         return Verdict(JobState.FAILED, failure_reason(log_text, error) or "trace status failed")
-    if status == "timeout":
+    if status == RunStatus.TIMEOUT:
         # flm bench writes "timeout" on any SIGTERM: a time limit, a cancel, or a controller
         # that killed a job it did not know; only the lost record could have told them apart.
         return Verdict(JobState.LOST, f"{_FORGOTTEN}; its trace says it was stopped by a signal")

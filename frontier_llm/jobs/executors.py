@@ -16,6 +16,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -276,7 +277,7 @@ class LocalExecutor(Executor):
                         running[job["key"]] = (proc, time.monotonic(),
                                                time_limit_s(job["time"]), fh)
                         recorder.submitted(
-                            {job["key"]: (f"local:{proc.pid}:{token}", job["index"], run_id)},
+                            {job["key"]: (local_id(proc.pid, token), job["index"], run_id)},
                             JobState.RUNNING)
                     done = {}
                     for key, (proc, started, limit_s, fh) in list(running.items()):
@@ -314,17 +315,27 @@ class LocalExecutor(Executor):
     def observe(self, manifest, rows):
         out = {}
         for r in rows:
-            pid = _local_pid(r.get("scheduler_job_id"))
+            sid = r.get("scheduler_job_id")
+            pid = _local_pid(sid)
             if pid is None:
                 continue
+            same = _same_process(sid)
+            if same is None:
+                out[r["job_key"]] = Observation(
+                    SchedulerState.UNKNOWN, said=f"started on host {_local_host(sid)}, not this "
+                    "one: ask there")
+                continue
             out[r["job_key"]] = Observation(
-                SchedulerState.RUNNING if _alive(pid) else SchedulerState.EXITED)
+                SchedulerState.RUNNING if same and _alive(pid) else SchedulerState.EXITED)
         return out
 
     def cancel(self, rows):
         for r in rows:
-            pid = _local_pid(r.get("scheduler_job_id"))
-            if pid is not None and _alive(pid):
+            sid = r.get("scheduler_job_id")
+            pid = _local_pid(sid)
+            # Only the process the job started as: after a reboot, or once the job ended, its
+            # pid may be any process's (a group of someone else's work) by now.
+            if pid is not None and _same_process(sid) and _alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGTERM)
 
@@ -346,6 +357,39 @@ def _local_pid(sid: str | None) -> int | None:
     if not sid or not sid.startswith("local:"):
         return None
     return int(sid.split(":")[1])
+
+
+def local_id(pid: int, token: str) -> str:
+    """A local job's scheduler id: ``local:PID:TOKEN:HOST:START``. The host and the process's
+    start time (/proc/PID/stat, clock ticks since boot) say which process the pid named: a pid
+    is reused once its process ends, and on another login node it names another process."""
+    return f"local:{pid}:{token}:{socket.gethostname()}:{start_token(pid) or ''}"
+
+
+def start_token(pid: int) -> str | None:
+    """When process ``pid`` started (field 22 of /proc/PID/stat); None where unreadable."""
+    fields = _stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def _local_host(sid: str) -> str:
+    parts = sid.split(":")
+    return parts[3] if len(parts) > 4 else ""
+
+
+def _same_process(sid: str) -> bool | None:
+    """Whether the process behind a local id is still the one the job started as: True, False
+    (ended; its pid is free or another process's), or None (started on another host: this one
+    cannot tell). An id of an older flm (no host, no start time) is taken as before."""
+    parts = sid.split(":")
+    if len(parts) < 5:
+        return True
+    host, started = parts[3], parts[4]
+    if host != socket.gethostname():
+        return None
+    if not started:
+        return True  # no /proc where it started: the pid is all there is
+    return start_token(int(parts[1])) == started
 
 
 def _alive(pid: int) -> bool:
@@ -371,37 +415,55 @@ def _stat(pid: int | str) -> list[str] | None:
 
 
 class _HeldInterrupt:
-    """Holds SIGINT inside ``with``: the handler only notes it, and ``deliver()`` (called where
-    interrupting is safe) or the end of the block hands it to the handler that was there before
-    (Python's own raises KeyboardInterrupt). Only in the main thread (the only one Python
-    delivers signals to) and only over a Python-level handler: an ignored SIGINT stays ignored.
+    """Holds SIGINT, SIGHUP and SIGTERM inside ``with``: the handler only notes the signal, and
+    ``deliver()`` (called where interrupting is safe) or the end of the block hands it on:
+    SIGINT to the handler that was there before (Python's own raises KeyboardInterrupt), SIGHUP
+    (the ssh session dropped) and SIGTERM (a kill, a shutdown) as KeyboardInterrupt too, so
+    each ends a local submit as Ctrl-C does: its jobs stopped and recorded CANCELLED, never
+    left recorded as running by a pid that another process may hold later. Only in the main
+    thread (the only one Python delivers signals to); an ignored signal stays ignored (SIGINT
+    in a background job, SIGHUP under nohup), and so does a SIGINT without a Python handler.
 
     Not ``pthread_sigmask``: a child inherits the blocked mask across exec, so the job's ranks
     would start deaf to Ctrl-C.
     """
 
+    SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)
+
     def __init__(self) -> None:
-        self.previous: Any = None
-        self.pending = False
+        self.previous: dict[int, Any] = {}
+        self.pending: int | None = None
 
     def __enter__(self) -> _HeldInterrupt:
-        current = signal.getsignal(signal.SIGINT)
-        if callable(current) and threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._note)
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in self.SIGNALS:
+            current = signal.getsignal(sig)
+            if current is signal.SIG_IGN or (sig == signal.SIGINT and not callable(current)):
+                continue
+            self.previous[sig] = signal.signal(sig, self._note)
         return self
 
     def _note(self, signum: int, frame: Any) -> None:
-        self.pending = True
+        # The first one wins: a SIGTERM after a Ctrl-C still ends it as one interrupt.
+        if self.pending is None:
+            self.pending = signum
 
     def deliver(self) -> None:
-        if self.pending:
-            self.pending = False
-            self.previous(signal.SIGINT, None)
+        if self.pending is None:
+            return
+        sig, self.pending = self.pending, None
+        previous = self.previous.get(sig)
+        if callable(previous):
+            previous(sig, None)  # Python's SIGINT handler raises KeyboardInterrupt
+            return
+        raise KeyboardInterrupt(signal.Signals(sig).name)  # SIG_DFL would end flm unrecorded
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
-        if self.previous is None:
+        if not self.previous:
             return
-        signal.signal(signal.SIGINT, self.previous)
+        for sig, previous in self.previous.items():
+            signal.signal(sig, previous)
         if kind is None:  # one that came during the last records still interrupts
             self.deliver()
 

@@ -25,47 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from frontier_llm.specs.vocab import JobState
 
-class JobState(StrEnum):
-    """A job row's state. Values are the words stored in the database and shown to users."""
-
-    RENDERED = "RENDERED"  # script written, not submitted
-    SUBMITTING = "SUBMITTING"  # intent recorded before sbatch (crash-safe resume, state.py)
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    HUNG = "HUNG"  # running, but its heartbeat stopped; still holds the machine
-    COMPLETED = "COMPLETED"
-    OOM = "OOM"
-    TIMEOUT = "TIMEOUT"
-    NODE_FAIL = "NODE_FAIL"
-    PREEMPTED = "PREEMPTED"  # a higher-priority job took its nodes
-    CANCELLED = "CANCELLED"
-    FAILED = "FAILED"
-    UNKNOWN = "UNKNOWN"  # the executor could not tell; asked again at the next refresh
-    LOST = "LOST"  # the scheduler forgot it and its files say nothing final; retry reruns it
-
-    @property
-    def terminal(self) -> bool:
-        """The job will not run again unless retried."""
-        return self in _TERMINAL
-
-    @property
-    def active(self) -> bool:
-        """Submitted and not ended: a refresh asks the executor about it."""
-        return self in _ACTIVE
-
-    @property
-    def retryable(self) -> bool:
-        """``flm sweep retry --failed-only`` resubmits it (a completed job never re-runs)."""
-        return self in _RETRYABLE
-
-
-_TERMINAL = frozenset({JobState.COMPLETED, JobState.OOM, JobState.TIMEOUT, JobState.NODE_FAIL,
-                       JobState.PREEMPTED, JobState.CANCELLED, JobState.FAILED, JobState.LOST})
-_ACTIVE = frozenset({JobState.PENDING, JobState.RUNNING, JobState.HUNG, JobState.UNKNOWN})
-_RETRYABLE = frozenset({JobState.OOM, JobState.TIMEOUT, JobState.NODE_FAIL, JobState.PREEMPTED,
-                        JobState.CANCELLED,
-                        JobState.FAILED, JobState.HUNG, JobState.LOST})
+__all__ = ["JobState", "Observation", "SchedulerState"]
 
 
 class SchedulerState(StrEnum):

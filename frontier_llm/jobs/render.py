@@ -27,10 +27,12 @@ from pathlib import Path
 
 import jinja2
 from jinja2 import nodes
+from jinja2.exceptions import SecurityError
+from jinja2.sandbox import SandboxedEnvironment
 
 from frontier_llm import __version__
 from frontier_llm.errors import SpecError
-from frontier_llm.jobs import contract
+from frontier_llm.jobs import contract, sbatch_values
 from frontier_llm.jobs.launchers import LaunchJob, launcher_for
 from frontier_llm.jobs.sbatch_options import long_form
 from frontier_llm.specs.site import Site
@@ -86,12 +88,17 @@ class Resources:
     extra: tuple[str, ...] = ()  # further sbatch options, one "--name=value" each
 
     def __post_init__(self) -> None:
+        # Each value lands in an #SBATCH line: a conservative character set per option
+        # (jobs/sbatch_values.py says why quoting is not enough there).
         for name in ("time", "account", "partition", "qos", "constraint", "mem"):
-            _no_newline(getattr(self, name), name)
+            sbatch_values.check(name, getattr(self, name))
         for opt in self.extra:
             _no_newline(opt, "extra_sbatch")
-        # Short options (-S 8) in their long form: one #SBATCH word, one name for the rules.
+        # Short options (-S 8) in their long form: one #SBATCH word, one name for the rules;
+        # then the long form's characters are checked like any other.
         object.__setattr__(self, "extra", tuple(long_form(o) for o in self.extra))
+        for opt in self.extra:
+            sbatch_values.check("extra_sbatch", opt)
         for name in ("nodes", "ntasks_per_node"):
             if getattr(self, name) < 1:
                 raise SpecError(f"{name} must be at least 1 (got {getattr(self, name)})", name)
@@ -167,8 +174,8 @@ class JobScript:
                     f"environment variable name {name!r} is not a valid shell name", "pass_env")
         for line in self.setup:
             _no_newline(line, "setup")
-        _no_newline(self.log_pattern, "log_pattern")
-        _no_newline(self.job_name, "job_name")
+        sbatch_values.check_path("log_pattern", self.log_pattern)
+        sbatch_values.check("job_name", self.job_name)
         if self.packs:
             listed = sorted(i for p in self.packs for i in p)
             if not all(self.packs) or listed != sorted(t.index for t in self.tasks):
@@ -195,14 +202,40 @@ def _shipped(name: str) -> str | None:
     return item.read_text() if item.is_file() else None
 
 
+def _confined(folder: Path, name: str) -> Path | None:
+    """``folder / name`` when it is a file inside ``folder`` once links are resolved; None
+    otherwise. A template's parents and includes come from its own folder only: ``..``, an
+    absolute name or a link that leads out would let a sweep read any file on the machine
+    into its job script."""
+    root = folder.resolve()
+    if Path(name).is_absolute() or ".." in Path(name).parts:
+        return None
+    path = (root / name).resolve()
+    if not path.is_file() or root not in path.parents:
+        return None
+    return path
+
+
+def _local(folder: str):
+    def load(name: str) -> str | None:
+        path = _confined(Path(folder), name)
+        return None if path is None else path.read_text()
+    return load
+
+
 @lru_cache(maxsize=8)
 def _environment(folder: str | None) -> jinja2.Environment:
     # Shipped names first, so "{% extends 'frontier.sh.j2' %}" always means the shipped one;
-    # then the custom template's own folder for its own parents.
+    # then the custom template's own folder for its own parents (nothing outside it).
     loaders: list[jinja2.BaseLoader] = [jinja2.FunctionLoader(_shipped)]
     if folder:
-        loaders.append(jinja2.FileSystemLoader(folder))
-    env = jinja2.Environment(
+        loaders.append(jinja2.FunctionLoader(_local(folder)))
+    # The sandbox: a template is rendered by `flm sweep render` and `submit --dry-run`, which
+    # people run to *inspect* a colleague's sweep. A plain Environment lets a template reach
+    # Python's os module through any global (cycler.__init__.__globals__) and run commands
+    # right there; the sandbox refuses attributes that start with "_" and unsafe calls. What
+    # the template *writes* is still shell that the job runs (docs/sweeps.md "Reviewing").
+    env = SandboxedEnvironment(
         loader=jinja2.ChoiceLoader(loaders),
         undefined=jinja2.StrictUndefined,
         autoescape=False,  # shell, not HTML: quoting is the q filter's job
@@ -215,7 +248,8 @@ def _environment(folder: str | None) -> jinja2.Environment:
 
 
 def template_path(name: str, base: Path | None = None) -> Path:
-    """The file behind a user's template path (relative to ``base``, the sweep's folder)."""
+    """The file behind a user's template path (relative to ``base``, the sweep's folder, and
+    inside it: a sweep names its own templates, not any file of the machine)."""
     path = Path(name)
     if base is not None and not path.is_absolute():
         path = base / path
@@ -223,7 +257,12 @@ def template_path(name: str, base: Path | None = None) -> Path:
         raise SpecError(
             f"template must be one of {', '.join(TEMPLATES)} or a path to a .sh.j2 file "
             f"(got {name!r})", "template")
-    return path.resolve()
+    path = path.resolve()
+    if base is not None and base.resolve() not in path.parents:
+        raise SpecError(f"template {name!r} lies outside the sweep file's folder "
+                        f"{base.resolve()}; keep custom templates beside the sweep (or below "
+                        "it)", "template")
+    return path
 
 
 def _parent(source: str, env: jinja2.Environment) -> str | None:
@@ -241,27 +280,31 @@ def _parent(source: str, env: jinja2.Environment) -> str | None:
 
 def template_family(template: str) -> str | None:
     """The shipped template a template is, or extends (through its own parents); None for a
-    custom template that extends none (its options are its own)."""
+    custom template that extends none (its options are its own). A chain that comes back to
+    a template already in it is refused: rendering it would recurse until Python gives up."""
     if template in TEMPLATES:
         return template
     path = template_path(template)
     env = _environment(str(path.parent))
-    seen: set[str] = set()
+    chain = [path.name]
     source = path.read_text()
     while True:
         parent = _parent(source, env)
-        if parent is None or parent in seen:
+        if parent is None:
             return None
-        seen.add(parent)
         if parent.endswith(".sh.j2") and parent[:-len(".sh.j2")] in TEMPLATES:
             return parent[:-len(".sh.j2")]
         if parent == "_base.sh.j2":
             return "local"  # the skeleton: the common options only
-        nxt = path.parent / parent
-        if not nxt.is_file():
+        if parent in chain:
+            raise SpecError(f"template {path.name} extends itself "
+                            f"({' -> '.join([*chain, parent])}): a cycle", "template")
+        chain.append(parent)
+        nxt = _confined(path.parent, parent)
+        if nxt is None:
             raise SpecError(f"template {path.name} extends {parent!r}, which is neither shipped "
-                            f"({', '.join(t + '.sh.j2' for t in TEMPLATES)}) nor beside it",
-                            "template")
+                            f"({', '.join(t + '.sh.j2' for t in TEMPLATES)}) nor a file in its "
+                            "own folder", "template")
         source = nxt.read_text()
 
 
@@ -287,10 +330,13 @@ def render(job: JobScript) -> str:
             if k not in known:
                 raise SpecError(f"unknown template option '{k}' for {job.template} "
                                 f"(valid: {', '.join(known)})", "template_options")
-    if not str(options["master_port"]).isdigit():
-        raise SpecError("template_options.master_port must be a port number", "template_options")
+    port = str(options["master_port"])
+    # isascii: "²".isdigit() is True, and int("²") is a ValueError.
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise SpecError("template_options.master_port must be a port number (1-65535)",
+                        "template_options")
     top = contract.EPHEMERAL_LOW - contract.MIN_MASTER_PORT_SPAN
-    if not 1024 <= int(options["master_port"]) <= top:
+    if not 1024 <= int(port) <= top:
         raise SpecError(f"template_options.master_port must be 1024-{top}: the job's ports "
                         f"stay below the ephemeral range ({contract.EPHEMERAL_LOW}+)",
                         "template_options")
@@ -334,3 +380,15 @@ def render(job: JobScript) -> str:
         )
     except jinja2.UndefinedError as exc:
         raise SpecError(f"template {job.template}: {exc.message}", "template") from None
+    except SecurityError as exc:
+        raise SpecError(f"template {job.template}: refused by the template sandbox: {exc} "
+                        "(templates may format values, not run Python)", "template") from None
+    except jinja2.TemplateNotFound as exc:
+        raise SpecError(f"template {job.template}: {exc.name!r} is neither shipped nor a file "
+                        "in the template's own folder", "template") from None
+    except jinja2.TemplateError as exc:
+        raise SpecError(f"template {job.template}: {exc}", "template") from None
+    except RecursionError:
+        # An include or macro that calls itself: one line, not a thousand frames.
+        raise SpecError(f"template {job.template} includes or calls itself without end (a "
+                        "cycle)", "template") from None

@@ -3,6 +3,8 @@ job rows in the database. The CLI (frontier_llm/cli/sweep.py) is a thin layer ov
 
 from __future__ import annotations
 
+import os
+import stat
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -20,7 +22,13 @@ from frontier_llm.jobs.executors import Executor, Submission, make_executor
 from frontier_llm.jobs.lifecycle import JobState, Observation, SchedulerState
 from frontier_llm.jobs.slurm import ControllerUnreachable, SlurmClient, SlurmError, base_id
 from frontier_llm.jobs.state import SweepJobs
-from frontier_llm.jobs.sweepdir import Manifest, load_manifest, render_sweep, with_resources
+from frontier_llm.jobs.sweepdir import (
+    Manifest,
+    load_manifest,
+    render_sweep,
+    sweep_lock,
+    with_resources,
+)
 from frontier_llm.jobs.sweepspec import Sweep, load_sweep
 from frontier_llm.store import Store
 
@@ -135,14 +143,32 @@ def _parse_time(text: str | None) -> datetime | None:
         return None
 
 
+# How much of a job's log the classifier reads: its last lines say how it ended.
+LOG_TAIL_BYTES = 200_000
+
+
+def tail_text(path: Path, limit: int) -> str:
+    """The last ``limit`` bytes of a regular file as text ("" when it is not one), read from
+    the end: a poll of a sweep whose jobs write 300 MB logs reads 200 KB of each, not all."""
+    try:
+        # O_NONBLOCK: a FIFO planted at a log's name must not hang the poll.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        fh.seek(max(0, info.st_size - limit))
+        return fh.read(limit).decode(errors="replace")
+
+
 def _verdict_update(session: Session, row: Mapping[str, Any], obs: Observation
                     ) -> dict[str, Any]:
     manifest = session.manifest
     trace, problem = load_trace(manifest.trace_dir, row.get("run_id"))
     log = session.executor.log_path(manifest, row)
-    log_text = ""
-    if log is not None and log.is_file():
-        log_text = log.read_text(errors="replace")[-200_000:]
+    log_text = tail_text(log, LOG_TAIL_BYTES) if log is not None else ""
     started = _parse_time(obs.start)
     running_for = None
     if started is not None and obs.state == SchedulerState.RUNNING:
@@ -206,7 +232,15 @@ def _started_under(manifest: Manifest, token: str, keys: set[str]) -> dict[str, 
 
 def submit(session: Session, keys: Iterable[str] | None = None, *,
            max_in_flight: int | None = None, hold: bool = False) -> dict[str, int]:
-    """Submit every job not yet submitted (or ``keys``); returns counts for the summary."""
+    """Submit every job not yet submitted (or ``keys``); returns counts for the summary.
+    One command at a time per sweep folder (sweepdir.sweep_lock): another submit of the same
+    sweep is refused until this one ends."""
+    with sweep_lock(session.manifest.directory):
+        return _submit(session, keys, max_in_flight=max_in_flight, hold=hold)
+
+
+def _submit(session: Session, keys: Iterable[str] | None, *, max_in_flight: int | None,
+            hold: bool) -> dict[str, int]:
     adopted = _resume(session)
     rows = session.state.rows()
     wanted = set(keys) if keys is not None else None
@@ -435,8 +469,15 @@ def cancel(session: Session, keys: Sequence[str] | None = None, *, hung_only: bo
 
 def retry(session: Session, *, failed_only: bool, max_in_flight: int | None = None,
           hold: bool = False) -> dict[str, int]:
-    """Resubmit ended jobs: those that did not complete (``failed_only``) or all of them."""
+    """Resubmit ended jobs: those that did not complete (``failed_only``) or all of them.
+    Under the sweep folder's submit lock from the first read of the rows on."""
     require_passed(session.manifest.pass_env, session.executor)  # before any row changes
+    with sweep_lock(session.manifest.directory):
+        return _retry(session, failed_only=failed_only, max_in_flight=max_in_flight, hold=hold)
+
+
+def _retry(session: Session, *, failed_only: bool, max_in_flight: int | None,
+           hold: bool) -> dict[str, int]:
     rows = refresh(session, ride_out=True)
     require_controller(session)
     hung = [r for r in rows if r["state"] == JobState.HUNG]

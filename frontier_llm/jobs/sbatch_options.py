@@ -33,14 +33,13 @@ def long_form(option: str) -> str:
         return option
     m = _SHORT.match(option.strip())
     if not m or m.group(1) not in SHORT:
-        raise SpecError(f"extra_sbatch: {option!r} is not an sbatch option (--name=value, or a "
-                        f"short one such as '-S 8')", "extra_sbatch")
+        raise SpecError("extra_sbatch: an option is '--name=value' or one of sbatch's short ones "
+                        "such as '-S 8' (the value is not repeated here)", "extra_sbatch")
     name, takes_value = SHORT[m.group(1)]
     value = (m.group(2) or "").strip()
     if takes_value and not value:
-        raise SpecError(f"extra_sbatch: {option!r} needs a value (-{m.group(1)} VALUE)",
+        raise SpecError(f"extra_sbatch: -{m.group(1)} needs a value (-{m.group(1)} VALUE)",
                         "extra_sbatch")
     if not takes_value and value:
-        raise SpecError(f"extra_sbatch: {option!r}: -{m.group(1)} takes no value",
-                        "extra_sbatch")
+        raise SpecError(f"extra_sbatch: -{m.group(1)} takes no value", "extra_sbatch")
     return f"--{name}={value}" if takes_value else f"--{name}"

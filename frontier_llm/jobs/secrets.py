@@ -17,17 +17,25 @@ from typing import Any
 
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.specs.yamlio import LineMap
-from frontier_llm.store.url import has_password
+from frontier_llm.store.url import has_password, password_pairs
 
 # Words of a variable name (split at "_", any case) that say it holds a credential: one that
 # contains PASSWORD, PASSWD or SECRET (PGPASSWORD, AWS_SECRET_ACCESS_KEY), ends with TOKEN
 # (HF_TOKEN, GITHUB_TOKEN; not TOKENIZERS_PARALLELISM), is CREDENTIAL(S) or APIKEY, or a last
 # word KEY (WANDB_API_KEY, OPENAI_API_KEY, SSH_PRIVATE_KEY). The rule refuses a few harmless
 # names too (a *_KEY that is no key): pass those by name as well.
-_CONTAINS = ("PASSWORD", "PASSWD", "SECRET")
+# Also PASSPHRASE (SSH_KEY_PASSPHRASE), and a last word PASS (DB_PASS, MYSQL_PASS) or PAT (a
+# personal access token: GH_PAT, GITLAB_PAT).
+_CONTAINS = ("PASSWORD", "PASSWD", "PASSPHRASE", "SECRET")
 _WHOLE = ("CREDENTIAL", "CREDENTIALS", "APIKEY")
+_LAST = ("KEY", "PASS", "PAT")
 # A URL anywhere in a string: the scheme up to the next blank or quote.
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]*")
+# A URL whose password holds a blank or a quote (postgresql://me:'a b'@db/flm), which the
+# blank-ended match above cuts short: a user, ":", then anything but "@", "/" or a line end,
+# then "@" and a host. ("/" is left out so that https://host:8080/x me@example.org is no
+# password.)
+_SPACED = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@:'\"]+:[^@/\n]*[\s'\"][^@/\n]*@\w")
 # NAME=value in a setup line (``export HF_TOKEN=abc``); a value that starts with $ is a
 # reference to another variable, not a secret written out.
 _ASSIGN = re.compile(r"(?:^|[\s;&|(])(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
@@ -39,14 +47,24 @@ def secret_name(name: str) -> bool:
     words = [w for w in str(name).upper().split("_") if w]
     if not words:
         return False
-    return (words[-1] == "KEY"
+    return (words[-1] in _LAST
             or any(w in _WHOLE or w.endswith("TOKEN") or any(c in w for c in _CONTAINS)
                    for w in words))
 
 
 def password_url(text: str) -> bool:
-    """Whether ``text`` holds a URL with a password (store.url's rule), anywhere in it."""
-    return any(has_password(m.group(0)) for m in _URL.finditer(text))
+    """Whether ``text`` holds a URL with a password (store.url's rule: in the credentials or as
+    a query-string ``password=``), anywhere in it, also one whose password holds blanks or
+    quotes."""
+    return (any(has_password(m.group(0)) for m in _URL.finditer(text))
+            or _SPACED.search(text) is not None)
+
+
+def password_pair(text: str) -> bool:
+    """Whether ``text`` holds a ``password=VALUE`` pair (a libpq keyword string such as
+    ``host=db password=x``) with a literal value; ``password=$PGPASSWORD`` refers to a
+    variable and is no secret written out."""
+    return any(v and not v.startswith("$") for v in password_pairs(text))
 
 
 def _refuse(where: str, what: str, why: str) -> SpecError:
@@ -59,40 +77,61 @@ def _refuse(where: str, what: str, why: str) -> SpecError:
 
 def check_sweep_file(data: LineMap) -> None:
     """Refuse a sweep (or study) file that writes a credential out, naming file, line and key:
-    an ``environment.env`` entry whose name says secret, a URL with a password in any value,
-    or a setup line that sets a secret-named variable to a literal value."""
-    environment = data.get("environment")
-    if isinstance(environment, Mapping):
-        env = environment.get("env")
-        if isinstance(env, LineMap):
+    an ``environment.env`` or ``site.env*`` entry whose name says secret, a URL with a password
+    (or a ``password=`` pair) in any value, or an ``environment.setup`` or ``site.setup`` line
+    that sets a secret-named variable to a literal value. The ``site:`` section is copied into
+    the job scripts as the ``environment:`` one is."""
+    sections = [("environment", data.get("environment"), ("env",))]
+    site = data.get("site")
+    if isinstance(site, LineMap):
+        sections.append(("site", site, tuple(k for k in site if str(k).startswith("env"))))
+    for prefix, section, env_keys in sections:
+        if not isinstance(section, LineMap):
+            continue
+        for env_key in env_keys:
+            env = section.get(env_key)
+            if not isinstance(env, LineMap):
+                continue
             for key, value in env.items():
+                what = f"{prefix}.{env_key}.{key}"
                 if secret_name(str(key)):
-                    raise _refuse(env.where(key), f"environment.env.{key}",
+                    raise _refuse(env.where(key), what,
                                   "is named like a secret (*PASSWORD*, *SECRET*, *TOKEN, "
-                                  "*_KEY, ...)")
+                                  "*_KEY, *_PASS, *_PAT, ...)")
                 if isinstance(value, str) and password_url(value):
-                    raise _refuse(env.where(key), f"environment.env.{key}",
-                                  "holds a URL with a password")
-        setup = environment.get("setup")
-        if isinstance(setup, list) and isinstance(environment, LineMap):
+                    raise _refuse(env.where(key), what, "holds a URL with a password")
+        setup = section.get("setup")
+        if isinstance(setup, list):
             for line in setup:
                 for m in _ASSIGN.finditer(str(line)):
                     if secret_name(m.group(1)) and m.group(2).lstrip("'\"")[:1] not in ("$", ""):
-                        raise _refuse(environment.where("setup"), "environment.setup",
+                        raise _refuse(section.where("setup"), f"{prefix}.setup",
                                       f"sets {m.group(1)}, named like a secret, to a value")
     _walk(data, data, None)
 
 
 def _walk(value: Any, parent: LineMap, key: str | None) -> None:
-    """A URL with a password in any string of the file (labels, command, setup...)."""
-    if isinstance(value, LineMap):
-        for k, v in value.items():
-            _walk(v, value, str(k))
-    elif isinstance(value, list):
-        for v in value:
-            _walk(v, parent, key)
-    elif isinstance(value, str) and password_url(value):
-        raise _refuse(parent.where(key), key or "a value", "holds a URL with a password")
+    """A URL with a password, or a ``password=`` pair, in any string of the file (labels,
+    command, setup...). Iterative, and after the YAML loader's node budget: a file of
+    aliases cannot make it run long (specs/yamlio.py)."""
+    stack: list[tuple[Any, LineMap, str | None]] = [(value, parent, key)]
+    seen: set[int] = set()
+    while stack:
+        value, parent, key = stack.pop()
+        if isinstance(value, LineMap | list):
+            # An alias is the same object each time: walk it once.
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+        if isinstance(value, LineMap):
+            stack.extend(reversed([(v, value, str(k)) for k, v in value.items()]))
+        elif isinstance(value, list):
+            stack.extend(reversed([(v, parent, key) for v in value]))
+        elif isinstance(value, str):
+            if password_url(value):
+                raise _refuse(parent.where(key), key or "a value", "holds a URL with a password")
+            if password_pair(value):
+                raise _refuse(parent.where(key), key or "a value", "holds a password= pair")
 
 
 def check_pass_env(names: Sequence[str] | None, env: Mapping | None,

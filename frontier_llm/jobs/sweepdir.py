@@ -12,10 +12,17 @@ Every path is built from the sweep's own safe names and checked to stay inside D
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
+import socket
+import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +37,8 @@ from frontier_llm.specs.layout import PlacementKind
 from frontier_llm.specs.site import time_seconds
 
 MANIFEST = "manifest.json"
+# Held (flock) by the command that submits the sweep's jobs; holds who, for the message.
+LOCK_FILE = ".flm-submit.lock"
 
 
 @dataclass(frozen=True)
@@ -246,6 +255,7 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
     """Write scripts, manifest and the sweep file into ``directory``; return the manifest.
     ``allow_overtime``: write jobs whose predicted runtime is over their time limit too."""
     directory = Path(directory).resolve()
+    _refuse_other_sweep(directory, sweep.name)
     scripts = job_scripts(sweep, directory)
     # The site's rules first: a refused sweep leaves nothing written (docs/sites.md).
     site_policy.check(sweep.system.name, sweep.site,
@@ -258,16 +268,18 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
           walltime.steps_in(j.bench_args, steps)) for j in sweep.jobs], sweep.site,
         partition=res.partition if res else None, qos=res.qos if res else None,
         allow_overtime=allow_overtime))
+    # Every script is rendered before anything is written: a template the sandbox refuses,
+    # or a value refused while rendering, leaves no folder behind.
+    texts = [render(script) for _, script in scripts]
     directory.mkdir(parents=True, exist_ok=True)
     by_key = {j.key: j for j in sweep.jobs}
     groups = []
     jobs = []
-    for group, script in scripts:
+    for (group, script), text in zip(scripts, texts, strict=True):
         path = inside(directory, group.script)
         path.parent.mkdir(parents=True, exist_ok=True)
         inside(directory, group.log_dir).mkdir(parents=True, exist_ok=True)
-        _write(path, render(script))
-        path.chmod(0o755)
+        _write(path, text, mode=0o755)
         groups.append({"name": group.name, "script": group.script, "nodes": group.nodes,
                        "ranks_per_node": group.ranks_per_node, "time": group.time,
                        "size": len(group.keys), "log_dir": group.log_dir, "pack": group.pack,
@@ -309,10 +321,77 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
     return Manifest(directory, data)
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``text`` atomically. The temporary file has an unpredictable name,
+    made with O_EXCL by mkstemp in the target's folder: a fixed name (``.NAME.tmp``) in a
+    shared folder could be a symlink planted by someone else, and writing through it would
+    overwrite whatever it points to. ``os.replace`` renames over ``path`` itself, so a
+    symlink planted there is replaced, never followed."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            os.fchmod(fh.fileno(), mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _refuse_other_sweep(directory: Path, name: str) -> None:
+    """Refuse to render into the folder of another sweep: its manifest would be overwritten,
+    and that sweep could no longer be tracked or cancelled. A path that is a file is refused
+    in one line too."""
+    if directory.exists() and not directory.is_dir():
+        raise UserError(f"--out {directory} is a file, not a folder")
+    path = directory / MANIFEST
+    if not path.is_file():
+        return
+    try:
+        other = json.loads(path.read_text()).get("sweep")
+    except (OSError, ValueError, AttributeError):
+        other = None
+    if other != name:
+        raise UserError(f"{directory} holds sweep {other!r}" if other else
+                        f"{directory} holds a {MANIFEST} that is not a sweep's"
+                        f"; render sweep {name} into a folder of its own (nothing was written)")
+
+
+_held = threading.local()  # the sweep folders this thread holds the lock of
+
+
+@contextlib.contextmanager
+def sweep_lock(directory: str | Path) -> Iterator[None]:
+    """Hold the sweep folder's submit lock (``flock`` on ``DIR/.flm-submit.lock``) inside
+    ``with``, or refuse in one line when another command holds it. Two submits of one sweep at
+    once each took the other's in-flight rows for an interrupted submit's and ran jobs twice.
+    Re-entrant in one thread; released when the process ends, however it ends."""
+    directory = Path(directory).resolve()
+    held: set[str] = _held.__dict__.setdefault("folders", set())
+    if str(directory) in held:
+        yield
+        return
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another flm"
+            raise UserError(f"sweep folder {directory} is being submitted by {holder}; nothing "
+                            "was submitted (wait for it to finish, then run this again)"
+                            ) from None
+        os.ftruncate(fd, 0)
+        stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode(),
+                  0)
+        held.add(str(directory))
+        try:
+            yield
+        finally:
+            held.discard(str(directory))
+    finally:
+        os.close(fd)
 
 
 def load_manifest(directory: str | Path) -> Manifest:
@@ -321,4 +400,11 @@ def load_manifest(directory: str | Path) -> Manifest:
     if not path.is_file():
         raise UserError(f"{directory} holds no rendered sweep ({MANIFEST} is missing): run "
                         "'flm sweep render' or 'flm sweep submit' first")
-    return Manifest(directory, json.loads(path.read_text()))
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        raise UserError(f"{path} is not a manifest flm wrote (not JSON); render the sweep "
+                        "again") from None
+    if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
+        raise UserError(f"{path} is not a manifest flm wrote; render the sweep again")
+    return Manifest(directory, data)

@@ -24,26 +24,21 @@ from frontier_llm.jobs.render import TEMPLATES, template_options, template_path
 from frontier_llm.jobs.secrets import check_pass_env, check_sweep_file
 from frontier_llm.specs import (
     DType,
-    Engine,
     Layout,
     ModelSpec,
-    Recompute,
-    Schedule,
-    Sharding,
     SystemSpec,
 )
 from frontier_llm.specs.build import build
-from frontier_llm.specs.layout import MAX_COUNT, MAX_GPUS, layout_types
+from frontier_llm.specs.forms import label
+from frontier_llm.specs.layout import MAX_COUNT, MAX_GPUS, complete_layout
 from frontier_llm.specs.site import Site, merge
+from frontier_llm.specs.space import check_space, grid_values, space_fields, space_knobs
 from frontier_llm.specs.yamlio import LineMap, load_yaml, loads_yaml
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # flm bench options a sweep (or one layout of it) may add; the rest are set from the layout.
 BENCH_ARGS = {"memory_limit": "--memory-limit", "data": "--data", "fault": "--fault",
               "fault_step": "--fault-step", "bucket_mb": "--bucket-mb"}
-# Knob values an explicit space uses when it does not list them (auto: the planner's defaults).
-_GRID_DEFAULTS = {"schedule": ("1f1b",), "virtual_stages": (2,), "recompute": ("none",),
-                  "sequence_parallel": (False,), "flash_attention": (True,)}
 
 
 @dataclass(frozen=True)
@@ -96,45 +91,25 @@ class EnvironmentSpec:
                     raise SpecError(f"env {k} must be a string or number", "env")
 
 
-@dataclass(frozen=True)
-class SpaceSpec:
-    """Value lists the planner enumerates (with ``auto``, unlisted knobs take its defaults)."""
+def _check_sweep_space(self: Any) -> None:
+    check_space(self.__dict__)
+    if self.top is not None and self.top < 1:
+        raise SpecError(f"top must be at least 1 (got {self.top})", "top")
 
-    auto: bool = False
-    fits_only: bool = True
-    top: int | None = None
-    tp: list | None = None
-    pp: list | None = None
-    micro_batch: list | None = None
-    schedule: list | None = None
-    virtual_stages: list | None = None
-    recompute: list | None = None
-    sequence_parallel: list | None = None
-    flash_attention: list | None = None
-    zero: list | None = None
-    sharding: list | None = None
-    # Training engines to compare (a list; default native): each engine's rules apply. The
-    # engine is a layout knob, so it lives here or in each ``layouts:`` entry, nowhere else.
-    engine: list | None = None
 
-    def __post_init__(self) -> None:
-        for name in ("tp", "pp", "micro_batch", "virtual_stages", "zero"):
-            _int_list(getattr(self, name), name)
-        for name in ("schedule", "recompute", "sharding", "engine"):
-            _str_list(getattr(self, name), name)
-        for name, vocabulary in (("schedule", Schedule), ("recompute", Recompute),
-                                 ("engine", Engine)):
-            for word in getattr(self, name) or ():
-                vocabulary.parse(word, name)  # the words of specs.layout, checked here
-        for name in ("sequence_parallel", "flash_attention"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, list)
-                                      or not all(isinstance(v, bool) for v in value)):
-                raise SpecError(f"{name} must be a list of true/false", name)
-        if self.top is not None and self.top < 1:
-            raise SpecError(f"top must be at least 1 (got {self.top})", "top")
-        if self.zero and self.sharding:
-            raise SpecError("give zero or sharding, not both", "sharding")
+# Value lists the planner enumerates: one list per layout knob of specs.space (its fields are
+# made from the Layout fields, not written out), ``zero`` as the sharding's ZeRO shorthand,
+# and ``auto`` (leave every unlisted knob open), ``fits_only``, ``top``. Training engines to
+# compare are the ``engine`` list (default native): each engine's rules apply.
+SpaceSpec = dataclasses.make_dataclass(
+    "SpaceSpec",
+    [("auto", bool, field(default=False)), ("fits_only", bool, field(default=True)),
+     ("top", int | None, field(default=None)), *space_fields()],
+    frozen=True,
+    namespace={"__post_init__": _check_sweep_space,
+               "__doc__": "Value lists the planner enumerates (with auto, unlisted knobs are "
+                          "open)."})
+SpaceSpec.__module__ = __name__
 
 
 @dataclass(frozen=True)
@@ -273,34 +248,10 @@ def _where(data: Any, key: str | None = None) -> str:
 
 
 def _layout_key(model_name: str, nodes: int, p: Layout) -> str:
-    """A readable key that differs for every layout knob that differs from the defaults."""
-    parts = [re.sub(r"[^A-Za-z0-9._-]", "_", model_name), f"n{nodes}", f"tp{p.tp}", f"pp{p.pp}",
-             f"dp{p.dp}", f"mb{p.micro_batch}", f"gb{p.global_batch}"]
-    if p.pp > 1 or p.schedule != "1f1b":
-        parts.append(p.schedule + (f"v{p.virtual_stages}" if p.virtual_stages > 1 else ""))
-    if p.sequence_parallel:
-        parts.append("sp")
-    if p.recompute != "none":
-        parts.append(f"r{p.recompute}")
-    stage = p.zero_stage
-    if stage:
-        parts.append(f"z{stage}")
-    elif stage is None:
-        parts.append("s" + re.sub(r"[^A-Za-z0-9]", "", p.sharding.describe()))
-    if not p.flash_attention:
-        parts.append("noflash")
-    parts.append(p.dtype)
-    # A knob added to Layout later shows in the key when it is not at its default.
-    default = Layout()
-    for name in layout_types():
-        if name not in _KEYED and getattr(p, name) != getattr(default, name):
-            parts.append(re.sub(r"[^A-Za-z0-9.]", "", f"{name}{getattr(p, name)}"))
-    return "-".join(parts)
-
-
-# The fields _layout_key spells out by hand (short forms).
-_KEYED = ("tp", "pp", "dp", "micro_batch", "global_batch", "schedule", "virtual_stages",
-          "sequence_parallel", "recompute", "flash_attention", "dtype", "sharding")
+    """A readable key that differs for every layout knob that differs from the defaults: the
+    model, the node count and the layout's one label (specs.forms.label) as path-safe words."""
+    words = [re.sub(r"[^A-Za-z0-9._-]", "", w) for w in label(p).split()]
+    return "-".join([re.sub(r"[^A-Za-z0-9._-]", "_", model_name), f"n{nodes}", *words])
 
 
 def bench_argv(sweep_name: str, key: str, model_ref: str, system_ref: str, p: Layout,
@@ -354,22 +305,10 @@ def _space_jobs(spec: SweepFile, raw_space: Any, models: list[tuple[str, ModelSp
     else:
         raise SpecError(f"{_where(raw_space)}space must be 'auto' or a mapping of value lists",
                         "space")
-    knobs: dict[str, Any] = {}
-    for name in ("tp", "pp", "micro_batch", "schedule", "virtual_stages", "recompute",
-                 "sequence_parallel", "flash_attention", "engine"):
-        value = getattr(space, name)
-        if value is not None:
-            knobs[name] = tuple(value)
-        elif not space.auto and name in _GRID_DEFAULTS:
-            knobs[name] = _GRID_DEFAULTS[name]
+    listed = {n: getattr(space, n) for n in space_knobs()}
     if space.zero is not None:
-        knobs["sharding"] = tuple(Sharding.parse(z) for z in space.zero)
-    elif space.sharding is not None:
-        knobs["sharding"] = tuple(Sharding.parse(s) for s in space.sharding)
-    elif not space.auto:
-        knobs["sharding"] = (Sharding.parse(0),)
-    if not space.auto and "micro_batch" not in knobs:
-        knobs["micro_batch"] = (1,)
+        listed["sharding"] = space.zero
+    knobs: dict[str, Any] = grid_values(listed, auto=space.auto)
     counts = [(n, n * per_node) for n in spec.nodes] if spec.nodes else [
         (_placement(g, per_node)[0], g) for g in spec.gpus]
     jobs = []
@@ -427,12 +366,10 @@ def _explicit_jobs(spec: SweepFile, entries: list, models: list[tuple[str, Model
             raise SpecError(f"{where}name {name!r} may hold only letters, digits, '.', '_', '-'",
                             "name")
         data.setdefault("dtype", spec.dtype)
-        if "global_batch" not in data:
-            if spec.global_batch is not None:
-                data["global_batch"] = spec.global_batch
-            else:
-                data["global_batch"] = int(data.get("micro_batch", 1)) * int(data.get("dp", 1))
-        layout = Layout.from_dict(data)
+        if spec.global_batch is not None:
+            data.setdefault("global_batch", spec.global_batch)
+        # The fill rules of flm bench and flm predict (global batch, interleaving, zero).
+        layout = Layout.from_dict(complete_layout(data))
         n, rpn = _placement(layout.world_size, per_node)
         targets = [(r, m) for r, m in models if only_model is None or r == only_model]
         if not targets:

@@ -26,7 +26,8 @@ from frontier_llm.errors import UserError
 from frontier_llm.planner.plan import plan
 from frontier_llm.planner.space import SearchSpace
 from frontier_llm.specs.engine_rules import rules_for
-from frontier_llm.specs.layout import Engine, Schedule, zero_preset
+from frontier_llm.specs.forms import label
+from frontier_llm.specs.layout import Engine, Schedule, parse_schedule_label, zero_preset
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
@@ -131,10 +132,12 @@ def row_space(row: pd.Series) -> SearchSpace:
             kw["sequence_parallel"] = (True,)
     notes = str(row.get("notes") or "")
     if "interleaved" in notes:
-        kw["schedule"] = ("interleaved",)
         depth = _STAGES_PER_RANK.search(notes)
-        if depth:
-            kw["virtual_stages"] = (int(depth.group(1)),)
+        # "interleaved, 4 stages per rank" is the schedule interleaved:4; without a depth the
+        # planner tries every one.
+        text = f"interleaved:{depth.group(1)}" if depth else "interleaved"
+        kw.update({k: (v,) for k, v in parse_schedule_label(text).items()
+                   if depth or k == "schedule"})
     # The search covers what the sources' framework offers: Megatron-LM shards nothing or the
     # optimizer states (its distributed optimizer, ZeRO-1), and schedules pipelines with 1F1B or
     # interleaved 1F1B (Megatron-DeepSpeed's pipelines likewise take ZeRO-0/1 only).
@@ -191,10 +194,7 @@ def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) ->
         "metric": metric, "measured": float(measured), "predicted": predicted,
         "error": (predicted - measured) / measured, "flops_counted": counted,
         "engine": str(cfg.engine),
-        "layout": (f"tp{cfg.tp} pp{cfg.pp} dp{cfg.dp} mb{cfg.micro_batch} {cfg.schedule}"
-                   f"{cfg.virtual_stages if cfg.virtual_stages > 1 else ''} {cfg.recompute}"
-                   f"{' sp' if cfg.sequence_parallel else ''}"
-                   f"{' flash' if cfg.flash_attention else ''} {cfg.sharding.describe()}"),
+        "layout": label(cfg),
         "mfu_predicted": fig["mfu"], "fits": bool(fig["fits"]),
         **memory,
     }

@@ -9,10 +9,11 @@ from frontier_llm.costmodel import TIME_PARTS
 from frontier_llm.planner.plan import Plan
 from frontier_llm.planner.space import ENGINE_REASON, OOM
 from frontier_llm.specs.engine_rules import RULES
-from frontier_llm.specs.layout import Schedule
+from frontier_llm.specs.forms import LAYOUT_COLUMNS, label
 
-# Knobs compared one at a time: the fastest layout that differs from the winner in this knob.
-KNOBS = ("tp", "pp", "micro_batch", "schedule", "recompute", "sequence_parallel", "engine")
+# Knobs compared one at a time (the fastest layout that differs from the winner in this knob):
+# every layout column the plan varies, but dp, which follows from tp and pp on a GPU count.
+NOT_COMPARED = ("dp", "global_batch")
 PART_NAMES = {
     "compute": "matrix compute", "elementwise": "element-wise work",
     "recompute": "recomputation", "tp_comm": "TP communication", "pp_comm": "PP communication",
@@ -22,11 +23,7 @@ PART_NAMES = {
 
 
 def _layout_text(plan: Plan, i: int) -> str:
-    c = plan.layout(i)
-    sched = f"{c.schedule}:{c.virtual_stages}" if c.schedule == Schedule.INTERLEAVED else c.schedule
-    return (f"tp={c.tp} pp={c.pp} dp={c.dp} micro_batch={c.micro_batch} {sched} "
-            f"recompute={c.recompute}{' sequence-parallel' if c.sequence_parallel else ''} "
-            f"{c.sharding.describe()} engine={c.engine}")
+    return label(plan.layout(i))
 
 
 def _main_difference(plan: Plan, best: int, other: int) -> str:
@@ -78,10 +75,11 @@ def explain(plan: Plan) -> str:
                                         if v / step >= 0.005))
     lines.append("Why: the fastest layout with a different choice of each knob")
     layouts = plan.layouts
-    for knob in KNOBS:
+    knobs = [k for k in LAYOUT_COLUMNS if k not in NOT_COMPARED and hasattr(layouts, k)]
+    for knob in knobs:
         col = getattr(layouts, knob)
-        if knob == "engine" and len(np.unique(col)) < 2:
-            continue  # one engine planned: nothing to compare
+        if len(np.unique(col)) < 2:
+            continue  # one value planned: nothing to compare
         other = order[col[order] != col[best]]
         if not len(other):
             lines.append(f"  {knob:<18} no valid alternative fits")

@@ -177,14 +177,3 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
             figures[key][ok] = values
     reason[ok[~sub["fits"]]] = OOM
     return Plan(model, system, gpus, gb, layouts, figures, reason)
-
-
-def layout_from_row(row) -> Layout:
-    """A Layout from one row of :meth:`Plan.frame` / :meth:`Plan.ranked` (prefer
-    :meth:`Plan.layout` with :meth:`Plan.ranked_indices`: no text round trip)."""
-    return Layout.from_dict({name: _plain(row[name]) for name in layout_types()})
-
-
-def _plain(value):
-    value = value.item() if hasattr(value, "item") else value
-    return str(value) if isinstance(value, str) else value

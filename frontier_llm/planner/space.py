@@ -9,14 +9,14 @@ planner can say how many layouts each rule removed.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from dataclasses import dataclass
 
 import numpy as np
 
 from frontier_llm.costmodel.layouts import LayoutTable, encode, fill_defaults
 from frontier_llm.errors import UserError
-from frontier_llm.specs.engine_rules import LAYOUT_RULES, MODEL_RULES, RULES
+from frontier_llm.specs.engine_rules import LAYOUT_RULES, MODEL_RULES, ONLY_KNOBS, RULES
 from frontier_llm.specs.layout import (
     COMPONENTS,
     MAX_COUNT,
@@ -28,10 +28,13 @@ from frontier_llm.specs.layout import (
     Recompute,
     Schedule,
     Sharding,
+    Vocabulary,
+    layout_types,
     zero_preset,
 )
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.pipeline_split import min_chunk_layers
+from frontier_llm.specs.space import open_values, space_knobs
 from frontier_llm.specs.system import SystemSpec
 
 # Rejection reasons, by code (0 = valid). In the order Layout checks them, so both name the
@@ -87,24 +90,57 @@ def divisors(n: int) -> list[int]:
     return small + large[::-1]
 
 
-@dataclass(frozen=True)
-class SearchSpace:
-    """Candidate values for each knob; ``None`` means the planner's default list."""
+# Candidate values for each knob of specs.space (None: the knob is open, and takes its open
+# list: specs.space.open_values, or for numbers and the sharding the lists worked out here), the
+# precision, and the bounds of the open tp and micro-batch lists. Its knob fields are made from
+# the Layout fields, not written out.
+SearchSpace = dataclasses.make_dataclass(
+    "SearchSpace",
+    [(n, tuple | None, dataclasses.field(default=None)) for n in space_knobs()]
+    + [("dtype", str, dataclasses.field(default=DType.BF16.value)),
+       ("max_tp", int, dataclasses.field(default=64)),
+       ("max_micro_batch", int, dataclasses.field(default=16))],
+    frozen=True)
+SearchSpace.__module__ = __name__
+SearchSpace.__doc__ = ("Candidate values for each layout knob (None: open, the planner's "
+                       "list), the precision, and bounds of the open tp and micro-batch lists.")
 
-    tp: tuple[int, ...] | None = None
-    pp: tuple[int, ...] | None = None
-    micro_batch: tuple[int, ...] | None = None
-    schedule: tuple[str, ...] = Schedule.words()
-    # For the interleaved schedule; None: every v > 1 that divides the layers of a stage.
-    virtual_stages: tuple[int, ...] | None = None
-    recompute: tuple[str, ...] = Recompute.words()
-    sequence_parallel: tuple[bool, ...] = (False, True)
-    flash_attention: tuple[bool, ...] = (True,)
-    dtype: str = "bf16"
-    sharding: tuple[Sharding, ...] | None = None  # None: ZeRO-0..3 and node-local partial ones
-    engine: tuple[str, ...] = (Engine.NATIVE.value,)
-    max_tp: int = 64
-    max_micro_batch: int = 16
+
+# Knobs enumerated by rules of their own (the degrees per block of one tp x pp, the schedule with
+# its interleaving depths, sequence parallelism only with tp > 1, the sharding's six columns, the
+# engine for its model rules); every other knob is one column of its values (_product).
+STRUCTURAL = ("tp", "pp", "schedule", "virtual_stages", "sequence_parallel", "sharding",
+              "engine")
+
+
+def knob_values(space: SearchSpace, name: str) -> tuple | None:
+    """The values of knob ``name`` the space searches: its list, else the knob's open list
+    (None where it is worked out from the model and GPU count)."""
+    given = getattr(space, name)
+    return tuple(given) if given is not None else open_values(name)
+
+
+def open_degrees(name: str, model: ModelSpec, gpus: int, space: SearchSpace | None = None,
+                 pps: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """The open list of a degree over a whole GPU count, as one list (a study's parameter): tp
+    every divisor up to ``max_tp``, pp every divisor up to the layers, virtual stages every
+    v > 1 that divides the (smallest even share of) layers of a stage for some pp of ``pps``.
+    The enumeration itself narrows them per block (pp divides what tp leaves)."""
+    space = space or SearchSpace()
+    if name == "tp":
+        return tuple(d for d in divisors(gpus) if d <= space.max_tp)
+    if name == "pp":
+        return tuple(d for d in divisors(gpus) if d <= model.layers)
+    if name == "virtual_stages":
+        return tuple(sorted({v for pp in pps for v in _depths(model, pp)}))
+    raise ValueError(f"{name} has no open list of its own")
+
+
+def _depths(model: ModelSpec, pp: int) -> tuple[int, ...]:
+    """Interleaving depths for a pipeline of ``pp`` stages: v dividing the (smallest even share
+    of) layers per stage; with an uneven split the engine's split decides the chunks
+    (specs/pipeline_split.py)."""
+    return tuple(v for v in divisors(model.layers // pp) if v > 1) if pp > 1 else ()
 
 
 def _shardings(system: SystemSpec, tp: int, dp: int) -> list[Sharding]:
@@ -130,7 +166,7 @@ def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_ba
     if not 1 <= global_batch <= MAX_COUNT:
         raise UserError(f"the global batch must be between 1 and {MAX_COUNT:,} "
                         f"(got {global_batch})")
-    tps = space.tp or tuple(d for d in divisors(gpus) if d <= space.max_tp)
+    tps = space.tp or open_degrees("tp", model, gpus, space)
     bad_tp = [t for t in tps if gpus % t]
     if bad_tp:
         raise UserError(f"tp {bad_tp[0]} does not divide the {gpus} GPUs")
@@ -144,7 +180,8 @@ def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_ba
             if (gpus // tp) % pp:
                 continue
             dp = gpus // (tp * pp)
-            shard = space.sharding or tuple(_shardings(system, tp, dp))
+            shard = tuple(map(Sharding.parse, space.sharding or ())) or tuple(
+                _shardings(system, tp, dp))
             block = _product(model, tp, pp, dp, micro, _schedules(model, pp, space), space,
                              shard, global_batch, registry)
             if block is not None:
@@ -166,54 +203,65 @@ def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_ba
 def _schedules(model: ModelSpec, pp: int, space: SearchSpace) -> list[tuple[int, int]]:
     """(schedule code, virtual stages) pairs for a pipeline of ``pp`` stages."""
     out = []
-    for name in map(Schedule, space.schedule):
+    for name in map(Schedule, knob_values(space, "schedule")):
         if name != Schedule.INTERLEAVED:
             out.append((name.code, 1))
         elif pp > 1:  # interleaving without a pipeline is not a layout
-            # v dividing the (smallest even share of) layers per stage: with an uneven split the
-            # engine's split decides the chunks (specs/pipeline_split.py).
-            vs = space.virtual_stages or tuple(v for v in divisors(model.layers // pp) if v > 1)
+            vs = space.virtual_stages or _depths(model, pp)
             out += [(name.code, v) for v in vs if v > 1]
     return out
 
 
 def _product(model, tp, pp, dp, micro, sched_v, space, shardings, global_batch,
              registry: dict) -> dict | None:
-    rec = [Recompute(r).code for r in space.recompute]
     # Sequence parallelism without TP and interleaving without a pipeline are not layouts.
-    sp = [s for s in space.sequence_parallel if tp > 1 or not s]
+    sp = [s for s in knob_values(space, "sequence_parallel") if tp > 1 or not s]
     if not sched_v:
         return None
-    engines = tuple(Engine.parse(e, "engine") for e in space.engine)
+    engines = tuple(Engine.parse(e, "engine") for e in knob_values(space, "engine"))
     shard_rows = [list(encode("sharding", s).values()) for s in shardings]
-    grids = np.meshgrid(
-        np.arange(len(micro)), np.arange(len(sched_v)), np.arange(len(rec)),
-        np.arange(len(sp)), np.arange(len(space.flash_attention)), np.arange(len(shard_rows)),
-        np.arange(len(engines)), indexing="ij",
-    )
-    i_mb, i_sv, i_rc, i_sp, i_fa, i_sh, i_en = (g.ravel() for g in grids)
-    n = len(i_mb)
+    # Every other knob: one dimension of its values' codes (a knob added to Layout is
+    # enumerated here with no edit, over its listed or open values).
+    plain = {name: [_code(name, v) for v in (micro if name == "micro_batch"
+                                             else knob_values(space, name))]
+             for name in space_knobs() if name not in STRUCTURAL}
+    # One dimension per knob, in field order (the schedule's carries its interleaving depths).
+    own = {"schedule": sched_v, "sequence_parallel": sp, "sharding": shard_rows,
+           "engine": engines}
+    dims = {("_sv" if n == "schedule" else n): own[n] if n in own else plain[n]
+            for n in space_knobs() if n in own or n in plain}
+    grids = np.meshgrid(*(np.arange(len(v)) for v in dims.values()), indexing="ij")
+    idx = dict(zip(dims, (g.ravel() for g in grids), strict=True))
+    n = len(idx["_sv"])
     sv = np.array(sched_v)
     sh = np.array(shard_rows)
     cols = {
         # Constant in a block: one value, repeated when the blocks are joined.
-        "tp": _Const(tp), "pp": _Const(pp), "dp": _Const(dp),
-        "micro_batch": np.array(micro)[i_mb], "global_batch": _Const(global_batch),
-        "schedule": sv[i_sv, 0], "virtual_stages": sv[i_sv, 1],
-        "sequence_parallel": np.array(sp, dtype=bool)[i_sp],
-        "recompute": np.array(rec)[i_rc],
-        "flash_attention": np.array(space.flash_attention, dtype=bool)[i_fa],
+        "tp": _Const(tp), "pp": _Const(pp), "dp": _Const(dp), "global_batch": _Const(global_batch),
+        "schedule": sv[idx["_sv"], 0], "virtual_stages": sv[idx["_sv"], 1],
+        "sequence_parallel": np.array(sp, dtype=bool)[idx["sequence_parallel"]],
         "dtype": _Const(DType(space.dtype).code),
-        "engine": np.array([e.code for e in engines])[i_en],
+        "engine": np.array([e.code for e in engines])[idx["engine"]],
     }
+    for name, values in plain.items():
+        cols[name] = np.array(values)[idx[name]]
     for j, col in enumerate(encode("sharding", shardings[0])):
-        cols[col] = sh[i_sh, j]
+        cols[col] = sh[idx["sharding"], j]
     # Each sharding's number in the plan-wide registry: the engine rules look it up (_reasons).
     cols["_sharding_id"] = np.array([registry.setdefault(x, len(registry))
-                                     for x in shardings])[i_sh]
-    cols["_engine_model"] = _model_codes(model, tp, pp, tuple(sched_v), engines)[i_en, i_sv]
+                                     for x in shardings])[idx["sharding"]]
+    cols["_engine_model"] = _model_codes(model, tp, pp, tuple(sched_v),
+                                         engines)[idx["engine"], idx["_sv"]]
     cols["_n"] = n
     return cols
+
+
+def _code(name: str, value):
+    """A knob's value as its column value (a vocabulary word as its code)."""
+    kind = layout_types()[name]
+    if isinstance(kind, type) and issubclass(kind, Vocabulary):
+        return kind.parse(value, name).code
+    return kind(value)
 
 
 class _Const(int):
@@ -255,7 +303,20 @@ def _engine_layout_codes(t: LayoutTable, sharding_id: np.ndarray,
     flat = np.ravel_multi_index(
         (t.engine, t.pp > 1, few, t.schedule, t.dtype, t.sequence_parallel, t.recompute,
          sharding_id), dims)
-    return table[flat]
+    out = table[flat]
+    # The engines' value rules on other knobs (EngineRules.only), in their order, after the
+    # rules above: one lookup per knob of (engine, the knob's code).
+    for knob in ONLY_KNOBS:
+        kind = layout_types()[knob]
+        values = (False, True) if kind is bool else tuple(kind)
+        allowed = [{k: vals for k, vals, _ in RULES[e].only}.get(knob) for e in Engine]
+        bad = np.array([[a is not None and v not in a for v in values] for a in allowed])
+        code = np.array([ENGINE_REASON.get((e, f"only_{knob}"), 0) for e in Engine],
+                        dtype=np.int16)
+        col = getattr(t, knob).astype(np.int64)
+        hit = (out == 0) & bad[t.engine, col]
+        out[hit] = code[t.engine[hit]]
+    return out
 
 
 def _first_engine_rule(eng, multi, few, schedule, dtype, sp, recompute, sharding_id,

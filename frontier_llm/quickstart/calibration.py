@@ -45,6 +45,7 @@ from frontier_llm.errors import UserError
 from frontier_llm.quickstart.settings import Settings
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.system import SystemSpec
+from frontier_llm.specs.vocab import RunStatus
 
 # What a quickstart's microbenchmark measures, sized to take seconds on two cores: the GEMMs
 # of tiny-gpt's blocks are microseconds each, so 50 ms of calls per GEMM averages hundreds of
@@ -266,7 +267,7 @@ def run_layouts(db_url: str) -> pd.DataFrame:
             rows = [tuple(x) for x in conn.execute(
                 select(r.c.run_id, r.c.sweep_name, lay.c.model_json, lay.c.layout_json)
                 .select_from(r.join(lay, r.c.layout_id == lay.c.id))
-                .where(r.c.status == "completed").order_by(r.c.run_id))]
+                .where(r.c.status == RunStatus.COMPLETED.value).order_by(r.c.run_id))]
     finally:
         store.close()
     df = pd.DataFrame(rows, columns=["run_id", "sweep_name", "model_json", "layout_json"])

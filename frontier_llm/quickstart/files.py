@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 
 from frontier_llm.quickstart.settings import Settings
+from frontier_llm.specs.forms import layout_entry
 from frontier_llm.specs.layout import Layout
 
 SWEEP_NAME = "quickstart"
@@ -26,13 +27,6 @@ def _header(settings: Settings, system: str | None) -> str:
             f"seed: {settings.seed}\n"
             "resources:\n"
             '  time: "00:10:00"\n')
-
-
-def layout_entry(layout: Layout) -> dict:
-    """A sweep's ``layouts:`` entry (the knobs the quickstart varies; the rest default)."""
-    d = layout.to_dict()
-    return {"tp": d["tp"], "pp": d["pp"], "dp": d["dp"], "micro_batch": d["micro_batch"],
-            "global_batch": d["global_batch"], "zero": layout.zero_stage}
 
 
 def sweep_text(settings: Settings, layouts: Sequence[Layout], system: str | None = None) -> str:

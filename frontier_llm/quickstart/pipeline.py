@@ -35,6 +35,7 @@ from frontier_llm.quickstart import calibration
 from frontier_llm.quickstart.choose import Choice, choose
 from frontier_llm.quickstart.files import STUDY_NAME, SWEEP_NAME, study_text, sweep_text
 from frontier_llm.quickstart.settings import Settings, claim
+from frontier_llm.specs.forms import row_label
 from frontier_llm.store import open_store
 
 # Update a bar: (done, total, what is happening).
@@ -447,24 +448,13 @@ def _write_once(path: Path, text: str) -> None:
 
 def plan_table(choice: Choice, top: int = 8) -> str:
     """The plan's fastest layouts with their predictions; the measured ones marked *."""
-    ranked = choice.ranked.head(max(top, 1)).copy()
-    chosen = {(r.tp, r.pp, r.dp, r.micro_batch, str(r.sharding))
-              for r in choice.chosen.itertuples()}
-    rows = []
-    for r in ranked.itertuples():
-        mark = "*" if (r.tp, r.pp, r.dp, r.micro_batch, str(r.sharding)) in chosen else " "
-        rows.append({"": mark, "rank": r.rank, "tp": r.tp, "pp": r.pp, "dp": r.dp,
-                     "mb": r.micro_batch, "sharding": str(r.sharding),
-                     "step_ms": round(r.step_time_s * 1e3, 2),
-                     "tokens/s": round(r.tokens_per_s),
-                     "mem_MB": round(r.peak_memory_bytes / 1e6, 1)})
-    extra = [r for r in choice.chosen.itertuples() if r.rank > top]
-    for r in extra:
-        rows.append({"": "*", "rank": r.rank, "tp": r.tp, "pp": r.pp, "dp": r.dp,
-                     "mb": r.micro_batch, "sharding": str(r.sharding),
-                     "step_ms": round(r.step_time_s * 1e3, 2),
-                     "tokens/s": round(r.tokens_per_s),
-                     "mem_MB": round(r.peak_memory_bytes / 1e6, 1)})
+    ranked = choice.ranked.head(max(top, 1))
+    chosen = {row_label(r) for _, r in choice.chosen.iterrows()}
+    shown = pd.concat([ranked, choice.chosen[choice.chosen["rank"] > top]])
+    rows = [{"": "*" if row_label(r) in chosen else " ", "rank": r["rank"],
+             "layout": row_label(r), "step_ms": round(r["step_time_s"] * 1e3, 2),
+             "tokens/s": round(r["tokens_per_s"]),
+             "mem_MB": round(r["peak_memory_bytes"] / 1e6, 1)} for _, r in shown.iterrows()]
     text = pd.DataFrame(rows).to_string(index=False)
     return "\n".join("   " + line for line in text.splitlines())
 

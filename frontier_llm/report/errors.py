@@ -16,10 +16,10 @@ def throughput_rank_corr(g: pd.DataFrame) -> float:
     """Spearman correlation of predicted and measured throughput per GPU over the runs: does the
     model order them as they measured. Throughput per GPU is the per-GPU batch over the step
     time, so runs of different sizes compare by what each GPU delivers; NaN below 2 runs."""
-    need = ("global_batch", "tp", "pp", "dp", "measured_step_time_s", "predicted_step_time_s")
+    need = ("global_batch", "world_size", "measured_step_time_s", "predicted_step_time_s")
     if len(g) < 2 or any(c not in g for c in need):
         return np.nan
-    per_gpu = g["global_batch"].astype(float) / (g["tp"] * g["pp"] * g["dp"]).astype(float)
+    per_gpu = g["global_batch"].astype(float) / g["world_size"].astype(float)
     measured = per_gpu / pd.to_numeric(g["measured_step_time_s"], errors="coerce")
     predicted = per_gpu / pd.to_numeric(g["predicted_step_time_s"], errors="coerce")
     return float(measured.rank().corr(predicted.rank()))

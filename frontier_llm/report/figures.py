@@ -72,6 +72,9 @@ def plot_scaling(table: pd.DataFrame, gpu_label: str = "GPUs", title: str | None
     predicted = "predicted_efficiency_pct" in table
     for row_fig, (name, t) in zip(rows, series, strict=True):
         left, right = row_fig.subplots(1, 2)
+        if t["gpus"].nunique() < 2:
+            _single_point(row_fig, left, right, name, t, gpu_label, measured, predicted)
+            continue
         mode = t["mode"].iloc[0]
         base_n = t["base_gpus"].iloc[0]
         one = gpu_label.split(" ")[0]
@@ -133,6 +136,40 @@ def plot_scaling(table: pd.DataFrame, gpu_label: str = "GPUs", title: str | None
     if title:
         fig.suptitle(title)
     return fig
+
+
+def _single_point(row_fig, left, right, name: str, t: pd.DataFrame, gpu_label: str,
+                  measured: bool, predicted: bool) -> None:
+    """A series measured or predicted at one GPU count: its step time as one labelled point,
+    and a note in place of an efficiency that would compare it with nothing."""
+    n = int(t["gpus"].iloc[0])
+    shown = []
+    if measured and "step_time_s" in t and t["step_time_s"].notna().any():
+        left.errorbar(t["gpus"], t["step_time_s"],
+                      yerr=[t["step_time_s"] - t["step_time_min_s"],
+                            t["step_time_max_s"] - t["step_time_s"]], capsize=3,
+                      **style.MEASURED)
+        shown.append(("measured", float(t["step_time_s"].iloc[0])))
+    if predicted and t["predicted_step_time_s"].notna().any():
+        left.plot(t["gpus"], t["predicted_step_time_s"], **style.PREDICTED)
+        shown.append(("predicted", float(t["predicted_step_time_s"].iloc[0])))
+    for i, (what, value) in enumerate(shown):
+        left.annotate(f"{what} {value:.3g} s", (n, value), xytext=(10, 8 - 16 * i),
+                      textcoords="offset points", fontsize=9)
+    left.set_ylabel("step time (s)")
+    left.set_title("step time", loc="left")
+    top = max([v for _, v in shown], default=1.0)
+    left.set_ylim(0, top * 1.5)
+    _gpu_axis(left, t["gpus"], gpu_label)
+    left.set_xlim(n / 2, n * 2)
+    if shown:
+        style.legend_outside(left)
+    right.set_axis_off()
+    right.text(0.5, 0.5, f"one GPU count ({n:,}): no scaling efficiency to compute\n"
+                         "(it needs runs at two or more GPU counts)",
+               ha="center", va="center", transform=right.transAxes, fontsize=10,
+               color=style.MISSING.get("color", "0.4"))
+    row_fig.suptitle(f"{name}: one point", x=0.01, ha="left", fontweight="bold")
 
 
 def _hbars(ax, labels, measured, predicted, xlabel: str, lo=None, hi=None,

@@ -16,18 +16,16 @@ import pandas as pd
 
 from frontier_llm.costmodel import COSTMODEL_VERSION, MEMORY_PARTS, evaluate, from_configs
 from frontier_llm.errors import UserError
+from frontier_llm.specs.forms import LAYOUT_KEY, layout_records
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
+from frontier_llm.specs.vocab import RunStatus
 
-COMPLETED = "completed"
+COMPLETED = RunStatus.COMPLETED.value
 MISSING = "missing"  # a point the sweep names that has no run in the database
 PREDICTED_ONLY = "predicted"  # a point drawn from the cost model alone (no database given)
 
-# The columns that name a layout; dp, global_batch and world_size are what scaling varies.
-LAYOUT_KEYS = ("model", "system", "tp", "pp", "dp", "micro_batch", "global_batch", "schedule",
-               "virtual_stages", "sequence_parallel", "recompute", "flash_attention", "dtype",
-               "sharding")
 
 
 def layout_rows(model: ModelSpec, system: SystemSpec, layouts: Sequence[Layout]
@@ -37,21 +35,11 @@ def layout_rows(model: ModelSpec, system: SystemSpec, layouts: Sequence[Layout]
     files."""
     layouts = list(layouts)
     if not layouts:
-        return pd.DataFrame(columns=[*LAYOUT_KEYS, "world_size", "seq_len"])
+        return pd.DataFrame(columns=[*LAYOUT_KEY, "world_size", "seq_len"])
     fig = evaluate(model, system, from_configs(layouts))
     df = pd.DataFrame({
         "model": model.name, "system": system.name,
-        "tp": [c.tp for c in layouts], "pp": [c.pp for c in layouts],
-        "dp": [c.dp for c in layouts], "micro_batch": [c.micro_batch for c in layouts],
-        "global_batch": [c.global_batch for c in layouts],
-        "schedule": [c.schedule for c in layouts],
-        "virtual_stages": [c.virtual_stages for c in layouts],
-        "sequence_parallel": [c.sequence_parallel for c in layouts],
-        "recompute": [c.recompute for c in layouts],
-        "flash_attention": [c.flash_attention for c in layouts],
-        "dtype": [c.dtype for c in layouts],
-        "sharding": [c.sharding.describe() if c.zero_stage is None else f"zero{c.zero_stage}"
-                     for c in layouts],
+        **layout_records(layouts),
         "world_size": [c.world_size for c in layouts],
         "seq_len": model.seq_len,
         "predicted_costmodel_version": COSTMODEL_VERSION,
@@ -84,7 +72,6 @@ def sweep_frame(sweep) -> pd.DataFrame:
     out.insert(0, "sweep_name", sweep.name)
     out.insert(0, "run_id", None)
     out["status"] = PREDICTED_ONLY
-    out["engine"] = None
     for c in ("step_time_s", "tokens_per_s", "peak_memory_bytes"):
         out[c] = np.nan
     return out

@@ -8,42 +8,16 @@ import pandas as pd
 
 from frontier_llm.costmodel import MEMORY_PARTS
 from frontier_llm.errors import UserError
-from frontier_llm.report.frames import COMPLETED, LAYOUT_KEYS, MISSING, PREDICTED_ONLY, add_seq_len
+from frontier_llm.report.frames import COMPLETED, MISSING, PREDICTED_ONLY, add_seq_len
+from frontier_llm.specs.forms import key_columns, row_label
 
 GB = 1e9
 
 
-def layout_label(row) -> str:
-    text = f"tp{row['tp']} pp{row['pp']} dp{row['dp']} mb{row['micro_batch']}"
-    if int(row.get("virtual_stages", 1) or 1) > 1:
-        text += f" v{row['virtual_stages']}"
-    return text
-
-
-# Knobs named in a label only where they differ between the rows shown together.
-_EXTRA_KNOBS = ("schedule", "recompute", "sequence_parallel", "sharding", "flash_attention",
-                "dtype")
-
-
 def distinct_labels(frame: pd.DataFrame) -> list[str]:
-    """:func:`layout_label` of each row, plus the knobs that vary among the rows (so that two
-    layouts never share a label)."""
-    varying = [k for k in _EXTRA_KNOBS if k in frame and frame[k].astype(str).nunique() > 1]
-    labels = []
-    for _, row in frame.iterrows():
-        extra = []
-        for k in varying:
-            v = row[k]
-            if k == "sequence_parallel":
-                extra.append("sp" if v else "no-sp")
-            elif k == "flash_attention":
-                extra.append("flash" if v else "no-flash")
-            elif k == "recompute":
-                extra.append(f"rc-{v}")
-            else:
-                extra.append(str(v))
-        labels.append(" ".join([layout_label(row), *extra]))
-    return labels
+    """Each row's layout label (:func:`frontier_llm.specs.forms.row_label`: two layouts never
+    share one)."""
+    return [row_label(row) for _, row in frame.iterrows()]
 
 
 def _status_text(statuses: pd.Series) -> str:
@@ -65,7 +39,7 @@ def layouts_table(runs: pd.DataFrame, require_measured: bool = True) -> pd.DataF
     df["_px"] = df["tokens_per_step"] / (df["predicted_step_time_s"].astype(float).where(
         df["predicted_step_time_s"].astype(float) > 0)
                                          * df["world_size"])
-    keys = [k for k in LAYOUT_KEYS if k in df]
+    keys = key_columns(df)
     rows = []
     for _, g in df.groupby(keys, sort=False, dropna=False):
         first = g.iloc[0]
@@ -76,7 +50,7 @@ def layouts_table(runs: pd.DataFrame, require_measured: bool = True) -> pd.DataF
         not_run = g["status"].isin([MISSING, PREDICTED_ONLY])
         row = {k: first[k] for k in keys}
         row.update({
-            "layout": layout_label(first), "gpus": int(first["world_size"]),
+            "layout": row_label(first), "gpus": int(first["world_size"]),
             "runs": int((~not_run).sum()), "completed": int(ok[g.index].sum()),
             "status": _status_text(g["status"]),
             # From the median step time, as in the scaling table.
@@ -92,7 +66,6 @@ def layouts_table(runs: pd.DataFrame, require_measured: bool = True) -> pd.DataF
             row["predicted_fits"] = first["predicted_fits"]
         rows.append(row)
     out = pd.DataFrame(rows)
-    out["layout"] = distinct_labels(out)
     out["throughput_error_pct"] = (out["predicted_tokens_per_s_per_gpu"]
                                    / out["tokens_per_s_per_gpu"] - 1) * 100
     out["memory_error_pct"] = (out["predicted_peak_memory_gb"] / out["peak_memory_gb"] - 1) * 100
@@ -184,7 +157,7 @@ def measured_memory_parts(runs: pd.DataFrame, rank_memory: pd.DataFrame) -> pd.D
     cols = list(MEASURED_PARTS.values())
     rm["_total"] = rm[cols].astype("float64").fillna(0).sum(axis=1)
     top = rm.sort_values("_total").groupby("run_id").tail(1)  # the fullest rank of each run
-    keys = [k for k in ("tp", "pp", "dp", "micro_batch", "global_batch") if k in done]
+    keys = key_columns(done)
     merged = done[["run_id", *keys]].merge(top, on="run_id")
     if merged.empty:
         return pd.DataFrame()

@@ -23,6 +23,8 @@ from frontier_llm.report.layouts import KNOBS, knob_table, layouts_table, memory
 from frontier_llm.report.scaling import scaling_table, summary
 from frontier_llm.report.sources import sweep_report_frame
 from frontier_llm.report.tables import write_table
+from frontier_llm.specs.forms import key_columns
+from frontier_llm.specs.vocab import RunStatus
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEPS = REPO / "sweeps"
@@ -56,7 +58,7 @@ def _frame(sweep: str, db: str | None) -> tuple[pd.DataFrame, bool]:
             raise
         print(f"note: {exc}; drawing the cost model's prediction alone", file=sys.stderr)
         return sweep_report_frame(path, None, model_only=True)[0], False
-    return frame, (frame["status"] == "completed").any()
+    return frame, (frame["status"] == RunStatus.COMPLETED).any()
 
 
 def _scaling(mode: str, db: str | None, out: Path) -> list[Path]:
@@ -108,7 +110,7 @@ def memory_22b(db: str | None, out: Path) -> list[Path]:
     """Predicted memory per GCD by part for the 22B layouts of the throughput figure, with the
     measured peak where measured and the GCD's 64 GB."""
     table, frame = _22b_layouts(db)
-    keys = ["tp", "pp", "dp", "micro_batch", "global_batch"]
+    keys = key_columns(table)
     picked = pd.concat([knob_table(table, k) for k in KNOBS]).drop_duplicates(subset=keys)
     rows = picked[[*keys, "peak_memory_gb"]].merge(
         frame.drop_duplicates(subset=keys).drop(columns=["peak_memory_gb"], errors="ignore"),

@@ -20,6 +20,7 @@ from frontier_llm.report.layouts import (
 )
 from frontier_llm.report.scaling import scaling_table, summary
 from frontier_llm.report.tables import write_table
+from frontier_llm.specs.forms import key_columns
 
 
 def scaling_report(frame: pd.DataFrame, out: str | Path, name: str, source: str = "measured",
@@ -50,7 +51,7 @@ def layouts_report(frame: pd.DataFrame, out: str | Path, name: str,
                          "throughput per GPU in tokens/s: median over repeats"])
     paths += style.save(fig, out, name)
     if any(c.startswith("mem_") for c in frame.columns):
-        keys = ["tp", "pp", "dp", "micro_batch", "global_batch"]
+        keys = key_columns(table)
         first = frame.drop_duplicates(subset=keys).drop(columns=["peak_memory_gb"],
                                                        errors="ignore")
         # The table's order (fastest first), with the measured peaks it holds.

@@ -23,21 +23,15 @@ import pandas as pd
 
 from frontier_llm.errors import UserError
 from frontier_llm.report.frames import COMPLETED, MISSING, PREDICTED_ONLY, add_seq_len
+from frontier_llm.specs.forms import SCALED, SERIES_KEY, key_columns, row_label
 
-SERIES_KEYS = ("model", "system", "tp", "pp", "micro_batch", "schedule", "virtual_stages",
-               "sequence_parallel", "recompute", "flash_attention", "dtype", "sharding")
 SOURCES = ("measured", "predicted", "both")
 MODES = ("auto", "weak", "strong")
 
 
 def series_label(row) -> str:
-    """A short name for a series: model, TP, PP, micro-batch (and what else is not default)."""
-    text = f"{row['model']} tp{row['tp']} pp{row['pp']} mb{row['micro_batch']}"
-    if row.get("recompute") not in (None, "none"):
-        text += f" {row['recompute']} recompute"
-    if row.get("sharding") not in (None, "zero0"):
-        text += f" {row['sharding']}"
-    return text
+    """A series' name: the model and its layout label without what varies along it."""
+    return f"{row['model']} {row_label(row, omit=SCALED)}"
 
 
 def detect_mode(points: pd.DataFrame) -> str:
@@ -87,7 +81,7 @@ def scaling_table(runs: pd.DataFrame, source: str = "measured", mode: str = "aut
         df["predicted_step_time_s"].astype(float) > 0) * df["world_size"])
 
     tables = []
-    keys = [k for k in SERIES_KEYS if k in df]
+    keys = key_columns(df, SERIES_KEY)
     for _, series in df.groupby(keys, sort=True, dropna=False):
         tables.append(_series_table(series, keys, want_measured, want_predicted, mode))
     table = pd.concat(tables, ignore_index=True)
@@ -155,6 +149,11 @@ def _series_table(series: pd.DataFrame, keys: list[str], want_measured: bool,
     if not want_measured:
         out = out.drop(columns=[c for c in out.columns if c.startswith(
             ("step_time_", "tokens_per_s_per_gpu")) or c == "step_time_s"])
+    if out["gpus"].nunique() < 2:
+        # One GPU count: nothing to compare it with, so no efficiency (not a vacuous 100 %).
+        for c in [c for c in out.columns if "efficiency" in c]:
+            out[c] = np.nan
+    out["points"] = out["gpus"].nunique()
     return out
 
 

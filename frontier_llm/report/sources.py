@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from frontier_llm.errors import UserError
+from frontier_llm.errors import SpecError, UserError
 from frontier_llm.report.frames import layout_rows, sweep_frame, with_measurements
+from frontier_llm.specs.forms import layout_from_row
 from frontier_llm.store import open_existing
 from frontier_llm.store.queries import (
     rank_memory_frame,
@@ -122,22 +123,14 @@ def with_catalog_breakdown(runs: pd.DataFrame) -> pd.DataFrame:
     """Add today's cost-model memory breakdown (``mem_<part>_bytes``) to runs whose model and
     system are catalog names; the predictions the traces carried are kept as they are."""
     from frontier_llm.catalog import load_model, load_system
-    from frontier_llm.specs.layout import Layout
 
     parts = []
     for (model, system), g in runs.groupby(["model", "system"], sort=False):
         try:
             m, s = load_model(model), load_system(system)
-            layouts = [Layout.from_dict({
-                "tp": int(r.tp), "pp": int(r.pp), "dp": int(r.dp),
-                "micro_batch": int(r.micro_batch), "global_batch": int(r.global_batch),
-                "schedule": r.schedule, "virtual_stages": int(r.virtual_stages),
-                "sequence_parallel": bool(r.sequence_parallel), "recompute": r.recompute,
-                "flash_attention": bool(r.flash_attention), "dtype": r.dtype,
-                "sharding": _zero_stage(r.sharding),
-            }) for r in g.itertuples()]
+            layouts = [layout_from_row(r) for _, r in g.iterrows()]
             rows = layout_rows(m, s, layouts)
-        except (UserError, ValueError):
+        except (UserError, SpecError):
             parts.append(g)  # not in the catalog (a YAML model): no breakdown for these
             continue
         extra = rows[[c for c in rows if c.startswith("mem_")]
@@ -146,8 +139,3 @@ def with_catalog_breakdown(runs: pd.DataFrame) -> pd.DataFrame:
         parts.append(pd.concat([g, extra], axis=1))
     return pd.concat(parts).loc[runs.index]
 
-
-def _zero_stage(label: str) -> int:
-    if not str(label).startswith("zero"):
-        raise ValueError(label)  # an AMSP placement: no breakdown rather than a wrong one
-    return int(str(label)[4:])

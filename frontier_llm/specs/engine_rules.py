@@ -33,20 +33,15 @@ Sources:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from frontier_llm.errors import SpecError
-from frontier_llm.specs.layout import (
-    COMPONENTS,
-    DType,
-    Engine,
-    Layout,
-    PlacementKind,
-    Recompute,
-    Schedule,
-    Sharding,
-    zero_preset,
-)
 from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.sharding import COMPONENTS, Sharding, zero_preset
+from frontier_llm.specs.vocab import DType, Engine, PlacementKind, Recompute, Schedule
+
+if TYPE_CHECKING:  # annotations only: the layout imports its rules, never the reverse
+    from frontier_llm.specs.layout import Layout
 
 
 @dataclass(frozen=True)
@@ -88,6 +83,10 @@ class EngineRules:
     vocab_divisible: bool = False
     # Pipeline schedules that need at least one micro-batch per stage (m >= pp).
     microbatch_per_stage: tuple[Schedule, ...] = ()
+    # Other knobs the engine runs at some values only: (knob, the values it runs, why). Each is
+    # the rule ``only_<knob>``, checked after the rules above and in the planner with no code of
+    # its own (planner/space.py), so a knob added to Layout needs no rule code here.
+    only: tuple[tuple[str, tuple, str], ...] = ()
 
     def violations(self, layout: Layout, model: ModelSpec | None = None) -> list[str]:
         """Every rule of this engine that ``layout`` breaks, as messages naming the engine."""
@@ -123,14 +122,18 @@ class EngineRules:
                         f"{name}'s {layout.schedule} schedule needs at least one micro-batch per "
                         f"stage: pp ({layout.pp}) > micro-batches per step "
                         f"({layout.num_microbatches} = global_batch / (micro_batch x dp))"))
+        for knob, values, why in self.only:
+            if getattr(layout, knob) not in values:
+                out.append((f"only_{knob}", f"{name} runs {knob} = "
+                                            f"{' or '.join(map(_word, values))} only: {why}"))
         if model is None:
             return out
-        if not self.uneven_interleaved and layout.virtual_stages > 1 \
-                and model.layers % (layout.pp * layout.virtual_stages):
+        if not self.uneven_interleaved and layout.chunks > layout.pp \
+                and model.layers % layout.chunks:
             out.append(("uneven_interleaved",
                         f"{name} splits layers unevenly only without interleaving: layers "
-                        f"({model.layers}) is not divisible by pp x virtual_stages "
-                        f"({layout.pp} x {layout.virtual_stages})"))
+                        f"({model.layers}) is not divisible by the {layout.chunks} chunks of "
+                        f"its interleaved pipeline"))
         if self.whole_kv_heads and model.kv_heads < layout.tp:
             out.append(("whole_kv_heads", f"{name} shards whole K/V heads: kv_heads "
                                           f"({model.kv_heads}) < tp ({layout.tp})"))
@@ -141,6 +144,8 @@ class EngineRules:
 
     def has_rule(self, rule: str) -> bool:
         """Whether this engine's ``rule`` can refuse anything (the planner lists only those)."""
+        if rule.startswith("only_"):
+            return any(knob == rule[5:] for knob, _, _ in self.only)
         return {
             "schedule": set(self.schedules) != set(Schedule),
             "dtype": set(self.dtypes) != set(DType),
@@ -157,6 +162,9 @@ class EngineRules:
     def reason(self, rule: str) -> str:
         """The short form of ``rule`` for the planner's rejection counts, naming the engine."""
         name = f"engine {self.engine}"
+        for knob, values, _ in self.only:
+            if rule == f"only_{knob}":
+                return f"{name} runs {knob} = {' or '.join(map(_word, values))} only"
         missing = [str(w) for w in Schedule if w not in self.schedules]
         return {
             "schedule": f"{name} has no {' or '.join(missing)} pipeline schedule",
@@ -191,6 +199,13 @@ class EngineRules:
         if shardings is None:
             return "any placement"
         return ", ".join(s.describe() for s in shardings)
+
+
+def _word(value: object) -> str:
+    """A knob value as the user writes it (on/off for a boolean)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
 
 
 def _is_partial_of_zero3(sharding: Sharding) -> bool:
@@ -242,6 +257,9 @@ RULES: dict[Engine, EngineRules] = {
         tp_comm_overlap=True, prefetch=0, prefetch_bucket_params=0, gather_per_module=False,
         reduce_bucket_params=0, reshard_after_forward=False, gradient_bucketing=True,
         reduce_fp32=True, pipeline_split="first_last", uneven_interleaved=False,
+        only=(("reshard_after_forward", (True,),
+               "it shards no parameters (its distributed optimizer shards optimizer states), so "
+               "there is nothing to keep gathered"),),
     ),
     Engine.DEEPSPEED: EngineRules(
         engine=Engine.DEEPSPEED, title="DeepSpeed",
@@ -265,14 +283,20 @@ RULES: dict[Engine, EngineRules] = {
         gather_per_module=True, reduce_bucket_params=500_000_000,
         reshard_after_forward=True, gradient_bucketing=True, reduce_fp32=False,
         pipeline_split="parameters",
+        # ZeRO-3 releases a module's parameters after its forward; what it keeps is bounded by
+        # stage3_max_live_parameters and stage3_param_persistence_threshold (small parameters),
+        # not a switch that keeps every layer gathered (deepspeed/runtime/zero/config.py).
+        only=(("reshard_after_forward", (True,),
+               "ZeRO-3 frees each module's parameters after its forward"),),
     ),
 }
 
 
 # The rules of :meth:`EngineRules.broken`, in its order: those of the layout alone (checked by
 # Layout.__post_init__) and those against a model (checked by Layout.check_model).
+ONLY_KNOBS = tuple(dict.fromkeys(knob for r in RULES.values() for knob, _, _ in r.only))
 LAYOUT_RULES = ("schedule", "dtype", "sequence_parallel", "sharding", "pipeline_sharding",
-                "recompute", "pipeline_microbatches")
+                "recompute", "pipeline_microbatches", *(f"only_{k}" for k in ONLY_KNOBS))
 MODEL_RULES = ("uneven_interleaved", "whole_kv_heads", "vocab_tp")
 
 

@@ -2,19 +2,13 @@
 
 This module owns the layout. Every other form of it is derived from the :class:`Layout` dataclass
 and its vocabularies (docs/layout.md): the cost model's numpy columns (``costmodel.layouts``), the
-plan's DataFrame columns, the store's ``flm_layouts`` columns, the trace schema's ``layout``
-object, the CLI's layout flags and the one ``flm bench`` argv codec (:func:`layout_argv`).
+frames' columns, key, label and row codec (``specs.forms``), the searchable space
+(``specs.space``), the store's ``flm_layouts`` columns, the trace schema's ``layout`` object, the
+CLI's layout flags and the one ``flm bench`` argv codec (:func:`layout_argv`).
 
-Vocabularies are ``StrEnum`` s: a member *is* its text (``Schedule.GPIPE == "gpipe"``), and its
-position in the class is its numpy code (``Recompute.FULL.code == 2``), so formulas compare with
-``Recompute.FULL.code``, never with a bare integer.
-
-Sharding follows AMSP (arXiv 2311.00257): parameters, gradients and optimizer states each choose
-``replicate`` (Full-Replica), ``full`` (Full-Sharding over all DP ranks) or ``partial`` (sharding
-over groups of ``k`` DP ranks, replicated across groups). ZeRO-0..3, FSDP, HSDP and MiCS are points
-of that space; :func:`zero_preset` names the ZeRO ones. Its one text form is
-:meth:`Sharding.describe` (``zero2`` or ``p=replicate,g=full,o=partial:8``), read back by
-:meth:`Sharding.parse`.
+Its words are in ``specs.vocab`` and its sharding in ``specs.sharding`` (both re-exported here);
+what each engine runs is in ``specs.engine_rules`` and how it splits layers over a pipeline in
+``specs.pipeline_split``. None of them imports this module: the layout sits above its rules.
 """
 
 from __future__ import annotations
@@ -22,234 +16,30 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from enum import StrEnum
 from functools import cache
 from typing import Any
 
 from frontier_llm.errors import SpecError
+from frontier_llm.specs.engine_rules import check_engine
 from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.pipeline_split import min_chunk_layers
+from frontier_llm.specs.pipeline_split import stage_layers as split_layers
+from frontier_llm.specs.sharding import COMPONENTS, Placement, Sharding, zero_preset
+from frontier_llm.specs.vocab import DType, Engine, PlacementKind, Recompute, Schedule, Vocabulary
+
+__all__ = ["COMPONENTS", "MAX_COUNT", "MAX_GPUS", "DType", "Engine", "Layout", "ParallelConfig",
+           "Placement", "PlacementKind", "Recompute", "Schedule", "Sharding", "Vocabulary",
+           "complete_layout", "given_options", "layout_argv", "layout_fields",
+           "layout_json_schema", "layout_types", "merge_schedule", "parse_schedule_label",
+           "row_schedule", "schedule_label", "zero_preset"]
 
 
-class Vocabulary(StrEnum):
-    """A closed set of words; the member order is the numpy code (never reorder, only append)."""
-
-    @property
-    def code(self) -> int:
-        """This member's position: its code in numpy columns and formulas."""
-        return _code(type(self), self)
-
-    @classmethod
-    def words(cls) -> tuple[str, ...]:
-        """The members' texts in code order (CLI ``choices``, schema ``enum``, categories)."""
-        return tuple(m.value for m in _members(cls))
-
-    @classmethod
-    def from_code(cls, code: int):
-        return _members(cls)[int(code)]
-
-    @classmethod
-    def parse(cls, value: Any, name: str):
-        """The member for ``value`` (a member or its text); SpecError naming the field."""
-        try:
-            return cls(value)
-        except ValueError:
-            raise SpecError(f"{name} must be one of {', '.join(cls.words())} (got {value!r})",
-                            name) from None
-
-
-@cache
-def _members(cls: type[Vocabulary]) -> tuple:
-    return tuple(cls)
-
-
-@cache
-def _code(cls: type[Vocabulary], member: Vocabulary) -> int:
-    # Keyed by class too: members of two vocabularies may share a word ("full") and a hash.
-    return _members(cls).index(member)
-
-
-class Schedule(Vocabulary):
-    """Pipeline schedule (Narayanan et al. 2021)."""
-
-    GPIPE = "gpipe"
-    ONE_F_ONE_B = "1f1b"
-    INTERLEAVED = "interleaved"
-
-
-class Recompute(Vocabulary):
-    """Activation recomputation. ``selective`` and ``full`` are Korthikanti et al. 2022's
-    (the attention core, the whole block); ``selective-op`` is PyTorch's op-level selective
-    activation checkpointing as torchtitan applies it (``mode = 'selective'``,
-    ``selective_ac_option = 'op'``): each block keeps the outputs of its 1st, 3rd, 5th, ...
-    matrix multiply and of the attention kernel and recomputes everything else."""
-
-    NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
-    SELECTIVE_OP = "selective-op"
-
-
-class DType(Vocabulary):
-    """Training precision."""
-
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-
-
-class Engine(Vocabulary):
-    """The training engine that runs a layout (its rules: ``specs/engine_rules.py``)."""
-
-    NATIVE = "native"
-    MEGATRON = "megatron"
-    DEEPSPEED = "deepspeed"
-
-
-class PlacementKind(Vocabulary):
-    """How one model-state component is spread over the DP ranks (AMSP)."""
-
-    REPLICATE = "replicate"
-    FULL = "full"
-    PARTIAL = "partial"
-
-
-COMPONENTS = ("params", "grads", "optim")
 # The largest GPU count anything plans, predicts or runs (2**20; Frontier has 75,264 GCDs and the
 # largest planned systems a few hundred thousand): above it a request is a typing mistake, and
 # refusing it keeps every enumeration bounded. Any other count (batch, steps) is at most
 # MAX_COUNT, which keeps products of counts inside int64.
 MAX_GPUS = 1_048_576
 MAX_COUNT = 2**31 - 1
-# The short names of the sharding text form (p=..,g=..,o=..); the long names are accepted too.
-_SHORT = {"p": "params", "g": "grads", "o": "optim"}
-
-
-@dataclass(frozen=True)
-class Placement:
-    """How one model-state component is spread over the DP ranks.
-
-    ``group`` is the sharding degree for ``partial`` (it must divide dp); ignored otherwise.
-    """
-
-    kind: PlacementKind = PlacementKind.REPLICATE
-    group: int = 1
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", PlacementKind.parse(self.kind, "sharding"))
-
-    def degree(self, dp: int) -> int:
-        """Number of DP ranks one copy of this component is sharded over."""
-        if self.kind == PlacementKind.REPLICATE:
-            return 1
-        if self.kind == PlacementKind.FULL:
-            return dp
-        return self.group
-
-    def __str__(self) -> str:
-        return f"partial:{self.group}" if self.kind == PlacementKind.PARTIAL else str(self.kind)
-
-    @classmethod
-    def parse(cls, text: str | dict | Placement) -> Placement:
-        if isinstance(text, Placement):
-            return text
-        if isinstance(text, dict):
-            return cls(kind=text.get("kind", "replicate"), group=int(text.get("group", 1)))
-        kind, _, group = str(text).partition(":")
-        if kind not in PlacementKind.words():
-            raise SpecError(
-                f"a placement is replicate, full or partial:K (got {text!r})", "sharding"
-            )
-        if kind == PlacementKind.PARTIAL:
-            if not group.isdigit() or int(group) < 1:
-                raise SpecError(
-                    f"partial sharding needs a group size, e.g. partial:8 (got {text!r})",
-                    "sharding",
-                )
-            return cls(kind=PlacementKind.PARTIAL, group=int(group))
-        return cls(kind=PlacementKind(kind))
-
-
-@dataclass(frozen=True)
-class Sharding:
-    """Placement of parameters, gradients and optimizer states (AMSP's three choices)."""
-
-    params: Placement = field(default_factory=Placement)
-    grads: Placement = field(default_factory=Placement)
-    optim: Placement = field(default_factory=Placement)
-
-    def zero_stage(self) -> int | None:
-        """The ZeRO stage this equals when all sharded parts are fully sharded, else None."""
-        for stage in range(4):
-            if self == zero_preset(stage):
-                return stage
-        return None
-
-    def describe(self) -> str:
-        """The one text form: ``zero0``..``zero3`` for the presets, else
-        ``p=<placement>,g=<placement>,o=<placement>``; :meth:`parse` reads it back."""
-        stage = self.zero_stage()
-        if stage is not None:
-            return f"zero{stage}"
-        return f"p={self.params},g={self.grads},o={self.optim}"
-
-    def to_dict(self) -> dict[str, str]:
-        """Component -> placement text (the trace's and the manifest's form)."""
-        return {c: str(getattr(self, c)) for c in COMPONENTS}
-
-    @classmethod
-    def parse(cls, value: dict | str | int | Sharding) -> Sharding:
-        """Accept a ZeRO stage (``2``, ``"zero2"``), the text of :meth:`describe`
-        (``p=replicate,g=full,o=partial:8``; ``params=``.. too) or a mapping of component ->
-        placement."""
-        if isinstance(value, Sharding):
-            return value
-        if isinstance(value, int) and not isinstance(value, bool):
-            return zero_preset(value)
-        if isinstance(value, str):
-            if "=" in value:
-                return cls.parse(_components(value))
-            text = value.lower().removeprefix("zero").removeprefix("-")
-            if text.isdigit():
-                return zero_preset(int(text))
-            raise SpecError(f"sharding is a ZeRO stage 0-3 or a mapping (got {value!r})",
-                            "sharding")
-        if isinstance(value, dict):
-            unknown = set(value) - set(COMPONENTS)
-            if unknown:
-                raise SpecError(
-                    f"sharding has unknown component(s) {', '.join(sorted(unknown))} "
-                    f"(valid: {', '.join(COMPONENTS)})",
-                    "sharding",
-                )
-            return cls(**{k: Placement.parse(v) for k, v in value.items()})
-        raise SpecError(f"sharding is a ZeRO stage 0-3 or a mapping (got {value!r})", "sharding")
-
-
-def _components(text: str) -> dict[str, str]:
-    """``p=..,g=..,o=..`` (or long names) as a component -> placement mapping."""
-    parts = {}
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        key, sep, value = item.partition("=")
-        name = _SHORT.get(key, key)
-        if not sep or name not in COMPONENTS:
-            raise SpecError(f"sharding takes p=..,g=..,o=.. (got {item!r})", "sharding")
-        parts[name] = value
-    return parts
-
-
-@cache
-def zero_preset(stage: int) -> Sharding:
-    """ZeRO stage 0-3 (Rajbhandari et al. 2020) as an AMSP placement."""
-    full, rep = Placement(PlacementKind.FULL), Placement(PlacementKind.REPLICATE)
-    presets = {
-        0: Sharding(rep, rep, rep),
-        1: Sharding(rep, rep, full),
-        2: Sharding(rep, full, full),
-        3: Sharding(full, full, full),
-    }
-    if stage not in presets:
-        raise SpecError(f"zero stage must be 0, 1, 2 or 3 (got {stage})", "zero")
-    return presets[stage]
 
 
 def _knob(help: str, **meta: Any) -> dict:
@@ -265,8 +55,11 @@ class Layout:
     and give it its meaning (cost model, engine, rules below); docs/layout.md lists the rest.
     """
 
-    tp: int = field(default=1, metadata=_knob("tensor-parallel degree"))
-    pp: int = field(default=1, metadata=_knob("pipeline-parallel degree"))
+    # grid_open: a sweep's or study's space that does not list the knob leaves it to the
+    # planner's list (specs/space.py) rather than the default; written_with: the knob is
+    # written as part of another's text (the schedule's: interleaved:4).
+    tp: int = field(default=1, metadata=_knob("tensor-parallel degree", grid_open=True))
+    pp: int = field(default=1, metadata=_knob("pipeline-parallel degree", grid_open=True))
     dp: int = field(default=1, metadata=_knob("data-parallel degree"))
     micro_batch: int = field(default=1, metadata=_knob("sequences per micro-batch"))
     global_batch: int = field(default=1, metadata=_knob(
@@ -275,13 +68,15 @@ class Layout:
         "pipeline schedule (default 1f1b; interleaved when --virtual-stages > 1)",
         default_text=None))
     virtual_stages: int = field(default=1, metadata=_knob(
-        "model chunks per pipeline rank for the interleaved schedule"))
+        "model chunks per pipeline rank for the interleaved schedule", grid_open=True,
+        written_with="schedule"))
     sequence_parallel: bool = field(default=False, metadata=_knob(
         "shard norms and dropout over the TP ranks (needs tp >= 2)"))
     recompute: Recompute = field(default=Recompute.NONE, metadata=_knob(
         "activation recomputation"))
+    # search: what a space that leaves the knob open searches (specs/space.py).
     flash_attention: bool = field(default=True, metadata=_knob(
-        "model unfused attention (keeps the softmax scores)"))
+        "model unfused attention (keeps the softmax scores)", search=(True,)))
     dtype: DType = field(default=DType.BF16, metadata=_knob(
         "training precision", default_text=None))
     sharding: Sharding = field(default_factory=Sharding, metadata=_knob(
@@ -290,7 +85,16 @@ class Layout:
     engine: Engine = field(default=Engine.NATIVE, metadata=_knob(
         "training engine: native (PyTorch FSDP2 / tensor parallel / pipelining, flm bench's "
         "own), megatron (Megatron-LM) or deepspeed; each runs only what its rules allow",
-        new_knob=True))
+        new_knob=True, search=("native",)))
+    # FSDP's reshard_after_forward (PyTorch fully_shard; torchtitan's fsdp_reshard_after_forward,
+    # which turns it off under pipeline parallelism, where every micro-batch would gather the
+    # stage's parameters again): off keeps each layer's gathered parameters from its forward to
+    # its backward, one all-gather fewer per layer and micro-batch for the memory of a whole
+    # unsharded stage. It changes nothing where parameters are not sharded.
+    reshard_after_forward: bool = field(default=True, metadata=_knob(
+        "free sharded parameters after each layer's forward and gather them again in its "
+        "backward (FSDP's reshard_after_forward); off keeps them: more memory, less "
+        "communication", new_knob=True, search=(True,)))
 
     def __post_init__(self) -> None:
         if not isinstance(self.sharding, Sharding):
@@ -348,8 +152,6 @@ class Layout:
                 f"gradients at least as finely as parameters (got {self.sharding.describe()})",
                 "sharding",
             )
-        from frontier_llm.specs.engine_rules import check_engine
-
         check_engine(self)
 
     @property
@@ -367,8 +169,6 @@ class Layout:
 
     def check_model(self, model: ModelSpec) -> None:
         """Raise SpecError when ``model`` can not be split this way; the message names the rule."""
-        from frontier_llm.specs.pipeline_split import min_chunk_layers
-
         if model.heads % self.tp:
             raise SpecError(f"heads ({model.heads}) is not divisible by tp ({self.tp})", "tp")
         if model.kv_heads % self.tp and self.tp % model.kv_heads:
@@ -394,17 +194,30 @@ class Layout:
                 "parallelism",
                 "sequence_parallel",
             )
-        from frontier_llm.specs.engine_rules import check_engine
-
         check_engine(self, model)
 
     def stage_layers(self, model: ModelSpec) -> tuple[int, ...]:
         """Layers of each model chunk in pipeline order, split the way this layout's engine
         splits them (``specs/pipeline_split.py``), after :meth:`check_model`."""
-        from frontier_llm.specs.pipeline_split import stage_layers
-
         self.check_model(model)
-        return stage_layers(model.layers, self.pp, self.virtual_stages, self.engine, model)
+        return split_layers(model.layers, self.pp, self.virtual_stages, self.engine, model)
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks of the pipeline: pp stages, each holding virtual_stages of them."""
+        return self.pp * self.virtual_stages
+
+    def rank_chunks(self, pp_rank: int) -> list[int]:
+        """The chunks pipeline rank ``pp_rank`` holds, in execution order: chunk ``c`` of rank
+        ``r`` is global chunk ``c·pp + r`` (Narayanan et al. 2021's interleaving)."""
+        return [c * self.pp + pp_rank for c in range(self.virtual_stages)]
+
+    def chunk_layer_ids(self, model: ModelSpec, chunk: int) -> list[int]:
+        """The indices of the transformer layers global chunk ``chunk`` holds, by this layout's
+        engine's split (:meth:`stage_layers`)."""
+        counts = self.stage_layers(model)
+        start = sum(counts[:chunk])
+        return list(range(start, start + counts[chunk]))
 
     def check_world(self, world_size: int) -> None:
         if self.world_size != world_size:
@@ -460,6 +273,36 @@ def given_options(options: Any) -> dict:
     every field, and ``zero``, the sharding's ZeRO shorthand."""
     names = (*layout_types(), "zero")
     return {n: getattr(options, n) for n in names if getattr(options, n, None) is not None}
+
+
+def schedule_label(schedule: str, virtual_stages: int) -> str:
+    """The schedule with its interleaving, the one way it is written: ``1f1b``, ``gpipe``,
+    ``interleaved:4``."""
+    if str(schedule) == Schedule.INTERLEAVED:
+        return f"{Schedule.INTERLEAVED}:{int(virtual_stages)}"
+    return str(schedule)
+
+
+def row_schedule(row: Any) -> str:
+    """:func:`schedule_label` of a mapping or frame row holding the two fields."""
+    return schedule_label(str(row["schedule"]), int(row["virtual_stages"]))
+
+
+def parse_schedule_label(text: str) -> dict[str, Any]:
+    """``interleaved:4`` -> schedule and virtual_stages (the inverse of :func:`schedule_label`)."""
+    schedule, _, v = str(text).partition(":")
+    return {"schedule": schedule, "virtual_stages": int(v) if v else 1}
+
+
+def merge_schedule(lists: dict[str, Any]) -> dict[str, Any]:
+    """Value lists with the schedule and its interleaving depths as one list of labels
+    (``1f1b``, ``interleaved:2``, ``interleaved:4``): depth means something only interleaved,
+    so a study searches the two as one parameter."""
+    out = dict(lists)
+    schedules, depths = out.pop("schedule"), out.pop("virtual_stages") or [1]
+    out["schedule"] = [schedule_label(x, v) for x in schedules
+                       for v in (depths if x == Schedule.INTERLEAVED else [1])]
+    return out
 
 
 def complete_layout(values: dict) -> dict:

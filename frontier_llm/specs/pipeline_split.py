@@ -41,6 +41,7 @@ import math
 from functools import lru_cache
 
 from frontier_llm.errors import SpecError
+from frontier_llm.specs.engine_rules import rules_for
 from frontier_llm.specs.model import ModelSpec
 
 
@@ -52,8 +53,6 @@ def stage_layers(layers: int, pp: int, virtual_stages: int, engine: str,
     embedding and the head against one layer); without it both ends weigh one layer. A chunk may
     come out with 0 layers when there are too few; ``Layout.check_model`` refuses that.
     """
-    from frontier_llm.specs.engine_rules import rules_for
-
     rule = rules_for(engine).pipeline_split
     if layers < 1 or pp < 1 or virtual_stages < 1:
         raise SpecError(f"layers, pp and virtual_stages must be at least 1 "
@@ -77,8 +76,6 @@ def min_chunk_layers(model: ModelSpec, pp: int, virtual_stages: int, engine: str
     """The fewest layers any chunk gets (0: the layout is refused). Where the engine has no
     uneven split with interleaving (Megatron) the engine rule refuses the layout instead, so
     this reports the even floor split there."""
-    from frontier_llm.specs.engine_rules import rules_for
-
     chunks = pp * virtual_stages
     if virtual_stages > 1 and not rules_for(engine).uneven_interleaved:
         return model.layers // chunks

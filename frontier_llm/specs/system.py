@@ -57,6 +57,54 @@ class Efficiency:
 
 
 @dataclass(frozen=True)
+class Power:
+    """What a node draws while it trains, for energy estimates (docs/planner.md, "Planning an
+    allocation"): ``device_w`` is one GPU's rated board power (as the scheduler counts GPUs: an
+    MI250X GCD is half the package), ``host_w`` the rest of a node under load (CPUs, memory,
+    NICs, fans), ``utilisation`` the share of ``device_w`` a GPU draws on average while
+    training (an assumption, stated in ``source``). A node draws
+    ``utilisation · gpus_per_node · device_w + host_w``."""
+
+    device_w: float
+    host_w: float
+    utilisation: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.device_w > 0:
+            raise SpecError("power.device_w must be positive", "device_w")
+        if not self.host_w >= 0:
+            raise SpecError("power.host_w must not be negative", "host_w")
+        if not 0 < self.utilisation <= 1:
+            raise SpecError(
+                f"power.utilisation must be in (0, 1] (got {self.utilisation})", "utilisation"
+            )
+
+    def node_w(self, gpus_per_node: int) -> float:
+        return self.utilisation * gpus_per_node * self.device_w + self.host_w
+
+
+@dataclass(frozen=True)
+class PredictionError:
+    """The cost model's step-time error with this system's knobs on runs their fit did not see:
+    ``log_residuals`` are log(predicted / measured step time), one per held-out run
+    (``flm calibrate --from-runs`` writes its k-fold cross-validation's). The planner's
+    intervals read them (planner/intervals.py)."""
+
+    log_residuals: tuple[float, ...]
+    method: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        values = tuple(float(x) for x in self.log_residuals)
+        if not values:
+            raise SpecError(
+                "prediction_error.log_residuals needs at least one value", "log_residuals"
+            )
+        object.__setattr__(self, "log_residuals", values)
+
+
+@dataclass(frozen=True)
 class SystemSpec:
     """A homogeneous GPU system.
 
@@ -89,6 +137,10 @@ class SystemSpec:
     # What the centre requires of a batch job (partition, launcher, binding, modules, limits);
     # None: a plain SLURM cluster with no site rules (docs/sites.md).
     site: Site | None = None
+    # Power per device and per node with its source, for energy estimates (None: not stated).
+    power: Power | None = None
+    # A calibration's own held-out error (None: the planner uses the calibration rows').
+    prediction_error: PredictionError | None = None
 
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1:

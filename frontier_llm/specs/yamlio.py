@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from frontier_llm.errors import SpecError
+
+# The most nodes a YAML file may hold once its aliases are expanded. An alias names a node
+# again without copying it, so a 1 KB file of aliases of aliases stands for billions of values,
+# and anything that walks the data (the secret check, a sweep's expansion) would run for
+# ever. A sweep of thousands of layouts holds tens of thousands of nodes.
+MAX_NODES = 200_000
+# The largest YAML file read (a sweep, a study, a system): far above any real one.
+MAX_FILE_BYTES = 16 * 2**20
 
 
 class LineMap(dict):
@@ -62,7 +72,7 @@ def load_yaml(path: str | Path) -> Any:
 def read_text_file(path: Path) -> str:
     """The file's UTF-8 text; a missing, unreadable or non-text file is one SpecError line."""
     try:
-        data = path.read_bytes()
+        data = _read_regular(path)
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc.strerror}") from None
     try:
@@ -70,6 +80,19 @@ def read_text_file(path: Path) -> str:
     except UnicodeDecodeError as exc:
         raise SpecError(f"{path}: not a text file (invalid UTF-8 at byte {exc.start}); "
                         "expected YAML") from None
+
+
+def _read_regular(path: Path) -> bytes:
+    """A regular file's bytes, at most :data:`MAX_FILE_BYTES`: ``/dev/zero`` or a FIFO given
+    as a sweep file would otherwise be read until memory runs out, or forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SpecError(f"cannot read {path}: not a regular file")
+        data = fh.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise SpecError(f"cannot read {path}: larger than {MAX_FILE_BYTES // 2**20} MiB")
+    return data
 
 
 def loads_yaml(text: str, source: str = "<string>") -> Any:
@@ -81,7 +104,14 @@ def loads_yaml(text: str, source: str = "<string>") -> Any:
                         f"#x{exc.character:04x} at position {exc.position})") from None
     loader.name = source
     try:
-        return loader.get_single_data()
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_size(node, source)
+        return loader.construct_document(node)
+    except RecursionError:
+        # Nesting thousands deep ([[[[...]]]]): the composer recurses per level.
+        raise SpecError(f"{source}: invalid YAML: nested too deeply") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 0
@@ -94,3 +124,30 @@ def loads_yaml(text: str, source: str = "<string>") -> Any:
         raise SpecError(f"{source}: invalid YAML: {exc}") from None
     finally:
         loader.dispose()
+
+
+def _check_size(root: yaml.Node, source: str) -> None:
+    """Refuse a document whose nodes, aliases expanded, exceed :data:`MAX_NODES`: counted
+    without expanding them (each node's size once, from its children's), in time linear in the
+    file."""
+    size: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in size:
+            continue
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            size[id(node)] = 1
+            continue
+        if children_done:
+            size[id(node)] = 1 + sum(size[id(c)] for c in children)
+            if size[id(node)] > MAX_NODES:
+                raise SpecError(f"{source}: more than {MAX_NODES} YAML values once its aliases "
+                                "are expanded (an alias bomb?); refused before reading it")
+        else:
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in size)

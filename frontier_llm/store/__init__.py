@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from frontier_llm.errors import UserError
 from frontier_llm.store import migrate
-from frontier_llm.store.url import parse_url, redact, resolve_url
+from frontier_llm.store.url import parse_url, redact, redact_text, resolve_url, url_password
 
 __all__ = ["SCHEMA_VERSION", "Store", "connect", "open_existing", "open_store", "redact",
            "resolve_url"]
@@ -135,7 +135,7 @@ def _connect_error(url_redacted: str, password: str | None, exc: Exception) -> U
     detail = (str(orig).strip().splitlines() or ["unknown error"])[0]
     if password:
         detail = detail.replace(password, "***")
-    return UserError(f"cannot open database {url_redacted}: {detail}")
+    return UserError(f"cannot open database {url_redacted}: {redact_text(detail)}")
 
 
 def connect(url: str | None = None) -> Store:
@@ -157,7 +157,7 @@ def connect(url: str | None = None) -> Store:
             "(use sqlite:///PATH or postgresql://...)"
         )
     store = Store(engine, shown)
-    store._password = parsed.password  # only to scrub it from driver messages
+    store._password = url_password(parsed)  # only to scrub it from driver messages
     return store
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from frontier_llm.specs.forms import ALWAYS_SHOWN, shown_columns
 from frontier_llm.specs.layout import Engine
+from frontier_llm.specs.vocab import RunStatus
 from frontier_llm.store.schema import LAYOUT_COLUMNS
 
 BASELINE = Engine.NATIVE.value
@@ -21,8 +23,6 @@ BASELINE = Engine.NATIVE.value
 # any other engine (megatron, from traces written elsewhere) joins when it has runs.
 SHOWN_ENGINES = (Engine.NATIVE.value, Engine.DEEPSPEED.value)
 LAYOUT_KEY = ("model", "system", "world_size", *(c for c in LAYOUT_COLUMNS if c != "engine"))
-# The key columns a table shows always; the others only where they differ between rows.
-TABLE_KEY = ("model", "system", "tp", "pp", "dp", "micro_batch", "global_batch", "sharding")
 # (measure, run column, how runs of one layout and engine are summarised)
 RESULT_MEASURES = (("step_time_s", "step_time_s", "median"),
                    ("tokens_per_s_per_gpu", "tokens_per_s_per_gpu", "median"),
@@ -74,7 +74,7 @@ def compare_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per layout from ``runs_frame`` (completed runs only, ``final_loss`` optional):
     per engine the runs, median step time, tokens/s per GPU, peak memory and final loss; then
     each other engine's step time, tokens/s per GPU and peak memory over native's."""
-    runs = runs[runs["status"] == "completed"].copy()
+    runs = runs[runs["status"] == RunStatus.COMPLETED].copy()
     runs["tokens_per_s_per_gpu"] = (runs["tokens_per_s"].astype(float)
                                     / runs["world_size"].astype(float))
     runs["peak_memory_bytes"] = runs["peak_memory_bytes"].astype(float)
@@ -119,8 +119,7 @@ def table_view(wide: pd.DataFrame, labels: dict[str, tuple[str, float, int]]) ->
     RESULT_LABELS or VALIDATION_LABELS): the main key columns (and any other key column whose
     value differs between rows), then under each engine its measures, then under
     ``<engine>/native`` the ratios; memory in MiB, figures rounded, blanks for no value."""
-    shown = [c for c in LAYOUT_KEY if c in TABLE_KEY or (
-        c not in ("world_size", "zero_stage") and wide[c].astype(str).nunique() > 1)]
+    shown = ["model", "system", *shown_columns(wide, always=(*ALWAYS_SHOWN, "global_batch"))]
     columns: dict[tuple[str, str], pd.Series] = {("", c): wide[c] for c in shown}
     engines = [e.value for e in Engine if f"{e.value}_runs" in wide]
     for engine in engines:

@@ -8,8 +8,13 @@ Properties the rest of the system relies on:
   memory rows are replaced.
 - One transaction per batch of files: a crash loses at most the batch in flight, and a re-run
   picks it up (nothing is marked "done" outside the database).
-- Bad files do not stop the rest: a file that is not JSON or breaks the trace schema moves to a
-  quarantine folder (``<DIR>/quarantine/`` by default) beside ``<file>.reason.txt``.
+- Bad files do not stop the rest: a file that is not JSON, breaks the trace schema, holds a
+  value the database cannot store (an integer beyond 64 bits, NaN, a lone surrogate, a date out
+  of range, nesting too deep), is larger than ``MAX_TRACE_BYTES``, or claims a ``run_id``
+  already stored from another file moves to a quarantine folder (``<DIR>/quarantine/`` by
+  default) beside ``<file>.reason.txt``. Only regular files are read (a FIFO or a device named
+  ``*.trace.json`` is skipped with a warning: reading it would hang or never end), and only
+  regular files inside the collected folder are moved (a symlink stays, and so does its target).
 - Two collectors at once neither duplicate nor lose rows. Every write is an upsert
   (``INSERT ... ON CONFLICT``) on a unique key, so the database decides who inserts a row; the
   run upsert only touches a row whose digest differs and returns the rows it wrote, and only
@@ -23,8 +28,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
+import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +42,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError, StatementError
 
 from frontier_llm.bench.trace import TRACE_SUFFIX, TraceError
 from frontier_llm.errors import UserError
@@ -52,6 +59,10 @@ from frontier_llm.store.schema import (
 from frontier_llm.store.schema_check import validate_trace_fast
 
 QUARANTINE_DIR = "quarantine"
+# The largest trace file read (docs/store.md): a trace of 100,000 steps is about 10 MB.
+MAX_TRACE_BYTES = 64 * 2**20
+# What a database column holds: a signed 64-bit integer (SQLite INTEGER, PostgreSQL BIGINT).
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 REASON_SUFFIX = ".reason.txt"
 DEFAULT_BATCH = 500
 MAX_ATTEMPTS = 8
@@ -86,6 +97,12 @@ class IngestReport:
     retries: int = 0
     seconds: float = 0.0
 
+    def summary(self, where: str) -> str:
+        """What was stored, in a sentence (``where``: the database, its password hidden)."""
+        return (f"collected {self.seen} trace files into {where}: {self.inserted} new, "
+                f"{self.updated} updated, {self.unchanged} unchanged, "
+                f"{len(self.quarantined)} quarantined ({self.seconds:.2f} s)")
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "seen": self.seen, "inserted": self.inserted, "updated": self.updated,
@@ -108,11 +125,13 @@ def find_traces(dirs: Iterable[str | Path], quarantine: str | Path | None = None
     """``(trace file, the DIR it was found under)`` for every ``*.trace.json`` below ``dirs``,
     in a stable order, skipping quarantine folders."""
     skip = Path(quarantine).resolve() if quarantine else None
-    out: dict[Path, Path] = {}
+    # Keyed by the file's real path (one file reached twice is read once); the path as found is
+    # kept, so that a quarantine moves the link that was found, never the file it points to.
+    out: dict[Path, tuple[Path, Path]] = {}
     for d in dirs:
         root = Path(d)
         if root.is_file():
-            out.setdefault(root.resolve(), root.parent)
+            out.setdefault(root.resolve(), (root, root.parent))
             continue
         if not root.is_dir():
             raise UserError(f"collect: {root} is not a folder or a trace file")
@@ -123,8 +142,8 @@ def find_traces(dirs: Iterable[str | Path], quarantine: str | Path | None = None
             real = path.resolve()
             if skip is not None and real.is_relative_to(skip):
                 continue
-            out.setdefault(real, root)
-    return sorted(out.items())
+            out.setdefault(real, (path, root))
+    return [out[k] for k in sorted(out)]
 
 
 def quarantine_file(path: Path, root: Path, reason: str, folder: str | Path | None = None,
@@ -132,31 +151,107 @@ def quarantine_file(path: Path, root: Path, reason: str, folder: str | Path | No
     """Move ``path`` into the quarantine folder with ``<name>.reason.txt`` beside it.
 
     Returns the new path, or None when the file was gone (another collector moved it first).
+    Raises :class:`NotMoved` for what is not moved: a symbolic link (moving its target would
+    take a file out of a folder that was not collected), anything but a regular file, a file
+    outside the collected folder ``root``, or a default quarantine folder that is a link.
     """
-    dest_dir = Path(folder) if folder else root / QUARANTINE_DIR
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    dest = dest_dir / path.name
-    n = 0
-    while dest.exists():
-        n += 1
-        dest = dest_dir / f"{path.name}.{n}"
     try:
-        os.replace(path, dest)  # same file system (the default folder is beside the file)
+        info = os.lstat(path)
     except FileNotFoundError:
         return None
-    except OSError:
-        import shutil
-
+    if stat.S_ISLNK(info.st_mode):
+        raise NotMoved("a symbolic link: left where it is (its target is not moved)")
+    if not stat.S_ISREG(info.st_mode):
+        raise NotMoved("not a regular file: left where it is")
+    root_real = Path(root).resolve()
+    if not Path(path).parent.resolve().is_relative_to(root_real):
+        raise NotMoved(f"outside the collected folder {root}: left where it is")
+    dest_dir = Path(folder) if folder else Path(root) / QUARANTINE_DIR
+    if not folder and dest_dir.is_symlink():
+        raise NotMoved(f"{dest_dir} is a symbolic link: nothing moved into it")
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    n = 0
+    while True:
+        dest = dest_dir / (path.name if n == 0 else f"{path.name}.{n}")
         try:
-            shutil.move(str(path), str(dest))
+            # A hard link fails if dest exists (planted or another collector's): never
+            # overwritten, and the file stays whole in one of the two places.
+            os.link(path, dest, follow_symlinks=False)
+            break
+        except FileExistsError:
+            n += 1
         except FileNotFoundError:
             return None
+        except OSError:  # another file system (--quarantine elsewhere): copy, then remove
+            import shutil
+
+            if dest.exists() or dest.is_symlink():
+                n += 1
+                continue
+            shutil.copy2(path, dest, follow_symlinks=False)
+            break
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        # Another collector moved it first: its copy stands, ours goes.
+        dest.unlink(missing_ok=True)
+        return None
     stamp = datetime.now(UTC).isoformat(timespec="seconds")
-    Path(f"{dest}{REASON_SUFFIX}").write_text(
-        f"{reason}\noriginal path: {path}\nquarantined at: {stamp} by flm collect (pid "
-        f"{os.getpid()})\n"
-    )
+    _write_new(Path(f"{dest}{REASON_SUFFIX}"),
+               f"{reason}\noriginal path: {path}\nquarantined at: {stamp} by flm collect (pid "
+               f"{os.getpid()})\n")
     return dest
+
+
+class NotMoved(Exception):
+    """A file to quarantine that is left in place, with why."""
+
+
+def _write_new(path: Path, text: str) -> None:
+    """Create ``path`` (never through a link planted there, never over an existing file)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
+def read_trace_file(path: Path) -> bytes | None:
+    """The bytes of a regular trace file of at most :data:`MAX_TRACE_BYTES`; None for a file
+    that is gone. Raises :class:`NotRegular` for a FIFO, device or socket (opened without
+    blocking, so a FIFO with no writer does not hang the collector) and :class:`TooLarge`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegular("not a regular file (a FIFO, device or socket): skipped, not read")
+        if info.st_size > MAX_TRACE_BYTES:
+            raise TooLarge(f"larger than {MAX_TRACE_BYTES // 2**20} MiB "
+                           f"({info.st_size} bytes); not read")
+        chunks, left = [], MAX_TRACE_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:  # it grew while read
+            raise TooLarge(f"larger than {MAX_TRACE_BYTES // 2**20} MiB; not read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+class NotRegular(Exception):
+    """A ``*.trace.json`` that is not a regular file."""
+
+
+class TooLarge(Exception):
+    """A trace file above :data:`MAX_TRACE_BYTES`."""
 
 
 # --- turning one trace into rows -------------------------------------------------------------
@@ -166,10 +261,11 @@ def _utc(text: str | None, field_name: str) -> datetime | None:
         return None
     try:
         value = datetime.fromisoformat(text)
-    except ValueError:
-        raise RowError(f"{field_name} {text!r} is not an ISO 8601 time") from None
-    # The trace's times are UTC by contract; a time without an offset is read as UTC.
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        # The trace's times are UTC by contract; a time without an offset is read as UTC.
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except (ValueError, OverflowError):
+        # OverflowError: 0001-01-01T00:00:00+01:00 is before the first representable UTC time.
+        raise RowError(f"{field_name} {text[:40]!r} is not an ISO 8601 time in range") from None
 
 
 @lru_cache(maxsize=4096)
@@ -271,23 +367,35 @@ def _write_predictions(conn: Connection, preds: dict[tuple[int, str], dict]) -> 
     conn.execute(stmt, [preds[k] for k in sorted(preds)])
 
 
-def _write_runs(conn: Connection, runs: list[dict]) -> tuple[dict[str, int], set[str]]:
-    """Upsert run rows; returns ({run_id: pk} of rows written, run_ids that existed before)."""
+def _write_runs(conn: Connection, runs: list[dict]
+                ) -> tuple[dict[str, int], set[str], dict[str, str]]:
+    """Upsert run rows; returns ({run_id: pk} of rows written, run_ids that existed before,
+    {run_id: stored trace path} of those refused because another file holds them)."""
     ids = [r["run_id"] for r in runs]
-    before = set(conn.execute(
-        select(flm_runs.c.run_id)
+    stored = dict(conn.execute(
+        select(flm_runs.c.run_id, flm_runs.c.trace_path)
         .where(flm_runs.c.run_id.in_(bindparam("ids", expanding=True))), {"ids": ids},
-    ).scalars())
+    ).all())
+    # A run is replaced only by a newer version of its own file (more steps): a trace from
+    # another path with the same run_id (a copy edited, a name reused) would silently take
+    # the stored run's place.
+    conflicts = {r["run_id"]: stored[r["run_id"]] for r in runs
+                 if r["run_id"] in stored and stored[r["run_id"]] != r["trace_path"]}
+    runs = [r for r in runs if r["run_id"] not in conflicts]
+    if not runs:
+        return {}, set(stored), conflicts
     stmt = _insert(conn, flm_runs)
     cols = [c.name for c in flm_runs.columns if c.name not in ("id", "run_id")]
     stmt = stmt.on_conflict_do_update(
         index_elements=["run_id"],
         set_={c: stmt.excluded[c] for c in cols},
         # Equal digest: the stored run already is this file; leave it (and report unchanged).
-        where=flm_runs.c.trace_digest != stmt.excluded.trace_digest,
+        # Another path (stored meanwhile by another collector): leave it too.
+        where=(flm_runs.c.trace_digest != stmt.excluded.trace_digest)
+        & (flm_runs.c.trace_path == stmt.excluded.trace_path),
     ).returning(flm_runs.c.run_id, flm_runs.c.id)
     written = dict(conn.execute(stmt, runs).all())
-    return written, before
+    return written, set(stored), conflicts
 
 
 def _bulk_insert(conn: Connection, table: Table, rows: list[dict]) -> None:
@@ -306,8 +414,9 @@ def _bulk_insert(conn: Connection, table: Table, rows: list[dict]) -> None:
             copy.write_row([row.get(c) for c in cols])
 
 
-def _write_batch(conn: Connection, rows: list[TraceRows]) -> tuple[int, int]:
-    """All rows of one batch in the caller's transaction; returns (inserted, updated)."""
+def _write_batch(conn: Connection, rows: list[TraceRows]) -> tuple[int, int, dict[str, str]]:
+    """All rows of one batch in the caller's transaction; returns (inserted, updated,
+    {run_id: stored path} of the runs refused because another file holds their run_id)."""
     layouts = {r.layout["layout_hash"]: r.layout for r in rows}
     layout_ids = _layout_ids(conn, layouts)
     preds: dict[tuple[int, str], dict] = {}
@@ -319,9 +428,9 @@ def _write_batch(conn: Connection, rows: list[TraceRows]) -> tuple[int, int]:
                              {**r.prediction, "layout_id": lid})
         runs.append({**r.run, "layout_id": lid})
     _write_predictions(conn, preds)
-    written, before = _write_runs(conn, runs)
+    written, before, conflicts = _write_runs(conn, runs)
     if not written:
-        return 0, 0
+        return 0, 0, conflicts
     replaced = [written[i] for i in written if i in before]
     if replaced:
         for table in (flm_steps, flm_rank_memory):
@@ -334,7 +443,7 @@ def _write_batch(conn: Connection, rows: list[TraceRows]) -> tuple[int, int]:
               for m in by_id[rid].memory]
     _bulk_insert(conn, flm_steps, steps)
     _bulk_insert(conn, flm_rank_memory, memory)
-    return len(written) - len(replaced), len(replaced)
+    return len(written) - len(replaced), len(replaced), conflicts
 
 
 def _retryable(exc: DBAPIError) -> bool:
@@ -345,7 +454,8 @@ def _retryable(exc: DBAPIError) -> bool:
     return code in ("40P01", "40001")  # deadlock_detected, serialization_failure
 
 
-def write_with_retry(store: Store, rows: list[TraceRows], report: IngestReport) -> tuple[int, int]:
+def write_with_retry(store: Store, rows: list[TraceRows], report: IngestReport
+                     ) -> tuple[int, int, dict[str, str]]:
     for attempt in range(1, MAX_ATTEMPTS + 1):
         try:
             with store.write() as conn:
@@ -408,38 +518,126 @@ def _parse(item: tuple[Path, Path, bytes, str]) -> tuple[TraceRows | None, str]:
     path, _, data, digest = item
     try:
         try:
-            trace = json.loads(data)
+            trace = json.loads(data, parse_constant=_no_constant, parse_int=_int64,
+                               parse_float=_finite)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise TraceError(f"not valid JSON: {exc}") from None
+        except RecursionError:
+            raise TraceError("not valid JSON: nested too deeply") from None
+        if b"\\ud" in data or b"\\uD" in data:  # an escaped surrogate: is each one paired?
+            try:
+                json.dumps(trace, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:
+                raise RowError("a string holds a lone surrogate (not UTF-8)") from None
         validate_trace_fast(trace)
-        return trace_rows(trace, path, digest), ""
+        return trace_rows(trace, path.resolve(), digest), ""
     except (TraceError, RowError) as exc:
         return None, str(exc)
+    except (ValueError, TypeError, KeyError, OverflowError, RecursionError) as exc:
+        # What the schema lets through and the rows still cannot hold: this file's problem,
+        # never the batch's.
+        return None, f"cannot be stored: {type(exc).__name__}: {str(exc)[:200]}"
+
+
+def _no_constant(name: str) -> Any:
+    raise TraceError(f"not valid JSON: {name} is not a number JSON allows")
+
+
+def _int64(text: str) -> int:
+    """An integer of the trace, refused beyond what a database column holds (64 bits)."""
+    value = int(text)
+    if not _INT_MIN <= value <= _INT_MAX:
+        raise RowError(f"integer {text[:30]} is out of the 64-bit range")
+    return value
+
+
+def _finite(text: str) -> float:
+    """A float of the trace, refused when it does not fit one (1e400 would be infinity)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise RowError(f"number {text[:30]} is out of range")
+    return value
+
+
+def _row_problem(exc: BaseException) -> bool:
+    """Whether a write failed for its rows' values (then one row at a time finds the file),
+    not for the database (locked, full, read-only: those stop the collector)."""
+    if isinstance(exc, IntegrityError | DataError):
+        return True
+    if isinstance(exc, StatementError) and not isinstance(exc, OperationalError):
+        return isinstance(exc.orig, OverflowError | UnicodeError | ValueError | TypeError)
+    return isinstance(exc, OverflowError | UnicodeError | ValueError | TypeError)
+
+
+def _write_rows(store: Store, rows: list[TraceRows], report: IngestReport
+                ) -> tuple[int, int, dict[str, str], dict[str, str]]:
+    """Write a batch; where it fails for a row's values, write the rows one by one and return
+    those that fail with the reason: (inserted, updated, conflicts, {run_id: reason})."""
+    try:
+        return (*write_with_retry(store, rows, report), {})
+    except Exception as exc:
+        if not _row_problem(exc):
+            raise
+    inserted = updated = 0
+    conflicts: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    for row in rows:
+        try:
+            i, u, c = write_with_retry(store, [row], report)
+        except Exception as exc:
+            if not _row_problem(exc):
+                raise
+            failed[row.run["run_id"]] = ("cannot be stored: "
+                                         f"{str(getattr(exc, 'orig', exc)).splitlines()[0][:200]}")
+            continue
+        inserted, updated = inserted + i, updated + u
+        conflicts.update(c)
+    return inserted, updated, conflicts, failed
+
+
+def _set_aside(path: Path, root: Path, reason: str, quarantine: str | Path | None,
+               report: IngestReport) -> bool:
+    """Quarantine one file with its reason; True when it was moved."""
+    try:
+        dest = quarantine_file(path, root, reason, quarantine)
+    except NotMoved as exc:
+        report.warnings.append(f"{path}: {reason}; {exc}")
+        return False
+    if dest is None:
+        report.vanished += 1
+        return False
+    report.quarantined.append((str(dest), reason))
+    return True
 
 
 def _collect_batch(store: Store, chunk: list[tuple[Path, Path]], quarantine: str | Path | None,
                    report: IngestReport) -> tuple[int, int, int, int]:
     raw: list[tuple[Path, Path, bytes, str]] = []
+    nquarantined = 0
     for path, root in chunk:
         try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+            data = read_trace_file(path)
+        except NotRegular as exc:
+            report.warnings.append(f"{path}: {exc}")
+            continue
+        except TooLarge as exc:
+            nquarantined += _set_aside(path, root, str(exc), quarantine, report)
+            continue
+        except OSError as exc:
+            report.warnings.append(f"{path}: cannot be read: {exc.strerror}; skipped")
+            continue
+        if data is None:
             report.vanished += 1
             continue
         raw.append((path, root, data, hashlib.sha256(data).hexdigest()))
     known = _known_digests(store, sorted({d for *_, d in raw}))
     unchanged = sum(1 for *_, d in raw if d in known)
     rows: dict[str, TraceRows] = {}
-    nquarantined = 0
+    where: dict[str, tuple[Path, Path]] = {}
     todo = [item for item in raw if item[3] not in known]
     for (path, root, _, _), (row, error) in zip(todo, map(_parse, todo), strict=True):
         if row is None:
-            dest = quarantine_file(path, root, error, quarantine)
-            if dest is None:
-                report.vanished += 1
-            else:
-                report.quarantined.append((str(dest), error))
-                nquarantined += 1
+            nquarantined += _set_aside(path, root, error, quarantine, report)
             continue
         rid = row.run["run_id"]
         if rid in rows:
@@ -447,11 +645,21 @@ def _collect_batch(store: Store, chunk: list[tuple[Path, Path]], quarantine: str
                 f"run_id {rid} is in two files: {rows[rid].path} and {path}; kept {path}")
             unchanged += 1
         rows[rid] = row
+        where[rid] = (path, root)
     inserted = updated = 0
+    conflicts: dict[str, str] = {}
+    failed: dict[str, str] = {}
     if rows:
-        inserted, updated = write_with_retry(store, list(rows.values()), report)
+        inserted, updated, conflicts, failed = _write_rows(store, list(rows.values()), report)
+    for rid, stored in sorted(conflicts.items()):
+        path, root = where[rid]
+        nquarantined += _set_aside(
+            path, root, f"run_id {rid} is already stored from {stored}; not replaced (a run is "
+            "updated only from its own file)", quarantine, report)
+    for rid, reason in sorted(failed.items()):
+        nquarantined += _set_aside(*where[rid], reason, quarantine, report)
     # Rows the database already held with this digest (another collector got there first).
-    contended = len(rows) - inserted - updated
+    contended = len(rows) - inserted - updated - len(conflicts) - len(failed)
     report.contended += contended
     unchanged += contended
     report.inserted += inserted

@@ -7,7 +7,9 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import and_, func, literal, select
 
+from frontier_llm.specs.forms import key_columns
 from frontier_llm.specs.layout import Layout, layout_types
+from frontier_llm.specs.vocab import RunStatus
 from frontier_llm.store import Store
 from frontier_llm.store.schema import (
     LAYOUT_COLUMNS,
@@ -116,7 +118,7 @@ def validated_runs(runs: pd.DataFrame) -> pd.DataFrame:
     the signed errors ``step_time_error_pct`` and ``memory_error_pct`` added:
     ``(predicted - measured) / measured * 100``, positive when the model predicted too slow /
     too much memory."""
-    df = runs[(runs["status"] == "completed") & runs["predicted_costmodel_version"].notna()]
+    df = runs[(runs["status"] == RunStatus.COMPLETED) & runs["predicted_costmodel_version"].notna()]
     return df.assign(
         step_time_error_pct=_ape(df["predicted_step_time_s"], df["step_time_s"]),
         memory_error_pct=_ape(df["predicted_peak_memory_bytes"], df["peak_memory_bytes"]))
@@ -128,11 +130,8 @@ def validation_frame(store: Store, sweep: str | None = None,
     (signed errors as :func:`validated_runs` computes them)."""
     df = validated_runs(runs_frame(store, sweep, costmodel_version))
     out = pd.DataFrame({
-        "run_id": df["run_id"], "system": df["system"], "engine": df["engine"],
-        "model": df["model"], "tp": df["tp"], "pp": df["pp"], "dp": df["dp"],
-        "micro_batch": df["micro_batch"],
-        "global_batch": df["global_batch"], "sharding": df["sharding"],
-        "costmodel_version": df["predicted_costmodel_version"],
+        "run_id": df["run_id"], **{c: df[c] for c in key_columns(df)},
+        "world_size": df["world_size"], "costmodel_version": df["predicted_costmodel_version"],
         "measured_step_time_s": df["step_time_s"],
         "predicted_step_time_s": df["predicted_step_time_s"],
         "step_time_error_pct": df["step_time_error_pct"],

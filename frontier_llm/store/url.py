@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -13,6 +14,19 @@ from frontier_llm.errors import UserError
 
 ENV_VAR = "FLM_DB"
 DEFAULT_FILE = "flm.db"
+
+# A password given as a key=value pair: in a URL's query string (?password=..&) or in a libpq
+# keyword string (host=db password='it s' dbname=flm). The value runs to the next & or blank,
+# or is a quoted string (libpq's quoting: '...' with \' inside).
+_PASSWORD_PAIR = re.compile(
+    r"(?P<key>(?:^|(?<=[\s?&;]))(?:password|passwd|pass)\s*=\s*)"
+    r"(?P<value>'(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|[^\s&]*)",
+    re.IGNORECASE)
+# The start of a libpq keyword string: a word, then "=" (``host=db dbname=flm``).
+_KEYWORD_FORM = re.compile(r"^\s*[A-Za-z_]+\s*=")
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]*")
+_BAD_URL = ("--db: not a database URL (expected sqlite:///PATH or postgresql://USER@HOST/NAME; "
+            "the text is not repeated here because it may hold a password)")
 
 
 def resolve_url(explicit: str | None = None) -> str:
@@ -26,6 +40,13 @@ def resolve_url(explicit: str | None = None) -> str:
     text = text.strip()
     if not text:
         return f"sqlite:///{Path.cwd() / DEFAULT_FILE}"
+    if "://" not in text and _KEYWORD_FORM.match(text):
+        # Taken as a file path, "host=db password=..." became a SQLite file named with the
+        # password, in the working folder, for anyone listing it to read.
+        raise UserError("--db: a libpq keyword string (host=... dbname=...) is not accepted; "
+                        "write postgresql://USER@HOST:PORT/NAME and keep the password in "
+                        "$PGPASSWORD or ~/.pgpass (the text is not repeated here because it may "
+                        "hold a password)")
     if "://" not in text:
         return f"sqlite:///{Path(text).expanduser().resolve()}"
     url = parse_url(text)
@@ -48,40 +69,72 @@ def parse_url(text: str) -> URL:
         if not sep or not at:
             return make_url(text)
         url = make_url(f"{scheme}://{hostpart}")
-    except ArgumentError:
-        raise UserError(
-            "--db: not a database URL (expected sqlite:///PATH or postgresql://USER@HOST/NAME; "
-            "the text is not repeated here because it may hold a password)"
-        ) from None
+    except (ArgumentError, ValueError):
+        # ValueError: a port that is not a number (SQLAlchemy's int() of it).
+        raise UserError(_BAD_URL) from None
     user, colon, password = cred.partition(":")
     return url.set(username=unquote(user) or None,
                    password=unquote(password) if colon else None)
 
 
 def redact(url: str | URL) -> str:
-    """The URL with its password replaced by ``***``; safe for logs and error messages.
+    """The URL with every password replaced by ``***``; safe for logs and error messages.
 
-    A string is cut at its last ``@`` whatever the password holds (``@``, ``:``, ``/``, ``%``);
-    anything that is not a URL with credentials comes back as it is only when it has no ``@``.
+    The one redaction for every form a database URL takes: the password of the credentials
+    (``user:PASSWORD@host``; a string is cut at its last ``@`` whatever the password holds:
+    ``@``, ``:``, ``/``, ``%``), a ``password=`` pair in the query string, and a libpq keyword
+    string (``host=db password='a b'``). Text with none of these comes back as it is.
     """
     if isinstance(url, URL):
-        return url.render_as_string(hide_password=True)
+        # SQLAlchemy hides the credentials' password but prints the query string as it is.
+        return _redact_pairs(url.render_as_string(hide_password=True))
     scheme, sep, rest = url.partition("://")
     cred, at, host = _split_credentials(rest)
     if not at:
-        return url
+        return _redact_pairs(url)
     user, colon, _ = cred.partition(":")
     if not sep:
-        return "***@" + host
-    return f"{scheme}://{user}:***@{host}" if colon else f"{scheme}://{user}@{host}"
+        return "***@" + _redact_pairs(host)
+    shown = f"{scheme}://{user}:***@{host}" if colon else f"{scheme}://{user}@{host}"
+    return _redact_pairs(shown)
+
+
+def redact_text(text: str) -> str:
+    """A message (a driver's or library's error) with each URL in it redacted by
+    :func:`redact` and every ``password=`` pair hidden; the rest as it is."""
+    return _redact_pairs(_URL_IN_TEXT.sub(lambda m: redact(m.group(0)), text))
+
+
+def password_pairs(text: str) -> list[str]:
+    """The values of the ``password=`` pairs in ``text`` (query string or keyword string),
+    quotes removed: what :func:`redact` hides besides the credentials' password."""
+    return [m.group("value").strip("'\"") for m in _PASSWORD_PAIR.finditer(text)]
+
+
+def _redact_pairs(text: str) -> str:
+    return _PASSWORD_PAIR.sub(lambda m: f"{m.group('key')}***", text)
+
+
+def url_password(url: URL) -> str | None:
+    """The password a parsed URL carries (credentials or query string), to scrub it from a
+    driver's messages."""
+    if url.password:
+        return str(url.password)
+    value = next((v for k, v in url.query.items() if k.lower() in ("password", "passwd")), None)
+    if isinstance(value, tuple):
+        value = value[0] if value else None
+    return value or None
 
 
 def has_password(text: str) -> bool:
-    """Whether ``text`` is a URL (``scheme://``) whose credentials hold a password: the test
-    :func:`redact` applies, so what it would hide is what callers refuse to copy elsewhere."""
+    """Whether ``text`` is a URL (``scheme://``) that holds a password, in its credentials or
+    as a query-string ``password=``: what :func:`redact` would hide is what callers refuse to
+    copy elsewhere."""
     scheme, sep, rest = text.partition("://")
     if not sep or not scheme:
         return False
+    if any(password_pairs(rest)):
+        return True
     cred, at, _ = _split_credentials(rest)
     return bool(at) and ":" in cred
 

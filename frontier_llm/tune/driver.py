@@ -33,6 +33,7 @@ from frontier_llm.jobs.slurm import SlurmClient
 from frontier_llm.jobs.state import SweepJobs
 from frontier_llm.jobs.sweepdir import load_manifest, render_sweep
 from frontier_llm.specs.identity import layout_hash
+from frontier_llm.specs.vocab import RunStatus
 from frontier_llm.store import Store
 from frontier_llm.store.schema import flm_jobs, flm_layouts, flm_runs, flm_sweeps
 from frontier_llm.tune import optuna_study as osx
@@ -113,7 +114,8 @@ class Tuner:
             rows = [dict(r) for r in conn.execute(
                 select(flm_runs, flm_layouts.c.layout_hash)
                 .join(flm_layouts, flm_layouts.c.id == flm_runs.c.layout_id)
-                .where(and_(flm_runs.c.sweep_name == sweep, flm_runs.c.status == "completed",
+                .where(and_(flm_runs.c.sweep_name == sweep,
+                            flm_runs.c.status == RunStatus.COMPLETED.value,
                             flm_runs.c.steps_measured == self.sf.probe.spec.steps))
                 .order_by(flm_runs.c.id)).mappings()]
         first: dict[str, dict[str, Any]] = {}

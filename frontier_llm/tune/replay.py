@@ -14,6 +14,7 @@ from pathlib import Path
 import optuna
 import pandas as pd
 
+from frontier_llm.specs.vocab import RunStatus
 from frontier_llm.tune import optuna_study as osx
 from frontier_llm.tune.space import Candidates
 
@@ -26,7 +27,7 @@ def values_by_key(table: pd.DataFrame) -> dict[str, float | None]:
     """Measured throughput per GPU of each point; None where the run did not complete."""
     out: dict[str, float | None] = {}
     for _, r in table.iterrows():
-        ok = r["status"] == "completed" and pd.notna(r["throughput_per_gpu"])
+        ok = r["status"] == RunStatus.COMPLETED and pd.notna(r["throughput_per_gpu"])
         out[r["key"]] = float(r["throughput_per_gpu"]) if ok else None
     return out
 

@@ -10,6 +10,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from frontier_llm.errors import UserError
+from frontier_llm.specs.forms import bench_command
+from frontier_llm.specs.layout import Layout
 from frontier_llm.tune import optuna_study as osx
 
 
@@ -114,23 +116,8 @@ def best_document(study: optuna.Study) -> dict[str, Any]:
 
 
 def _bench_argv(layout: dict[str, Any], bench_args: dict[str, Any]) -> str:
-    sh = layout.get("sharding") or {}
-    zero = {("replicate", "replicate", "replicate"): 0, ("replicate", "replicate", "full"): 1,
-            ("replicate", "full", "full"): 2, ("full", "full", "full"): 3}.get(
-        (sh.get("params"), sh.get("grads"), sh.get("optim")))
-    argv = [f"--tp {layout['tp']}", f"--pp {layout['pp']}", f"--dp {layout['dp']}",
-            f"--micro-batch {layout['micro_batch']}", f"--global-batch {layout['global_batch']}",
-            f"--schedule {layout['schedule']}", f"--virtual-stages {layout['virtual_stages']}",
-            f"--recompute {layout['recompute']}", f"--dtype {layout['dtype']}"]
-    if layout.get("sequence_parallel"):
-        argv.append("--sequence-parallel")
-    if not layout.get("flash_attention", True):
-        argv.append("--no-flash-attention")
-    argv.append(f"--zero {zero}" if zero is not None else
-                f"--sharding p={sh['params']},g={sh['grads']},o={sh['optim']}")
-    for k, v in bench_args.items():
-        argv.append(f"--{k.replace('_', '-')} {v}")
-    return " ".join(argv)
+    # The one argv writer: every field (engine and sharding included) as flm bench reads it.
+    return bench_command(Layout.from_dict(layout), bench_args)
 
 
 def trial_states(study: optuna.Study) -> list[dict[str, Any]]:

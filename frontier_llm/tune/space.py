@@ -9,7 +9,6 @@ to fit (with the predicted peak memory).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import math
@@ -21,11 +20,18 @@ from typing import Any
 from optuna.distributions import CategoricalDistribution
 
 from frontier_llm.errors import SpecError, UserError
-from frontier_llm.planner import SearchSpace, layout_from_row, plan
-from frontier_llm.planner.space import divisors
-from frontier_llm.specs.layout import Layout, Sharding, Vocabulary
+from frontier_llm.planner import SearchSpace, plan
+from frontier_llm.planner.space import open_degrees
+from frontier_llm.specs.forms import label, layout_from_row
+from frontier_llm.specs.layout import (
+    Layout,
+    Sharding,
+    merge_schedule,
+    parse_schedule_label,
+    row_schedule,
+)
+from frontier_llm.specs.space import ALWAYS_OPEN, grid_values, space_knobs
 from frontier_llm.tune.runcost import run_seconds
-from frontier_llm.tune.spec import search_knobs
 
 NOT_A_LAYOUT = "not a layout of the ranks"
 NO_FIT = "does not fit in memory"
@@ -68,16 +74,7 @@ class Candidate:
     def describe(self) -> str:
         if self.layout is None:
             return ", ".join(f"{k}={v}" for k, v in self.params.items())
-        c = self.layout
-        sched = f"{c.schedule}:{c.virtual_stages}" if c.schedule == "interleaved" else c.schedule
-        text = (f"tp={c.tp} pp={c.pp} dp={c.dp} micro_batch={c.micro_batch} {sched} "
-                f"recompute={c.recompute}{' sp' if c.sequence_parallel else ''} "
-                f"{c.sharding.describe()}")
-        return text + "".join(f" {k}={v}" for k, v in self.run.items())
-
-
-def _schedule_label(schedule: str, v: int) -> str:
-    return f"interleaved:{v}" if schedule == "interleaved" else schedule
+        return label(self.layout) + "".join(f" {k}={v}" for k, v in self.run.items())
 
 
 class Candidates:
@@ -102,20 +99,21 @@ class Candidates:
         (tune.runcost), as the benchmark's ablation does."""
         s, model, gpus = study.space, study.model, study.gpus
         dtype = study.probe.spec.dtype
-        kinds = search_knobs()
-        # Every knob of search_knobs(): its listed values, else its default list. Schedule and
-        # virtual stages are one parameter (virtual stages mean something only interleaved).
+        kinds = space_knobs()
+        # Every knob: its listed values, else its grid default (specs.space), an open degree
+        # expanded to the planner's list. Schedule and virtual stages are one parameter
+        # (virtual stages mean something only interleaved).
         listed = {n: getattr(s, n) for n in kinds}
-        defaults = {"tp": divisors(gpus),
-                    "pp": [d for d in divisors(gpus) if d <= model.layers],
-                    "virtual_stages": [2]}
-        lists = {n: list(listed[n] or defaults.get(n) or [_default(n)]) for n in kinds}
-        schedules, vs = lists.pop("schedule"), lists.pop("virtual_stages")
-        lists["schedule"] = [_schedule_label(x, v) for x in schedules
-                             for v in (vs if x == "interleaved" else [1])]
-        lists["sharding"] = ([f"zero{z}" for z in s.zero] if s.zero else
-                             [Sharding.parse(_parse_sharding(t)).describe()
-                              for t in s.sharding or [_default("sharding")]])
+        if s.zero:
+            listed["sharding"] = s.zero
+        lists = {n: list(v) if v is not None else None
+                 for n, v in grid_values(listed).items()}
+        for name in ALWAYS_OPEN:
+            lists[name] = lists[name] or list(open_degrees(name, model, gpus,
+                                                           pps=tuple(lists["pp"] or ())))
+        planned = {n: tuple(v) for n, v in lists.items()}  # the planner's lists
+        lists = merge_schedule(lists)
+        lists["sharding"] = [Sharding.parse(t).describe() for t in lists["sharding"]]
         knobs: dict[str, list] = {n: lists[n] for n in kinds if n in lists}
         for k, values in sorted((s.run or {}).items()):
             knobs[f"run.{k}"] = list(values)
@@ -125,15 +123,7 @@ class Candidates:
         ok_tp = tuple(t for t in knobs["tp"] if gpus % t == 0)
         if not ok_tp:
             raise UserError(f"no tp value divides the {gpus} ranks")
-        planner = {f.name for f in dataclasses.fields(SearchSpace)}
-        values = {**{n: tuple(lists[n]) for n in lists}, "tp": ok_tp,
-                  "schedule": tuple(schedules), "virtual_stages": tuple(vs),
-                  "sharding": tuple(Sharding.parse(_parse_sharding(x))
-                                    for x in knobs["sharding"])}
-        unplanned = [n for n in values if n not in planner and len(values[n]) > 1]
-        if unplanned:
-            raise UserError(f"the planner does not search {', '.join(unplanned)}: give one value")
-        space = SearchSpace(dtype=dtype, **{n: v for n, v in values.items() if n in planner})
+        space = SearchSpace(dtype=dtype, **{**planned, "tp": ok_tp})
         result = plan(model, study.system, gpus, study.global_batch, space)
         frame = result.frame()
         table: dict[tuple, Candidate] = {}
@@ -179,10 +169,8 @@ class Candidates:
         tp, pp = int(v["tp"]), int(v["pp"])
         if self.gpus % (tp * pp):
             return f"tp x pp ({tp} x {pp}) does not divide the {self.gpus} ranks"
-        sched, _, vs = str(v["schedule"]).partition(":")
-        knobs = {n: v[n] for n in search_knobs() if n in v}
-        knobs.update(schedule=sched, virtual_stages=int(vs or 1),
-                     sharding=_parse_sharding(v["sharding"]))
+        knobs = {n: v[n] for n in space_knobs() if n in v}
+        knobs.update(parse_schedule_label(v["schedule"]), sharding=Sharding.parse(v["sharding"]))
         try:
             Layout(dp=self.gpus // (tp * pp), global_batch=self.global_batch, **knobs)
         except SpecError as exc:
@@ -234,19 +222,10 @@ class Candidates:
         return math.prod(len(v) for v in self.choices.values())
 
 
-def _default(name: str) -> Any:
-    """A Layout field's default value (a knob the study does not list keeps it)."""
-    f = next(f for f in dataclasses.fields(Layout) if f.name == name)
-    value = f.default_factory() if f.default is dataclasses.MISSING else f.default
-    if isinstance(value, Sharding):
-        return value.describe()
-    return value.value if isinstance(value, Vocabulary) else value
-
-
 def _param_value(row: Any, name: str, kind: type) -> Any:
     """A plan row's value of knob ``name`` as the study's parameter takes it."""
     if name == "schedule":
-        return _schedule_label(str(row["schedule"]), int(row["virtual_stages"]))
+        return row_schedule(row)
     if kind is int:
         return int(row[name])
     if kind is bool:
@@ -273,21 +252,6 @@ def _with_run(pred: dict, model: Any, system: Any, layout: Layout | None,
 
 def _key(values: Mapping[str, Any], knobs: Mapping[str, list]) -> tuple:
     return tuple((k, str(values[k])) for k in sorted(knobs))
-
-
-def _parse_sharding(text: Any) -> Any:
-    """'zero1' -> 1; 'p=replicate,g=full,o=partial:8' -> a mapping Sharding.parse takes."""
-    if isinstance(text, int):
-        return text
-    t = str(text)
-    if t.startswith("zero") and t[4:].isdigit():
-        return int(t[4:])
-    names = {"p": "params", "g": "grads", "o": "optim", "params": "params", "grads": "grads",
-             "optim": "optim"}
-    try:
-        return {names[k.strip()]: v.strip() for k, v in (p.split("=", 1) for p in t.split(","))}
-    except (KeyError, ValueError):
-        raise SpecError(f"sharding {t!r} is zeroN or p=..,g=..,o=..", "sharding") from None
 
 
 def _plain(value: Any) -> Any:

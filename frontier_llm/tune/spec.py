@@ -20,8 +20,8 @@ from typing import Any, Literal
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.jobs.sweepspec import SAFE_NAME, Sweep, load_sweep
 from frontier_llm.specs.build import build
-from frontier_llm.specs.layout import Vocabulary, layout_types
 from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.space import check_list, check_space, space_fields
 from frontier_llm.specs.system import SystemSpec
 from frontier_llm.specs.yamlio import LineMap, load_yaml
 
@@ -37,56 +37,8 @@ def _where(data: Any, key: str | None = None) -> str:
     return data.where(key) + ": " if isinstance(data, LineMap) else ""
 
 
-def _list(value: Any, name: str, kind: type | tuple[type, ...]) -> None:
-    if value is None:
-        return
-    if (not isinstance(value, list) or not value
-            or not all(isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
-                       for v in value)):
-        what = {int: "whole numbers", str: "strings", bool: "true/false"}.get(
-            kind if isinstance(kind, type) else None, "numbers")
-        raise SpecError(f"{name} must be a non-empty list of {what}", name)
-    if len(set(map(str, value))) != len(value):
-        raise SpecError(f"{name} lists a value twice", name)
-
-
-# Layout fields a study does not search: dp follows from tp, pp and the ranks; global_batch and
-# dtype are the sweep file's (throughputs are compared at one batch and one precision).
-NOT_SEARCHED = ("dp", "global_batch", "dtype")
-
-
-def search_knobs() -> dict[str, type]:
-    """The layout knobs a study may search, name -> type, in the order of :class:`Layout`'s
-    fields. The one list: StudySpace's fields, the Optuna parameters (tune.space) and the
-    planner's search space are derived from it, so a knob added to Layout is searchable here
-    without another list to update."""
-    return {n: t for n, t in layout_types().items() if n not in NOT_SEARCHED}
-
-
 def _check_space(self: Any) -> None:
-    for name, kind in search_knobs().items():
-        values = getattr(self, name)
-        if kind is int:
-            _list(values, name, int)
-            if any(v < 1 for v in values or ()):
-                raise SpecError(f"{name} values must be at least 1", name)
-        elif kind is bool:
-            _list(values, name, bool)
-        elif isinstance(kind, type) and issubclass(kind, Vocabulary):
-            _list(values, name, str)
-            words = kind.words()
-            for v in values or ():
-                if v not in words:
-                    raise SpecError(f"{name} {v!r} is not {', '.join(words[:-1])} or "
-                                    f"{words[-1]}", name)
-        else:  # Sharding: its text form (zero2, p=replicate,g=full,o=partial:8)
-            _list(values, name, str)
-    _list(self.zero, "zero", int)
-    for z in self.zero or ():
-        if z not in (0, 1, 2, 3):
-            raise SpecError(f"zero stage {z} is not 0, 1, 2 or 3", "zero")
-    if self.zero and self.sharding:
-        raise SpecError("give zero or sharding, not both", "sharding")
+    check_space(self.__dict__)
     if self.run is not None:
         if not isinstance(self.run, Mapping):
             raise SpecError("run must be a mapping of run setting: [values]", "run")
@@ -94,7 +46,7 @@ def _check_space(self: Any) -> None:
             if k not in RUN_SETTINGS:
                 raise SpecError(f"{_where(self.run, k)}unknown run setting '{k}' (valid: "
                                 f"{', '.join(RUN_SETTINGS)})", "run")
-            _list(v, f"run.{k}", (int, float))
+            check_list(v, f"run.{k}", (int, float))
             if any(x <= 0 for x in v):
                 raise SpecError(f"{_where(self.run, k)}run.{k} values must be above 0", "run")
 
@@ -109,11 +61,10 @@ def _canonical(self: Any) -> dict[str, Any]:
 
 # Value lists for each searchable layout knob (an unlisted knob stays at one value; tp and pp:
 # every divisor), ``zero`` as the sharding's ZeRO shorthand, and ``run`` settings
-# ({bucket_mb: [...]}). Its fields are made from search_knobs(), not written out.
+# ({bucket_mb: [...]}). Its fields are made from specs.space, not written out.
 StudySpace = dataclasses.make_dataclass(
     "StudySpace",
-    [(n, list | None, field(default=None)) for n in search_knobs()]
-    + [("zero", list | None, field(default=None)), ("run", dict | None, field(default=None))],
+    [*space_fields(), ("run", dict | None, field(default=None))],
     frozen=True,
     namespace={"__post_init__": _check_space, "canonical": _canonical,
                "__doc__": "Value lists for each knob; an unlisted knob stays at one value "

@@ -1,0 +1,498 @@
+"""flm plan's allocation flags: a token budget, error bars, the scaling curve, a deadline or a
+node-hour budget, the smallest machine that fits, risk-aware ranking (docs/planner.md,
+"Planning an allocation"). The arithmetic lives in planner/allocation.py and
+planner/intervals.py; this module reads flags and prints."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+import pandas as pd
+
+from frontier_llm.cli.common import emit_frame, emit_json
+from frontier_llm.cli.numbers import MAX_GPUS, days, fraction, positive_float, tokens
+from frontier_llm.cli.progress import Progress
+from frontier_llm.planner import SearchSpace, plan
+from frontier_llm.planner import allocation as alloc
+from frontier_llm.planner.intervals import DEFAULT_CONFIDENCE, add_intervals
+from frontier_llm.planner.space import knob_values
+from frontier_llm.specs.forms import layout_record
+from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.system import SystemSpec
+
+DEFAULT_CURVE = "auto"  # powers of two from one node's GPUs to 65,536
+CURVE_TOP = 65536
+
+
+def curve_range(text: str) -> str:
+    """``auto`` or ``LO-HI`` (argparse type; checked again when the system is known)."""
+    if text == DEFAULT_CURVE:
+        return text
+    parts = text.split("-")
+    try:
+        lo, hi = (int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--curve takes LO-HI GPU counts, e.g. 8-65536 (got {text!r})"
+        ) from None
+    if not 1 <= lo <= hi <= MAX_GPUS:
+        raise argparse.ArgumentTypeError(
+            f"--curve needs 1 <= LO <= HI <= {MAX_GPUS:,} (got {text})"
+        )
+    return text
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Register the allocation flags on ``flm plan``."""
+    g = p.add_argument_group("plan an allocation (docs/planner.md, 'Planning an allocation')")
+    g.add_argument(
+        "--tokens",
+        type=tokens,
+        default=None,
+        metavar="T",
+        help="token budget, e.g. 2e13, 20T, 300B: adds steps, days, node-hours, "
+        "GPU-hours and energy (kWh, from the system's power: key) with their "
+        "intervals",
+    )
+    g.add_argument(
+        "--confidence",
+        type=fraction,
+        default=DEFAULT_CONFIDENCE,
+        metavar="C",
+        help="confidence of the intervals every prediction carries (default "
+        f"{DEFAULT_CONFIDENCE}); their width is the model's measured "
+        "out-of-sample error on the calibration runs",
+    )
+    g.add_argument(
+        "--curve",
+        nargs="?",
+        const=DEFAULT_CURVE,
+        default=None,
+        type=curve_range,
+        metavar="LO-HI",
+        help="the best layout at every power-of-two GPU count from LO to HI "
+        "(default: one node's GPUs to 65,536) instead of the layouts at --gpus; "
+        "each count with its default global batch unless --global-batch fixes "
+        "one for all",
+    )
+    g.add_argument(
+        "--deadline",
+        type=days,
+        default=None,
+        metavar="D",
+        help="with --tokens: the GPU count (and layout) that trains within D "
+        "(45d, 12w, 36h) for the fewest node-hours; implies --curve",
+    )
+    g.add_argument(
+        "--max-node-hours",
+        type=positive_float(1e12),
+        default=None,
+        metavar="N",
+        help="with --tokens: the fastest GPU count within N node-hours; implies --curve",
+    )
+    g.add_argument(
+        "--min-gpus",
+        action="store_true",
+        help="per engine: the smallest power-of-two GPU count with a layout "
+        "predicted to fit, and the largest micro-batch that fits there and at "
+        "--gpus",
+    )
+    g.add_argument(
+        "--risk-aware",
+        action="store_true",
+        help="rank by the pessimistic (low) end of the throughput interval and "
+        "mark layouts whose memory interval straddles the device's capacity "
+        "('tight'); with one engine the order is unchanged, since an engine's "
+        "width is the same for all its layouts; with --deadline or "
+        "--max-node-hours, judge by the pessimistic (high) end of days and "
+        "node-hours",
+    )
+
+
+def wants_curve(args: argparse.Namespace) -> bool:
+    return bool(args.curve or args.deadline is not None or args.max_node_hours is not None)
+
+
+def check(args: argparse.Namespace) -> str | None:
+    """A one-line refusal for flag combinations that cannot be answered, else None."""
+    if (args.deadline is not None or args.max_node_hours is not None) and args.tokens is None:
+        return "--deadline and --max-node-hours need --tokens (the budget to train)"
+    if args.deadline is not None and args.max_node_hours is not None:
+        return "give --deadline or --max-node-hours, not both"
+    return None
+
+
+def annotate(
+    frame: pd.DataFrame,
+    model: ModelSpec,
+    system: SystemSpec,
+    args: argparse.Namespace,
+    top: int | None = None,
+) -> pd.DataFrame:
+    """Intervals (always), the token budget's figures (with --tokens), the risk-aware order
+    (with --risk-aware; then the first ``top`` rows)."""
+    out = add_intervals(frame, system, args.confidence) if len(frame) else frame
+    if args.tokens is not None and len(out):
+        out = alloc.add_allocation(out, system, model.seq_len, args.tokens)
+    if getattr(args, "risk_aware", False) and len(out):
+        # Rank by the low end of throughput; layouts that do not fit stay after those that do.
+        fits = out["fits"].astype(bool) if "fits" in out else pd.Series(True, index=out.index)
+        out = out.assign(_fit=~fits).sort_values(
+            ["_fit", "tokens_per_s_low"], ascending=[True, False], kind="stable"
+        )
+        out = out.drop(columns="_fit").head(top).reset_index(drop=True)
+        if "rank" in out:
+            out["rank"] = np.arange(1, len(out) + 1)
+    return out
+
+
+def _num(x: float) -> str:
+    """Three significant figures below 1,000, whole numbers with separators above."""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
+def _range(lo: pd.Series, hi: pd.Series) -> list[str]:
+    return [
+        f"{_num(a)}-{_num(b)}" if np.isfinite(a) and np.isfinite(b) else ""
+        for a, b in zip(lo, hi, strict=True)
+    ]
+
+
+def display_columns(
+    shown: pd.DataFrame, full: pd.DataFrame, args: argparse.Namespace
+) -> pd.DataFrame:
+    """The table's extra columns: the step-time interval, the memory verdict, and with
+    --tokens days, node-hours and MWh with their intervals."""
+    if not len(full) or "step_time_s_low" not in full:
+        return shown
+    shown = shown.copy()
+    pct = f"{args.confidence:.0%}"
+    shown[f"step_s {pct}"] = _range(full["step_time_s_low"], full["step_time_s_high"])
+    shown["mem"] = full["memory_verdict"].to_numpy()
+    if args.tokens is not None:
+        shown["days"] = [_num(x) for x in full["train_days"]]
+        shown[f"days {pct}"] = _range(full["train_days_low"], full["train_days_high"])
+        shown["node_h"] = [_num(x) for x in full["node_hours"]]
+        shown["MWh"] = [_num(x) for x in full["energy_kwh"] / 1e3]
+    return shown
+
+
+def summary_lines(
+    model: ModelSpec, system: SystemSpec, frame: pd.DataFrame, args: argparse.Namespace
+) -> list[str]:
+    """What the intervals and the token budget rest on, for stderr."""
+    lines = []
+    if len(frame) and "interval_basis" in frame:
+        bases = "; ".join(b for b in dict.fromkeys(frame["interval_basis"].astype(str)) if b)
+        lines.append(
+            f"# intervals at {args.confidence:.0%}: step time from {bases}; memory "
+            f"from {frame['memory_interval_basis'].iloc[0]}"
+        )
+    if args.tokens is not None:
+        flops = alloc.training_flops(model.num_params(), args.tokens)
+        lines.append(
+            f"# {args.tokens:.3g} tokens x {model.num_params():.3g} parameters: "
+            f"6ND = {flops:.3g} FLOPs; {alloc.power_note(system)}"
+        )
+    return lines
+
+
+def run_curve(
+    args: argparse.Namespace, model: ModelSpec, system: SystemSpec, space: SearchSpace
+) -> int:
+    """--curve / --deadline / --max-node-hours: the best layout at each GPU count."""
+    counts = curve_counts(args, system)
+    with Progress(f"planning {len(counts)} GPU counts") as bar:
+        cur = alloc.allocation_curve(
+            model,
+            system,
+            counts,
+            args.tokens,
+            args.confidence,
+            space,
+            on_count=lambda i: bar.update(i, len(counts)),
+            global_batch=args.global_batch,
+        )
+    selection = None
+    end = "_high" if args.risk_aware else ""
+    if args.deadline is not None:
+        selection = alloc.select_deadline(cur, args.deadline, end)
+    elif args.max_node_hours is not None:
+        selection = alloc.select_budget(cur, args.max_node_hours, end)
+    for line in summary_lines(model, system, cur, args):
+        print(line, file=sys.stderr)
+    if args.format == "json":
+        doc = {
+            "model": model.name,
+            "system": system.name,
+            "tokens": args.tokens,
+            "interval_confidence": args.confidence,
+            # NaN (a count where nothing fits) as null: strict JSON for jq and friends.
+            "curve": cur.astype(object).where(cur.notna(), None).to_dict(orient="records"),
+        }
+        if selection is not None:
+            doc["selection"] = {
+                "message": selection.message,
+                "gpus": None if selection.row is None else int(selection.row["gpus"]),
+            }
+        emit_json(doc)
+    elif args.format == "csv":
+        emit_frame(cur, "csv")
+    else:
+        emit_frame(curve_table(cur, args), "table")
+    if selection is not None:
+        print(
+            f"flm plan: {selection.message}",
+            file=sys.stdout if args.format == "table" else sys.stderr,
+        )
+        return 0 if selection.row is not None else 1
+    return 0 if cur["fits"].astype(bool).any() else 1
+
+
+def curve_counts(args: argparse.Namespace, system: SystemSpec) -> list[int]:
+    text = args.curve or DEFAULT_CURVE
+    if text == DEFAULT_CURVE:
+        return alloc.power_of_two_counts(system.gpus_per_node, CURVE_TOP)
+    lo, hi = (int(p) for p in text.split("-"))
+    return alloc.power_of_two_counts(lo, hi)
+
+
+def curve_table(cur: pd.DataFrame, args: argparse.Namespace) -> pd.DataFrame:
+    """The curve as a readable table: one row per GPU count (blank where nothing fits)."""
+    fits = cur["fits"].astype(bool).to_numpy()
+    if not fits.any():
+        return pd.DataFrame({"gpus": cur["gpus"], "fits": fits})
+    ok = cur[fits]
+    out = pd.DataFrame({"gpus": ok["gpus"].astype(int)})
+    if "nodes" in ok:
+        out["nodes"] = ok["nodes"].astype(int)
+    for col, name in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("micro_batch", "mb")):
+        out[name] = ok[col].astype(int)
+    if "engine" in ok and ok["engine"].nunique() > 1:
+        out["engine"] = ok["engine"].astype(str)
+    out["step_s"] = ok["step_time_s"].round(2)
+    out = display_columns(out, ok, args)
+    out = out.astype(object)
+    # Counts where nothing fits: the GPU count and a blank row.
+    missing = pd.DataFrame({"gpus": cur.loc[~fits, "gpus"].astype(int)}).astype(object)
+    table = pd.concat([out, missing]).sort_values("gpus", kind="stable")
+    if len(missing):
+        table["fits"] = [bool(f) for f in fits[np.argsort(cur["gpus"].to_numpy(), kind="stable")]]
+    return table.fillna("").reset_index(drop=True)
+
+
+def run_min_gpus(
+    args: argparse.Namespace, model: ModelSpec, system: SystemSpec, space: SearchSpace
+) -> int:
+    """--min-gpus: per engine, the smallest power-of-two GPU count with a layout that fits,
+    and the largest micro-batch that fits there and at --gpus."""
+    from dataclasses import replace
+
+    counts = alloc.power_of_two_counts(1, MAX_GPUS)
+    rows = []
+    for engine in knob_values(space, "engine"):
+        sub = replace(space, engine=(engine,))
+        smallest = alloc.min_gpus(lambda n, sub=sub: plan(model, system, n, None, sub), counts)
+        row = {
+            "engine": engine,
+            "min_gpus": None,
+            "largest_micro_batch_at_min": None,
+            "gpus": args.gpus,
+            "largest_micro_batch_at_gpus": None,
+        }
+        if smallest is not None:
+            best = alloc.largest_micro_batch(smallest)
+            row["min_gpus"] = smallest.gpus
+            row["largest_micro_batch_at_min"] = int(best["micro_batch"].iloc[0])
+        here = alloc.largest_micro_batch(plan(model, system, args.gpus, args.global_batch, sub))
+        if len(here):
+            row["largest_micro_batch_at_gpus"] = int(here["micro_batch"].iloc[0])
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    if args.format == "json":
+        emit_json(
+            {
+                "model": model.name,
+                "system": system.name,
+                "min_gpus": table.to_dict(orient="records"),
+            }
+        )
+    else:
+        emit_frame(table, args.format)
+    return 0 if table["min_gpus"].notna().any() else 1
+
+
+def add_predict_arguments(p: argparse.ArgumentParser) -> None:
+    """flm predict's --tokens and --confidence."""
+    p.add_argument(
+        "--tokens",
+        type=tokens,
+        default=None,
+        metavar="T",
+        help="token budget, e.g. 2e13, 20T, 300B: adds steps, days, node-hours, "
+        "GPU-hours and energy with their intervals",
+    )
+    p.add_argument(
+        "--confidence",
+        type=fraction,
+        default=DEFAULT_CONFIDENCE,
+        metavar="C",
+        help=f"confidence of the intervals (default {DEFAULT_CONFIDENCE}): the "
+        "model's measured out-of-sample error on the calibration runs",
+    )
+
+
+# Keys flm predict adds (JSON), beside its own.
+_PREDICT_KEYS = (
+    "interval_confidence",
+    "memory_verdict",
+    "interval_basis",
+    "memory_interval_basis",
+    "tokens",
+    "steps",
+    "nodes",
+)
+
+
+def predict_extras(
+    out: dict, layout, model: ModelSpec, system: SystemSpec, args: argparse.Namespace
+) -> dict:
+    """flm predict's intervals (and, with --tokens, the budget's figures) for one layout."""
+    row = pd.DataFrame(
+        [
+            {
+                **layout_record(layout),
+                "step_time_s": out["step_time_s"],
+                "tokens_per_s": out["tokens_per_s"],
+                "peak_memory_bytes": out["peak_memory_bytes"],
+                "fits": out["fits"],
+            }
+        ]
+    )
+    row = annotate(row, model, system, args).iloc[0]
+    keep = [
+        k
+        for k in row.index
+        if k.endswith(("_low", "_high")) or k in _PREDICT_KEYS or k in alloc.ALLOCATION_FIGURES
+    ]
+    return {k: row[k].item() if hasattr(row[k], "item") else row[k] for k in keep}
+
+
+def predict_lines(extra: dict) -> list[str]:
+    """flm predict's table lines for the intervals and the token budget."""
+    c = f"{extra['interval_confidence']:.0%}"
+    lines = [
+        f"interval    {c}: step {extra['step_time_s_low']:.4g}-"
+        f"{extra['step_time_s_high']:.4g} s, memory "
+        f"{extra['peak_memory_bytes_low'] / 1e9:.2f}-"
+        f"{extra['peak_memory_bytes_high'] / 1e9:.2f} GB: {extra['memory_verdict']} "
+        f"({extra['interval_basis']})"
+    ]
+    if "train_days" in extra:
+        lines.append(
+            f"budget      {extra['tokens']:.3g} tokens: {extra['steps']:,} steps, "
+            f"{extra['train_days']:.1f} days ({extra['train_days_low']:.1f}-"
+            f"{extra['train_days_high']:.1f}), {extra['node_hours']:,.0f} node-hours "
+            f"({extra['node_hours_low']:,.0f}-{extra['node_hours_high']:,.0f}), "
+            f"{extra['gpu_hours']:,.0f} GPU-hours, {extra['energy_kwh'] / 1e3:,.1f} MWh"
+        )
+    return lines
+
+
+def add_report_arguments(q: argparse.ArgumentParser) -> None:
+    """flm report plan's flags."""
+    from frontier_llm.specs.layout import Engine
+
+    q.add_argument("--model", required=True, help="catalog name or YAML path")
+    q.add_argument("--system", required=True, help="catalog name or YAML path")
+    q.add_argument(
+        "--tokens",
+        type=tokens,
+        required=True,
+        metavar="T",
+        help="token budget, e.g. 2e13, 20T, 300B",
+    )
+    q.add_argument("--out", required=True, metavar="DIR", help="folder for the report files")
+    q.add_argument(
+        "--deadline",
+        type=days,
+        default=None,
+        metavar="D",
+        help="draw the deadline (45d, 12w, 36h) and circle the GPU count that meets "
+        "it for the fewest node-hours",
+    )
+    q.add_argument(
+        "--curve",
+        type=curve_range,
+        default=DEFAULT_CURVE,
+        metavar="LO-HI",
+        help="power-of-two GPU counts from LO to HI (default: one node's GPUs to 65,536)",
+    )
+    q.add_argument(
+        "--engine",
+        default="native",
+        choices=Engine.words(),
+        help="the training engine to plan for (default native)",
+    )
+    q.add_argument(
+        "--confidence",
+        type=fraction,
+        default=DEFAULT_CONFIDENCE,
+        metavar="C",
+        help=f"confidence of the bands (default {DEFAULT_CONFIDENCE})",
+    )
+
+
+def run_report_plan(args: argparse.Namespace) -> int:
+    """flm report plan: the allocation curve as CSV, Markdown, PNG and PDF."""
+    from frontier_llm.catalog import load_model, load_system
+    from frontier_llm.report.allocation import allocation_report, format_tokens
+
+    model, system = load_model(args.model), load_system(args.system)
+    counts = curve_counts(args, system)
+    space = SearchSpace(engine=(args.engine,))
+    with Progress(f"planning {len(counts)} GPU counts") as bar:
+        cur = alloc.allocation_curve(
+            model,
+            system,
+            counts,
+            args.tokens,
+            args.confidence,
+            space,
+            on_count=lambda i: bar.update(i, len(counts)),
+        )
+    selection = alloc.select_deadline(cur, args.deadline) if args.deadline else None
+    label = "GCDs" if "GCD" in system.gpu else "GPUs"
+    name = f"{model.name}-{system.name}-plan"
+    flops = alloc.training_flops(model.num_params(), args.tokens)
+    bases = [b for b in cur["interval_basis"].astype(str) if b and b != "nan"]
+    notes = [
+        f"{model.name} ({model.num_params():.3g} parameters) on {system.name}, "
+        f"{args.tokens:.3g} tokens: 6ND = {flops:.3g} FLOPs; engine {args.engine}; at each GPU "
+        "count the planner's fastest layout that fits, with its default global batch (the "
+        "smallest multiple of the GPU count holding 4M tokens)",
+        f"bands: {args.confidence:.0%} intervals from the cost model's out-of-sample error "
+        f"({bases[0] if bases else 'no layout fits at any count'})",
+        alloc.power_note(system),
+        "node-hours count whole nodes; days assume the job runs without queue waits, failures "
+        "or restarts",
+    ]
+    if selection is not None:
+        notes.append(selection.message)
+    paths = allocation_report(
+        cur,
+        args.out,
+        name,
+        f"{model.name} on {system.name}: {format_tokens(args.tokens)} tokens, {args.engine}",
+        notes,
+        args.deadline,
+        None if selection is None or selection.row is None else int(selection.row["gpus"]),
+        label,
+    )
+    for p in paths:
+        print(f"wrote {p}")
+    if selection is not None:
+        print(f"flm report plan: {selection.message}")
+    return 0
