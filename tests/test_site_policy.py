@@ -248,3 +248,13 @@ def test_cuda_device_max_connections_only_where_tp_communication_overlaps(tmp_pa
     job = sweep.jobs[0]
     job = dataclasses.replace(job, layout=dataclasses.replace(job.layout, engine=engine))
     assert _task_env(sweep, job) == expected
+
+
+@pytest.mark.parametrize("limit,signal", [("02:00:00", 300), ("00:05:00", 30)])
+def test_frontier_signals_before_the_limit_at_most_a_tenth_of_it(tmp_path, limit, signal):
+    """OLCF's --signal=B:USR1@300, but a 5-minute job told at once would stop before its first
+    step: at most a tenth of the job's time."""
+    sweep = load_sweep(_sweep(tmp_path, f"layouts: [{{dp: 8}}]\nresources: {{account: A, "
+                                        f"time: '{limit}'}}\n"))
+    [(_, job)] = job_scripts(sweep, tmp_path / "out")
+    assert f"#SBATCH --signal=B:USR1@{signal}\n" in render(job)

@@ -35,7 +35,7 @@ from frontier_llm.errors import SpecError
 from frontier_llm.jobs import contract, sbatch_values
 from frontier_llm.jobs.launchers import LaunchJob, launcher_for
 from frontier_llm.jobs.sbatch_options import long_form
-from frontier_llm.specs.site import Site
+from frontier_llm.specs.site import Site, time_seconds
 
 # Shipped templates are package data (frontier_llm/job_templates), read through importlib.resources.
 TEMPLATE_PACKAGE = "frontier_llm"
@@ -314,6 +314,17 @@ def template_options(template: str) -> dict[str, str | None] | None:
     return None if family is None else TEMPLATE_OPTIONS[family]
 
 
+def _signal_seconds(site: Site, limit: str) -> int | None:
+    """Seconds before the time limit the batch shell gets USR1: the site's, but at most a tenth
+    of a short job's time (a 5-minute job told at once would stop before its first step)."""
+    if not site.signal_before_end_s:
+        return None
+    try:
+        return max(1, min(site.signal_before_end_s, time_seconds(limit) // 10))
+    except SpecError:  # UNLIMITED
+        return site.signal_before_end_s
+
+
 def render(job: JobScript) -> str:
     """The batch script text for ``job``: same input, same text (no clock, no host)."""
     if job.template in TEMPLATES:
@@ -371,6 +382,7 @@ def render(job: JobScript) -> str:
             options=options,
             site=site,
             site_env=site_env,
+            signal_s=_signal_seconds(site, r.time),
             launch=launch,
             concurrent=job.step_ranks_per_node is not None,
             rank_cpus=r.cpus_per_task,

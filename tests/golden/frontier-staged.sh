@@ -12,7 +12,7 @@
 #SBATCH --partition=batch
 #SBATCH --constraint=nvme
 #SBATCH --network=disable_rdzv_get
-#SBATCH --signal=B:USR1@300
+#SBATCH --signal=B:USR1@180
 #SBATCH --output=/lustre/orion/proj/f22b/logs/g0/%a-%A.out
 #SBATCH --open-mode=append
 set -eo pipefail
