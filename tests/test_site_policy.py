@@ -62,10 +62,10 @@ RULES_2 = [
      "site rule lumi-g.account_pattern: account 'ABC123' is not of the site's form "
      "'project_[0-9]+'", LUMI + "batch-job/#specifying-the-account"),
     ("lumi-g", "layouts: [{dp: 16}]\nresources: {account: project_1}\n",
-     "site rule lumi-g.net_plugin_modules: a 2-node job loads no network plugin",
+     "site rule lumi-g.net_plugin_modules: a job of 2 nodes loads no network plugin",
      "https://docs.lumi-supercomputer.eu/software/packages/pytorch/"),
     ("frontier", "layouts: [{dp: 16}]\nresources: {account: A}\nenvironment: {modules: [rocm]}\n",
-     "site rule frontier.net_plugin_modules: a 2-node job loads no network plugin",
+     "site rule frontier.net_plugin_modules: a job of 2 nodes loads no network plugin",
      "https://docs.olcf.ornl.gov/software/analytics/pytorch_frontier.html"),
     ("frontier", "layouts: [{dp: 520}]\nresources: {partition: extended, account: A}\n",
      "site rule frontier.queues: partition extended allows at most 64 nodes; a job asks for 65",

@@ -121,7 +121,7 @@ def check_scripts(site_name: str, site: Site, scripts: Iterable[JobScript]) -> N
             if not loaded & set(site.net_plugin_modules) and not job.options.get(
                     "rccl_plugin_dir"):
                 raise _refuse(site_name, site, "net_plugin_modules",
-                              f"a {job.resources.nodes}-node job loads no network plugin, so "
+                              f"a job of {job.resources.nodes} nodes loads no network plugin, so "
                               "RCCL would stop at its first collective (NCCL_NET names the "
                               f"plugin): add one of {', '.join(site.net_plugin_modules)} to "
                               "environment.modules, or set template_options.rccl_plugin_dir")
