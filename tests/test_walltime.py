@@ -35,17 +35,26 @@ def test_need_is_start_up_plus_steps_plus_margin():
     assert Need(0.003, 13).seconds < 300  # a tiny CPU job fits five minutes
 
 
-@pytest.mark.parametrize("nodes,step,limit,partition,refused,hint", [
-    # The figures: 175B at 16 nodes, 13 steps of 646 s against one hour.
-    (16, 646.0, "01:00:00", "batch", True, "(4 fit, warm-up included), more nodes, or pass"),
-    (16, 646.0, "02:00:00", "batch", True, "more nodes, or pass --allow-overtime"),  # bin: 2 h
-    (32, 328.0, "01:00:00", "batch", True, "a longer --time (at least 1:23:30; the site allows "
-                                           "02:00:00)"),
-    (32, 328.0, "02:00:00", "batch", False, ""),
-    (16, 646.0, "04:00:00", "extended", False, ""),  # extended: 24 h, the bins do not apply
-    (96, 907.0, "02:00:00", "batch", True, "the site allows 06:00:00"),
-    (1, None, "00:01:00", "batch", False, ""),  # no prediction: nothing to compare
-])
+@pytest.mark.parametrize(
+    "nodes,step,limit,partition,refused,hint",
+    [
+        # The figures: 175B at 16 nodes, 13 steps of 646 s against one hour.
+        (16, 646.0, "01:00:00", "batch", True, "(4 fit, warm-up included), more nodes, or pass"),
+        (16, 646.0, "02:00:00", "batch", True, "more nodes, or pass --allow-overtime"),  # bin: 2 h
+        (
+            32,
+            328.0,
+            "01:00:00",
+            "batch",
+            True,
+            "a longer --time (at least 1:23:30; the site allows 02:00:00)",
+        ),
+        (32, 328.0, "02:00:00", "batch", False, ""),
+        (16, 646.0, "04:00:00", "extended", False, ""),  # extended: 24 h, the bins do not apply
+        (96, 907.0, "02:00:00", "batch", True, "the site allows 06:00:00"),
+        (1, None, "00:01:00", "batch", False, ""),  # no prediction: nothing to compare
+    ],
+)
 def test_runtime_against_time_limit(nodes, step, limit, partition, refused, hint):
     jobs = [("k", nodes, step, limit, 13)]
     if not refused:
@@ -74,15 +83,25 @@ def test_longest_time_per_partition_and_qos():
 
 def test_too_short_walltime_is_refused_by_the_cli_and_allow_overtime_renders(tmp_path):
     env = {**os.environ, "FLM_ACCOUNT": "ABC123"}
-    cmd = [sys.executable, "-m", "frontier_llm.cli", "sweep", "render",
-           str(SWEEPS / "frontier-1t-strong.yaml"), "--out", str(tmp_path / "o"),
-           "--time", "01:00:00"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "frontier_llm.cli",
+        "sweep",
+        "render",
+        str(SWEEPS / "frontier-1t-strong.yaml"),
+        "--out",
+        str(tmp_path / "o"),
+        "--time",
+        "01:00:00",
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.count("\n") == 1 and "walltime: layout gpt-1t-n96-" in out.stderr
     assert not (tmp_path / "o").exists()
-    out = subprocess.run([*cmd, "--allow-overtime"], env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [*cmd, "--allow-overtime"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     jobs = json.loads((tmp_path / "o" / "manifest.json").read_text())["jobs"]
     assert all(j["predicted_runtime_s"] > time_seconds(j["time"]) for j in jobs[:1])

@@ -31,13 +31,17 @@ DEFAULT_RESERVE_S = 60.0
 
 
 def _squeue_end(job_id: str) -> str:
-    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%e"], capture_output=True,
-                         text=True, timeout=30, check=False)
+    out = subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%e"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-def job_end_time(env: Mapping[str, str],
-                 ask: Callable[[str], str] = _squeue_end) -> float | None:
+def job_end_time(env: Mapping[str, str], ask: Callable[[str], str] = _squeue_end) -> float | None:
     """The job's end as a UNIX time, or None when it is not known (no SLURM job, no limit)."""
     given = env.get("SLURM_JOB_END_TIME", "")
     if given.isdigit():
@@ -67,8 +71,7 @@ def reserve_s(env: Mapping[str, str], left_s: float | None = None) -> float:
     return min(DEFAULT_RESERVE_S, 0.1 * max(0.0, left_s))
 
 
-def step_cannot_finish(now: float, end: float | None, next_step_s: float,
-                       reserve: float) -> bool:
+def step_cannot_finish(now: float, end: float | None, next_step_s: float, reserve: float) -> bool:
     """Whether a step of ``next_step_s`` started ``now`` would leave less than ``reserve``
     before ``end``."""
     return end is not None and now + next_step_s + reserve > end
@@ -94,8 +97,10 @@ class Deadline:
         now = time.time() if now is None else now
         if step_cannot_finish(now, self.end, next_step_s, self.reserve):
             left = max(0.0, (self.end or now) - now)
-            return (f"{left:.0f} s left before the job's time limit, under the next step "
-                    f"({next_step_s:.0f} s) plus {self.reserve:.0f} s to write the trace")
+            return (
+                f"{left:.0f} s left before the job's time limit, under the next step "
+                f"({next_step_s:.0f} s) plus {self.reserve:.0f} s to write the trace"
+            )
         return None
 
 

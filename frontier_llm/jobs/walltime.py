@@ -89,9 +89,13 @@ def steps_in(argv: Sequence[str], default: int) -> int:
     return found["--steps"] + found["--warmup"] if len(found) == 2 else default
 
 
-def check(jobs: Iterable[tuple[str, int, float | None, str, int]], site: Site,
-          partition: str | None = None, qos: str | None = None,
-          allow_overtime: bool = False) -> list[tuple[str, float]]:
+def check(
+    jobs: Iterable[tuple[str, int, float | None, str, int]],
+    site: Site,
+    partition: str | None = None,
+    qos: str | None = None,
+    allow_overtime: bool = False,
+) -> list[tuple[str, float]]:
     """Refuse the first job whose need is over its time limit; return every checked job's
     ``(key, seconds needed)``.
 
@@ -118,5 +122,6 @@ def check(jobs: Iterable[tuple[str, int, float | None, str, int]], site: Site,
             f"{need.startup_s:.0f} s + {steps} steps x {step_time:.0f} s predicted) + "
             f"{need.margin:.0%} margin, over its --time {limit} ({limit_s} s): run fewer steps "
             f"({fit} fit, warm-up included), more nodes{longer}, or pass --allow-overtime",
-            "time")
+            "time",
+        )
     return needs
