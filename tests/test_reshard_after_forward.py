@@ -63,15 +63,15 @@ def test_engines_that_cannot_keep_them_refuse_in_the_layout_and_the_planner(engi
     assert len(kept) and set(kept["engine"]) == {"native"}
 
 
-SHAPE = "layers: 8\nhidden: 512\nheads: 8\nseq_len: 256\nvocab: 256\n"
+SHAPE = "layers: 8\nhidden: 512\nheads: 8\nseq_len: 32\nvocab: 256\n"
 
 
 def _bench(tmp_path: Path, run_id: str, *extra: str) -> dict:
     spec = tmp_path / "m.yaml"
     spec.write_text(f"name: keep\n{SHAPE}")
     cmd = [sys.executable, "-m", "frontier_llm.cli", "bench", "--model", str(spec), "--dp", "2",
-           "--zero", "3", "--micro-batch", "4", "--global-batch", "8", "--dtype", "fp32",
-           "--steps", "2", "--warmup", "1", "--trace-dir", str(tmp_path), "--run-id", run_id,
+           "--zero", "3", "--micro-batch", "1", "--global-batch", "2", "--dtype", "fp32",
+           "--steps", "1", "--warmup", "0", "--trace-dir", str(tmp_path), "--run-id", run_id,
            *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -9,8 +9,6 @@ beside it shows step progress; the job classifier reads its age to call a run HU
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import Any
 
 import jsonschema
 
+from frontier_llm.atomic import write_text_atomic
 from frontier_llm.errors import UserError
 
 SCHEMA_VERSION = 1
@@ -68,27 +67,12 @@ def heartbeat_path(trace_dir: str | Path, run_id: str) -> Path:
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> Path:
-    """Write JSON so that readers see the old file or the whole new one, never a part."""
+    """Write JSON so that readers see the old file or the whole new one, never a part, and
+    durably (a trace must survive the node that wrote it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=1, sort_keys=True, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    # The rename is durable only once the directory entry is.
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return path
+    text = json.dumps(obj, indent=1, sort_keys=True, allow_nan=False) + "\n"
+    return write_text_atomic(path, text, durable=True)
 
 
 def write_trace(trace_dir: str | Path, trace: dict) -> Path:

@@ -33,6 +33,7 @@ from scipy.optimize import least_squares
 from frontier_llm.catalog import model_from_mapping
 from frontier_llm.costmodel import evaluate, from_configs
 from frontier_llm.errors import UserError
+from frontier_llm.specs.forms import label
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.system import Efficiency, SystemSpec
 from frontier_llm.specs.vocab import RunStatus
@@ -55,9 +56,8 @@ class RunSet:
 
 
 def describe(lay: Layout) -> str:
-    return (f"tp{lay.tp} pp{lay.pp} dp{lay.dp} mb{lay.micro_batch} gb{lay.global_batch}"
-            f"{' ' + lay.recompute if lay.recompute != 'none' else ''}"
-            f"{' ' + lay.sharding.describe() if lay.zero_stage else ''}")
+    """The layout's one label (specs.forms.label)."""
+    return label(lay)
 
 
 def make_runset(runs: pd.DataFrame) -> RunSet:

@@ -8,12 +8,12 @@ date, hosts, node count, library versions, points and fit residual.
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
 
+from frontier_llm.atomic import write_text_atomic
 from frontier_llm.calibrate.fit import MatmulFit, TierFit
 from frontier_llm.catalog import SYSTEMS_DIR, load_system, system_from_mapping
 from frontier_llm.errors import UserError
@@ -131,7 +131,4 @@ def write_system(mapping: dict, path: str | Path, header: list[str]) -> Path:
                  f"flm plan --system {path}")
     text = "\n".join(lines) + "\n" + yaml.safe_dump(plain(mapping), sort_keys=False,
                                                     allow_unicode=True, width=100)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(path, text)

@@ -18,7 +18,6 @@ import fcntl
 import json
 import os
 import socket
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from frontier_llm import __version__
+from frontier_llm.atomic import write_text_atomic
 from frontier_llm.errors import UserError
 from frontier_llm.jobs import site_policy, walltime
 from frontier_llm.jobs.render import JobScript, Resources, Task, render
@@ -322,20 +322,7 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``text`` atomically. The temporary file has an unpredictable name,
-    made with O_EXCL by mkstemp in the target's folder: a fixed name (``.NAME.tmp``) in a
-    shared folder could be a symlink planted by someone else, and writing through it would
-    overwrite whatever it points to. ``os.replace`` renames over ``path`` itself, so a
-    symlink planted there is replaced, never followed."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            os.fchmod(fh.fileno(), mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, text, mode)
 
 
 def _refuse_other_sweep(directory: Path, name: str) -> None:

@@ -250,7 +250,7 @@ def _where(data: Any, key: str | None = None) -> str:
 def _layout_key(model_name: str, nodes: int, p: Layout) -> str:
     """A readable key that differs for every layout knob that differs from the defaults: the
     model, the node count and the layout's one label (specs.forms.label) as path-safe words."""
-    words = [re.sub(r"[^A-Za-z0-9._-]", "", w) for w in label(p).split()]
+    words = [re.sub(r"[^A-Za-z0-9._-]+", "_", w) for w in label(p).split()]
     return "-".join([re.sub(r"[^A-Za-z0-9._-]", "_", model_name), f"n{nodes}", *words])
 
 

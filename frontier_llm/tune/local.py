@@ -12,7 +12,14 @@ from __future__ import annotations
 
 import subprocess
 
-from frontier_llm.jobs.executors import LocalExecutor, _alive, _HeldInterrupt, _local_pid
+from frontier_llm.jobs.executors import (
+    LocalExecutor,
+    _alive,
+    _HeldInterrupt,
+    _local_pid,
+    _same_process,
+    local_id,
+)
 from frontier_llm.jobs.lifecycle import JobState, Observation, SchedulerState
 
 # Processes this interpreter started, so their exit codes can be read (and zombies reaped).
@@ -31,7 +38,7 @@ class DetachedLocalExecutor(LocalExecutor):
                 proc, fh, run_id = self._start(manifest, job, token)
                 fh.close()  # the process holds its own copy
                 _CHILDREN[proc.pid] = proc
-                recorder.submitted({key: (f"local:{proc.pid}:{token}", job["index"], run_id)},
+                recorder.submitted({key: (local_id(proc.pid, token), job["index"], run_id)},
                                    JobState.RUNNING)
 
     def observe(self, manifest, rows):
@@ -50,6 +57,10 @@ class DetachedLocalExecutor(LocalExecutor):
                 else:
                     out[r["job_key"]] = Observation(SchedulerState.EXITED, f"{code}:0")
             else:
+                # Started by an earlier process: alive only if the pid is still the process the
+                # trial started as (not a later process that reused it).
+                same = _same_process(r["scheduler_job_id"])
                 out[r["job_key"]] = Observation(
-                    SchedulerState.RUNNING if _alive(pid) else SchedulerState.EXITED)
+                    SchedulerState.RUNNING if same is not False and _alive(pid)
+                    else SchedulerState.EXITED)
         return out
