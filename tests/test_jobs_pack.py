@@ -127,7 +127,8 @@ def test_packed_script_runs_every_step_and_records_each_status(tmp_path):
         assert (traces / f"{run_id}.start").is_file()
         log = (traces / f"{run_id}.log").read_text()
         step = 0 if key == "a" else 1
-        assert f"srun {key} port {contract.master_port(29500, 700, step, 2)}" in log
+        port = contract.master_port(contract.DEFAULT_MASTER_PORT, 700, step, 2)
+        assert f"srun {key} port {port}" in log
     assert "boom" in (traces / f"{contract.run_id('b', '700')}.log").read_text()
     assert not (traces / f"{contract.run_id('c', '700')}.exit").exists()  # the other pack
     assert "flm: step b exited 3" in out.stdout

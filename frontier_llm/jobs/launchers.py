@@ -105,12 +105,12 @@ class SrunLauncher(Launcher):
             if j.cpus_per_task:
                 words.append(f"--cpus-per-task={j.cpus_per_task}")
             words += self._binding()
-        words += srun_bounds(j.nodes * j.ranks_per_node)
         if j.exact:
             # Overcommitted (the local CPU cluster) the allocation has fewer CPUs than ranks and
             # --exact refuses a step ("More processors requested than permitted"): there the
             # steps share the allocation's CPUs (--overlap), as its ranks do anyway.
             words.append("--overlap" if j.overcommit else "--exact")
+        words += srun_bounds(j.nodes * j.ranks_per_node)
         words += self._container()
         return f"{_q(words)} \\\n    {_q(self._in_image(j.command))} {RANK_TAIL}"
 
