@@ -40,6 +40,7 @@ from frontier_llm.bench.trace import heartbeat_path, trace_path, write_heartbeat
 from frontier_llm.costmodel.flops import hardware_flops, model_flops
 from frontier_llm.errors import ExitCode
 from frontier_llm.specs.identity import layout_hash
+from frontier_llm.specs.vocab import RunStatus
 
 EXIT_OK, EXIT_FAILED, EXIT_OOM = ExitCode.OK, ExitCode.FAILED, ExitCode.OOM
 
@@ -79,7 +80,7 @@ def skeleton_trace(cfg: BenchConfig, world_size: int, launcher: str, backend: st
     return {
         "schema_version": 1,
         "run_id": cfg.run_id,
-        "status": "failed",
+        "status": RunStatus.FAILED.value,
         "error": None,
         "engine": str(cfg.layout.engine),
         "started_at": started_at,
@@ -183,7 +184,7 @@ def _first_error(cfg: BenchConfig, world: int, own: dict | None, wait_s: float =
             break
         time.sleep(0.1)
     reports = sorted(found.items(), key=lambda kv: kv[1].get("time", 0.0))
-    ooms = [r for r in reports if r[1].get("status") == "oom"]
+    ooms = [r for r in reports if r[1].get("status") == RunStatus.OOM]
     # A collective error on a healthy rank is a symptom; prefer the rank that failed on its own.
     causes = ooms or [r for r in reports if not r[1].get("collateral")]
     if causes:
@@ -196,7 +197,7 @@ def _first_error(cfg: BenchConfig, world: int, own: dict | None, wait_s: float =
         silent = [r for r in range(world) if r not in found]
         first = f"rank {silent[0]} left no report (crashed or hung?); " if silent else ""
         return {"status": rep["status"], "error": f"{first}rank {rank}: {rep['error']}"}
-    return own or {"status": "failed", "error": "a rank failed without a report"}
+    return own or {"status": RunStatus.FAILED.value, "error": "a rank failed without a report"}
 
 
 def _is_collateral(exc: BaseException) -> bool:
@@ -365,10 +366,10 @@ def _gather(me: _Rank) -> None:
         trace["memory"] = [r["memory"] for r in records]
         trace["environment"]["hostnames"] = sorted({r["host"] for r in records})
         trace["summary"] = summarize(cfg, trace["steps"], trace["memory"], me.world)
-        trace["status"], trace["finished_at"] = "completed", _now()
+        trace["status"], trace["finished_at"] = RunStatus.COMPLETED.value, _now()
         _judge_transport(trace, me.backend, me.nccl_log, me.nodes)
         if me.stopped:  # a valid trace of the steps done, not a run killed mid-step
-            trace["status"], trace["error"] = "timeout", me.stopped
+            trace["status"], trace["error"] = RunStatus.TIMEOUT.value, me.stopped
         path = write_trace(cfg.trace_dir, trace)
         if me.renv.launcher != "local":  # the local spawner prints its own line
             print(summary_line(trace, path), flush=True)
@@ -385,7 +386,8 @@ def _record_failure(me: _Rank, exc: BaseException) -> int:
     oom = is_oom(exc)
     code = EXIT_OOM if oom else EXIT_FAILED
     text = str(exc).strip()
-    status = "oom" if oom else "timeout" if isinstance(exc, Terminated) else "failed"
+    status = (RunStatus.OOM if oom else RunStatus.TIMEOUT if isinstance(exc, Terminated)
+              else RunStatus.FAILED).value
     own = {"status": status,
            "error": f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:2000],
            "collateral": _is_collateral(exc) and not oom, "time": time.time()}
@@ -403,7 +405,7 @@ def _record_failure(me: _Rank, exc: BaseException) -> int:
                 trace["memory"] = [_rank_record(me.engine, me.rank, me.steps, me.cuda)["memory"]]
             trace["summary"] = summarize(cfg, trace["steps"], trace["memory"], me.world)
             write_trace(cfg.trace_dir, trace)
-            code = EXIT_OOM if cause["status"] == "oom" else EXIT_FAILED
+            code = EXIT_OOM if cause["status"] == RunStatus.OOM else EXIT_FAILED
         except Exception:
             traceback.print_exc()
     return code
@@ -422,7 +424,7 @@ def _judge_transport(trace: dict, backend: str, nccl_log: Path, nodes: int) -> N
     used = placement.transport(backend, os.environ, log)
     trace["environment"]["transport"] = used
     if placement.is_suspect(used, nodes):
-        trace["status"] = "suspect"
+        trace["status"] = RunStatus.SUSPECT.value
         trace["error"] = (f"collectives of this {nodes}-node run went over TCP sockets (the "
                           "network plugin did not load?): not a clean measurement")
 
@@ -506,7 +508,7 @@ def write_launcher_failure(cfg: BenchConfig, world: int, codes: list[int], start
         return
     trace = skeleton_trace(cfg, world, "local", "gloo", "cpu", started)
     oom = any(c == EXIT_OOM for c in codes)
-    trace["status"] = "oom" if oom else "failed"
+    trace["status"] = (RunStatus.OOM if oom else RunStatus.FAILED).value
     cause = _first_error(cfg, world, None, wait_s=0.0)
     detail = cause["error"] if cause.get("error") else ""
     trace["error"] = f"ranks exited with codes {codes}" + (f"; {detail}" if detail else "")

@@ -7,6 +7,7 @@ import sys
 import time
 
 from frontier_llm.bench.config import BenchConfig, child_argv, new_run_id
+from frontier_llm.specs.vocab import RunStatus
 
 
 def run_local(cfg: BenchConfig, world: int) -> int:
@@ -37,13 +38,14 @@ def run_local(cfg: BenchConfig, world: int) -> int:
         return EXIT_FAILED
     trace = read_trace(path)
     status = trace["status"]
-    if status != "completed":
+    if status != RunStatus.COMPLETED:
         print(f"flm bench: run {cfg.run_id} {status}: {trace['error']} (trace: {path})",
               file=sys.stderr)
     else:
         print(summary_line(trace, path))
     # A suspect run ran to the end (its trace is stored flagged), so it is not a failure.
-    return {"completed": EXIT_OK, "suspect": EXIT_OK, "oom": EXIT_OOM}.get(status, EXIT_FAILED)
+    return {RunStatus.COMPLETED: EXIT_OK, RunStatus.SUSPECT: EXIT_OK,
+            RunStatus.OOM: EXIT_OOM}.get(status, EXIT_FAILED)
 
 
 def run(cfg: BenchConfig, nproc: int | None = None) -> int:
