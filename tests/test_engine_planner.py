@@ -11,7 +11,7 @@ from frontier_llm.catalog import load_model, load_system
 from frontier_llm.errors import SpecError
 from frontier_llm.planner import REASONS, SearchSpace, plan
 from frontier_llm.planner.space import ENGINE_REASON, OOM
-from frontier_llm.specs.engine_rules import RULES
+from frontier_llm.specs.engine_rules import ONLY_KNOBS, RULES
 from frontier_llm.specs.layout import Layout
 
 ENGINES = ("native", "megatron", "deepspeed")
@@ -81,6 +81,9 @@ SCENARIOS = [
     ("gpt-22b", "frontier", 8, 16, SearchSpace(engine=ENGINES, dtype="fp16")),
     ("llama3-8b", "dgx-h100", 32, 64, SearchSpace(engine=ENGINES, micro_batch=(1,))),
     ("gpt3-125m", "frontier", 48, 96, SearchSpace(engine=ENGINES, micro_batch=(1, 2))),
+    # Every value of the knobs some engine runs at some values only (EngineRules.only).
+    ("gpt3-125m", "frontier", 16, 32, SearchSpace(engine=ENGINES, micro_batch=(1,),
+                                                  reshard_after_forward=(True, False))),
 ]
 
 
@@ -111,7 +114,8 @@ RULE_WORDS = {"schedule": "pipeline schedule", "dtype": "does not train in",
               "sequence_parallel": "sequence parallelism", "sharding": "does not run sharding",
               "pipeline_sharding": "compose sharding", "uneven_interleaved": "unevenly",
               "whole_kv_heads": "whole K/V heads", "vocab_tp": "vocabulary",
-              "recompute": "recomputation", "pipeline_microbatches": "micro-batch per stage"}
+              "recompute": "recomputation", "pipeline_microbatches": "micro-batch per stage",
+              **{f"only_{k}": f"runs {k} =" for k in ONLY_KNOBS}}
 
 
 def _keyword(reason: str) -> str:

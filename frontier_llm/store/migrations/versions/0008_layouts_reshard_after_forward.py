@@ -15,9 +15,10 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("flm_layouts") as batch:
-        batch.add_column(sa.Column("reshard_after_forward", sa.Boolean(), nullable=False,
-                                   server_default=sa.true()))
+    # A plain ALTER TABLE ADD COLUMN (SQLite takes it with a constant default): a batch
+    # operation would rebuild flm_layouts, which the runs' and jobs' foreign keys refer to.
+    op.add_column("flm_layouts", sa.Column("reshard_after_forward", sa.Boolean(),
+                                           nullable=False, server_default=sa.true()))
 
 
 def downgrade() -> None:
