@@ -26,13 +26,14 @@ COMMAND_MODULES = (
     "tune",  # flm tune run|step|status|best
     "report",  # flm report scaling|layouts|errors
     "quickstart",  # flm quickstart
+    "export",  # flm export
 )
 # Which module registers each command, so that dispatching one imports only its module.
 COMMAND_MODULE = {
     "models": "catalog", "systems": "catalog", "plan": "plan", "predict": "plan",
     "bench": "bench", "collect": "store", "results": "store", "validate": "store", "db": "store",
     "sweep": "sweep", "calibrate": "calibrate", "tune": "tune", "report": "report",
-    "quickstart": "quickstart",
+    "quickstart": "quickstart", "export": "export",
 }
 
 

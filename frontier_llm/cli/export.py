@@ -1,0 +1,141 @@
+"""flm export: a layout as another trainer's flags, TOML or ds_config (docs/export.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from frontier_llm.cli.common import add_command
+from frontier_llm.cli.layout_args import add_layout_args, layout_from_args
+from frontier_llm.cli.numbers import count, gpus
+from frontier_llm.errors import UserError
+from frontier_llm.specs.layout import Layout, given_options
+
+TRAINER_CHOICES = ("megatron-lm", "megatron-deepspeed", "torchtitan", "deepspeed")
+
+
+def _plan_layout(args: argparse.Namespace, model, system) -> Layout:
+    """Rank ``--rank`` of ``flm plan``'s default ranking (fits, not dominated, fastest first)."""
+    from frontier_llm.planner import SearchSpace, plan
+
+    engines = tuple(w.strip() for w in args.plan_engine.split(",")) if args.plan_engine else None
+    space = SearchSpace(dtype="bf16", engine=engines)  # flm plan's defaults
+    result = plan(model, system, args.gpus, args.global_batch, space)
+    ranked = result.ranked_indices(None, fits_only=True, frontier=True)
+    if args.rank > len(ranked):
+        raise UserError(f"flm plan ranks {len(ranked)} layouts of {model.name} on {args.gpus} "
+                        f"GPUs of {system.name}; there is no rank {args.rank}")
+    return result.layout(int(ranked[args.rank - 1]))
+
+
+def _best_layout(path: str) -> Layout:
+    """The ``layout`` mapping of the document ``flm tune best`` writes (YAML or JSON)."""
+    from frontier_llm.specs.yamlio import load_yaml
+
+    doc = load_yaml(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("layout"), dict):
+        raise UserError(f"{path}: not a 'flm tune best' document (no 'layout' mapping)")
+    layout = dict(doc["layout"])
+    layout.pop("bench_args", None)
+    return Layout.from_dict(layout)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from frontier_llm.catalog import load_model, load_system
+    from frontier_llm.export import DEEPSPEED, MEGATRON_DEEPSPEED, ds_config_text, export
+
+    # With --from-plan, --global-batch is the plan's global batch, not a layout flag.
+    flags = {k: v for k, v in given_options(args).items()
+             if not (args.from_plan and k == "global_batch")}
+    sources = [name for name, given in (("layout flags", bool(flags)),
+                                        ("--from-plan", args.from_plan),
+                                        ("--from-best", args.from_best is not None)) if given]
+    if len(sources) != 1:
+        raise UserError("give the layout one way: layout flags (--tp ...), --from-plan --gpus N "
+                        "[--rank K] or --from-best FILE" + (f" (got {' and '.join(sources)})"
+                                                           if sources else ""))
+    if args.gpus is not None and not args.from_plan:
+        raise UserError("--gpus is for --from-plan (the plan's GPU count)")
+    model = load_model(args.model)
+    system = None
+    if args.system is not None or args.from_plan:
+        from frontier_llm.cli.plan import DEFAULT_SYSTEM
+
+        system = load_system(args.system or DEFAULT_SYSTEM)
+    if args.from_plan:
+        if args.gpus is None:
+            raise UserError("--from-plan needs --gpus N (the GPU count flm plan ranked for)")
+        layout = _plan_layout(args, model, system)
+    elif args.from_best is not None:
+        layout = _best_layout(args.from_best)
+    else:
+        layout = layout_from_args(args)
+    text = export(args.to, model, layout, system, ds_config_path=args.ds_config)
+    if args.to == MEGATRON_DEEPSPEED and args.ds_config_given:
+        Path(args.ds_config).write_text(ds_config_text(model, layout, for_megatron=True))
+        print(f"flm export: wrote the ds_config the flags name to {args.ds_config}",
+              file=sys.stderr)
+    elif args.to == MEGATRON_DEEPSPEED:
+        print(f"flm export: the flags name {args.ds_config}; --ds-config PATH writes it",
+              file=sys.stderr)
+    if args.to == DEEPSPEED and layout.pp > 1:
+        print(f"flm export: a ds_config has no pipeline degree: build PipelineModule("
+              f"num_stages={layout.pp}) in your script", file=sys.stderr)
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+class _DsConfigPath(argparse.Action):
+    """--ds-config PATH: the path the flags name, and written only when given."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        namespace.ds_config = values
+        namespace.ds_config_given = True
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(
+        sub, "export", "write a layout as another trainer's flags, TOML or ds_config",
+        "Write one layout for another trainer: Megatron-LM or Megatron-DeepSpeed pretrain_gpt.py "
+        "flags (model shape, parallel degrees, batches, schedule, recomputation, sequence "
+        "parallelism, distributed optimizer or ZeRO, precision, flash attention), torchtitan's "
+        "job-config TOML (FSDP/HSDP degrees, pipeline schedule and split, activation "
+        "checkpointing), or DeepSpeed's ds_config.json. The layout comes as flm's layout flags, "
+        "as rank K of flm plan's ranking (--from-plan), or as the winner flm tune best wrote "
+        "(--from-best). A layout the trainer cannot express is refused in one line that says "
+        "why (exit 2). Names and sources: docs/export.md.",
+        ["flm export --to megatron-lm --model gpt-175b --tp 8 --pp 16 --dp 8 --global-batch 1024 "
+         "--zero 1 --sequence-parallel --recompute selective",
+         "flm export --to megatron-deepspeed --model gpt-175b --from-plan --gpus 1024 --rank 1 "
+         "--ds-config ds_config.json --out args.txt",
+         "flm export --to torchtitan --model llama3-8b --from-best best.yaml --out job.toml",
+         "flm export --to deepspeed --model llama3-8b --dp 8 --zero 3 --out ds_config.json"],
+    )
+    p.add_argument("--to", required=True, choices=TRAINER_CHOICES, help="the trainer")
+    p.add_argument("--model", required=True, help="catalog name or YAML path (see flm models)")
+    p.add_argument("--system", default=None,
+                   help="catalog name or YAML path: named in the output; --from-plan plans for "
+                        "it (default frontier there, as flm plan)")
+    p.add_argument("--out", metavar="FILE", default=None, help="write here (default stdout)")
+    p.add_argument("--ds-config", metavar="PATH", default="ds_config.json",
+                   action=_DsConfigPath,
+                   help="megatron-deepspeed: the ds_config path its --deepspeed_config flag "
+                        "names (default ds_config.json); given, the file is written too")
+    p.set_defaults(ds_config_given=False)
+    g = p.add_argument_group("from flm plan", "rank K of the ranking flm plan prints for the "
+                             "same model, system, GPUs and global batch (planner defaults)")
+    g.add_argument("--from-plan", action="store_true", help="take the layout from flm plan")
+    g.add_argument("--gpus", type=gpus, default=None, help="the GPU count to plan for")
+    g.add_argument("--rank", type=count(1), default=1, help="which rank (default 1, the best)")
+    g.add_argument("--plan-engine", metavar="WORDS", default=None,
+                   help="as flm plan --engine: the engines to plan for, comma-separated "
+                        "(default the planner's, native)")
+    p.add_argument("--from-best", metavar="FILE", default=None,
+                   help="take the layout from the YAML or JSON flm tune best wrote")
+    add_layout_args(p, required=False)
+    # --global-batch is a layout flag; with --from-plan it is the plan's global batch.
+    p.set_defaults(func=run_export)
