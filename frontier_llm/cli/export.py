@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from frontier_llm.cli.common import add_command
-from frontier_llm.cli.layout_args import add_layout_args, layout_from_args
+from frontier_llm.cli.layout_args import add_layout_args
 from frontier_llm.cli.numbers import count, gpus
 from frontier_llm.errors import UserError
 from frontier_llm.specs.layout import Layout, given_options
@@ -43,7 +43,13 @@ def _best_layout(path: str) -> Layout:
 
 def run_export(args: argparse.Namespace) -> int:
     from frontier_llm.catalog import load_model, load_system
-    from frontier_llm.export import DEEPSPEED, MEGATRON_DEEPSPEED, ds_config_text, export
+    from frontier_llm.export import (
+        DEEPSPEED,
+        MEGATRON_DEEPSPEED,
+        ds_config_text,
+        export,
+        layout_for,
+    )
 
     # With --from-plan, --global-batch is the plan's global batch, not a layout flag.
     flags = {k: v for k, v in given_options(args).items()
@@ -70,7 +76,7 @@ def run_export(args: argparse.Namespace) -> int:
     elif args.from_best is not None:
         layout = _best_layout(args.from_best)
     else:
-        layout = layout_from_args(args)
+        layout = layout_for(args.to, {"dtype": "bf16", **flags})  # flm predict's default dtype
     text = export(args.to, model, layout, system, ds_config_path=args.ds_config)
     if args.to == MEGATRON_DEEPSPEED and args.ds_config_given:
         Path(args.ds_config).write_text(ds_config_text(model, layout, for_megatron=True))

@@ -1,0 +1,368 @@
+"""flm export: goldens for each trainer on a table of layouts, read back by the trainer's own
+parser where it installs here (DeepSpeed's config class) and otherwise by a parser of the names
+the cited source defines (torchtitan's TOML with tomllib, Megatron's flags with argparse);
+refusals; the CLI's three ways to give a layout and its bad input.
+
+Regenerate the goldens after an intended change with FLM_REGEN_GOLDEN=1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from frontier_llm.catalog import load_model, load_system
+from frontier_llm.cli import main
+from frontier_llm.cli.layout_args import add_layout_args
+from frontier_llm.export import (
+    DEEPSPEED,
+    MEGATRON_DEEPSPEED,
+    MEGATRON_LM,
+    TORCHTITAN,
+    TRAINERS,
+    ExportRefused,
+    ds_config,
+    export,
+    job_config,
+    layout_for,
+)
+from frontier_llm.specs.layout import given_options
+
+GOLDEN = Path(__file__).parent / "golden" / "export"
+SUFFIX = {MEGATRON_LM: "args", MEGATRON_DEEPSPEED: "args", TORCHTITAN: "toml",
+          DEEPSPEED: "json"}
+
+# (id, model, flm layout flags, {trainer: None for a golden, or words of its refusal}). The
+# layouts are given as flm's own flags, so the table also goes through the CLI's layout codec.
+CASES = [
+    ("gpt-tp2-pp2-sp-full-zero1", "gpt3-125m",
+     "--tp 2 --pp 2 --dp 2 --global-batch 16 --sequence-parallel --recompute full --zero 1",
+     {MEGATRON_LM: None, MEGATRON_DEEPSPEED: None,
+      TORCHTITAN: "shards parameters, gradients and optimizer states differently",
+      DEEPSPEED: "no sequence parallelism"}),
+    ("llama-interleaved-fsdp-sac-op", "llama3-8b",
+     "--tp 2 --pp 2 --dp 2 --global-batch 16 --virtual-stages 2 --sequence-parallel "
+     "--recompute selective-op --zero 3",
+     {MEGATRON_LM: "does not run sharding zero3", MEGATRON_DEEPSPEED: "no 'selective-op'",
+      TORCHTITAN: None, DEEPSPEED: "no 'interleaved' pipeline schedule"}),
+    ("llama-dp8-zero3-full", "llama3-8b",
+     "--dp 8 --micro-batch 2 --global-batch 64 --zero 3 --recompute full",
+     {MEGATRON_LM: "does not run sharding zero3", MEGATRON_DEEPSPEED: None, TORCHTITAN: None,
+      DEEPSPEED: None}),
+    ("gpt-pp5-uneven-fp16-selective", "gpt3-125m",
+     "--pp 5 --global-batch 10 --dtype fp16 --recompute selective --no-flash-attention",
+     {MEGATRON_LM: None, MEGATRON_DEEPSPEED: None, TORCHTITAN: "does not train in fp16",
+      # DeepSpeed balances parameters: the embedding fills a stage of a 12-layer model.
+      DEEPSPEED: "leaves a chunk without layers"}),
+    ("llama-hsdp-keep-gathered", "tiny-llama",
+     "--dp 8 --global-batch 8 --sharding p=partial:4,g=partial:4,o=partial:4 "
+     "--no-reshard-after-forward",
+     {MEGATRON_LM: "cannot run this layout", MEGATRON_DEEPSPEED: "cannot run this layout",
+      TORCHTITAN: None, DEEPSPEED: "cannot run this layout"}),
+    ("gpt-hpz-amsp", "tiny-gpt",
+     "--dp 8 --global-batch 16 --sharding p=partial:4,g=full,o=full",
+     {MEGATRON_LM: "does not run sharding p=partial:4", MEGATRON_DEEPSPEED: None,
+      TORCHTITAN: "shards parameters, gradients and optimizer states differently",
+      DEEPSPEED: None}),
+    ("llama-tp2-no-sp", "tiny-llama", "--tp 2 --dp 2 --global-batch 4 --zero 3",
+     {MEGATRON_LM: "does not run sharding zero3", MEGATRON_DEEPSPEED: None,
+      TORCHTITAN: "always shards the norms", DEEPSPEED: None}),
+]
+
+
+def layout_of(flags: str, trainer: str = MEGATRON_DEEPSPEED):
+    """flm's layout flags as `flm export --to trainer` reads them (the engine is the trainer's)."""
+    p = argparse.ArgumentParser()
+    add_layout_args(p, required=False)
+    return layout_for(trainer, {"dtype": "bf16", **given_options(p.parse_args(shlex.split(flags)))})
+
+
+GOLDEN_CASES = [(cid, m, f, t) for cid, m, f, out in CASES for t, r in out.items() if r is None]
+REFUSALS = [(cid, m, f, t, r) for cid, m, f, out in CASES for t, r in out.items() if r]
+
+
+@pytest.mark.parametrize("cid, model, flags, trainer", GOLDEN_CASES,
+                         ids=[f"{c[0]}-{c[3]}" for c in GOLDEN_CASES])
+def test_golden(cid, model, flags, trainer):
+    text = export(trainer, load_model(model), layout_of(flags, trainer), load_system("frontier"))
+    path = GOLDEN / f"{cid}.{trainer}.{SUFFIX[trainer]}"
+    if os.environ.get("FLM_REGEN_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"{path.name} changed (FLM_REGEN_GOLDEN=1 rewrites it)"
+
+
+@pytest.mark.parametrize("cid, model, flags, trainer, words", REFUSALS,
+                         ids=[f"{c[0]}-{c[3]}" for c in REFUSALS])
+def test_refusal_is_one_line_that_says_why(cid, model, flags, trainer, words):
+    with pytest.raises(ExportRefused) as exc:
+        export(trainer, load_model(model), layout_of(flags, trainer))
+    message = str(exc.value)
+    assert "\n" not in message and message.startswith(f"{trainer} cannot run this layout: ")
+    assert words in message
+
+
+def test_every_trainer_has_a_golden_and_a_refusal():
+    # The table must keep exercising each exporter both ways.
+    assert {c[3] for c in GOLDEN_CASES} == set(TRAINERS) == {c[3] for c in REFUSALS}
+
+
+# --- Megatron: the names its arguments.py defines at the cited versions ------------------------
+# Transcribed from megatron/training/arguments.py (Megatron-LM core_v0.15.3) and
+# megatron/arguments.py (Megatron-DeepSpeed 4efb479): name -> type, or a tuple of choices, or
+# None for a store_true switch. Only the names the exporter writes.
+_COMMON = {"--num-layers": int, "--hidden-size": int, "--ffn-hidden-size": int,
+           "--num-attention-heads": int, "--seq-length": int, "--max-position-embeddings": int,
+           "--vocab-size": int, "--swiglu": None, "--disable-bias-linear": None,
+           "--untie-embeddings-and-output-weights": None, "--attention-dropout": float,
+           "--hidden-dropout": float, "--tensor-model-parallel-size": int,
+           "--pipeline-model-parallel-size": int, "--micro-batch-size": int,
+           "--global-batch-size": int, "--sequence-parallel": None,
+           "--recompute-granularity": ("full", "selective"),
+           "--recompute-method": ("uniform", "block"), "--recompute-num-layers": int,
+           "--bf16": None, "--fp16": None}
+MEGATRON_LM_FLAGS = {**_COMMON, "--group-query-attention": None, "--num-query-groups": int,
+                     "--position-embedding-type": ("learned_absolute", "rope", "mrope",
+                                                   "relative", "none"),
+                     "--normalization": ("LayerNorm", "RMSNorm"),
+                     "--num-virtual-stages-per-pipeline-rank": int,
+                     "--decoder-first-pipeline-num-layers": int,
+                     "--decoder-last-pipeline-num-layers": int,
+                     "--use-distributed-optimizer": None,
+                     # AttnBackend in megatron/core/transformer/enums.py
+                     "--attention-backend": ("flash", "fused", "unfused", "local", "auto")}
+MEGATRON_DEEPSPEED_FLAGS = {**_COMMON, "--num-key-value-heads": int,
+                            "--use-rotary-position-embeddings": None,
+                            "--no-position-embedding": None,
+                            "--normalization": ("layernorm", "rmsnorm"),
+                            "--no-pipeline-parallel": None, "--use-flash-attn-v2": None,
+                            "--checkpoint-activations": None,
+                            "--deepspeed-activation-checkpointing": None,
+                            "--zero-stage": int,
+                            # deepspeed.add_config_arguments (deepspeed/__init__.py)
+                            "--deepspeed": None, "--deepspeed_config": str}
+
+
+def megatron_parser(names: dict) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(exit_on_error=False)
+    for name, kind in names.items():
+        if kind is None:
+            p.add_argument(name, action="store_true")
+        elif isinstance(kind, tuple):
+            p.add_argument(name, choices=kind)
+        else:
+            p.add_argument(name, type=kind)
+    return p
+
+
+def argv_of(text: str) -> list[str]:
+    body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    return shlex.split(body.replace("\\\n", " "))
+
+
+@pytest.mark.parametrize("trainer, names", [(MEGATRON_LM, MEGATRON_LM_FLAGS),
+                                            (MEGATRON_DEEPSPEED, MEGATRON_DEEPSPEED_FLAGS)])
+def test_megatron_flags_parse_with_the_trainers_names(trainer, names):
+    parser = megatron_parser(names)
+    for _cid, model_name, flags, t in GOLDEN_CASES:
+        if t != trainer:
+            continue
+        model, layout = load_model(model_name), layout_of(flags, trainer)
+        ns = parser.parse_args(argv_of(export(trainer, model, layout)))  # unknown name: error
+        assert (ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size) == \
+            (layout.tp, layout.pp)
+        assert ns.global_batch_size == layout.global_batch
+        assert ns.micro_batch_size == layout.micro_batch
+        assert (ns.num_layers, ns.hidden_size, ns.ffn_hidden_size) == \
+            (model.layers, model.hidden, model.ffn_hidden)
+        assert ns.sequence_parallel == layout.sequence_parallel
+        assert (ns.bf16, ns.fp16) == (layout.dtype == "bf16", layout.dtype == "fp16")
+
+
+def test_megatron_lm_uneven_pipeline_and_interleaving():
+    # gpt3-125m has 12 layers over 5 stages: Megatron's ends take what the middle leaves.
+    model = load_model("gpt3-125m")
+    ns = megatron_parser(MEGATRON_LM_FLAGS).parse_args(argv_of(export(
+        MEGATRON_LM, model, layout_of("--pp 5 --global-batch 10"))))
+    middle = 3 * -(-12 // 5)
+    assert ns.decoder_first_pipeline_num_layers + ns.decoder_last_pipeline_num_layers \
+        == 12 - middle
+    ns = megatron_parser(MEGATRON_LM_FLAGS).parse_args(argv_of(export(
+        MEGATRON_LM, model, layout_of("--pp 2 --virtual-stages 3 --global-batch 4"))))
+    assert ns.num_virtual_stages_per_pipeline_rank == 3
+    assert ns.decoder_first_pipeline_num_layers is None
+
+
+def test_megatron_gqa_spelled_per_trainer():
+    model, layout = load_model("llama3-8b"), layout_of("--tp 8 --pp 1 --global-batch 1")
+    lm = megatron_parser(MEGATRON_LM_FLAGS).parse_args(argv_of(export(MEGATRON_LM, model,
+                                                                      layout)))
+    assert lm.group_query_attention and lm.num_query_groups == 8
+    assert lm.position_embedding_type == "rope" and lm.normalization == "RMSNorm"
+    ds = megatron_parser(MEGATRON_DEEPSPEED_FLAGS).parse_args(argv_of(export(
+        MEGATRON_DEEPSPEED, model, layout)))
+    assert ds.num_key_value_heads == 8 and ds.use_rotary_position_embeddings
+
+
+# --- torchtitan: tomllib and the keys of job_config.py (v0.2.2) --------------------------------
+# Section -> key -> the type its dataclass field has in torchtitan/config/job_config.py.
+TORCHTITAN_KEYS = {
+    "model": {"name": str, "flavor": str},
+    "training": {"local_batch_size": int, "global_batch_size": int, "seq_len": int,
+                 "mixed_precision_param": str},
+    "parallelism": {"data_parallel_replicate_degree": int, "data_parallel_shard_degree": int,
+                    "fsdp_reshard_after_forward": str, "tensor_parallel_degree": int,
+                    "pipeline_parallel_degree": int, "pipeline_parallel_schedule": str,
+                    "pipeline_parallel_microbatch_size": int, "module_fqns_per_model_part": list},
+    "activation_checkpoint": {"mode": str, "selective_ac_option": str},
+}
+TORCHTITAN_LITERALS = {"fsdp_reshard_after_forward": ("default", "always", "never"),
+                       "mixed_precision_param": ("bfloat16", "float32"),
+                       "mode": ("selective", "full", "memory_budget", "none"),
+                       "pipeline_parallel_schedule": ("1F1B", "GPipe", "Interleaved1F1B")}
+
+
+def test_torchtitan_toml_has_only_job_config_keys_and_consistent_degrees():
+    for _cid, model_name, flags, t in GOLDEN_CASES:
+        if t != TORCHTITAN:
+            continue
+        model, layout = load_model(model_name), layout_of(flags, TORCHTITAN)
+        doc = tomllib.loads(export(TORCHTITAN, model, layout))
+        for section, keys in doc.items():
+            for key, value in keys.items():
+                assert isinstance(value, TORCHTITAN_KEYS[section][key]), (section, key)
+                if key in TORCHTITAN_LITERALS:
+                    assert value in TORCHTITAN_LITERALS[key], (key, value)
+        par, tr = doc["parallelism"], doc["training"]
+        world = (par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+                 * par["tensor_parallel_degree"] * par["pipeline_parallel_degree"])
+        assert world == layout.world_size
+        assert tr["global_batch_size"] == layout.global_batch
+        if layout.pp > 1:
+            parts = par["module_fqns_per_model_part"]
+            assert len(parts) == layout.pp * layout.virtual_stages
+            assert sum(len([m for m in p if m.startswith("layers.")]) for p in parts) \
+                == model.layers
+            assert tr["local_batch_size"] % par["pipeline_parallel_microbatch_size"] == 0
+
+
+def test_torchtitan_hsdp_degrees():
+    cfg = job_config(load_model("tiny-llama"), layout_of(
+        "--dp 8 --global-batch 8 --sharding p=partial:2,g=partial:2,o=partial:2", TORCHTITAN))
+    assert (cfg["parallelism"]["data_parallel_shard_degree"],
+            cfg["parallelism"]["data_parallel_replicate_degree"]) == (2, 4)
+
+
+# --- DeepSpeed: its own config class reads what we emit ----------------------------------------
+class _DataParallelOnly:
+    """The mpu DeepSpeedConfig asks for the data-parallel world size (no process group)."""
+
+    def __init__(self, dp: int) -> None:
+        self.dp = dp
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp
+
+
+@pytest.mark.parametrize("trainer", [DEEPSPEED, MEGATRON_DEEPSPEED])
+def test_deepspeed_config_class_accepts_the_ds_config(trainer, monkeypatch):
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime import config as ds_runtime_config
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    # Rank 0 of a world of the layout's size, without a process group: DeepSpeedConfig then
+    # checks train_batch_size against that world (or the mpu's data-parallel size) as it would
+    # in the job, instead of falling back to a world of one.
+    monkeypatch.setattr(ds_runtime_config.dist, "get_rank", lambda *a, **k: 0)
+
+    checked = 0
+    for _cid, model_name, flags, t in GOLDEN_CASES:
+        if t != trainer:
+            continue
+        model, layout = load_model(model_name), layout_of(flags, trainer)
+        cfg = ds_config(model, layout, for_megatron=trainer == MEGATRON_DEEPSPEED)
+        if trainer == DEEPSPEED:
+            assert cfg == json.loads(export(DEEPSPEED, model, layout))
+        # With AutoTP the TP ranks are in DeepSpeed's world (no mpu); else the mpu gives dp.
+        mpu = None if "tensor_parallel" in cfg else _DataParallelOnly(layout.dp)
+        monkeypatch.setattr(ds_runtime_config.dist, "get_world_size",
+                            lambda *a, w=layout.world_size, **k: w)
+        parsed = DeepSpeedConfig(json.loads(json.dumps(cfg)), mpu=mpu)
+        assert parsed.zero_optimization_stage == cfg["zero_optimization"]["stage"]
+        assert parsed.train_micro_batch_size_per_gpu == layout.micro_batch
+        assert parsed.gradient_accumulation_steps == layout.num_microbatches
+        assert parsed.bfloat16_config.enabled == (layout.dtype == "bf16")
+        checked += 1
+    assert checked >= 2
+
+
+# --- the command line --------------------------------------------------------------------------
+def _run(capsys, argv):
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse's refusal
+        rc = exc.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err.strip().splitlines()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["export", "--to", "nemo", "--model", "tiny-gpt", "--tp", "1"], "invalid choice: 'nemo'"),
+    (["export", "--to", "deepspeed", "--tp", "1"], "required: --model"),
+    (["export", "--to", "deepspeed", "--model", "tiny-gpt"], "give the layout one way"),
+    (["export", "--to", "deepspeed", "--model", "tiny-gpt", "--tp", "2", "--from-plan",
+      "--gpus", "2"], "got layout flags and --from-plan"),
+    (["export", "--to", "megatron-lm", "--model", "tiny-gpt", "--dp", "4", "--global-batch", "4",
+      "--zero", "3"], "megatron-lm cannot run this layout"),
+    (["export", "--to", "megatron-lm", "--model", "tiny-gpt", "--system", "cpu-local-fit",
+      "--from-plan", "--gpus", "2", "--rank", "100000"], "there is no rank 100000"),
+    (["export", "--to", "torchtitan", "--model", "tiny-gpt", "--from-best", "{tmp}/none.yaml"],
+     "none.yaml"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, words):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    rc, out, err = _run(capsys, argv)
+    assert rc == 2 and out == ""
+    assert len(err) == 1 and words in err[0], err
+
+
+def test_from_plan_is_flm_plans_rank(capsys, tmp_path):
+    from frontier_llm.planner import SearchSpace, plan
+
+    model, system = load_model("tiny-gpt"), load_system("cpu-local-fit")
+    result = plan(model, system, 8, None, SearchSpace(dtype="bf16"))
+    second = result.layout(int(result.ranked_indices(None, fits_only=True, frontier=True)[1]))
+    out = tmp_path / "args.txt"
+    rc, _, err = _run(capsys, ["export", "--to", "megatron-deepspeed", "--model", "tiny-gpt",
+                               "--system", "cpu-local-fit", "--from-plan", "--gpus", "8",
+                               "--rank", "2", "--out", str(out),
+                               "--ds-config", str(tmp_path / "ds.json")])
+    assert rc == 0, err
+    assert out.read_text() == export(MEGATRON_DEEPSPEED, model, second, system,
+                                     ds_config_path=str(tmp_path / "ds.json"))
+    written = json.loads((tmp_path / "ds.json").read_text())
+    assert written == ds_config(model, second, for_megatron=True)
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_from_best_reads_the_tune_best_document(capsys, tmp_path, fmt):
+    import yaml
+
+    model, layout = load_model("tiny-llama"), layout_of("--tp 2 --dp 2 --global-batch 8 "
+                                                        "--sequence-parallel --zero 3", TORCHTITAN)
+    # The shape `flm tune best` writes (tune/report.py best_document): the layout with the bench
+    # arguments folded into it in the trial, popped out beside it.
+    doc = {"study": "s", "trial": 3, "throughput_per_gpu": 1.0,
+           "layout": layout.to_dict(), "bench_args": {"steps": 5}, "measured": {},
+           "predicted": {}, "run_id": "r", "flm_bench": "flm bench ..."}
+    path = tmp_path / f"best.{fmt}"
+    path.write_text(yaml.safe_dump(doc) if fmt == "yaml" else json.dumps(doc))
+    rc, out, err = _run(capsys, ["export", "--to", "torchtitan", "--model", "tiny-llama",
+                                 "--from-best", str(path)])
+    assert rc == 0, err
+    assert out == export(TORCHTITAN, model, layout)
