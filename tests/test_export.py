@@ -323,6 +323,8 @@ def _run(capsys, argv):
       "--from-plan", "--gpus", "2", "--rank", "100000"], "there is no rank 100000"),
     (["export", "--to", "torchtitan", "--model", "tiny-gpt", "--from-best", "{tmp}/none.yaml"],
      "none.yaml"),
+    (["export", "--to", "megatron-lm", "--model", "tiny-gpt", "--from-plan", "--gpus", "8",
+      "--plan-args=--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, words):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
@@ -335,13 +337,15 @@ def test_from_plan_is_flm_plans_rank(capsys, tmp_path):
     from frontier_llm.planner import SearchSpace, plan
 
     model, system = load_model("tiny-gpt"), load_system("cpu-local-fit")
-    result = plan(model, system, 8, None, SearchSpace(dtype="bf16"))
+    # What `flm plan --model tiny-gpt --system cpu-local-fit --gpus 8 --engine megatron` ranks.
+    result = plan(model, system, 8, None, SearchSpace(dtype="bf16", engine=("megatron",)))
     second = result.layout(int(result.ranked_indices(None, fits_only=True, frontier=True)[1]))
+    assert second.engine == "megatron"
     out = tmp_path / "args.txt"
     rc, _, err = _run(capsys, ["export", "--to", "megatron-deepspeed", "--model", "tiny-gpt",
                                "--system", "cpu-local-fit", "--from-plan", "--gpus", "8",
-                               "--rank", "2", "--out", str(out),
-                               "--ds-config", str(tmp_path / "ds.json")])
+                               "--plan-args", "--engine megatron", "--rank", "2",
+                               "--out", str(out), "--ds-config", str(tmp_path / "ds.json")])
     assert rc == 0, err
     assert out.read_text() == export(MEGATRON_DEEPSPEED, model, second, system,
                                      ds_config_path=str(tmp_path / "ds.json"))

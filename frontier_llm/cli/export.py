@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -16,13 +17,19 @@ TRAINER_CHOICES = ("megatron-lm", "megatron-deepspeed", "torchtitan", "deepspeed
 
 
 def _plan_layout(args: argparse.Namespace, model, system) -> Layout:
-    """Rank ``--rank`` of ``flm plan``'s default ranking (fits, not dominated, fastest first)."""
+    """Rank ``--rank`` of the ranking ``flm plan`` prints for the same model, system, GPUs and
+    ``--plan-args`` (its restrict flags, read by flm plan's own parser with its defaults)."""
+    from frontier_llm.cli import build_parser
+    from frontier_llm.cli.layout_args import space_from_args
     from frontier_llm.planner import SearchSpace, plan
 
-    engines = tuple(w.strip() for w in args.plan_engine.split(",")) if args.plan_engine else None
-    space = SearchSpace(dtype="bf16", engine=engines)  # flm plan's defaults
-    result = plan(model, system, args.gpus, args.global_batch, space)
-    ranked = result.ranked_indices(None, fits_only=True, frontier=True)
+    words = ["plan", "--model", args.model, "--system", system.name, "--gpus", str(args.gpus)]
+    if args.global_batch is not None:
+        words += ["--global-batch", str(args.global_batch)]
+    ns = build_parser("plan").parse_args(words + shlex.split(args.plan_args or ""))
+    result = plan(model, system, ns.gpus, ns.global_batch,
+                  SearchSpace(dtype=ns.dtype, **space_from_args(ns)))
+    ranked = result.ranked_indices(None, fits_only=not ns.include_oom, frontier=not ns.all)
     if args.rank > len(ranked):
         raise UserError(f"flm plan ranks {len(ranked)} layouts of {model.name} on {args.gpus} "
                         f"GPUs of {system.name}; there is no rank {args.rank}")
@@ -117,7 +124,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         ["flm export --to megatron-lm --model gpt-175b --tp 8 --pp 16 --dp 8 --global-batch 1024 "
          "--zero 1 --sequence-parallel --recompute selective",
          "flm export --to megatron-deepspeed --model gpt-175b --from-plan --gpus 1024 --rank 1 "
-         "--ds-config ds_config.json --out args.txt",
+         "--plan-args '--engine megatron --schedule 1f1b' --ds-config ds_config.json",
          "flm export --to torchtitan --model llama3-8b --from-best best.yaml --out job.toml",
          "flm export --to deepspeed --model llama3-8b --dp 8 --zero 3 --out ds_config.json"],
     )
@@ -137,9 +144,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--from-plan", action="store_true", help="take the layout from flm plan")
     g.add_argument("--gpus", type=gpus, default=None, help="the GPU count to plan for")
     g.add_argument("--rank", type=count(1), default=1, help="which rank (default 1, the best)")
-    g.add_argument("--plan-engine", metavar="WORDS", default=None,
-                   help="as flm plan --engine: the engines to plan for, comma-separated "
-                        "(default the planner's, native)")
+    g.add_argument("--plan-args", metavar="'FLAGS'", default=None,
+                   help="flm plan's restrict flags, quoted, as you gave them to flm plan "
+                        "(e.g. '--engine megatron --schedule 1f1b'); --include-oom and --all "
+                        "rank as there")
     p.add_argument("--from-best", metavar="FILE", default=None,
                    help="take the layout from the YAML or JSON flm tune best wrote")
     add_layout_args(p, required=False)
