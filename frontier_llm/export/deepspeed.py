@@ -4,10 +4,10 @@ model.
 
 Adapted how: ``tensor_parallel`` (AutoTP) keeps ``autotp_size`` but not flm bench's layer specs,
 which name flm's own modules (AutoTP's default specs cover the usual Hugging Face models);
-``steps_per_print`` is DeepSpeed's default (10: the user's logs are what ``flm collect
---from-logs`` reads) and ``gradient_clipping`` is left to the user. For Megatron-DeepSpeed
-(``for_megatron``) Megatron does tensor parallelism, so there is no AutoTP block, and its mpu
-gives DeepSpeed the data-parallel size, so ``train_batch_size`` stays.
+``steps_per_print`` is 10 (DeepSpeed's default, None, prints no step lines, and the user's logs
+are what ``flm collect --from-logs`` reads) and ``gradient_clipping`` is left to the user. For
+Megatron-DeepSpeed (``for_megatron``) Megatron does tensor parallelism, so there is no AutoTP
+block, and its mpu gives DeepSpeed the data-parallel size, so ``train_batch_size`` stays.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from frontier_llm.specs.layout import Engine, Layout
 from frontier_llm.specs.model import ModelSpec
 
 DEEPSPEED = "deepspeed"
-DEEPSPEED_DEFAULT_STEPS_PER_PRINT = 10  # deepspeed/runtime/constants.py STEPS_PER_PRINT_DEFAULT
+# A step line every 10 steps (deepspeed/runtime/constants.py STEPS_PER_PRINT_DEFAULT is None).
+STEPS_PER_PRINT = 10
 
 
 def zero_stage(trainer: str, layout: Layout) -> int:
@@ -47,7 +48,7 @@ def ds_config(model: ModelSpec, layout: Layout, for_megatron: bool = False) -> d
                          "Megatron-style layers (--to megatron-deepspeed)")
     zero_stage(DEEPSPEED, layout)  # MiCS and other placements DeepSpeed lacks: refused here
     cfg = deepspeed_config(layout)
-    cfg["steps_per_print"] = DEEPSPEED_DEFAULT_STEPS_PER_PRINT
+    cfg["steps_per_print"] = STEPS_PER_PRINT
     cfg.pop("gradient_clipping", None)
     if for_megatron:
         cfg.pop("tensor_parallel", None)
