@@ -141,8 +141,6 @@ MEGATRON_DEEPSPEED_FLAGS = {**_COMMON, "--num-key-value-heads": int,
                             "--no-position-embedding": None,
                             "--normalization": ("layernorm", "rmsnorm"),
                             "--no-pipeline-parallel": None, "--use-flash-attn-v2": None,
-                            "--checkpoint-activations": None,
-                            "--deepspeed-activation-checkpointing": None,
                             "--zero-stage": int,
                             # deepspeed.add_config_arguments (deepspeed/__init__.py)
                             "--deepspeed": None, "--deepspeed_config": str}
@@ -182,6 +180,11 @@ def test_megatron_flags_parse_with_the_trainers_names(trainer, names):
             (model.layers, model.hidden, model.ffn_hidden)
         assert ns.sequence_parallel == layout.sequence_parallel
         assert (ns.bf16, ns.fp16) == (layout.dtype == "bf16", layout.dtype == "fp16")
+        # Full recomputation one block at a time: what GPTModelPipe also reads with pp > 1.
+        assert ns.recompute_granularity == {"none": None, "selective": "selective",
+                                            "full": "full"}[layout.recompute]
+        assert (ns.recompute_method, ns.recompute_num_layers) == \
+            (("uniform", 1) if layout.recompute == "full" else (None, None))
 
 
 def test_megatron_lm_uneven_pipeline_and_interleaving():

@@ -50,15 +50,14 @@ def _model_args(model: ModelSpec, deepspeed: bool) -> list[str]:
     return argv
 
 
-def _recompute_args(layout: Layout, full_pipe: bool) -> list[str]:
+def _recompute_args(layout: Layout) -> list[str]:
     """``--recompute-granularity selective`` recomputes the attention core (its default module,
-    ``core_attn``); full recomputes every block. Megatron-DeepSpeed's ``GPTModelPipe`` takes full
-    recomputation from ``--checkpoint-activations`` (its PipelineModule's checkpoint interval)."""
+    ``core_attn``); full recomputes every block, one at a time. Megatron-DeepSpeed's
+    ``GPTModelPipe`` reads the same flags (full + uniform: its PipelineModule's checkpoint
+    interval is ``--recompute-num-layers``; megatron/model/gpt_model.py)."""
     if layout.recompute == Recompute.SELECTIVE:
         return ["--recompute-granularity", "selective"]
     if layout.recompute == Recompute.FULL:
-        if full_pipe:
-            return ["--checkpoint-activations", "--deepspeed-activation-checkpointing"]
         return ["--recompute-granularity", "full", "--recompute-method", "uniform",
                 "--recompute-num-layers", "1"]
     return []
@@ -90,7 +89,7 @@ def megatron_lm_argv(model: ModelSpec, layout: Layout) -> list[str]:
                      "--decoder-last-pipeline-num-layers", str(counts[-1])]
     if layout.sequence_parallel:
         argv.append("--sequence-parallel")
-    argv += _recompute_args(layout, full_pipe=False)
+    argv += _recompute_args(layout)
     if layout.zero_stage == 1 and layout.dp > 1:
         # The distributed optimizer shards optimizer states over the DP ranks: ZeRO-1.
         argv.append("--use-distributed-optimizer")
@@ -111,7 +110,7 @@ def megatron_deepspeed_argv(model: ModelSpec, layout: Layout,
         argv.append("--no-pipeline-parallel")
     if layout.sequence_parallel:
         argv.append("--sequence-parallel")
-    argv += _recompute_args(layout, full_pipe=layout.pp > 1)
+    argv += _recompute_args(layout)
     argv += _dtype_args(layout)
     if layout.flash_attention:
         argv.append("--use-flash-attn-v2")
