@@ -65,7 +65,7 @@ def _logs_to_traces(args: argparse.Namespace) -> str:
         raise UserError("collect --from-logs: say which trainer wrote the logs: --trainer "
                         "megatron|torchtitan|deepspeed")
     options = LogOptions(system=args.system, model=args.model,
-                         layout=parse_layout_option(args.layout or ""))
+                         layout=parse_layout_option(args.layout or ""), sweep=args.sweep)
     report = logs_to_traces(args.from_logs, args.trainer, options, args.traces)
     if not report.traces and report.refused:  # nothing to store: exit 2, the first reason
         for line in report.refused[1:]:
@@ -282,6 +282,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="layout fields the logs do not print, e.g. "
                            "'dp=8,micro_batch=1,global_batch=64' (field names as in flm bench; "
                            "zero=N for the sharding); a value the log prints must agree")
+    logs.add_argument("--sweep", metavar="NAME",
+                      help="the sweep the runs are stored under, for flm validate --sweep and "
+                           "flm calibrate --from-runs --sweep (default: logs-<system>)")
     logs.add_argument("--traces", metavar="DIR", default="log-traces",
                       help="where the traces made from the logs are written and collected from "
                            "(default: log-traces/)")

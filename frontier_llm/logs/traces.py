@@ -21,13 +21,15 @@ from frontier_llm.errors import UserError
 from frontier_llm.logs import TRAINERS
 from frontier_llm.logs.common import LogError, ParsedLog, ParsedRun, parse_text, read_text
 from frontier_llm.logs.deepspeed import samples_per_s
+from frontier_llm.specs.forms import ALWAYS_SHOWN, SCALED
 from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.layout import Layout, complete_layout, layout_fields, layout_types
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.vocab import RunStatus
 
 # Fields a run must state (in its log or in --layout): without them its step time means nothing.
-REQUIRED = ("tp", "pp", "dp", "micro_batch", "global_batch")
+# They are those the one label always writes (specs.forms: the degrees and both batches).
+REQUIRED = tuple(dict.fromkeys((*ALWAYS_SHOWN, *SCALED)))
 
 
 class RunRefused(UserError):
@@ -41,6 +43,9 @@ class LogOptions:
     system: str | None = None
     model: str | None = None
     layout: dict[str, object] = field(default_factory=dict)
+    # The runs' sweep label: flm validate --sweep and flm calibrate --from-runs --sweep select
+    # runs by it. Default: logs-<system> (calibration fits one system's runs).
+    sweep: str | None = None
 
 
 def parse_layout_option(text: str) -> dict[str, object]:
@@ -145,16 +150,16 @@ def _times(run: ParsedRun, layout: Layout, model: ModelSpec) -> None:
             s.time_s = tokens / (s.tokens_per_s * layout.tp * layout.pp)
 
 
-def _status(run: ParsedRun) -> tuple[str, str | None]:
+def _status(run: ParsedRun) -> tuple[str, str | None, str]:
+    """(status, error, how the log ends). A log that stops before its last iteration with no
+    error (a job stopped at its time limit, a file cut) still measured every step it printed:
+    completed, and the ``log_end`` label says where it stops."""
     if run.status in (RunStatus.OOM, RunStatus.FAILED):
-        return run.status, run.error
-    if run.total_steps and run.steps and run.steps[-1].step < run.total_steps \
-            and not run.finished:
-        # The log stops before the last iteration with no error: cut short (a job killed at
-        # its time limit, a file truncated). Its steps are measurements; the status flags it.
-        return RunStatus.SUSPECT, (f"the log ends at iteration {run.steps[-1].step} of "
-                                   f"{run.total_steps} without an error (truncated)")
-    return RunStatus.COMPLETED, None
+        return run.status, run.error, "error"
+    last = run.steps[-1].step
+    if run.total_steps and last < run.total_steps and not run.finished:
+        return RunStatus.COMPLETED, None, f"cut at step {last} of {run.total_steps}"
+    return RunStatus.COMPLETED, None, "finished" if run.finished else f"at step {last}"
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -193,10 +198,11 @@ def build_trace(run: ParsedRun, path: Path, options: LogOptions) -> dict:
             summary[key] = printed
     peaks = [s.memory_bytes for s in run.steps if s.memory_bytes is not None]
     summary["peak_memory_bytes"] = max(peaks) if peaks else None
-    status, error = _status(run)
+    status, error, end = _status(run)
     stamp = datetime.fromtimestamp(path.stat().st_mtime, UTC).isoformat(timespec="seconds")
     labels = {"source": "trainer-log", "log": str(path.resolve()), "log_run": str(run.index),
-              "trainer": run.trainer}
+              "trainer": run.trainer, "log_end": end,
+              "sweep": options.sweep or f"logs-{system.name}"}
     if defaulted:
         labels["layout_defaulted"] = ",".join(defaulted)
     model_json = model.to_dict()
