@@ -61,6 +61,43 @@ def test_megatron_arguments_block_states_degrees_and_dtype():
     assert run.steps == []
 
 
+def test_megatron_older_format_memory_report_and_skipped_iterations():
+    """NVIDIA/Megatron-LM#60 (2020): no loss on skipped iterations, the memory report, and an
+    iteration line cut after its step time (still readable)."""
+    log, run = _one("megatron_lm_60_v100.log", "megatron")
+    assert [(s.step, s.time_s, s.loss) for s in run.steps] == [
+        (5, 16.4915, None), (10, 1.9939, None), (15, 1.9781, None)]
+    assert run.steps[0].memory_bytes == int(12606.06201171875 * 2**20)
+    assert log.unreadable == 0
+
+
+def test_megatron_arguments_to_layout_and_shape(tmp_path):
+    """Three real pieces of arguments blocks (#91's header and a..c, Megatron-LLM#70's n..r,
+    #516's r..s; concatenated here in the block's alphabetical order) read into the fields they
+    state, and nothing else."""
+    path = tmp_path / "arguments.log"
+    path.write_text("".join((DATA / name).read_text() for name in (
+        "megatron_lm_91_arguments.log", "megatron_llm_70_arguments_n_to_r.log",
+        "megatron_lm_516_arguments_r_to_s.log")))
+    _, run = _one(str(path), "megatron")
+    assert run.layout == {"dp": 1, "tp": 1, "pp": 1, "sequence_parallel": False,
+                          "recompute": "none", "dtype": "bf16", "engine": "megatron"}
+    assert run.model == {"layers": 32, "seq_len": 1024, "position": "rope"}
+
+
+def test_an_out_of_memory_line_makes_the_run_oom(tmp_path):
+    """#449's iterations followed by PyTorch's out-of-memory error as ACEsuit/mace#121 shows it
+    (concatenated here)."""
+    path = tmp_path / "oom.log"
+    path.write_text((DATA / "megatron_lm_449_v100.log").read_text()
+                    + (DATA / "torch_oom_mace_121.txt").read_text())
+    _, run = _one(str(path), "megatron")
+    trace = build_trace(run, path, LogOptions("dgx-a100", "gpt3-350m", parse_layout_option(
+        "tp=1,pp=1,dp=64,micro_batch=4,global_batch=256")))
+    assert trace["status"] == "oom"
+    assert trace["error"].startswith("torch.cuda.OutOfMemoryError: CUDA out of memory.")
+
+
 def test_megatron_several_runs_in_one_file_and_rank_prefixes(tmp_path):
     """Two real excerpts after an arguments block each (concatenated here: a file of two runs),
     every line printed by two ranks under ``srun --label`` prefixes."""

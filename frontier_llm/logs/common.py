@@ -230,7 +230,7 @@ def integer(text: str | None) -> int | None:
     return int(number(text))
 
 
-_REPORT = re.compile(r"\(after \d+ iterations\) memory \(MB\).*\| max allocated: ([\d.]+)")
+_REPORT = re.compile(r"\(?after \d+ iterations\)? memory \(MB\).*\| max allocated: ([\d.]+)")
 MB = 2**20
 
 
