@@ -53,9 +53,9 @@ def _err(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _logs_to_traces(args: argparse.Namespace) -> str:
+def _logs_to_traces(args: argparse.Namespace) -> tuple[str, list]:
     """flm collect --from-logs: write one trace per run of the logs into --traces; returns the
-    sentence saying what was read (the traces are then collected like any others)."""
+    sentence saying what was read and the traces written (then collected like any others)."""
     from frontier_llm.errors import UserError
     from frontier_llm.logs.traces import LogOptions, logs_to_traces, parse_layout_option
 
@@ -73,7 +73,7 @@ def _logs_to_traces(args: argparse.Namespace) -> str:
         raise UserError(f"collect --from-logs: nothing stored: {report.refused[0]}")
     for line in report.refused:
         _err(f"flm collect: refused {line}")
-    return report.summary()
+    return report.summary(), report.traces
 
 
 def _collect(args: argparse.Namespace) -> int:
@@ -81,8 +81,8 @@ def _collect(args: argparse.Namespace) -> int:
 
     read = None
     if args.from_logs:
-        read = _logs_to_traces(args)
-        args.dirs = [args.traces]
+        # Only the traces of these logs are collected (not what else --traces holds).
+        read, args.dirs = _logs_to_traces(args)
     elif not args.dirs:
         raise UserError("collect: give at least one folder of traces (or --from-logs LOG ...)")
     store = open_store(args.db)

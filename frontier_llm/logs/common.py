@@ -65,6 +65,7 @@ class ParsedRun:
     seen_steps: set[int] = field(default_factory=set)
     status: str | None = None  # oom / failed when the log says so
     error: str | None = None
+    error_after: int = 0  # how many steps the run had printed when its error line came
     finished: bool = False  # the trainer printed its end-of-training line
     in_block: bool = False  # inside a printed arguments / config block
     first_time: str | None = None
@@ -197,12 +198,14 @@ def read_outcome(run: ParsedRun, text: str) -> bool:
     if _OOM.search(text):
         if run.status != "oom":
             run.status, run.error = "oom", text.strip()[:500]
+        run.error_after = len(run.steps)
         return True
     if _ERROR.search(text.strip()):
         if run.status is None:
             run.status = "failed"
         if run.error is None or run.error.startswith("Traceback"):
             run.error = text.strip()[:500]
+        run.error_after = len(run.steps)
         return True
     return False
 

@@ -10,6 +10,7 @@ quarantine, deduplication and the one-line errors are those of ``flm collect``.
 from __future__ import annotations
 
 import hashlib
+import math
 import statistics
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -154,7 +155,9 @@ def _status(run: ParsedRun) -> tuple[str, str | None, str]:
     """(status, error, how the log ends). A log that stops before its last iteration with no
     error (a job stopped at its time limit, a file cut) still measured every step it printed:
     completed, and the ``log_end`` label says where it stops."""
-    if run.status in (RunStatus.OOM, RunStatus.FAILED):
+    # An error line ends the run only if no step line follows it (a warning's traceback in a
+    # run that went on training is not how the run ended).
+    if run.status in (RunStatus.OOM, RunStatus.FAILED) and run.error_after == len(run.steps):
         return run.status, run.error, "error"
     last = run.steps[-1].step
     if run.total_steps and last < run.total_steps and not run.finished:
@@ -182,6 +185,13 @@ def build_trace(run: ParsedRun, path: Path, options: LogOptions) -> dict:
     layout, defaulted = _layout(run, options)
     model = _model(run, options)
     _times(run, layout, model)
+    # A step with no usable time (a rate of 0, a figure that is not finite) is not a measurement.
+    run.steps = [s for s in run.steps if math.isfinite(s.time_s) and s.time_s > 0]
+    if not run.steps:
+        raise RunRefused("no step line with a step time in this run")
+    for s in run.steps:
+        if s.loss is not None and not math.isfinite(s.loss):
+            s.loss = None  # a NaN loss is printed, but JSON (and the store) hold no NaN
     cfg = SimpleNamespace(model=model, system=system, layout=layout)
     warm = run.warmup()
     steps = [{"step": s.step, "time_s": s.time_s, "loss": s.loss, "warmup": w}
@@ -257,7 +267,7 @@ def logs_to_traces(paths: list[str | Path], trainer: str, options: LogOptions,
             report.runs += 1
             try:
                 report.traces.append(write_trace(trace_dir, build_trace(run, path, options)))
-            except UserError as exc:
+            except (UserError, ValueError, OverflowError) as exc:  # this run's problem only
                 report.refused.append(f"{path} run {run.index}: {exc}")
     return report
 
