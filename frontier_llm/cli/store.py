@@ -256,7 +256,7 @@ def register(sub: argparse._SubParsersAction) -> None:
          "flm collect runs/a runs/b --quarantine bad/ --format json",
          "flm collect --from-logs logs/ --trainer megatron --system frontier --model gpt-22b",
          "flm collect --from-logs titan.log --trainer torchtitan --system h100-sxm "
-         "--model llama3-8b --layout micro_batch=1,global_batch=8"],
+         "--model llama3-8b --layout micro_batch=1,global_batch=64"],
         parents=[db],
     )
     p.add_argument("dirs", nargs="*", metavar="DIR", help="folders (searched recursively)")
