@@ -53,7 +53,38 @@ def _err(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _logs_to_traces(args: argparse.Namespace) -> tuple[str, list]:
+    """flm collect --from-logs: write one trace per run of the logs into --traces; returns the
+    sentence saying what was read and the traces written (then collected like any others)."""
+    from frontier_llm.errors import UserError
+    from frontier_llm.logs.traces import LogOptions, logs_to_traces, parse_layout_option
+
+    if args.dirs:
+        raise UserError("collect: give trace folders or --from-logs, not both")
+    if args.trainer is None:
+        raise UserError("collect --from-logs: say which trainer wrote the logs: --trainer "
+                        "megatron|torchtitan|deepspeed")
+    options = LogOptions(system=args.system, model=args.model,
+                         layout=parse_layout_option(args.layout or ""), sweep=args.sweep)
+    report = logs_to_traces(args.from_logs, args.trainer, options, args.traces)
+    if not report.traces and report.refused:  # nothing to store: exit 2, the first reason
+        for line in report.refused[1:]:
+            _err(f"flm collect: refused {line}")
+        raise UserError(f"collect --from-logs: nothing stored: {report.refused[0]}")
+    for line in report.refused:
+        _err(f"flm collect: refused {line}")
+    return report.summary(), report.traces
+
+
 def _collect(args: argparse.Namespace) -> int:
+    from frontier_llm.errors import UserError
+
+    read = None
+    if args.from_logs:
+        # Only the traces of these logs are collected (not what else --traces holds).
+        read, args.dirs = _logs_to_traces(args)
+    elif not args.dirs:
+        raise UserError("collect: give at least one folder of traces (or --from-logs LOG ...)")
     store = open_store(args.db)
     try:
         with Progress("collect", enabled=False if args.quiet else None) as bar:
@@ -68,8 +99,11 @@ def _collect(args: argparse.Namespace) -> int:
     for warning in report.warnings:
         _err(f"flm collect: warning: {warning}")
     if args.format == "json":
-        emit_json({"db": store.url_redacted, **report.as_dict()})
+        emit_json({"db": store.url_redacted, **report.as_dict(),
+                   **({"logs": read} if read else {})})
     else:
+        if read:
+            print(read)
         print(report.summary(store.url_redacted))
     return 0
 
@@ -219,10 +253,41 @@ def register(sub: argparse._SubParsersAction) -> None:
         "A corrupt or schema-invalid file moves to DIR/quarantine/ (or --quarantine) with a "
         "<file>.reason.txt and the rest goes on. Several collectors may run at once.",
         ["flm collect runs/", "flm collect runs/ --db postgresql://me@dbhost/flm",
-         "flm collect runs/a runs/b --quarantine bad/ --format json"],
+         "flm collect runs/a runs/b --quarantine bad/ --format json",
+         "flm collect --from-logs logs/ --trainer megatron --system frontier --model gpt-22b",
+         "flm collect --from-logs titan.log --trainer torchtitan --system h100-sxm "
+         "--model llama3-8b --layout micro_batch=1,global_batch=64"],
         parents=[db],
     )
-    p.add_argument("dirs", nargs="+", metavar="DIR", help="folders (searched recursively)")
+    p.add_argument("dirs", nargs="*", metavar="DIR", help="folders (searched recursively)")
+    logs = p.add_argument_group(
+        "training logs of other trainers (docs/trainer-logs.md)",
+        "Read logs as Megatron-LM / Megatron-DeepSpeed, torchtitan or DeepSpeed write them: "
+        "the layout and model shape from the arguments or configuration they print, the step "
+        "lines after warm-up (the first logged step and steps 1-2 are dropped), several runs "
+        "per file, rank prefixes (srun --label, torchrun). Each run becomes a trace in --traces "
+        "and is collected like an flm bench run. What a log does not state is given here, "
+        "never guessed: a run that lacks it is refused in one line.")
+    logs.add_argument("--from-logs", nargs="+", metavar="PATH",
+                      help="log files or folders of them (every file below a folder is read)")
+    logs.add_argument("--trainer", choices=("megatron", "torchtitan", "deepspeed"),
+                      help="which trainer wrote the logs (megatron covers Megatron-DeepSpeed)")
+    logs.add_argument("--system", metavar="S",
+                      help="the system the runs ran on (a catalog name or a YAML file): no log "
+                           "states it")
+    logs.add_argument("--model", metavar="M",
+                      help="the model (a catalog name or YAML file; or, where the log prints "
+                           "the whole shape, the name to store it under)")
+    logs.add_argument("--layout", metavar="FIELD=V,...",
+                      help="layout fields the logs do not print, e.g. "
+                           "'dp=8,micro_batch=1,global_batch=64' (field names as in flm bench; "
+                           "zero=N for the sharding); a value the log prints must agree")
+    logs.add_argument("--sweep", metavar="NAME",
+                      help="the sweep the runs are stored under, for flm validate --sweep and "
+                           "flm calibrate --from-runs --sweep (default: logs-<system>)")
+    logs.add_argument("--traces", metavar="DIR", default="log-traces",
+                      help="where the traces made from the logs are written and collected from "
+                           "(default: log-traces/)")
     p.add_argument("--quarantine", metavar="DIR", default=None,
                    help="where bad files go (default: quarantine/ in the DIR they were found in)")
     p.add_argument("--batch-size", type=count(1), default=DEFAULT_BATCH, metavar="N",

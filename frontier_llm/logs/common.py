@@ -1,0 +1,249 @@
+"""What every trainer's log parser shares: reading a log file, rank prefixes, runs, the warm-up
+rule and the one-line refusals (docs/trainer-logs.md).
+
+A parser (``megatron``, ``torchtitan``, ``deepspeed``) is a :class:`Trainer`: it says which
+lines start a run and reads each line into the current :class:`ParsedRun`. This module walks the
+file, strips ``srun --label`` (``0: ``) and torchrun (``[rank0]:``) prefixes, splits the file
+into runs and counts the lines that look like the trainer's step lines but cannot be read.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from frontier_llm.errors import UserError
+
+# The warm-up rule (docs/trainer-logs.md): the first logged step of a run, and every step whose
+# number is at most WARMUP_STEPS, are warm-up. The first steps of any trainer pay for memory
+# allocation, kernel selection, compilation and the first data loads; Megatron's first logged
+# interval also averages over them.
+WARMUP_STEPS = 2
+# The largest log read: a log of a million Megatron iterations is about 400 MB; above this a
+# path is more likely a checkpoint or a core file than a log.
+MAX_LOG_BYTES = 1 << 30
+_PREFIXES = (
+    re.compile(r"^\s*(\d+):\s?"),  # srun --label
+    re.compile(r"^\[rank(\d+)\]:\s?"),  # torchrun --tee / --local-ranks-filter
+    re.compile(r"^\[default(\d+)\]:\s?"),  # torchrun's older log prefix
+)
+_STAMP = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})")
+
+
+class LogError(UserError):
+    """A log refused as a whole (not a text file, not this trainer's log, unreadable)."""
+
+
+@dataclass
+class Step:
+    """One logged step: its number and what the line printed (None where it printed nothing)."""
+
+    step: int
+    time_s: float
+    loss: float | None = None
+    tflops: float | None = None  # model TFLOP/s per GPU as the trainer printed it
+    tokens_per_s: float | None = None  # per GPU where the trainer prints it so
+    mfu: float | None = None
+    memory_bytes: int | None = None
+
+
+@dataclass
+class ParsedRun:
+    """One run of a log as the trainer printed it; nothing here is guessed."""
+
+    trainer: str
+    index: int  # the run's position in its file, from 0
+    args: dict[str, str] = field(default_factory=dict)  # the printed arguments / config
+    layout: dict[str, object] = field(default_factory=dict)  # layout fields the log states
+    model: dict[str, object] = field(default_factory=dict)  # model shape fields it states
+    model_name: str | None = None  # a name the log prints (torchtitan's flavour), if any
+    world_size: int | None = None
+    version: str | None = None
+    total_steps: int | None = None
+    steps: list[Step] = field(default_factory=list)
+    seen_steps: set[int] = field(default_factory=set)
+    status: str | None = None  # oom / failed when the log says so
+    error: str | None = None
+    error_after: int = 0  # how many steps the run had printed when its error line came
+    finished: bool = False  # the trainer printed its end-of-training line
+    in_block: bool = False  # inside a printed arguments / config block
+    first_time: str | None = None
+    last_time: str | None = None
+
+    def add_step(self, step: Step) -> None:
+        """Keep the first line of each step (other ranks print the same step again)."""
+        if step.step in self.seen_steps:
+            return
+        self.seen_steps.add(step.step)
+        self.steps.append(step)
+
+    @property
+    def has_content(self) -> bool:
+        return bool(self.steps or self.args or self.layout)
+
+    def warmup(self) -> list[bool]:
+        """Which steps are warm-up, by the rule above (WARMUP_STEPS)."""
+        return [i == 0 or s.step <= WARMUP_STEPS for i, s in enumerate(self.steps)]
+
+
+@dataclass
+class ParsedLog:
+    """A file's runs and what could not be read in it."""
+
+    path: Path
+    runs: list[ParsedRun]
+    lines: int = 0
+    unreadable: int = 0  # lines that look like step lines but could not be read
+
+
+class Trainer:
+    """One trainer's log format; subclasses fill in the regular expressions and ``read``."""
+
+    name = ""
+    title = ""
+    # A line that starts a new run when the current one already holds steps.
+    start: re.Pattern = re.compile(r"(?!)")
+    # A line that only this trainer prints (to tell its logs from others').
+    signature: re.Pattern = re.compile(r"(?!)")
+
+    def read(self, run: ParsedRun, text: str) -> bool | None:
+        """Read one line (prefix stripped) into ``run``: True when understood, False when it
+        looked like a step line and could not be read, None when it is not for this parser."""
+        raise NotImplementedError
+
+    def finish(self, run: ParsedRun) -> None:
+        """Turn what the run printed (``run.args``) into layout and model fields."""
+
+
+def strip_prefix(line: str) -> tuple[int | None, str]:
+    """(rank, the line without its launcher prefix); rank None when there was none."""
+    for pattern in _PREFIXES:
+        m = pattern.match(line)
+        if m:
+            return int(m.group(1)), line[m.end():]
+    return None, line
+
+
+def read_text(path: Path) -> str:
+    """The log's text; LogError (one line) for a folder, a binary file or a huge file."""
+    if not path.is_file():
+        raise LogError(f"{path}: not a file")
+    size = path.stat().st_size
+    if size > MAX_LOG_BYTES:
+        raise LogError(f"{path}: larger than {MAX_LOG_BYTES >> 20} MiB; not a training log")
+    data = path.read_bytes()
+    head = data[:65536]
+    if b"\x00" in head:
+        raise LogError(f"{path}: a binary file, not a training log")
+    text = data.decode("utf-8", errors="replace")
+    if head and text[:65536].count("\ufffd") > len(head) // 100:
+        raise LogError(f"{path}: not UTF-8 text (a binary file?), not a training log")
+    return text
+
+
+def parse_text(trainer: Trainer, text: str, path: Path) -> ParsedLog:
+    """Split ``text`` into runs and read each line with ``trainer``."""
+    runs = [ParsedRun(trainer.name, 0)]
+    log = ParsedLog(path, runs)
+    recognised = False
+    for raw in text.splitlines():
+        log.lines += 1
+        _, line = strip_prefix(raw.rstrip("\r"))
+        if trainer.signature.search(line):
+            recognised = True
+        if trainer.start.search(line) and runs[-1].steps:
+            runs.append(ParsedRun(trainer.name, len(runs)))
+        run = runs[-1]
+        result = trainer.read(run, line)
+        # A step line that cannot be read, or a line with bytes that are not UTF-8 (garbled).
+        if result is False or "\ufffd" in line:
+            log.unreadable += 1
+        if result:
+            stamp = _STAMP.search(line)
+            if stamp:
+                when = f"{stamp.group(1)}T{stamp.group(2)}+00:00"
+                run.first_time = run.first_time or when
+                run.last_time = when
+    if not recognised:
+        raise LogError(f"{path}: no {trainer.title} line in it; not a {trainer.title} log "
+                       f"{_other_trainer(text, trainer)}".rstrip())
+    log.runs = [r for r in runs if r.has_content]
+    for run in log.runs:
+        trainer.finish(run)
+    return log
+
+
+def _other_trainer(text: str, trainer: Trainer) -> str:
+    from frontier_llm.logs import TRAINERS
+
+    for other in TRAINERS.values():
+        if other.name != trainer.name and other.signature.search(text):
+            return f"(it looks like a {other.title} log: --trainer {other.name})"
+    return ""
+
+
+def number(text: str) -> float:
+    """A printed number: ``10,050`` (torchtitan's thousands), ``1.8E+00``, ``243.6``."""
+    return float(text.replace(",", ""))
+
+
+_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|HIP out of memory|out of memory\b", re.I)
+_ERROR = re.compile(r"^(?:[\w.]+)?(?:Error|Exception)\b[^:]*:\s*\S|^Traceback \(most recent")
+_ARG = re.compile(r"^\s+(\w+)\s\.{2,}\s?(.*?)\s*$")
+
+
+def read_outcome(run: ParsedRun, text: str) -> bool:
+    """Note an out-of-memory or error line (the first one is the run's error)."""
+    if _OOM.search(text):
+        if run.status != "oom":
+            run.status, run.error = "oom", text.strip()[:500]
+        run.error_after = len(run.steps)
+        return True
+    if _ERROR.search(text.strip()):
+        if run.status is None:
+            run.status = "failed"
+        if run.error is None or run.error.startswith("Traceback"):
+            run.error = text.strip()[:500]
+        run.error_after = len(run.steps)
+        return True
+    return False
+
+
+def read_dotted(run: ParsedRun, text: str) -> bool:
+    """``  name ........ value``, the way Megatron prints its arguments and DeepSpeed its
+    configuration; only inside such a block."""
+    m = _ARG.match(text)
+    if not (run.in_block and m):
+        return False
+    run.args.setdefault(m.group(1), m.group(2))
+    return True
+
+
+def flag(text: str | None) -> bool | None:
+    """A printed boolean (True/False/true/false), None when not printed or ``None``."""
+    if text is None or text == "None":
+        return None
+    return text.strip().lower() in ("true", "1", "yes")
+
+
+def integer(text: str | None) -> int | None:
+    if text is None or text.strip() in ("None", ""):
+        return None
+    return int(number(text))
+
+
+_REPORT = re.compile(r"\(?after \d+ iterations\)? memory \(MB\).*\| max allocated: ([\d.]+)")
+MB = 2**20
+
+
+def read_memory_report(run: ParsedRun, text: str) -> bool:
+    """Megatron's ``report_memory`` line (``[Rank R] (after N iterations) memory (MB) | ... |
+    max allocated: X``): the peak over ranks, on the run's latest step."""
+    m = _REPORT.search(text)
+    if not m:
+        return False
+    if run.steps:
+        last = run.steps[-1]
+        last.memory_bytes = max(last.memory_bytes or 0, int(number(m.group(1)) * MB))
+    return True

@@ -1,0 +1,161 @@
+"""Megatron-LM and Megatron-DeepSpeed logs (``pretrain_gpt.py``'s standard output).
+
+What is read (docs/trainer-logs.md): the ``------------------------ arguments
+------------------------`` block (every argument, ``  name ..... value``, up to ``end of
+arguments``), ``using world size: N, data-parallel-size: ...``, ``> padded vocab (size: ...) ...
+(new size: V)``, the per-iteration lines (``iteration N/ M | ... | elapsed time per iteration (ms):
+T | throughput per GPU (TFLOP/s/GPU): F | ... | lm loss: L | ...``; Megatron-DeepSpeed's ``TFLOPs:``
+and ``tokens per gpu per second (tgs):`` too), ``[after training is done]``, and out-of-memory
+and error lines. A new arguments block after iterations starts a new run.
+"""
+
+from __future__ import annotations
+
+import re
+
+from frontier_llm.logs.common import (
+    ParsedRun,
+    Step,
+    Trainer,
+    flag,
+    integer,
+    number,
+    read_dotted,
+    read_memory_report,
+    read_outcome,
+)
+
+_ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)")
+_WORLD = re.compile(r"using world size:\s*(\d+)")
+_DEGREE = re.compile(r"(data|tensor-model|pipeline-model)[- ]parallel[- ]size:\s*(\d+)")
+_PADDED = re.compile(r"padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
+_DS_VERSION = re.compile(r"DeepSpeed info: version=([^\s,]+)|deepspeed info \.+ ([^\s,]+)")
+# Megatron's argument -> the layout field it states (values are converted in ``finish``).
+_LAYOUT_ARGS = {
+    "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
+    "data_parallel_size": "dp", "micro_batch_size": "micro_batch",
+    "global_batch_size": "global_batch", "virtual_pipeline_model_parallel_size": "virtual_stages",
+}
+_MODEL_ARGS = {
+    "num_layers": "layers", "hidden_size": "hidden", "num_attention_heads": "heads",
+    "ffn_hidden_size": "ffn_hidden", "seq_length": "seq_len",
+}
+_DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
+_DEGREE_FIELD = {"data": "dp", "tensor-model": "tp", "pipeline-model": "pp"}
+
+
+class Megatron(Trainer):
+    name = "megatron"
+    title = "Megatron-LM / Megatron-DeepSpeed"
+    start = re.compile(r"-{5,}\s*arguments\s*-{5,}")
+    signature = re.compile(r"elapsed time per iteration \(ms\)|-{5,}\s*arguments\s*-{5,}"
+                           r"|using world size: \d+, data-parallel")
+
+    def read(self, run: ParsedRun, text: str) -> bool | None:
+        if self.start.search(text):
+            run.in_block = True
+            return True
+        if "end of arguments" in text:
+            run.in_block = False
+            return True
+        if read_dotted(run, text):
+            return True
+        m = _ITER.search(text)
+        if m:
+            return self._iteration(run, m)
+        if "elapsed time per iteration" in text:
+            return False  # an iteration line cut short (a truncated file's last line)
+        if m := _WORLD.search(text):
+            run.world_size = int(m.group(1))
+            for kind, value in _DEGREE.findall(text):
+                run.layout.setdefault(_DEGREE_FIELD[kind], int(value))
+            return True
+        if m := _PADDED.search(text):
+            run.model["vocab"] = int(m.group(1))
+            return True
+        if m := _DS_VERSION.search(text):
+            run.version = run.version or f"deepspeed {m.group(1) or m.group(2)}"
+            return True
+        if read_memory_report(run, text):
+            return True
+        if "[after training is done]" in text:
+            run.finished = True
+            return True
+        return True if read_outcome(run, text) else None
+
+    def _iteration(self, run: ParsedRun, m: re.Match) -> bool:
+        fields = {}
+        for part in m.group(3).split("|"):
+            key, sep, value = part.partition(":")
+            if sep:
+                fields[key.strip()] = value.strip()
+        elapsed = fields.get("elapsed time per iteration (ms)")
+        if elapsed is None:
+            return False
+        try:
+            step = Step(int(m.group(1)), number(elapsed.split("/")[0]) / 1000.0)
+            if (loss := fields.get("lm loss")) is not None:
+                step.loss = number(loss)
+            tflops = fields.get("throughput per GPU (TFLOP/s/GPU)") or fields.get("TFLOPs")
+            if tflops is not None:
+                step.tflops = number(tflops.split("/")[0])
+            if (tgs := fields.get("tokens per gpu per second (tgs)")) is not None:
+                step.tokens_per_s = number(tgs)
+        except ValueError:
+            return False
+        run.total_steps = int(m.group(2))
+        run.add_step(step)
+        return True
+
+    def finish(self, run: ParsedRun) -> None:
+        a = run.args
+        for arg, name in _LAYOUT_ARGS.items():
+            if (value := integer(a.get(arg))) is not None:
+                run.layout[name] = value
+        if (sp := flag(a.get("sequence_parallel"))) is not None:
+            run.layout["sequence_parallel"] = sp
+        if "recompute_granularity" in a:
+            granularity = a["recompute_granularity"]
+            run.layout["recompute"] = "none" if granularity == "None" else granularity
+        if (flash := flag(a.get("use_flash_attn"))) is not None:
+            run.layout["flash_attention"] = flash
+        dtype = _DTYPES.get(a.get("params_dtype", ""))
+        if dtype is None and (flag(a.get("bf16")) or flag(a.get("fp16"))):
+            dtype = "bf16" if flag(a.get("bf16")) else "fp16"
+        if dtype:
+            run.layout["dtype"] = dtype
+        if flag(a.get("deepspeed")) and (zero := integer(a.get("zero_stage"))) is not None:
+            run.layout["sharding"] = f"zero{zero}"  # Megatron-DeepSpeed's ZeRO stage
+        elif (dist := flag(a.get("use_distributed_optimizer"))) is not None:
+            run.layout["sharding"] = "zero1" if dist else "zero0"
+        run.layout["engine"] = "megatron"
+        if (world := integer(a.get("world_size"))) is not None:
+            run.world_size = world
+        self._model(run)
+
+    @staticmethod
+    def _model(run: ParsedRun) -> None:
+        a = run.args
+        for arg, name in _MODEL_ARGS.items():
+            if (value := integer(a.get(arg))) is not None:
+                run.model[name] = value
+        if "vocab" not in run.model:
+            vocab = integer(a.get("padded_vocab_size"))
+            if vocab is not None:
+                run.model["vocab"] = vocab
+        if "heads" in run.model:
+            groups = integer(a.get("num_query_groups"))
+            gqa = flag(a.get("group_query_attention"))
+            run.model["kv_heads"] = groups if gqa and groups else run.model["heads"]
+        if "swiglu" in a:
+            run.model["activation"] = "swiglu" if flag(a["swiglu"]) else "gelu"
+        if a.get("normalization"):
+            run.model["norm"] = "rmsnorm" if a["normalization"] == "RMSNorm" else "layernorm"
+        if a.get("position_embedding_type"):
+            rope = "rope" in a["position_embedding_type"] or "rotary" in a[
+                "position_embedding_type"]
+            run.model["position"] = "rope" if rope else "learned"
+        if (bias := flag(a.get("add_bias_linear"))) is not None:
+            run.model["bias"] = bias
+        if (untie := flag(a.get("untie_embeddings_and_output_weights"))) is not None:
+            run.model["tied_embeddings"] = not untie

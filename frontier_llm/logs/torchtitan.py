@@ -1,0 +1,108 @@
+"""torchtitan logs (``torchtitan/train.py`` through ``run_train.sh`` / torchrun).
+
+What is read (docs/trainer-logs.md): ``Starting job: ...`` (a new run once the current one has
+steps), ``Building N-D device mesh with [names], [sizes]`` (the parallel degrees),
+``Building <model> <flavour> with ...ModelArgs(dim=..., n_layers=..., n_heads=..., n_kv_heads=...,
+vocab_size=...)`` (the shape it states), ``Applied selective|full activation checkpointing``,
+``Applied FSDP``, ``torchtitan version ...``, the step lines (``step: N  loss: L  [grad_norm: G]
+memory: M GiB(P%)  tps: T  [tflops: F  mfu: U%]``; ``wps:`` in older versions), ``Training
+completed`` and out-of-memory and error lines. The micro-batch, global batch and sequence length
+are not printed: they come from ``--layout`` and ``--model``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from frontier_llm.logs.common import ParsedRun, Step, Trainer, number, read_outcome
+
+_STEP = re.compile(r"\bstep:\s*(\d+)\s+loss:\s*(\S+)(.*)")
+_FIELD = re.compile(r"(memory|tps|wps|tflops|mfu):\s*([\d.,]+)\s*(GiB)?")
+_MESH = re.compile(r"Building (\d+)-D device mesh with \[([^\]]*)\],\s*\[([^\]]*)\]")
+_BUILD = re.compile(r"Building (\w+) (\S+) with \w*ModelArgs\((.*)\)")
+_VERSION = re.compile(r"torchtitan version:?\s*(\S+)")
+# torchtitan's mesh dimension -> the layout's degree (FSDP shards and replicates over data
+# parallel ranks; context parallelism has no layout field and is refused in ``finish``).
+_MESH_FIELD = {"dp": "dp", "dp_shard": "dp", "dp_replicate": "dp", "tp": "tp", "pp": "pp"}
+_MODEL_ARGS = {"dim": "hidden", "n_layers": "layers", "n_heads": "heads",
+               "n_kv_heads": "kv_heads", "vocab_size": "vocab"}
+GIB = 2**30
+
+
+class Torchtitan(Trainer):
+    name = "torchtitan"
+    title = "torchtitan"
+    start = re.compile(r"Starting job:")
+    signature = re.compile(r"\bstep:\s*\d+\s+loss:.*\b(?:tps|wps):|Starting job:.*training"
+                           r"|\[titan\]")
+
+    def read(self, run: ParsedRun, text: str) -> bool | None:
+        if m := _STEP.search(text):
+            return self._step(run, m)
+        if m := _MESH.search(text):
+            names = [n.strip(" '\"") for n in m.group(2).split(",")]
+            sizes = [int(s) for s in m.group(3).split(",") if s.strip()]
+            run.args["mesh"] = ",".join(f"{n}={s}" for n, s in zip(names, sizes, strict=False))
+            return True
+        if m := _BUILD.search(text):
+            run.model_name = f"{m.group(1)}-{m.group(2)}"
+            for key, value in re.findall(r"(\w+)=([^,()]+)", m.group(3)):
+                run.args.setdefault(f"model.{key}", value.strip())
+            return True
+        if "activation checkpointing" in text and "Applied" in text:
+            run.args["ac"] = "selective" if "selective" in text else "full"
+            return True
+        if "Applied FSDP" in text or "Applied HSDP" in text:
+            run.args["fsdp"] = "yes"
+            return True
+        if m := _VERSION.search(text):
+            run.version = f"torchtitan {m.group(1)}"
+            return True
+        if "Starting job:" in text:
+            return True
+        if "Training completed" in text:
+            run.finished = True
+            return True
+        return True if read_outcome(run, text) else None
+
+    def _step(self, run: ParsedRun, m: re.Match) -> bool:
+        fields = {k: (v, unit) for k, v, unit in _FIELD.findall(m.group(3))}
+        try:
+            tps = fields.get("tps") or fields.get("wps")
+            if tps is None:
+                return False
+            tokens = number(tps[0])
+            step = Step(int(m.group(1)), 0.0, loss=number(m.group(2)), tokens_per_s=tokens)
+            if "tflops" in fields:
+                step.tflops = number(fields["tflops"][0])
+            if "mfu" in fields:
+                step.mfu = number(fields["mfu"][0]) / 100.0
+            if "memory" in fields:
+                step.memory_bytes = int(number(fields["memory"][0]) * GIB)
+        except ValueError:
+            return False
+        run.add_step(step)
+        return True
+
+    def finish(self, run: ParsedRun) -> None:
+        degrees: dict[str, int] = {}
+        for pair in filter(None, run.args.get("mesh", "").split(",")):
+            name, _, size = pair.partition("=")
+            if name not in _MESH_FIELD:
+                run.status, run.error = "refused", (
+                    f"mesh dimension {name} (size {size}) has no flm layout field")
+                continue
+            field = _MESH_FIELD[name]
+            degrees[field] = degrees.get(field, 1) * int(size)
+        run.layout.update(degrees)
+        if "ac" in run.args:
+            run.layout["recompute"] = run.args["ac"]
+        if run.args.get("fsdp"):
+            run.layout["sharding"] = "zero3"  # FSDP's full sharding of params, grads, states
+        run.layout["engine"] = "native"
+        for key, name in _MODEL_ARGS.items():
+            value = run.args.get(f"model.{key}")
+            if value not in (None, "None"):
+                run.model[name] = int(value)
+        if "heads" in run.model and "kv_heads" not in run.model:
+            run.model["kv_heads"] = run.model["heads"]
