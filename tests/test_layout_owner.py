@@ -86,12 +86,24 @@ def test_the_scan_finds_a_hand_spelling(tmp_path, monkeypatch):
                                   ["dp", "micro_batch", "pp", "tp"])]
 
 
+# The places that give a knob a meaning: its field and rules, the cost model's terms, the
+# planner's enumeration of the knobs with rules of their own, each engine's implementation
+# (flm bench) and each trainer's codec (flm export's flags, the log parsers' arguments), the
+# store's migrations.
+MEANING = ("frontier_llm/specs/", "frontier_llm/costmodel/", "frontier_llm/planner/space.py",
+           "frontier_llm/bench/", "frontier_llm/export/", "frontier_llm/logs/",
+           "frontier_llm/store/migrations/")
+
+
 def test_a_knob_is_named_only_where_it_has_a_meaning():
-    """``virtual_stages`` reaches only the files that give it meaning: its field, the pipeline
-    split, the planner's enumeration, the cost model's terms, the store's first migration."""
+    """``virtual_stages`` reaches only the files that give it meaning (it was named in 20
+    package files, report and tune among them); the report, tune, quickstart, sweep, CLI and
+    planner consumers derive it."""
     naming = sorted(p.relative_to(REPO).as_posix() for p in PACKAGE.rglob("*.py")
                     if "virtual_stages" in p.read_text())
-    assert len(naming) <= 8, naming
+    assert [n for n in naming if not n.startswith(MEANING)] == []
+    assert len([n for n in naming if not n.startswith(("frontier_llm/export/",
+                                                         "frontier_llm/logs/"))]) <= 8, naming
 
 
 # --- the six bugs ---------------------------------------------------------------------------
