@@ -35,6 +35,7 @@ from frontier_llm.errors import SpecError
 from frontier_llm.jobs import contract, sbatch_values
 from frontier_llm.jobs.launchers import LaunchJob, launcher_for
 from frontier_llm.jobs.sbatch_options import long_form
+from frontier_llm.jobs.workload import TRAINER_LOG
 from frontier_llm.specs.site import Site, time_seconds
 
 # Shipped templates are package data (frontier_llm/job_templates), read through importlib.resources.
@@ -116,6 +117,9 @@ class Task:
     key: str
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()  # exported for this task only (e.g. per layout)
+    # A trainer workload's task (jobs/workload.py): the command that turns the trainer's log
+    # into the run's trace once it ends. Empty: the command is exec'd (flm bench).
+    after: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not _SAFE_NAME.match(self.key):
@@ -387,6 +391,8 @@ def render(job: JobScript) -> str:
             concurrent=job.step_ranks_per_node is not None,
             rank_cpus=r.cpus_per_task,
             version=__version__,
+            trainer=any(t.after for t in job.tasks),
+            trainer_log=TRAINER_LOG,
             contract=contract.template_values(int(options["master_port"]),
                                               max((len(p) for p in job.packs), default=1)),
         )

@@ -31,6 +31,7 @@ from frontier_llm.errors import UserError
 from frontier_llm.jobs import site_policy, walltime
 from frontier_llm.jobs.render import JobScript, Resources, Task, render
 from frontier_llm.jobs.sweepspec import Sweep, SweepJob
+from frontier_llm.jobs.workload import FLM_BENCH, config_files, trainer_argv
 from frontier_llm.specs.engine_rules import rules_for
 from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.layout import PlacementKind
@@ -199,8 +200,8 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
     env = sweep.spec.environment
     out = []
     for group in group_jobs(sweep):
-        tasks = tuple(Task(index=i, key=k, argv=by_key[k].bench_args,
-                           env=_task_env(sweep, by_key[k]))
+        tasks = tuple(Task(index=i, key=k, argv=task_argv(sweep, by_key[k], directory),
+                           env=_task_env(sweep, by_key[k]), after=by_key[k].after)
                       for i, k in enumerate(group.keys))
         out.append((group, JobScript(
             packs=group.packs if group.pack > 1 else (),
@@ -218,10 +219,24 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
             setup=tuple(env.setup or ()),
             options={k: None if v is None else str(v)
                      for k, v in (sweep.spec.template_options or {}).items()},
-            command=tuple(sweep.spec.command or ("flm", "bench")),
+            command=tuple(sweep.spec.workload_command or sweep.spec.command
+                          or ("flm", "bench")),
             site=sweep.site,
         )))
     return out
+
+
+def job_dir(directory: Path, key: str) -> Path:
+    """A trainer job's own folder: the config files its flags name (jobs/workload.py)."""
+    return inside(directory, f"jobs/{key}")
+
+
+def task_argv(sweep: Sweep, job: SweepJob, directory: Path) -> tuple[str, ...]:
+    """What follows the command: flm bench's arguments, or the trainer's exported flags."""
+    if sweep.spec.workload == FLM_BENCH:
+        return job.bench_args
+    return tuple(trainer_argv(sweep.spec.workload, job.model, job.layout,
+                              str(job_dir(directory.resolve(), job.key))))
 
 
 def sweep_env(sweep: Sweep) -> tuple[tuple[str, str], ...]:
@@ -286,6 +301,9 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
                        "concurrent": group.concurrent})
         for position, key in enumerate(group.keys):
             job = by_key[key]
+            for name, text in config_files(sweep.spec.workload, job.model, job.layout).items():
+                job_dir(directory, key).mkdir(parents=True, exist_ok=True)
+                _write(job_dir(directory, key) / name, text)
             # "index": the array task that runs the job; "step": its srun step in a packed one.
             jobs.append({
                 "key": key, "group": group.name, "index": group.array_index(position),
@@ -296,7 +314,9 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
                 "time": job.time,
                 "layout": job.layout.to_dict(),
                 "layout_hash": layout_hash(job.model, sweep.system.name, job.layout),
-                "command": list(script.command), "argv": list(job.bench_args),
+                "command": list(script.command),
+                "argv": list(task_argv(sweep, job, directory)),
+                **({"workload": sweep.spec.workload} if job.after else {}),
                 "prediction": dict(job.prediction),
                 **({"predicted_runtime_s": round(needs[key])} if key in needs else {}),
             })

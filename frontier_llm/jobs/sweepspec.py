@@ -22,6 +22,7 @@ from frontier_llm.catalog import load_model, load_system
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.jobs.render import TEMPLATES, template_options, template_path
 from frontier_llm.jobs.secrets import check_pass_env, check_sweep_file
+from frontier_llm.jobs.workload import FLM_BENCH, after_argv, check_layout, check_workload
 from frontier_llm.specs import (
     DType,
     Layout,
@@ -141,6 +142,10 @@ class SweepFile:
     labels: dict | None = None
     bench_args: dict | None = None
     command: list | None = None
+    # What each job runs: flm bench, or the user's trainer (jobs/workload.py; docs/export.md
+    # "Sweeps of your own trainer") with its command or entry script.
+    workload: str = FLM_BENCH
+    workload_command: list | None = None
     max_array_size: int = 1000
     # Layouts of the same shape run up to ``pack`` at a time in one allocation, one srun step
     # after another (docs/sweeps.md "Packing small layouts"); 1: one allocation per layout.
@@ -182,6 +187,9 @@ class SweepFile:
         if self.warmup < 0:
             raise SpecError("warmup must be 0 or more", "warmup")
         _str_list(self.command, "command")
+        _str_list(self.workload_command, "workload_command")
+        check_workload(self.workload, self.workload_command, self.command, self.executor,
+                       self.pack)
         for name in ("template_options", "labels", "bench_args", "site"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Mapping):
@@ -201,6 +209,8 @@ class SweepJob:
     bench_args: tuple[str, ...]
     time: str
     prediction: Mapping[str, Any] = field(default_factory=dict)
+    # A trainer workload's job: the log-to-trace command run when the trainer ends.
+    after: tuple[str, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -417,6 +427,21 @@ def _drop_old_engine_key(top: LineMap) -> None:
                     f"(engine: deepspeed), not at the top level", "engine")
 
 
+def _trainer_jobs(spec: SweepFile, jobs: list[SweepJob], system_ref: str, data: LineMap
+                  ) -> list[SweepJob]:
+    """Each job of a trainer workload, refused in one line (naming the job) where the trainer
+    cannot express its layout; else with the command that turns its log into its trace."""
+    out = []
+    for j in jobs:
+        try:
+            check_layout(spec.workload, j.model, j.layout, j.key)
+        except SpecError as exc:
+            raise SpecError(f"{data.where('workload')}: {exc}", exc.field) from None
+        out.append(dataclasses.replace(j, after=after_argv(
+            spec.workload, j.model_ref, system_ref, j.layout, spec.name, j.key)))
+    return out
+
+
 def load_sweep(path: str | Path, text: str | None = None) -> Sweep:
     """Read, validate and expand a sweep file (``text``: its content, when the caller made it,
     e.g. flm tune's one-trial sweeps; errors still name ``path``)."""
@@ -498,6 +523,8 @@ def load_sweep(path: str | Path, text: str | None = None) -> Sweep:
             key = "layouts" if spec.layouts is not None else "space"
             msg = f"{data.where(key)}: {msg}"
         raise SpecError(msg, exc.field) from None
+    if spec.workload != FLM_BENCH:
+        jobs = _trainer_jobs(spec, jobs, system_ref, data)
     seen: dict[str, int] = {}
     for j in jobs:
         seen[j.key] = seen.get(j.key, 0) + 1

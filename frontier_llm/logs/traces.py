@@ -47,6 +47,10 @@ class LogOptions:
     # The runs' sweep label: flm validate --sweep and flm calibrate --from-runs --sweep select
     # runs by it. Default: logs-<system> (calibration fits one system's runs).
     sweep: str | None = None
+    # A sweep job's own model and layout (python -m frontier_llm.logs.job): they are what the
+    # job ran, so they are used as given, and the log's own statements are not read for them.
+    model_spec: ModelSpec | None = None
+    layout_spec: Layout | None = None
 
 
 def parse_layout_option(text: str) -> dict[str, object]:
@@ -90,6 +94,8 @@ def run_id(path: Path, index: int) -> str:
 def _layout(run: ParsedRun, options: LogOptions) -> tuple[Layout, list[str]]:
     """The run's layout: what the log states, then --layout for what it does not. A value
     stated by both must agree (the log is the record of what ran)."""
+    if options.layout_spec is not None:
+        return options.layout_spec, []
     values = dict(run.layout)
     for key, value in options.layout.items():
         stated = values.get("sharding" if key == "zero" else key)
@@ -111,6 +117,8 @@ def _layout(run: ParsedRun, options: LogOptions) -> tuple[Layout, list[str]]:
 def _model(run: ParsedRun, options: LogOptions) -> ModelSpec:
     from frontier_llm.catalog import load_model
 
+    if options.model_spec is not None:
+        return options.model_spec
     if options.model is None and not run.model:
         raise RunRefused("the log does not print the model shape: give --model NAME")
     base: dict[str, object] = {}

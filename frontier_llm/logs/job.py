@@ -1,0 +1,132 @@
+"""A sweep job's trainer log -> the job's trace: what a trainer workload's job script runs when
+the trainer ends (``python -m frontier_llm.logs.job``; frontier_llm/jobs/workload.py).
+
+The model, system and layout are the job's (given here, never read from the log); the run id is
+the job's, so ``flm sweep status --collect``, ``flm validate``, the reports and ``flm tune`` treat
+the run as they treat a bench run. The log gives the steps, the memory, the loss and how it
+ended; the trainer's exit status says whether it failed: a non-zero exit with no step line is a
+failure (an OOM line: oom), and a non-zero exit after steps is a failure that kept its steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+
+from frontier_llm.bench.trace import validate_trace, write_trace
+from frontier_llm.errors import UserError
+from frontier_llm.logs.common import LogError, ParsedRun
+from frontier_llm.logs.traces import LogOptions, build_trace, parse_log
+from frontier_llm.specs.identity import layout_hash
+from frontier_llm.specs.layout import Layout
+from frontier_llm.specs.vocab import RunStatus
+
+# The export's trainer names (the sweep's workload:) -> the log parser that reads their logs:
+# Megatron-DeepSpeed prints Megatron's arguments and iteration lines.
+PARSERS = {"megatron-lm": "megatron", "megatron-deepspeed": "megatron",
+           "torchtitan": "torchtitan", "deepspeed": "deepspeed"}
+
+
+def _last_run(log_path: Path, trainer: str) -> tuple[ParsedRun | None, str | None]:
+    """The log's last run (a job runs one; a requeue appends) and, if none, why."""
+    try:
+        log = parse_log(log_path, PARSERS[trainer])
+    except LogError as exc:
+        return None, str(exc)
+    with_steps = [r for r in log.runs if r.steps]
+    return (with_steps or log.runs)[-1], None
+
+
+def _stepless_trace(run: ParsedRun | None, why: str | None, options: LogOptions, run_id: str,
+                    exit_code: int, labels: dict[str, str]) -> dict:
+    """A run that printed no step: failed (oom when the log says so), with the prediction."""
+    from frontier_llm.bench.run import prediction_fields, summarize
+    from frontier_llm.catalog import load_system
+
+    system = load_system(str(options.system))
+    model, layout = options.model_spec, options.layout_spec
+    assert model is not None and layout is not None
+    cfg = SimpleNamespace(model=model, system=system, layout=layout)
+    status = RunStatus.OOM if run is not None and run.status == RunStatus.OOM else \
+        RunStatus.FAILED
+    error = (run.error if run is not None and run.error else why) or "no step line in the log"
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    model_json = model.to_dict()
+    model_json.pop("description", None)
+    trace = {
+        "schema_version": 1, "run_id": run_id, "status": str(status),
+        "error": f"{error} (trainer exit status {exit_code})", "engine": str(layout.engine),
+        "started_at": now, "finished_at": now, "model": model_json,
+        "system": {"name": system.name, "gpu": system.gpu}, "layout": layout.to_dict(),
+        "layout_hash": layout_hash(model, system.name, layout), "labels": labels,
+        "environment": {"hostnames": [], "world_size": layout.world_size, "backend": "unknown",
+                        "device": "unknown", "launcher": labels["trainer"], "versions": {}},
+        "steps": [], "memory": [], "summary": summarize(cfg, [], [], layout.world_size),
+        **prediction_fields(cfg),
+    }
+    validate_trace(trace)
+    return trace
+
+
+def job_trace(trainer: str, log: Path, run_id: str, exit_code: int, model_ref: str,
+              system_ref: str, layout: Layout, sweep: str, job_key: str) -> dict:
+    """The job's trace from its trainer's log (schema-valid; never raises for the log's
+    content: a log that yields no steps gives a failed trace that says why)."""
+    from frontier_llm.catalog import load_model
+
+    if trainer not in PARSERS:
+        raise UserError(f"unknown trainer {trainer!r} (one of {', '.join(PARSERS)})")
+    options = LogOptions(system=system_ref, model=model_ref, sweep=sweep,
+                         model_spec=load_model(model_ref), layout_spec=layout)
+    labels = {"source": "trainer-log", "log": str(log.resolve()), "trainer": trainer,
+              "sweep": sweep, "job_key": job_key}
+    run, why = _last_run(log, trainer)
+    trace = None
+    if run is not None and run.steps:
+        try:
+            trace = build_trace(run, log, options)
+        except (UserError, ValueError) as exc:
+            why = str(exc)
+    if trace is None:
+        return _stepless_trace(run, why, options, run_id, exit_code, labels)
+    trace["run_id"] = run_id
+    trace["labels"].update(labels)
+    trace["labels"]["trainer"] = trainer  # the workload's name, not only its log format's
+    if exit_code != 0 and trace["status"] == RunStatus.COMPLETED:
+        trace["status"] = str(RunStatus.FAILED)
+        trace["error"] = f"the trainer exited with status {exit_code}"
+    validate_trace(trace)
+    return trace
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m frontier_llm.logs.job", description=__doc__)
+    ap.add_argument("--trainer", required=True, choices=sorted(PARSERS))
+    ap.add_argument("--log", required=True, type=Path)
+    ap.add_argument("--run-id", required=True)
+    ap.add_argument("--trace-dir", required=True, type=Path)
+    ap.add_argument("--exit-code", type=int, default=0)
+    ap.add_argument("--model", required=True, help="the job's model (catalog name or YAML)")
+    ap.add_argument("--system", required=True, help="the job's system")
+    ap.add_argument("--layout-json", required=True, help="the job's layout (Layout.to_dict)")
+    ap.add_argument("--sweep", required=True)
+    ap.add_argument("--job-key", required=True)
+    args = ap.parse_args(argv)
+    try:
+        layout = Layout.from_dict(json.loads(args.layout_json))
+        trace = job_trace(args.trainer, args.log, args.run_id, args.exit_code, args.model,
+                          args.system, layout, args.sweep, args.job_key)
+        path = write_trace(args.trace_dir, trace)
+    except (UserError, ValueError) as exc:
+        print(f"flm: no trace for {args.run_id}: {exc}", file=sys.stderr)
+        return 1
+    print(f"flm: {trace['status']} trace {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
