@@ -80,7 +80,9 @@ def test_megatron_lm_job_runs_the_command_with_the_exported_flags(tmp_path):
     flags = megatron_lm_argv(load_model("tiny-llama"), layout)
     words = _task_line(script)
     assert words[words.index("--") + 1:words.index("--") + 1 + len(flags)] == flags
-    assert "pretrain_gpt.py" in script and "exec " not in script.split("# --- task ---")[1]
+    # The launch is not exec'd: the job goes on after the trainer, to write its trace.
+    assert "flm-rank python pretrain_gpt.py \"$@\" 2>&1 | tee" in script
+    assert "\nexec " not in script.split("# --- task ---")[1]
     # The trainer's log becomes the job's trace under the job's run id when it ends.
     assert "python3 -m frontier_llm.logs.job" in " ".join(words)
     assert '--run-id "$run_id" --trace-dir "$trace_dir" --exit-code "$rc"' in script
@@ -154,3 +156,38 @@ def test_a_failed_trainer_gives_a_failed_or_oom_trace(tmp_path):
     assert job_main(_job_args(tmp_path, DATA / "megatron_lm_449_v100.log", layout, 1)) == 0
     trace = read_trace(trace_path(tmp_path / "traces", "a-j42"))
     assert trace["status"] == "failed" and len(trace["steps"]) == 2
+
+
+def test_the_job_script_runs_the_trainer_then_writes_its_trace(tmp_path):
+    """The whole rendered script, with a stand-in srun (runs the rank command once, as SLURM
+    task 0) and a stand-in trainer that prints a real torchtitan log (pytorch/torchtitan#1437)
+    and checks it was given its config file and the rank variables."""
+    import os
+    import subprocess
+    import sys
+
+    trainer = tmp_path / "train.sh"
+    trainer.write_text('#!/bin/bash\n[ "$1" = --job.config_file ] && [ -f "$2" ] || exit 9\n'
+                       '[ "$RANK" = 0 ] && [ "$WORLD_SIZE" = 1 ] || exit 8\n'
+                       f'cat {DATA / "torchtitan_1437_flex_debug.log"}\n')
+    trainer.chmod(0o755)
+    _, job = _script(tmp_path, f"workload: torchtitan\nworkload_command: [{trainer}]\n"
+                     "layouts:\n  - {tp: 1, micro_batch: 8, global_batch: 8, name: a}\n")
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\n'
+                                   'SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=1 exec "$@"\n')
+    (fake_bin / "scontrol").write_text("#!/bin/bash\necho localhost\n")
+    for f in fake_bin.iterdir():
+        f.chmod(0o755)
+    path = f"{fake_bin}:{Path(sys.executable).parent}:{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path, "SLURM_JOB_ID": "7"}
+    out = subprocess.run(["bash", str(tmp_path / "out" / job["script"])], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    trace = read_trace(trace_path(tmp_path / "out" / "traces", "a-j7"))
+    assert trace["status"] == "completed" and trace["labels"]["trainer"] == "torchtitan"
+    assert trace["summary"]["steps_measured"] == 7 and trace["prediction"] is not None
+    # The sweep's trace folder (the trainer's log lies beside the trace) is collected as is.
+    db = f"sqlite:///{tmp_path / 'flm.db'}"
+    assert main(["collect", str(tmp_path / "out" / "traces"), "--db", db]) == 0

@@ -20,6 +20,8 @@ from frontier_llm.specs.site import Site
 
 # What follows the rank command on every launch line: the task's arguments and the run's names.
 RANK_TAIL = '"$@" --run-id "$run_id" --trace-dir "$trace_dir"'
+# A trainer workload's ranks take the task's arguments only (the run's names are flm bench's).
+TRAINER_TAIL = '"$@"'
 # After the first rank exits, the others have their collective timeout to fail too, then this
 # long for rank 0 to gather the ranks' errors and write the failed trace.
 TRACE_GRACE_S = 60
@@ -56,6 +58,7 @@ class LaunchJob:
     # A step beside others in one allocation (concurrent pack): srun --exact gives it only the
     # CPUs and GPUs it asks for, so the steps do not wait for each other (srun man page).
     exact: bool = False
+    tail: str = RANK_TAIL  # what follows the rank command (TRAINER_TAIL for a trainer)
 
 
 def _q(words) -> str:
@@ -112,7 +115,7 @@ class SrunLauncher(Launcher):
             words.append("--overlap" if j.overcommit else "--exact")
         words += srun_bounds(j.nodes * j.ranks_per_node)
         words += self._container()
-        return f"{_q(words)} \\\n    {_q(self._in_image(j.command))} {RANK_TAIL}"
+        return f"{_q(words)} \\\n    {_q(self._in_image(j.command))} {j.tail}"
 
     def _in_image(self, command: tuple[str, ...]) -> list[str]:
         """The rank command inside the site's Singularity image, when it names one (LUMI AI
@@ -174,7 +177,7 @@ class TorchrunLauncher(Launcher):
         run = ["torchrun", f"--nnodes={j.nodes}", f"--nproc-per-node={j.ranks_per_node}",
                "--rdzv-backend=c10d"]
         return (f"{_q(words)} \\\n    {_q(run)} --rdzv-endpoint=\"$MASTER_ADDR:$MASTER_PORT\" "
-                f"--rdzv-id=\"$run_id\" --no-python \\\n    {_q(j.command)} {RANK_TAIL}")
+                f"--rdzv-id=\"$run_id\" --no-python \\\n    {_q(j.command)} {j.tail}")
 
 
 class MpiexecLauncher(Launcher):
@@ -185,7 +188,7 @@ class MpiexecLauncher(Launcher):
     def command(self) -> str:
         j = self.job
         words = ["mpiexec", "-n", str(j.nodes * j.ranks_per_node), "-ppn", str(j.ranks_per_node)]
-        return f"{_q(words)} \\\n    {_q(j.command)} {RANK_TAIL}"
+        return f"{_q(words)} \\\n    {_q(j.command)} {j.tail}"
 
 
 LAUNCHERS: dict[str, type[Launcher]] = {

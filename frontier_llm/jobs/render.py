@@ -33,7 +33,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from frontier_llm import __version__
 from frontier_llm.errors import SpecError
 from frontier_llm.jobs import contract, sbatch_values
-from frontier_llm.jobs.launchers import LaunchJob, launcher_for
+from frontier_llm.jobs.launchers import RANK_TAIL, TRAINER_TAIL, LaunchJob, launcher_for
 from frontier_llm.jobs.sbatch_options import long_form
 from frontier_llm.jobs.workload import TRAINER_LOG
 from frontier_llm.specs.site import Site, time_seconds
@@ -356,9 +356,11 @@ def render(job: JobScript) -> str:
                         f"stay below the ephemeral range ({contract.EPHEMERAL_LOW}+)",
                         "template_options")
     site, r = job.site, job.resources
+    trainer = any(t.after for t in job.tasks)
     launcher = launcher_for(LaunchJob(
         nodes=r.nodes, ranks_per_node=r.ntasks_per_node, gpus_per_node=r.gpus_per_node,
-        cpus_per_task=r.cpus_per_task, command=job.command, site=site, overcommit=r.overcommit))
+        cpus_per_task=r.cpus_per_task, command=job.command, site=site, overcommit=r.overcommit,
+        tail=TRAINER_TAIL if trainer else RANK_TAIL))
     shape = launcher.sbatch_shape()
     launch = launcher.command()
     if job.step_ranks_per_node:
@@ -391,7 +393,7 @@ def render(job: JobScript) -> str:
             concurrent=job.step_ranks_per_node is not None,
             rank_cpus=r.cpus_per_task,
             version=__version__,
-            trainer=any(t.after for t in job.tasks),
+            trainer=trainer,
             trainer_log=TRAINER_LOG,
             contract=contract.template_values(int(options["master_port"]),
                                               max((len(p) for p in job.packs), default=1)),

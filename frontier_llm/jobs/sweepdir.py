@@ -31,7 +31,7 @@ from frontier_llm.errors import UserError
 from frontier_llm.jobs import site_policy, walltime
 from frontier_llm.jobs.render import JobScript, Resources, Task, render
 from frontier_llm.jobs.sweepspec import Sweep, SweepJob
-from frontier_llm.jobs.workload import FLM_BENCH, config_files, trainer_argv
+from frontier_llm.jobs.workload import FLM_BENCH, config_files, rank_command, trainer_argv
 from frontier_llm.specs.engine_rules import rules_for
 from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.layout import PlacementKind
@@ -219,8 +219,8 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
             setup=tuple(env.setup or ()),
             options={k: None if v is None else str(v)
                      for k, v in (sweep.spec.template_options or {}).items()},
-            command=tuple(sweep.spec.workload_command or sweep.spec.command
-                          or ("flm", "bench")),
+            command=rank_command(sweep.spec.workload_command, sweep.site.launcher)
+            if sweep.spec.workload_command else tuple(sweep.spec.command or ("flm", "bench")),
             site=sweep.site,
         )))
     return out

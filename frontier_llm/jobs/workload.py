@@ -66,6 +66,19 @@ def check_workload(workload: str, command: Sequence[str] | None, bench_command: 
         raise SpecError(f"workload {workload} runs one layout per allocation (pack: 1)", "pack")
 
 
+# Under the srun launcher each rank is a SLURM task: torch.distributed's env:// rendezvous
+# (Megatron, torchtitan, DeepSpeed) reads RANK, LOCAL_RANK and WORLD_SIZE, which srun names
+# SLURM_PROCID, SLURM_LOCALID and SLURM_NTASKS (srun man page, OUTPUT ENVIRONMENT VARIABLES);
+# torchrun sets them itself. MASTER_ADDR and MASTER_PORT are the job script's.
+SRUN_RANK_ENV = ("bash", "-c", 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" '
+                 'WORLD_SIZE="$SLURM_NTASKS"; exec "$@"', "flm-rank")
+
+
+def rank_command(command: Sequence[str], launcher: str) -> tuple[str, ...]:
+    """The user's command as each rank runs it under the site's launcher."""
+    return (*SRUN_RANK_ENV, *command) if launcher == "srun" else tuple(command)
+
+
 def config_files(trainer: str, model: ModelSpec, layout: Layout) -> dict[str, str]:
     """The files the trainer reads, by name in the job's folder (empty for Megatron-LM).
     ExportRefused (one line) when the trainer cannot express the layout."""
