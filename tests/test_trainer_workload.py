@@ -45,6 +45,9 @@ def _script(tmp_path: Path, text: str) -> tuple[str, dict]:
     ("workload_command: [python, x.py]\nlayouts:\n  - {tp: 1}\n", "workload_command is for"),
     ("workload: torchtitan\nworkload_command: [python, train.py]\nexecutor: local\n"
      "layouts:\n  - {tp: 1}\n", "executor: slurm only"),
+    # flm bench's options would be dropped without a word: refused instead.
+    ("workload: torchtitan\nworkload_command: [python, train.py]\nbench_args: {data: x}\n"
+     "layouts:\n  - {tp: 1}\n", "bench_args are flm bench options"),
 ])
 def test_workload_keys_refused_in_one_line(tmp_path, text, match):
     with pytest.raises(SpecError, match=match) as info:
@@ -191,3 +194,17 @@ def test_the_job_script_runs_the_trainer_then_writes_its_trace(tmp_path):
     # The sweep's trace folder (the trainer's log lies beside the trace) is collected as is.
     db = f"sqlite:///{tmp_path / 'flm.db'}"
     assert main(["collect", str(tmp_path / "out" / "traces"), "--db", db]) == 0
+
+
+def test_a_study_file_with_a_workload_gives_trainer_trials(tmp_path):
+    """flm tune's trials are one-layout sweeps made from the study file's lines: its workload
+    keys reach every trial, so the trials run the trainer and write its traces."""
+    from frontier_llm.tune.spec import load_study
+
+    path = tmp_path / "study.yaml"
+    path.write_text(BASE.replace("name: t", "name: st") + "workload: torchtitan\n"
+                    "workload_command: [python, train.py]\ngpus: [1]\nglobal_batch: 4\n"
+                    "study:\n  space:\n    micro_batch: [1, 2]\n  budget: {trials: 2}\n")
+    study = load_study(path)
+    trial = study.trial_sweep(0, {"tp": 1, "dp": 1, "micro_batch": 2, "global_batch": 4})
+    assert trial.spec.workload == "torchtitan" and trial.jobs[0].after

@@ -189,7 +189,7 @@ class SweepFile:
         _str_list(self.command, "command")
         _str_list(self.workload_command, "workload_command")
         check_workload(self.workload, self.workload_command, self.command, self.executor,
-                       self.pack)
+                       self.pack, self.bench_args)
         for name in ("template_options", "labels", "bench_args", "site"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Mapping):

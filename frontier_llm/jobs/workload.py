@@ -41,7 +41,7 @@ AFTER_COMMAND = ("python3", "-m", "frontier_llm.logs.job")
 
 
 def check_workload(workload: str, command: Sequence[str] | None, bench_command: object,
-                   executor: str, pack: int) -> None:
+                   executor: str, pack: int, bench_args: object = None) -> None:
     """One line for a workload the sweep cannot run (SpecError naming the key)."""
     if workload not in WORKLOADS:
         raise SpecError(f"unknown workload {workload!r} (one of {', '.join(WORKLOADS)})",
@@ -58,6 +58,9 @@ def check_workload(workload: str, command: Sequence[str] | None, bench_command: 
     if bench_command is not None:
         raise SpecError(f"command: replaces flm bench; workload {workload} runs "
                         "workload_command", "command")
+    if bench_args:
+        raise SpecError(f"bench_args are flm bench options; workload {workload} takes its "
+                        "own options in workload_command", "bench_args")
     # The local executor runs a job's command line itself, not its script (no log-to-trace
     # step); packed steps share one allocation's script path, not written for trainers yet.
     if executor != "slurm":
