@@ -50,4 +50,5 @@ python -m ruff check .
 # The import layers (.importlinter): specs -> costmodel/catalog -> planner -> bench -> store ->
 # jobs -> report/tune/calibrate -> quickstart -> cli, no package importing one above it.
 lint-imports
-exec python -m pytest "$@"
+# The slowest tests are listed at the end: the suite must stay under 15 minutes on 2 cores.
+exec python -m pytest --durations=25 "$@"

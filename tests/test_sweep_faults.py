@@ -127,13 +127,13 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
     # The first attempt must still run when the node fails, however fast this machine is (1500
     # steps once ended in 15 s on an idle one, before SLURM noticed the node: nothing to
     # requeue); the requeued attempt must end. A wrapper gives the first attempt steps for hours.
-    # The second attempt runs 2000 steps (about 12 s idle): long enough to be running, its
-    # heartbeat fresh, through the controller's outage on a loaded machine (with the sweep's 30
-    # it once ended, and the waiter saw COMPLETED, before the outage began).
+    # The second attempt runs 800 steps (8 s idle, start-up included): long enough to be
+    # running, its heartbeat fresh, through the controller's outage on a loaded machine (with
+    # the sweep's 30 it once ended, and the waiter saw COMPLETED, before the outage began).
     wrapper = tmp_path / "first-attempt-long.sh"
     wrapper.write_text('#!/bin/sh\nif [ "${SLURM_RESTART_COUNT:-0}" -eq 0 ]; then\n'
                        '    exec flm bench "$@" --steps 1000000\nfi\n'
-                       'exec flm bench "$@" --steps 2000\n')
+                       'exec flm bench "$@" --steps 800\n')
     wrapper.chmod(0o755)
     spec = sweep_file(tmp_path, "requeue", ["{dp: 1, micro_batch: 2, name: long}"], steps=30)
     spec.write_text(spec.read_text() + f"command: [{wrapper}]\n")
