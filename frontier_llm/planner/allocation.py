@@ -196,6 +196,11 @@ def _fitting(cur: pd.DataFrame) -> pd.DataFrame:
     return cur[cur["fits"].astype(bool) & cur["train_days"].notna()]
 
 
+# What deadline and budget selection say when no GPU count of the curve has a fitting layout.
+_NOTHING_FITS = ("nothing qualifies: no GPU count of the curve has a layout that fits in "
+                 "memory; would need more GPUs (see --min-gpus)")
+
+
 def select_deadline(cur: pd.DataFrame, deadline_days: float, end: str = "") -> Selection:
     """The row that trains within ``deadline_days`` for the fewest node-hours (ties: fewer
     GPUs). ``end`` '' judges by the prediction, '_high' by the pessimistic end of the
@@ -204,11 +209,7 @@ def select_deadline(cur: pd.DataFrame, deadline_days: float, end: str = "") -> S
     ok = _fitting(cur)
     days, hours = f"train_days{end}", f"node_hours{end}"
     if not len(ok):
-        return Selection(
-            None,
-            "nothing qualifies: no GPU count of the curve has a layout that "
-            "fits in memory; would need more GPUs (see --min-gpus)",
-        )
+        return Selection(None, _NOTHING_FITS)
     inside = ok[ok[days] <= deadline_days]
     if len(inside):
         best = inside.sort_values([hours, "gpus"]).iloc[0]
@@ -239,11 +240,7 @@ def select_budget(cur: pd.DataFrame, max_node_hours: float, end: str = "") -> Se
     ok = _fitting(cur)
     days, hours = f"train_days{end}", f"node_hours{end}"
     if not len(ok):
-        return Selection(
-            None,
-            "nothing qualifies: no GPU count of the curve has a layout that "
-            "fits in memory; would need more GPUs (see --min-gpus)",
-        )
+        return Selection(None, _NOTHING_FITS)
     inside = ok[ok[hours] <= max_node_hours]
     if len(inside):
         best = inside.sort_values([days, hours]).iloc[0]
