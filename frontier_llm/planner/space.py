@@ -109,7 +109,7 @@ SearchSpace.__doc__ = ("Candidate values for each layout knob (None: open, the p
 # Knobs enumerated by rules of their own (the degrees per block of one tp x pp, the schedule with
 # its interleaving depths, sequence parallelism only with tp > 1, the sharding's six columns, the
 # engine for its model rules); every other knob is one column of its values (_product).
-STRUCTURAL = ("tp", "pp", "schedule", "virtual_stages", "sequence_parallel", "sharding",
+STRUCTURAL = ("tp", "cp", "pp", "schedule", "virtual_stages", "sequence_parallel", "sharding",
               "engine")
 
 
@@ -131,6 +131,9 @@ def open_degrees(name: str, model: ModelSpec, gpus: int, space: SearchSpace | No
         return tuple(d for d in divisors(gpus) if d <= space.max_tp)
     if name == "pp":
         return tuple(d for d in divisors(gpus) if d <= model.layers)
+    if name == "cp":
+        # Open: no context split (cp 1) until the cost model plans it (issue 30).
+        return (1,)
     if name == "virtual_stages":
         return tuple(sorted({v for pp in pps for v in _depths(model, pp)}))
     raise ValueError(f"{name} has no open list of its own")
@@ -175,17 +178,21 @@ def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_ba
     blocks = []
     registry: dict[Sharding, int] = {}
     for tp in tps:
-        pps = space.pp or tuple(d for d in divisors(gpus // tp) if d <= model.layers)
-        for pp in pps:
-            if (gpus // tp) % pp:
+        for cp in space.cp or open_degrees("cp", model, gpus // tp, space):
+            if (gpus // tp) % cp:
                 continue
-            dp = gpus // (tp * pp)
-            shard = tuple(map(Sharding.parse, space.sharding or ())) or tuple(
-                _shardings(system, tp, dp))
-            block = _product(model, tp, pp, dp, micro, _schedules(model, pp, space), space,
-                             shard, global_batch, registry)
-            if block is not None:
-                blocks.append(block)
+            rest = gpus // (tp * cp)
+            pps = space.pp or tuple(d for d in divisors(rest) if d <= model.layers)
+            for pp in pps:
+                if rest % pp:
+                    continue
+                dp = rest // pp
+                shard = tuple(map(Sharding.parse, space.sharding or ())) or tuple(
+                    _shardings(system, tp, dp * cp))
+                block = _product(model, tp, cp, pp, dp, micro, _schedules(model, pp, space),
+                                 space, shard, global_batch, registry)
+                if block is not None:
+                    blocks.append(block)
     if not blocks:
         raise UserError(f"no tp x pp x dp layout of {gpus} GPUs matches the requested degrees")
     sizes = np.array([b.pop("_n") for b in blocks])
@@ -212,7 +219,7 @@ def _schedules(model: ModelSpec, pp: int, space: SearchSpace) -> list[tuple[int,
     return out
 
 
-def _product(model, tp, pp, dp, micro, sched_v, space, shardings, global_batch,
+def _product(model, tp, cp, pp, dp, micro, sched_v, space, shardings, global_batch,
              registry: dict) -> dict | None:
     # Sequence parallelism without TP and interleaving without a pipeline are not layouts.
     sp = [s for s in knob_values(space, "sequence_parallel") if tp > 1 or not s]
@@ -237,7 +244,8 @@ def _product(model, tp, pp, dp, micro, sched_v, space, shardings, global_batch,
     sh = np.array(shard_rows)
     cols = {
         # Constant in a block: one value, repeated when the blocks are joined.
-        "tp": _Const(tp), "pp": _Const(pp), "dp": _Const(dp), "global_batch": _Const(global_batch),
+        "tp": _Const(tp), "cp": _Const(cp), "pp": _Const(pp), "dp": _Const(dp),
+        "global_batch": _Const(global_batch),
         "schedule": sv[idx["_sv"], 0], "virtual_stages": sv[idx["_sv"], 1],
         "sequence_parallel": np.array(sp, dtype=bool)[idx["sequence_parallel"]],
         "dtype": _Const(DType(space.dtype).code),
@@ -307,14 +315,22 @@ def _engine_layout_codes(t: LayoutTable, sharding_id: np.ndarray,
     # The engines' value rules on other knobs (EngineRules.only), in their order, after the
     # rules above: one lookup per knob of (engine, the knob's code).
     for knob in ONLY_KNOBS:
-        kind = layout_types()[knob]
-        values = (False, True) if kind is bool else tuple(kind)
         allowed = [{k: vals for k, vals, _ in RULES[e].only}.get(knob) for e in Engine]
-        bad = np.array([[a is not None and v not in a for v in values] for a in allowed])
         code = np.array([ENGINE_REASON.get((e, f"only_{knob}"), 0) for e in Engine],
                         dtype=np.int16)
-        col = getattr(t, knob).astype(np.int64)
-        hit = (out == 0) & bad[t.engine, col]
+        col = getattr(t, knob)
+        kind = layout_types()[knob]
+        if kind is int:  # a number (cp): compare with each engine's allowed values
+            bad_row = np.zeros(len(col), dtype=bool)
+            for e in Engine:
+                if allowed[e.code] is not None:
+                    mine = t.engine == e.code
+                    bad_row |= mine & ~np.isin(col, np.array(allowed[e.code]))
+        else:
+            values = (False, True) if kind is bool else tuple(kind)
+            bad = np.array([[a is not None and v not in a for v in values] for a in allowed])
+            bad_row = bad[t.engine, col.astype(np.int64)]
+        hit = (out == 0) & bad_row
         out[hit] = code[t.engine[hit]]
     return out
 

@@ -287,7 +287,13 @@ RULES: dict[Engine, EngineRules] = {
         # stage3_max_live_parameters and stage3_param_persistence_threshold (small parameters),
         # not a switch that keeps every layer gathered (deepspeed/runtime/zero/config.py).
         only=(("reshard_after_forward", (True,),
-               "ZeRO-3 frees each module's parameters after its forward"),),
+               "ZeRO-3 frees each module's parameters after its forward"),
+              # DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads,
+              # ``sequence_parallel_size`` with its own process groups), not a ring or
+              # all-gather context split, and flm bench's DeepSpeed engine does not build it.
+              ("cp", (1,), "flm models and runs context parallelism as a ring/all-gather K/V "
+                           "exchange (native, Megatron-LM), not DeepSpeed-Ulysses' all-to-all "
+                           "over heads")),
     ),
 }
 

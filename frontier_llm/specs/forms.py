@@ -164,8 +164,11 @@ def _label(values: Mapping[str, Any], omit: Iterable[str]) -> str:
     omit = set(omit)
     defaults = {k: _word(v) for k, v in field_defaults().items()}
     parts = [f"{short}{values[name]}" for name, short in _ALWAYS.items() if name not in omit]
+    # The context-parallel degree sits with the others, where it is not 1: tp8 cp2 pp4 dp2.
+    if "cp" not in omit and str(values["cp"]) != str(defaults["cp"]):
+        parts.insert(1 if "tp" not in omit else 0, f"cp{values['cp']}")
     for name, kind in layout_types().items():
-        if name in omit or name in _ALWAYS or name in _WRITTEN_WITH:
+        if name in omit or name in _ALWAYS or name in _WRITTEN_WITH or name == "cp":
             continue  # written as part of another knob's text
         value = values[name]
         if name in _WRITTEN_WITH.values():

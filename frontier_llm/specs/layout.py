@@ -57,8 +57,16 @@ class Layout:
 
     # grid_open: a sweep's or study's space that does not list the knob leaves it to the
     # planner's list (specs/space.py) rather than the default; written_with: the knob is
-    # written as part of another's text (the schedule's: interleaved:4).
+    # written as part of another's text (the schedule's: interleaved:4); new_knob: traces from
+    # before it may lack it; argv_quiet: layout_argv leaves it out at its default.
     tp: int = field(default=1, metadata=_knob("tensor-parallel degree", grid_open=True))
+    # Context parallelism (torchtitan's context_parallel_degree, Megatron-LM's
+    # --context-parallel-size): each sequence split over cp ranks in 2·cp chunks, rank r holding
+    # chunks r and 2·cp-1-r so causal attention's work is even; the cp ranks share parameters,
+    # so sharded data parallelism runs over dp x cp (shard_ranks).
+    cp: int = field(default=1, metadata=_knob(
+        "context-parallel degree: each sequence split over cp ranks (load-balanced causal "
+        "split; seq_len divisible by 2 x cp)", new_knob=True, argv_quiet=True))
     pp: int = field(default=1, metadata=_knob("pipeline-parallel degree", grid_open=True))
     dp: int = field(default=1, metadata=_knob("data-parallel degree"))
     micro_batch: int = field(default=1, metadata=_knob("sequences per micro-batch"))
@@ -108,7 +116,7 @@ class Layout:
                 raise SpecError(f"{name} must be at most {MAX_COUNT:,} (got {getattr(self, name)})",
                                 name)
         if self.world_size > MAX_GPUS:
-            raise SpecError(f"tp x pp x dp = {self.world_size:,} GPUs is above the maximum of "
+            raise SpecError(f"tp x cp x pp x dp = {self.world_size:,} GPUs is above the maximum of "
                             f"{MAX_GPUS:,}", "dp")
         per_step = self.micro_batch * self.dp
         if self.global_batch % per_step:
@@ -136,14 +144,16 @@ class Layout:
             raise SpecError("sequence_parallel needs tp >= 2", "sequence_parallel")
         for comp in COMPONENTS:
             place: Placement = getattr(self.sharding, comp)
-            if place.kind == PlacementKind.PARTIAL and (place.group < 1 or self.dp % place.group):
+            if place.kind == PlacementKind.PARTIAL and (place.group < 1
+                                                        or self.shard_ranks % place.group):
                 raise SpecError(
-                    f"sharding.{comp} partial group ({place.group}) does not divide dp ({self.dp})",
+                    f"sharding.{comp} partial group ({place.group}) does not divide "
+                    + (f"dp x cp ({self.dp} x {self.cp})" if self.cp > 1 else f"dp ({self.dp})"),
                     "sharding",
                 )
         # Sharded state can not be coarser than what is built from it: parameters are updated
         # from gradients, gradients from optimizer shards (AMSP section 3).
-        deg = {c: getattr(self.sharding, c).degree(self.dp) for c in COMPONENTS}
+        deg = {c: getattr(self.sharding, c).degree(self.shard_ranks) for c in COMPONENTS}
         if not deg["params"] <= deg["grads"] <= deg["optim"] or (
             deg["optim"] % deg["grads"] or deg["grads"] % deg["params"]
         ):
@@ -156,7 +166,14 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def shard_ranks(self) -> int:
+        """Ranks that hold the same parameters and shard their state: dp x cp (the cp ranks of a
+        replica see different tokens of the same sequences, like data-parallel ranks;
+        torchtitan's dp_shard_cp mesh, Megatron's data-parallel-with-context group)."""
+        return self.dp * self.cp
 
     @property
     def num_microbatches(self) -> int:
@@ -188,10 +205,18 @@ class Layout:
                 f"{self.engine} splits them leaves a chunk without layers",
                 "pp",
             )
-        if self.sequence_parallel and model.seq_len % self.tp:
+        if self.cp > 1 and model.seq_len % (2 * self.cp):
+            raise SpecError(
+                f"seq_len ({model.seq_len}) is not divisible by 2 x cp ({2 * self.cp}): the "
+                "load-balanced causal split cuts each sequence into 2 x cp equal chunks",
+                "cp",
+            )
+        if self.sequence_parallel and (model.seq_len // self.cp) % self.tp:
             raise SpecError(
                 f"seq_len ({model.seq_len}) is not divisible by tp ({self.tp}) for sequence "
-                "parallelism",
+                "parallelism" if self.cp == 1 else
+                f"the sequence share of a cp rank ({model.seq_len} / cp {self.cp}) is not "
+                f"divisible by tp ({self.tp}) for sequence parallelism",
                 "sequence_parallel",
             )
         check_engine(self, model)
@@ -221,9 +246,10 @@ class Layout:
 
     def check_world(self, world_size: int) -> None:
         if self.world_size != world_size:
+            cp = f" x {self.cp}" if self.cp > 1 else ""
             raise SpecError(
-                f"tp x pp x dp = {self.tp} x {self.pp} x {self.dp} = {self.world_size} does not "
-                f"match the {world_size} GPUs/ranks available",
+                f"tp x {'cp x ' if cp else ''}pp x dp = {self.tp}{cp} x {self.pp} x {self.dp} = "
+                f"{self.world_size} does not match the {world_size} GPUs/ranks available",
                 "dp",
             )
 
@@ -329,6 +355,8 @@ def layout_argv(layout: Layout) -> list[str]:
     for f in layout_fields():
         value, flag = getattr(layout, f.name), "--" + f.name.replace("_", "-")
         kind = layout_types()[f.name]
+        if f.metadata.get("argv_quiet") and value == f.default:
+            continue  # left out at its default: job lines stay as before the knob existed
         if kind is bool:
             if value != f.default:
                 argv.append(flag if value else "--no-" + f.name.replace("_", "-"))
