@@ -8,6 +8,13 @@ The synthetic sequences are arithmetic progressions modulo the vocabulary (rando
 stride per sequence): learnable, so the loss falls within a few steps and a wrong gradient shows
 up in the loss curve, unlike uniform noise whose loss sits at log(V) whatever the gradient.
 
+Context parallelism (``cp`` > 1) then cuts each sequence of the slice into 2·cp equal chunks and
+gives cp rank r chunks r and 2·cp-1-r (:func:`cp_shard`): under a causal mask the early chunks
+attend to little and the late ones to much, so pairing the i-th with the i-th-from-last gives
+every rank the same attention work (Megatron-LM's context parallelism, Llama 3 §3.3.2,
+torchtitan's load-balanced split). Targets are cut the same way, so each rank's loss covers its
+own tokens' next-token predictions.
+
 A token file is raw little-endian token ids (uint16 when the vocabulary fits, else uint32, the
 nanoGPT ``.bin`` convention); a step's sequences start at offsets drawn from (seed, step).
 """
@@ -70,6 +77,22 @@ class TokenSource:
         """This data-parallel rank's (inputs, targets), each (global_batch/dp, seq_len)."""
         batch = self.global_batch(step, global_batch).chunk(dp, dim=0)[dp_rank]
         return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+
+
+def cp_positions(seq_len: int, cp: int, cp_rank: int) -> tuple[range, range]:
+    """The global positions of cp rank ``cp_rank``'s tokens: chunks r and 2·cp-1-r of 2·cp."""
+    c = seq_len // (2 * cp)
+    late = 2 * cp - 1 - cp_rank
+    return range(cp_rank * c, (cp_rank + 1) * c), range(late * c, (late + 1) * c)
+
+
+def cp_shard(x: torch.Tensor, cp: int, cp_rank: int, dim: int = 1) -> torch.Tensor:
+    """``x``'s share along ``dim`` (the sequence) for cp rank ``cp_rank``, in the order of
+    :func:`cp_positions` (identity at cp 1)."""
+    if cp == 1:
+        return x
+    chunks = x.chunk(2 * cp, dim=dim)
+    return torch.cat((chunks[cp_rank], chunks[2 * cp - 1 - cp_rank]), dim=dim).contiguous()
 
 
 def write_token_file(path: str | Path, tokens: np.ndarray, vocab: int) -> Path:

@@ -1,4 +1,4 @@
-"""NativeEngine: one rank of a PyTorch-native TP x PP x (FSDP | DDP | ZeRO-1) training run.
+"""NativeEngine: one rank of a PyTorch-native TP x CP x PP x (FSDP | DDP | ZeRO-1) training run.
 
 Build order (TorchTitan's): mesh -> this rank's pipeline stage modules with deterministic weights
 -> tensor/sequence parallel -> FSDP2 -> pipeline schedule -> optimizer. ``step()`` runs one
@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from frontier_llm.bench.activations import SavedTensorMeter
-from frontier_llm.bench.data import TokenSource
+from frontier_llm.bench.context_parallel import CPContext, apply_cp
+from frontier_llm.bench.data import TokenSource, cp_shard
 from frontier_llm.bench.mesh import DIM_NAMES, MeshDims, check_layout
 from frontier_llm.bench.model import DTYPES, GPT, build_model, loss_fn
 from frontier_llm.bench.optim import LocalAdam, allreduce_mean, local
@@ -59,9 +60,15 @@ class NativeEngine:
         d = self.dims
         self.mesh = init_device_mesh(device.type, d.shape, mesh_dim_names=DIM_NAMES)
         # Same seed on the ranks of one TP group: dropout on replicated activations must agree.
-        torch.manual_seed(seed + 7919 * self.coords["dp"] + 104729 * self.coords["pp"])
+        torch.manual_seed(seed + 7919 * self.coords["dp"] + 104729 * self.coords["pp"]
+                          + 1299709 * self.coords["cp"])
         self.data = TokenSource(spec.vocab, spec.seq_len, seed, data)
         self.meter = SavedTensorMeter()
+        # Context parallelism: this rank's share of each sequence and its cp group, which every
+        # attention layer gathers K/V over (bench/context_parallel.py).
+        self.cpc = (CPContext(self.mesh["cp"].get_group(), d.cp, self.coords["cp"], spec.seq_len)
+                    if d.cp > 1 else None)
+        shard_mesh = self._shard_mesh() if d.data_parallel in ("fsdp", "hsdp") else None
 
         num_stages = layout.chunks
         self.stage_indices = layout.rank_chunks(self.coords["pp"])
@@ -74,31 +81,35 @@ class NativeEngine:
                 last=g == num_stages - 1, flash=layout.flash_attention,
                 recompute=layout.recompute,
             )
+            if self.cpc is not None:
+                apply_cp(m, self.cpc)
             if layout.tp > 1:
                 apply_tp(m, self.mesh["tp"], layout.sequence_parallel)
-            if d.data_parallel in ("fsdp", "hsdp") and d.dp > 1:
-                dp_mesh = (self.mesh["dp_replicate", "dp_shard"] if d.data_parallel == "hsdp"
-                           else self.mesh["dp_shard"])
-                apply_fsdp(m, dp_mesh, d.reshard_after_forward)
+            if shard_mesh is not None:
+                apply_fsdp(m, shard_mesh, d.reshard_after_forward)
             m.train()
-            if d.data_parallel == "fsdp" and d.dp > 1 and not d.reshard_after_forward:
+            if shard_mesh is not None and d.data_parallel == "fsdp" and not d.reshard_after_forward:
                 # ZeRO-2 holds whole parameters from forward to backward: measure them there.
                 m.register_forward_hook(lambda *_: self._measure_params())
             self.modules.append(m)
         self.has_first = 0 in self.stage_indices
         self.has_last = num_stages - 1 in self.stage_indices
         self.schedule = None
-        # Sequence parallelism passes each TP rank's s/tp tokens between stages.
-        seq_local = spec.seq_len // layout.tp if layout.sequence_parallel else spec.seq_len
+        # A cp rank holds s/cp tokens; sequence parallelism passes each TP rank's s/cp/tp of
+        # them between stages. Every stage uses the same cp split.
+        seq_cp = spec.seq_len // d.cp
+        seq_local = seq_cp // layout.tp if layout.sequence_parallel else seq_cp
         if layout.pp > 1:
             self.schedule = build_schedule(
                 layout.schedule, self.modules, self.stage_indices, num_stages,
                 layout.num_microbatches, self.loss_fn, device, self.mesh["pp"].get_group(),
                 io=[stage_io(g, num_stages, layout.micro_batch, seq_local, spec,
-                             DTYPES[layout.dtype], layout.tp) for g in self.stage_indices],
+                             DTYPES[layout.dtype], layout.tp, seq_tokens=seq_cp)
+                    for g in self.stage_indices],
             )
-        self.dp_group = (self.mesh["dp_replicate"].get_group()
-                         if d.data_parallel in ("ddp", "zero1") and d.dp > 1 else None)
+        # Replicated parameters (DDP / ZeRO-1): gradients averaged over dp x cp.
+        self.dp_group = (self._flat(d.reduce_dims).get_group()
+                         if d.data_parallel in ("ddp", "zero1") and d.dp * d.cp > 1 else None)
         self.tied_group = self._tied_group() if spec.tied_embeddings and layout.pp > 1 else None
         self.optimizer = LocalAdam(
             self.parameters(), lr=LR,
@@ -119,6 +130,31 @@ class NativeEngine:
         return loss.to_local() if isinstance(loss, DTensor) else loss
 
     # -- building blocks -------------------------------------------------------------------
+    def _flat(self, dims: tuple[str, ...]):
+        """The 1-D mesh over ``dims`` (flattened when several: torchtitan's ``dp_shard_cp``)."""
+        if len(dims) == 1:
+            return self.mesh[dims[0]]
+        return self.mesh[dims]._flatten("_".join(dims))
+
+    def _shard_mesh(self):
+        """FSDP2's mesh: dp_shard x cp (flattened), with dp_replicate in front for HSDP; None
+        when no rank shares this rank's parameters."""
+        d = self.dims
+        if d.dp * d.cp == 1:
+            return None
+        shard = self._flat(d.shard_dims)
+        if d.data_parallel != "hsdp":
+            return shard
+        if d.cp == 1:
+            return self.mesh["dp_replicate", "dp_shard"]
+        import warnings
+
+        # Slicing a flattened dimension out of the root mesh is what torchtitan does for its
+        # dp_replicate x dp_shard_cp mesh; torch announces a future bookkeeping change for it.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Slicing a flattened dim")
+            return self.mesh["dp_replicate", shard.mesh_dim_names[0]]
+
     def parameters(self) -> list[nn.Parameter]:
         seen: dict[int, nn.Parameter] = {}
         for m in self.modules:
@@ -133,8 +169,9 @@ class NativeEngine:
         """
         d = self.dims
         mine = None
-        for dr, ds, t in itertools.product(range(d.dp_replicate), range(d.dp_shard), range(d.tp)):
-            ranks = [d.rank_of(0, dr, ds, t), d.rank_of(d.pp - 1, dr, ds, t)]
+        for dr, ds, c, t in itertools.product(range(d.dp_replicate), range(d.dp_shard),
+                                              range(d.cp), range(d.tp)):
+            ranks = [d.rank_of(0, dr, ds, t, c), d.rank_of(d.pp - 1, dr, ds, t, c)]
             group = dist.new_group(ranks)
             if self.rank in ranks:
                 mine = group
@@ -244,6 +281,12 @@ def run_batch(engine, step: int, measure_activations: bool,
     ``measure_activations``: the part of a training step every engine shares."""
     lay = engine.layout
     inputs, targets = engine.data.rank_batch(step, lay.global_batch, lay.dp, engine.coords["dp"])
+    if lay.cp > 1:
+        # This cp rank's share of every sequence (chunks r and 2cp-1-r): each rank's loss is
+        # the mean over its own tokens, equal in number on every cp rank, so the mean over the
+        # dp x cp ranks that the gradient reduction takes is the global batch's mean.
+        inputs = cp_shard(inputs, lay.cp, engine.coords["cp"])
+        targets = cp_shard(targets, lay.cp, engine.coords["cp"])
     inputs, targets = inputs.to(engine.device), targets.to(engine.device)
     if not measure_activations:
         return forward_backward(inputs, targets)

@@ -1,10 +1,16 @@
 """How a layout becomes a DeviceMesh, and which layouts the native engine refuses.
 
-The mesh has four named dimensions, outermost first: ``pp``, ``dp_replicate``, ``dp_shard``,
-``tp``. Tensor parallelism is innermost so that its ranks are consecutive (inside one node, as
-Dash et al. 2023 and Narayanan et al. 2021 recommend); pipeline stages are outermost.
+The mesh has five named dimensions, outermost first: ``pp``, ``dp_replicate``, ``dp_shard``,
+``cp``, ``tp``. Tensor parallelism is innermost so that its ranks are consecutive (inside one
+node, as Dash et al. 2023 and Narayanan et al. 2021 recommend); context parallelism comes next,
+so a cp group has stride tp and stays inside a node as long as tp·cp does (torchtitan's order
+``pp, dp_replicate, dp_shard, cp, tp``; Megatron's ``tp-cp-ep-dp-pp``); pipeline stages are
+outermost.
 
-The data-parallel degree splits into ``dp_replicate x dp_shard`` by the layout's sharding:
+The cp ranks of a replica hold the same parameters and see different tokens of the same
+sequences, so every data-parallel reduction (gradient all-reduce, ZeRO/FSDP sharding) runs over
+dp x cp, the layout's ``shard_ranks`` (torchtitan's flattened ``dp_shard_cp``). The sharding
+degrees below are read over those dp·cp ranks; in the table, "dp" means dp·cp:
 
 =================  ==============================================  ============  ========
 sharding           PyTorch                                         dp_replicate  dp_shard
@@ -28,7 +34,7 @@ from frontier_llm.errors import UserError
 from frontier_llm.specs.layout import Engine, Layout
 from frontier_llm.specs.model import ModelSpec
 
-DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
+DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 DataParallel = Literal["ddp", "zero1", "fsdp", "hsdp"]
 
 
@@ -40,6 +46,7 @@ class MeshDims:
     tp: int
     data_parallel: DataParallel
     reshard_after_forward: bool
+    cp: int = 1
 
     @property
     def dp(self) -> int:
@@ -47,11 +54,23 @@ class MeshDims:
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.cp * self.tp
 
     @property
-    def shape(self) -> tuple[int, int, int, int]:
-        return (self.pp, self.dp_replicate, self.dp_shard, self.tp)
+    def shape(self) -> tuple[int, int, int, int, int]:
+        return (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp)
+
+    @property
+    def shard_dims(self) -> tuple[str, ...]:
+        """The mesh dimensions FSDP2 shards over: ``dp_shard`` and ``cp`` (flattened when
+        cp > 1), as torchtitan's ``dp_shard_cp``."""
+        return ("dp_shard", "cp") if self.cp > 1 else ("dp_shard",)
+
+    @property
+    def reduce_dims(self) -> tuple[str, ...]:
+        """The dimensions a replicated (DDP / ZeRO-1) gradient is averaged over: every rank
+        holding the same parameters."""
+        return ("dp_replicate", "cp") if self.cp > 1 else ("dp_replicate",)
 
     def coords(self, rank: int) -> dict[str, int]:
         """Mesh coordinates of a global rank (row-major over DIM_NAMES)."""
@@ -62,34 +81,38 @@ class MeshDims:
         out["dp"] = out["dp_replicate"] * self.dp_shard + out["dp_shard"]
         return out
 
-    def rank_of(self, pp: int, dp_replicate: int, dp_shard: int, tp: int) -> int:
-        return ((pp * self.dp_replicate + dp_replicate) * self.dp_shard + dp_shard) * self.tp + tp
+    def rank_of(self, pp: int, dp_replicate: int, dp_shard: int, tp: int, cp: int = 0) -> int:
+        return (((pp * self.dp_replicate + dp_replicate) * self.dp_shard + dp_shard) * self.cp
+                + cp) * self.tp + tp
 
 
 def mesh_dims(layout: Layout) -> MeshDims:
     """The mesh for ``layout``; UserError when its sharding has no PyTorch-native equivalent."""
-    sh, dp = layout.sharding, layout.dp
-    deg = {c: getattr(sh, c).degree(dp) for c in ("params", "grads", "optim")}
-    base = {"pp": layout.pp, "tp": layout.tp}
-    if dp == 1 or deg == {"params": 1, "grads": 1, "optim": 1}:
+    # Degrees over every rank holding the same parameters (dp x cp); the cp ranks of a replica
+    # always sit inside one shard group (dp_shard x cp), never split across replicas.
+    sh, dp, cp, n = layout.sharding, layout.dp, layout.cp, layout.shard_ranks
+    deg = {c: getattr(sh, c).degree(n) for c in ("params", "grads", "optim")}
+    base = {"pp": layout.pp, "tp": layout.tp, "cp": cp}
+    if n == 1 or deg == {"params": 1, "grads": 1, "optim": 1}:
         return MeshDims(dp_replicate=dp, dp_shard=1, data_parallel="ddp",
                         reshard_after_forward=False, **base)
-    if deg == {"params": 1, "grads": 1, "optim": dp}:
+    if deg == {"params": 1, "grads": 1, "optim": n}:
         return MeshDims(dp_replicate=dp, dp_shard=1, data_parallel="zero1",
                         reshard_after_forward=False, **base)
-    if deg == {"params": 1, "grads": dp, "optim": dp}:
+    if deg == {"params": 1, "grads": n, "optim": n}:
         return MeshDims(dp_replicate=1, dp_shard=dp, data_parallel="fsdp",
                         reshard_after_forward=False, **base)
-    if deg == {"params": dp, "grads": dp, "optim": dp}:
+    if deg == {"params": n, "grads": n, "optim": n}:
         return MeshDims(dp_replicate=1, dp_shard=dp, data_parallel="fsdp",
                         reshard_after_forward=layout.reshard_after_forward, **base)
     k = deg["params"]
-    if deg["grads"] == k and deg["optim"] == k:
-        return MeshDims(dp_replicate=dp // k, dp_shard=k, data_parallel="hsdp",
+    if deg["grads"] == k and deg["optim"] == k and k % cp == 0:
+        return MeshDims(dp_replicate=n // k, dp_shard=k // cp, data_parallel="hsdp",
                         reshard_after_forward=layout.reshard_after_forward, **base)
     raise UserError(
         f"sharding {sh.describe()} has no PyTorch-native equivalent in the native engine: it "
-        "runs zero0, zero1, zero2, zero3 and HSDP (params, grads and optimizer all partial:k)"
+        "runs zero0, zero1, zero2, zero3 and HSDP (params, grads and optimizer all partial:k"
+        + (f", k a multiple of cp {cp}: a cp group shares one shard group)" if cp > 1 else ")")
     )
 
 

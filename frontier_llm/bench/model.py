@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from frontier_llm.bench.checkpoint_policy import checkpoint_selective_op
+from frontier_llm.bench.context_parallel import CPContext
 from frontier_llm.specs.layout import DType, Recompute
 from frontier_llm.specs.model import ModelSpec
 
@@ -89,6 +90,16 @@ def _rope_tables(seq: int, head_dim: int, device: torch.device, dtype: torch.dty
     return _TABLES[key]
 
 
+def _cp_rope_tables(cp: CPContext, head_dim: int, device: torch.device, dtype: torch.dtype
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """This cp rank's rows of the whole sequence's cos/sin tables, one copy shared by layers."""
+    key = ("cp", cp.seq_len, cp.cp, cp.rank, head_dim, device, dtype)
+    if key not in _TABLES:
+        cos, sin = _rope_tables(cp.seq_len, head_dim, device, dtype)
+        _TABLES[key] = cp.local_rows(cos), cp.local_rows(sin)
+    return _TABLES[key]
+
+
 def _causal_mask(s: int, device: torch.device) -> torch.Tensor:
     key = ("mask", s, device)
     if key not in _TABLES:
@@ -106,19 +117,26 @@ def _make_rope_tables(seq: int, head_dim: int, device: torch.device, dtype: torc
 
 
 def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, flash: bool,
-                   dropout: float, training: bool) -> torch.Tensor:
-    """softmax(q kᵀ/√d) v, causal; q is (b, heads, s, d), k and v (b, kv_heads, s, d)."""
+                   dropout: float, training: bool, allowed: torch.Tensor | None = None,
+                   blocked: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q kᵀ/√d) v, causal; q is (b, heads, s, d), k and v (b, kv_heads, s', d).
+
+    ``allowed`` / ``blocked`` (s, s') boolean: an explicit mask by global positions instead of
+    the square causal one (context parallelism: local queries against the gathered sequence);
+    the fused path takes ``allowed``, the explicit path ``blocked``.
+    """
     p = dropout if training else 0.0
     if flash:
         return F.scaled_dot_product_attention(
-            q, k, v, dropout_p=p, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
+            q, k, v, attn_mask=allowed, dropout_p=p, is_causal=allowed is None,
+            enable_gqa=q.shape[1] != k.shape[1]
         )
     if q.shape[1] != k.shape[1]:
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     s = q.shape[-2]
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    mask = _causal_mask(s, q.device)
+    mask = _causal_mask(s, q.device) if blocked is None else blocked
     probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
     if p:
         probs = F.dropout(probs, p=p, training=True)
@@ -139,6 +157,8 @@ class Attention(nn.Module):
         self.wk = nn.Linear(h, kv, bias=spec.bias)
         self.wv = nn.Linear(h, kv, bias=spec.bias)
         self.wo = nn.Linear(h, h, bias=spec.bias)
+        # Context parallelism (bench/context_parallel.py apply_cp): set on cp > 1 only.
+        self.cp: CPContext | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -146,10 +166,24 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        cp = self.cp
         if self.rope:
-            cos, sin = _rope_tables(s, self.head_dim, q.device, q.dtype)
+            if cp is None:
+                cos, sin = _rope_tables(s, self.head_dim, q.device, q.dtype)
+            else:  # the rows of this rank's tokens' global positions
+                cos, sin = _cp_rope_tables(cp, self.head_dim, q.device, q.dtype)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         kwargs = {"flash": self.flash, "dropout": self.dropout, "training": self.training}
+        if cp is not None:
+            # All-gather K and V (after RoPE) over the cp group; the local queries attend to the
+            # whole sequence under the causal mask by global positions. Under full recompute
+            # the gather runs again in the recompute; under selective recompute the gathered
+            # K/V are the recomputed core's inputs and stay saved.
+            k, v = cp.gather(k), cp.gather(v)
+            if self.flash:
+                kwargs["allowed"] = cp.allowed(q.device)
+            else:
+                kwargs["blocked"] = cp.blocked(q.device)
         if self.selective:
             # Korthikanti et al. 2022 §4.2: recompute only the attention core.
             out = checkpoint(attention_core, q, k, v, use_reentrant=False, **kwargs)
@@ -210,9 +244,11 @@ class PositionEmbedding(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(spec.seq_len, spec.hidden))
         self.dropout = spec.dropout
+        self.cp: CPContext | None = None  # context parallelism: the rows of global positions
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.dropout(x + self.weight[: x.shape[1]], p=self.dropout, training=self.training)
+        pos = self.weight[: x.shape[1]] if self.cp is None else self.cp.local_rows(self.weight)
+        return F.dropout(x + pos, p=self.dropout, training=self.training)
 
 
 class GPT(nn.Module):

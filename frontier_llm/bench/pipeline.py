@@ -15,8 +15,13 @@ from frontier_llm.specs.model import ModelSpec
 
 
 def stage_io(stage: int, num_stages: int, micro_batch: int, seq_local: int, spec: ModelSpec,
-             dtype: torch.dtype, tp: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+             dtype: torch.dtype, tp: int = 1, seq_tokens: int | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """(input, output) of a stage for one micro-batch, as meta tensors.
+
+    ``seq_local`` is the hidden states' sequence length a stage passes on, ``seq_tokens`` the
+    tokens (and logits) per sequence this rank holds: ``seq_len / cp`` under context
+    parallelism (default: the model's ``seq_len``).
 
     Given to ``PipelineStage`` up front, they let it skip its runtime shape inference, which
     runs an extra forward on the first step and keeps that forward's graph alive for the
@@ -25,9 +30,10 @@ def stage_io(stage: int, num_stages: int, micro_batch: int, seq_local: int, spec
     # requires_grad marks what carries a gradient back to the previous stage.
     hidden = torch.empty(micro_batch, seq_local, spec.hidden, dtype=dtype, device="meta",
                          requires_grad=True)
-    tokens = torch.empty(micro_batch, spec.seq_len, dtype=torch.long, device="meta")
+    seq = spec.seq_len if seq_tokens is None else seq_tokens
+    tokens = torch.empty(micro_batch, seq, dtype=torch.long, device="meta")
     # Under TP each rank's head produces its vocab/tp slice of the logits.
-    logits = torch.empty(micro_batch, spec.seq_len, spec.vocab // tp, dtype=dtype, device="meta",
+    logits = torch.empty(micro_batch, seq, spec.vocab // tp, dtype=dtype, device="meta",
                          requires_grad=True)
     return (tokens if stage == 0 else hidden), (logits if stage == num_stages - 1 else hidden)
 
