@@ -134,10 +134,16 @@ def default_system() -> str:
     raise UserError(f"no catalog system for GPU {name!r}: pass --system")
 
 
+def _degrees(lay: Layout) -> str:
+    """``tp2pp1dp1`` (``tp2cp2pp1dp1`` with context parallelism: cp 1 ids stay as they were)."""
+    cp = f"cp{lay.cp}" if lay.cp > 1 else ""
+    return f"tp{lay.tp}{cp}pp{lay.pp}dp{lay.dp}"
+
+
 def new_run_id(cfg: BenchConfig) -> str:
     lay = cfg.layout
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return (f"{cfg.model.name}-tp{lay.tp}pp{lay.pp}dp{lay.dp}-{stamp}-"
+    return (f"{cfg.model.name}-{_degrees(lay)}-{stamp}-"
             f"{uuid.uuid4().hex[:6]}")
 
 
@@ -148,7 +154,7 @@ def shared_run_id(cfg: BenchConfig, master_addr: str, master_port: int,
     job = job or env.get("TORCHELASTIC_RUN_ID", "") or f"{master_addr}-{master_port}"
     lay = cfg.layout
     return re.sub(r"[^A-Za-z0-9._-]", "-",
-                  f"{cfg.model.name}-tp{lay.tp}pp{lay.pp}dp{lay.dp}-{job}")[:128]
+                  f"{cfg.model.name}-{_degrees(lay)}-{job}")[:128]
 
 
 def bench_argv(model_ref: str, system_ref: str, layout: Layout, *, steps: int, warmup: int,

@@ -155,6 +155,9 @@ def summarize(cfg: BenchConfig, steps: list[dict], memory: list[dict], world: in
     if not measured:
         return out
     t = statistics.median(measured)
+    # The global batch's tokens, once: cp ranks hold disjoint parts of the same sequences (and
+    # tp ranks the same tokens), so neither multiplies them; per-GPU rates divide by the world
+    # (tp x cp x pp x dp).
     tokens = cfg.layout.global_batch * cfg.model.seq_len
     model_tf = model_flops(cfg.model, tokens) / t / world / 1e12
     hw_tf = hardware_flops(cfg.model, tokens, cfg.layout.recompute,
@@ -447,12 +450,15 @@ def _rank_record(engine, rank: int, steps: list[dict], cuda: bool) -> dict:
 
     state = engine.state_bytes()
     c = engine.coords
+    # Under context parallelism every cp rank's loss is the mean over its own (equally many)
+    # tokens, so the mean over the loss ranks stays the global batch's mean.
+    cp = {"cp_rank": c["cp"]} if c.get("cp") is not None and engine.layout.cp > 1 else {}
     return {
         "host": socket.gethostname(),
         "losses": [s["loss"] for s in steps],
         "is_loss_rank": engine.has_last and c["tp"] == 0,
         "memory": {
-            "rank": rank, "pp_stage": c["pp"], "tp_rank": c["tp"], "dp_rank": c["dp"],
+            "rank": rank, "pp_stage": c["pp"], "tp_rank": c["tp"], "dp_rank": c["dp"], **cp,
             "params_bytes": state.params_bytes, "grads_bytes": state.grads_bytes,
             "optimizer_bytes": state.optimizer_bytes,
             "activations_peak_bytes": engine.activations_peak_bytes,
