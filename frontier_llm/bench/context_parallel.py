@@ -77,6 +77,18 @@ class CPContext:
             self._cache[key] = keys[None, :] <= self.positions(device)[:, None]
         return self._cache[key]
 
+    def additive(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """:meth:`allowed` as the additive mask (0 / -inf) fused attention kernels take.
+
+        Handing SDPA this one shared table rather than the boolean one keeps a single copy for
+        every layer: given a boolean mask, SDPA converts it to this form on each call and saves
+        that conversion for backward, an s/cp x s table per layer."""
+        key = ("additive", device, dtype)
+        if key not in self._cache:
+            mask = torch.zeros(self.allowed(device).shape, dtype=dtype, device=device)
+            self._cache[key] = mask.masked_fill_(~self.allowed(device), float("-inf"))
+        return self._cache[key]
+
     def blocked(self, device: torch.device) -> torch.Tensor:
         """The complement of :meth:`allowed` (what the explicit path fills with -inf)."""
         key = ("blocked", device)

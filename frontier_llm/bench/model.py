@@ -121,9 +121,10 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, flash: 
                    blocked: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q kᵀ/√d) v, causal; q is (b, heads, s, d), k and v (b, kv_heads, s', d).
 
-    ``allowed`` / ``blocked`` (s, s') boolean: an explicit mask by global positions instead of
-    the square causal one (context parallelism: local queries against the gathered sequence);
-    the fused path takes ``allowed``, the explicit path ``blocked``.
+    ``allowed`` / ``blocked`` (s, s'): an explicit mask by global positions instead of the square
+    causal one (context parallelism: local queries against the gathered sequence); the fused
+    path takes ``allowed`` (boolean, or additive 0 / -inf), the explicit path ``blocked``
+    (boolean, True where a key is masked).
     """
     p = dropout if training else 0.0
     if flash:
@@ -181,7 +182,7 @@ class Attention(nn.Module):
             # K/V are the recomputed core's inputs and stay saved.
             k, v = cp.gather(k), cp.gather(v)
             if self.flash:
-                kwargs["allowed"] = cp.allowed(q.device)
+                kwargs["allowed"] = cp.additive(q.device, q.dtype)
             else:
                 kwargs["blocked"] = cp.blocked(q.device)
         if self.selective:
