@@ -123,7 +123,8 @@ def test_cp2_tp2_dp2_trains_like_one_process(tmp_path):
 
 
 # -- saved activations against the cost model ---------------------------------------------------
-# One cp rank of a 2-rank gloo group: for each recompute mode it runs two blocks of the model
+# One cp rank of a 2-rank gloo group: for each attention path (flash / explicit) and recompute
+# mode it runs two blocks of the model
 # (built with that mode) under the saved-activation meter and reports what the second block
 # added (the per-layer bytes, shared tables such as RoPE's and the mask counted in the first),
 # then a whole forward and backward of the model (the rank's peak).
@@ -136,8 +137,8 @@ _WORKER = textwrap.dedent('''
     from frontier_llm.bench.model import build_model, loss_fn
     from frontier_llm.catalog import load_model
 
-    rank, world, port, name, flash, micro = sys.argv[1:7]
-    rank, world, flash, micro = int(rank), int(world), flash == "1", int(micro)
+    rank, world, port, name, micro = sys.argv[1:6]
+    rank, world, micro = int(rank), int(world), int(micro)
     code = 1
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -147,7 +148,7 @@ _WORKER = textwrap.dedent('''
         x_in, y = TokenSource(spec.vocab, spec.seq_len, 0).rank_batch(0, micro, 1, 0)
         x_in, y = cp_shard(x_in, world, rank), cp_shard(y, world, rank)
         out = {}
-        for mode in ("none", "selective", "full"):
+        for flash, mode in [(f, m) for f in (True, False) for m in ("none", "selective", "full")]:
             m = build_model(spec, seed=0, flash=flash, recompute=mode)
             apply_cp(m, cpc)
             hidden = torch.randn(micro, spec.seq_len // world, spec.hidden, requires_grad=True)
@@ -161,7 +162,8 @@ _WORKER = textwrap.dedent('''
             meter = SavedTensorMeter()
             with meter.measuring():
                 loss_fn(m(x_in), y).backward()
-            out[mode] = {"per_layer": per_layer, "peak": meter.peak, "left": meter.current}
+            out[("flash " if flash else "explicit ") + mode] = {
+                "per_layer": per_layer, "peak": meter.peak, "left": meter.current}
         if rank == 0:
             print(json.dumps(out), flush=True)
         dist.barrier()
@@ -175,14 +177,14 @@ _WORKER = textwrap.dedent('''
 ''')
 
 
-def run_cp_worker(tmp_path: Path, model: str, flash: bool, micro: int, cp: int = 2) -> dict:
+def run_cp_worker(tmp_path: Path, model: str, micro: int, cp: int = 2) -> dict:
     """Start ``cp`` worker ranks, wait for them (killing any left after the timeout), and
     return rank 0's report."""
     script = tmp_path / "cp_worker.py"
     script.write_text(_WORKER)
     port = str(free_port())
     procs = [subprocess.Popen([sys.executable, str(script), str(r), str(cp), port, model,
-                               "1" if flash else "0", str(micro)],
+                               str(micro)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env(), cwd=str(Path(__file__).parent.parent))
              for r in range(cp)]
@@ -224,23 +226,23 @@ def engine_layer_bytes(spec, layout: ParallelConfig) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flash", [True, False], ids=["flash", "explicit"])
-def test_cp2_saved_bytes_match_the_cost_model(tmp_path, flash):
-    """cp 2, recompute none / selective / full: the bytes one layer saves on a cp rank, and the
+def test_cp2_saved_bytes_match_the_cost_model(tmp_path):
+    """cp 2, flash and explicit attention, recompute none / selective / full: the bytes one layer saves on a cp rank, and the
     rank's peak over a forward and backward, against the cost model (the per-layer bytes also
     against the engine's accounting by hand, exactly)."""
     from frontier_llm.costmodel.memory import rank_activation_bytes
 
     spec = load_model("tiny-llama")
-    got = run_cp_worker(tmp_path, "tiny-llama", flash, micro=2)
+    got = run_cp_worker(tmp_path, "tiny-llama", micro=2)
     report = {}
-    for mode, measured in got.items():
+    for key, measured in got.items():
+        path, mode = key.split()
         layout = _layout(cp=2, global_batch=2, micro_batch=2, recompute=mode,
-                         flash_attention=flash)
+                         flash_attention=path == "flash")
         assert measured["left"] == 0  # nothing stays counted after backward
-        assert measured["per_layer"] == engine_layer_bytes(spec, layout), (mode, measured)
+        assert measured["per_layer"] == engine_layer_bytes(spec, layout), (key, measured)
         want_peak = rank_activation_bytes(spec, layout, 0, engine="native")
-        report[mode] = (measured["per_layer"], measured["peak"], want_peak)
+        report[key] = (measured["per_layer"], measured["peak"], want_peak)
     print(json.dumps(report))
     for mode, (_, peak, want_peak) in report.items():
         assert peak == pytest.approx(want_peak, rel=0.10), (mode, report)

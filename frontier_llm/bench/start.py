@@ -50,7 +50,7 @@ def run_local(cfg: BenchConfig, world: int) -> int:
 
 def run(cfg: BenchConfig, nproc: int | None = None) -> int:
     """The whole of ``flm bench`` once configured: join the launcher's ranks, or start
-    ``nproc`` (default tp x pp x dp) local ones. The layout is checked before any process
+    ``nproc`` (default tp x cp x pp x dp) local ones. The layout is checked before any process
     starts."""
     from frontier_llm.bench.config import shared_run_id
     from frontier_llm.bench.engines import check as check_layout
