@@ -114,11 +114,17 @@ def test_cp2_trains_like_one_process_and_counts_tokens_once(tmp_path):
 
 @pytest.mark.slow
 def test_cp2_tp2_dp2_trains_like_one_process(tmp_path):
-    """8 ranks: cp 2 x tp 2 x dp 2 with FSDP (zero3) over dp x cp = 4 ranks."""
+    """8 ranks: cp 2 x tp 2 x dp 2 with FSDP (zero3) over dp x cp = 4 ranks. A two-layer Llama
+    (GQA: one K/V head per TP rank) keeps the steps short: 8 ranks on 2 cores spend most of
+    their time starting."""
+    spec = tmp_path / "cp-tiny.yaml"
+    spec.write_text("name: cp-tiny\nlayers: 2\nhidden: 32\nheads: 4\nkv_heads: 2\n"
+                    "ffn_hidden: 64\nseq_len: 16\nvocab: 128\nactivation: swiglu\n"
+                    "norm: rmsnorm\nposition: rope\nbias: false\n")
     layout = _layout(cp=2, tp=2, dp=2, global_batch=4, sharding=3)
-    proc, trace = run_bench(tmp_path, "tiny-llama", layout, "--cp", "2")
+    proc, trace = run_bench(tmp_path, str(spec), layout, "--cp", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    check_against_reference("tiny-llama", layout, trace)
+    check_against_reference(str(spec), layout, trace)
     assert trace["environment"]["world_size"] == 8
 
 
@@ -227,9 +233,9 @@ def engine_layer_bytes(spec, layout: ParallelConfig) -> int:
 
 @pytest.mark.slow
 def test_cp2_saved_bytes_match_the_cost_model(tmp_path):
-    """cp 2, flash and explicit attention, recompute none / selective / full: the bytes one layer saves on a cp rank, and the
-    rank's peak over a forward and backward, against the cost model (the per-layer bytes also
-    against the engine's accounting by hand, exactly)."""
+    """cp 2, flash and explicit attention, recompute none / selective / full: the bytes one
+    layer saves on a cp rank, and the rank's peak over a forward and backward, against the cost
+    model (the per-layer bytes also against the engine's accounting by hand, exactly)."""
     from frontier_llm.costmodel.memory import rank_activation_bytes
 
     spec = load_model("tiny-llama")
