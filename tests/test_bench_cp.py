@@ -236,7 +236,8 @@ def test_cp2_saved_bytes_match_the_cost_model(tmp_path):
     """cp 2, flash and explicit attention, recompute none / selective / full: the bytes one
     layer saves on a cp rank, and the rank's peak over a forward and backward, against the cost
     model (the per-layer bytes also against the engine's accounting by hand, exactly)."""
-    from frontier_llm.costmodel.memory import rank_activation_bytes
+    from frontier_llm.costmodel.layouts import from_configs
+    from frontier_llm.costmodel.memory import layer_activation_bytes, rank_activation_bytes
 
     spec = load_model("tiny-llama")
     got = run_cp_worker(tmp_path, "tiny-llama", micro=2)
@@ -247,8 +248,18 @@ def test_cp2_saved_bytes_match_the_cost_model(tmp_path):
                          flash_attention=path == "flash")
         assert measured["left"] == 0  # nothing stays counted after backward
         assert measured["per_layer"] == engine_layer_bytes(spec, layout), (key, measured)
+        # The cost model's per-layer term: a layer's saved bytes, or under full recompute its
+        # input (costmodel/memory.py activation_bytes: s/cp x b x h elements).
+        tokens = spec.seq_len // layout.cp * layout.micro_batch
+        want_layer = (tokens * spec.hidden * 4 if mode == "full"
+                      else int(layer_activation_bytes(spec, from_configs([layout]))[0]))
         want_peak = rank_activation_bytes(spec, layout, 0, engine="native")
-        report[key] = (measured["per_layer"], measured["peak"], want_peak)
+        report[key] = {"layer": measured["per_layer"], "layer_cm": want_layer,
+                       "peak": measured["peak"], "peak_cm": want_peak}
     print(json.dumps(report))
-    for mode, (_, peak, want_peak) in report.items():
-        assert peak == pytest.approx(want_peak, rel=0.10), (mode, report)
+    for key, r in report.items():
+        # Equal but for one convention shared with cp 1: the cost model keeps flash attention's
+        # fp32 log-sum-exp (4 bytes per head and token) under selective recompute, which
+        # recomputes the core and keeps none (0.3 % here).
+        assert r["layer"] == pytest.approx(r["layer_cm"], rel=0.005), (key, report)
+        assert r["peak"] == pytest.approx(r["peak_cm"], rel=0.10), (key, report)
