@@ -83,7 +83,8 @@ SCENARIOS = [
     ("gpt3-125m", "frontier", 48, 96, SearchSpace(engine=ENGINES, micro_batch=(1, 2))),
     # Every value of the knobs some engine runs at some values only (EngineRules.only).
     ("gpt3-125m", "frontier", 16, 32, SearchSpace(engine=ENGINES, micro_batch=(1,),
-                                                  reshard_after_forward=(True, False))),
+                                                  reshard_after_forward=(True, False),
+                                                  cp=(1, 2))),
 ]
 
 

@@ -379,7 +379,7 @@ def _reasons(model: ModelSpec, t: LayoutTable, engine_layout: np.ndarray,
     for comp in COMPONENTS:
         kind = getattr(t, f"{comp}_kind")
         group = np.maximum(getattr(t, f"{comp}_group"), 1)
-        partial |= (kind == PlacementKind.PARTIAL.code) & (t.dp % group != 0)
+        partial |= (kind == PlacementKind.PARTIAL.code) & ((t.dp * t.cp) % group != 0)
     empty = engine_model == _EMPTY_CHUNK
     engine_only = np.where(empty, 0, engine_model)
     # (rule broken, its code), in the order Layout checks them.
