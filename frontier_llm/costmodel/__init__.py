@@ -22,8 +22,8 @@ from frontier_llm.specs.system import SystemSpec
 # prediction so that old predictions are never compared with new ones unknowingly.
 COSTMODEL_VERSION = "2.0"
 
-TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "pp_comm", "pp_bubble", "head",
-              "dp_comm", "optimizer")
+TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "pp_comm",
+              "pp_bubble", "head", "dp_comm", "optimizer")
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "loss", "buffers", "reserved")
 
 
