@@ -65,3 +65,24 @@ def test_seq_len_flag(capsys):
                "--cp", "1", "--tp", "8", "--pp", "16", "--top", "1"])
     assert rc == 1  # nothing fits without cp
     assert "131,072 tokens" in capsys.readouterr().err
+
+
+def test_long_context_sweep_renders_cp_jobs(tmp_path):
+    """sweeps/frontier-175b-long-context.yaml: the planner chooses cp at 32K and 128K tokens,
+    the site's rules accept the scripts, and each job line carries its --cp."""
+    from pathlib import Path
+
+    from frontier_llm.jobs.sweepdir import render_sweep, with_resources
+    from frontier_llm.jobs.sweepspec import load_sweep
+
+    path = Path(__file__).resolve().parents[1] / "sweeps" / "frontier-175b-long-context.yaml"
+    sweep = with_resources(load_sweep(path), account="ABC123")
+    assert {j.model.seq_len for j in sweep.jobs} == {32768, 131072}
+    assert all(j.layout.cp > 1 and j.layout.world_size == 1024 for j in sweep.jobs)
+    manifest = render_sweep(sweep, tmp_path / "out")  # site rules and walltime checked
+    text = "".join(manifest.path(g["script"]).read_text() for g in manifest.groups)
+    for job in sweep.jobs:
+        argv = list(job.bench_args)
+        assert argv[argv.index("--cp") + 1] == str(job.layout.cp)
+        [line] = [x for x in text.splitlines() if f"key={job.key};" in x]
+        assert f" --cp {job.layout.cp} " in line
