@@ -64,7 +64,7 @@ def test_seq_len_flag(capsys):
     rc = main(["plan", "--model", "gpt-175b", "--seq-len", "131072", "--gpus", "128",
                "--cp", "1", "--tp", "8", "--pp", "16", "--top", "1"])
     assert rc == 1  # nothing fits without cp
-    assert "131,072 tokens" in capsys.readouterr().err
+    assert "gpt-175b at 131,072 tokens on 128 x" in capsys.readouterr().err
 
 
 def test_long_context_sweep_renders_cp_jobs(tmp_path):

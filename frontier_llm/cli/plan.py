@@ -53,6 +53,12 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
     return model
 
 
+def _at_length(args: argparse.Namespace, model: ModelSpec) -> str:
+    """' at N tokens' where --seq-len changed the model's length (else nothing: the catalog's
+    model is what its name says)."""
+    return f" at {model.seq_len:,} tokens" if getattr(args, "seq_len", None) else ""
+
+
 def _add_seq_len(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=count(1, MAX_DIMENSION, "the sequence length"),
                    default=None, metavar="N",
@@ -81,7 +87,7 @@ def run_plan(args: argparse.Namespace) -> int:
         f", {len(result.ranked_indices(None, frontier=True)):,} not dominated (no other is as "
         "fast with less memory; --all shows every one)")
     print(
-        f"# {model.name} ({model.seq_len:,} tokens) on {args.gpus} x {system.gpu} "
+        f"# {model.name}{_at_length(args, model)} on {args.gpus} x {system.gpu} "
         f"({system.name}), global batch "
         f"{result.global_batch}: {len(result.reason):,} layouts evaluated in {seconds:.2f} s, "
         f"{int(np.sum(result.valid)):,} valid and fit{shown}",
@@ -121,7 +127,7 @@ def run_predict(args: argparse.Namespace) -> int:
         emit_json(out)
         return 0
     bd = out["breakdown"]
-    print(f"{model.name} ({model.seq_len:,} tokens) on {layout.world_size} x {system.gpu} "
+    print(f"{model.name}{_at_length(args, model)} on {layout.world_size} x {system.gpu} "
           f"({system.name})")
     print(f"layout      {label(layout)}")
     print(f"step time   {out['step_time_s']:.4g} s   ({out['tokens_per_s']:,.0f} tokens/s)")
