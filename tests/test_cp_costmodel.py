@@ -107,6 +107,19 @@ def test_kv_exchange_volume_and_time_by_hand():
     assert cp_exchange_times(m, system, mt, e, 0.0)[0] == pytest.approx(3 * hop + 3 * hop2)
     # Attention longer than every hop hides the ring.
     assert cp_exchange_times(m, system, mt, e, 1.0)[0] == 0.0
+    # A block replayed in backward exchanges again: native gathers once more under full and
+    # op-level selective recompute, megatron runs the forward ring again under full and
+    # selective (the checkpointed core attention holds the ring).
+    for rc, native_again, ring_again in (("full", True, True), ("selective-op", True, False),
+                                         ("selective", False, True)):
+        nt = from_configs([_layout(tp=tp, cp=cp, dp=1, global_batch=4, recompute=rc)])
+        assert cp_exchange_times(m, system, nt, e, 0.0)[0] == pytest.approx(
+            (3 if native_again else 2) * gather, rel=1e-12)
+        if rc != "selective-op":  # megatron has no op-level selective
+            rt = from_configs([_layout(tp=tp, cp=cp, dp=1, global_batch=4, recompute=rc,
+                                       engine="megatron")])
+            assert cp_exchange_times(m, system, rt, e, 0.0)[0] == pytest.approx(
+                (6 if ring_again else 3) * hop + 3 * hop2)
 
 
 def test_attention_flops_equal_on_every_cp_rank():

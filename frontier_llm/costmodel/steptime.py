@@ -172,27 +172,32 @@ def cp_exchange_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, act_
 
     - ``native`` (flm bench; Llama 3's all-gather CP, Dubey et al. 2024 §3.3.2; PyTorch's
       ``context_parallel`` ``allgather`` rotation): K and V all-gathered before attention,
-      exposed (attention waits for them); dK and dV reduce-scattered in backward, exposed; full
-      recompute gathers again. Each collective moves the full-length K and V, ``cp`` times
-      :func:`kv_exchange_bytes`.
+      exposed (attention waits for them); dK and dV reduce-scattered in backward, exposed. A
+      block replayed in backward gathers again: full recompute, and op-level selective, whose
+      policy keeps the attention kernel's output but not the collective's (torchtitan's save
+      list), so the replay reruns the gather to rebuild the kernel's saved inputs. Selective
+      recompute (the attention core) keeps its inputs, the gathered K/V: no second gather. Each
+      collective moves the full-length K and V, ``cp`` times :func:`kv_exchange_bytes`.
     - ``megatron`` (TransformerEngine ring attention, ``cp_comm_type`` p2p; Liu et al. 2023's
       ring): ``cp−1`` steps, each sending the K/V block on to the next rank while attention runs
       on the block in hand (``1/cp`` of the rank's attention): a step exposes ``max(0, send −
       attention step)``. Backward passes K/V and dK/dV (twice the bytes) beside twice the
-      compute; full recompute runs the forward ring again.
+      compute; full and selective recompute (Megatron checkpoints the core attention, the ring
+      included) run the forward ring again.
     """
     n = t.cp
     chunk = kv_exchange_bytes(model, t, act_bytes)
     gather = comm.all_gather(system, n, t.tp, n * chunk)
     full = t.recompute == Recompute.FULL.code
-    native = gather + comm.reduce_scatter(system, n, t.tp, n * chunk) + np.where(full, gather,
-                                                                                   0.0)
+    again = full | (t.recompute == Recompute.SELECTIVE_OP.code)
+    native = gather + comm.reduce_scatter(system, n, t.tp, n * chunk) + np.where(again, gather,
+                                                                                    0.0)
     # The ring's slowest hop is the wrap-around between the first and the last cp rank.
     hop = t.tp * (n - 1)
     step_fwd = f_attn / n
     fwd = (n - 1) * np.maximum(0.0, comm.send_recv(system, hop, chunk) - step_fwd)
     bwd = (n - 1) * np.maximum(0.0, comm.send_recv(system, hop, 2 * chunk) - 2 * step_fwd)
-    ring = fwd + bwd + np.where(full, fwd, 0.0)
+    ring = fwd + bwd + np.where(full | (t.recompute == Recompute.SELECTIVE.code), fwd, 0.0)
     exposed = np.where(t.engine == Engine.MEGATRON.code, ring, native)
     return np.where(n > 1, exposed, 0.0)
 
