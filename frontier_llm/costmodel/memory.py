@@ -22,6 +22,11 @@ start of the backward pass: beside the above, the loss's vocabulary-sized tempor
 (:func:`gathered_bytes`, from the engine's prefetch and resharding) and the system's reserve.
 Ranks hold the layers their engine's split gives them (:mod:`.split`); the peak is over the first,
 the fullest middle and the last rank. docs/costmodel.md §3.
+
+Context parallelism (``cp``): a rank holds ``seq_len/cp`` tokens of each sequence, so every
+token-proportional term above is taken at that length, and the ``native`` engine also keeps the
+all-gathered K and V its attention ran on (:func:`gathered_kv_bytes`); model states are sharded
+over dp x cp (``LayoutTable.degree``). docs/costmodel.md "Context parallelism".
 """
 
 from __future__ import annotations

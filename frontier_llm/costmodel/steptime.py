@@ -27,6 +27,12 @@ gradients reduce-scattered, every micro-batch, as the engine issues them
 (:func:`sharded_param_times`). Every engine behaviour comes from ``specs/engine_rules.py``
 (:mod:`.behaviour`). The optimizer step streams the rank's parameters, gradients and optimizer
 states through memory.
+
+Context parallelism (``cp``): a rank computes ``seq_len/cp`` tokens of each sequence (GEMMs,
+attention, element-wise work and TP traffic all ``/cp``; the load-balanced split makes the
+causal attention work equal on every cp rank), exchanges K and V per layer
+(:func:`cp_exchange_times`, the ``cp_comm`` part), and reduces gradients over the dp x cp ranks.
+docs/costmodel.md "Context parallelism".
 """
 
 from __future__ import annotations
