@@ -96,7 +96,8 @@ def layouts(draw) -> Layout:
     only = {knob: draw(st.sampled_from(list(values))) for knob, values, _ in rules.only}
     try:
         return Layout(
-            tp=tp, pp=pp, dp=dp, micro_batch=micro, global_batch=micro * dp * steps,
+            tp=tp, cp=only.get("cp", draw(st.sampled_from([1, 2]))), pp=pp, dp=dp,
+            micro_batch=micro, global_batch=micro * dp * steps,
             schedule=schedule, virtual_stages=virtual,
             sequence_parallel=draw(st.booleans()) if tp > 1 and rules.sequence_parallel
             else False,

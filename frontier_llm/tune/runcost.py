@@ -44,9 +44,11 @@ def buckets(model: ModelSpec, layout: Layout, bucket_mb: float) -> int:
 def bucket_seconds(model: ModelSpec, system: SystemSpec, layout: Layout,
                    bucket_mb: float) -> float:
     """Seconds a step spends on the extra all-reduce start-ups of ``bucket_mb`` buckets."""
-    if layout.dp < 2:
+    if layout.shard_ranks < 2:
         return 0.0
-    startup = float(comm.all_reduce(system, layout.dp, layout.tp, 0.0))
+    # The gradients are reduced over dp x cp (the cp ranks hold other tokens of the same
+    # sequences); that group's ranks sit tp apart.
+    startup = float(comm.all_reduce(system, layout.shard_ranks, layout.tp, 0.0))
     return (buckets(model, layout, bucket_mb) - 1) * startup
 
 

@@ -166,13 +166,15 @@ class Candidates:
                          reason=self._why_not(values))
 
     def _why_not(self, v: Mapping[str, Any]) -> str:
-        tp, pp = int(v["tp"]), int(v["pp"])
-        if self.gpus % (tp * pp):
-            return f"tp x pp ({tp} x {pp}) does not divide the {self.gpus} ranks"
+        tp, pp, cp = int(v["tp"]), int(v["pp"]), int(v.get("cp", 1))
+        if self.gpus % (tp * cp * pp):
+            what = "tp x cp x pp" if cp > 1 else "tp x pp"
+            shown = f"{tp} x {cp} x {pp}" if cp > 1 else f"{tp} x {pp}"
+            return f"{what} ({shown}) does not divide the {self.gpus} ranks"
         knobs = {n: v[n] for n in space_knobs() if n in v}
         knobs.update(parse_schedule_label(v["schedule"]), sharding=Sharding.parse(v["sharding"]))
         try:
-            Layout(dp=self.gpus // (tp * pp), global_batch=self.global_batch, **knobs)
+            Layout(dp=self.gpus // (tp * cp * pp), global_batch=self.global_batch, **knobs)
         except SpecError as exc:
             return str(exc)
         return NOT_A_LAYOUT
