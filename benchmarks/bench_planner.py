@@ -11,6 +11,7 @@ and 10); the whole curve in under 1 s (issue 10).
 
     python benchmarks/bench_planner.py [--repeat 5] [--scalar-sample 3000] [--engine native]
     python benchmarks/bench_planner.py --quick   # seconds: what tests/test_benchmarks.py runs
+    python benchmarks/bench_planner.py --model gpt-175b --gpus 1024 --seq-len 131072  # with cp
 
 ``--quick`` plans the same space once (no repeats), samples 200 layouts for the scalar baseline
 and curves 8..512 GPUs: it proves the benchmark runs; one repeat is not a figure to quote.
@@ -19,6 +20,7 @@ and curves 8..512 GPUs: it proves the benchmark runs; one repeat is not a figure
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -35,6 +37,9 @@ def main() -> None:
     ap.add_argument("--model", default="gpt-1t")
     ap.add_argument("--system", default="frontier")
     ap.add_argument("--gpus", type=int, default=3072)
+    ap.add_argument("--seq-len", type=int, default=None,
+                    help="override the model's sequence length (long context: the open cp "
+                         "list grows with it, docs/planner.md)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--scalar-sample", type=int, default=3000)
     ap.add_argument("--engine", default="native,megatron,deepspeed",
@@ -47,6 +52,8 @@ def main() -> None:
     if args.quick:
         args.repeat, args.scalar_sample, args.curve = 1, 200, "8-512"
     model, system = load_model(args.model), load_system(args.system)
+    if args.seq_len:
+        model = dataclasses.replace(model, seq_len=args.seq_len)
     space = SearchSpace(engine=tuple(args.engine.split(",")))
 
     plan(model, system, args.gpus, space=space)  # warm-up: imports, numpy first-call costs

@@ -59,8 +59,8 @@ def test_plan_and_predict_work_for_every_catalog_model(system, engine, capsys):
         assert best.get("engine", engine) == engine
         argv = ["predict", "--model", model, "--system", system, "--gpus", "64", "--engine",
                 engine,
-                "--tp", str(best["tp"]), "--pp", str(best["pp"]), "--dp", str(best["dp"]),
-                "--micro-batch", str(best["micro_batch"]),
+                "--tp", str(best["tp"]), "--cp", str(best.get("cp", 1)), "--pp", str(best["pp"]),
+                "--dp", str(best["dp"]), "--micro-batch", str(best["micro_batch"]),
                 "--global-batch", str(best["global_batch"]), "--schedule", best["schedule"],
                 "--virtual-stages", str(best["virtual_stages"]),
                 "--recompute", best["recompute"], "--format", "json"]

@@ -83,8 +83,11 @@ SCENARIOS = [
     ("gpt3-125m", "frontier", 48, 96, SearchSpace(engine=ENGINES, micro_batch=(1, 2))),
     # Every value of the knobs some engine runs at some values only (EngineRules.only).
     ("gpt3-125m", "frontier", 16, 32, SearchSpace(engine=ENGINES, micro_batch=(1,),
-                                                  reshard_after_forward=(True, False),
-                                                  cp=(1, 2))),
+                                                  reshard_after_forward=(True, False))),
+    # cp (issue 30): 2048 tokens split over 2·3 chunks fail; cp 2 with sequence parallelism
+    # and tp 3 leaves 1024 tokens a rank, not divisible by 3; cp on DeepSpeed is refused.
+    ("gpt3-125m", "frontier", 48, 96, SearchSpace(engine=ENGINES, micro_batch=(1,),
+                                                  cp=(1, 2, 3), tp=(1, 3, 4), pp=(1, 2))),
 ]
 
 
@@ -126,12 +129,14 @@ def _keyword(reason: str) -> str:
             return f"engine {engine}"
     return {"global_batch not divisible by micro_batch x dp": "global_batch",
             "interleaved needs micro-batches to be a multiple of pp": "micro-batches",
-            "partial sharding group does not divide dp": "partial group",
+            "partial sharding group does not divide dp x cp": "partial group",
             "heads not divisible by tp": "heads",
             "kv_heads and tp do not divide one another": "kv_heads",
             "ffn_hidden not divisible by tp": "ffn_hidden",
             "a pipeline chunk without layers": "without layers",
-            "seq_len not divisible by tp (sequence parallel)": "seq_len"}[reason]
+            "seq_len not divisible by 2 x cp": "2 x cp",
+            "seq_len / cp not divisible by tp (sequence parallel)":
+                "for sequence parallelism"}[reason]
 
 
 def test_each_rejection_is_the_first_rule_layout_names(plans):

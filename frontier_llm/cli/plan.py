@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
@@ -24,6 +25,7 @@ from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.explain import explain
 from frontier_llm.specs.forms import display_layouts, label
 from frontier_llm.specs.layout import DType
+from frontier_llm.specs.model import MAX_DIMENSION, ModelSpec
 
 DEFAULT_MODEL, DEFAULT_SYSTEM, DEFAULT_GPUS = "gpt-175b", "frontier", 1024
 
@@ -42,8 +44,30 @@ def _display(df: pd.DataFrame) -> pd.DataFrame:
     return out.round({"step_s": 3, "tokens/s": 0, "TFLOP/s/gpu": 1, "MFU": 3, "mem_GB": 1})
 
 
+def model_from_args(args: argparse.Namespace) -> ModelSpec:
+    """The model of ``--model``, at ``--seq-len`` tokens when given (a long-context stage of
+    the same model: every figure of the cost model follows the sequence length)."""
+    model = load_model(args.model)
+    if getattr(args, "seq_len", None):
+        model = dataclasses.replace(model, seq_len=args.seq_len)
+    return model
+
+
+def _at_length(args: argparse.Namespace, model: ModelSpec) -> str:
+    """' at N tokens' where --seq-len changed the model's length (else nothing: the catalog's
+    model is what its name says)."""
+    return f" at {model.seq_len:,} tokens" if getattr(args, "seq_len", None) else ""
+
+
+def _add_seq_len(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seq-len", type=count(1, MAX_DIMENSION, "the sequence length"),
+                   default=None, metavar="N",
+                   help="tokens per sequence, overriding the model's (long-context training: "
+                        "context parallelism, --cp, splits it)")
+
+
 def run_plan(args: argparse.Namespace) -> int:
-    model, system = load_model(args.model), load_system(args.system)
+    model, system = model_from_args(args), load_system(args.system)
     space = SearchSpace(dtype=args.dtype, **space_from_args(args))
     refused = alloc_cli.check(args)
     if refused:
@@ -63,7 +87,8 @@ def run_plan(args: argparse.Namespace) -> int:
         f", {len(result.ranked_indices(None, frontier=True)):,} not dominated (no other is as "
         "fast with less memory; --all shows every one)")
     print(
-        f"# {model.name} on {args.gpus} x {system.gpu} ({system.name}), global batch "
+        f"# {model.name}{_at_length(args, model)} on {args.gpus} x {system.gpu} "
+        f"({system.name}), global batch "
         f"{result.global_batch}: {len(result.reason):,} layouts evaluated in {seconds:.2f} s, "
         f"{int(np.sum(result.valid)):,} valid and fit{shown}",
         file=sys.stderr,
@@ -90,7 +115,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    model, system = load_model(args.model), load_system(args.system)
+    model, system = model_from_args(args), load_system(args.system)
     layout = layout_from_args(args)
     if args.gpus is not None:
         layout.check_world(args.gpus)
@@ -102,7 +127,8 @@ def run_predict(args: argparse.Namespace) -> int:
         emit_json(out)
         return 0
     bd = out["breakdown"]
-    print(f"{model.name} on {layout.world_size} x {system.gpu} ({system.name})")
+    print(f"{model.name}{_at_length(args, model)} on {layout.world_size} x {system.gpu} "
+          f"({system.name})")
     print(f"layout      {label(layout)}")
     print(f"step time   {out['step_time_s']:.4g} s   ({out['tokens_per_s']:,.0f} tokens/s)")
     print(f"throughput  {out['model_tflops_per_gpu']:.1f} model TFLOP/s/GPU, "
@@ -133,6 +159,7 @@ def register(sub: argparse._SubParsersAction) -> None:
          "flm plan --model llama3-70b --system frontier --gpus 768 --engine megatron,deepspeed",
          "flm plan --model llama3-70b --system dgx-h100 --gpus 64 --tp 8 --format csv",
          "flm plan --model my-model.yaml --system my-system.yaml --gpus 128",
+         "flm plan --model gpt-175b --system frontier --gpus 1024 --seq-len 131072",
          "flm plan --model gpt-1t --system frontier --tokens 20T --deadline 120d "
          "--engine megatron"],
     )
@@ -140,6 +167,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"catalog name or YAML path (default {DEFAULT_MODEL}; see flm models)")
     p.add_argument("--system", default=DEFAULT_SYSTEM,
                    help=f"catalog name or YAML path (default {DEFAULT_SYSTEM}; see flm systems)")
+    _add_seq_len(p)
     p.add_argument("--gpus", type=gpus, default=DEFAULT_GPUS,
                    help=f"number of GPUs (Frontier: GCDs) (default {DEFAULT_GPUS}; at most "
                         f"{MAX_GPUS:,})")
@@ -175,8 +203,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", required=True, help="catalog name or YAML path")
     p.add_argument("--system", required=True, help="catalog name or YAML path")
+    _add_seq_len(p)
     p.add_argument("--gpus", type=gpus, default=None,
-                   help="check that tp x pp x dp uses exactly this many GPUs")
+                   help="check that tp x cp x pp x dp uses exactly this many GPUs")
     add_layout_args(p)
     alloc_cli.add_predict_arguments(p)
     add_format(p, choices=("table", "json"))

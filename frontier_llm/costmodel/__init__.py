@@ -20,10 +20,10 @@ from frontier_llm.specs.system import SystemSpec
 
 # Bump when a formula or a default changes what the model predicts; stored beside every
 # prediction so that old predictions are never compared with new ones unknowingly.
-COSTMODEL_VERSION = "2.0"
+COSTMODEL_VERSION = "2.1"  # 2.1: context parallelism (cp > 1 priced; cp 1 unchanged)
 
-TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "pp_comm", "pp_bubble", "head",
-              "dp_comm", "optimizer")
+TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "pp_comm",
+              "pp_bubble", "head", "dp_comm", "optimizer")
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "loss", "buffers", "reserved")
 
 

@@ -4,9 +4,12 @@ Thakur, Rabenseifner and Gropp 2005 ("Optimization of Collective Communication O
 MPICH"): a ring all-reduce over ``n`` ranks moves ``2(n−1)/n`` of the buffer through each rank's
 link and pays ``2(n−1)`` start-ups; reduce-scatter and all-gather move half of that. A group is
 as fast as the slowest link it crosses: ranks are numbered with tensor parallelism innermost, then
-data parallelism, then pipeline stages (Megatron's order), so a group of ``n`` ranks ``stride``
-apart spans ``n·stride`` consecutive ranks, and that span says whether it stays inside a GPU
-package, inside a node, or crosses the network. The system's ``collective`` efficiency is the
+context parallelism, then data parallelism, then pipeline stages (Megatron's ``tp-cp-ep-dp-pp``;
+torchtitan's mesh ``[pp, dp_replicate, dp_shard, cp, tp]`` read from the right), so a group of
+``n`` ranks ``stride`` apart spans ``n·stride`` consecutive ranks, and that span says whether it
+stays inside a GPU package, inside a node, or crosses the network: a cp group is ``cp`` ranks
+``tp`` apart, the dp x cp group (gradients, sharded state) ``dp·cp`` ranks ``tp`` apart, pipeline
+neighbours ``tp·cp·dp`` apart. The system's ``collective`` efficiency is the
 fraction of a link's datasheet bandwidth the collective library achieves.
 """
 

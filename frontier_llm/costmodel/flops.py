@@ -91,3 +91,21 @@ def narayanan_eq3(model: ModelSpec, global_batch: float, full_recompute: bool = 
     if full_recompute:
         return 96.0 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * h * L))
     return 72.0 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+
+
+def causal_pairs_per_cp_rank(seq_len: int, cp: int) -> list[int]:
+    """Causal (query, key) pairs each cp rank computes under the load-balanced split: the
+    sequence cut into ``2·cp`` chunks of ``c = seq/(2cp)`` tokens, rank ``r`` holding chunks
+    ``r`` and ``2cp−1−r`` (Megatron-LM's CP, torchtitan's ``context_parallel`` with load
+    balancing). Chunk ``i``'s queries see ``c·i + j + 1`` keys for its ``j``-th token, so
+    ``c²·i + c(c+1)/2`` pairs; ranks sum chunks ``i`` and ``2cp−1−i``:
+    ``c²·(2cp−1) + c(c+1)``, the same on every rank, ``1/cp`` of the ``s(s+1)/2`` total. That is
+    why the cost model divides attention FLOPs by cp (docs/costmodel.md)."""
+    if seq_len % (2 * cp):
+        raise ValueError(f"seq_len ({seq_len}) is not divisible by 2 x cp ({2 * cp})")
+    c = seq_len // (2 * cp)
+
+    def chunk(i: int) -> int:
+        return c * c * i + c * (c + 1) // 2
+
+    return [chunk(r) + chunk(2 * cp - 1 - r) for r in range(cp)]

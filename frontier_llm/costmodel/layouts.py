@@ -69,14 +69,28 @@ class LayoutTable:
 
     @property
     def world_size(self) -> np.ndarray:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def shard_ranks(self) -> np.ndarray:
+        """Ranks holding the same parameters: dp x cp (``Layout.shard_ranks``). The cp ranks of
+        a replica see other tokens of the same sequences, so their gradients are reduced and
+        their model states sharded with the data-parallel ranks (torchtitan's ``dp_shard_cp``
+        mesh, Megatron's data-parallel-with-context group)."""
+        return self.dp * self.cp
+
+    def local_seq(self, seq_len: int) -> np.ndarray:
+        """Tokens of each sequence on one rank: ``seq_len / cp``, exact (``Layout.check_model``
+        asks ``seq_len`` divisible by 2·cp for the load-balanced causal split)."""
+        return seq_len // self.cp
 
     def degree(self, component: str) -> np.ndarray:
-        """Sharding degree of one model-state component (AMSP placement -> ranks per copy)."""
+        """Sharding degree of one model-state component (AMSP placement -> ranks per copy);
+        ``full`` shards over the dp x cp ranks (``Sharding.degree(layout.shard_ranks)``)."""
         kind = getattr(self, f"{component}_kind")
         group = getattr(self, f"{component}_group")
         return np.where(kind == PlacementKind.REPLICATE.code, 1,
-                        np.where(kind == PlacementKind.FULL.code, self.dp, group))
+                        np.where(kind == PlacementKind.FULL.code, self.shard_ranks, group))
 
     def take(self, index: np.ndarray) -> LayoutTable:
         return LayoutTable(**{k: v[index] for k, v in self.columns().items()})

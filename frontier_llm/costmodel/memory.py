@@ -22,6 +22,11 @@ start of the backward pass: beside the above, the loss's vocabulary-sized tempor
 (:func:`gathered_bytes`, from the engine's prefetch and resharding) and the system's reserve.
 Ranks hold the layers their engine's split gives them (:mod:`.split`); the peak is over the first,
 the fullest middle and the last rank. docs/costmodel.md §3.
+
+Context parallelism (``cp``): a rank holds ``seq_len/cp`` tokens of each sequence, so every
+token-proportional term above is taken at that length, and the ``native`` engine also keeps the
+all-gathered K and V its attention ran on (:func:`gathered_kv_bytes`); model states are sharded
+over dp x cp (``LayoutTable.degree``). docs/costmodel.md "Context parallelism".
 """
 
 from __future__ import annotations
@@ -92,7 +97,9 @@ def _layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> tuple[np.ndarra
     e = ACT_BYTES[t.dtype]
     tp = t.tp
     s, b, h, f = model.seq_len, t.micro_batch, model.hidden, model.ffn_hidden
-    sb = s * b
+    # Context parallelism: a rank holds seq_len/cp tokens of each sequence, so every
+    # token-proportional tensor is divided by cp (docs/costmodel.md, "Context parallelism").
+    sb = t.local_seq(s) * b
     rep = np.where(t.sequence_parallel, 1.0 / tp, 1.0)  # the parts TP alone leaves whole
     q, kv, f_rank, heads = h / tp, kv_width_per_rank(model, tp), f / tp, model.heads / tp
     drop = MASK_BYTES if model.dropout > 0 else 0
@@ -109,13 +116,35 @@ def _layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> tuple[np.ndarra
     # attention-core checkpoint (selective) keep them unexpanded.
     kv_saved = np.where(~t.flash_attention & (t.recompute != Recompute.SELECTIVE.code), q, kv)
     split = sb * e * ((q + kv_saved) + kv_saved + q + mlp_saved * f_rank)  # Q,K|V|proj in|MLP
+    split = split + gathered_kv_bytes(model, t, kv_saved)
     # Q·Kᵀ softmax output, its dropout mask and output; flash attention and selective recompute
-    # keep none of them (flash keeps a fp32 log-sum-exp per row instead).
+    # keep none of them (flash keeps a fp32 log-sum-exp per row instead). With cp the local
+    # queries (seq/cp rows) meet every key of the sequence (seq columns): (seq/cp) x seq per
+    # head, under either engine's exchange.
     scores = heads * s * sb * (e + (drop + e if drop else 0))
     unfused_scores = np.where(t.flash_attention, 0, scores)
     lse = np.where(t.flash_attention, 4 * heads * sb, 0)
     rebuilt = whole + split + unfused_scores + lse
     return rebuilt - np.where(t.recompute == Recompute.NONE.code, 0, unfused_scores), rebuilt
+
+
+def gathered_kv_bytes(model: ModelSpec, t: LayoutTable, kv_saved=None) -> np.ndarray:
+    """Bytes the ``native`` engine's context-parallel attention saves beyond the rank's own
+    K and V, per layer and micro-batch: it all-gathers K and V over the cp group before
+    attention (Llama 3's all-gather CP, Dubey et al. 2024 §3.3.2; PyTorch's ``context_parallel``
+    with its default ``allgather`` rotation, which torchtitan runs), and autograd saves the
+    attention's inputs, the full-length K and V: ``seq·b·kv/t`` elements each, of which the
+    layer's own ``seq/cp`` share is already counted. Megatron (TransformerEngine's ring,
+    ``cp_comm_type`` p2p) saves only its local K/V chunk and passes the others around the ring
+    again in backward (Megatron-LM docs/source/api-guide/context_parallel.rst): nothing more.
+    ``kv_saved`` is the width saved per K or V (expanded to every query head by the unfused
+    core); default the unexpanded width."""
+    e = ACT_BYTES[t.dtype]
+    if kv_saved is None:
+        kv_saved = kv_width_per_rank(model, t.tp)
+    others = (model.seq_len - t.local_seq(model.seq_len)) * t.micro_batch
+    native = (t.engine == Engine.NATIVE.code) & (t.cp > 1)
+    return np.where(native, 2 * others * e * kv_saved, 0)
 
 
 def _in_flight_chunks(t: LayoutTable, pp_rank) -> np.ndarray:
@@ -138,7 +167,7 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None) -> n
     e = ACT_BYTES[t.dtype]
     r = np.asarray(pp_rank)
     s, b, h = model.seq_len, t.micro_batch, model.hidden
-    sb = s * b
+    sb = t.local_seq(s) * b  # the rank's share of each sequence (cp)
     rep = np.where(t.sequence_parallel, 1.0 / t.tp, 1.0)
     chunks = _in_flight_chunks(t, r)
     layers_per_chunk = chunk  # every chunk in flight counted as the rank's fullest
@@ -146,6 +175,7 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None) -> n
     # Full recompute keeps only each layer's input, and rebuilds one layer at a time (its input
     # is then part of the rebuilt layer); op-level selective keeps the input and what its policy
     # saves (costmodel/checkpoint_policy.py), and rebuilds the rest of one layer at a time.
+    # With cp under native, the rebuilt layer gathers K and V again (part of ``rebuilt``).
     is_full = t.recompute == Recompute.FULL.code
     is_op = t.recompute == Recompute.SELECTIVE_OP.code
     layer_input = sb * h * e * rep
@@ -200,14 +230,15 @@ def loss_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
     (8 bytes) while they are alive; Megatron's vocab-parallel cross-entropy computes the gradient
     in place in the saved softmax and casts it to the training dtype (``e`` bytes)."""
     per_vocab = np.where(t.engine == Engine.NATIVE.code, 8, ACT_BYTES[t.dtype])
-    return model.seq_len * t.micro_batch * _cdiv(model.vocab, t.tp) * per_vocab
+    return t.local_seq(model.seq_len) * t.micro_batch * _cdiv(model.vocab, t.tp) * per_vocab
 
 
 def buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None) -> np.ndarray:
     """Transient communication buffers: gathered parameters and gradients of sharded layers and
-    the sequence-parallel all-gather of one layer input."""
+    the sequence-parallel all-gather of one layer input (the rank's seq/cp tokens)."""
     e = ACT_BYTES[t.dtype]
-    sp = np.where(t.sequence_parallel, e * model.seq_len * t.micro_batch * model.hidden, 0)
+    sp = np.where(t.sequence_parallel,
+                  e * t.local_seq(model.seq_len) * t.micro_batch * model.hidden, 0)
     return gathered_bytes(model, t, pp_rank, held) + sp
 
 

@@ -27,6 +27,12 @@ gradients reduce-scattered, every micro-batch, as the engine issues them
 (:func:`sharded_param_times`). Every engine behaviour comes from ``specs/engine_rules.py``
 (:mod:`.behaviour`). The optimizer step streams the rank's parameters, gradients and optimizer
 states through memory.
+
+Context parallelism (``cp``): a rank computes ``seq_len/cp`` tokens of each sequence (GEMMs,
+attention, element-wise work and TP traffic all ``/cp``; the load-balanced split makes the
+causal attention work equal on every cp rank), exchanges K and V per layer
+(:func:`cp_exchange_times`, the ``cp_comm`` part), and reduces gradients over the dp x cp ranks.
+docs/costmodel.md "Context parallelism".
 """
 
 from __future__ import annotations
@@ -45,12 +51,13 @@ from frontier_llm.costmodel.flops import (
 from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks
 from frontier_llm.costmodel.memory import ACT_BYTES, STATE_BYTES
 from frontier_llm.costmodel.params import (
+    kv_width_per_rank,
     layer_modules,
     stage_params_per_rank,
     table_layer_params,
 )
 from frontier_llm.costmodel.split import pipeline_ranks
-from frontier_llm.specs.layout import DType, Recompute
+from frontier_llm.specs.layout import DType, Engine, Recompute
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
@@ -82,6 +89,7 @@ class BlockTimes:
     recompute: np.ndarray  # compute replayed in backward
     compute: np.ndarray  # forward + backward (2x) + recompute
     comm: np.ndarray  # exposed tensor-parallel communication
+    cp_comm: np.ndarray  # exposed context-parallel K/V exchange (cp_exchange_times)
 
 
 @dataclass
@@ -107,7 +115,11 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates)
     """One block's compute, element-wise, recompute and TP communication time."""
     s, h, f = model.seq_len, model.hidden, model.ffn_hidden
     tp, e = t.tp, r.act_bytes
-    tokens = t.micro_batch * s
+    # The rank's tokens: seq_len/cp of each sequence (context parallelism). Attention work per
+    # token is counted against the whole sequence (flops.layer_forward_flops_per_token), so a
+    # rank's attention is the sequence's total / cp: the load-balanced split (chunks r and
+    # 2cp-1-r) gives every cp rank the same causal work (docs/costmodel.md).
+    tokens = t.micro_batch * t.local_seq(s)
     rep = np.where(t.sequence_parallel, 1.0 / tp, 1.0)
     heads = model.heads / tp
     dense, attn = layer_forward_flops_per_token(model)
@@ -144,8 +156,56 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates)
     overlap = np.where(behaviour(t, "tp_comm_overlap"), system.eff("tp_overlap", 0.0), 0.0)
     hidden_by = overlap * (3 * f_dense + np.where(full, f_dense, 0))
     block_comm = np.maximum(0.0, fwd_comm + bwd_comm + recompute_comm - hidden_by)
+    cp_comm = cp_exchange_times(model, system, t, e, f_attn)
     return BlockTimes(f_dense, f_attn, f_elem, f_softmax, f_fixed, fwd, recompute,
-                      3 * fwd + recompute, block_comm)
+                      3 * fwd + recompute, block_comm, cp_comm)
+
+
+def kv_exchange_bytes(model: ModelSpec, t: LayoutTable, act_bytes) -> np.ndarray:
+    """Bytes of K and V one rank holds for its ``seq/cp`` tokens of one micro-batch and layer
+    (``2·(seq/cp)·b·kv/t`` elements, ``kv`` the K/V width: grouped-query attention exchanges
+    only its kv heads, Megatron-LM's CP documentation): the unit both exchanges move."""
+    kv = kv_width_per_rank(model, t.tp)
+    return 2 * t.local_seq(model.seq_len) * t.micro_batch * kv * act_bytes
+
+
+def cp_exchange_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, act_bytes,
+                      f_attn) -> np.ndarray:
+    """Exposed seconds of the context-parallel K/V exchange per layer and micro-batch (forward,
+    backward and any recompute). The cp group is the ``cp`` ranks ``tp`` apart (cp is next to
+    tp in the rank order of torchtitan's mesh ``[pp, dp_replicate, dp_shard, cp, tp]`` and
+    Megatron's ``tp-cp-ep-dp-pp``), spanning ``tp·cp`` consecutive ranks, which sets its link.
+
+    - ``native`` (flm bench; Llama 3's all-gather CP, Dubey et al. 2024 §3.3.2; PyTorch's
+      ``context_parallel`` ``allgather`` rotation): K and V all-gathered before attention,
+      exposed (attention waits for them); dK and dV reduce-scattered in backward, exposed. A
+      block replayed in backward gathers again: full recompute, and op-level selective, whose
+      policy keeps the attention kernel's output but not the collective's (torchtitan's save
+      list), so the replay reruns the gather to rebuild the kernel's saved inputs. Selective
+      recompute (the attention core) keeps its inputs, the gathered K/V: no second gather. Each
+      collective moves the full-length K and V, ``cp`` times :func:`kv_exchange_bytes`.
+    - ``megatron`` (TransformerEngine ring attention, ``cp_comm_type`` p2p; Liu et al. 2023's
+      ring): ``cp−1`` steps, each sending the K/V block on to the next rank while attention runs
+      on the block in hand (``1/cp`` of the rank's attention): a step exposes ``max(0, send −
+      attention step)``. Backward passes K/V and dK/dV (twice the bytes) beside twice the
+      compute; full and selective recompute (Megatron checkpoints the core attention, the ring
+      included) run the forward ring again.
+    """
+    n = t.cp
+    chunk = kv_exchange_bytes(model, t, act_bytes)
+    gather = comm.all_gather(system, n, t.tp, n * chunk)
+    full = t.recompute == Recompute.FULL.code
+    again = full | (t.recompute == Recompute.SELECTIVE_OP.code)
+    native = gather + comm.reduce_scatter(system, n, t.tp, n * chunk) + np.where(again, gather,
+                                                                                    0.0)
+    # The ring's slowest hop is the wrap-around between the first and the last cp rank.
+    hop = t.tp * (n - 1)
+    step_fwd = f_attn / n
+    fwd = (n - 1) * np.maximum(0.0, comm.send_recv(system, hop, chunk) - step_fwd)
+    bwd = (n - 1) * np.maximum(0.0, comm.send_recv(system, hop, 2 * chunk) - 2 * step_fwd)
+    ring = fwd + bwd + np.where(full | (t.recompute == Recompute.SELECTIVE.code), fwd, 0.0)
+    exposed = np.where(t.engine == Engine.MEGATRON.code, ring, native)
+    return np.where(n > 1, exposed, 0.0)
 
 
 def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
@@ -155,15 +215,16 @@ def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     (costmodel/split.py): ``l/p`` each when even."""
     h, V = model.hidden, model.vocab
     tp, pp, dp, v = t.tp, t.pp, t.dp, t.virtual_stages
-    tokens = t.micro_batch * model.seq_len
+    tokens = t.micro_batch * t.local_seq(model.seq_len)  # the rank's share of each sequence
     ranks = pipeline_ranks(model, t)
     head_flops = logits_forward_flops_per_token(model) * tokens / tp
     loss_bytes = tokens * V / tp * 4 * 3  # fp32 logits: cast, softmax, gradient
     last_extra = 3 * head_flops / r.flops + loss_bytes / r.memory
     last_extra = last_extra + comm.all_reduce(system, tp, 1, tokens * 4 * 3)  # CE statistics
-    p2p = np.where(pp > 1, 2 * v * comm.send_recv(system, tp * dp,
+    # Pipeline neighbours are tp·cp·dp ranks apart (pp is outermost in the rank order).
+    p2p = np.where(pp > 1, 2 * v * comm.send_recv(system, tp * t.cp * dp,
                                                   tokens * h * r.act_bytes / tp), 0.0)
-    per_layer = blk.compute + blk.comm
+    per_layer = blk.compute + blk.comm + blk.cp_comm
     others = ranks["most_but_last"] * per_layer
     last = ranks["last"] * per_layer + last_extra
     last_paces = (last >= others) | (pp == 1)
@@ -233,7 +294,11 @@ def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
 def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
                         blk: BlockTimes, stage: StageTimes) -> dict[str, np.ndarray]:
     """Exposed gradient/parameter communication and the optimizer step."""
-    tp, pp, dp = t.tp, t.pp, t.dp
+    tp, pp = t.tp, t.pp
+    # Gradients are reduced over every rank holding the same parameters: dp x cp (the cp ranks
+    # saw other tokens of the same sequences), a group of stride tp (cp next to tp, dp next to
+    # cp in the rank order: comm.py).
+    dp = t.shard_ranks
     m = t.num_microbatches
     ranks = pipeline_ranks(model, t)
     n_layer = table_layer_params(model, t)
@@ -291,6 +356,7 @@ def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict[str,
         "elementwise": layers * 3 * (blk.elem + blk.softmax + blk.fixed),
         "recompute": layers * blk.recompute,
         "tp_comm": layers * blk.comm,
+        "cp_comm": layers * blk.cp_comm,
         "pp_comm": m * stage.p2p,
         "pp_bubble": stage.bubble,
         "head": m * stage.head,

@@ -109,6 +109,9 @@ def row_space(row: pd.Series) -> SearchSpace:
         return (int(row[col]),) if _given(row.get(col)) else None
 
     kw: dict = {"tp": pinned("tp"), "pp": pinned("pp"), "micro_batch": pinned("micro_batch")}
+    # The published runs state their layouts without context parallelism (the table has no cp
+    # column; none of its sources split sequences), so none is searched for them.
+    kw["cp"] = (1,)
     engine = rules_for(row_engine(row))
     year = _YEAR.search(str(row.get("source") or ""))
     if year and int(year.group(1)) < FLASH_ATTENTION_YEAR:

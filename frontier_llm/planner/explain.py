@@ -16,7 +16,8 @@ from frontier_llm.specs.forms import LAYOUT_COLUMNS, label
 NOT_COMPARED = ("dp", "global_batch")
 PART_NAMES = {
     "compute": "matrix compute", "elementwise": "element-wise work",
-    "recompute": "recomputation", "tp_comm": "TP communication", "pp_comm": "PP communication",
+    "recompute": "recomputation", "tp_comm": "TP communication",
+    "cp_comm": "CP K/V exchange", "pp_comm": "PP communication",
     "pp_bubble": "pipeline bubble", "head": "output layer", "dp_comm": "exposed DP communication",
     "optimizer": "optimizer step",
 }

@@ -44,14 +44,15 @@ from frontier_llm.specs.system import SystemSpec
 _LAYOUT_REASONS = (
     "global_batch not divisible by micro_batch x dp",
     "interleaved needs micro-batches to be a multiple of pp",
-    "partial sharding group does not divide dp",
+    "partial sharding group does not divide dp x cp",
 )
 _MODEL_REASONS = (
     "heads not divisible by tp",
     "kv_heads and tp do not divide one another",
     "ffn_hidden not divisible by tp",
     "a pipeline chunk without layers",
-    "seq_len not divisible by tp (sequence parallel)",
+    "seq_len not divisible by 2 x cp",
+    "seq_len / cp not divisible by tp (sequence parallel)",
 )
 
 
@@ -132,11 +133,33 @@ def open_degrees(name: str, model: ModelSpec, gpus: int, space: SearchSpace | No
     if name == "pp":
         return tuple(d for d in divisors(gpus) if d <= model.layers)
     if name == "cp":
-        # Open: no context split (cp 1) until the cost model plans it (issue 30).
-        return (1,)
+        return open_cp(model, gpus)
     if name == "virtual_stages":
         return tuple(sorted({v for pp in pps for v in _depths(model, pp)}))
     raise ValueError(f"{name} has no open list of its own")
+
+
+# The fewest tokens of a sequence a context-parallel rank is given in the open cp list: 4,096.
+# The sources run CP only on long sequences with shares at or above it: Megatron-LM's CP
+# documentation splits 8K tokens over cp 2 (4K a rank), Llama 3 (Dubey et al. 2024, §3.3.2)
+# trained 128K contexts with cp 16 (8K a rank). Below it a rank's attention is too short to
+# cover the K/V exchange, the activations CP saves are small beside the model states, and the
+# search stays the size it was for the short-context plans (seq_len <= 4,096: cp 1 only). A
+# listed cp (--cp, a sweep's space) is searched whatever its share.
+MIN_CP_TOKENS = 4096
+
+
+def open_cp(model: ModelSpec, gpus: int) -> tuple[int, ...]:
+    """The open cp list over ``gpus`` (the GPUs a tp leaves): 1 and the powers of two that
+    divide ``gpus``, cut the sequence into ``2·cp`` equal chunks (the load-balanced causal
+    split) and leave every rank at least :data:`MIN_CP_TOKENS` tokens. Powers of two: the
+    split's chunks, the rings and the node sizes (8 GCDs or GPUs) are all powers of two."""
+    out, cp = [1], 2
+    while cp <= gpus and model.seq_len // cp >= MIN_CP_TOKENS:
+        if gpus % cp == 0 and model.seq_len % (2 * cp) == 0:
+            out.append(cp)
+        cp *= 2
+    return tuple(out)
 
 
 def _depths(model: ModelSpec, pp: int) -> tuple[int, ...]:
@@ -147,7 +170,10 @@ def _depths(model: ModelSpec, pp: int) -> tuple[int, ...]:
 
 
 def _shardings(system: SystemSpec, tp: int, dp: int) -> list[Sharding]:
-    """ZeRO-0..3 plus AMSP's partial placements over the DP ranks that share a node."""
+    """ZeRO-0..3 plus AMSP's partial placements over the DP ranks that share a node. ``dp`` is
+    the ranks sharing parameters, dp x cp: they are ``tp`` apart with cp inner (rank order tp,
+    cp, dp, pp), so ``k`` consecutive of them span ``tp·k`` ranks, one node for
+    ``k = gpus_per_node / tp``, whatever the cp."""
     out = [zero_preset(s) for s in range(4)]
     k = system.gpus_per_node // tp if tp <= system.gpus_per_node else 1
     if 1 < k < dp and dp % k == 0:
@@ -379,7 +405,8 @@ def _reasons(model: ModelSpec, t: LayoutTable, engine_layout: np.ndarray,
     for comp in COMPONENTS:
         kind = getattr(t, f"{comp}_kind")
         group = np.maximum(getattr(t, f"{comp}_group"), 1)
-        partial |= (kind == PlacementKind.PARTIAL.code) & ((t.dp * t.cp) % group != 0)
+        # Sharded state spans dp x cp (Layout.shard_ranks).
+        partial |= (kind == PlacementKind.PARTIAL.code) & (t.shard_ranks % group != 0)
     empty = engine_model == _EMPTY_CHUNK
     engine_only = np.where(empty, 0, engine_model)
     # (rule broken, its code), in the order Layout checks them.
@@ -394,7 +421,9 @@ def _reasons(model: ModelSpec, t: LayoutTable, engine_layout: np.ndarray,
          REASONS.index(_MODEL_REASONS[1])),
         (model.ffn_hidden % t.tp != 0, REASONS.index(_MODEL_REASONS[2])),
         (empty, _EMPTY_CHUNK),
-        (t.sequence_parallel & (model.seq_len % t.tp != 0), REASONS.index(_MODEL_REASONS[4])),
+        ((t.cp > 1) & (model.seq_len % (2 * t.cp) != 0), REASONS.index(_MODEL_REASONS[4])),
+        (t.sequence_parallel & ((model.seq_len // t.cp) % t.tp != 0),
+         REASONS.index(_MODEL_REASONS[5])),
         (engine_only != 0, engine_only),
     ]
     reason = np.zeros(len(t), dtype=np.int16)

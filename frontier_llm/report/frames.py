@@ -125,7 +125,7 @@ def add_seq_len(runs: pd.DataFrame) -> pd.DataFrame:
     global batch), one value per model."""
     df = runs.copy()
     if "world_size" not in df or df["world_size"].isna().any():
-        cp = df["cp"] if "cp" in df else 1  # frames from before the knob split no sequence
+        cp = df.get("cp", 1)  # frames from before the knob split no sequence
         df["world_size"] = df["tp"] * cp * df["pp"] * df["dp"]
     if "seq_len" in df and df["seq_len"].notna().all():
         return df

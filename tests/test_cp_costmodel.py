@@ -1,0 +1,145 @@
+"""Context parallelism in the cost model (issue 30).
+
+cp = 1 reproduces the figures of the cost model before cp existed, exactly
+(``tests/data/cp_golden.json``: ``predict`` of 51 layouts over every engine, schedule,
+recompute mode and sharding, written from commit b016498 before the cost model learned cp);
+the cp terms are checked by hand against docs/costmodel.md §"Context parallelism".
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from frontier_llm.catalog import load_model, load_system
+from frontier_llm.costmodel import predict
+from frontier_llm.specs.layout import Layout, Sharding
+
+GOLDEN = json.loads((Path(__file__).parent / "data" / "cp_golden.json").read_text())
+
+
+@pytest.mark.parametrize("case", GOLDEN, ids=lambda c: f"{c['model']}-{c['system']}-"
+                         f"{c['layout']['engine']}")
+def test_cp1_reproduces_the_figures_before_cp(case):
+    fields = dict(case["layout"], sharding=Sharding.parse(case["layout"]["sharding"]))
+    got = predict(load_model(case["model"]), load_system(case["system"]), Layout(**fields))
+    want = case["prediction"]
+    # cp_comm is the one part the cost model gained (the K/V exchange): none at cp 1.
+    assert got["breakdown"]["time_s"].pop("cp_comm") == 0.0
+    assert got["breakdown"] == want["breakdown"]
+    for key in ("step_time_s", "peak_memory_bytes", "tokens_per_s", "mfu", "hfu", "fits"):
+        assert got[key] == want[key], key
+
+
+# --- the cp terms, by hand -----------------------------------------------------------------
+
+def _model(name="llama3-8b", seq=32768):
+    import dataclasses
+
+    return dataclasses.replace(load_model(name), seq_len=seq)
+
+
+def _layout(**fields):
+    base = dict(tp=2, pp=2, dp=2, micro_batch=1, global_batch=8, recompute="none")
+    return Layout(**{**base, **fields})
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_megatron_activations_scale_one_over_cp(recompute):
+    from frontier_llm.costmodel.layouts import from_configs
+    from frontier_llm.costmodel.memory import loss_bytes, rank_activation_bytes
+
+    m = _model()
+    for rank in (0, 1):
+        one = rank_activation_bytes(m, _layout(engine="megatron", recompute=recompute), rank)
+        for cp in (2, 4, 8):
+            lay = _layout(engine="megatron", cp=cp, recompute=recompute)
+            assert rank_activation_bytes(m, lay, rank) * cp == one
+    one = loss_bytes(m, from_configs([_layout(engine="megatron")]))[0]
+    assert loss_bytes(m, from_configs([_layout(engine="megatron", cp=4)]))[0] * 4 == one
+
+
+def test_native_saves_the_gathered_kv():
+    """native's layer keeps 1/cp of every token tensor plus the rest of the sequence's K and
+    V (gathered before attention, saved as the attention's inputs)."""
+    from frontier_llm.costmodel.layouts import from_configs
+    from frontier_llm.costmodel.memory import layer_activation_bytes
+
+    m = _model()  # GQA: 8 kv heads of 128, tp 2 -> 512 wide per rank
+    s, cp, e = m.seq_len, 4, 2
+    one = layer_activation_bytes(m, from_configs([_layout()]))[0]
+    four = layer_activation_bytes(m, from_configs([_layout(cp=cp)]))[0]
+    kv_rank = m.kv_heads * m.head_dim // 2
+    assert kv_rank == 512
+    by_hand = 2 * (s - s // cp) * 1 * kv_rank * e  # K and V of the other 3/4 of the sequence
+    assert four == one / cp + by_hand
+    # Full recompute keeps the block input only; the gathered K/V live while a layer is rebuilt.
+    full1 = layer_activation_bytes(m, from_configs([_layout(recompute="full")]), rebuilt=True)
+    full4 = layer_activation_bytes(m, from_configs([_layout(recompute="full", cp=cp)]),
+                                   rebuilt=True)
+    assert full4[0] == full1[0] / cp + by_hand
+
+
+def test_kv_exchange_volume_and_time_by_hand():
+    from frontier_llm.costmodel import comm
+    from frontier_llm.costmodel.layouts import from_configs
+    from frontier_llm.costmodel.steptime import cp_exchange_times, kv_exchange_bytes
+
+    m, system = _model("gpt-22b", 32768), load_system("frontier")
+    tp, cp, e = 2, 4, 2
+    t = from_configs([_layout(tp=tp, cp=cp, dp=1, global_batch=4)])
+    # K and V of the rank's s/cp tokens, h/t wide each (gpt-22b: multi-head attention).
+    chunk = 2 * (m.seq_len // cp) * 1 * (m.hidden // tp) * e
+    assert kv_exchange_bytes(m, t, e)[0] == chunk
+    # The cp group: 4 ranks 2 apart, spanning 8 ranks: one Frontier node (the node link).
+    bw, lat = system.link("node").bandwidth * system.eff("collective"), system.link("node").latency
+    gather = (cp - 1) / cp * cp * chunk / bw + (cp - 1) * lat
+    got = cp_exchange_times(m, system, t, e, 0.0)[0]
+    assert got == pytest.approx(2 * gather, rel=1e-12)  # all-gather + reduce-scatter
+    assert comm.link_for_span(system, tp * cp)[0][()] == pytest.approx(bw)
+    # Megatron's ring: 3 steps forward of one chunk and 3 backward of two, with no attention
+    # to hide behind (attention time 0) all exposed; the wrap-around hop spans 7 ranks.
+    mt = from_configs([_layout(tp=tp, cp=cp, dp=1, global_batch=4, engine="megatron")])
+    hop = chunk / bw + lat
+    hop2 = 2 * chunk / bw + lat
+    assert cp_exchange_times(m, system, mt, e, 0.0)[0] == pytest.approx(3 * hop + 3 * hop2)
+    # Attention longer than every hop hides the ring.
+    assert cp_exchange_times(m, system, mt, e, 1.0)[0] == 0.0
+    # A block replayed in backward exchanges again: native gathers once more under full and
+    # op-level selective recompute, megatron runs the forward ring again under full and
+    # selective (the checkpointed core attention holds the ring).
+    for rc, native_again, ring_again in (("full", True, True), ("selective-op", True, False),
+                                         ("selective", False, True)):
+        nt = from_configs([_layout(tp=tp, cp=cp, dp=1, global_batch=4, recompute=rc)])
+        assert cp_exchange_times(m, system, nt, e, 0.0)[0] == pytest.approx(
+            (3 if native_again else 2) * gather, rel=1e-12)
+        if rc != "selective-op":  # megatron has no op-level selective
+            rt = from_configs([_layout(tp=tp, cp=cp, dp=1, global_batch=4, recompute=rc,
+                                       engine="megatron")])
+            assert cp_exchange_times(m, system, rt, e, 0.0)[0] == pytest.approx(
+                (6 if ring_again else 3) * hop + 3 * hop2)
+
+
+def test_attention_flops_equal_on_every_cp_rank():
+    from frontier_llm.costmodel.flops import causal_pairs_per_cp_rank
+
+    for s, cp in ((8, 2), (4096, 4), (131072, 8), (131072, 16)):
+        pairs = causal_pairs_per_cp_rank(s, cp)
+        assert len(set(pairs)) == 1
+        assert sum(pairs) == s * (s + 1) // 2
+    with pytest.raises(ValueError):
+        causal_pairs_per_cp_rank(12, 4)
+
+
+def test_cp_divides_a_ranks_compute_and_shards_over_dp_x_cp():
+    from frontier_llm.costmodel.layouts import from_configs
+
+    m, system = _model(), load_system("frontier")
+    a = predict(m, system, _layout(dp=2))["breakdown"]["time_s"]
+    b = predict(m, system, _layout(dp=2, cp=4))["breakdown"]["time_s"]
+    assert b["compute"] == pytest.approx(a["compute"] / 4, rel=1e-12)
+    t = from_configs([_layout(dp=2, cp=4, sharding=Sharding.parse("zero3"))])
+    assert t.degree("params")[0] == t.shard_ranks[0] == 8
+    assert t.world_size[0] == 2 * 4 * 2 * 2
