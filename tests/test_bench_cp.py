@@ -112,15 +112,19 @@ def test_cp2_trains_like_one_process_and_counts_tokens_once(tmp_path):
         assert rank["params_bytes"] == want["params_bytes"]
 
 
+# A two-layer Llama (GQA: one K/V head per TP rank at tp 2) for the runs of many ranks.
+CP_TINY = ("name: cp-tiny\nlayers: 2\nhidden: 32\nheads: 4\nkv_heads: 2\nffn_hidden: 64\n"
+           "seq_len: 16\nvocab: 128\nactivation: swiglu\nnorm: rmsnorm\nposition: rope\n"
+           "bias: false\n")
+
+
 @pytest.mark.slow
 def test_cp2_tp2_dp2_trains_like_one_process(tmp_path):
     """8 ranks: cp 2 x tp 2 x dp 2 with FSDP (zero3) over dp x cp = 4 ranks. A two-layer Llama
     (GQA: one K/V head per TP rank) keeps the steps short: 8 ranks on 2 cores spend most of
     their time starting."""
     spec = tmp_path / "cp-tiny.yaml"
-    spec.write_text("name: cp-tiny\nlayers: 2\nhidden: 32\nheads: 4\nkv_heads: 2\n"
-                    "ffn_hidden: 64\nseq_len: 16\nvocab: 128\nactivation: swiglu\n"
-                    "norm: rmsnorm\nposition: rope\nbias: false\n")
+    spec.write_text(CP_TINY)
     layout = _layout(cp=2, tp=2, dp=2, global_batch=4, sharding=3)
     proc, trace = run_bench(tmp_path, str(spec), layout, "--cp", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -263,3 +267,15 @@ def test_cp2_saved_bytes_match_the_cost_model(tmp_path):
         # recomputes the core and keeps none (0.3 % here).
         assert r["layer"] == pytest.approx(r["layer_cm"], rel=0.005), (key, report)
         assert r["peak"] == pytest.approx(r["peak_cm"], rel=0.10), (key, report)
+
+
+@pytest.mark.slow
+def test_cp2_pp2_trains_like_one_process(tmp_path):
+    """cp 2 x pp 2 (1F1B, 2 micro-batches): both stages use the same split, and the stages
+    pass the local s/cp tokens' hidden states."""
+    spec = tmp_path / "cp-tiny.yaml"
+    spec.write_text(CP_TINY)
+    layout = _layout(cp=2, pp=2, global_batch=2, micro_batch=1, schedule="1f1b")
+    proc, trace = run_bench(tmp_path, str(spec), layout, "--cp", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_against_reference(str(spec), layout, trace)
