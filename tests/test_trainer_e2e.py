@@ -1,0 +1,115 @@
+"""Issue 29 item 5: a real trainer swept end to end here. The user's DeepSpeed script
+(examples/deepspeed_gpt/train.py, which imports no frontier_llm) runs in every job of a sweep
+with ``workload: deepspeed`` on the real one-node SLURM, 2 CPU ranks over gloo per layout; the
+jobs turn what DeepSpeed printed into traces, ``flm sweep status --collect`` stores them in a
+real SQLite database, and ``flm results`` / ``flm validate`` read them back with the planner's
+prediction beside them."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from slurm_fixtures import flm
+
+from frontier_llm.bench.trace import read_trace, trace_path
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = REPO / "examples" / "deepspeed_gpt" / "train.py"
+ITERS = 30  # steps_per_print is 10 (flm export): three throughput lines, the first warm-up
+
+# tiny-gpt's shape (catalog/models/tiny-gpt.yaml), given to the script as a user would: the
+# ds_config holds no model shape.
+SWEEP = """\
+name: ds-e2e
+model: tiny-gpt
+system: cpu-local
+template: local
+gpus_per_node: 4
+dtype: fp32
+steps: {iters}
+warmup: 0
+global_batch: 8
+workload: deepspeed
+workload_command: [{python}, {train}, --num-layers, "4", --hidden-size, "64",
+                   --num-attention-heads, "4", --seq-length, "32", --vocab-size, "256",
+                   --train-iters, "{iters}"]
+resources:
+  time: "00:05:00"
+layouts:
+  - {{dp: 2, micro_batch: 2, zero: 1, engine: deepspeed, name: dp2-zero1}}
+  - {{dp: 2, micro_batch: 4, zero: 0, engine: deepspeed, name: dp2-zero0}}
+"""
+
+
+@pytest.fixture(scope="module")
+def ds_env() -> dict[str, str]:
+    """The jobs' environment (sbatch exports the submitter's): DeepSpeed's C++ op in the one
+    cache the DeepSpeed tests share (tests/test_bench_deepspeed.py), this Python first on PATH
+    (the job's python3 runs the log-to-trace step and must import frontier_llm)."""
+    import torch
+
+    default = (Path.home() / ".cache" / "frontier_llm" / "torch_extensions"
+               / f"deepspeed-{importlib.metadata.version('deepspeed')}-torch-{torch.__version__}")
+    cache = os.environ.get("TORCH_EXTENSIONS_DIR") or str(default)
+    Path(cache).mkdir(parents=True, exist_ok=True)
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return dict(os.environ, TORCH_EXTENSIONS_DIR=cache, PATH=path, OMP_NUM_THREADS="1",
+                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
+                                                         os.environ.get("PYTHONPATH")])))
+
+
+def test_a_deepspeed_sweep_runs_is_collected_and_reported(slurm_cluster, tmp_path, ds_env):
+    db = f"sqlite:///{tmp_path}/flm.db"
+    out = tmp_path / "run"
+    spec = tmp_path / "ds-e2e.yaml"
+    spec.write_text(SWEEP.format(iters=ITERS, python=sys.executable, train=TRAIN))
+    env = {**ds_env, "SLURM_CONF": str(slurm_cluster.conf)}
+    submitted = flm("sweep", "submit", spec, "--out", out, "--db", db, env=env)
+    assert "submitted 2 jobs" in submitted.stdout
+
+    status = flm("sweep", "status", "ds-e2e", "--db", db, "--format", "json", "--wait",
+                 "--timeout", 120, "--max-interval", 1, "--collect", env=env)
+    rows = {r["job_key"]: r for r in json.loads(status.stdout)}
+    assert {k: r["state"] for k, r in rows.items()} == {"dp2-zero1": "COMPLETED",
+                                                        "dp2-zero0": "COMPLETED"}, rows
+    assert "collected 2 trace files" in status.stderr and "2 new" in status.stderr
+
+    version = importlib.metadata.version("deepspeed")
+    for key, zero, micro in (("dp2-zero1", 1, 2), ("dp2-zero0", 0, 4)):
+        run_id = rows[key]["run_id"]
+        trainer_log = (out / "traces" / f"{run_id}.trainer.log").read_text()
+        # What DeepSpeed itself printed: its version, and its throughput line at every 10th step.
+        assert f"DeepSpeed info: version={version}" in trainer_log
+        assert trainer_log.count("CurrSamplesPerSec=") == ITERS // 10
+        trace = read_trace(trace_path(out / "traces", run_id))
+        assert trace["status"] == "completed", trace.get("error")
+        assert trace["labels"]["trainer"] == "deepspeed"
+        assert trace["labels"]["job_key"] == key and trace["labels"]["sweep"] == "ds-e2e"
+        assert trace["environment"]["versions"]["trainer"] == f"deepspeed {version}"
+        layout = trace["layout"]
+        assert (layout["dp"], layout["tp"], layout["pp"], layout["micro_batch"]) == \
+            (2, 1, 1, micro)
+        assert layout["global_batch"] == 8 and layout["zero_stage"] == zero
+        measured = [s for s in trace["steps"] if not s.get("warmup")]
+        assert [s["step"] for s in trace["steps"]] == [10, 20, 30]
+        assert len(measured) == 2 and all(s["time_s"] > 0 for s in measured)
+        assert trace["summary"]["step_time_s"] > 0
+        assert trace["prediction"]["step_time_s"] > 0
+
+    results = json.loads(flm("results", "--db", db, "--sweep", "ds-e2e", "--format", "json",
+                             env=env).stdout)
+    assert len(results) == 2 and {r["status"] for r in results} == {"completed"}
+    assert all(r["step_time_s"] > 0 for r in results), results
+
+    validate = json.loads(flm("validate", "--db", db, "--sweep", "ds-e2e", "--format", "json",
+                              env=env).stdout)
+    runs = validate["runs"]
+    assert len(runs) == 2, validate
+    assert all(r["predicted_step_time_s"] > 0 and r["measured_step_time_s"] > 0 for r in runs)
