@@ -7,8 +7,9 @@ which name flm's own modules (AutoTP's default specs cover the usual Hugging Fac
 ``steps_per_print`` is 10 (DeepSpeed's default, None, prints no step lines, and the user's logs
 are what ``flm collect --from-logs`` reads), ``log_level`` is ``info`` (those lines are INFO, and
 DeepSpeed's logger starts at WARNING unless its own launcher started the ranks) and
-``gradient_clipping`` is left to the user. For Megatron-DeepSpeed (``for_megatron``) Megatron does tensor parallelism, so there is no AutoTP
-block, and its mpu gives DeepSpeed the data-parallel size, so ``train_batch_size`` stays.
+``gradient_clipping`` is left to the user. For Megatron-DeepSpeed (``for_megatron``) Megatron
+does tensor parallelism, so there is no AutoTP block, and its mpu gives DeepSpeed the
+data-parallel size, so ``train_batch_size`` stays.
 """
 
 from __future__ import annotations
