@@ -10,11 +10,12 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from slurm_fixtures import flm
+from slurm_fixtures import flm, sweep_status, wait_for
 
 from frontier_llm.bench.trace import read_trace, trace_path
 
@@ -113,3 +114,32 @@ def test_a_deepspeed_sweep_runs_is_collected_and_reported(slurm_cluster, tmp_pat
     runs = validate["runs"]
     assert len(runs) == 2, validate
     assert all(r["predicted_step_time_s"] > 0 and r["measured_step_time_s"] > 0 for r in runs)
+
+
+def test_a_trainer_job_ended_by_slurm_keeps_the_steps_it_printed(slurm_cluster, tmp_path,
+                                                                  ds_env):
+    # scancel ends a job as its time limit does (SIGTERM to every process of it, SIGKILL
+    # KillWait later), without waiting a minute for one: the trace must still be written, from
+    # the lines printed before, as a timeout (the scheduler's state says cancelled).
+    db = f"sqlite:///{tmp_path}/flm.db"
+    out = tmp_path / "run"
+    spec = tmp_path / "ds-stop.yaml"
+    text = SWEEP.format(iters=100_000, python=sys.executable, train=TRAIN)
+    text = text.replace("name: ds-e2e", "name: ds-stop").split("  - {dp: 2, micro_batch: 4")[0]
+    spec.write_text(text)
+    env = {**ds_env, "SLURM_CONF": str(slurm_cluster.conf)}
+    flm("sweep", "submit", spec, "--out", out, "--db", db, env=env)
+    row = sweep_status("ds-stop", db, env=env)["dp2-zero1"]
+    log = out / "traces" / f"{row['run_id']}.trainer.log"
+    wait_for(lambda: log.exists() and log.read_text().count("CurrSamplesPerSec=") >= 2, 60,
+             "two throughput lines from the trainer")
+    subprocess.run(["scancel", row["scheduler_job_id"]], check=True, env=env, timeout=30)
+
+    status = flm("sweep", "status", "ds-stop", "--db", db, "--format", "json", "--wait",
+                 "--timeout", 60, "--max-interval", 1, "--collect", env=env)
+    (row,) = json.loads(status.stdout)
+    assert row["state"] == "CANCELLED", row
+    trace = read_trace(trace_path(out / "traces", row["run_id"]))
+    assert trace["status"] == "timeout"
+    assert "stopped by SIGTERM" in trace["error"]
+    assert len(trace["steps"]) >= 2 and trace["summary"]["step_time_s"] > 0
