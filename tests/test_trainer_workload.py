@@ -161,6 +161,24 @@ def test_a_failed_trainer_gives_a_failed_or_oom_trace(tmp_path):
     assert trace["status"] == "failed" and len(trace["steps"]) == 2
 
 
+def test_the_walltime_check_counts_the_trainers_own_steps(tmp_path):
+    # The steps a Megatron job runs are its --train-iters, not the sweep's steps: 200,000 of
+    # them do not fit in 20 minutes, the sweep's 20 would.
+    from frontier_llm.jobs.walltime import OvertimeError
+
+    # A space: sweep, whose jobs carry the planner's predicted step time.
+    text = ("name: t\nmodel: gpt3-350m\nsystem: frontier\nworkload: megatron-lm\n"
+            "workload_command: [python, pretrain_gpt.py, --train-iters, '{n}']\nsteps: 20\n"
+            "nodes: [1]\nglobal_batch: 64\nresources: {{account: abc123, time: '00:20:00'}}\n"
+            "space: {{tp: [2], pp: [1], micro_batch: [4], zero: [1], engine: [megatron]}}\n")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(text.format(n=200_000))
+    with pytest.raises(OvertimeError, match="200000 steps"):
+        render_sweep(load_sweep(spec), tmp_path / "out")
+    spec.write_text(text.format(n=20))
+    render_sweep(load_sweep(spec), tmp_path / "out2")
+
+
 def test_a_signalled_trainer_gives_a_timeout_trace_with_its_steps(tmp_path):
     # The job script passes --signal TERM when SLURM ended the job (time limit or scancel; the
     # real run is tests/test_trainer_e2e.py): a timeout, as flm bench writes on SIGTERM,
