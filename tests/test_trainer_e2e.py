@@ -7,6 +7,7 @@ prediction beside them."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -51,13 +52,17 @@ layouts:
 
 @pytest.fixture(scope="module")
 def ds_env() -> dict[str, str]:
-    """The jobs' environment (sbatch exports the submitter's): DeepSpeed's C++ op in the one
-    cache the DeepSpeed tests share (tests/test_bench_deepspeed.py), this Python first on PATH
-    (the job's python3 runs the log-to-trace step and must import frontier_llm)."""
+    """The jobs' environment (sbatch exports the submitter's): DeepSpeed's C++ op in a cache
+    kept across runs, of this virtual environment's own (the op's build file holds the
+    environment's paths, so a cache shared with another one is rebuilt by each in turn, and a
+    rank waits on the other's build lock), this Python first on PATH (the job's python3 runs
+    the log-to-trace step and must import frontier_llm)."""
     import torch
 
+    venv = hashlib.sha256(sys.prefix.encode()).hexdigest()[:8]
     default = (Path.home() / ".cache" / "frontier_llm" / "torch_extensions"
-               / f"deepspeed-{importlib.metadata.version('deepspeed')}-torch-{torch.__version__}")
+               / f"deepspeed-{importlib.metadata.version('deepspeed')}-torch-{torch.__version__}"
+                 f"-{venv}")
     cache = os.environ.get("TORCH_EXTENSIONS_DIR") or str(default)
     Path(cache).mkdir(parents=True, exist_ok=True)
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])

@@ -195,6 +195,14 @@ def test_a_signalled_trainer_gives_a_timeout_trace_with_its_steps(tmp_path):
     assert job_main([*_job_args(tmp_path, empty, layout, 143), "--signal", "TERM"]) == 0
     trace = read_trace(trace_path(tmp_path / "traces", "a-j42"))
     assert trace["status"] == "timeout" and trace["steps"] == []
+    # Only SLURM's own lines (a job stopped while its ranks met; these are srun's words from
+    # such a job here): no run in the log, still a trace that says so.
+    srun_only = tmp_path / "srun.log"
+    srun_only.write_text("srun: got SIGCONT\nsrun: forcing job termination\n"
+                         "srun: error: vm: tasks 0-1: Terminated\n")
+    assert job_main([*_job_args(tmp_path, srun_only, layout, 143), "--signal", "TERM"]) == 0
+    trace = read_trace(trace_path(tmp_path / "traces", "a-j42"))
+    assert trace["status"] == "timeout" and "no step line" in trace["error"]
 
 
 def test_the_job_script_runs_the_trainer_then_writes_its_trace(tmp_path):

@@ -41,6 +41,10 @@ def _last_run(log_path: Path, trainer: str) -> tuple[ParsedRun | None, str | Non
     except LogError as exc:
         return None, str(exc)
     with_steps = [r for r in log.runs if r.steps]
+    if not (with_steps or log.runs):
+        # Lines of the trainer, but none a run holds (start-up lines only: a job stopped
+        # while its ranks met): no run, and the stepless trace says so.
+        return None, "no step line in the log"
     return (with_steps or log.runs)[-1], None
 
 
