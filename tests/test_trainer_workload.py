@@ -202,7 +202,7 @@ def test_a_signalled_trainer_gives_a_timeout_trace_with_its_steps(tmp_path):
                          "srun: error: vm: tasks 0-1: Terminated\n")
     assert job_main([*_job_args(tmp_path, srun_only, layout, 143), "--signal", "TERM"]) == 0
     trace = read_trace(trace_path(tmp_path / "traces", "a-j42"))
-    assert trace["status"] == "timeout" and "no step line" in trace["error"]
+    assert trace["status"] == "timeout" and "before a step line" in trace["error"]
 
 
 def test_the_job_script_runs_the_trainer_then_writes_its_trace(tmp_path):
