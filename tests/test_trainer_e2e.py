@@ -148,3 +148,39 @@ def test_a_trainer_job_ended_by_slurm_keeps_the_steps_it_printed(slurm_cluster, 
     assert trace["status"] == "timeout"
     assert "stopped by SIGTERM" in trace["error"]
     assert len(trace["steps"]) >= 2 and trace["summary"]["step_time_s"] > 0
+
+
+def test_flm_tune_runs_trainer_trials_and_exports_the_winner(slurm_cluster, tmp_path, ds_env):
+    # A study whose trials are the user's DeepSpeed script (issue 29 item 2: flm tune works
+    # unchanged): two trials on the real SLURM, measured from DeepSpeed's own lines, and the
+    # winner exported back to a ds_config with flm export --from-best.
+    db = f"sqlite:///{tmp_path}/flm.db"
+    study = SWEEP.format(iters=ITERS, python=sys.executable, train=TRAIN)
+    study = study.replace("name: ds-e2e", "name: ds-tune").replace("template: local",
+                                                                  "template: local\ngpus: [2]")
+    study = study.split("layouts:")[0] + (
+        "study:\n  space: {tp: [1], pp: [1], micro_batch: [2, 4], zero: [0, 1], "
+        "engine: [deepspeed]}\n  objective: throughput_per_gpu\n  budget: {trials: 2}\n"
+        "  sampler: random\n  seed: 0\n  in_flight: 2\n")
+    spec = tmp_path / "study.yaml"
+    spec.write_text(study)
+    env = {**ds_env, "SLURM_CONF": str(slurm_cluster.conf)}
+    flm("tune", "run", spec, "--db", db, "--out", tmp_path / "runs", "--poll", 1,
+        "--timeout", 120, env=env)
+    status = json.loads(flm("tune", "status", "ds-tune", "--db", db, "--format", "json",
+                            env=env).stdout)
+    assert status["by_outcome"].get("measured") == 2, status
+    best = status["best"]
+    assert best["measured"]["step_time_s"] > 0 and best["layout"]["engine"] == "deepspeed"
+    # The trial's own folder (runs/t000N) holds the trace its job wrote from DeepSpeed's log.
+    trial_dir = tmp_path / "runs" / best["sweep"].split(".")[-1]
+    trace = read_trace(trace_path(trial_dir / "traces", best["run_id"]))
+    assert trace["labels"]["trainer"] == "deepspeed" and trace["status"] == "completed"
+    winner = tmp_path / "best.yaml"
+    winner.write_text(flm("tune", "best", "ds-tune", "--db", db, "--format", "yaml",
+                          env=env).stdout)
+    config = json.loads(flm("export", "--to", "deepspeed", "--model", "tiny-gpt", "--system",
+                            "cpu-local", "--from-best", winner, env=env).stdout)
+    assert config["train_micro_batch_size_per_gpu"] == best["layout"]["micro_batch"]
+    assert config["zero_optimization"]["stage"] == (
+        0 if best["layout"]["sharding"]["optim"] == "replicate" else 1)
