@@ -28,11 +28,18 @@ _MESH_DEGREES = re.compile(r"Building device mesh with parallelism: ((?:\w+=\d+,
 _CONFIG_CP = re.compile(r'"context_parallel_degree":\s*(\d+)')
 _BUILD = re.compile(r"Building (\w+) (\S+) with \w*ModelArgs\((.*)\)")
 _VERSION = re.compile(r"torchtitan version:?\s*(\S+)")
-# torchtitan's mesh dimension -> the layout's degree (FSDP shards and replicates over data
-# parallel ranks; cp is its context_parallel_degree). Expert parallelism (ep, etp) has no layout
-# field: refused in ``finish`` unless 1.
-_MESH_FIELD = {"dp": "dp", "dp_shard": "dp", "dp_replicate": "dp", "tp": "tp", "pp": "pp",
-               "cp": "cp"}
+# torchtitan's mesh dimensions that are layout degrees (distributed/parallel_dims.py v0.2.2;
+# older logs name the data-parallel one "dp"). Expert parallelism (ep, etp) has no layout field:
+# refused in ``finish`` unless 1.
+_TITAN_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+def _mesh_field(name: str) -> str | None:
+    """The layout field of a mesh dimension: FSDP shards and replicates over data-parallel
+    ranks (dp, dp_shard, dp_replicate: dp); pp, cp and tp are the layout's own names."""
+    if name.startswith("dp"):
+        return "dp" if name in ("dp", *_TITAN_DIMS) else None
+    return name if name in _TITAN_DIMS else None
 _MODEL_ARGS = {"dim": "hidden", "n_layers": "layers", "n_heads": "heads",
                "n_kv_heads": "kv_heads", "vocab_size": "vocab"}
 GIB = 2**30
@@ -104,21 +111,21 @@ class Torchtitan(Trainer):
         degrees: dict[str, int] = {}
         for pair in filter(None, run.args.get("mesh", "").split(",")):
             name, _, size = pair.partition("=")
-            if name not in _MESH_FIELD and int(size) == 1:
+            field = _mesh_field(name)
+            if field is None and int(size) == 1:
                 continue  # v0.2.2 names every degree: ep=1, etp=1 on a dense model
-            if name not in _MESH_FIELD:
+            if field is None:
                 run.status, run.error = "refused", (
                     f"mesh dimension {name} (size {size}) has no flm layout field")
                 continue
-            field = _MESH_FIELD[name]
             degrees[field] = degrees.get(field, 1) * int(size)
         if "cp" not in degrees and (cp := run.args.get("config.context_parallel_degree")):
             degrees["cp"] = int(cp)
         if run.args.get("mesh"):
             # The mesh line states the whole mesh: a degree it does not name is 1 (the older
             # form lists only the dimensions above 1).
-            for field in ("dp", "tp", "pp", "cp"):
-                degrees.setdefault(field, 1)
+            for name in _TITAN_DIMS:
+                degrees.setdefault(str(_mesh_field(name)), 1)  # each of them has a field
         run.layout.update(degrees)
         if "ac" in run.args:
             run.layout["recompute"] = run.args["ac"]
