@@ -287,6 +287,12 @@ def test_torchtitan_shards_over_dp_shard_times_cp():
     cfg = job_config(model, layout_of("--cp 4 --global-batch 8 --zero 3", TORCHTITAN))
     assert cfg["parallelism"]["data_parallel_shard_degree"] == 1
     assert cfg["parallelism"]["context_parallel_degree"] == 4
+    # seq_len 18 passes flm's rules at tp 2, cp 3 (18 % 6, 18 / 3 % 2) but not torchtitan's
+    # seq_len_divisor, tp x 2 x cp = 12.
+    short = model.__class__(**{**model.to_dict(), "seq_len": 18})
+    with pytest.raises(ExportRefused, match="not divisible by tp x 2 x cp = 12"):
+        job_config(short, layout_of("--tp 2 --cp 3 --global-batch 8 --sequence-parallel "
+                                    "--zero 3", TORCHTITAN))
     for flags, words in (("--cp 2 --dp 2 --global-batch 8 --zero 0", "never replicated"),
                          ("--cp 4 --dp 2 --global-batch 8 --sharding "
                           "p=partial:2,g=partial:2,o=partial:2", "a multiple of cp")):

@@ -71,6 +71,12 @@ def _check(model: ModelSpec, layout: Layout) -> Layout:
     if not layout.flash_attention:
         raise refuse(TORCHTITAN, "its attention is the model flavor's attn_type (sdpa, flex, "
                      "varlen), all fused; it has no unfused attention")
+    divisor = layout.tp * 2 * layout.cp
+    if model.seq_len % divisor:
+        # llama3/infra/parallelize.py asserts seq_len % parallel_dims.seq_len_divisor, which
+        # is tp x 2cp (parallel_dims.py v0.2.2): stricter than flm's 2cp and (seq/cp) % tp.
+        raise refuse(TORCHTITAN, f"seq_len {model.seq_len} is not divisible by tp x 2 x cp "
+                     f"= {divisor}, which its parallelize asserts")
     if layout.tp > 1 and not layout.sequence_parallel:
         raise refuse(TORCHTITAN, "its tensor parallel plan always shards the norms over the TP "
                      "ranks (SequenceParallel in llama3/infra/parallelize.py): add "
