@@ -11,12 +11,13 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from slurm_fixtures import flm, sweep_status, wait_for
+from slurm_fixtures import flm, slurm_conf, start_cluster, stop_cluster, sweep_status, wait_for
 
 from frontier_llm.bench.trace import read_trace, trace_path
 
@@ -48,6 +49,23 @@ layouts:
   - {{dp: 2, micro_batch: 2, zero: 1, engine: deepspeed, name: dp2-zero1}}
   - {{dp: 2, micro_batch: 4, zero: 0, engine: deepspeed, name: dp2-zero0}}
 """
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    """A cluster of this module's own whose job ids start at a random number. A job's rendezvous
+    port is 20000 + its job id % 12768 (the job script's MASTER_PORT), and every test cluster's
+    ids start at 1: another session's SLURM tests on this host held job 2's port 20002 while
+    ours ran (EADDRINUSE at gloo's rendezvous, seen here). Ids from a random start keep the
+    ports of concurrent clusters apart."""
+    first = random.randrange(1000, 12000)
+    env = {**os.environ, "FLM_SLURM_EXTRA_CONF": f"FirstJobId={first}"}
+    cluster = start_cluster("flm-slurm-trainer-", env)
+    try:
+        with slurm_conf(cluster):
+            yield cluster
+    finally:
+        stop_cluster(cluster.directory)
 
 
 @pytest.fixture(scope="module")
