@@ -73,6 +73,16 @@ CASES = [
     ("llama-tp2-no-sp", "tiny-llama", "--tp 2 --dp 2 --global-batch 4 --zero 3",
      {MEGATRON_LM: "does not run sharding zero3", MEGATRON_DEEPSPEED: None,
       TORCHTITAN: "always shards the norms", DEEPSPEED: None}),
+    # Context parallelism (issue 30): Megatron-LM's --context-parallel-size, torchtitan's
+    # context_parallel_degree; Megatron-DeepSpeed and DeepSpeed have only Ulysses.
+    ("gpt-cp2-dp2-zero1", "tiny-gpt", "--cp 2 --dp 2 --global-batch 8 --zero 1",
+     {MEGATRON_LM: None, MEGATRON_DEEPSPEED: "has no context parallelism",
+      TORCHTITAN: "shards parameters, gradients and optimizer states differently",
+      DEEPSPEED: "DeepSpeed-Ulysses"}),
+    ("llama-tp2-cp2-fsdp", "tiny-llama",
+     "--tp 2 --cp 2 --dp 2 --global-batch 8 --sequence-parallel --zero 3",
+     {MEGATRON_LM: "does not run sharding zero3", MEGATRON_DEEPSPEED: "has no context "
+      "parallelism", TORCHTITAN: None, DEEPSPEED: "no sequence parallelism"}),
 ]
 
 
@@ -133,7 +143,7 @@ MEGATRON_LM_FLAGS = {**_COMMON, "--group-query-attention": None, "--num-query-gr
                      "--num-virtual-stages-per-pipeline-rank": int,
                      "--decoder-first-pipeline-num-layers": int,
                      "--decoder-last-pipeline-num-layers": int,
-                     "--use-distributed-optimizer": None,
+                     "--use-distributed-optimizer": None, "--context-parallel-size": int,
                      # AttnBackend in megatron/core/transformer/enums.py
                      "--attention-backend": ("flash", "fused", "unfused", "local", "auto")}
 MEGATRON_DEEPSPEED_FLAGS = {**_COMMON, "--num-key-value-heads": int,
@@ -179,6 +189,8 @@ def test_megatron_flags_parse_with_the_trainers_names(trainer, names):
         assert (ns.num_layers, ns.hidden_size, ns.ffn_hidden_size) == \
             (model.layers, model.hidden, model.ffn_hidden)
         assert ns.sequence_parallel == layout.sequence_parallel
+        if trainer == MEGATRON_LM:  # its argparse default is 1
+            assert (ns.context_parallel_size or 1) == layout.cp
         assert (ns.bf16, ns.fp16) == (layout.dtype == "bf16", layout.dtype == "fp16")
         # Full recomputation one block at a time: what GPTModelPipe also reads with pp > 1.
         assert ns.recompute_granularity == {"none": None, "selective": "selective",
@@ -221,13 +233,15 @@ TORCHTITAN_KEYS = {
     "parallelism": {"data_parallel_replicate_degree": int, "data_parallel_shard_degree": int,
                     "fsdp_reshard_after_forward": str, "tensor_parallel_degree": int,
                     "pipeline_parallel_degree": int, "pipeline_parallel_schedule": str,
-                    "pipeline_parallel_microbatch_size": int, "module_fqns_per_model_part": list},
+                    "pipeline_parallel_microbatch_size": int, "module_fqns_per_model_part": list,
+                    "context_parallel_degree": int, "context_parallel_rotate_method": str},
     "activation_checkpoint": {"mode": str, "selective_ac_option": str},
 }
 TORCHTITAN_LITERALS = {"fsdp_reshard_after_forward": ("default", "always", "never"),
                        "mixed_precision_param": ("bfloat16", "float32"),
                        "mode": ("selective", "full", "memory_budget", "none"),
-                       "pipeline_parallel_schedule": ("1F1B", "GPipe", "Interleaved1F1B")}
+                       "pipeline_parallel_schedule": ("1F1B", "GPipe", "Interleaved1F1B"),
+                       "context_parallel_rotate_method": ("allgather", "alltoall")}
 
 
 def test_torchtitan_toml_has_only_job_config_keys_and_consistent_degrees():
@@ -243,7 +257,8 @@ def test_torchtitan_toml_has_only_job_config_keys_and_consistent_degrees():
                     assert value in TORCHTITAN_LITERALS[key], (key, value)
         par, tr = doc["parallelism"], doc["training"]
         world = (par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
-                 * par["tensor_parallel_degree"] * par["pipeline_parallel_degree"])
+                 * par["tensor_parallel_degree"] * par["pipeline_parallel_degree"]
+                 * par.get("context_parallel_degree", 1))
         assert world == layout.world_size
         assert tr["global_batch_size"] == layout.global_batch
         if layout.pp > 1:
@@ -259,6 +274,30 @@ def test_torchtitan_hsdp_degrees():
         "--dp 8 --global-batch 8 --sharding p=partial:2,g=partial:2,o=partial:2", TORCHTITAN))
     assert (cfg["parallelism"]["data_parallel_shard_degree"],
             cfg["parallelism"]["data_parallel_replicate_degree"]) == (2, 4)
+
+
+def test_torchtitan_shards_over_dp_shard_times_cp():
+    # flm shards over dp x cp; torchtitan's FSDP mesh is dp_shard x cp (parallel_dims.py).
+    model = load_model("tiny-llama")
+    cfg = job_config(model, layout_of(
+        "--cp 2 --dp 4 --global-batch 8 --sharding p=partial:4,g=partial:4,o=partial:4",
+        TORCHTITAN))["parallelism"]
+    assert (cfg["data_parallel_shard_degree"], cfg["data_parallel_replicate_degree"],
+            cfg["context_parallel_degree"]) == (2, 2, 2)
+    cfg = job_config(model, layout_of("--cp 4 --global-batch 8 --zero 3", TORCHTITAN))
+    assert cfg["parallelism"]["data_parallel_shard_degree"] == 1
+    assert cfg["parallelism"]["context_parallel_degree"] == 4
+    # seq_len 18 passes flm's rules at tp 2, cp 3 (18 % 6, 18 / 3 % 2) but not torchtitan's
+    # seq_len_divisor, tp x 2 x cp = 12.
+    short = model.__class__(**{**model.to_dict(), "seq_len": 18})
+    with pytest.raises(ExportRefused, match="not divisible by tp x 2 x cp = 12"):
+        job_config(short, layout_of("--tp 2 --cp 3 --global-batch 8 --sequence-parallel "
+                                    "--zero 3", TORCHTITAN))
+    for flags, words in (("--cp 2 --dp 2 --global-batch 8 --zero 0", "never replicated"),
+                         ("--cp 4 --dp 2 --global-batch 8 --sharding "
+                          "p=partial:2,g=partial:2,o=partial:2", "a multiple of cp")):
+        with pytest.raises(ExportRefused, match=words):
+            job_config(model, layout_of(flags, TORCHTITAN))
 
 
 # --- DeepSpeed: its own config class reads what we emit ----------------------------------------

@@ -159,6 +159,86 @@ def test_torchtitan_model_args_mesh_and_checkpointing():
     assert run.model["kv_heads"] == run.model["heads"] == 16  # n_kv_heads=None
 
 
+# --- Context parallelism (issue 30) -----------------------------------------------------------
+# No public log with cp > 1 was found for either trainer (searched: Megatron-LM and torchtitan
+# issues and pull requests). So cp is read from lines made with the trainers' own print
+# statements at the versions docs/export.md cites, each built below from its format string,
+# next to the real excerpts (tests/data/trainer_logs/SOURCES.md says so too).
+
+def _megatron_arg(name: str, value: object) -> str:
+    """One argument line as megatron/training/arguments.py ``_print_args`` prints it (Megatron-LM
+    core_v0.15.3, 309ffca): ``'  {} {} {}'.format(arg, '.' * (48 - len(arg)), value)``."""
+    return f"  {name} {'.' * (48 - len(name))} {value}\n"
+
+
+# arguments.py (core_v0.15.3) ``validate_args``: the world-size line with its cp part.
+MEGATRON_WORLD_CP = ("using world size: 8, data-parallel size: 2, context-parallel size: 2, "
+                     "hierarchical context-parallel sizes: None, tensor-model-parallel size: 2, "
+                     "pipeline-model-parallel size: 1\n")
+
+
+def test_megatron_reads_cp_from_its_arguments_and_world_line(tmp_path):
+    # #91's real arguments block (its own world-size line dropped: its run had no cp) with
+    # a documented context_parallel_size line, then #449's real iterations.
+    args = (DATA / "megatron_lm_91_arguments.log").read_text().splitlines(keepends=True)
+    header = next(i for i, line in enumerate(args) if "arguments" in line)
+    text = (MEGATRON_WORLD_CP + "".join(args[1:header + 1])
+            + _megatron_arg("context_parallel_size", 2) + "".join(args[header + 1:])
+            + (DATA / "megatron_lm_449_v100.log").read_text())
+    path = tmp_path / "cp.log"
+    path.write_text(text)
+    log, run = _one(str(path), "megatron")
+    assert {k: run.layout[k] for k in ("dp", "cp", "tp", "pp")} == \
+        {"dp": 2, "cp": 2, "tp": 2, "pp": 1}
+    assert run.world_size == 8 and log.unreadable == 0
+    trace = build_trace(run, path, LogOptions("dgx-a100", "gpt3-350m", parse_layout_option(
+        "micro_batch=4,global_batch=256")))
+    assert (trace["layout"]["cp"], trace["environment"]["world_size"]) == (2, 8)
+    # Without the cp line, the world of 8 is not tp x pp x dp = 4: refused, naming cp.
+    path.write_text(text.replace(_megatron_arg("context_parallel_size", 2), "")
+                    .replace("context-parallel size: 2", "context-parallel size: 1"))
+    _, run = _one(str(path), "megatron")
+    with pytest.raises(RunRefused, match="is not tp x cp x pp x dp = 4"):
+        build_trace(run, path, LogOptions("dgx-a100", "gpt3-350m", parse_layout_option(
+            "micro_batch=4,global_batch=256")))
+
+
+# torchtitan v0.2.2 (73a0e69) distributed/parallel_dims.py ``build_mesh``, under the prefix its
+# real lines carry (#1437); and the older ``Building {n}-D device mesh with {names}, {sizes}``
+# (#171's format) with the cp dimension that format names since torchtitan#592.
+TITAN_PREFIX = "[rank0]:[titan] 2025-07-21 15:57:41,001 - root - INFO - "
+TITAN_MESH_V022 = ("Building device mesh with parallelism: pp=1, dp_replicate=1, dp_shard=2, "
+                   "cp=2, tp=1, ep=1, etp=1")
+TITAN_MESH_OLD = "Building 2-D device mesh with ['dp_shard', 'cp'], [2, 2]"
+
+
+@pytest.mark.parametrize("mesh", [TITAN_MESH_V022, TITAN_MESH_OLD])
+def test_torchtitan_reads_cp_from_its_mesh_line(tmp_path, mesh):
+    path = tmp_path / "cp.log"
+    path.write_text(TITAN_PREFIX + mesh + "\n"
+                    + (DATA / "torchtitan_1437_flex_debug.log").read_text())
+    _, run = _one(str(path), "torchtitan")
+    assert (run.layout["dp"], run.layout["cp"]) == (2, 2)
+    trace = build_trace(run, path, LogOptions("h100-sxm", "tiny-llama", parse_layout_option(
+        "micro_batch=8,global_batch=16")))
+    assert trace["layout"]["cp"] == 2 and trace["environment"]["world_size"] == 4
+    # tps is per GPU of the cp x tp x pp that share a batch (metrics.py): step 4's 35,051
+    # tokens/s on 2 cp ranks is 8 x 32 tokens in 256 / (35,051 x 2) s.
+    step4 = next(s for s in trace["steps"] if s["step"] == 4)
+    assert step4["time_s"] == pytest.approx(8 * 32 / (35051 * 2))
+
+
+def test_torchtitan_reads_cp_from_its_printed_job_config(tmp_path):
+    # --job.print_config: ``Running with configs: {json.dumps(config, indent=2)}``
+    # (config/job_config.py v0.2.2), one key a line; no mesh line here.
+    path = tmp_path / "cp.log"
+    path.write_text(TITAN_PREFIX + 'Running with configs: {\n  "parallelism": {\n'
+                    '    "context_parallel_degree": 4,\n  }\n}\n'
+                    + (DATA / "torchtitan_1437_flex_debug.log").read_text())
+    _, run = _one(str(path), "torchtitan")
+    assert run.layout["cp"] == 4
+
+
 # --- DeepSpeed -------------------------------------------------------------------------------
 
 def test_deepspeed_config_and_throughput_timer():

@@ -84,7 +84,7 @@ def test_megatron_lm_job_runs_the_command_with_the_exported_flags(tmp_path):
     words = _task_line(script)
     assert words[words.index("--") + 1:words.index("--") + 1 + len(flags)] == flags
     # The launch is not exec'd: the job goes on after the trainer, to write its trace.
-    assert "flm-rank python pretrain_gpt.py \"$@\" 2>&1 | tee" in script
+    assert "flm-rank python pretrain_gpt.py \"$@\" 2>&1 | (trap '' TERM; exec tee" in script
     assert "\nexec " not in script.split("# --- task ---")[1]
     # The trainer's log becomes the job's trace under the job's run id when it ends.
     assert "python3 -m frontier_llm.logs.job" in " ".join(words)
@@ -159,6 +159,50 @@ def test_a_failed_trainer_gives_a_failed_or_oom_trace(tmp_path):
     assert job_main(_job_args(tmp_path, DATA / "megatron_lm_449_v100.log", layout, 1)) == 0
     trace = read_trace(trace_path(tmp_path / "traces", "a-j42"))
     assert trace["status"] == "failed" and len(trace["steps"]) == 2
+
+
+def test_the_walltime_check_counts_the_trainers_own_steps(tmp_path):
+    # The steps a Megatron job runs are its --train-iters, not the sweep's steps: 200,000 of
+    # them do not fit in 20 minutes, the sweep's 20 would.
+    from frontier_llm.jobs.walltime import OvertimeError
+
+    # A space: sweep, whose jobs carry the planner's predicted step time.
+    text = ("name: t\nmodel: gpt3-350m\nsystem: frontier\nworkload: megatron-lm\n"
+            "workload_command: [python, pretrain_gpt.py, --train-iters, '{n}']\nsteps: 20\n"
+            "nodes: [1]\nglobal_batch: 64\nresources: {{account: abc123, time: '00:20:00'}}\n"
+            "space: {{tp: [2], pp: [1], micro_batch: [4], zero: [1], engine: [megatron]}}\n")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(text.format(n=200_000))
+    with pytest.raises(OvertimeError, match="200000 steps"):
+        render_sweep(load_sweep(spec), tmp_path / "out")
+    spec.write_text(text.format(n=20))
+    render_sweep(load_sweep(spec), tmp_path / "out2")
+
+
+def test_a_signalled_trainer_gives_a_timeout_trace_with_its_steps(tmp_path):
+    # The job script passes --signal TERM when SLURM ended the job (time limit or scancel; the
+    # real run is tests/test_trainer_e2e.py): a timeout, as flm bench writes on SIGTERM,
+    # holding the steps printed before, or none.
+    layout = Layout.from_dict(complete_layout({"dp": 64, "micro_batch": 4, "global_batch": 256,
+                                               "engine": "megatron"}))
+    log = DATA / "megatron_lm_449_v100.log"
+    assert job_main([*_job_args(tmp_path, log, layout, 143), "--signal", "TERM"]) == 0
+    trace = read_trace(trace_path(tmp_path / "traces", "a-j42"))
+    assert trace["status"] == "timeout" and "stopped by SIGTERM" in trace["error"]
+    assert trace["summary"]["step_time_s"] == pytest.approx(4.2708)
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    assert job_main([*_job_args(tmp_path, empty, layout, 143), "--signal", "TERM"]) == 0
+    trace = read_trace(trace_path(tmp_path / "traces", "a-j42"))
+    assert trace["status"] == "timeout" and trace["steps"] == []
+    # Only SLURM's own lines (a job stopped while its ranks met; these are srun's words from
+    # such a job here): no run in the log, still a trace that says so.
+    srun_only = tmp_path / "srun.log"
+    srun_only.write_text("srun: got SIGCONT\nsrun: forcing job termination\n"
+                         "srun: error: vm: tasks 0-1: Terminated\n")
+    assert job_main([*_job_args(tmp_path, srun_only, layout, 143), "--signal", "TERM"]) == 0
+    trace = read_trace(trace_path(tmp_path / "traces", "a-j42"))
+    assert trace["status"] == "timeout" and "before a step line" in trace["error"]
 
 
 def test_the_job_script_runs_the_trainer_then_writes_its_trace(tmp_path):

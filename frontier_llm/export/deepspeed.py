@@ -5,9 +5,11 @@ model.
 Adapted how: ``tensor_parallel`` (AutoTP) keeps ``autotp_size`` but not flm bench's layer specs,
 which name flm's own modules (AutoTP's default specs cover the usual Hugging Face models);
 ``steps_per_print`` is 10 (DeepSpeed's default, None, prints no step lines, and the user's logs
-are what ``flm collect --from-logs`` reads) and ``gradient_clipping`` is left to the user. For
-Megatron-DeepSpeed (``for_megatron``) Megatron does tensor parallelism, so there is no AutoTP
-block, and its mpu gives DeepSpeed the data-parallel size, so ``train_batch_size`` stays.
+are what ``flm collect --from-logs`` reads), ``log_level`` is ``info`` (those lines are INFO, and
+DeepSpeed's logger starts at WARNING unless its own launcher started the ranks) and
+``gradient_clipping`` is left to the user. For Megatron-DeepSpeed (``for_megatron``) Megatron
+does tensor parallelism, so there is no AutoTP block, and its mpu gives DeepSpeed the
+data-parallel size, so ``train_batch_size`` stays.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from frontier_llm.specs.model import ModelSpec
 DEEPSPEED = "deepspeed"
 # A step line every 10 steps (deepspeed/runtime/constants.py STEPS_PER_PRINT_DEFAULT is None).
 STEPS_PER_PRINT = 10
+# DeepSpeed's logger starts at WARNING (deepspeed/utils/logging.py, 0.19) and its step and
+# throughput lines are INFO: without this key (runtime/config.py get_log_level, applied by the
+# engine at initialize) steps_per_print prints nothing unless the `deepspeed` launcher, whose
+# --log_level default is info, started the ranks. Under srun or torchrun it did not.
+LOG_LEVEL = "info"
 
 
 def zero_stage(trainer: str, layout: Layout) -> int:
@@ -49,6 +56,7 @@ def ds_config(model: ModelSpec, layout: Layout, for_megatron: bool = False) -> d
     zero_stage(DEEPSPEED, layout)  # MiCS and other placements DeepSpeed lacks: refused here
     cfg = deepspeed_config(layout)
     cfg["steps_per_print"] = STEPS_PER_PRINT
+    cfg["log_level"] = LOG_LEVEL
     cfg.pop("gradient_clipping", None)
     if for_megatron:
         cfg.pop("tensor_parallel", None)

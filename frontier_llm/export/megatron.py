@@ -78,6 +78,11 @@ def megatron_lm_argv(model: ModelSpec, layout: Layout) -> list[str]:
     """Megatron-LM ``pretrain_gpt.py`` flags (ExportRefused where it cannot run the layout)."""
     layout = check_engine_rules(MEGATRON_LM, Engine.MEGATRON, layout, model)
     argv = _model_args(model, deepspeed=False) + _batch_and_degrees(layout)
+    if layout.cp > 1:
+        # Its --cp-comm-type stays at its default, p2p: the ring exchange of K/V blocks that
+        # the megatron engine stands for. Megatron's own seq-length check (a multiple of 2 x cp)
+        # is the layout's (Layout.check_model).
+        argv += ["--context-parallel-size", str(layout.cp)]
     if layout.schedule == Schedule.INTERLEAVED:
         argv += ["--num-virtual-stages-per-pipeline-rank", str(layout.virtual_stages)]
     elif layout.pp > 1:
@@ -90,8 +95,9 @@ def megatron_lm_argv(model: ModelSpec, layout: Layout) -> list[str]:
     if layout.sequence_parallel:
         argv.append("--sequence-parallel")
     argv += _recompute_args(layout)
-    if layout.zero_stage == 1 and layout.dp > 1:
-        # The distributed optimizer shards optimizer states over the DP ranks: ZeRO-1.
+    if layout.zero_stage == 1 and layout.shard_ranks > 1:
+        # The distributed optimizer shards optimizer states over the DP ranks: ZeRO-1. With
+        # cp those are dp x cp (its data-parallel group "with context parallel", as flm's).
         argv.append("--use-distributed-optimizer")
     argv += _dtype_args(layout)
     argv += ["--attention-backend", "flash" if layout.flash_attention else "unfused"]

@@ -44,6 +44,14 @@ def check_engine_rules(trainer: str, engine: Engine, layout: Layout, model: Mode
 
 def check_megatron_deepspeed(trainer: str, layout: Layout, model: ModelSpec) -> Layout:
     """Megatron's rules for the model, DeepSpeed's for sharding and the pipeline schedule."""
+    if layout.cp > 1:
+        # megatron/arguments.py at 4efb479 has no --context-parallel-size: its only sequence
+        # split over ranks is DeepSpeed-Ulysses (--ds-sequence-parallel-size, all-to-all over
+        # heads), which is not the ring/all-gather context parallelism flm's cp is.
+        raise refuse(trainer, f"cp {layout.cp}: Megatron-DeepSpeed has no context parallelism "
+                     "(no --context-parallel-size; its --ds-sequence-parallel-size is "
+                     "DeepSpeed-Ulysses' all-to-all over heads, not a ring/all-gather K/V "
+                     "exchange); use --to megatron-lm or torchtitan")
     problems = [m for rule, m in RULES[Engine.MEGATRON].broken(layout, model)
                 if rule not in _DEEPSPEED_PART]
     problems += [f"its pipelines run on DeepSpeed's PipelineEngine (GPTModelPipe): {m}"

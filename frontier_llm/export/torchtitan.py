@@ -27,8 +27,13 @@ PRECISION = {DType.BF16: "bfloat16", DType.FP32: "float32"}
 def data_parallel_degrees(layout: Layout) -> tuple[int, int]:
     """(data_parallel_shard_degree, data_parallel_replicate_degree) for the sharding: FSDP2
     shards parameters, gradients and optimizer states together, so only placements that treat
-    the three alike are expressible (zero0: DDP, zero3: FSDP, partial:K for all: HSDP)."""
-    if layout.dp == 1:
+    the three alike are expressible (zero0: DDP, zero3: FSDP, partial:K for all: HSDP).
+
+    With cp > 1 torchtitan's FSDP mesh is dp_shard x cp (``fsdp = dp_shard * cp`` and
+    ``fsdp_enabled = dp_shard > 1 or cp > 1``, distributed/parallel_dims.py v0.2.2), as flm
+    shards over dp x cp (``Layout.shard_ranks``): zero3 is dp_shard = dp, partial:K (K of the
+    dp x cp ranks) is dp_shard = K / cp, and replicas (zero0) cannot be kept."""
+    if layout.dp == 1 and layout.cp == 1:
         return 1, 1
     places = {(p.kind, p.group) for p in (layout.sharding.params, layout.sharding.grads,
                                           layout.sharding.optim)}
@@ -38,6 +43,10 @@ def data_parallel_degrees(layout: Layout) -> tuple[int, int]:
                      "shards the three together: use zero0 (DDP), zero3 (FSDP) or "
                      "partial:K for all three (HSDP)")
     kind, group = places.pop()
+    if kind == PlacementKind.REPLICATE and layout.cp > 1:
+        raise refuse(TORCHTITAN, f"zero0 with cp {layout.cp}: torchtitan applies FSDP over the "
+                     "dp_shard x cp ranks whenever cp > 1 (parallel_dims.py fsdp_enabled), so "
+                     "parameters are never replicated over the cp ranks; shard with zero3 or HSDP")
     if kind == PlacementKind.REPLICATE:
         if layout.tp > 1 or layout.pp > 1:
             # llama3/infra/parallelize.py: "DDP has not supported > 1D parallelism".
@@ -46,7 +55,11 @@ def data_parallel_degrees(layout: Layout) -> tuple[int, int]:
         return 1, layout.dp
     if kind == PlacementKind.FULL:
         return layout.dp, 1
-    return group, layout.dp // group
+    if group % layout.cp:
+        raise refuse(TORCHTITAN, f"a shard group of {group} ranks with cp {layout.cp}: "
+                     "torchtitan's shard group is dp_shard x cp, a multiple of cp")
+    shard = group // layout.cp
+    return shard, layout.dp // shard
 
 
 def _check(model: ModelSpec, layout: Layout) -> Layout:
@@ -58,6 +71,12 @@ def _check(model: ModelSpec, layout: Layout) -> Layout:
     if not layout.flash_attention:
         raise refuse(TORCHTITAN, "its attention is the model flavor's attn_type (sdpa, flex, "
                      "varlen), all fused; it has no unfused attention")
+    divisor = layout.tp * 2 * layout.cp
+    if model.seq_len % divisor:
+        # llama3/infra/parallelize.py asserts seq_len % parallel_dims.seq_len_divisor, which
+        # is tp x 2cp (parallel_dims.py v0.2.2): stricter than flm's 2cp and (seq/cp) % tp.
+        raise refuse(TORCHTITAN, f"seq_len {model.seq_len} is not divisible by tp x 2 x cp "
+                     f"= {divisor}, which its parallelize asserts")
     if layout.tp > 1 and not layout.sequence_parallel:
         raise refuse(TORCHTITAN, "its tensor parallel plan always shards the norms over the TP "
                      "ranks (SequenceParallel in llama3/infra/parallelize.py): add "
@@ -74,7 +93,13 @@ def job_config(model: ModelSpec, layout: Layout) -> dict[str, dict[str, Any]]:
     parallelism: dict[str, Any] = {
         "data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
         "tensor_parallel_degree": layout.tp, "pipeline_parallel_degree": layout.pp}
-    if shard > 1:
+    if layout.cp > 1:
+        # The load-balanced causal split is its default load balancer ("headtail" for SDPA:
+        # rank r holds chunks r and 2cp-1-r); all-gather of the K/V shards is flm's native
+        # design and its default rotate method, written out so that the file says it.
+        parallelism["context_parallel_degree"] = layout.cp
+        parallelism["context_parallel_rotate_method"] = "allgather"
+    if shard > 1 or layout.cp > 1:
         parallelism["fsdp_reshard_after_forward"] = (
             "always" if layout.reshard_after_forward else "never")
     if layout.pp > 1:

@@ -31,7 +31,13 @@ from frontier_llm.errors import UserError
 from frontier_llm.jobs import site_policy, walltime
 from frontier_llm.jobs.render import JobScript, Resources, Task, render
 from frontier_llm.jobs.sweepspec import Sweep, SweepJob
-from frontier_llm.jobs.workload import FLM_BENCH, config_files, rank_command, trainer_argv
+from frontier_llm.jobs.workload import (
+    FLM_BENCH,
+    config_files,
+    rank_command,
+    steps_in_command,
+    trainer_argv,
+)
 from frontier_llm.specs.engine_rules import rules_for
 from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.layout import PlacementKind
@@ -278,9 +284,13 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
     site_policy.check_scripts(sweep.system.name, sweep.site, [js for _, js in scripts])
     res = scripts[0][1].resources if scripts else None
     steps = sweep.spec.warmup + sweep.spec.steps
+    if sweep.spec.workload != FLM_BENCH:
+        # A trainer runs the steps of its own flags, not flm bench's (jobs/workload.py).
+        steps = steps_in_command(sweep.spec.workload, sweep.spec.workload_command, steps)
     needs = dict(walltime.check(
         [(j.key, j.nodes, j.prediction.get("step_time_s"), j.time,
-          walltime.steps_in(j.bench_args, steps)) for j in sweep.jobs], sweep.site,
+          walltime.steps_in(j.bench_args, steps) if sweep.spec.workload == FLM_BENCH else steps)
+         for j in sweep.jobs], sweep.site,
         partition=res.partition if res else None, qos=res.qos if res else None,
         allow_overtime=allow_overtime))
     # Every script is rendered before anything is written: a template the sandbox refuses,

@@ -110,6 +110,32 @@ def trainer_argv(trainer: str, model: ModelSpec, layout: Layout, job_dir: str) -
     raise SpecError(f"unknown workload {trainer!r}", "workload")
 
 
+# The flag that says how many optimizer steps the trainer runs, in the trainer's own source
+# (docs/export.md, Sources): Megatron's --train-iters (megatron/training/arguments.py;
+# Megatron-DeepSpeed megatron/arguments.py), torchtitan's [training] steps as a CLI override
+# (torchtitan/config/job_config.py v0.2.2, Training.steps). Plain DeepSpeed has no such flag:
+# the script is the user's.
+STEP_FLAGS = {MEGATRON_LM: "--train-iters", MEGATRON_DEEPSPEED: "--train-iters",
+              TORCHTITAN: "--training.steps"}
+
+
+def steps_in_command(workload: str, command: Sequence[str] | None, default: int) -> int:
+    """The optimizer steps a trainer job runs, for the walltime check: the last value of the
+    trainer's own step flag in ``workload_command`` (``--flag N`` or ``--flag=N``), else
+    ``default`` (the sweep's warm-up plus steps: say there what a DeepSpeed script runs)."""
+    flag = STEP_FLAGS.get(workload)
+    found = None
+    words = list(command or ())
+    for i, word in enumerate(words):
+        if flag is None:
+            break
+        value = words[i + 1] if word == flag and i + 1 < len(words) else \
+            word.split("=", 1)[1] if word.startswith(flag + "=") else None
+        if value is not None and str(value).isdigit():
+            found = int(value)
+    return default if found is None else found
+
+
 def check_layout(trainer: str, model: ModelSpec, layout: Layout, key: str) -> None:
     """At load time: the export's own refusal, naming the job."""
     try:

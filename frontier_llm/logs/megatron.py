@@ -2,11 +2,13 @@
 
 What is read (docs/trainer-logs.md): the ``------------------------ arguments
 ------------------------`` block (every argument, ``  name ..... value``, up to ``end of
-arguments``), ``using world size: N, data-parallel-size: ...``, ``> padded vocab (size: ...) ...
-(new size: V)``, the per-iteration lines (``iteration N/ M | ... | elapsed time per iteration (ms):
-T | throughput per GPU (TFLOP/s/GPU): F | ... | lm loss: L | ...``; Megatron-DeepSpeed's ``TFLOPs:``
-and ``tokens per gpu per second (tgs):`` too), ``[after training is done]``, and out-of-memory
-and error lines. A new arguments block after iterations starts a new run.
+arguments``; ``context_parallel_size`` among them gives cp), ``using world size: N,
+data-parallel-size: ...`` (with ``context-parallel size: C`` in newer Megatron-LM),
+``> padded vocab (size: ...) ... (new size: V)``, the per-iteration lines (``iteration N/ M |
+... | elapsed time per iteration (ms): T | throughput per GPU (TFLOP/s/GPU): F | ... | lm loss:
+L | ...``; Megatron-DeepSpeed's ``TFLOPs:`` and ``tokens per gpu per second (tgs):`` too),
+``[after training is done]``, and out-of-memory and error lines. A new arguments block after
+iterations starts a new run.
 """
 
 from __future__ import annotations
@@ -27,13 +29,16 @@ from frontier_llm.logs.common import (
 
 _ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)")
 _WORLD = re.compile(r"using world size:\s*(\d+)")
-_DEGREE = re.compile(r"(data|tensor-model|pipeline-model)[- ]parallel[- ]size:\s*(\d+)")
+# Megatron-LM prints "using world size: W, data-parallel size: D, context-parallel size: C,
+# hierarchical context-parallel sizes: ..., tensor-model-parallel size: T, pipeline-model-parallel
+# size: P" (megatron/training/arguments.py, core_v0.15.3); older ones no context part.
+_DEGREE = re.compile(r"(data|context|tensor-model|pipeline-model)[- ]parallel[- ]size:\s*(\d+)")
 _PADDED = re.compile(r"padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
 _DS_VERSION = re.compile(r"DeepSpeed info: version=([^\s,]+)|deepspeed info \.+ ([^\s,]+)")
 # Megatron's argument -> the layout field it states (values are converted in ``finish``).
 _LAYOUT_ARGS = {
     "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
-    "data_parallel_size": "dp", "micro_batch_size": "micro_batch",
+    "context_parallel_size": "cp", "data_parallel_size": "dp", "micro_batch_size": "micro_batch",
     "global_batch_size": "global_batch", "virtual_pipeline_model_parallel_size": "virtual_stages",
 }
 _MODEL_ARGS = {
@@ -41,7 +46,7 @@ _MODEL_ARGS = {
     "ffn_hidden_size": "ffn_hidden", "seq_length": "seq_len",
 }
 _DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
-_DEGREE_FIELD = {"data": "dp", "tensor-model": "tp", "pipeline-model": "pp"}
+_DEGREE_FIELD = {"data": "dp", "context": "cp", "tensor-model": "tp", "pipeline-model": "pp"}
 
 
 class Megatron(Trainer):

@@ -154,9 +154,10 @@ def _times(run: ParsedRun, layout: Layout, model: ModelSpec) -> None:
             s.time_s = layout.global_batch / sps
         elif s.tokens_per_s:
             # torchtitan: tps counts the tokens of one data-parallel rank's batch over the
-            # time and the tp x pp GPUs that share it (torchtitan/components/metrics.py).
+            # time and the cp x tp x pp GPUs that share it (components/metrics.py divides by
+            # parallel_dims.non_data_parallel_size = cp * tp * pp; v0.2.2).
             tokens = layout.global_batch // layout.dp * model.seq_len
-            s.time_s = tokens / (s.tokens_per_s * layout.tp * layout.pp)
+            s.time_s = tokens / (s.tokens_per_s * layout.tp * layout.pp * layout.cp)
 
 
 def _status(run: ParsedRun) -> tuple[str, str | None, str]:
@@ -204,9 +205,10 @@ def build_trace(run: ParsedRun, path: Path, options: LogOptions) -> dict:
     warm = run.warmup()
     steps = [{"step": s.step, "time_s": s.time_s, "loss": s.loss, "warmup": w}
              for s, w in zip(run.steps, warm, strict=True)]
-    world = layout.tp * layout.pp * layout.dp
+    world = layout.world_size
     if run.world_size not in (None, world):
-        raise RunRefused(f"the log's world size {run.world_size} is not tp x pp x dp = {world}")
+        raise RunRefused(f"the log's world size {run.world_size} is not tp x cp x pp x dp = "
+                         f"{world}")
     summary = summarize(cfg, steps, [], world)
     measured = [s for s, w in zip(run.steps, warm, strict=True) if not w]
     # What the trainer printed wins over the formula: it is the trainer's own figure.

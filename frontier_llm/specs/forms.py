@@ -80,10 +80,19 @@ ALWAYS_SHOWN = ("tp", "pp", "dp", "micro_batch")
 def shown_columns(frame: Any, key: Sequence[str] = LAYOUT_COLUMNS,
                   always: Iterable[str] = ALWAYS_SHOWN) -> list[str]:
     """The layout columns a table of ``frame`` shows: ``always`` and every other column of
-    ``key`` whose value differs between the rows (a knob added later shows where it varies)."""
+    ``key`` whose value differs between the rows or, in some row, from the field's default (a
+    table of cp 8 layouts says cp 8; a knob at its default everywhere is left out)."""
     always = set(always)
-    return [c for c in key_columns(frame, key)
-            if c in always or frame[c].astype(str).nunique() > 1]
+    # The global batch's default (1) is no choice a table's reader made: it shows only where
+    # it varies (a plan's header states it).
+    defaults = {k: str(_word(v)) for k, v in field_defaults().items() if k != "global_batch"}
+    shown = []
+    for c in key_columns(frame, key):
+        values = frame[c].astype(str)
+        if c in always or values.nunique() > 1 or (
+                c in defaults and len(values) and (values != defaults[c]).any()):
+            shown.append(c)
+    return shown
 
 
 def display_layouts(frame: Any, always: Iterable[str] = ALWAYS_SHOWN) -> Any:
