@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ds_cache import extension_dir
 
 from frontier_llm.bench.engine import reference_losses
 from frontier_llm.bench.launch import free_port
@@ -68,15 +69,8 @@ CASES8 = [
 @pytest.fixture(scope="session")
 def ds_extension_cache() -> dict[str, str]:
     """The environment of every DeepSpeed rank: one extension cache for the whole run (kept
-    across runs, keyed by the DeepSpeed and torch versions, so the op is built at most once)."""
-    import deepspeed
-    import torch
-
-    default = (Path.home() / ".cache" / "frontier_llm" / "torch_extensions"
-               / f"deepspeed-{deepspeed.__version__}-torch-{torch.__version__}")
-    path = os.environ.get("TORCH_EXTENSIONS_DIR") or str(default)
-    Path(path).mkdir(parents=True, exist_ok=True)
-    return dict(os.environ, TORCH_EXTENSIONS_DIR=path, OMP_NUM_THREADS="1",
+    across runs: tests/ds_cache.py, so the op is built at most once)."""
+    return dict(os.environ, TORCH_EXTENSIONS_DIR=extension_dir(), OMP_NUM_THREADS="1",
                 PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
                                                          os.environ.get("PYTHONPATH")])))
 

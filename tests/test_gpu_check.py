@@ -20,6 +20,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from ds_cache import extension_dir
 
 from frontier_llm.catalog import load_system
 from frontier_llm.errors import UserError
@@ -38,15 +39,9 @@ def _cuda() -> bool:
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     # This venv's python (FLM_PYTHON), no wheels to install (this environment has them all), and
-    # the DeepSpeed op cache the DeepSpeed tests share (tests/test_bench_deepspeed.py).
-    import torch
-
-    cache = os.environ.get("TORCH_EXTENSIONS_DIR") or str(
-        Path.home() / ".cache" / "frontier_llm" / "torch_extensions"
-        / f"deepspeed-{md.version('deepspeed')}-torch-{torch.__version__}")
-    Path(cache).mkdir(parents=True, exist_ok=True)
+    # the DeepSpeed op cache the DeepSpeed tests share (tests/ds_cache.py).
     return dict(os.environ, FLM_PYTHON=sys.executable, FLM_GPU_WHEELS=str(tmp_path / "none"),
-                TORCH_EXTENSIONS_DIR=cache, OMP_NUM_THREADS="1", **extra)
+                TORCH_EXTENSIONS_DIR=extension_dir(), OMP_NUM_THREADS="1", **extra)
 
 
 @pytest.mark.skipif(_cuda(), reason="this machine has CUDA: the GPU mode would run")

@@ -4,11 +4,10 @@ DeepSpeed), flm collect into a real SQLite store, then flm results / flm validat
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
-from pathlib import Path
 
 import pytest
+from ds_cache import extension_dir
 
 from frontier_llm.cli import main
 
@@ -37,17 +36,9 @@ space:
 
 @pytest.fixture
 def extension_cache(monkeypatch) -> None:
-    """DeepSpeed's C++ op in the one cache the DeepSpeed tests use (tests/test_bench_deepspeed.py:
-    per DeepSpeed and torch version, kept across runs), so the suite builds it at most once."""
-    import os
-
-    import torch
-
-    default = (Path.home() / ".cache" / "frontier_llm" / "torch_extensions"
-               / f"deepspeed-{importlib.metadata.version('deepspeed')}-torch-{torch.__version__}")
-    path = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or default)
-    path.mkdir(parents=True, exist_ok=True)
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(path))
+    """DeepSpeed's C++ op in the one cache the DeepSpeed tests use (tests/ds_cache.py), so the
+    suite builds it at most once."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", extension_dir())
 
 
 def test_one_layout_on_both_engines_side_by_side(tmp_path, extension_cache, capsys):

@@ -7,7 +7,6 @@ prediction beside them."""
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -17,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ds_cache import extension_dir
 from slurm_fixtures import flm, slurm_conf, start_cluster, stop_cluster, sweep_status, wait_for
 
 from frontier_llm.bench.trace import read_trace, trace_path
@@ -70,19 +70,10 @@ def slurm_cluster():
 
 @pytest.fixture(scope="module")
 def ds_env() -> dict[str, str]:
-    """The jobs' environment (sbatch exports the submitter's): DeepSpeed's C++ op in a cache
-    kept across runs, of this virtual environment's own (the op's build file holds the
-    environment's paths, so a cache shared with another one is rebuilt by each in turn, and a
-    rank waits on the other's build lock), this Python first on PATH (the job's python3 runs
+    """The jobs' environment (sbatch exports the submitter's): DeepSpeed's C++ op in the tests'
+    cache (tests/ds_cache.py), this Python first on PATH (the job's python3 runs
     the log-to-trace step and must import frontier_llm)."""
-    import torch
-
-    venv = hashlib.sha256(sys.prefix.encode()).hexdigest()[:8]
-    default = (Path.home() / ".cache" / "frontier_llm" / "torch_extensions"
-               / f"deepspeed-{importlib.metadata.version('deepspeed')}-torch-{torch.__version__}"
-                 f"-{venv}")
-    cache = os.environ.get("TORCH_EXTENSIONS_DIR") or str(default)
-    Path(cache).mkdir(parents=True, exist_ok=True)
+    cache = extension_dir()
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     return dict(os.environ, TORCH_EXTENSIONS_DIR=cache, PATH=path, OMP_NUM_THREADS="1",
                 PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
