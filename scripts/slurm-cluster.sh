@@ -17,6 +17,12 @@
 # the controller remembers an ended job and how soon it declares a silent node DOWN; the fault
 # tests start a cluster of their own with both low. FLM_SLURM_EXTRA_CONF: more slurm.conf lines.
 #
+# SchedulerParameters=batch_sched_delay=0: slurm.conf(5) says batch_sched_delay is "how long, in
+# seconds, the scheduling of batch jobs can be delayed ... The default value is 3 seconds", a
+# saving for sites with a high submit rate. A test cluster submits a job at a time and waits for
+# it: with 0 the controller's next background pass (each second) starts a submitted job, about
+# 0.7 s after sbatch instead of 1.7 s (measured here, six jobs each way).
+#
 # Every run keeps its config, state, spool, logs and munge socket in its own DIR and is reached
 # through SLURM_CONF, so two test runs never see each other's jobs. Daemons are stopped by pid
 # file, what their jobs left by the cluster's SLURM_CONF in its environment, never by process
@@ -118,6 +124,7 @@ TaskPlugin=task/none
 SwitchType=switch/none
 MpiDefault=none
 SchedulerType=sched/backfill
+SchedulerParameters=batch_sched_delay=0
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
@@ -235,8 +242,19 @@ cmd_stop() {
             | xargs -r env SLURM_CONF="$DIR/slurm.conf" scancel 2>/dev/null || true
         wait_for 20 no_jobs || true
     fi
+    # The three daemons at once, not one after the other: each takes a second or more to stop
+    # (slurmctld saves its state), and none needs another to do it.
+    local daemons=() pid
     for pidfile in "$DIR/slurmd.pid" "$DIR/slurmctld.pid" "$DIR/munge/munged.pid"; do
-        stop_pidfile "$pidfile"
+        if pid_alive "$pidfile"; then
+            pid=$(cat "$pidfile")
+            kill "$pid" 2>/dev/null || true
+            daemons+=("$pid")
+        fi
+    done
+    for pid in "${daemons[@]}"; do
+        # One that ignores TERM for 10 s is killed (as stop_pidfile does).
+        wait_for 10 bash -c "! kill -0 $pid" || kill -9 "$pid" 2>/dev/null || true
     done
     pids=$(cluster_processes)
     if [[ -n $pids ]]; then
