@@ -242,19 +242,8 @@ cmd_stop() {
             | xargs -r env SLURM_CONF="$DIR/slurm.conf" scancel 2>/dev/null || true
         wait_for 20 no_jobs || true
     fi
-    # The three daemons at once, not one after the other: each takes a second or more to stop
-    # (slurmctld saves its state), and none needs another to do it.
-    local daemons=() pid
     for pidfile in "$DIR/slurmd.pid" "$DIR/slurmctld.pid" "$DIR/munge/munged.pid"; do
-        if pid_alive "$pidfile"; then
-            pid=$(cat "$pidfile")
-            kill "$pid" 2>/dev/null || true
-            daemons+=("$pid")
-        fi
-    done
-    for pid in "${daemons[@]}"; do
-        # One that ignores TERM for 10 s is killed (as stop_pidfile does).
-        wait_for 10 bash -c "! kill -0 $pid" || kill -9 "$pid" 2>/dev/null || true
+        stop_pidfile "$pidfile"
     done
     pids=$(cluster_processes)
     if [[ -n $pids ]]; then
