@@ -162,6 +162,10 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
     spec = sweep_file(tmp_path, "requeue", ["{dp: 1, micro_batch: 2, name: long}"], steps=30)
     spec.write_text(spec.read_text() + f"command: [{wrapper}]\n")
     flm("sweep", "submit", spec, "--out", tmp_path / "requeue", "--db", db)
+    amnesia = sweep_file(tmp_path, "amnesia", [  # part 3's
+        "{dp: 1, micro_batch: 2, name: done}",
+        "{dp: 1, micro_batch: 2, name: stuck1, bench_args: {fault: hang, fault_step: 1}}",
+        "{dp: 1, micro_batch: 2, name: stuck2, bench_args: {fault: hang, fault_step: 1}}"])
     waiter = subprocess.Popen(
         [sys.executable, "-m", "frontier_llm.cli", "sweep", "status", "requeue", "--db", db,
          "--format", "json", "--wait", "--timeout", "400", "--max-interval", "1",
@@ -213,6 +217,11 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
         wait_for(lambda: "controller unreachable since" in said.err(), 120,
                  f"the waiter to see the controller gone: {said.err()}")
         cluster.ctl("restart-ctld")  # ... and comes back with its saved state
+        # Part 3's sweep starts while the second attempt ends, once the waiter has the
+        # controller back (nothing of part 3 is looked at before part 2's verdict).
+        wait_for(lambda: "controller answers again" in said.err(), 120,
+                 f"the waiter to reach the controller again: {said.err()}")
+        flm("sweep", "submit", amnesia, "--out", tmp_path / "amnesia", "--db", db)
         waiter.wait(timeout=400)
     except BaseException:
         store.close()
@@ -257,11 +266,7 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
     # Every job is forgotten: the one that finished is judged by its trace (COMPLETED), the
     # ones that were running become LOST; cancel ends a LOST job, retry reruns exactly the
     # LOST and cancelled ones.
-    spec = sweep_file(tmp_path, "amnesia", [
-        "{dp: 1, micro_batch: 2, name: done}",
-        "{dp: 1, micro_batch: 2, name: stuck1, bench_args: {fault: hang, fault_step: 1}}",
-        "{dp: 1, micro_batch: 2, name: stuck2, bench_args: {fault: hang, fault_step: 1}}"])
-    flm("sweep", "submit", spec, "--out", tmp_path / "amnesia", "--db", db)
+    # (its sweep was submitted at the end of part 2)
     atraces = tmp_path / "amnesia" / "traces"
     wait_for(lambda: len(list(atraces.glob("*.heartbeat.json"))) == 3
              and list(atraces.glob("done-*.trace.json")), 120, "done's trace, stuck's beats")
