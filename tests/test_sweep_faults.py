@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -82,14 +83,45 @@ class _Crash(Exception):
     pass
 
 
+class _Reader:
+    """A process's stdout and stderr, read as they come by a thread each: the test acts on what
+    it said while it runs, and neither pipe fills up."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self._parts: dict[str, list[str]] = {"out": [], "err": []}
+        self._threads = [threading.Thread(target=self._read, args=(stream, self._parts[k]),
+                                          daemon=True)
+                         for k, stream in (("out", proc.stdout), ("err", proc.stderr))]
+        for t in self._threads:
+            t.start()
+
+    @staticmethod
+    def _read(stream, into: list[str]) -> None:
+        for line in stream:
+            into.append(line)
+
+    def _text(self, key: str) -> str:
+        return "".join(self._parts[key])
+
+    def out(self) -> str:
+        """All of stdout (the process has ended: its readers finish first)."""
+        for t in self._threads:
+            t.join(timeout=30)
+        return self._text("out")
+
+    def err(self) -> str:
+        return self._text("err")
+
+
 def test_scheduler_faults(cluster, tmp_path, monkeypatch):
     db = f"sqlite:///{tmp_path}/flm.db"
     client = SlurmClient(cluster.env())
 
     # --- 1. An interrupted submit, resumed after SLURM has forgotten the finished job --------
     # The submit dies after sbatch returned, before the job id was recorded; the job runs,
-    # ends, and leaves squeue (MinJobAge). The next submit finds it by the token file the job
-    # wrote when it started and adopts it: one SLURM job for the layout, not two.
+    # ends, and leaves squeue (MinJobAge; part 2 runs meanwhile, the adoption follows it). The
+    # next submit finds it by the token file the job wrote when it started and adopts it: one
+    # SLURM job for the layout, not two.
     store = open_store(db)
     try:
         late = runner.prepare(load_sweep(sweep_file(tmp_path, "late", ["{dp: 1, micro_batch: 2, "
@@ -106,24 +138,16 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
         assert [r["state"] for r in late.state.rows()] == [JobState.SUBMITTING]
         traces = tmp_path / "late" / "traces"
         wait_for(lambda: list(traces.glob("*.trace.json")), 120, "the late job's trace")
-        wait_for(lambda: not client.find_by_comment("flm:late:"), 60,
-                 "SLURM to forget the finished job (MinJobAge)")
-        sbatch_before = client.commands["sbatch"]
-        counts = runner.submit(late)
-        print("--- resumed submit:", counts)
-        assert counts["adopted"] == 1 and counts["submitted"] == 0, counts
-        assert client.commands["sbatch"] == sbatch_before
-        rows = runner.refresh(late)
-        assert [r["state"] for r in rows] == [JobState.COMPLETED], rows
-        assert len(list(traces.glob("*.trace.json"))) == 1
-    finally:
+    except BaseException:
         store.close()
+        raise
 
     # --- 2. A node failure under a running job, then a controller restart ------------------
     # slurmd stops: SLURM declares the node DOWN, the job NODE_FAIL, and requeues it under the
     # same id. The requeued attempt gets its own run id and log; `status --wait` keeps
-    # tracking through a 10 s controller outage and ends with the job COMPLETED, its first
-    # attempt kept as NODE_FAIL, and never HUNG on the first attempt's stale heartbeat.
+    # tracking through a controller outage (as long as it takes to say the controller is gone)
+    # and ends with the job COMPLETED, its first attempt kept as NODE_FAIL, and never HUNG on
+    # the first attempt's stale heartbeat.
     # The first attempt must still run when the node fails, however fast this machine is (1500
     # steps once ended in 15 s on an idle one, before SLURM noticed the node: nothing to
     # requeue); the requeued attempt must end. A wrapper gives the first attempt steps for hours.
@@ -138,11 +162,16 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
     spec = sweep_file(tmp_path, "requeue", ["{dp: 1, micro_batch: 2, name: long}"], steps=30)
     spec.write_text(spec.read_text() + f"command: [{wrapper}]\n")
     flm("sweep", "submit", spec, "--out", tmp_path / "requeue", "--db", db)
+    amnesia = sweep_file(tmp_path, "amnesia", [  # part 3's
+        "{dp: 1, micro_batch: 2, name: done}",
+        "{dp: 1, micro_batch: 2, name: stuck1, bench_args: {fault: hang, fault_step: 1}}",
+        "{dp: 1, micro_batch: 2, name: stuck2, bench_args: {fault: hang, fault_step: 1}}"])
     waiter = subprocess.Popen(
         [sys.executable, "-m", "frontier_llm.cli", "sweep", "status", "requeue", "--db", db,
          "--format", "json", "--wait", "--timeout", "400", "--max-interval", "1",
          "--hung-after", "25", "--collect"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env())
+    said = _Reader(waiter)
     try:
         rtraces = tmp_path / "requeue" / "traces"
         wait_for(lambda: list(rtraces.glob("*.heartbeat.json")), 120, "the first heartbeat")
@@ -184,13 +213,24 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
                  f"the second attempt's heartbeat ({client.query([job])}, {sinfo(cluster)})")
         pid = int((cluster.directory / "slurmctld.pid").read_text())
         os.kill(pid, 15)  # the controller goes away (by its pid file) ...
-        time.sleep(10)
+        # ... for as long as the waiter takes to find it gone (it says so), ...
+        wait_for(lambda: "controller unreachable since" in said.err(), 120,
+                 f"the waiter to see the controller gone: {said.err()}")
         cluster.ctl("restart-ctld")  # ... and comes back with its saved state
-        out, err = waiter.communicate(timeout=400)
+        # Part 3's sweep starts while the second attempt ends, once the waiter has the
+        # controller back (nothing of part 3 is looked at before part 2's verdict).
+        wait_for(lambda: "controller answers again" in said.err(), 120,
+                 f"the waiter to reach the controller again: {said.err()}")
+        flm("sweep", "submit", amnesia, "--out", tmp_path / "amnesia", "--db", db)
+        waiter.wait(timeout=400)
+    except BaseException:
+        store.close()
+        raise
     finally:
         if waiter.poll() is None:
             waiter.kill()
-            waiter.communicate()
+            waiter.wait()
+    out, err = said.out(), said.err()
     print("--- status --wait across a node failure and a controller restart:\n" + err)
     assert waiter.returncode == 0, err
     assert "controller unreachable since" in err and "still tracking" in err, err
@@ -206,15 +246,27 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
     print("--- flm results:", [(r["run_id"], r["status"], r["error"]) for r in results])
     assert sorted(r["status"] for r in results) == ["NODE_FAIL", "completed"], results
 
+    # --- 1, continued: SLURM has forgotten the late job by now (MinJobAge 5 s, purged every
+    # 10 s: part 2 took longer); the resumed submit adopts it.
+    try:
+        wait_for(lambda: not client.find_by_comment("flm:late:"), 60,
+                 "SLURM to forget the finished job (MinJobAge)")
+        sbatch_before = client.commands["sbatch"]
+        counts = runner.submit(late)
+        print("--- resumed submit:", counts)
+        assert counts["adopted"] == 1 and counts["submitted"] == 0, counts
+        assert client.commands["sbatch"] == sbatch_before
+        rows = runner.refresh(late)
+        assert [r["state"] for r in rows] == [JobState.COMPLETED], rows
+        assert len(list(traces.glob("*.trace.json"))) == 1
+    finally:
+        store.close()
+
     # --- 3. The controller comes back without its state --------------------------------------
     # Every job is forgotten: the one that finished is judged by its trace (COMPLETED), the
     # ones that were running become LOST; cancel ends a LOST job, retry reruns exactly the
     # LOST and cancelled ones.
-    spec = sweep_file(tmp_path, "amnesia", [
-        "{dp: 1, micro_batch: 2, name: done}",
-        "{dp: 1, micro_batch: 2, name: stuck1, bench_args: {fault: hang, fault_step: 1}}",
-        "{dp: 1, micro_batch: 2, name: stuck2, bench_args: {fault: hang, fault_step: 1}}"])
-    flm("sweep", "submit", spec, "--out", tmp_path / "amnesia", "--db", db)
+    # (its sweep was submitted at the end of part 2)
     atraces = tmp_path / "amnesia" / "traces"
     wait_for(lambda: len(list(atraces.glob("*.heartbeat.json"))) == 3
              and list(atraces.glob("done-*.trace.json")), 120, "done's trace, stuck's beats")

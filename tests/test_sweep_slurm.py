@@ -71,6 +71,11 @@ def test_tiny_cpu_sweep_end_to_end(slurm_cluster, tmp_path):
 
 
 def test_faults_are_classified_and_lose_nothing(slurm_cluster, tmp_path):
+    """The five faults' verdicts, and what retry and cancel do to them. The slow job runs into
+    its one-minute time limit, which SLURM checks every 30 s: a minute or more with nothing to
+    do but wait, so the two packed sweeps run in that time, on the same cluster, each with all
+    its assertions (``_packed_sweep_judges_each_layout_alone``,
+    ``_concurrent_pack_runs_steps_side_by_side``)."""
     db = f"sqlite:///{tmp_path}/flm.db"
     out = tmp_path / "run"
     spec = tmp_path / "faults.yaml"
@@ -87,6 +92,12 @@ def test_faults_are_classified_and_lose_nothing(slurm_cluster, tmp_path):
 
     cancelled = flm("sweep", "cancel", "faults", "--db", db, "--job", "cancel")
     assert "cancelled 1 jobs" in cancelled.stdout
+
+    # While the slow job waits for its time limit: the packed sweeps (folders of their own).
+    (tmp_path / "packed").mkdir()
+    _packed_sweep_judges_each_layout_alone(tmp_path / "packed")
+    (tmp_path / "concurrent").mkdir()
+    _concurrent_pack_runs_steps_side_by_side(tmp_path / "concurrent")
 
     rows = sweep_status("faults", db, "--wait", "--timeout", 240, "--max-interval", 2)
     states = {k: r["state"] for k, r in rows.items()}
@@ -204,7 +215,7 @@ PACKED = tiny_sweep("packed", [
     "{dp: 2, micro_batch: 2, name: last}"], extra="pack: 3\n")
 
 
-def test_packed_sweep_judges_each_layout_alone(slurm_cluster, tmp_path):
+def _packed_sweep_judges_each_layout_alone(tmp_path: Path) -> None:
     """Three layouts as srun steps of one allocation, the middle one crashing: the others
     complete, every row gets its own verdict and trace, and a retry runs only the crash."""
     db = f"sqlite:///{tmp_path}/flm.db"
@@ -242,7 +253,7 @@ def test_packed_sweep_judges_each_layout_alone(slurm_cluster, tmp_path):
         f"crash-j{job}.exit"]
 
 
-def test_concurrent_pack_runs_steps_side_by_side(slurm_cluster, tmp_path):
+def _concurrent_pack_runs_steps_side_by_side(tmp_path: Path) -> None:
     """pack_mode concurrent on real SLURM: two 2-rank layouts as srun --exact steps of one
     4-rank allocation, both started before either ended; the crash fails only its own row."""
     db = f"sqlite:///{tmp_path}/flm.db"
