@@ -17,12 +17,6 @@
 # the controller remembers an ended job and how soon it declares a silent node DOWN; the fault
 # tests start a cluster of their own with both low. FLM_SLURM_EXTRA_CONF: more slurm.conf lines.
 #
-# SchedulerParameters=batch_sched_delay=0: slurm.conf(5) says batch_sched_delay is "how long, in
-# seconds, the scheduling of batch jobs can be delayed ... The default value is 3 seconds", a
-# saving for sites with a high submit rate. A test cluster submits a job at a time and waits for
-# it: with 0 the controller's next background pass (each second) starts a submitted job, about
-# 0.7 s after sbatch instead of 1.7 s (measured here, six jobs each way).
-#
 # Every run keeps its config, state, spool, logs and munge socket in its own DIR and is reached
 # through SLURM_CONF, so two test runs never see each other's jobs. Daemons are stopped by pid
 # file, what their jobs left by the cluster's SLURM_CONF in its environment, never by process
@@ -124,7 +118,6 @@ TaskPlugin=task/none
 SwitchType=switch/none
 MpiDefault=none
 SchedulerType=sched/backfill
-SchedulerParameters=batch_sched_delay=0
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2

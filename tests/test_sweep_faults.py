@@ -138,6 +138,21 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
         assert [r["state"] for r in late.state.rows()] == [JobState.SUBMITTING]
         traces = tmp_path / "late" / "traces"
         wait_for(lambda: list(traces.glob("*.trace.json")), 120, "the late job's trace")
+        # Part 2 takes the node's daemon away: the late job must have left the node first (its
+        # step daemons gone from the spool, SLURM's state COMPLETED, not COMPLETING). A step of
+        # it still there when the node daemon registers again makes SLURM refuse the node to
+        # the requeued job of part 2, which then stays PENDING (seen in full runs).
+        spool = cluster.directory / "spool"
+
+        def late_left_the_node() -> bool:
+            jobs = list(client.find_by_comment("flm:late:"))
+            if not jobs:
+                return True  # forgotten (MinJobAge): long ended
+            state = client.query(jobs[:1]).get(jobs[0])
+            return (state is None or state.state == "COMPLETED") and not list(
+                spool.glob(f"*_{jobs[0].split('_')[0]}.*"))
+
+        wait_for(late_left_the_node, 60, "the late job to leave the node")
     except BaseException:
         store.close()
         raise
@@ -209,8 +224,14 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
 
         # The second attempt beats in a file of its own (srun needs the controller to start
         # its step, so the outage comes once the step runs).
-        wait_for(second_heartbeat, 120,
-                 f"the second attempt's heartbeat ({client.query([job])}, {sinfo(cluster)})")
+        try:
+            wait_for(second_heartbeat, 120, "the second attempt's heartbeat")
+        except AssertionError as exc:  # say why SLURM kept it from starting, as it is now
+            shown = subprocess.run(["scontrol", "show", "job", job], env=cluster.env(),
+                                   capture_output=True, text=True).stdout
+            down = subprocess.run(["sinfo", "-R"], env=cluster.env(), capture_output=True,
+                                  text=True).stdout
+            raise AssertionError(f"{exc}\n{shown}\n{down}") from None
         pid = int((cluster.directory / "slurmctld.pid").read_text())
         os.kill(pid, 15)  # the controller goes away (by its pid file) ...
         # ... for as long as the waiter takes to find it gone (it says so), ...
