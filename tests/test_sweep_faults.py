@@ -220,6 +220,12 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
                 last_release[0] = time.monotonic()
                 subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"],
                                check=False, env=cluster.env(), capture_output=True)
+                # And released: a requeued batch job whose relaunch fails is held by SLURM
+                # ("launch failed requeued held"), which no start time undoes (a no-op if not
+                # held). One run in about seven kept the job PENDING on an idle node for the
+                # whole wait; the failure below shows scontrol's view should it happen again.
+                subprocess.run(["scontrol", "release", job], check=False, env=cluster.env(),
+                               capture_output=True)
             return beats
 
         # The second attempt beats in a file of its own (srun needs the controller to start
