@@ -8,6 +8,7 @@ gloo run's record is checked in test_bench_cli.py.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -106,10 +107,17 @@ def test_transport_falls_back_to_nccl_net_then_unknown_and_gloo_is_gloo():
     assert placement.transport("nccl", {"NCCL_NET": "OFI"}, "Using network Socket") == "Socket"
 
 
-def test_collective_timeout_grows_with_the_job():
-    small = placement.collective_timeout_s(8, {})
-    big = placement.collective_timeout_s(3072, {})
-    assert small == pytest.approx(30.8) and big > 10 * 30
+def test_collective_timeout_grows_by_doublings_not_with_ranks():
+    """Issue 39: 30 s + 0.1 s per rank gave 7,556 s at 9,408 Frontier nodes (75,264 ranks),
+    longer than a 2-hour job; a fixed time per doubling keeps it at minutes."""
+    assert placement.collective_timeout_s(8, {}) == pytest.approx(30.0)
+    assert placement.collective_timeout_s(2, {}) == pytest.approx(30.0)
+    assert placement.collective_timeout_s(3072, {}) == pytest.approx(30 + 30 * math.log2(384))
+    full = placement.collective_timeout_s(9408 * 8, {})
+    assert full == pytest.approx(30 + 30 * math.log2(9408)) and full < 0.1 * 7200
+    # doubling the job adds the same 30 s whatever its size: not linear in the ranks
+    assert placement.collective_timeout_s(2 * 75264, {}) - full == pytest.approx(30.0)
+    assert placement.collective_timeout_s(10**9, {}) == 600.0  # PyTorch's NCCL default
     assert placement.collective_timeout_s(3072, {"FLM_COLLECTIVE_TIMEOUT": "12"}) == 12.0
 
 

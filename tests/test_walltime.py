@@ -4,6 +4,7 @@ layout, the figures and what to change; ``--allow-overtime`` submits anyway."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from frontier_llm.jobs.walltime import (
     OvertimeError,
     check,
     longest_time,
+    startup_s,
     steps_in,
 )
 from frontier_llm.specs.site import time_seconds
@@ -28,8 +30,8 @@ FRONTIER = load_system("frontier").site
 
 def test_need_is_start_up_plus_steps_plus_margin():
     need = Need(646.0, 13, nodes=16)
-    assert need.startup_s == 76.0  # a minute plus a second per node
-    assert need.seconds == pytest.approx((76.0 + 13 * 646.0) * (1 + MARGIN))
+    assert need.startup_s == 66.0  # OLCF's 51 s at 8 nodes, plus 15 s for one doubling
+    assert need.seconds == pytest.approx((66.0 + 13 * 646.0) * (1 + MARGIN))
     assert Need(646.0, need.steps_within(need.seconds), 16).seconds <= need.seconds
     assert Need(646.0, need.steps_within(7200) + 1, 16).seconds > 7200
     assert Need(0.003, 13).seconds < 300  # a tiny CPU job fits five minutes
@@ -47,7 +49,7 @@ def test_need_is_start_up_plus_steps_plus_margin():
             "01:00:00",
             "batch",
             True,
-            "a longer --time (at least 1:23:30; the site allows 02:00:00)",
+            "a longer --time (at least 1:23:17; the site allows 02:00:00)",
         ),
         (32, 328.0, "02:00:00", "batch", False, ""),
         (16, 646.0, "04:00:00", "extended", False, ""),  # extended: 24 h, the bins do not apply
@@ -67,6 +69,30 @@ def test_runtime_against_time_limit(nodes, step, limit, partition, refused, hint
     assert f"13 steps x {step:.0f} s predicted" in text and f"--time {limit}" in text
     assert hint in text, text
     assert check(jobs, FRONTIER, partition=partition, allow_overtime=True)
+
+
+def test_start_up_is_sublinear_cited_and_lowered_by_staging():
+    """Issue 39: a second per node refused a 9,408-node job that computes for 5.5 minutes at
+    2 hours ("needs 3:07:50 ... 0 steps fit"). The start-up is anchored on OLCF's 8-node
+    figures and grows by a fixed time per doubling."""
+    assert startup_s(8) == 51.0 and startup_s(8, staged=True) == 46.0  # OLCF sbcast guide
+    assert startup_s(1) == 51.0  # never below the measured 8-node figure
+    full = startup_s(9408)
+    assert full == pytest.approx(51.0 + 15.0 * math.log2(9408 / 8))  # 204 s
+    assert startup_s(2 * 9408) - full == pytest.approx(15.0)  # a doubling adds 15 s
+    assert startup_s(9408, staged=True) < full / 2  # staged: 97 s
+    # 5.5 minutes of steps (10 x 33 s) on the whole machine in a 2-hour job: not refused
+    jobs = [("full", 9408, 33.0, "02:00:00", 10)]
+    (key, need), = check(jobs, FRONTIER, partition="batch")
+    assert need < 0.1 * 7200
+    # the old allowance (60 s + 1 s a node) needed 3:07:50 for the same job
+    assert (60 + 9408 + 330) * (1 + MARGIN) > 3 * 3600
+
+
+def test_a_packed_sweeps_refusal_says_time_is_per_layout():
+    with pytest.raises(OvertimeError) as err:
+        check([("k", 16, 646.0, "01:00:00", 13)], FRONTIER, partition="batch", pack=4)
+    assert "(per layout: a pack of 4 asks for 4 x this)" in str(err.value)
 
 
 def test_a_layouts_own_steps_count():

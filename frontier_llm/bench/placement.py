@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 
@@ -99,11 +100,27 @@ def is_suspect(transport_name: str, nodes: int) -> bool:
     return nodes > 1 and transport_name.lower() == "socket"
 
 
+# How long a collective may wait for a peer. The slow collective is a communicator's first:
+# NCCL/RCCL set-up exchanges every rank's address (bootstrap) and connects the ring and tree
+# peers, which grows with the number of ranks; a step's collective moves at most a few GB and
+# takes seconds. So the bound grows by a fixed time per doubling of the ranks past one node (as
+# a tree adds one level per doubling; stated, not measured: no site publishes set-up times),
+# never linearly, and never past PyTorch's own default for NCCL process groups (10 minutes:
+# https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group,
+# "Default value is 10 minutes for NCCL", read 2026-11-28). 8 ranks: 30 s; 3,072 (384 Frontier
+# nodes): 288 s; 75,264 (all 9,408 nodes): 426 s, 6 % of a 2-hour job.
+COLLECTIVE_TIMEOUT_BASE_S = 30.0
+COLLECTIVE_TIMEOUT_PER_DOUBLING_S = 30.0
+COLLECTIVE_TIMEOUT_ANCHOR_RANKS = 8
+COLLECTIVE_TIMEOUT_CAP_S = 600.0
+
+
 def collective_timeout_s(world_size: int, env: Mapping[str, str]) -> float:
     """Seconds a collective waits for a peer: ``FLM_COLLECTIVE_TIMEOUT`` when set, else 30 s
-    plus 0.1 s per rank, since communicator set-up and the first collectives grow with the job
-    (3072 ranks: about 5.6 minutes)."""
+    plus 30 s per doubling of the ranks past 8, at most 600 s (constants above)."""
     given = env.get("FLM_COLLECTIVE_TIMEOUT")
     if given:
         return float(given)
-    return 30.0 + 0.1 * max(world_size, 1)
+    doublings = max(0.0, math.log2(max(world_size, 1) / COLLECTIVE_TIMEOUT_ANCHOR_RANKS))
+    return min(COLLECTIVE_TIMEOUT_CAP_S,
+               COLLECTIVE_TIMEOUT_BASE_S + COLLECTIVE_TIMEOUT_PER_DOUBLING_S * doublings)

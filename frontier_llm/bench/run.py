@@ -47,8 +47,9 @@ EXIT_OK, EXIT_FAILED, EXIT_OOM = ExitCode.OK, ExitCode.FAILED, ExitCode.OOM
 
 def collective_timeout_s(world_size: int = 1) -> float:
     """Seconds a collective may wait for a peer before the rank gives up: FLM_COLLECTIVE_TIMEOUT,
-    else 30 s growing with the job's size (bench.placement), so a hung or dead rank cannot hold
-    a small run for long and a large one has time to set up its communicators."""
+    else 30 s growing by a fixed time per doubling of the ranks (bench.placement), so a hung or
+    dead rank cannot hold a small run for long, a large one has time to set up its
+    communicators, and a full-machine job's hang ends minutes, not hours, after it starts."""
     return placement.collective_timeout_s(world_size, os.environ)
 
 

@@ -21,12 +21,23 @@ from dataclasses import dataclass
 from frontier_llm.errors import SpecError
 from frontier_llm.specs.site import Site, time_seconds
 
-# Stated, not measured: importing the Python environment, building the model and setting up the
-# first communicators, a minute plus a second per node (imports from the parallel file system
-# slow down with the nodes reading at once: OLCF's PyTorch guide recommends sbcast staging for
-# it; no site publishes a figure). 16 nodes: 76 s; 384 nodes: 7.4 minutes.
-STARTUP_BASE_S = 60.0
-STARTUP_PER_NODE_S = 1.0
+# Start-up: importing the Python environment, building the model and setting up the first
+# communicators. Anchored on the one published measurement (OLCF "sbcast your conda environment"
+# guide, docs.olcf.ornl.gov/software/python/sbcast_conda.html, olcf-user-docs commit 2745903,
+# 2026-07-22): a PyTorch script on 8 Frontier nodes (64 ranks) spent 51 s importing from Lustre
+# (Orion); staged to the node-local NVMe it spent 39 s untarring, 3 s in conda-unpack and 2 s
+# running (46 s). The guide adds that the staged route's advantage grows with the node count;
+# no site publishes a larger figure, so the growth is stated, not measured: a fixed time per
+# doubling of the nodes (sublinear), as a tree broadcast (sbcast), a tree/ring communicator
+# bootstrap and metadata servers shared by more readers each add a level per doubling.
+# From the parallel file system: 51 s + 15 s per doubling past 8 nodes (9,408 nodes: 204 s);
+# staged (template_options.stage_env: sbcast to node-local storage, each node imports from its
+# own disk): 46 s + 5 s per doubling (9,408 nodes: 97 s).
+STARTUP_ANCHOR_NODES = 8
+STARTUP_BASE_S = 51.0
+STARTUP_PER_DOUBLING_S = 15.0
+STAGED_BASE_S = 46.0
+STAGED_PER_DOUBLING_S = 5.0
 # The cost model's step times are within about 10-20 % of measured ones where it is calibrated;
 # a job needs to survive the slower side.
 MARGIN = 0.15
@@ -44,10 +55,11 @@ class Need:
     steps: int  # warm-up included
     nodes: int = 1
     margin: float = MARGIN
+    staged: bool = False  # the Python environment staged to node-local storage (stage_env)
 
     @property
     def startup_s(self) -> float:
-        return STARTUP_BASE_S + STARTUP_PER_NODE_S * self.nodes
+        return startup_s(self.nodes, self.staged)
 
     @property
     def seconds(self) -> float:
@@ -57,6 +69,15 @@ class Need:
         """The most steps that fit in ``limit_s`` with the same start-up and margin."""
         room = limit_s / (1 + self.margin) - self.startup_s
         return max(0, math.floor(room / self.step_time_s)) if self.step_time_s > 0 else 0
+
+
+def startup_s(nodes: int, staged: bool = False) -> float:
+    """Seconds a job of ``nodes`` spends before its first step (constants above: sublinear,
+    lower when the environment is staged to node-local storage)."""
+    doublings = max(0.0, math.log2(max(nodes, 1) / STARTUP_ANCHOR_NODES))
+    if staged:
+        return STAGED_BASE_S + STAGED_PER_DOUBLING_S * doublings
+    return STARTUP_BASE_S + STARTUP_PER_DOUBLING_S * doublings
 
 
 def longest_time(site: Site, nodes: int, partition: str | None, qos: str | None) -> str | None:
@@ -95,18 +116,22 @@ def check(
     partition: str | None = None,
     qos: str | None = None,
     allow_overtime: bool = False,
+    staged: bool = False,
+    pack: int = 1,
 ) -> list[tuple[str, float]]:
     """Refuse the first job whose need is over its time limit; return every checked job's
     ``(key, seconds needed)``.
 
     ``jobs``: (key, nodes, predicted step time or None, time limit, warm-up plus measured
-    steps).
+    steps). ``staged``: the environment is staged to node-local storage (shorter start-up).
+    ``pack``: layouts per allocation (sequential pack): ``--time`` is then each layout's, and
+    the refusal says so.
     """
     needs = []
     for key, nodes, step_time, limit, steps in jobs:
         if not step_time:
             continue
-        need = Need(float(step_time), steps, nodes)
+        need = Need(float(step_time), steps, nodes, staged=staged)
         needs.append((key, need.seconds))
         limit_s = time_seconds(limit)
         if need.seconds <= limit_s or allow_overtime:
@@ -117,10 +142,12 @@ def check(
         if longest is None or time_seconds(longest) >= need.seconds:
             longer = f", a longer --time (at least {_hms(need.seconds)}"
             longer += f"; the site allows {longest})" if longest else ")"
+        per = (f" (per layout: a pack of {pack} asks for {pack} x this)" if pack > 1 else "")
         raise OvertimeError(
             f"walltime: layout {key} ({nodes} nodes) needs {_hms(need.seconds)} = (start-up "
             f"{need.startup_s:.0f} s + {steps} steps x {step_time:.0f} s predicted) + "
-            f"{need.margin:.0%} margin, over its --time {limit} ({limit_s} s): run fewer steps "
+            f"{need.margin:.0%} margin, over its --time {limit} ({limit_s} s){per}: run fewer "
+            f"steps "
             f"({fit} fit, warm-up included), more nodes{longer}, or pass --allow-overtime",
             "time",
         )
