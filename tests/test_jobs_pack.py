@@ -267,7 +267,11 @@ layouts:
     g = manifest.groups[0]
     assert (g["pack"], g["time"]) == (4, "00:30:00")
     script = manifest.path(g["script"]).read_text()
-    assert "#SBATCH --ntasks-per-node=8" in script and "#SBATCH --gpus-per-node=8" in script
+    # Issue 39: the allocation asks for nodes only, as OLCF's concurrent-step example does, so
+    # no step inherits SLURM_GPUS_PER_NODE=8 (and asks for the node's every GPU); each step
+    # states its task count, which --gpus-per-task needs (OLCF Frontier user guide).
+    assert "#SBATCH --ntasks-per-node=8" in script and "--gpus-per-node" not in script
     assert "0) steps=(0 1 2 3) ;;" in script and "1) steps=(4) ;;" in script
-    assert ("srun --nodes=1 --ntasks-per-node=2 --cpus-per-task=7 --gpus-per-task=1 "
+    assert ("srun --nodes=1 --ntasks=2 --ntasks-per-node=2 --cpus-per-task=7 --gpus-per-task=1 "
             "--gpu-bind=closest --exact") in script
+    assert 'pids+=("$!")\n    # OLCF' in script and "    sleep 1\n" in script

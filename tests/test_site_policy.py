@@ -69,7 +69,7 @@ RULES_2 = [
      "https://docs.olcf.ornl.gov/software/analytics/pytorch_frontier.html"),
     ("frontier", "layouts: [{dp: 520}]\nresources: {partition: extended, account: A}\n",
      "site rule frontier.queues: partition extended allows at most 64 nodes; a job asks for 65",
-     OLCF + "#debug-quality-of-service-class"),
+     OLCF + "#extended-partition-queue-policy: 24 h, 64 nodes)"),  # its own anchor, not debug's
     ("lumi-g", "layouts: [{dp: 8}]\nresources: {account: project_1}\n"
                "template_options: {stage_env: /scratch/env.tar.gz}\n",
      "site rule lumi-g.stage_dir: template_options.stage_env: lumi-g documents no node-local "

@@ -45,7 +45,14 @@ esac
 echo "$*" >> "$STUB_DIR/module.log"
 """
 SRUN = r"""#!/bin/bash
-# stand-in srun: every expected flag must be there; record the arguments and MASTER_ADDR
+# stand-in srun: a node set-up step (no --kill-on-bad-exit: mkdir, the MIOpen cache keeper) is
+# recorded in srun.setup; on a launch line every expected flag must be there; record the
+# arguments and MASTER_ADDR
+case " $* " in
+    *" --kill-on-bad-exit=0 "*) ;;
+    *) printf '%s
+' "$*" >> "$STUB_DIR/srun.setup"; exit 0 ;;
+esac
 for want in $STUB_SRUN_EXPECT; do
     printf '%s\n' "$@" | grep -qxF -- "$want" || { echo "srun: no $want" >&2; exit 3; }
 done

@@ -83,7 +83,7 @@ def test_start_up_is_sublinear_cited_and_lowered_by_staging():
     assert startup_s(9408, staged=True) < full / 2  # staged: 97 s
     # 5.5 minutes of steps (10 x 33 s) on the whole machine in a 2-hour job: not refused
     jobs = [("full", 9408, 33.0, "02:00:00", 10)]
-    (key, need), = check(jobs, FRONTIER, partition="batch")
+    ((_, need),) = check(jobs, FRONTIER, partition="batch")
     assert need < 0.1 * 7200
     # the old allowance (60 s + 1 s a node) needed 3:07:50 for the same job
     assert (60 + 9408 + 330) * (1 + MARGIN) > 3 * 3600

@@ -166,7 +166,14 @@ def _render(args) -> int:
     print(f"{len(manifest.jobs)} jobs in {len(manifest.groups)} scripts{packed}: "
           f"{manifest.directory}")
     _print_skipped(sweep.skipped)
+    _print_warnings(manifest)
     return 0
+
+
+def _print_warnings(manifest) -> None:
+    """The manifest's warnings (jobs/render_warnings.py), one line each on stderr."""
+    for line in manifest.data.get("warnings") or ():
+        print(f"warning: {line}", file=sys.stderr)
 
 
 def _array_tasks(group: dict) -> int:
@@ -207,6 +214,7 @@ def _submit(args) -> int:
             argv = ["sbatch", "--parsable", f"--array={spec}", str(manifest.path(g["script"]))]
             print("  " + shlex.join(argv))
         _print_skipped(sweep.skipped)
+        _print_warnings(manifest)
         return 0
     store = _store(args)
     try:
@@ -223,6 +231,7 @@ def _submit(args) -> int:
           + (f", {counts['already']} already submitted" if counts["already"] else "")
           + f" ({session.manifest.directory})")
     print(runner.summary(rows))
+    _print_warnings(session.manifest)
     return 0
 
 

@@ -31,7 +31,10 @@ def srun_bounds(world_size: int) -> list[str]:
     """srun options that end a step whose ranks are stuck (srun man page): a rank's non-zero
     exit does not kill the others at once (--kill-on-bad-exit=0: rank 0 still writes the failed
     trace), but once one rank has exited the rest get the collective timeout plus a grace
-    (--wait), so a rank hung outside a collective cannot hold the allocation to its time limit."""
+    (--wait), so a rank hung outside a collective cannot hold the allocation to its time limit.
+    The collective timeout grows by a fixed time per doubling of the ranks (bench.placement):
+    a full Frontier job (75,264 ranks) waits 426 + 1 + 60 s, not the 7,617 s of a timeout
+    linear in the ranks, which outlived a 2-hour job."""
     wait = int(collective_timeout_s(world_size, {})) + 1 + TRACE_GRACE_S
     return ["--kill-on-bad-exit=0", f"--wait={wait}"]
 
@@ -104,7 +107,11 @@ class SrunLauncher(Launcher):
         if j.overcommit:  # the local CPU cluster: more ranks than cores, no binding
             words = ["srun", "--overcommit", f"--ntasks={j.nodes * j.ranks_per_node}"]
         else:
-            words = ["srun", f"--nodes={j.nodes}", f"--ntasks-per-node={j.ranks_per_node}"]
+            # The task count always (OLCF Frontier user guide, "Mapping 1 GPU per task":
+            # --gpus-per-task "requires an explicit task count, e.g. -n"; its examples give
+            # -N, -n and -c on every srun line).
+            words = ["srun", f"--nodes={j.nodes}", f"--ntasks={j.nodes * j.ranks_per_node}",
+                     f"--ntasks-per-node={j.ranks_per_node}"]
             if j.cpus_per_task:
                 words.append(f"--cpus-per-task={j.cpus_per_task}")
             words += self._binding()
@@ -145,6 +152,10 @@ class SrunLauncher(Launcher):
         words = [f"--gpus-per-node={j.gpus_per_node}"]
         if site.distribution:
             words.append(f"--distribution={site.distribution}")
+        if site.threads_per_core:
+            # Before --cpu-bind: srun's --threads-per-core implies --cpu-bind=threads "unless
+            # overridden" (srun man page), and -c then counts cores, not hardware threads.
+            words.append(f"--threads-per-core={site.threads_per_core}")
         if site.cpu_bind:
             words.append(f"--cpu-bind={site.cpu_bind}")
         return words
@@ -172,10 +183,17 @@ class TorchrunLauncher(Launcher):
             words.append(f"--cpus-per-task={shape.cpus_per_task}")
         if j.gpus_per_node:
             words.append(f"--gpus-per-node={j.gpus_per_node}")
+        if j.site.threads_per_core:
+            words.append(f"--threads-per-core={j.site.threads_per_core}")
         words += srun_bounds(j.nodes * j.ranks_per_node)
         words += self._container()
         run = ["torchrun", f"--nnodes={j.nodes}", f"--nproc-per-node={j.ranks_per_node}",
                "--rdzv-backend=c10d"]
+        if j.site.numa_binding:
+            # srun binds the one task per node to all the node's CPUs; torchrun's workers would
+            # float over both sockets without this (PyTorch "NUMA Binding", torchrun
+            # --numa-binding=node: each worker on its GPU's NUMA node).
+            run.append(f"--numa-binding={j.site.numa_binding}")
         return (f"{_q(words)} \\\n    {_q(run)} --rdzv-endpoint=\"$MASTER_ADDR:$MASTER_PORT\" "
                 f"--rdzv-id=\"$run_id\" --no-python \\\n    {_q(j.command)} {j.tail}")
 

@@ -372,8 +372,11 @@ def render(job: JobScript) -> str:
     extra = r.extra
     if site.sbatch_network and not any(o.startswith("--network") for o in extra):
         extra = (f"--network={site.sbatch_network}", *extra)
+    # site.sbatch_gpus false (Frontier): the allocation asks for nodes only, as OLCF's examples
+    # do; each srun line asks for its own GPUs (a packed step inherits none to ask for all).
     sbatch = dataclasses.replace(r, ntasks_per_node=shape.ntasks_per_node,
-                                 cpus_per_task=shape.cpus_per_task, extra=extra)
+                                 cpus_per_task=shape.cpus_per_task, extra=extra,
+                                 gpus_per_node=r.gpus_per_node if site.sbatch_gpus else None)
     modules = (site.modules or ()) if job.modules is None else job.modules
     # NCCL_NET=OFI only when the job spans nodes: on one node the network plugin does not
     # initialize (OLCF PyTorch guide), so the choice is made here, where the node count is known.

@@ -24,22 +24,41 @@ class SiteRuleError(SpecError):
     """A job breaks one of the site's rules."""
 
 
-def _refuse(site_name: str, site: Site, rule: str, message: str) -> SiteRuleError:
-    source = site.source(rule)
+def _refuse(site_name: str, site: Site, rule: str, message: str,
+            source: str | None = None) -> SiteRuleError:
+    source = source or site.source(rule)
     where = f" (source: {source})" if source else ""
     return SiteRuleError(f"site rule {site_name}.{rule}: {message}{where}", rule)
 
 
-def check(site_name: str, site: Site, jobs: Iterable[tuple[int, Resources]],
+def _asks(r: Resources, pack: int) -> str:
+    """The time a job asks for, said per layout when the allocation runs a pack in turn (the
+    sweep's --time is each layout's; the allocation holds ``pack`` of them end to end)."""
+    if pack <= 1:
+        return r.time
+    return (f"{r.time} (--time is per layout in a packed sweep: {pack} layouts in turn x "
+            f"{_per_layout(r.time, pack)}; lower pack: or --time)")
+
+
+def _per_layout(total: str, pack: int) -> str:
+    s = time_seconds(total) // pack
+    days, rest = divmod(s, 86400)
+    hms = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{hms}" if days else hms
+
+
+def check(site_name: str, site: Site, jobs: Iterable[tuple[int, Resources] |
+                                                     tuple[int, Resources, int]],
           env: Mapping[str, str] | None = None) -> None:
-    """Refuse the first rule broken by ``jobs``: (array size, resources of each array task).
+    """Refuse the first rule broken by ``jobs``: (array size, resources of each array task[,
+    layouts it runs in turn: a sequential pack]).
 
     The resources are the ranks' (tasks per node = ranks per node, CPUs per rank).
     """
     env = os.environ if env is None else env
-    jobs = list(jobs)
-    total = sum(size for size, _ in jobs)
-    for size, r in jobs:
+    jobs = [(j[0], j[1], j[2] if len(j) > 2 else 1) for j in jobs]
+    total = sum(size for size, _, _ in jobs)
+    for size, r, pack in jobs:
         if site.account_required and not r.account and not any(env.get(k) for k in ACCOUNT_ENV):
             raise _refuse(site_name, site, "account_required",
                           "an account (project) is required: give --account, set FLM_ACCOUNT "
@@ -66,7 +85,7 @@ def check(site_name: str, site: Site, jobs: Iterable[tuple[int, Resources]],
             if asked > time_seconds(b.max_time):
                 raise _refuse(site_name, site, "time_bins",
                               f"a job of {r.nodes} nodes ({b.min_nodes}-{b.max_nodes} bin) may "
-                              f"run at most {b.max_time}; it asks for {r.time}")
+                              f"run at most {b.max_time}; it asks for {_asks(r, pack)}")
         if site.usable_cores_per_node and r.cpus_per_task and not r.overcommit:
             cores = r.cpus_per_task * r.ntasks_per_node
             if cores > site.usable_cores_per_node:
@@ -81,18 +100,19 @@ def check(site_name: str, site: Site, jobs: Iterable[tuple[int, Resources]],
             if not rule.arrays and size > 1:
                 raise _refuse(site_name, site, "queues",
                               f"{label} allows no job arrays; this script is an array of {size} "
-                              "(use another QoS, or one layout)")
+                              "(use another QoS, or one layout)", rule.source)
             if rule.max_jobs is not None and total > rule.max_jobs:
                 raise _refuse(site_name, site, "queues",
                               f"{label} lets a user have {rule.max_jobs} job(s); the sweep has "
-                              f"{total} (split it or use another {kind})")
+                              f"{total} (split it or use another {kind})", rule.source)
             if rule.max_time is not None and asked > time_seconds(rule.max_time):
                 raise _refuse(site_name, site, "queues",
-                              f"{label} allows at most {rule.max_time}; a job asks for {r.time}")
+                              f"{label} allows at most {rule.max_time}; a job asks for "
+                              f"{_asks(r, pack)}", rule.source)
             if rule.max_nodes is not None and r.nodes > rule.max_nodes:
                 raise _refuse(site_name, site, "queues",
                               f"{label} allows at most {rule.max_nodes} nodes; a job asks for "
-                              f"{r.nodes}")
+                              f"{r.nodes}", rule.source)
     if site.max_queued_jobs is not None and total > site.max_queued_jobs:
         raise _refuse(site_name, site, "max_queued_jobs",
                       f"a user may queue {site.max_queued_jobs} jobs (each array task counts); "

@@ -30,6 +30,7 @@ from frontier_llm.atomic import write_text_atomic
 from frontier_llm.errors import UserError
 from frontier_llm.jobs import site_policy, walltime
 from frontier_llm.jobs.render import JobScript, Resources, Task, render
+from frontier_llm.jobs.render_warnings import command_paths, out_warning, pack_warnings
 from frontier_llm.jobs.sweepspec import Sweep, SweepJob
 from frontier_llm.jobs.workload import (
     FLM_BENCH,
@@ -146,8 +147,10 @@ def group_jobs(sweep: Sweep) -> list[Group]:
     for (nodes, rpn, time), jobs in buckets.items():
         pack = sweep.spec.pack
         if concurrent:
-            # Side by side only where they fit: one node, N x its ranks within the node's.
-            pack = 1 if nodes > 1 else max(1, min(pack, sweep.per_node // rpn))
+            # Side by side only where they fit: one node, N x its ranks within the node's
+            # devices. The node's, not the sweep's gpus_per_node: a sweep of one-GCD layouts
+            # written as nodes: [1] + gpus_per_node: 1 still has 8 GCDs per Frontier node.
+            pack = 1 if nodes > 1 else max(1, min(pack, node_slots(sweep) // rpn))
         size = sweep.spec.max_array_size * pack
         for start in range(0, len(jobs), size):
             chunk = jobs[start:start + size]
@@ -163,6 +166,12 @@ def group_jobs(sweep: Sweep) -> list[Group]:
     return groups
 
 
+def node_slots(sweep: Sweep) -> int:
+    """Ranks one node can hold side by side: its GPUs (the system's, one rank each); for CPU
+    ranks the sweep's ranks per node (the slots it lays layouts out on)."""
+    return sweep.system.gpus_per_node if sweep.site.gpus else sweep.per_node
+
+
 def format_time(seconds: int) -> str:
     """A SLURM time limit: ``HH:MM:SS``, or ``D-HH:MM:SS`` from a day on."""
     days, rest = divmod(int(seconds), 86400)
@@ -176,13 +185,18 @@ def _resources(sweep: Sweep, group: Group) -> Resources:
     pick = lambda mine, sites: mine if mine is not None else sites  # noqa: E731
     # Concurrent steps share the allocation: it holds every step's ranks at once.
     ranks = group.ranks_per_node * (group.pack if group.concurrent else 1)
+    partition = pick(r.partition, site.partition)
+    # A job filling a node's GPUs in a partition whose nodes are shared (LUMI small-g, dev-g)
+    # asks for the node whole: its binding and memory then are its own (site.shared_partitions).
+    fills = site.gpus and ranks >= sweep.system.gpus_per_node
     return Resources(
         nodes=group.nodes, ntasks_per_node=ranks,
         cpus_per_task=pick(r.cpus_per_task, site.cpus_per_task),
         gpus_per_node=ranks if site.gpus else None, time=group.time,
-        account=r.account, partition=pick(r.partition, site.partition),
+        account=r.account, partition=partition,
         qos=pick(r.qos, site.qos), constraint=r.constraint, mem=pick(r.mem, site.mem),
-        exclusive=r.exclusive or site.exclusive, overcommit=site.overcommit,
+        exclusive=r.exclusive or site.exclusive or (fills and partition in site.shared_partitions),
+        overcommit=site.overcommit,
         extra=tuple(r.extra_sbatch or ()),
     )
 
@@ -199,15 +213,42 @@ def _task_env(sweep: Sweep, job: SweepJob) -> tuple[tuple[str, str], ...]:
     return sweep.site.env_without_fsdp if overlap and not fsdp else ()
 
 
+def input_files(sweep: Sweep, directory: Path) -> dict[str, str]:
+    """The model and system files a sweep names by path, each mapped to its copy in the sweep
+    folder (``inputs/``). The ranks read the copy: the path on the rendering machine is a
+    checkout (on Frontier, NFS home), not the parallel file system the folder is on, and it
+    may change before the job runs. Catalog names are not files: they stay names."""
+    refs = [j.model_ref for j in sweep.jobs] + [sweep.system_ref]
+    out: dict[str, str] = {}
+    for ref in refs:
+        if ref in out or not Path(ref).is_absolute():
+            continue
+        name = Path(ref).name
+        taken = set(out.values())
+        copy = inside(directory, f"inputs/{name}")
+        n = 1
+        while str(copy) in taken:
+            n += 1
+            copy = inside(directory, f"inputs/{Path(name).stem}-{n}{Path(name).suffix}")
+        out[ref] = str(copy)
+    return out
+
+
+def _moved(argv: tuple[str, ...], moves: dict[str, str]) -> tuple[str, ...]:
+    return tuple(moves.get(w, w) for w in argv)
+
+
 def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
     """The JobScript of every group (pure: no file is touched)."""
     directory = directory.resolve()
+    moves = input_files(sweep, directory)
     by_key = {j.key: j for j in sweep.jobs}
     env = sweep.spec.environment
     out = []
     for group in group_jobs(sweep):
-        tasks = tuple(Task(index=i, key=k, argv=task_argv(sweep, by_key[k], directory),
-                           env=_task_env(sweep, by_key[k]), after=by_key[k].after)
+        tasks = tuple(Task(index=i, key=k,
+                           argv=_moved(task_argv(sweep, by_key[k], directory), moves),
+                           env=_task_env(sweep, by_key[k]), after=_moved(by_key[k].after, moves))
                       for i, k in enumerate(group.keys))
         out.append((group, JobScript(
             packs=group.packs if group.pack > 1 else (),
@@ -225,11 +266,17 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
             setup=tuple(env.setup or ()),
             options={k: None if v is None else str(v)
                      for k, v in (sweep.spec.template_options or {}).items()},
-            command=rank_command(sweep.spec.workload_command, sweep.site.launcher)
+            command=rank_command(_workload_command(sweep, directory)[0], sweep.site.launcher)
             if sweep.spec.workload_command else tuple(sweep.spec.command or ("flm", "bench")),
             site=sweep.site,
         )))
     return out
+
+
+def _workload_command(sweep: Sweep, directory: Path) -> tuple[tuple[str, ...], list[str]]:
+    """The trainer's command with its relative file paths checked (render_warnings)."""
+    return command_paths(sweep.spec.workload_command or (), directory.resolve(),
+                         Path(sweep.source).resolve().parent)
 
 
 def job_dir(directory: Path, key: str) -> Path:
@@ -280,7 +327,8 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
     scripts = job_scripts(sweep, directory)
     # The site's rules first: a refused sweep leaves nothing written (docs/sites.md).
     site_policy.check(sweep.system.name, sweep.site,
-                      [(len(g.packs), js.resources) for g, js in scripts])
+                      [(len(g.packs), js.resources, 1 if g.concurrent else g.pack)
+                       for g, js in scripts])
     site_policy.check_scripts(sweep.system.name, sweep.site, [js for _, js in scripts])
     res = scripts[0][1].resources if scripts else None
     steps = sweep.spec.warmup + sweep.spec.steps
@@ -292,11 +340,17 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
           walltime.steps_in(j.bench_args, steps) if sweep.spec.workload == FLM_BENCH else steps)
          for j in sweep.jobs], sweep.site,
         partition=res.partition if res else None, qos=res.qos if res else None,
-        allow_overtime=allow_overtime))
+        allow_overtime=allow_overtime,
+        staged=bool((sweep.spec.template_options or {}).get("stage_env")),
+        pack=max((g.pack for g, _ in scripts if not g.concurrent), default=1)))
     # Every script is rendered before anything is written: a template the sandbox refuses,
     # or a value refused while rendering, leaves no folder behind.
     texts = [render(script) for _, script in scripts]
     directory.mkdir(parents=True, exist_ok=True)
+    moves = input_files(sweep, directory)
+    for source, copy in moves.items():
+        inside(directory, "inputs").mkdir(exist_ok=True)
+        _write(Path(copy), Path(source).read_text())
     by_key = {j.key: j for j in sweep.jobs}
     groups = []
     jobs = []
@@ -318,19 +372,25 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
             jobs.append({
                 "key": key, "group": group.name, "index": group.array_index(position),
                 **({"step": position} if group.pack > 1 else {}), "script": group.script,
-                "model": job.model.name, "model_ref": job.model_ref,
+                "model": job.model.name, "model_ref": moves.get(job.model_ref, job.model_ref),
                 "system": sweep.system.name, "nodes": job.nodes,
                 "ranks_per_node": job.ranks_per_node, "world_size": job.world_size,
                 "time": job.time,
                 "layout": job.layout.to_dict(),
                 "layout_hash": layout_hash(job.model, sweep.system.name, job.layout),
                 "command": list(script.command),
-                "argv": list(task_argv(sweep, job, directory)),
+                "argv": list(_moved(task_argv(sweep, job, directory), moves)),
                 **({"workload": sweep.spec.workload} if job.after else {}),
                 "prediction": dict(job.prediction),
                 **({"predicted_runtime_s": round(needs[key])} if key in needs else {}),
             })
     inside(directory, "traces").mkdir(exist_ok=True)
+    warnings = pack_warnings(sweep.spec.pack, sweep.spec.pack_mode,
+                             [(g.name, len(g.keys), g.pack, g.nodes) for g, _ in scripts])
+    off_fs = out_warning(directory, sweep.site.parallel_fs, sweep.system.name,
+                         sweep.site.source("parallel_fs"))
+    warnings += [off_fs] if off_fs else []
+    warnings += _workload_command(sweep, directory)[1]
     data = {
         "sweep": sweep.name, "source": sweep.source, "template": sweep.template,
         "executor": sweep.spec.executor, "system": sweep.system.name,
@@ -340,6 +400,9 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
         # the loader refused secret-looking ones). pass_env: names only, never values.
         "env": [list(kv) for kv in sweep_env(sweep)],
         "pass_env": list(sweep.spec.environment.pass_env or ()),
+        # What the sweep may waste without being wrong (jobs/render_warnings.py); the CLI
+        # prints each line.
+        "warnings": warnings,
         # Checked again at submit against the user's jobs already queued (squeue --me).
         **({"queue_limit": {"site": sweep.system.name, "max_queued_jobs":
                             sweep.site.max_queued_jobs,

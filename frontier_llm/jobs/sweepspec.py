@@ -358,8 +358,21 @@ def _space_jobs(spec: SweepFile, raw_space: Any, models: list[tuple[str, ModelSp
     return jobs
 
 
+def _predicted(model: ModelSpec, system: SystemSpec, layout: Layout) -> dict[str, Any]:
+    """A listed layout's prediction, the same figures a space's layouts get from the planner
+    (so the walltime check sees ``layouts:`` sweeps too); {} where the cost model has none."""
+    from frontier_llm.costmodel import predict
+    from frontier_llm.planner.plan import PREDICTION_COLUMNS
+
+    try:
+        row = predict(model, system, layout)
+    except (UserError, ValueError, KeyError, ZeroDivisionError):
+        return {}
+    return {k: row[k] for k in PREDICTION_COLUMNS if k != "hfu" and k in row}
+
+
 def _explicit_jobs(spec: SweepFile, entries: list, models: list[tuple[str, ModelSpec]],
-                   system_ref: str, per_node: int) -> list[SweepJob]:
+                   system: SystemSpec, system_ref: str, per_node: int) -> list[SweepJob]:
     jobs = []
     for entry in entries:
         if not isinstance(entry, Mapping):
@@ -397,7 +410,7 @@ def _explicit_jobs(spec: SweepFile, entries: list, models: list[tuple[str, Model
                 ranks_per_node=rpn,
                 bench_args=bench_argv(spec.name, key, model_ref, system_ref, layout, spec,
                                       {**_bench_args(spec.bench_args, ""), **extra}),
-                time=time,
+                time=time, prediction=_predicted(model, system, layout),
             ))
     return jobs
 
@@ -514,7 +527,7 @@ def load_sweep(path: str | Path, text: str | None = None) -> Sweep:
     skipped: Counter = Counter()
     try:
         if spec.layouts is not None:
-            jobs = _explicit_jobs(spec, spec.layouts, models, system_ref, per_node)
+            jobs = _explicit_jobs(spec, spec.layouts, models, system, system_ref, per_node)
         else:
             jobs = _space_jobs(spec, spec.space, models, system, system_ref, per_node, skipped)
     except SpecError as exc:

@@ -66,6 +66,9 @@ class QueueRule:
     arrays: bool = True
     max_time: str | None = None
     max_nodes: int | None = None
+    # This queue's own line in the site's documentation (a refusal cites it, not the anchor of
+    # another queue of the same section).
+    source: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_time is not None:
@@ -82,6 +85,10 @@ class Site:
     cpus_per_task: int | None = None
     cpu_masks: tuple[str, ...] = ()  # one hex mask per local rank (binding: cpu-masks)
     gpus: bool = True  # ask SLURM for GPUs (False: CPU ranks)
+    # Ask for the GPUs in the allocation (#SBATCH --gpus-per-node) too, not only on srun. Off
+    # where the site's examples ask for nodes only (Frontier): steps of a packed allocation
+    # then cannot inherit the allocation's SLURM_GPUS_PER_NODE and ask for all of its GPUs.
+    sbatch_gpus: bool = True
     overcommit: bool = False  # more ranks than cores (the local CPU cluster)
     partition: str | None = None
     qos: str | None = None
@@ -97,10 +104,18 @@ class Site:
     # cores) so each rank's cores are its own and on its GPU's socket.
     distribution: str | None = None
     cpu_bind: str | None = None
+    # srun/sbatch --threads-per-core: 1 makes -c count physical cores on nodes with SMT (DGX),
+    # where a SLURM "CPU" is otherwise one hardware thread (half a core).
+    threads_per_core: int | None = None
+    # torchrun --numa-binding (launcher torchrun): each worker bound to its GPU's NUMA node.
+    numa_binding: str | None = None
     # sbatch --signal=B:USR1@N: the batch shell is told N seconds before the time limit.
     signal_before_end_s: int | None = None
     mem: str | None = None
     exclusive: bool = False
+    # Partitions whose nodes are shared between jobs (LUMI small-g, dev-g): a job there that
+    # fills a node's GPUs asks for --exclusive, so the node's binding and memory are its own.
+    shared_partitions: tuple[str, ...] = ()
     sbatch_network: str | None = None  # sbatch --network=...
     module_reset: bool = False
     module_paths: tuple[str, ...] = ()  # `module use` before the loads (LUMI AI factory modules)
@@ -117,6 +132,9 @@ class Site:
     singularity_binds: tuple[str, ...] = ()
     # Node-local storage a packed environment may be staged to with sbcast
     # (template_options.stage_env), and the constraint that gives a job that storage.
+    # The site's parallel file systems (path prefixes): a sweep folder (--out) elsewhere is
+    # warned about, since every rank reads the model files and writes its trace there.
+    parallel_fs: tuple[str, ...] = ()
     stage_dir: str | None = None
     stage_constraint: str | None = None
     usable_cores_per_node: int | None = None
@@ -139,7 +157,7 @@ class Site:
                 raise SpecError(f"site.cpu_masks: {mask!r} is not a hex mask such as 0xfe",
                                 "cpu_masks")
         for name in ("cpus_per_task", "usable_cores_per_node", "max_queued_jobs",
-                     "signal_before_end_s"):
+                     "signal_before_end_s", "threads_per_core"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise SpecError(f"site.{name} must be at least 1", name)
@@ -217,7 +235,7 @@ def split_sources(raw: Mapping) -> tuple[dict[str, Any], dict[str, str]]:
 
 _STRINGS = ("partition", "qos", "mem", "sbatch_network", "container_image", "container_mounts",
             "account_pattern", "distribution", "cpu_bind", "singularity_image", "stage_dir",
-            "stage_constraint")
+            "stage_constraint", "numa_binding")
 _FIELDS = {f.name for f in dataclasses.fields(Site)} - {"sources"}
 
 
@@ -250,7 +268,8 @@ def merge(base: Site | None, raw: Mapping | None) -> Site:
         elif key == "modules":
             kw[key] = _str_tuple(value, key)
         elif key in ("cpu_masks", "setup", "time_bins_partitions", "partitions", "qos_names",
-                     "net_plugin_modules", "module_paths", "singularity_binds"):
+                     "net_plugin_modules", "module_paths", "singularity_binds", "parallel_fs",
+                     "shared_partitions"):
             kw[key] = _str_tuple(value, key) or ()
         elif key == "time_bins":
             kw[key] = tuple(_time_bin(b) for b in (value or []))
@@ -298,11 +317,12 @@ def _check_types(site: Site) -> None:
         if getattr(site, name) not in allowed:
             raise SpecError(f"site.{name} must be one of {', '.join(allowed)} "
                             f"(got {getattr(site, name)!r})", name)
-    for name in ("gpus", "overcommit", "account_required", "exclusive", "module_reset"):
+    for name in ("gpus", "sbatch_gpus", "overcommit", "account_required", "exclusive",
+                 "module_reset"):
         if not isinstance(getattr(site, name), bool):
             raise SpecError(f"site.{name} must be true or false", name)
     for name in ("cpus_per_task", "usable_cores_per_node", "max_queued_jobs",
-                 "signal_before_end_s"):
+                 "signal_before_end_s", "threads_per_core"):
         v = getattr(site, name)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
             raise SpecError(f"site.{name} must be a whole number", name)

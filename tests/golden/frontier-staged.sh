@@ -6,7 +6,6 @@
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=8
 #SBATCH --cpus-per-task=7
-#SBATCH --gpus-per-node=8
 #SBATCH --time=00:30:00
 #SBATCH --account=ABC123
 #SBATCH --partition=batch
@@ -54,7 +53,14 @@ export NCCL_NET='AWS Libfabric'
 export FLM_BINDING=closest
 MIOPEN_USER_DB_PATH=/tmp"/miopen-${USER:-flm}-${SLURM_JOB_ID:-0}"
 export MIOPEN_USER_DB_PATH MIOPEN_CUSTOM_CACHE_DIR="$MIOPEN_USER_DB_PATH"
-mkdir -p "$MIOPEN_USER_DB_PATH"
+# The cache is node-local: made on every node of the job, not only this one.
+srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 mkdir -p "$MIOPEN_USER_DB_PATH"
+# One step per node then holds it for the job's life and removes it when SLURM ends the job's
+# steps (SIGTERM, then SIGKILL KillWait seconds later): the launch below is exec'd, so no line
+# of this script runs after it. --overlap: the keeper shares its CPU with the ranks' steps
+# instead of holding it (srun man page, --overlap). $1 expands in each node's bash, not here:
+# shellcheck disable=SC2016
+srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 --overlap bash -c 'trap "rm -rf \"\$1\"; exit 0" TERM; sleep infinity & wait' flm "$MIOPEN_USER_DB_PATH" &
 export OMP_NUM_THREADS=7
 export FLM_SWEEP=f22b
 # --- end environment ---
@@ -88,5 +94,5 @@ export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 # The submission this job belongs to (flm sweep submit reconciles interrupted submits).
 echo "${FLM_SUBMIT_TOKEN:-}" > "$trace_dir/$run_id.token"
-exec srun --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --gpus-per-task=1 --gpu-bind=closest --kill-on-bad-exit=0 --wait=92 \
+exec srun --nodes=2 --ntasks=16 --ntasks-per-node=8 --cpus-per-task=7 --gpus-per-task=1 --gpu-bind=closest --kill-on-bad-exit=0 --wait=121 \
     flm bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"

@@ -37,7 +37,14 @@ export FLM_BINDING=cpu-masks
 export NCCL_NET_PLUGIN=/project/project_465000000/aws-ofi-rccl/lib/librccl-net.so
 MIOPEN_USER_DB_PATH=/tmp"/miopen-${USER:-flm}-${SLURM_JOB_ID:-0}"
 export MIOPEN_USER_DB_PATH MIOPEN_CUSTOM_CACHE_DIR="$MIOPEN_USER_DB_PATH"
-mkdir -p "$MIOPEN_USER_DB_PATH"
+# The cache is node-local: made on every node of the job, not only this one.
+srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 mkdir -p "$MIOPEN_USER_DB_PATH"
+# One step per node then holds it for the job's life and removes it when SLURM ends the job's
+# steps (SIGTERM, then SIGKILL KillWait seconds later): the launch below is exec'd, so no line
+# of this script runs after it. --overlap: the keeper shares its CPU with the ranks' steps
+# instead of holding it (srun man page, --overlap). $1 expands in each node's bash, not here:
+# shellcheck disable=SC2016
+srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 --overlap bash -c 'trap "rm -rf \"\$1\"; exit 0" TERM; sleep infinity & wait' flm "$MIOPEN_USER_DB_PATH" &
 export OMP_NUM_THREADS=7
 export FLM_SWEEP=lumi-22b
 # --- end environment ---
@@ -71,5 +78,5 @@ export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 # The submission this job belongs to (flm sweep submit reconciles interrupted submits).
 echo "${FLM_SUBMIT_TOKEN:-}" > "$trace_dir/$run_id.token"
-exec srun --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --gpus-per-node=8 --cpu-bind=mask_cpu:0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000 --kill-on-bad-exit=0 --wait=92 \
+exec srun --nodes=2 --ntasks=16 --ntasks-per-node=8 --cpus-per-task=7 --gpus-per-node=8 --cpu-bind=mask_cpu:0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000 --kill-on-bad-exit=0 --wait=121 \
     flm bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"

@@ -6,6 +6,7 @@
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=8
 #SBATCH --cpus-per-task=16
+#SBATCH --threads-per-core=1
 #SBATCH --gpus-per-node=8
 #SBATCH --time=00:30:00
 #SBATCH --output=/scratch/a100/logs/g0/%a-%A.out
@@ -47,5 +48,5 @@ export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 # The submission this job belongs to (flm sweep submit reconciles interrupted submits).
 echo "${FLM_SUBMIT_TOKEN:-}" > "$trace_dir/$run_id.token"
-exec srun --nodes=1 --ntasks-per-node=8 --cpus-per-task=16 --gpus-per-node=8 --distribution=block:block --cpu-bind=cores --kill-on-bad-exit=0 --wait=91 \
+exec srun --nodes=1 --ntasks=8 --ntasks-per-node=8 --cpus-per-task=16 --gpus-per-node=8 --distribution=block:block --threads-per-core=1 --cpu-bind=cores --kill-on-bad-exit=0 --wait=91 \
     flm bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"

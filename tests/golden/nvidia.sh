@@ -6,6 +6,7 @@
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
 #SBATCH --cpus-per-task=112
+#SBATCH --threads-per-core=1
 #SBATCH --gpus-per-node=8
 #SBATCH --time=00:30:00
 #SBATCH --partition=gpu
@@ -52,6 +53,6 @@ export MASTER_ADDR MASTER_PORT
 echo "flm: task $task job $key run $run_id on $(hostname) from $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 # The submission this job belongs to (flm sweep submit reconciles interrupted submits).
 echo "${FLM_SUBMIT_TOKEN:-}" > "$trace_dir/$run_id.token"
-exec srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=112 --gpus-per-node=8 --kill-on-bad-exit=0 --wait=92 --container-image=/scratch/images/pytorch+flm.sqsh --container-mounts=/scratch:/scratch \
-    torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$run_id" --no-python \
+exec srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=112 --gpus-per-node=8 --threads-per-core=1 --kill-on-bad-exit=0 --wait=121 --container-image=/scratch/images/pytorch+flm.sqsh --container-mounts=/scratch:/scratch \
+    torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --numa-binding=node --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$run_id" --no-python \
     python -m frontier_llm.cli bench "$@" --run-id "$run_id" --trace-dir "$trace_dir"

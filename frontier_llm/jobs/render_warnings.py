@@ -1,0 +1,84 @@
+"""What a rendered sweep may waste without being wrong: one line each, shown by ``flm sweep
+render`` and ``submit`` (and kept in the manifest's ``warnings``), never a refusal.
+
+* ``pack:`` above 1 that packed nothing: every layout still takes an allocation of its own
+  (a site that charges whole nodes bills 7/8 of each node idle for one-GCD layouts).
+* the sweep folder (``--out``: logs, traces, the model files every rank reads) outside the
+  site's parallel file system: on Frontier the home and project folders are NFS, and the OLCF
+  guide "strongly recommend[s]" running jobs from Lustre Orion instead (Frontier user guide,
+  "NFS Filesystem" note).
+
+Pure functions of their arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+
+def pack_warnings(pack: int, mode: str, groups: Iterable[tuple[str, int, int, int]]
+                  ) -> list[str]:
+    """``groups``: (name, layouts, layouts per allocation, nodes) of each script. One line per
+    group that ``pack`` > 1 did not pack, saying why."""
+    if pack <= 1:
+        return []
+    out = []
+    for name, size, per, nodes in groups:
+        if per > 1:
+            continue
+        if size == 1:
+            why = "it holds one layout"
+        elif mode == "concurrent" and nodes > 1:
+            why = (f"its layouts span {nodes} nodes, and pack_mode concurrent packs one-node "
+                   "layouts only")
+        else:
+            why = "its layouts do not fit side by side on one node"
+        out.append(f"pack: {pack} packed nothing in {name} ({size} layout(s), one allocation "
+                   f"each): {why}")
+    return out
+
+
+def out_warning(directory: Path, parallel_fs: Sequence[str], site_name: str,
+                source: str = "") -> str | None:
+    """A line when ``directory`` lies under none of the site's parallel file systems (empty
+    list: the site names none, nothing to say)."""
+    if not parallel_fs:
+        return None
+    resolved = str(directory)
+    for root in parallel_fs:
+        root = root.rstrip("/")
+        if resolved == root or resolved.startswith(root + "/"):
+            return None
+    cite = f" (source: {source})" if source else ""
+    return (f"--out {directory} is not on {site_name}'s parallel file system "
+            f"({', '.join(parallel_fs)}): every rank reads the model files and writes logs and "
+            f"traces there; render into a folder under one of them{cite}")
+
+
+def _looks_like_path(word: str) -> bool:
+    return not word.startswith("-") and "=" not in word and (
+        "/" in word or word.endswith((".py", ".sh")))
+
+
+def command_paths(command: Sequence[str], out: Path, sweep_dir: Path
+                  ) -> tuple[tuple[str, ...], list[str]]:
+    """``workload_command`` as the job runs it, and a warning per relative file path in it
+    that the job would not find. The job's working directory is the sweep folder (``out``:
+    sbatch --chdir), so a relative path found there stays; one found beside the sweep file
+    instead is made absolute (the file its author meant); one found in neither is kept and
+    warned about: its rank would stop at its first line."""
+    words, warnings = [], []
+    for word in command:
+        if not _looks_like_path(word) or Path(word).is_absolute() or (out / word).exists():
+            words.append(word)
+            continue
+        beside = (sweep_dir / word).resolve()
+        if beside.exists():
+            words.append(str(beside))
+            continue
+        words.append(word)
+        warnings.append(f"workload_command names {word}, which is neither in --out {out} "
+                        f"(the job's working directory) nor beside the sweep file in "
+                        f"{sweep_dir}: give its absolute path on the cluster")
+    return tuple(words), warnings
