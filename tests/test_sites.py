@@ -9,8 +9,15 @@ which expands a host list offline given any slurm.conf.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
+import re
+import shlex
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +26,7 @@ from frontier_llm.catalog import load_system, system_names
 from frontier_llm.jobs.render import JobScript, Resources, Task, render
 from frontier_llm.jobs.sweepdir import render_sweep, with_resources
 from frontier_llm.jobs.sweepspec import load_sweep
+from frontier_llm.jobs.walltime import OvertimeError
 from frontier_llm.specs.site import time_seconds
 
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
@@ -244,3 +252,233 @@ def test_mpiexec_launcher_starts_every_rank_from_the_batch_shell():
                                       cpus_per_task=16, command=("flm", "bench"), site=site))
     assert launcher.command().startswith("mpiexec -n 16 -ppn 8 \\\n    flm bench \"$@\"")
     assert launcher.sbatch_shape().ntasks_per_node == 8
+
+
+# --- issue 39: full-machine jobs, packed jobs and paths (third pass) ---------------------------
+
+GOLDEN_SITES = Path(__file__).parent / "golden" / "sites"
+FRONTIER_NODES = 9408  # Frontier's compute nodes (OLCF Frontier user guide, system overview)
+
+
+def _golden(name: str, text: str) -> None:
+    """``text`` against tests/golden/sites/NAME (FLM_UPDATE_GOLDEN=1 rewrites it)."""
+    path = GOLDEN_SITES / name
+    if os.environ.get("FLM_UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} differs from its golden file"
+
+
+def _render_text(tmp_path: Path, text: str, out: str = "out", name: str = "s.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    sweep = load_sweep(path)
+    manifest = render_sweep(sweep, tmp_path / out)
+    return manifest, [manifest.path(g["script"]).read_text() for g in manifest.groups]
+
+
+def test_a_full_frontier_job_bounds_a_hang_well_inside_two_hours(tmp_path, stubs):
+    """9,408 nodes, 2 hours: srun --wait (collective timeout + 1 + 60 s grace) was 7,617 s,
+    past the job's end, so one hung GCD held all 9,408 nodes to the limit; now 487 s."""
+    job = dataclasses.replace(_frontier_job(FRONTIER_NODES, tmp_path), resources=Resources(
+        nodes=FRONTIER_NODES, ntasks_per_node=8, cpus_per_task=7, gpus_per_node=8,
+        time="02:00:00", account="ABC123", partition="batch"))
+    text = render(job)
+    _golden("frontier-9408-nodes.sh", text.replace(str(tmp_path), "/lustre/orion/proj"))
+    wait = int(re.search(r"--wait=(\d+)", text).group(1))
+    assert wait == int(30 + 30 * math.log2(FRONTIER_NODES)) + 1 + 60 and wait < 0.1 * 7200
+    # Frontier srun lines state their task count (OLCF: --gpus-per-task needs -n)
+    assert f"--ntasks={FRONTIER_NODES * 8} --ntasks-per-node=8" in text
+    script = tmp_path / "full.sh"
+    script.write_text(text)
+    out = _submit(script, stubs, *EXPECT["frontier"])
+    assert out.returncode == 0, out.stderr
+    args = (tmp_path / "srun.args").read_text().splitlines()
+    assert f"--wait={wait}" in args and f"--ntasks={FRONTIER_NODES * 8}" in args
+
+
+ONE_GCD = """\
+name: onegcd
+model: tiny-gpt
+system: frontier
+nodes: [1]
+gpus_per_node: 1
+global_batch: 8
+pack: 8
+pack_mode: concurrent
+resources: {time: "00:30:00", account: ABC123}
+space: {tp: [1], pp: [1], micro_batch: [1, 2, 4, 8], recompute: [none, full], fits_only: false}
+"""
+
+
+def test_a_one_gcd_pack_8_sweep_written_with_nodes_is_packed(tmp_path, stubs):
+    """nodes: [1] + gpus_per_node: 1 ignored pack: 8 (the sweep's one GPU per node was taken
+    for the node's room): every layout took a whole 8-GCD node. Now 8 share one node, and no
+    step can inherit the allocation's GPUs (the allocation asks for none, as OLCF's example)."""
+    manifest, texts = _render_text(tmp_path, ONE_GCD)
+    layouts = len(manifest.jobs)
+    assert layouts == 8 and [g["pack"] for g in manifest.groups] == [8]
+    text = texts[0]
+    _golden("frontier-one-gcd-pack.sh", text.replace(str(tmp_path), "/lustre/orion/proj"))
+    assert "#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=8\n" in text
+    assert "--gpus-per-node" not in text  # nothing for a step to inherit
+    assert ("srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=7 --gpus-per-task=1 "
+            "--gpu-bind=closest --exact") in text
+    assert not manifest.data["warnings"][:-1]  # only the --out warning (tmp is not Lustre)
+    script = tmp_path / "pack.sh"
+    script.write_text(text)
+    out = _submit(script, stubs, "--account=ABC123 --network=disable_rdzv_get --nodes=1",
+                  "--ntasks=1 --gpus-per-task=1 --gpu-bind=closest --exact")
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "srun.reached").read_text().count("\n") == 8
+
+
+def test_a_pack_that_packs_nothing_is_warned_in_one_line(tmp_path):
+    """pack: 8 concurrent of 2-node layouts: each still takes its own allocation; said."""
+    text = ONE_GCD.replace("nodes: [1]\ngpus_per_node: 1\n", "nodes: [2]\n").replace(
+        "global_batch: 8", "global_batch: 16")
+    manifest, _ = _render_text(tmp_path, text)
+    assert all(g["pack"] == 1 for g in manifest.groups)
+    pack_lines = [w for w in manifest.data["warnings"] if w.startswith("pack: 8")]
+    assert pack_lines and all("\n" not in w and "span 2 nodes" in w for w in pack_lines)
+    # and through the CLI, on stderr
+    out = subprocess.run([sys.executable, "-m", "frontier_llm.cli", "sweep", "render",
+                          str(tmp_path / "s.yaml"), "--out", str(tmp_path / "cli")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "warning: pack: 8 packed nothing in g000-n2x8" in out.stderr
+
+
+def test_miopen_cache_is_made_on_every_node_and_removed_at_the_end(tmp_path, stubs):
+    """The cache was made on the batch node only and never removed. The keeper step's own
+    shell is run here for real: SIGTERM (what SLURM sends a step at the job's end) removes it."""
+    text = render(_frontier_job(2, tmp_path))
+    keeper = next(ln for ln in text.splitlines() if "--overlap bash -c" in ln)
+    assert 'srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 mkdir -p' in text
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    out = _submit(script, stubs, *EXPECT["frontier"])
+    assert out.returncode == 0, out.stderr
+    setup = (tmp_path / "srun.setup").read_text()
+    assert "--ntasks-per-node=1 mkdir -p /tmp/miopen-" in setup and "--overlap bash -c" in setup
+    body = shlex.split(keeper.rstrip(" &"))
+    inner = body[body.index("-c") + 1]
+    cache = tmp_path / "miopen-cache"
+    cache.mkdir()
+    (cache / "db.txt").write_text("x")
+    proc = subprocess.Popen(["bash", "-c", inner, "flm", str(cache)])
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0 and not cache.exists()
+
+
+TRAINER_175B = """\
+name: t175
+model: gpt-175b
+system: frontier
+workload: megatron-deepspeed
+workload_command: [python, /lustre/orion/proj/Megatron-DeepSpeed/pretrain_gpt.py,
+                   --train-iters, "2000"]
+resources: {time: "00:30:00", account: ABC123}
+layouts:
+  - {tp: 8, pp: 16, dp: 1, micro_batch: 1, global_batch: 1024, recompute: full, name: a}
+"""
+
+
+def test_a_layouts_trainer_sweep_gets_the_walltime_check(tmp_path):
+    """Issue 36: 2,000 iterations of 175B in 30 minutes rendered silently for layouts: sweeps
+    (no prediction); the steps come from the trainer's own flag (jobs/workload.py)."""
+    path = tmp_path / "s.yaml"
+    path.write_text(TRAINER_175B)
+    sweep = load_sweep(path)
+    assert sweep.jobs[0].prediction["step_time_s"] > 0
+    with pytest.raises(OvertimeError) as err:
+        render_sweep(sweep, tmp_path / "out")
+    text = str(err.value)
+    assert "\n" not in text and "walltime: layout a (16 nodes)" in text
+    assert "2000 steps x" in text and not (tmp_path / "out").exists()
+    path.write_text(TRAINER_175B.replace('"2000"', '"1"').replace("00:30:00", "02:00:00"))
+    assert render_sweep(load_sweep(path), tmp_path / "ok").jobs[0]["predicted_runtime_s"] > 0
+
+
+def test_model_files_are_read_from_the_sweep_folder_not_the_checkout(tmp_path):
+    """A model YAML beside the sweep became an absolute checkout path every rank read (on
+    Frontier, NFS home); the sweep folder now holds a copy and the jobs name it."""
+    (tmp_path / "mine.yaml").write_text(
+        (Path(__file__).resolve().parents[1] / "frontier_llm" / "catalog" / "models" /
+         "tiny-gpt.yaml").read_text())
+    text = ONE_GCD.replace("model: tiny-gpt", "model: mine.yaml")
+    manifest, texts = _render_text(tmp_path, text)
+    copy = str(manifest.directory / "inputs" / "mine.yaml")
+    assert Path(copy).read_text() == (tmp_path / "mine.yaml").read_text()
+    assert all(j["model_ref"] == copy and copy in j["argv"] for j in manifest.jobs)
+    assert str(tmp_path / "mine.yaml") not in texts[0] and copy in texts[0]
+
+
+def test_workload_command_paths_are_checked_where_the_job_runs(tmp_path):
+    """A relative path in workload_command runs from --out (sbatch --chdir) and was never
+    checked: found beside the sweep file it is made absolute, found nowhere it is warned."""
+    (tmp_path / "train.py").write_text("")
+    text = TRAINER_175B.replace("/lustre/orion/proj/Megatron-DeepSpeed/pretrain_gpt.py",
+                                "train.py").replace('"2000"', '"1"').replace("00:30:00",
+                                                                             "02:00:00")
+    manifest, texts = _render_text(tmp_path, text)
+    assert f"flm-rank python {tmp_path / 'train.py'} " in texts[0]
+    assert not any("workload_command names" in w for w in manifest.data["warnings"])
+    manifest, texts = _render_text(tmp_path, text.replace("train.py", "missing.py"), out="o2")
+    lines = [w for w in manifest.data["warnings"] if "workload_command names missing.py" in w]
+    assert len(lines) == 1 and "\n" not in lines[0]
+
+
+def test_out_off_the_parallel_file_system_is_warned(tmp_path):
+    manifest, _ = _render_text(tmp_path, ONE_GCD)
+    (line,) = [w for w in manifest.data["warnings"] if w.startswith("--out")]
+    assert "not on frontier's parallel file system (/lustre/orion)" in line
+    assert "#nfs-filesystem" in line
+    from frontier_llm.jobs.render_warnings import out_warning
+
+    assert out_warning(Path("/lustre/orion/abc/scratch/u/run"), ("/lustre/orion",), "f") is None
+    assert out_warning(Path("/lustre/orionX/run"), ("/lustre/orion",), "f") is not None
+
+
+@pytest.mark.parametrize("partition, ranks, exclusive", [
+    ("small-g", 8, True), ("dev-g", 8, True), ("small-g", 4, False), ("standard-g", 8, False)])
+def test_lumi_shared_partition_jobs_filling_a_node_are_exclusive(tmp_path, partition, ranks,
+                                                                 exclusive):
+    """LUMI-G's binding applies only to a full-node allocation; on small-g/dev-g that takes
+    --exclusive (LUMI user guide, LUMI-G jobs); standard-g nodes are whole anyway."""
+    text = (f"name: lx\nmodel: tiny-gpt\nsystem: lumi-g\nglobal_batch: 8\n"
+            f"resources: {{time: '00:30:00', account: project_1, partition: {partition}}}\n"
+            f"layouts:\n  - {{dp: {ranks}, micro_batch: 1}}\n")
+    _, texts = _render_text(tmp_path, text)
+    assert ("#SBATCH --exclusive\n" in texts[0]) == exclusive
+
+
+def test_dgx_ranks_count_cores_and_torchrun_workers_are_bound():
+    """-c 14 with --cpu-bind=cores assumed physical cores: --threads-per-core=1 makes it so;
+    torchrun's 8 workers were unbound in their node-wide task: --numa-binding=node."""
+    from frontier_llm.jobs.launchers import LaunchJob, launcher_for
+    from frontier_llm.specs.site import merge
+
+    site = load_system("dgx-h100").site
+    srun = launcher_for(LaunchJob(nodes=2, ranks_per_node=8, gpus_per_node=8, cpus_per_task=14,
+                                  command=("flm", "bench"), site=site)).command()
+    assert "--threads-per-core=1 --cpu-bind=cores" in srun  # before: its implied bind is lost
+    torchrun = launcher_for(LaunchJob(
+        nodes=2, ranks_per_node=8, gpus_per_node=8, cpus_per_task=14, command=("flm", "bench"),
+        site=merge(site, {"launcher": "torchrun"}))).command()
+    assert "--threads-per-core=1" in torchrun and "--numa-binding=node" in torchrun
+
+
+def test_the_1t_weak_sweep_submits_no_predicted_oom_layout():
+    sweep = load_sweep(SWEEPS / "frontier-1t-weak.yaml")
+    assert sweep.jobs and all(j.prediction["fits"] for j in sweep.jobs)
+
+
+def test_docs_agree_on_kill_on_bad_exit():
+    """docs/sites.md and docs/sweeps.md said different things of srun's --kill-on-bad-exit."""
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    for page in ("sites.md", "sweeps.md"):
+        text = docs.joinpath(page).read_text()
+        assert "--kill-on-bad-exit=0" in text, page
+        assert "--kill-on-bad-exit=1" not in text and "--kill-on-bad-exit " not in text, page

@@ -42,7 +42,7 @@ srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 mkdir -p "$MIOPEN_U
 # of this script runs after it. --overlap: the keeper shares its CPU with the ranks' steps
 # instead of holding it (srun man page, --overlap). $1 expands in each node's bash, not here:
 # shellcheck disable=SC2016
-srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 --overlap bash -c 'trap "rm -rf \"\$1\"; exit 0" TERM; sleep infinity & wait' flm "$MIOPEN_USER_DB_PATH" &
+srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 --overlap bash -c 'trap "rm -rf \"\$1\"; kill \$!; exit 0" TERM; sleep infinity & wait' flm "$MIOPEN_USER_DB_PATH" &
 export OMP_NUM_THREADS=7
 export FLM_SWEEP=lumi-c
 export SINGULARITYENV_PREPEND_PATH=/user-software/bin
