@@ -91,8 +91,11 @@ layouts:
   - {dp: 8, micro_batch: 1, name: z}
 """
     with pytest.raises(SiteRuleError, match=r"time_bins: .* at most 02:00:00; it asks for "
-                                            r"02:30:00"):
+                                            r"02:30:00") as err:
         render_sweep(_sweep(tmp_path, text), tmp_path / "refused")
+    # Issue 39: --time is each layout's in a packed sweep, and the refusal says so
+    assert ("(--time is per layout in a packed sweep: 3 layouts in turn x 00:50:00; lower "
+            "pack: or --time)") in str(err.value)
     assert not (tmp_path / "refused").exists()
     manifest = render_sweep(_sweep(tmp_path, text.replace("pack: 3", "pack: 2"), "two.yaml"),
                             tmp_path / "ok")

@@ -279,7 +279,7 @@ def _render_text(tmp_path: Path, text: str, out: str = "out", name: str = "s.yam
 
 def test_a_full_frontier_job_bounds_a_hang_well_inside_two_hours(tmp_path, stubs):
     """9,408 nodes, 2 hours: srun --wait (collective timeout + 1 + 60 s grace) was 7,617 s,
-    past the job's end, so one hung GCD held all 9,408 nodes to the limit; now 487 s."""
+    past the job's end, so one hung GCD held all 9,408 nodes to the limit; now 486 s."""
     job = dataclasses.replace(_frontier_job(FRONTIER_NODES, tmp_path), resources=Resources(
         nodes=FRONTIER_NODES, ntasks_per_node=8, cpus_per_task=7, gpus_per_node=8,
         time="02:00:00", account="ABC123", partition="batch"))

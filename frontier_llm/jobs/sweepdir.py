@@ -2,6 +2,8 @@
 
     DIR/manifest.json          every job: key, script, array index, layout, bench argv, prediction
     DIR/sweep.yaml             the sweep file as it was when rendered
+    DIR/inputs/                the model/system files the sweep names by path (the ranks
+                               read these copies, not the rendering machine's checkout)
     DIR/scripts/<group>.sh     one script per group of jobs that share resources (a job array;
                                with ``pack: N`` each array task runs up to N of them in turn)
     DIR/logs/<group>/          SLURM output, one file per task and attempt (%a-%A.out)
