@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 
 from frontier_llm.errors import SpecError
 from frontier_llm.jobs.render import JobScript, Resources, template_family
-from frontier_llm.specs.site import Site, time_seconds
+from frontier_llm.specs.site import Site, format_time, time_seconds
 
 # Environment variables that give sbatch an account when the script has none (sbatch man page:
 # SBATCH_ACCOUNT; flm sweep render/submit read FLM_ACCOUNT into --account).
@@ -37,14 +37,7 @@ def _asks(r: Resources, pack: int) -> str:
     if pack <= 1:
         return r.time
     return (f"{r.time} (--time is per layout in a packed sweep: {pack} layouts in turn x "
-            f"{_per_layout(r.time, pack)}; lower pack: or --time)")
-
-
-def _per_layout(total: str, pack: int) -> str:
-    s = time_seconds(total) // pack
-    days, rest = divmod(s, 86400)
-    hms = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{hms}" if days else hms
+            f"{format_time(time_seconds(r.time) // pack)}; lower pack: or --time)")
 
 
 def check(site_name: str, site: Site, jobs: Iterable[tuple[int, Resources] |

@@ -44,7 +44,7 @@ from frontier_llm.jobs.workload import (
 from frontier_llm.specs.engine_rules import rules_for
 from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.layout import PlacementKind
-from frontier_llm.specs.site import time_seconds
+from frontier_llm.specs.site import format_time, time_seconds
 
 MANIFEST = "manifest.json"
 # Held (flock) by the command that submits the sweep's jobs; holds who, for the message.
@@ -172,13 +172,6 @@ def node_slots(sweep: Sweep) -> int:
     """Ranks one node can hold side by side: its GPUs (the system's, one rank each); for CPU
     ranks the sweep's ranks per node (the slots it lays layouts out on)."""
     return sweep.system.gpus_per_node if sweep.site.gpus else sweep.per_node
-
-
-def format_time(seconds: int) -> str:
-    """A SLURM time limit: ``HH:MM:SS``, or ``D-HH:MM:SS`` from a day on."""
-    days, rest = divmod(int(seconds), 86400)
-    hms = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{hms}" if days else hms
 
 
 def _resources(sweep: Sweep, group: Group) -> Resources:

@@ -41,6 +41,13 @@ def time_seconds(text: str) -> int:
     return int(days or 0) * 86400 + h * 3600 + mi * 60 + s
 
 
+def format_time(seconds: int) -> str:
+    """A SLURM time limit: ``HH:MM:SS``, or ``D-HH:MM:SS`` from a day on."""
+    days, rest = divmod(int(seconds), 86400)
+    hms = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{hms}" if days else hms
+
+
 @dataclass(frozen=True)
 class TimeBin:
     """Jobs of ``min_nodes``..``max_nodes`` nodes may ask for at most ``max_time``."""
