@@ -360,9 +360,14 @@ def _space_jobs(spec: SweepFile, raw_space: Any, models: list[tuple[str, ModelSp
 
 def _predicted(model: ModelSpec, system: SystemSpec, layout: Layout) -> dict[str, Any]:
     """A listed layout's prediction, the same figures a space's layouts get from the planner
-    (so the walltime check sees ``layouts:`` sweeps too); {} where the cost model has none."""
+    (so the walltime check sees ``layouts:`` sweeps too); {} where the cost model has none,
+    and for CPU ranks (a site without GPUs: this machine's test cluster), whose listed layouts
+    are written to exercise time limits and failures, not to be held to a GPU's start-up."""
     from frontier_llm.costmodel import predict
     from frontier_llm.planner.plan import PREDICTION_COLUMNS
+
+    if system.site is not None and not system.site.gpus:
+        return {}
 
     try:
         row = predict(model, system, layout)
