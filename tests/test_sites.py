@@ -241,6 +241,13 @@ def test_every_catalog_site_cites_its_sources():
         for key in ("launcher", "binding", "cpus_per_task"):
             assert key in given, f"{name}: site.{key} has no source"
         assert all(v for _, v in site.sources), name
+        # each queue cites its own section (a refusal quotes it: issue 39, extended cited the
+        # debug QoS's anchor), and every issue-39 key a site sets has a source
+        assert all(rule.source for _, rule in site.queues), name
+        for key in ("parallel_fs", "shared_partitions", "threads_per_core", "numa_binding",
+                    "sbatch_gpus", "mem"):
+            if key in {f for f, _ in site.sources} or getattr(site, key) not in (None, (), True):
+                assert key in given, f"{name}: site.{key} has no source"
 
 
 def test_mpiexec_launcher_starts_every_rank_from_the_batch_shell():

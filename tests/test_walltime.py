@@ -89,6 +89,13 @@ def test_start_up_is_sublinear_cited_and_lowered_by_staging():
     assert (60 + 9408 + 330) * (1 + MARGIN) > 3 * 3600
 
 
+def test_staging_the_environment_lets_a_job_fit_that_would_not():
+    jobs = [("k", 9408, 1.0, "00:03:20", 1)]  # 200 s
+    assert check(jobs, FRONTIER, partition="batch", staged=True)  # (97 + 1) x 1.15 = 113 s
+    with pytest.raises(OvertimeError, match=r"start-up 204 s"):
+        check(jobs, FRONTIER, partition="batch")  # (204 + 1) x 1.15 = 236 s
+
+
 def test_a_packed_sweeps_refusal_says_time_is_per_layout():
     with pytest.raises(OvertimeError) as err:
         check([("k", 16, 646.0, "01:00:00", 13)], FRONTIER, partition="batch", pack=4)
