@@ -49,6 +49,15 @@ BY_ENGINE_VALIDATE = (
     "run), then the error statistics per system and engine")
 
 
+# Which figure measured_mfu is (issue 36): the same count as predicted_mfu for every run.
+MEASURED_MFU = (
+    "measured_mfu is flm's: the model FLOPs of the global batch (costmodel/flops.py) over the "
+    "measured step time, for every run, trainer-log runs too, since predicted_mfu counts the "
+    "same way; a trainer's own TFLOP/s counts its own way (recompute, multiply-adds, "
+    "attention), so it is kept beside it in the trace (summary.trainer_tflops_per_gpu) and not "
+    "compared (docs/trainer-logs.md)")
+
+
 def _err(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -66,13 +75,21 @@ def _logs_to_traces(args: argparse.Namespace) -> tuple[str, list]:
                         "megatron|torchtitan|deepspeed")
     options = LogOptions(system=args.system, model=args.model,
                          layout=parse_layout_option(args.layout or ""), sweep=args.sweep)
-    report = logs_to_traces(args.from_logs, args.trainer, options, args.traces)
-    if not report.traces and report.refused:  # nothing to store: exit 2, the first reason
-        for line in report.refused[1:]:
+    report = logs_to_traces(args.from_logs, args.trainer, options, args.traces,
+                            any_owner=args.any_owner)
+    for line in report.skipped:
+        _err(f"flm collect: not read {line}")
+    ask = report.ask()
+    if not report.traces and report.refused:  # nothing to store: exit 2, every reason
+        for line in report.refused if ask else report.refused[1:]:
             _err(f"flm collect: refused {line}")
-        raise UserError(f"collect --from-logs: nothing stored: {report.refused[0]}")
+        raise UserError(f"collect --from-logs: nothing stored: {ask or report.refused[0]}")
     for line in report.refused:
         _err(f"flm collect: refused {line}")
+    for line in report.warnings:
+        _err(f"flm collect: warning: {line}")
+    if ask:
+        _err(f"flm collect: {ask}")
     return report.summary(), report.traces
 
 
@@ -174,7 +191,8 @@ def _validate(args: argparse.Namespace) -> int:
     finally:
         store.close()
     _emit_validation(args, "runs", runs, _fmt_table(runs),
-                     "predicted vs measured (error = (predicted - measured) / measured):",
+                     "predicted vs measured (error = (predicted - measured) / measured):\n"
+                     + MEASURED_MFU,
                      error_stats(runs), "per system")
     return 0
 
@@ -285,6 +303,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     logs.add_argument("--sweep", metavar="NAME",
                       help="the sweep the runs are stored under, for flm validate --sweep and "
                            "flm calibrate --from-runs --sweep (default: logs-<system>)")
+    logs.add_argument("--any-owner", action="store_true",
+                      help="also read files below a folder that another user owns (a team's "
+                           "shared log folder); without it they are skipped and counted. Links "
+                           "out of a folder are never followed; a file named on the command "
+                           "line is always read")
     logs.add_argument("--traces", metavar="DIR", default="log-traces",
                       help="where the traces made from the logs are written and collected from "
                            "(default: log-traces/)")
