@@ -38,6 +38,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "trainer_logs"
 LUMI = DATA / "megatron_deepspeed_lumi_175b_srun_label.log"
 BLOOM = DATA / "megatron_deepspeed_bloom_reshaping_seconds.log"
+# A log every version of the parsers reads (the defects below are not in reading it).
+TITAN = DATA / "torchtitan_1437_flex_debug.log"
+TITAN_ARGS = ["--trainer", "torchtitan", "--system", "h100-sxm", "--model", "tiny-llama",
+              "--layout", "tp=1,pp=1,dp=1,micro_batch=8,global_batch=8"]
 MB = 2**20
 
 # BLOOM-176B's shape (bigscience-workshop/bigscience train/tr11-176B-ml/README.md: 70 layers,
@@ -225,17 +229,16 @@ def test_collect_does_not_follow_links_out_of_the_folder(tmp_path, capsys):
     private = tmp_path / "private"
     private.mkdir()
     secret = private / "secret.txt"
-    # The LUMI log's run with a private error line at its end: were it followed, this file
+    # torchtitan#1437's run with a private error line at its end: were it followed, this file
     # would be a run whose `error` column holds the secret.
-    secret.write_text(LUMI.read_text() + "RuntimeError: token=hunter2-private\n")
+    secret.write_text(TITAN.read_text() + "RuntimeError: token=hunter2-private\n")
     logs = tmp_path / "logs"
     logs.mkdir()
-    (logs / "lumi.log").write_text(LUMI.read_text())
+    (logs / "titan.log").write_text(TITAN.read_text())
     (logs / "evil.log").symlink_to(secret)
-    (logs / "again.log").symlink_to(logs / "lumi.log")  # inside the folder: read
+    (logs / "again.log").symlink_to(logs / "titan.log")  # inside the folder: read
     db = tmp_path / "flm.db"
-    assert main(["collect", "--from-logs", str(logs), "--trainer", "megatron", "--system",
-                 "lumi-g", "--model", "lumi-175b", "--db", f"sqlite:///{db}",
+    assert main(["collect", "--from-logs", str(logs), *TITAN_ARGS, "--db", f"sqlite:///{db}",
                  "--traces", str(tmp_path / "t"), "--quiet"]) == 0
     out, err = capsys.readouterr()
     assert f"flm collect: not read {logs / 'evil.log'}: a link out of the folder" in err
@@ -250,40 +253,39 @@ def test_other_users_files_are_read_only_with_any_owner(tmp_path, capsys):
     logs = tmp_path / "logs"
     logs.mkdir()
     theirs = logs / "colleague.log"
-    theirs.write_text(LUMI.read_text())
+    theirs.write_text(TITAN.read_text())
     os.chown(theirs, 65534, 65534)
-    options = LogOptions("lumi-g", "lumi-175b", {})
-    report = logs_to_traces([logs], "megatron", options, tmp_path / "t")
+    options = LogOptions("h100-sxm", "tiny-llama", parse_layout_option(TITAN_ARGS[-1]))
+    report = logs_to_traces([logs], "torchtitan", options, tmp_path / "t")
     assert report.files == 0 and report.skipped == [
         f"{theirs}: owned by another user (uid 65534): --any-owner reads it"]
-    report = logs_to_traces([logs], "megatron", options, tmp_path / "t", any_owner=True)
+    report = logs_to_traces([logs], "torchtitan", options, tmp_path / "t", any_owner=True)
     assert report.files == 1 and len(report.traces) == 1
     # Named on the command line, a file is read: the user asked for it.
-    assert logs_to_traces([theirs], "megatron", options, tmp_path / "t").files == 1
+    assert logs_to_traces([theirs], "torchtitan", options, tmp_path / "t").files == 1
 
 
 # --- 7 and 8. bounded memory, skipped lines counted -----------------------------------------
 
 def test_a_huge_line_is_skipped_in_bounded_memory_and_counted(tmp_path, capsys):
-    """A 20 MB line (no newline for 20 MB: a dumped blob) before the LUMI log: the line costs
-    no more than the cap in memory, the log's steps are still read, the summary counts it."""
+    """A 20 MB line (no newline for 20 MB: a dumped blob) before torchtitan#1437's lines: the
+    line costs no more than the cap in memory, the steps are still read, the summary counts
+    it."""
     path = tmp_path / "blob-then-log.log"
     with path.open("w") as f:
         f.write("x" * (20 << 20) + "\n")
-        f.write(LUMI.read_text())
+        f.write(TITAN.read_text())
     tracemalloc.start()
-    log = parse_log(path, "megatron")
+    log = parse_log(path, "torchtitan")
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 8 << 20  # the cap, the parsed run and imports; reading it whole: 40 MB
-    assert log.long_lines == 1 and [s.step for s in log.runs[0].steps] == [1, 2, 3, 4]
-    truncated = DATA / "megatron_lm_756_mixtral_truncated.log"
-    assert main(["collect", "--from-logs", str(path), str(truncated), "--trainer", "megatron",
-                 "--system", "lumi-g", "--model", "lumi-175b", "--db",
+    assert log.long_lines == 1 and [s.step for s in log.runs[0].steps] == list(range(3, 11))
+    assert main(["collect", "--from-logs", str(path), *TITAN_ARGS, "--db",
                  f"sqlite:///{tmp_path / 'flm.db'}", "--traces", str(tmp_path / "t"),
                  "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "1 unreadable lines skipped" in out  # #756's cut iteration line
+    assert "(9 lines, 0 unreadable lines skipped)" in out  # the excerpt's lines
     assert f"1 lines longer than {MAX_LINE_BYTES >> 10} KiB skipped unread" in out
 
 
