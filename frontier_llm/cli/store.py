@@ -282,10 +282,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "training logs of other trainers (docs/trainer-logs.md)",
         "Read logs as Megatron-LM / Megatron-DeepSpeed, torchtitan or DeepSpeed write them: "
         "the layout and model shape from the arguments or configuration they print, the step "
-        "lines after warm-up (the first logged step and steps 1-2 are dropped), several runs "
-        "per file, rank prefixes (srun --label, torchrun). Each run becomes a trace in --traces "
-        "and is collected like an flm bench run. What a log does not state is given here, "
-        "never guessed: a run that lacks it is refused in one line.")
+        "lines after warm-up (the first logged step and steps 1-2 are dropped; a run of "
+        "warm-up steps only is refused), several runs per file, rank prefixes (srun --label, "
+        "torchrun), step times in ms or s. Each run becomes a trace in --traces and is "
+        "collected like an flm bench run. What a log does not state is given here, never "
+        "guessed: a run that lacks it is refused in one line naming every option it lacks. "
+        "Below a folder, links out of it are not followed and other users' files are read "
+        "only with --any-owner; lines over 64 KiB are skipped. The summary counts what was "
+        "skipped, and warns where a trainer's own TFLOP/s is more than 3x flm's.")
     logs.add_argument("--from-logs", nargs="+", metavar="PATH",
                       help="log files or folders of them (every file below a folder is read)")
     logs.add_argument("--trainer", choices=("megatron", "torchtitan", "deepspeed"),

@@ -133,6 +133,10 @@ class Megatron(Trainer):
         if "recompute_granularity" in a:
             granularity = a["recompute_granularity"]
             run.layout["recompute"] = "none" if granularity == "None" else granularity
+        elif (whole := flag(a.get("checkpoint_activations"))) is not None:
+            # Megatron-DeepSpeed and Megatron-LM before 2022 have no granularity:
+            # --checkpoint-activations recomputes every layer's forward (full).
+            run.layout["recompute"] = "full" if whole else "none"
         if (flash := flag(a.get("use_flash_attn"))) is not None:
             run.layout["flash_attention"] = flash
         dtype = _DTYPES.get(a.get("params_dtype", ""))
