@@ -225,6 +225,18 @@ def test_a_two_step_log_is_refused_saying_how_many_steps_it_needs():
         "are not measured): a step time needs a logged step after step 2")
 
 
+def test_a_sweep_job_of_warm_up_steps_only_says_so_in_a_failed_trace():
+    """The same log as a sweep job's trainer log: no step time to store, so the job's trace is
+    failed with the refusal as its error (not a completed run with no step time)."""
+    from frontier_llm.logs.job import job_trace
+    from frontier_llm.specs.layout import Layout
+
+    trace = job_trace("deepspeed", DATA / "megatron_deepspeed_199_pipe.log", "job-1", 0,
+                      "gpt3-350m", "dgx-a100", Layout(pp=2, global_batch=8), "s", "k")
+    assert trace["status"] == "failed" and trace["summary"]["step_time_s"] is None
+    assert trace["error"].startswith("2 logged steps (1, 2), all warm-up")
+
+
 # --- 6. links out of the folder, other users' files -----------------------------------------
 
 def test_collect_does_not_follow_links_out_of_the_folder(tmp_path, capsys):

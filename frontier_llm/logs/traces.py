@@ -3,8 +3,11 @@
 The trace is what ``flm bench`` writes for a run of its own: the same summary (median step time
 over the steps after warm-up, tokens/s, TFLOP/s per GPU, MFU), the cost model's prediction for
 the layout, and labels saying where it came from (``source: trainer-log``, ``log``, ``log_run``,
-``trainer``). Traces are written to a folder and stored by :func:`store.ingest.collect`, so
-quarantine, deduplication and the one-line errors are those of ``flm collect``.
+``trainer``). The trainer's own TFLOP/s and MFU are kept beside flm's, never in their place.
+The record itself is bench.record's ``trace_record``, as for every trace flm writes. Traces are
+written to a folder and stored by :func:`store.ingest.collect`, so quarantine, deduplication
+and the one-line errors are those of ``flm collect``. Which files of a folder are read:
+:func:`log_files`.
 """
 
 from __future__ import annotations
