@@ -121,6 +121,13 @@ def test_a_batch_rampup_keeps_only_the_steps_at_the_final_batch(tmp_path):
     trace = build_trace(run, path, LogOptions("dgx-a100", _bloom(tmp_path), parse_layout_option(
         "tp=2,pp=36,dp=4,micro_batch=1")))
     assert trace["labels"]["batch_rampup_steps_dropped"] == "1"
+    # collect's summary counts the step lines it read but did not store.
+    report = logs_to_traces([path], "megatron", LogOptions(
+        "dgx-a100", _bloom(tmp_path), parse_layout_option("tp=2,pp=36,dp=4,micro_batch=1")),
+        tmp_path / "t")
+    assert report.dropped_steps == 1
+    assert "1 step lines dropped (no usable step time, or a batch ramp-up's smaller batch)" in (
+        report.summary())
 
 
 # --- 3. one trace builder -------------------------------------------------------------------

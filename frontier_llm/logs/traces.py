@@ -279,7 +279,9 @@ def build_trace(run: ParsedRun, path: Path, options: LogOptions) -> dict:
     model = _model(run, options)
     _times(run, layout, model)
     # A step with no usable time (a rate of 0, a figure that is not finite) is not a measurement.
+    read = len(run.steps)
     run.steps = [s for s in run.steps if math.isfinite(s.time_s) and s.time_s > 0]
+    dropped = read - len(run.steps) + int(run.args.get("batch_rampup_steps", 0))
     if not run.steps:
         raise RunRefused("no step line with a step time in this run")
     for s in run.steps:
@@ -305,6 +307,8 @@ def build_trace(run: ParsedRun, path: Path, options: LogOptions) -> dict:
         labels["layout_defaulted"] = ",".join(defaulted)
     if rampup := run.args.get("batch_rampup_steps"):
         labels["batch_rampup_steps_dropped"] = rampup
+    if dropped:  # step lines read but not stored: counted in collect's summary
+        labels["steps_dropped"] = str(dropped)
     _trainer_figures(summary, [s for s, w in zip(run.steps, warm, strict=True) if not w],
                      labels)
     trace = trace_record(
@@ -326,6 +330,7 @@ class LogsReport:
     lines: int = 0
     unreadable: int = 0
     long_lines: int = 0  # lines longer than common.MAX_LINE_BYTES, skipped unread
+    dropped_steps: int = 0  # step lines of stored runs left out (no usable time, a ramp-up)
     runs: int = 0
     traces: list[Path] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # one line each: file or run, and why
@@ -352,6 +357,9 @@ class LogsReport:
                 f"lines skipped): {self.runs} runs, {len(self.traces)} traces written, "
                 f"{len(self.refused)} refused")
         extra = []
+        if self.dropped_steps:
+            extra.append(f"{self.dropped_steps} step lines dropped (no usable step time, or a "
+                         "batch ramp-up's smaller batch)")
         if self.long_lines:
             extra.append(f"{self.long_lines} lines longer than {MAX_LINE_BYTES >> 10} KiB "
                          "skipped unread")
@@ -390,6 +398,7 @@ def logs_to_traces(paths: list[str | Path], trainer: str, options: LogOptions,
                 for option in missing_options(run, options) if run.steps else ():
                     report.missing.setdefault(option, []).append(f"{path} run {run.index}")
                 continue
+            report.dropped_steps += int(trace["labels"].get("steps_dropped", 0))
             if why := trace["labels"].get("tflops_disagree"):
                 report.warnings.append(f"{path} run {run.index}: {why}")
     return report
