@@ -100,8 +100,8 @@ class Megatron(Trainer):
             if sep:
                 fields[key.strip()] = value.strip()
         # Megatron-LM prints milliseconds; Megatron-DeepSpeed (the forks run on LUMI and
-        # Frontier, BigScience's) prints seconds: training.py's training_log, "elapsed time per
-        # iteration (s): {:.2f}" (bigscience-workshop/Megatron-DeepSpeed; microsoft's fork).
+        # Frontier, BigScience's) prints seconds, "elapsed time per iteration (s): 346.58": a
+        # LUMI job and BLOOM-176B's logs (tests/data/trainer_logs/SOURCES.md).
         per_s, elapsed = next(((d, fields[k]) for d, k in _ELAPSED if k in fields), (1.0, None))
         if elapsed is None:
             return False
