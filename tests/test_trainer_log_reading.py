@@ -334,6 +334,14 @@ def test_every_missing_option_is_asked_for_at_once(tmp_path, capsys):
                     "tp=N,pp=N,dp=N,micro_batch=N")
 
 
+def test_without_a_trainer_every_option_always_needed_is_asked_at_once(tmp_path, capsys):
+    assert main(["collect", "--from-logs", str(LUMI), "--db",
+                 f"sqlite:///{tmp_path / 'flm.db'}"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "flm: error: collect --from-logs: say which trainer wrote the logs: give --trainer "
+        "megatron|torchtitan|deepspeed --system NAME --model NAME")
+
+
 def test_the_docs_example_command_works(tmp_path, monkeypatch, capsys):
     """docs/trainer-logs.md's copy-paste example, run as written (from the repository root)
     with its database and trace folder moved into a temporary folder."""

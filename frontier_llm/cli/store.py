@@ -71,8 +71,12 @@ def _logs_to_traces(args: argparse.Namespace) -> tuple[str, list]:
     if args.dirs:
         raise UserError("collect: give trace folders or --from-logs, not both")
     if args.trainer is None:
-        raise UserError("collect --from-logs: say which trainer wrote the logs: --trainer "
-                        "megatron|torchtitan|deepspeed")
+        # Asked for with what every run needs whatever its log says (no log states the system,
+        # and --model names the run even where the log prints the shape): one message.
+        also = [o for o, v in (("--system NAME", args.system), ("--model NAME", args.model))
+                if v is None]
+        raise UserError("collect --from-logs: say which trainer wrote the logs: give --trainer "
+                        "megatron|torchtitan|deepspeed" + "".join(f" {o}" for o in also))
     options = LogOptions(system=args.system, model=args.model,
                          layout=parse_layout_option(args.layout or ""), sweep=args.sweep)
     report = logs_to_traces(args.from_logs, args.trainer, options, args.traces,
