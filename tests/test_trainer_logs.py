@@ -270,7 +270,8 @@ def test_trace_is_valid_with_warmup_dropped_and_status_from_the_log():
     assert warm == [3]  # the first logged step (steps 1..WARMUP_STEPS were not logged)
     assert WARMUP_STEPS == 2
     assert trace["summary"]["steps_measured"] == 7
-    assert trace["summary"]["model_tflops_per_gpu"] == 3.57  # median of the printed 4..10
+    # The median of the printed 4..10, kept beside flm's own figure (which it does not replace).
+    assert trace["summary"]["trainer_tflops_per_gpu"] == 3.57
     assert trace["status"] == "completed" and trace["engine"] == "native"
     assert trace["labels"]["source"] == "trainer-log"
     assert trace["labels"]["log"] == str(path.resolve())
@@ -290,9 +291,10 @@ def test_trace_is_valid_with_warmup_dropped_and_status_from_the_log():
 def test_what_the_log_does_not_state_is_asked_for(tmp_path):
     path = DATA / "megatron_lm_449_v100.log"
     _, run = _one(path.name, "megatron")
-    with pytest.raises(RunRefused, match="give --system"):
+    with pytest.raises(RunRefused, match="give --system NAME --layout"):
         build_trace(run, path, LogOptions(None, "gpt3-350m", {}))
-    with pytest.raises(RunRefused, match="does not state tp, pp, dp, micro_batch, global_batch"):
+    # The iteration lines print the global batch (256): it is not asked for.
+    with pytest.raises(RunRefused, match="does not state tp, pp, dp, micro_batch: give"):
         build_trace(run, path, LogOptions("dgx-a100", "gpt3-350m", {}))
     # The arguments of #91 (dp 1) before the iterations of #449 (concatenated here): a --layout
     # value that contradicts what the log printed is refused, not silently preferred.

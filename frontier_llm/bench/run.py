@@ -36,10 +36,10 @@ from frontier_llm.bench.config import BenchConfig
 from frontier_llm.bench.engines import check as check_layout
 from frontier_llm.bench.launch import RankEnv
 from frontier_llm.bench.peer_errors import is_collateral
+from frontier_llm.bench.record import prediction_fields, trace_record
 from frontier_llm.bench.trace import heartbeat_path, trace_path, write_heartbeat, write_trace
 from frontier_llm.costmodel.flops import hardware_flops, model_flops
 from frontier_llm.errors import ExitCode
-from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.vocab import RunStatus
 
 EXIT_OK, EXIT_FAILED, EXIT_OOM = ExitCode.OK, ExitCode.FAILED, ExitCode.OOM
@@ -76,70 +76,19 @@ def versions() -> dict[str, str]:
 def skeleton_trace(cfg: BenchConfig, world_size: int, launcher: str, backend: str, device: str,
                    started_at: str, slurm_job_id: str | None = None) -> dict:
     """A trace with everything known before the run (status failed until it completes)."""
-    model = cfg.model.to_dict()
-    model.pop("description", None)
-    return {
-        "schema_version": 1,
-        "run_id": cfg.run_id,
-        "status": RunStatus.FAILED.value,
-        "error": None,
-        "engine": str(cfg.layout.engine),
-        "started_at": started_at,
-        "finished_at": None,
-        "model": model,
-        "system": {"name": cfg.system.name, "gpu": cfg.system.gpu},
-        "layout": cfg.layout.to_dict(),
-        "layout_hash": layout_hash(cfg.model, cfg.system.name, cfg.layout),
-        "labels": dict(cfg.labels),
-        "environment": {
+    return trace_record(
+        cfg, run_id=cfg.run_id, status=RunStatus.FAILED.value, started_at=started_at,
+        labels=cfg.labels,
+        environment={
             "hostnames": [socket.gethostname()], "world_size": world_size, "backend": backend,
             "device": device, "launcher": launcher, "versions": versions(),
             "slurm_job_id": slurm_job_id or os.environ.get("SLURM_JOB_ID"),
-        },
-        "steps": [],
-        "memory": [],
-        "summary": {"steps_measured": 0, "step_time_s": None, "tokens_per_s": None,
-                    "model_tflops_per_gpu": None, "hardware_tflops_per_gpu": None, "mfu": None,
-                    "hfu": None, "peak_memory_bytes": None},
-        **prediction_fields(cfg),
-    }
-
-
-def prediction_fields(cfg: BenchConfig) -> dict:
-    """``prediction`` (the cost model's figures with its per-stage memory) and, when the cost
-    model had no answer for a part, ``prediction_error`` saying which part and why: the benchmark
-    runs anyway, and the trace says why it carries no (or a partial) prediction."""
-    try:
-        from frontier_llm.costmodel import predict
-
-        # The layout names its engine, and with it the engine's own conventions (what it saves
-        # for backward, what it shards): the cost model reads them from the layout.
-        pred = predict(cfg.model, cfg.system, cfg.layout)
-    except Exception as exc:  # the benchmark must run even where the cost model has no answer
-        return {"prediction": None, "prediction_error": _describe("cost model", exc)}
-    out: dict = {}
-    try:
-        from frontier_llm.costmodel.memory import rank_activation_bytes, rank_state_bytes
-
-        pred["memory_per_rank"] = [
-            {"pp_stage": s, **{k: int(v) for k, v in
-                               rank_state_bytes(cfg.model, cfg.layout, s).items()},
-             "activations_bytes": int(rank_activation_bytes(cfg.model, cfg.layout, s))}
-            for s in range(cfg.layout.pp)
-        ]
-    except Exception as exc:
-        out["prediction_error"] = _describe("cost model memory per rank", exc)
-    return {"prediction": json.loads(json.dumps(pred, default=float)), **out}
+        })
 
 
 def prediction(cfg: BenchConfig) -> dict | None:
     """The cost model's figures for this layout (None where it has no answer)."""
     return prediction_fields(cfg)["prediction"]
-
-
-def _describe(part: str, exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{part}: {type(exc).__name__}: {text[0] if text else ''}"[:2000]
 
 
 def summarize(cfg: BenchConfig, steps: list[dict], memory: list[dict], world: int) -> dict:

@@ -49,6 +49,15 @@ BY_ENGINE_VALIDATE = (
     "run), then the error statistics per system and engine")
 
 
+# Which figure measured_mfu is (issue 36): the same count as predicted_mfu for every run.
+MEASURED_MFU = (
+    "measured_mfu is flm's: the model FLOPs of the global batch (costmodel/flops.py) over the "
+    "measured step time, for every run, trainer-log runs too, since predicted_mfu counts the "
+    "same way; a trainer's own TFLOP/s counts its own way (recompute, multiply-adds, "
+    "attention), so it is kept beside it in the trace (summary.trainer_tflops_per_gpu) and not "
+    "compared (docs/trainer-logs.md)")
+
+
 def _err(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -62,17 +71,29 @@ def _logs_to_traces(args: argparse.Namespace) -> tuple[str, list]:
     if args.dirs:
         raise UserError("collect: give trace folders or --from-logs, not both")
     if args.trainer is None:
-        raise UserError("collect --from-logs: say which trainer wrote the logs: --trainer "
-                        "megatron|torchtitan|deepspeed")
+        # Asked for with what every run needs whatever its log says (no log states the system,
+        # and --model names the run even where the log prints the shape): one message.
+        also = [o for o, v in (("--system NAME", args.system), ("--model NAME", args.model))
+                if v is None]
+        raise UserError("collect --from-logs: say which trainer wrote the logs: give --trainer "
+                        "megatron|torchtitan|deepspeed" + "".join(f" {o}" for o in also))
     options = LogOptions(system=args.system, model=args.model,
                          layout=parse_layout_option(args.layout or ""), sweep=args.sweep)
-    report = logs_to_traces(args.from_logs, args.trainer, options, args.traces)
-    if not report.traces and report.refused:  # nothing to store: exit 2, the first reason
-        for line in report.refused[1:]:
+    report = logs_to_traces(args.from_logs, args.trainer, options, args.traces,
+                            any_owner=args.any_owner)
+    for line in report.skipped:
+        _err(f"flm collect: not read {line}")
+    ask = report.ask()
+    if not report.traces and report.refused:  # nothing to store: exit 2, every reason
+        for line in report.refused if ask else report.refused[1:]:
             _err(f"flm collect: refused {line}")
-        raise UserError(f"collect --from-logs: nothing stored: {report.refused[0]}")
+        raise UserError(f"collect --from-logs: nothing stored: {ask or report.refused[0]}")
     for line in report.refused:
         _err(f"flm collect: refused {line}")
+    for line in report.warnings:
+        _err(f"flm collect: warning: {line}")
+    if ask:
+        _err(f"flm collect: {ask}")
     return report.summary(), report.traces
 
 
@@ -174,7 +195,8 @@ def _validate(args: argparse.Namespace) -> int:
     finally:
         store.close()
     _emit_validation(args, "runs", runs, _fmt_table(runs),
-                     "predicted vs measured (error = (predicted - measured) / measured):",
+                     "predicted vs measured (error = (predicted - measured) / measured):\n"
+                     + MEASURED_MFU,
                      error_stats(runs), "per system")
     return 0
 
@@ -264,10 +286,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "training logs of other trainers (docs/trainer-logs.md)",
         "Read logs as Megatron-LM / Megatron-DeepSpeed, torchtitan or DeepSpeed write them: "
         "the layout and model shape from the arguments or configuration they print, the step "
-        "lines after warm-up (the first logged step and steps 1-2 are dropped), several runs "
-        "per file, rank prefixes (srun --label, torchrun). Each run becomes a trace in --traces "
-        "and is collected like an flm bench run. What a log does not state is given here, "
-        "never guessed: a run that lacks it is refused in one line.")
+        "lines after warm-up (the first logged step and steps 1-2 are dropped; a run of "
+        "warm-up steps only is refused), several runs per file, rank prefixes (srun --label, "
+        "torchrun), step times in ms or s. Each run becomes a trace in --traces and is "
+        "collected like an flm bench run. What a log does not state is given here, never "
+        "guessed: a run that lacks it is refused in one line naming every option it lacks. "
+        "Below a folder, links out of it are not followed and other users' files are read "
+        "only with --any-owner; lines over 64 KiB are skipped. The summary counts what was "
+        "skipped, and warns where a trainer's own TFLOP/s is more than 3x flm's.")
     logs.add_argument("--from-logs", nargs="+", metavar="PATH",
                       help="log files or folders of them (every file below a folder is read)")
     logs.add_argument("--trainer", choices=("megatron", "torchtitan", "deepspeed"),
@@ -285,6 +311,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     logs.add_argument("--sweep", metavar="NAME",
                       help="the sweep the runs are stored under, for flm validate --sweep and "
                            "flm calibrate --from-runs --sweep (default: logs-<system>)")
+    logs.add_argument("--any-owner", action="store_true",
+                      help="also read files below a folder that another user owns (a team's "
+                           "shared log folder); without it they are skipped and counted. Links "
+                           "out of a folder are never followed; a file named on the command "
+                           "line is always read")
     logs.add_argument("--traces", metavar="DIR", default="log-traces",
                       help="where the traces made from the logs are written and collected from "
                            "(default: log-traces/)")

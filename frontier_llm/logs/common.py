@@ -10,6 +10,7 @@ into runs and counts the lines that look like the trainer's step lines but canno
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,13 @@ WARMUP_STEPS = 2
 # The largest log read: a log of a million Megatron iterations is about 400 MB; above this a
 # path is more likely a checkpoint or a core file than a log.
 MAX_LOG_BYTES = 1 << 30
+# The longest line read. Megatron's iteration line is about 500 characters, its longest
+# argument lines (a data path list) a few KiB, a torchtitan job config dump is one key a line;
+# a longer "line" is not one a trainer prints for flm to read, and reading it whole would cost
+# its size in memory (a 1 GB file with no newline). Skipped and counted instead.
+MAX_LINE_BYTES = 64 << 10
+# How much of a log's start is kept to name the trainer that wrote it when it is not this one.
+HEAD_BYTES = 64 << 10
 _PREFIXES = (
     re.compile(r"^\s*(\d+):\s?"),  # srun --label
     re.compile(r"^\[rank(\d+)\]:\s?"),  # torchrun --tee / --local-ranks-filter
@@ -46,6 +54,7 @@ class Step:
     tokens_per_s: float | None = None  # per GPU where the trainer prints it so
     mfu: float | None = None
     memory_bytes: int | None = None
+    global_batch: int | None = None  # the batch the step ran, where its line prints it
 
 
 @dataclass
@@ -95,6 +104,7 @@ class ParsedLog:
     runs: list[ParsedRun]
     lines: int = 0
     unreadable: int = 0  # lines that look like step lines but could not be read
+    long_lines: int = 0  # lines longer than MAX_LINE_BYTES, skipped unread
 
 
 class Trainer:
@@ -126,28 +136,82 @@ def strip_prefix(line: str) -> tuple[int | None, str]:
 
 
 def read_text(path: Path) -> str:
-    """The log's text; LogError (one line) for a folder, a binary file or a huge file."""
+    """The whole log as text (small files, tests); ``parse_log`` streams with
+    :func:`read_lines` instead. LogError (one line) as :func:`read_lines` says."""
+    return "\n".join(read_lines(path))
+
+
+class LogLines:
+    """A log's lines, read one at a time so that memory stays bounded whatever the file holds.
+
+    A line longer than MAX_LINE_BYTES (a minified JSON blob, a progress bar without newlines,
+    a 1 GB file with no newline at all) is skipped unread past the cap and counted in
+    ``long_lines``: no trainer prints a step, argument or error line anywhere near that long.
+    ``head`` keeps the first HEAD_BYTES of text, to say which other trainer wrote a log.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.long_lines = 0
+        self.head = ""
+        self._file = _open_log(path)
+        try:
+            _check_text(path, self._file.read(HEAD_BYTES))
+            self._file.seek(0)
+        except BaseException:
+            self._file.close()
+            raise
+
+    def __iter__(self) -> Iterator[str]:
+        with self._file as f:
+            kept = 0
+            while raw := f.readline(MAX_LINE_BYTES + 1):
+                if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                    self.long_lines += 1
+                    while raw and not raw.endswith(b"\n"):  # drop the rest, a chunk at a time
+                        raw = f.readline(MAX_LINE_BYTES)
+                    continue
+                line = raw.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
+                if kept < HEAD_BYTES:
+                    self.head += line + "\n"
+                    kept += len(raw)
+                yield line
+
+
+def read_lines(path: Path) -> LogLines:
+    """The log's lines, streamed; LogError (one line) for a folder, a binary file or a file
+    larger than MAX_LOG_BYTES."""
+    return LogLines(path)
+
+
+def _open_log(path: Path):
     if not path.is_file():
         raise LogError(f"{path}: not a file")
     size = path.stat().st_size
     if size > MAX_LOG_BYTES:
         raise LogError(f"{path}: larger than {MAX_LOG_BYTES >> 20} MiB; not a training log")
-    data = path.read_bytes()
-    head = data[:65536]
+    try:
+        return open(path, "rb")
+    except OSError as exc:
+        raise LogError(f"{path}: cannot be read ({exc.strerror})") from None
+
+
+def _check_text(path: Path, head: bytes) -> None:
     if b"\x00" in head:
         raise LogError(f"{path}: a binary file, not a training log")
-    text = data.decode("utf-8", errors="replace")
-    if head and text[:65536].count("\ufffd") > len(head) // 100:
+    text = head.decode("utf-8", errors="replace")
+    if head and text.count("\ufffd") > len(head) // 100:
         raise LogError(f"{path}: not UTF-8 text (a binary file?), not a training log")
-    return text
 
 
-def parse_text(trainer: Trainer, text: str, path: Path) -> ParsedLog:
-    """Split ``text`` into runs and read each line with ``trainer``."""
+def parse_text(trainer: Trainer, text: str | Iterable[str], path: Path) -> ParsedLog:
+    """Split the log (its text, or its lines as :func:`read_lines` streams them) into runs and
+    read each line with ``trainer``."""
+    lines = text.splitlines() if isinstance(text, str) else text
     runs = [ParsedRun(trainer.name, 0)]
     log = ParsedLog(path, runs)
     recognised = False
-    for raw in text.splitlines():
+    for raw in lines:
         log.lines += 1
         _, line = strip_prefix(raw.rstrip("\r"))
         if trainer.signature.search(line):
@@ -165,9 +229,12 @@ def parse_text(trainer: Trainer, text: str, path: Path) -> ParsedLog:
                 when = f"{stamp.group(1)}T{stamp.group(2)}+00:00"
                 run.first_time = run.first_time or when
                 run.last_time = when
+    if isinstance(lines, LogLines):
+        log.long_lines = lines.long_lines
     if not recognised:
+        head = text if isinstance(text, str) else getattr(lines, "head", "")
         raise LogError(f"{path}: no {trainer.title} line in it; not a {trainer.title} log "
-                       f"{_other_trainer(text, trainer)}".rstrip())
+                       f"{_other_trainer(head, trainer)}".rstrip())
     log.runs = [r for r in runs if r.has_content]
     for run in log.runs:
         trainer.finish(run)
@@ -247,3 +314,20 @@ def read_memory_report(run: ParsedRun, text: str) -> bool:
         last = run.steps[-1]
         last.memory_bytes = max(last.memory_bytes or 0, int(number(m.group(1)) * MB))
     return True
+
+
+def keep_batch(run: ParsedRun) -> None:
+    """The global batch the step lines print is the run's batch (what ran; an arguments block
+    states the ramp-up's target, which a short run may not reach). A batch ramp-up (Megatron's
+    ``--rampup-batch-size``) runs steps at smaller batches first; only the steps at the run's
+    final batch measure its layout, so the others are dropped and ``batch_rampup_steps`` says
+    how many."""
+    printed = [s.global_batch for s in run.steps if s.global_batch is not None]
+    if not printed:
+        return
+    final = printed[-1]
+    run.layout["global_batch"] = final
+    kept = [s for s in run.steps if s.global_batch in (None, final)]
+    if len(kept) < len(run.steps):
+        run.args["batch_rampup_steps"] = str(len(run.steps) - len(kept))
+        run.steps = kept

@@ -20,11 +20,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
+from frontier_llm.bench.record import trace_record
 from frontier_llm.bench.trace import validate_trace, write_trace
 from frontier_llm.errors import UserError
 from frontier_llm.logs.common import LogError, ParsedRun
 from frontier_llm.logs.traces import LogOptions, build_trace, parse_log
-from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.vocab import RunStatus
 
@@ -51,7 +51,7 @@ def _last_run(log_path: Path, trainer: str) -> tuple[ParsedRun | None, str | Non
 def _stepless_trace(run: ParsedRun | None, why: str | None, options: LogOptions, run_id: str,
                     exit_code: int, labels: dict[str, str], signal: str | None = None) -> dict:
     """A run that printed no step: failed (oom when the log says so), with the prediction."""
-    from frontier_llm.bench.run import prediction_fields, summarize
+    from frontier_llm.bench.run import summarize
     from frontier_llm.catalog import load_system
 
     system = load_system(str(options.system))
@@ -64,19 +64,12 @@ def _stepless_trace(run: ParsedRun | None, why: str | None, options: LogOptions,
     if signal and status == RunStatus.TIMEOUT:
         error = f"stopped by SIG{signal} (time limit or cancel) before a step line: {error}"
     now = datetime.now(UTC).isoformat(timespec="seconds")
-    model_json = model.to_dict()
-    model_json.pop("description", None)
-    trace = {
-        "schema_version": 1, "run_id": run_id, "status": str(status),
-        "error": f"{error} (trainer exit status {exit_code})", "engine": str(layout.engine),
-        "started_at": now, "finished_at": now, "model": model_json,
-        "system": {"name": system.name, "gpu": system.gpu}, "layout": layout.to_dict(),
-        "layout_hash": layout_hash(model, system.name, layout), "labels": labels,
-        "environment": {"hostnames": [], "world_size": layout.world_size, "backend": "unknown",
-                        "device": "unknown", "launcher": labels["trainer"], "versions": {}},
-        "steps": [], "memory": [], "summary": summarize(cfg, [], [], layout.world_size),
-        **prediction_fields(cfg),
-    }
+    trace = trace_record(
+        cfg, run_id=run_id, status=status, error=f"{error} (trainer exit status {exit_code})",
+        started_at=now, finished_at=now, labels=labels,
+        environment={"hostnames": [], "world_size": layout.world_size, "backend": "unknown",
+                     "device": "unknown", "launcher": labels["trainer"], "versions": {}},
+        summary=summarize(cfg, [], [], layout.world_size))
     validate_trace(trace)
     return trace
 

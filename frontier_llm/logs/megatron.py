@@ -6,9 +6,11 @@ arguments``; ``context_parallel_size`` among them gives cp), ``using world size:
 data-parallel-size: ...`` (with ``context-parallel size: C`` in newer Megatron-LM),
 ``> padded vocab (size: ...) ... (new size: V)``, the per-iteration lines (``iteration N/ M |
 ... | elapsed time per iteration (ms): T | throughput per GPU (TFLOP/s/GPU): F | ... | lm loss:
-L | ...``; Megatron-DeepSpeed's ``TFLOPs:`` and ``tokens per gpu per second (tgs):`` too),
-``[after training is done]``, and out-of-memory and error lines. A new arguments block after
-iterations starts a new run.
+L | ...``; Megatron-DeepSpeed prints ``elapsed time per iteration (s):`` in seconds, and its
+``TFLOPs:`` and ``tokens per gpu per second (tgs):`` too), the iteration line's ``global batch
+size: B`` (the batch each step ran: ``--rampup-batch-size`` changes it), ``[after training is
+done]``, and out-of-memory and error lines. A new arguments block after iterations starts a new
+run.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from frontier_llm.logs.common import (
     Trainer,
     flag,
     integer,
+    keep_batch,
     number,
     read_dotted,
     read_memory_report,
@@ -28,6 +31,8 @@ from frontier_llm.logs.common import (
 )
 
 _ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)")
+# The step-time field in each unit, with what divides it into seconds.
+_ELAPSED = ((1000.0, "elapsed time per iteration (ms)"), (1.0, "elapsed time per iteration (s)"))
 _WORLD = re.compile(r"using world size:\s*(\d+)")
 # Megatron-LM prints "using world size: W, data-parallel size: D, context-parallel size: C,
 # hierarchical context-parallel sizes: ..., tensor-model-parallel size: T, pipeline-model-parallel
@@ -53,7 +58,7 @@ class Megatron(Trainer):
     name = "megatron"
     title = "Megatron-LM / Megatron-DeepSpeed"
     start = re.compile(r"-{5,}\s*arguments\s*-{5,}")
-    signature = re.compile(r"elapsed time per iteration \(ms\)|-{5,}\s*arguments\s*-{5,}"
+    signature = re.compile(r"elapsed time per iteration \((?:ms|s)\)|-{5,}\s*arguments\s*-{5,}"
                            r"|using world size: \d+, data-parallel")
 
     def read(self, run: ParsedRun, text: str) -> bool | None:
@@ -94,11 +99,16 @@ class Megatron(Trainer):
             key, sep, value = part.partition(":")
             if sep:
                 fields[key.strip()] = value.strip()
-        elapsed = fields.get("elapsed time per iteration (ms)")
+        # Megatron-LM prints milliseconds; Megatron-DeepSpeed (the forks run on LUMI and
+        # Frontier, BigScience's) prints seconds, "elapsed time per iteration (s): 346.58": a
+        # LUMI job and BLOOM-176B's logs (tests/data/trainer_logs/SOURCES.md).
+        per_s, elapsed = next(((d, fields[k]) for d, k in _ELAPSED if k in fields), (1.0, None))
         if elapsed is None:
             return False
         try:
-            step = Step(int(m.group(1)), number(elapsed.split("/")[0]) / 1000.0)
+            step = Step(int(m.group(1)), number(elapsed.split("/")[0]) / per_s)
+            if (batch := fields.get("global batch size")) is not None:
+                step.global_batch = int(number(batch))
             if (loss := fields.get("lm loss")) is not None:
                 step.loss = number(loss)
             tflops = fields.get("throughput per GPU (TFLOP/s/GPU)") or fields.get("TFLOPs")
@@ -117,11 +127,16 @@ class Megatron(Trainer):
         for arg, name in _LAYOUT_ARGS.items():
             if (value := integer(a.get(arg))) is not None:
                 run.layout[name] = value
+        keep_batch(run)
         if (sp := flag(a.get("sequence_parallel"))) is not None:
             run.layout["sequence_parallel"] = sp
         if "recompute_granularity" in a:
             granularity = a["recompute_granularity"]
             run.layout["recompute"] = "none" if granularity == "None" else granularity
+        elif (whole := flag(a.get("checkpoint_activations"))) is not None:
+            # Megatron-DeepSpeed and Megatron-LM before 2022 have no granularity:
+            # --checkpoint-activations recomputes every layer's forward (full).
+            run.layout["recompute"] = "full" if whole else "none"
         if (flash := flag(a.get("use_flash_attn"))) is not None:
             run.layout["flash_attention"] = flash
         dtype = _DTYPES.get(a.get("params_dtype", ""))

@@ -3,27 +3,40 @@
 The trace is what ``flm bench`` writes for a run of its own: the same summary (median step time
 over the steps after warm-up, tokens/s, TFLOP/s per GPU, MFU), the cost model's prediction for
 the layout, and labels saying where it came from (``source: trainer-log``, ``log``, ``log_run``,
-``trainer``). Traces are written to a folder and stored by :func:`store.ingest.collect`, so
-quarantine, deduplication and the one-line errors are those of ``flm collect``.
+``trainer``). The trainer's own TFLOP/s and MFU are kept beside flm's, never in their place.
+The record itself is bench.record's ``trace_record``, as for every trace flm writes. Traces are
+written to a folder and stored by :func:`store.ingest.collect`, so quarantine, deduplication
+and the one-line errors are those of ``flm collect``. Which files of a folder are read:
+:func:`log_files`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
+from frontier_llm.bench.record import trace_record
 from frontier_llm.bench.trace import validate_trace, write_trace
 from frontier_llm.errors import UserError
 from frontier_llm.logs import TRAINERS
-from frontier_llm.logs.common import LogError, ParsedLog, ParsedRun, parse_text, read_text
+from frontier_llm.logs.common import (
+    MAX_LINE_BYTES,
+    WARMUP_STEPS,
+    LogError,
+    ParsedLog,
+    ParsedRun,
+    Step,
+    parse_text,
+    read_lines,
+)
 from frontier_llm.logs.deepspeed import samples_per_s
 from frontier_llm.specs.forms import ALWAYS_SHOWN, SCALED
-from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.layout import Layout, complete_layout, layout_fields, layout_types
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.vocab import RunStatus
@@ -31,6 +44,13 @@ from frontier_llm.specs.vocab import RunStatus
 # Fields a run must state (in its log or in --layout): without them its step time means nothing.
 # They are those the one label always writes (specs.forms: the degrees and both batches).
 REQUIRED = tuple(dict.fromkeys((*ALWAYS_SHOWN, *SCALED)))
+# How far a trainer's own TFLOP/s may sit from flm's before collect warns. Both divide FLOPs by
+# the same step time, so they differ only in what they count: full recompute counts the
+# forward twice (8/6 = 1.33x: Megatron-DeepSpeed's TFLOPs, an HFU), some count a multiply-add
+# as one FLOP instead of two (2x), attention and the logits are counted or not (a few % at
+# 2K tokens, more at long context). Together under 3x; beyond it the figure comes from a
+# different model, batch or GPU count than the one stored (the 800x of issue 36).
+TFLOPS_AGREEMENT = 3.0
 
 
 class RunRefused(UserError):
@@ -82,7 +102,7 @@ def parse_log(path: str | Path, trainer: str) -> ParsedLog:
     if trainer not in TRAINERS:
         raise UserError(f"unknown trainer {trainer!r}: one of {', '.join(TRAINERS)}")
     path = Path(path)
-    return parse_text(TRAINERS[trainer], read_text(path), path)
+    return parse_text(TRAINERS[trainer], read_lines(path), path)
 
 
 def run_id(path: Path, index: int) -> str:
@@ -96,12 +116,8 @@ def _layout(run: ParsedRun, options: LogOptions) -> tuple[Layout, list[str]]:
     stated by both must agree (the log is the record of what ran)."""
     if options.layout_spec is not None:
         return options.layout_spec, []
-    values = dict(run.layout)
-    for key, value in options.layout.items():
-        stated = values.get("sharding" if key == "zero" else key)
-        if stated is not None and key != "zero" and str(stated) != str(value):
-            raise RunRefused(f"--layout {key}={value} contradicts the log ({key}={stated})")
-        values.setdefault(key, value)
+    _agrees(run, options)
+    values = {**options.layout, **run.layout}
     missing = [k for k in REQUIRED if k not in values]
     if missing:
         raise RunRefused(f"the log does not state {', '.join(missing)}: give --layout "
@@ -112,6 +128,14 @@ def _layout(run: ParsedRun, options: LogOptions) -> tuple[Layout, list[str]]:
         return Layout.from_dict(complete_layout(values)), defaulted
     except (UserError, ValueError, TypeError) as exc:
         raise RunRefused(f"layout: {exc}") from None
+
+
+def _agrees(run: ParsedRun, options: LogOptions) -> None:
+    """RunRefused when --layout says otherwise than the log (the log is the record of what ran)."""
+    for key, value in options.layout.items():
+        stated = run.layout.get(key)
+        if stated is not None and key != "zero" and str(stated) != str(value):
+            raise RunRefused(f"--layout {key}={value} contradicts the log ({key}={stated})")
 
 
 def _model(run: ParsedRun, options: LogOptions) -> ModelSpec:
@@ -179,30 +203,92 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(got) if got else None
 
 
+def missing_options(run: ParsedRun, options: LogOptions) -> list[str]:
+    """Every option this run needs that neither its log nor the user states, as the user
+    would type it (``--system NAME``, ``--layout tp=N,...``): asked for all at once."""
+    out = []
+    if options.system is None:
+        out.append("--system NAME")
+    if options.model_spec is None and options.model is None:
+        out.append("--model NAME")
+    if options.layout_spec is None:
+        stated = {**run.layout, **options.layout}
+        if fields := [k for k in REQUIRED if k not in stated]:
+            out.append(f"--layout {','.join(f'{k}=N' for k in fields)}")
+    return out
+
+
+def _unstated(missing: list[str]) -> str:
+    """One line for every option a run lacks."""
+    what = {"--system NAME": "the system", "--model NAME": "the model's name"}
+    said = [what.get(m) or m.removeprefix("--layout ").replace("=N", "").replace(",", ", ")
+            for m in missing]
+    return f"the log does not state {', '.join(said)}: give {' '.join(missing)}"
+
+
+def _measured(run: ParsedRun) -> list[bool]:
+    """The warm-up flags; RunRefused when every logged step is warm-up (a step time from
+    them would be start-up cost, not the layout's: stored, it would mislead calibration)."""
+    warm = run.warmup()
+    if all(warm):
+        shown = ", ".join(str(s.step) for s in run.steps[:5]) + (
+            ", ..." if len(run.steps) > 5 else "")
+        raise RunRefused(
+            f"{len(run.steps)} logged step{'s' * (len(run.steps) != 1)} ({shown}), all warm-up "
+            f"(the first logged step and steps 1-{WARMUP_STEPS} are not measured): a step "
+            f"time needs a logged step after step {max(WARMUP_STEPS, run.steps[0].step)}")
+    return warm
+
+
+def _trainer_figures(summary: dict, measured: list[Step], labels: dict[str, str]) -> None:
+    """Keep the trainer's own TFLOP/s and MFU beside flm's, never in their place: flm's
+    ``model_tflops_per_gpu`` and ``mfu`` count FLOPs one way for every run (model FLOPs over
+    the measured step time, costmodel/flops.py), which is what ``flm validate`` compares with
+    the prediction. A trainer counts its own way; beyond TFLOPS_AGREEMENT the label
+    ``tflops_disagree`` says by how much (and ``flm collect`` warns)."""
+    for key, values in (("trainer_tflops_per_gpu", [s.tflops for s in measured]),
+                        ("trainer_mfu", [s.mfu for s in measured])):
+        if (printed := _median(values)) is not None:
+            summary[key] = printed
+            labels[key] = f"{printed:.6g}"
+    ours, theirs = summary.get("model_tflops_per_gpu"), summary.get("trainer_tflops_per_gpu")
+    if ours and theirs and math.isfinite(ours) and ours > 0:
+        ratio = theirs / ours
+        if not 1 / TFLOPS_AGREEMENT <= ratio <= TFLOPS_AGREEMENT:
+            labels["tflops_disagree"] = (
+                f"the trainer printed {theirs:.4g} TFLOP/s/GPU, flm counts {ours:.4g} "
+                f"({ratio:.3g}x; more than the {TFLOPS_AGREEMENT:g}x that counting conventions "
+                "explain): check --model, the global batch and the GPU count")
+
+
 def build_trace(run: ParsedRun, path: Path, options: LogOptions) -> dict:
     """The trace of one parsed run; RunRefused says in one line what it lacks."""
-    from frontier_llm.bench.run import prediction_fields, summarize
+    from frontier_llm.bench.run import summarize
     from frontier_llm.catalog import load_system
 
     if run.status == "refused":
         raise RunRefused(run.error or "refused")
     if not run.steps:
         raise RunRefused("no step line in this run")
-    if options.system is None:
-        raise RunRefused("the log does not state the system: give --system NAME")
-    system = load_system(options.system)
+    if options.layout_spec is None:
+        _agrees(run, options)  # a contradiction first: no missing option mends it
+    if missing := missing_options(run, options):
+        raise RunRefused(_unstated(missing))
+    system = load_system(str(options.system))
     layout, defaulted = _layout(run, options)
     model = _model(run, options)
     _times(run, layout, model)
     # A step with no usable time (a rate of 0, a figure that is not finite) is not a measurement.
+    read = len(run.steps)
     run.steps = [s for s in run.steps if math.isfinite(s.time_s) and s.time_s > 0]
+    dropped = read - len(run.steps) + int(run.args.get("batch_rampup_steps", 0))
     if not run.steps:
         raise RunRefused("no step line with a step time in this run")
     for s in run.steps:
         if s.loss is not None and not math.isfinite(s.loss):
             s.loss = None  # a NaN loss is printed, but JSON (and the store) hold no NaN
     cfg = SimpleNamespace(model=model, system=system, layout=layout)
-    warm = run.warmup()
+    warm = _measured(run)
     steps = [{"step": s.step, "time_s": s.time_s, "loss": s.loss, "warmup": w}
              for s, w in zip(run.steps, warm, strict=True)]
     world = layout.world_size
@@ -210,12 +296,6 @@ def build_trace(run: ParsedRun, path: Path, options: LogOptions) -> dict:
         raise RunRefused(f"the log's world size {run.world_size} is not tp x cp x pp x dp = "
                          f"{world}")
     summary = summarize(cfg, steps, [], world)
-    measured = [s for s, w in zip(run.steps, warm, strict=True) if not w]
-    # What the trainer printed wins over the formula: it is the trainer's own figure.
-    for key, values in (("model_tflops_per_gpu", [s.tflops for s in measured]),
-                        ("mfu", [s.mfu for s in measured])):
-        if (printed := _median(values)) is not None:
-            summary[key] = printed
     peaks = [s.memory_bytes for s in run.steps if s.memory_bytes is not None]
     summary["peak_memory_bytes"] = max(peaks) if peaks else None
     status, error, end = _status(run)
@@ -225,46 +305,80 @@ def build_trace(run: ParsedRun, path: Path, options: LogOptions) -> dict:
               "sweep": options.sweep or f"logs-{system.name}"}
     if defaulted:
         labels["layout_defaulted"] = ",".join(defaulted)
-    model_json = model.to_dict()
-    model_json.pop("description", None)
-    trace = {
-        "schema_version": 1, "run_id": run_id(path, run.index), "status": str(status),
-        "error": error, "engine": str(layout.engine),
-        "started_at": run.first_time or stamp, "finished_at": run.last_time or stamp,
-        "model": model_json, "system": {"name": system.name, "gpu": system.gpu},
-        "layout": layout.to_dict(), "layout_hash": layout_hash(model, system.name, layout),
-        "labels": labels,
-        "environment": {"hostnames": [], "world_size": world, "backend": "unknown",
-                        "device": "unknown", "launcher": run.trainer,
-                        "versions": {"trainer": run.version} if run.version else {}},
-        "steps": steps, "memory": [], "summary": summary, **prediction_fields(cfg),
-    }
+    if rampup := run.args.get("batch_rampup_steps"):
+        labels["batch_rampup_steps_dropped"] = rampup
+    if dropped:  # step lines read but not stored: counted in collect's summary
+        labels["steps_dropped"] = str(dropped)
+    _trainer_figures(summary, [s for s, w in zip(run.steps, warm, strict=True) if not w],
+                     labels)
+    trace = trace_record(
+        cfg, run_id=run_id(path, run.index), status=status, error=error,
+        started_at=run.first_time or stamp, finished_at=run.last_time or stamp, labels=labels,
+        environment={"hostnames": [], "world_size": world, "backend": "unknown",
+                     "device": "unknown", "launcher": run.trainer,
+                     "versions": {"trainer": run.version} if run.version else {}},
+        steps=steps, summary=summary)
     validate_trace(trace)
     return trace
 
 
 @dataclass
 class LogsReport:
-    """What ``flm collect --from-logs`` read, wrote and refused."""
+    """What ``flm collect --from-logs`` read, wrote, skipped and refused."""
 
     files: int = 0
     lines: int = 0
     unreadable: int = 0
+    long_lines: int = 0  # lines longer than common.MAX_LINE_BYTES, skipped unread
+    dropped_steps: int = 0  # step lines of stored runs left out (no usable time, a ramp-up)
     runs: int = 0
     traces: list[Path] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # one line each: file or run, and why
+    skipped: list[str] = field(default_factory=list)  # files not read: links out, others' files
+    warnings: list[str] = field(default_factory=list)  # stored, but a figure to look at
+    # Each option some refused run lacks -> those runs: one line can ask for all of them.
+    missing: dict[str, list[str]] = field(default_factory=dict)
+
+    def ask(self) -> str | None:
+        """One line giving every option the refused runs lack (None when none lacks one)."""
+        if not self.missing:
+            return None
+        fields = dict.fromkeys(f for m in self.missing if m.startswith("--layout ")
+                               for f in m.removeprefix("--layout ").split(","))
+        options = [m for m in ("--system NAME", "--model NAME") if m in self.missing]
+        if fields:
+            options.append(f"--layout {','.join(fields)}")
+        runs = len({r for v in self.missing.values() for r in v})
+        need = "1 run needs" if runs == 1 else f"{runs} runs need"
+        return f"{need} what the logs do not state: give {' '.join(options)}"
 
     def summary(self) -> str:
-        return (f"read {self.files} log files ({self.lines} lines, {self.unreadable} unreadable "
+        text = (f"read {self.files} log files ({self.lines} lines, {self.unreadable} unreadable "
                 f"lines skipped): {self.runs} runs, {len(self.traces)} traces written, "
                 f"{len(self.refused)} refused")
+        extra = []
+        if self.dropped_steps:
+            extra.append(f"{self.dropped_steps} step lines dropped (no usable step time, or a "
+                         "batch ramp-up's smaller batch)")
+        if self.long_lines:
+            extra.append(f"{self.long_lines} lines longer than {MAX_LINE_BYTES >> 10} KiB "
+                         "skipped unread")
+        if self.skipped:
+            extra.append(f"{len(self.skipped)} files not read (links out of the folder, "
+                         "other users' files)")
+        if self.warnings:
+            extra.append(f"{len(self.warnings)} runs whose trainer's TFLOP/s disagrees with "
+                         "flm's")
+        return text + "".join(f"; {e}" for e in extra)
 
 
 def logs_to_traces(paths: list[str | Path], trainer: str, options: LogOptions,
-                   trace_dir: str | Path) -> LogsReport:
-    """Parse every log (a folder: every file below it) and write one trace per run."""
+                   trace_dir: str | Path, any_owner: bool = False) -> LogsReport:
+    """Parse every log (a folder: every file below it, see :func:`log_files`) and write one
+    trace per run."""
     report = LogsReport()
-    for path in _files(paths):
+    files, report.skipped = log_files(paths, any_owner)
+    for path in files:
         report.files += 1
         try:
             log = parse_log(path, trainer)
@@ -273,22 +387,65 @@ def logs_to_traces(paths: list[str | Path], trainer: str, options: LogOptions,
             continue
         report.lines += log.lines
         report.unreadable += log.unreadable
+        report.long_lines += log.long_lines
         for run in log.runs:
             report.runs += 1
             try:
-                report.traces.append(write_trace(trace_dir, build_trace(run, path, options)))
+                trace = build_trace(run, path, options)
+                report.traces.append(write_trace(trace_dir, trace))
             except (UserError, ValueError, OverflowError) as exc:  # this run's problem only
                 report.refused.append(f"{path} run {run.index}: {exc}")
+                for option in missing_options(run, options) if run.steps else ():
+                    report.missing.setdefault(option, []).append(f"{path} run {run.index}")
+                continue
+            report.dropped_steps += int(trace["labels"].get("steps_dropped", 0))
+            if why := trace["labels"].get("tflops_disagree"):
+                report.warnings.append(f"{path} run {run.index}: {why}")
     return report
 
 
-def _files(paths: list[str | Path]) -> list[Path]:
+def log_files(paths: list[str | Path], any_owner: bool = False) -> tuple[list[Path], list[str]]:
+    """The files to read, and one line for each file of a folder that is not read.
+
+    A file named on the command line is read: the user asked for it. Below a folder, a
+    symbolic link that leads out of the folder is not followed (a link to ``/etc/shadow`` or
+    to a colleague's private log would put that file's lines into a shared database), and a
+    file owned by another user is read only with ``any_owner`` (``--any-owner``): whoever
+    collects a shared folder decides to store other people's logs, it does not happen by
+    accident."""
     out: list[Path] = []
+    skipped: list[str] = []
+    me = os.geteuid()
     for p in map(Path, paths):
         if p.is_dir():
-            out.extend(sorted(f for f in p.rglob("*") if f.is_file()))
+            root = p.resolve()
+            for dirpath, dirnames, filenames in os.walk(p, followlinks=False):
+                dirnames.sort()
+                for name in sorted(filenames) + [d for d in dirnames
+                                                 if Path(dirpath, d).is_symlink()]:
+                    f = Path(dirpath, name)
+                    if why := _not_read(f, root, me, any_owner):
+                        skipped.append(f"{f}: {why}")
+                    elif f.is_file():
+                        out.append(f)
         elif p.exists():
             out.append(p)
         else:
             raise UserError(f"collect --from-logs: {p} does not exist")
-    return out
+    return out, skipped
+
+
+def _not_read(f: Path, root: Path, me: int, any_owner: bool) -> str | None:
+    """Why a file found below ``root`` is not read (None: it is read)."""
+    target = f.resolve()
+    if f.is_symlink() and not target.is_relative_to(root):
+        return "a link out of the folder, not followed"
+    if f.is_symlink() and target.is_dir():
+        return "a link to a folder, not followed"
+    try:
+        owner = target.stat().st_uid
+    except OSError:
+        return "cannot be read"
+    if owner != me and not any_owner:
+        return f"owned by another user (uid {owner}): --any-owner reads it"
+    return None
