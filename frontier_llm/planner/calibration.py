@@ -28,6 +28,7 @@ import pandas as pd
 
 from frontier_llm.catalog import load_system
 from frontier_llm.errors import UserError
+from frontier_llm.planner.intervals import family
 from frontier_llm.planner.plan import plan
 from frontier_llm.planner.space import SearchSpace
 from frontier_llm.specs.engine_rules import rules_for
@@ -129,6 +130,26 @@ def load_runs(path: str | Path) -> pd.DataFrame:
         raise UserError(f"{path}: no such file") from None
 
 
+def source_key(source: str) -> str:
+    """The source a row belongs to: the first word of its ``source`` cell (one paper,
+    repository or blog: ``Korthikanti2022``, ``fms-fsdp``, ``MaxText``)."""
+    return str(source).split()[0]
+
+
+def load_calibration(paths=CALIBRATION_FILES) -> pd.DataFrame:
+    """Both calibration tables, one frame: each row with its ``file``, its ``row`` number in
+    that file and its ``source_key``."""
+    frames = []
+    for path in paths:
+        frame = load_runs(path)
+        frame.insert(0, "row", range(len(frame)))
+        frame.insert(0, "file", Path(path).name)
+        frames.append(frame)
+    out = pd.concat(frames, ignore_index=True)
+    out["source_key"] = out["source"].map(source_key)
+    return out
+
+
 def row_model(row: pd.Series) -> ModelSpec:
     shape = dict(name=str(row["model"]), layers=int(row["layers"]), hidden=int(row["hidden"]),
                  heads=int(row["heads"]), seq_len=int(row["seq_len"]), vocab=int(row["vocab"]))
@@ -209,6 +230,9 @@ def row_space(row: pd.Series, gpus_per_node: int = 8) -> SearchSpace:
             kw["flash_attention"] = (False,)
         if "sequence parallel" in recompute:
             kw["sequence_parallel"] = (True,)
+    if "fp16" in _text(row, "engine"):
+        # The engine column names the training precision where it is not bf16.
+        kw["dtype"] = "fp16"
     if "flash" in _text(row, "engine"):
         # The engine column names the attention kernel the run used (FlashAttention-2,
         # flash-attn, cuDNN flash): it ran whatever the recompute.
@@ -320,7 +344,10 @@ def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) ->
         "metric": metric, "measured": float(measured), "predicted": predicted,
         "error": (predicted - measured) / measured, "flops_counted": counted,
         "engine": str(cfg.engine),
+        "family": family(str(cfg.engine), cfg.sharding.describe()),
         "layout": label(cfg),
+        "peak_memory_gb": fig["peak_memory_bytes"] / 1e9,
+        "capacity_gb": system.memory_bytes / 1e9,
         "mfu_predicted": fig["mfu"], "fits": bool(fig["fits"]),
         **memory,
     }
@@ -332,7 +359,7 @@ def validate_runs(runs: pd.DataFrame, systems: dict[str, SystemSpec] | None = No
     rows = []
     for _, row in runs.iterrows():
         out = predict_row(row, systems)
-        rows.append({"source": row["source"].split()[0], "model": row["model"],
+        rows.append({"source": source_key(row["source"]), "model": row["model"],
                      "gpu": row["gpu_type"], "system": row_system(row, systems).name,
                      "gpus": int(row["num_gpus"]), **out})
     return pd.DataFrame(rows)
