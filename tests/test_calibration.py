@@ -177,10 +177,10 @@ def test_published_runs_are_never_predicted_to_exceed_memory(table, sharded_runs
 
 @pytest.mark.xfail(strict=True, reason=(
     "not met: Megatron-DeepSpeed's GPT-3 13B ZeRO-1 over DP 16 on LUMI-G (confidence "
-    "low-medium; its notes: fp16 ZeRO-1 states ~61.8 GB of a GCD's 64 GB) is predicted at "
-    "~67 GB with full recompute: 2 + 2 (fp16 gradients) + 12/16 bytes per parameter and the "
-    "catalog's assumed 5 GB reserve; the rows that give an allocator reserve are too few to "
-    "narrow that reserve"))
+    "low-medium; its notes: fp16 ZeRO-1 states ~61.8 GB of a GCD's 64 GB) is predicted "
+    "above 64 GB on every layout (about 67 GB with full recompute, the least): 2 + 2 "
+    "(fp16 gradients) + 12/16 bytes per parameter and the catalog's assumed 5 GB reserve; "
+    "the rows that give an allocator reserve are too few to narrow that reserve"))
 def test_low_medium_rows_are_never_predicted_to_exceed_memory(sharded_runs, sharded_table):
     conf = sharded_runs["confidence"].map(_first_word)
     ok = sharded_table["predicted"].notna() & (conf == "low-medium")
