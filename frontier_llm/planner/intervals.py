@@ -137,23 +137,24 @@ def family_width(residuals: pd.DataFrame, fam: str, system: str, gpus: float | N
     rows = use[use["family"] == fam]
     group = rows["loso_log_residual"].to_numpy(float)
     q = half_width(group, pool, confidence)
-    beyond = []
     if not len(rows):
-        beyond.append("no calibration row of this family")
-    else:
-        if system not in set(rows["system"]):
-            beyond.append(f"system {system} (the family ran on "
-                          f"{', '.join(sorted(set(rows['system'])))})")
-        top = float(rows["gpus"].max())
-        if gpus is not None and np.isfinite(gpus) and gpus > SCALE_REACH * top:
-            beyond.append(f"scale ({gpus:.0f} GPUs > {SCALE_REACH:g} x {top:.0f})")
-    sources = rows["source"].nunique() if len(rows) else 0
-    basis = f"{fam}: {len(rows)} rows of {sources} sources, leave-one-source-out"
-    if len(rows) and not math.isfinite(conformal_quantile(group, confidence)):
+        q = conformal_quantile(pool, confidence)
+        return Width(q, f"{fam}: no calibration row of this family: the all-family quantile "
+                        f"of {len(pool)} rows, leave-one-source-out")
+    beyond = []
+    if system not in set(rows["system"]):
+        beyond.append(f"system {system} (the family ran on "
+                      f"{', '.join(sorted(set(rows['system'])))})")
+    top = float(rows["gpus"].max())
+    if gpus is not None and np.isfinite(gpus) and gpus > SCALE_REACH * top:
+        beyond.append(f"scale ({gpus:.0f} GPUs > {SCALE_REACH:g} x {top:.0f})")
+    basis = (f"{fam}: {len(rows)} rows of {rows['source'].nunique()} sources, "
+             "leave-one-source-out")
+    if not math.isfinite(conformal_quantile(group, confidence)):
         basis += f"; too few for {confidence:.0%}: at least the all-family quantile"
     if beyond:
         q = max(q, conformal_quantile(pool, confidence))
-        basis += (f"; beyond the rows in {'; '.join(beyond)}: widened to at least the "
+        basis += (f"; beyond them in {'; '.join(beyond)}: widened to at least the "
                   f"all-family quantile of {len(pool)} rows")
     return Width(q, basis)
 
