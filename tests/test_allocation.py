@@ -1,6 +1,6 @@
 """Allocation planning (planner/allocation.py, planner/intervals.py, flm plan's allocation
 flags): the seed's arithmetic, token and deadline parsing, the cost of a budget on hand-checkable
-rows, deadline and budget selections on small curves, the intervals' leave-one-out coverage on
+rows, deadline and budget selections on small curves, the intervals on
 the calibration rows, and one-line refusals."""
 
 from __future__ import annotations
