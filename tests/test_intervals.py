@@ -132,3 +132,11 @@ def test_stored_residuals_match_the_cost_model():
             continue
         residual = loso_residuals.step_log_residual(pred)
         assert residual == pytest.approx(row["loso_log_residual"], abs=1e-4), row["model"]
+
+
+def test_a_system_is_fitted_only_where_knobs_were_fitted_to_its_rows():
+    """LUMI-G has rows in the sharded table, but nothing is fitted to that table: its knobs
+    are carried over (``transferred``); the first table's systems are ``fitted``."""
+    assert intervals.system_class(load_system("lumi-g")) == "transferred"
+    assert intervals.system_class(load_system("grand-teton-h100")) == "fitted"
+    assert intervals.system_class(load_system("dgx-h100")) == "fitted"

@@ -105,9 +105,10 @@ def half_width(group: np.ndarray, pool: np.ndarray, confidence: float) -> float:
 
 
 def fitted_systems(residuals: pd.DataFrame) -> list[str]:
-    """The systems with two or more usable calibration rows."""
-    counts = usable(residuals)["system"].value_counts()
-    return sorted(counts[counts >= 2].index)
+    """The systems whose knobs were fitted to calibration rows: those with rows in the first
+    table (``calibration_runs.csv``; nothing is fitted to the sharded table)."""
+    first = residuals[residuals["file"] == "calibration_runs.csv"]
+    return sorted(set(first["system"]))
 
 
 def system_class(system: SystemSpec, residuals: pd.DataFrame | None = None) -> str:
