@@ -131,7 +131,8 @@ def test_sharded_rows_get_their_engine_and_sharding(sharded_runs, sharded_table)
     Megatron-DeepSpeed on deepspeed; an HSDP row shards in groups of its node, a full shard
     over all ranks, MaxText's 8-way FSDP on one node is full sharding."""
     engines = [row_engine(r) for _, r in sharded_runs.iterrows()]
-    assert engines.count("native") == 17 and engines.count("deepspeed") == 9
+    assert engines.count("native") == 18 and engines.count("deepspeed") == 8
+    assert engines[12:14] == ["native", "deepspeed"]  # the HF blog's FSDP and ZeRO-3 rows
     by_source = sharded_table.set_index(["source", "gpus", "model"])["layout"]
     assert by_source[("fms-fsdp", 128, "Llama 2 7B (LlamaT)")].endswith(
         "p=partial:8,g=partial:8,o=partial:8")

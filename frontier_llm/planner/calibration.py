@@ -67,12 +67,15 @@ def _text(row: pd.Series, *cols: str) -> str:
 
 
 def row_engine(row: pd.Series) -> str:
-    """The engine a row's source ran, read from its source, engine and notes (first match wins):
+    """The engine a row's source ran, read from its engine column, else its source and notes
+    (first match wins):
     DeepSpeed named (Megatron-DeepSpeed too) -> ``deepspeed``; FSDP/FSDP2, TorchTitan or
     MaxText named -> ``native`` (PyTorch's FSDP2, the model's one engine of per-layer parameter
     gathers: FSDP1 and MaxText's FSDP axis gather and reduce-scatter layer by layer the same
     way); anything else (Megatron-LM's papers and README) -> ``megatron``."""
-    text = _text(row, "source", "engine", "notes")
+    # The sharded table's engine column names the framework; the first table's rows name it
+    # in their source and notes (a blog titled "From DeepSpeed to FSDP" ran both).
+    text = _text(row, "engine") or _text(row, "source", "notes")
     if "deepspeed" in text:
         return "deepspeed"
     if any(word in text for word in ("fsdp", "torchtitan", "maxtext")):
