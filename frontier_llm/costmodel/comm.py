@@ -20,34 +20,63 @@ import numpy as np
 from frontier_llm.specs.system import SystemSpec
 
 
-def link_for_span(system: SystemSpec, span) -> tuple[np.ndarray, np.ndarray]:
-    """(bandwidth bytes/s, latency s) of the slowest link a group spanning ``span`` ranks uses."""
+def link_for_span(system: SystemSpec, span, stride=None) -> tuple[np.ndarray, np.ndarray]:
+    """(bandwidth bytes/s, latency s) of the slowest link a group spanning ``span`` ranks uses,
+    its members ``stride`` apart (None: one member per node's link, the conservative case).
+
+    Rails: a group that crosses the network with ``k`` members in each node runs ``k`` rings
+    at once, each leaving the node through its own GPU's NIC (NCCL's rail-aligned channels; its
+    bus bandwidth across nodes is the node's NICs together: NVIDIA nccl-tests,
+    doc/PERFORMANCE.md, "bus bandwidth"), so a member sees ``k`` times the per-GPU network
+    link, never more than its node link. A TP-strided data-parallel group has one member per
+    node (``k = 1``): the neighbouring groups use the other NICs."""
     span = np.asarray(span)
     pkg, node, net = system.link("package"), system.link("node"), system.link("network")
     eff = system.eff("collective")
     in_pkg = span <= system.gpus_per_package
     in_node = span <= system.gpus_per_node
-    bw = np.where(in_pkg, pkg.bandwidth, np.where(in_node, node.bandwidth, net.bandwidth)) * eff
+    rails = 1
+    if stride is not None:
+        stride = np.maximum(np.asarray(stride), 1)
+        rails = np.clip(system.gpus_per_node // stride, 1, np.maximum(span // stride, 1))
+    net_bw = np.minimum(net.bandwidth * rails, node.bandwidth)
+    bw = np.where(in_pkg, pkg.bandwidth, np.where(in_node, node.bandwidth, net_bw)) * eff
     lat = np.where(in_pkg, pkg.latency, np.where(in_node, node.latency, net.latency))
     return bw, lat
 
 
-def all_reduce(system: SystemSpec, n, stride, nbytes) -> np.ndarray:
+def all_reduce(system: SystemSpec, n, stride, nbytes, rails=False) -> np.ndarray:
+    """A ring all-reduce of ``nbytes`` over ``n`` ranks ``stride`` apart. ``rails`` (a bool or
+    one per row): spread over the node's NICs (:func:`link_for_span`), which the model applies
+    to the data-parallel buckets of gradients and parameters, the large messages nccl-tests'
+    bus bandwidth is measured with; else through one NIC's rate per member."""
     n = np.asarray(n)
-    bw, lat = link_for_span(system, n * np.asarray(stride))
+    bw, lat = _link(system, n, stride, rails)
     t = 2 * (n - 1) / np.maximum(n, 1) * nbytes / bw + 2 * (n - 1) * lat
     return np.where(n > 1, t, 0.0)
 
 
-def reduce_scatter(system: SystemSpec, n, stride, nbytes) -> np.ndarray:
+def reduce_scatter(system: SystemSpec, n, stride, nbytes, rails=False) -> np.ndarray:
     """Also the time of an all-gather producing ``nbytes``."""
     n = np.asarray(n)
-    bw, lat = link_for_span(system, n * np.asarray(stride))
+    bw, lat = _link(system, n, stride, rails)
     t = (n - 1) / np.maximum(n, 1) * nbytes / bw + (n - 1) * lat
     return np.where(n > 1, t, 0.0)
 
 
 all_gather = reduce_scatter
+
+
+def _link(system: SystemSpec, n, stride, rails) -> tuple[np.ndarray, np.ndarray]:
+    span = n * np.asarray(stride)
+    railed = link_for_span(system, span, stride)
+    if rails is True:
+        return railed
+    single = link_for_span(system, span)
+    if rails is False:
+        return single
+    rails = np.asarray(rails, dtype=bool)
+    return np.where(rails, railed[0], single[0]), np.where(rails, railed[1], single[1])
 
 
 def send_recv(system: SystemSpec, distance, nbytes) -> np.ndarray:

@@ -27,6 +27,21 @@ import numpy as np
 from frontier_llm.specs.layout import DType, Engine, PlacementKind
 
 FP32_MASTER_BYTES = 4
+HALF_BYTES = 2
+
+
+def grad_bytes_per_param(t, per_grad: np.ndarray) -> np.ndarray:
+    """Bytes per gradient element a rank keeps (``t`` a LayoutTable; ``per_grad`` the
+    engine-neutral count, 4 in 16-bit training: Megatron's fp32 main-gradient buffers,
+    ``--accumulate-allreduce-grads-in-fp32``). DeepSpeed's fp16 ZeRO optimizer keeps the
+    gradients in the model's fp16 (``param.grad``) and casts only the rank's partition to fp32
+    at the step (``deepspeed/runtime/zero/stage_1_and_2.py``: ``get_flat_partition(...,
+    dtype=self.single_partition_of_fp32_groups[i].dtype)`` builds the fp32 gradient of the
+    partition in ``step``; without ZeRO, ``deepspeed/runtime/fp16/fused_optimizer.py`` flattens
+    the fp16 gradients into the fp32 master's gradient in ``step`` likewise), so fp16 under
+    DeepSpeed holds 2 bytes per gradient at the start of backward, the peak this model takes."""
+    fp16_deepspeed = (t.engine == Engine.DEEPSPEED.code) & (t.dtype == DType.FP16.code)
+    return np.where(fp16_deepspeed, HALF_BYTES, per_grad)
 
 
 def extra_optimizer_bytes(t, params_per_rank: np.ndarray) -> np.ndarray:

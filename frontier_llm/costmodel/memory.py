@@ -39,6 +39,7 @@ from frontier_llm.costmodel.deepspeed_buffers import (
     extra_optimizer_bytes,
     extra_param_bytes,
     extra_params,
+    grad_bytes_per_param,
 )
 from frontier_llm.costmodel.layouts import LayoutTable, from_configs
 from frontier_llm.costmodel.params import (
@@ -74,7 +75,7 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None
     per = STATE_BYTES[t.dtype]
     return {
         "params": _cdiv(n, t.degree("params")) * per[:, 0] + extra_param_bytes(t, n, per[:, 0]),
-        "grads": _cdiv(n, t.degree("grads")) * per[:, 1],
+        "grads": _cdiv(n, t.degree("grads")) * grad_bytes_per_param(t, per[:, 1]),
         # DeepSpeed's fp32 master partition (costmodel/deepspeed_buffers.py).
         "optimizer": _cdiv(n, t.degree("optim")) * per[:, 2] + extra_optimizer_bytes(t, n),
     }

@@ -264,13 +264,20 @@ def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     # Messages per layer: one gather per module for engines that fetch module by module, and
     # one reduce-scatter per gradient bucket: each pays the start-up cost ((n−1)·α on a ring),
     # which is what dominates at large kp and small messages.
-    gathers = np.where(behaviour(t, "gather_per_module"), layer_modules(model), 1)
+    per_module = behaviour(t, "gather_per_module")
+    gathers = np.where(per_module, layer_modules(model), 1)
     bucket_rs = behaviour(t, "reduce_bucket_params")
     scatters = np.where(bucket_rs > 0, np.ceil(n_layer / np.maximum(bucket_rs, 1)), 1)
-    ag = gathers * comm.all_gather(system, kp, t.tp, n_layer * e / gathers)
-    rs = scatters * comm.reduce_scatter(system, kp, t.tp, n_layer * g / scatters)
-    rest = comm.all_gather(system, kp, t.tp, n_rest * e) + comm.reduce_scatter(
-        system, kp, t.tp, n_rest * g)
+    # One flat buffer per layer (FSDP) spreads over the node's NICs (comm.link_for_span);
+    # DeepSpeed ZeRO-3's module-by-module gathers are issued parameter by parameter, each
+    # waited for (deepspeed/runtime/zero/stage3.py: the "async" gather synchronised the device,
+    # DeepSpeed issue #1069 and PR #1188), measured through one NIC's rate (Narayanan et al.
+    # 2021's ZeRO-3 rows, docs/costmodel.md "Data-parallel communication").
+    rails = ~per_module
+    ag = gathers * comm.all_gather(system, kp, t.tp, n_layer * e / gathers, rails)
+    rs = scatters * comm.reduce_scatter(system, kp, t.tp, n_layer * g / scatters, rails)
+    rest = comm.all_gather(system, kp, t.tp, n_rest * e, rails) + comm.reduce_scatter(
+        system, kp, t.tp, n_rest * g, rails)
     # Parameters freed after forward are gathered again in backward (kept: no second gather).
     again = np.where(behaviour(t, "reshard_after_forward") & t.reshard_after_forward, ag, 0.0)
     fwd_window = blk.fwd
@@ -314,16 +321,17 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     # across groups (HSDP's replication; a plain all-reduce when nothing is sharded). With
     # sharded parameters the reduce-scatter ran per micro-batch (sharded_param_times) and only
     # the cross-group all-reduce is left.
+    # Bucketed gradients and parameters spread over the node's NICs (comm.link_for_span).
     grad_sync = np.where(
         shard > 1,
-        np.where(kp > 1, 0.0, comm.reduce_scatter(system, shard, tp, grad_bytes))
-        + comm.all_reduce(system, dp // shard, tp * shard, grad_bytes / shard),
-        comm.all_reduce(system, dp, tp, grad_bytes),
+        np.where(kp > 1, 0.0, comm.reduce_scatter(system, shard, tp, grad_bytes, True))
+        + comm.all_reduce(system, dp // shard, tp * shard, grad_bytes / shard, True),
+        comm.all_reduce(system, dp, tp, grad_bytes, True),
     )
     # Parameters updated from sharded optimizer states are gathered back (kept less sharded).
     param_gather = np.where(
         (shard > 1) & (kp < shard),
-        comm.all_gather(system, shard // kp, tp * kp, param_bytes / kp), 0.0)
+        comm.all_gather(system, shard // kp, tp * kp, param_bytes / kp, True), 0.0)
     # Bucketed engines (Megatron's --overlap-grad-reduce / --overlap-param-gather, DDP and
     # FSDP's per-layer buckets, DeepSpeed's overlap_comm) reduce a layer's gradients while the
     # earlier layers' backward runs and gather parameters behind the next forward: what shows is

@@ -1,4 +1,8 @@
-"""Predict published training runs (../shared/data/calibration_runs.csv) and measure the error.
+"""Predict published training runs (the calibration tables) and measure the error.
+
+The tables are verbatim copies of ``../shared/data/calibration_runs.csv`` and
+``calibration_runs_sharded.csv`` shipped in ``planner/data/`` (:data:`CALIBRATION_FILES`; their
+columns and sources in that folder's README); :func:`load_calibration` reads both.
 
 Protocol (docs/costmodel.md, "Calibration"): each row becomes a model (GPT-style: GeLU 4h MLP,
 learned positions, tied embeddings, Megatron's 0.1 dropout; Llama-style where its notes name
@@ -14,6 +18,7 @@ is treated specially: the same function runs on rows the model has never seen.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -23,19 +28,31 @@ import pandas as pd
 
 from frontier_llm.catalog import load_system
 from frontier_llm.errors import UserError
+from frontier_llm.planner.intervals import family
 from frontier_llm.planner.plan import plan
 from frontier_llm.planner.space import SearchSpace
 from frontier_llm.specs.engine_rules import rules_for
 from frontier_llm.specs.forms import label
 from frontier_llm.specs.layout import Engine, Schedule, parse_schedule_label, zero_preset
 from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.sharding import Sharding
 from frontier_llm.specs.system import SystemSpec
 
 # "interleaved pipeline with 3 stages per rank": the interleaving depth a row's notes state.
 _STAGES_PER_RANK = re.compile(r"(\d+)\s+(?:virtual\s+)?stages\s+per\s+rank", re.IGNORECASE)
 # First match wins: the 500 W, HBM2e H100 of Meta's Grand Teton hosts is a system of its own.
-GPU_SYSTEMS = {"hbm2e": "grand-teton-h100", "a100": "dgx-a100", "h100": "dgx-h100",
-               "mi250x": "frontier"}
+GPU_SYSTEMS = {"hbm2e": "grand-teton-h100", "lumi": "lumi-g", "a100": "dgx-a100",
+               "h100": "dgx-h100", "mi250x": "frontier"}
+DATA = Path(__file__).with_name("data")
+CALIBRATION_FILES = (DATA / "calibration_runs.csv", DATA / "calibration_runs_sharded.csv")
+# What a row must state for its model to be built (an empty cell is never guessed).
+ARCHITECTURE = ("layers", "hidden", "heads", "seq_len", "vocab")
+# "400 Gbps inter-node" in a row's gpu_type: the network bandwidth its cluster had per node.
+_NETWORK = re.compile(r"(\d+(?:\.\d+)?)\s*Gbps\s+inter-node", re.IGNORECASE)
+# "shard within 8-GPU node", "FSDP 8 within node": the shard group of two-level (HSDP) sharding.
+_SHARD_GROUP = re.compile(r"(\d+)(?:-GPU)?\s+(?:node|within)", re.IGNORECASE)
+# Per-GPU micro-batches tried when a row states neither its micro-batch nor its global batch.
+UNSTATED_MICRO_BATCHES = (1, 2, 4, 8)
 _KV_HEADS = re.compile(r"kv_heads\s+(\d+)", re.IGNORECASE)
 _FFN = re.compile(r"\bffn\s+(\d+)", re.IGNORECASE)
 _ZERO = re.compile(r"^\s*(\d)")
@@ -45,14 +62,23 @@ _YEAR = re.compile(r"((?:19|20)\d\d)")
 FLASH_ATTENTION_YEAR = 2022
 
 
+def _text(row: pd.Series, *cols: str) -> str:
+    return " ".join(str(row.get(c)) for c in cols if _given(row.get(c))).lower()
+
+
 def row_engine(row: pd.Series) -> str:
-    """The engine a row's source ran, read from its source and notes (first match wins):
-    DeepSpeed named -> ``deepspeed``; FSDP2 or TorchTitan named -> ``native`` (PyTorch's own
-    FSDP2); anything else (Megatron-LM's papers and README) -> ``megatron``."""
-    text = f"{row.get('source', '')} {row.get('notes', '')}".lower()
+    """The engine a row's source ran, read from its engine column, else its source and notes
+    (first match wins):
+    DeepSpeed named (Megatron-DeepSpeed too) -> ``deepspeed``; FSDP/FSDP2, TorchTitan or
+    MaxText named -> ``native`` (PyTorch's FSDP2, the model's one engine of per-layer parameter
+    gathers: FSDP1 and MaxText's FSDP axis gather and reduce-scatter layer by layer the same
+    way); anything else (Megatron-LM's papers and README) -> ``megatron``."""
+    # The sharded table's engine column names the framework; the first table's rows name it
+    # in their source and notes (a blog titled "From DeepSpeed to FSDP" ran both).
+    text = _text(row, "engine") or _text(row, "source", "notes")
     if "deepspeed" in text:
         return "deepspeed"
-    if "fsdp2" in text or "torchtitan" in text:
+    if any(word in text for word in ("fsdp", "torchtitan", "maxtext")):
         return "native"
     return "megatron"
 
@@ -70,6 +96,32 @@ def row_zero_stage(row: pd.Series) -> int | None:
     raise UserError(f"zero_stage {text!r}: not a ZeRO stage")
 
 
+def row_shardings(row: pd.Series, gpus_per_node: int) -> tuple[Sharding, ...] | None:
+    """The shardings a row's ``zero_stage`` cell allows: a ZeRO stage; FSDP's full shard
+    (ZeRO-3); two-level sharding (HSDP, MaxText's FSDP-in-node x DP-across-nodes) over the
+    shard group it names: every state sharded in groups of that size, replicated across them;
+    FSDP without a strategy: full shard or HSDP within a node (PyTorch FSDP's two strategies
+    that shard parameters). None when the row states nothing."""
+    if not _given(row.get("zero_stage")):
+        return None
+    text = str(row["zero_stage"]).lower()
+    dp = int(row["dp"]) if _given(row.get("dp")) else int(row["num_gpus"])
+    group = _SHARD_GROUP.search(text)
+    if "hsdp" in text or (group and "within" in text):
+        return (_hsdp(int(group.group(1)) if group else gpus_per_node, dp),)
+    if "fsdp" in text and "not stated" in text:
+        return tuple(dict.fromkeys((zero_preset(3), _hsdp(gpus_per_node, dp))))
+    return (zero_preset(row_zero_stage(row)),)
+
+
+def _hsdp(group: int, dp: int) -> Sharding:
+    """States sharded over groups of ``group`` DP ranks, replicated across groups (HSDP); a
+    group as large as DP is full sharding."""
+    if group >= dp:
+        return zero_preset(3)
+    return Sharding.parse(f"p=partial:{group},g=partial:{group},o=partial:{group}")
+
+
 def _given(value) -> bool:
     return not (value is None or (isinstance(value, float) and math.isnan(value)) or value == "")
 
@@ -81,12 +133,33 @@ def load_runs(path: str | Path) -> pd.DataFrame:
         raise UserError(f"{path}: no such file") from None
 
 
+def source_key(source: str) -> str:
+    """The source a row belongs to: the first word of its ``source`` cell (one paper,
+    repository or blog: ``Korthikanti2022``, ``fms-fsdp``, ``MaxText``)."""
+    return str(source).split()[0]
+
+
+def load_calibration(paths=CALIBRATION_FILES) -> pd.DataFrame:
+    """Both calibration tables, one frame: each row with its ``file``, its ``row`` number in
+    that file and its ``source_key``."""
+    frames = []
+    for path in paths:
+        frame = load_runs(path)
+        frame.insert(0, "row", range(len(frame)))
+        frame.insert(0, "file", Path(path).name)
+        frames.append(frame)
+    out = pd.concat(frames, ignore_index=True)
+    out["source_key"] = out["source"].map(source_key)
+    return out
+
+
 def row_model(row: pd.Series) -> ModelSpec:
     shape = dict(name=str(row["model"]), layers=int(row["layers"]), hidden=int(row["hidden"]),
                  heads=int(row["heads"]), seq_len=int(row["seq_len"]), vocab=int(row["vocab"]))
     notes = str(row.get("notes") or "")
-    if "swiglu" in notes.lower():
-        # Llama style (the catalog's llama3 models): the notes state what differs from a GPT.
+    if "swiglu" in notes.lower() or "llama" in str(row["model"]).lower():
+        # Llama style (the catalog's llama3 models; every Llama is SwiGLU, RMSNorm, RoPE,
+        # untied: Touvron et al. 2023): the notes state what differs from a GPT.
         kv, ffn = _KV_HEADS.search(notes), _FFN.search(notes)
         return ModelSpec(**shape, kv_heads=int(kv.group(1)) if kv else None,
                          ffn_hidden=int(ffn.group(1)) if ffn else None, activation="swiglu",
@@ -96,14 +169,30 @@ def row_model(row: pd.Series) -> ModelSpec:
 
 
 def row_system(row: pd.Series, systems: dict[str, SystemSpec] | None = None) -> SystemSpec:
+    """The catalog system of the row's GPU; where its gpu_type states the cluster's network
+    ("400 Gbps inter-node"), that bandwidth shared by the node's GPUs replaces the catalog's
+    per-GPU network link (a DGX has one NIC per GPU; the PyTorch FSDP blog's A100 cluster had
+    400 Gbit/s per node)."""
     gpu = str(row["gpu_type"]).lower()
     for key, name in GPU_SYSTEMS.items():
         if key in gpu:
-            return (systems or {}).get(name) or load_system(name)
+            system = (systems or {}).get(name) or load_system(name)
+            return with_stated_network(system, str(row["gpu_type"]))
     raise UserError(f"no catalog system for GPU type {row['gpu_type']!r}")
 
 
-def row_space(row: pd.Series) -> SearchSpace:
+def with_stated_network(system: SystemSpec, gpu_type: str) -> SystemSpec:
+    """``system`` with the per-GPU network bandwidth ``gpu_type`` states per node, if any."""
+    stated = _NETWORK.search(gpu_type)
+    if not stated:
+        return system
+    per_gpu = float(stated.group(1)) * 1e9 / 8 / system.gpus_per_node
+    net = dataclasses.replace(system.links["network"], bandwidth=per_gpu,
+                              source=f"the run's stated {stated.group(0)}")
+    return dataclasses.replace(system, links={**system.links, "network": net})
+
+
+def row_space(row: pd.Series, gpus_per_node: int = 8) -> SearchSpace:
     """Pin what the row states; leave the rest to the search."""
     def pinned(col):
         return (int(row[col]),) if _given(row.get(col)) else None
@@ -117,8 +206,19 @@ def row_space(row: pd.Series) -> SearchSpace:
     if year and int(year.group(1)) < FLASH_ATTENTION_YEAR:
         kw["flash_attention"] = (False,)
     recompute = str(row.get("act_recompute") or "")
+    lowered = recompute.lower()
     if _given(row.get("act_recompute")):
-        if recompute.startswith("full"):
+        if lowered.startswith("none"):
+            kw["recompute"] = ("none",)
+        elif "block-level" in lowered:
+            # FSDP's "selective" checkpoints every n-th block, n unstated: between none and
+            # full, both searched.
+            kw["recompute"] = ("none", "full")
+        elif "remat" in lowered and "minimal" in lowered:
+            # MaxText's ``minimal`` remat policies save the matmul outputs and rerun the
+            # element-wise work: op-level selective checkpointing.
+            kw["recompute"] = ("selective-op",)
+        elif recompute.startswith("full"):
             kw["recompute"] = ("full",)
             kw["flash_attention"] = (False,)
         elif recompute.startswith("selective") and engine.engine == Engine.NATIVE:
@@ -133,6 +233,13 @@ def row_space(row: pd.Series) -> SearchSpace:
             kw["flash_attention"] = (False,)
         if "sequence parallel" in recompute:
             kw["sequence_parallel"] = (True,)
+    if "fp16" in _text(row, "engine"):
+        # The engine column names the training precision where it is not bf16.
+        kw["dtype"] = "fp16"
+    if "flash" in _text(row, "engine"):
+        # The engine column names the attention kernel the run used (FlashAttention-2,
+        # flash-attn, cuDNN flash): it ran whatever the recompute.
+        kw["flash_attention"] = (True,)
     notes = str(row.get("notes") or "")
     if "interleaved" in notes:
         depth = _STAGES_PER_RANK.search(notes)
@@ -144,8 +251,8 @@ def row_space(row: pd.Series) -> SearchSpace:
     # The search covers what the sources' framework offers: Megatron-LM shards nothing or the
     # optimizer states (its distributed optimizer, ZeRO-1), and schedules pipelines with 1F1B or
     # interleaved 1F1B (Megatron-DeepSpeed's pipelines likewise take ZeRO-0/1 only).
-    stage = row_zero_stage(row)
-    kw["sharding"] = ((zero_preset(stage),) if stage is not None else
+    stated = row_shardings(row, gpus_per_node)
+    kw["sharding"] = (stated if stated is not None else
                       tuple(s for s in (zero_preset(0), zero_preset(1))
                             if engine.runs_sharding(s)))
     kw.setdefault("schedule", tuple(str(s) for s in engine.schedules
@@ -157,32 +264,75 @@ def row_space(row: pd.Series) -> SearchSpace:
     return SearchSpace(**kw)
 
 
+def row_batches(row: pd.Series) -> tuple[int, ...]:
+    """Global batches to try: the one stated; else one micro-batch per DP rank per step (the
+    stated micro-batch, or each of :data:`UNSTATED_MICRO_BATCHES`): FSDP and MaxText step the
+    optimizer once per batch unless told to accumulate, and none of these rows says it did."""
+    if _given(row.get("global_batch")):
+        return (int(row["global_batch"]),)
+    gpus = int(row["num_gpus"])
+    dp = (int(row["dp"]) if _given(row.get("dp"))
+          else gpus // (int(row.get("tp") or 1) * int(row.get("pp") or 1)))
+    micro = ((int(row["micro_batch"]),) if _given(row.get("micro_batch"))
+             else UNSTATED_MICRO_BATCHES)
+    return tuple(m * dp for m in micro)
+
+
+def unstated_architecture(row: pd.Series) -> list[str]:
+    """The architecture columns a row leaves empty (its model cannot be built)."""
+    return [c for c in ARCHITECTURE if not _given(row.get(c))]
+
+
+def _best(row: pd.Series, model: ModelSpec, system: SystemSpec):
+    """(plan, index) of the fastest layout over the row's batches, those predicted to fit
+    first; None when no layout has the row's DP degree."""
+    found = []
+    for batch in row_batches(row):
+        result = plan(model, system, int(row["num_gpus"]), batch,
+                      row_space(row, system.gpus_per_node))
+        # A published run ran: when none of its layouts is predicted to fit, the fastest is
+        # predicted anyway (after those that fit) and the table says it was predicted not to fit.
+        order = result.ranked_indices(fits_only=False)
+        if _given(row.get("dp")):
+            order = order[result.layouts.dp[order] == int(row["dp"])]
+        if len(order):
+            i = int(order[0])
+            found.append((not result.figures["fits"][i],
+                          -result.figures["tokens_per_s"][i], len(found), result, i))
+    if not found:
+        return None
+    best = min(found)
+    return best[3], best[4]
+
+
 def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) -> dict:
     """The best layout's figures for one published row, beside the published figure."""
+    missing = unstated_architecture(row)
+    if missing:
+        return {"metric": None, "measured": None, "predicted": None, "error": math.nan,
+                "layout": f"not predictable: {', '.join(missing)} not stated",
+                "engine": row_engine(row)}
     model, system = row_model(row), row_system(row, systems)
-    result = plan(model, system, int(row["num_gpus"]), int(row["global_batch"]), row_space(row))
-    # A published run ran: when none of its layouts is predicted to fit, the fastest is
-    # predicted anyway (after those that fit) and the table says it was predicted not to fit.
-    order = result.ranked_indices(fits_only=False)
-    if _given(row.get("dp")):
-        order = order[result.layouts.dp[order] == int(row["dp"])]
-    if not len(order):
+    found = _best(row, model, system)
+    if found is None:
         return {"metric": None, "measured": None, "predicted": None, "error": math.nan,
                 "layout": "no layout fits", "engine": row_engine(row)}
-    best = int(order[0])
+    result, best = found
     fig = {k: float(v[best]) for k, v in result.figures.items()}
     counted = None  # which FLOPs a TFLOP/s figure counts
+    # Tokens per second is what a run measures; a TFLOP/s figure depends on the source's FLOP
+    # count, so it is compared only where no token rate is given.
     if _given(row.get("iteration_time_s")):
         metric, measured, predicted = "iteration_time_s", row["iteration_time_s"], fig[
             "step_time_s"]
-    elif _given(row.get("tflops_per_gpu")):
-        counted = "hardware" if "hardware tflop" in str(row.get("notes") or "").lower() \
-            else "model"
-        metric, measured, predicted = ("tflops_per_gpu", row["tflops_per_gpu"],
-                                       fig[f"{counted}_tflops_per_gpu"])
     elif _given(row.get("tokens_per_s_per_gpu")):
         metric, measured, predicted = ("tokens_per_s_per_gpu", row["tokens_per_s_per_gpu"],
                                        fig["tokens_per_s"] / int(row["num_gpus"]))
+    elif _given(row.get("tflops_per_gpu")):
+        counted = ("hardware" if "hardware tflop" in _text(row, "notes", "flops_kind")
+                   else "model")
+        metric, measured, predicted = ("tflops_per_gpu", row["tflops_per_gpu"],
+                                       fig[f"{counted}_tflops_per_gpu"])
     else:
         metric, measured, predicted = "pct_peak", row["pct_peak"], 100 * fig["mfu"]
     cfg = result.layout(best)
@@ -197,7 +347,10 @@ def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) ->
         "metric": metric, "measured": float(measured), "predicted": predicted,
         "error": (predicted - measured) / measured, "flops_counted": counted,
         "engine": str(cfg.engine),
+        "family": family(str(cfg.engine), cfg.sharding.describe()),
         "layout": label(cfg),
+        "peak_memory_gb": fig["peak_memory_bytes"] / 1e9,
+        "capacity_gb": system.memory_bytes / 1e9,
         "mfu_predicted": fig["mfu"], "fits": bool(fig["fits"]),
         **memory,
     }
@@ -209,7 +362,7 @@ def validate_runs(runs: pd.DataFrame, systems: dict[str, SystemSpec] | None = No
     rows = []
     for _, row in runs.iterrows():
         out = predict_row(row, systems)
-        rows.append({"source": row["source"].split()[0], "model": row["model"],
+        rows.append({"source": source_key(row["source"]), "model": row["model"],
                      "gpu": row["gpu_type"], "system": row_system(row, systems).name,
                      "gpus": int(row["num_gpus"]), **out})
     return pd.DataFrame(rows)

@@ -1,32 +1,38 @@
-"""Error bars from the cost model's measured error on runs it did not see.
+"""Error bars from the cost model's error on published runs of sources it did not see.
 
-Method (docs/planner.md, "Planning an allocation"):
+Method (docs/planner.md, "Reading an interval"):
 
-- The residuals are ``log(predicted / measured step time)`` of the published runs in
-  ``../shared/data/calibration_runs.csv``, out of sample, written by
-  ``analysis/loo_residuals.py`` to ``planner/data/calibration_residuals.csv``: ``loo`` (the row's
-  system refitted without it) and ``transfer`` (the row predicted with another system's fitted
-  knobs).
-- A system's **class** says which apply: ``fitted`` (its knobs were fitted to its own rows: the
-  systems with two or more rows), ``transferred`` (its knobs were carried over from another
-  system or anchored on one figure: Frontier, LUMI-G, every system without rows), or
-  ``calibrated`` (a system file with ``prediction_error``, written by ``flm calibrate
-  --from-runs``: its own cross-validated residuals, whatever the engine).
-- Within the class, the residuals of the layout's **engine family**. The half-width at
-  confidence ``c`` is the split-conformal quantile of the absolute residuals: the
+- The residuals are ``log(predicted / measured step time)`` of the rows of both calibration
+  tables (``planner/data/calibration_runs.csv`` and ``calibration_runs_sharded.csv``), each
+  predicted **leave-one-source-out**: with the knobs fitted without any row of its paper,
+  repository or blog (``analysis/loso_residuals.py`` writes them to
+  ``planner/data/calibration_residuals.csv``). A new user's run is a new source, not a new row
+  of a known one, so this is the error that transfers. Rows whose ``confidence`` is ``low`` are
+  left out (the tables' README: the doubtful LUMI DP 8 row); rows the model cannot build (an
+  unstated architecture) have no residual.
+- A layout's **family** is its engine, and whether it shards parameters (ZeRO-3, FSDP, HSDP):
+  ``megatron``, ``deepspeed``, ``deepspeed+sharded``, ``native+sharded`` ... The half-width at
+  confidence ``c`` is the split-conformal quantile of the family's absolute residuals: the
   ``ceil((n + 1)·c)``-th smallest of ``n`` (Vovk et al. 2005; Lei et al. 2018), which covers a
-  new run with probability at least ``c`` when runs are exchangeable. With too few rows for that
-  (an engine family with fewer than ``c / (1 - c)`` rows), the class's rows of every engine are
-  pooled and the half-width is the larger of their quantile and the family's largest error.
+  new run with probability at least ``c`` when sources are exchangeable. A family with fewer
+  rows than that needs (``c / (1 - c)``) takes the larger of the all-family quantile and its own
+  largest error.
+- **Extrapolation**: a layout beyond its family's rows, on a system none of them ran on, at more
+  than :data:`SCALE_REACH` times their largest GPU count, or of a family without rows, takes at
+  least the all-family quantile (the model-form error across engines, systems and scales, which
+  is what the family's rows cannot measure). ``interval_basis`` says which applied.
+- A system file with ``prediction_error`` (``flm calibrate --from-runs``) uses its own
+  cross-validated residuals instead.
 - The interval is symmetric in log space: ``step_time · exp(±q)``; throughput the reciprocal.
-- Peak memory: the same, from the rows that state a measured peak memory (one row today, so
-  the width is that row's error: not an 80 % claim, said in ``memory_interval_basis``).
-  The verdict: ``fits`` (the high end fits the device), ``exceeds`` (the low end does not),
-  ``tight`` (the interval straddles the capacity).
+- Peak memory: the same from the rows that state a measured peak (``memory_log_residual``; one
+  row today, so its width is that row's error: not an 80 % claim, said in
+  ``memory_interval_basis``). The verdict: ``fits`` (the high end fits the device),
+  ``exceeds`` (the low end does not), ``tight`` (the interval straddles the capacity);
+  ``memory_margin`` is the share of the device the point estimate leaves free (negative: over).
 
-Assumptions: residuals of future runs are like those of the published ones (same engines,
-similar scales); the transfer residuals, measured between NVIDIA systems, stand in for carrying
-knobs to an AMD system, which they likely understate.
+Assumptions: future runs' residuals are like the published ones' (same engines, similar
+scales); the all-family quantile stands in for what no calibration row measures (an AMD system
+for a family calibrated on NVIDIA, say), which it may understate.
 """
 
 from __future__ import annotations
@@ -45,17 +51,38 @@ from frontier_llm.specs.system import SystemSpec
 RESIDUALS = Path(__file__).with_name("data") / "calibration_residuals.csv"
 DEFAULT_CONFIDENCE = 0.8
 INTERVAL_FIGURES = ("step_time_s", "tokens_per_s", "peak_memory_bytes")
+# A GPU count more than this many times the family's largest calibration run is an
+# extrapolation in scale (the exposed share of data-parallel communication grows with it).
+SCALE_REACH = 2.0
+
+
+def params_sharded(sharding: str | None) -> bool:
+    """Whether a sharding's text form (``Sharding.describe``) shards parameters."""
+    text = str(sharding or "")
+    return text == "zero3" or text.startswith(("p=full", "p=partial"))
+
+
+def family(engine: str, sharding: str | None = None) -> str:
+    """The error family of a layout: its engine, ``+sharded`` when it shards parameters."""
+    return f"{engine}+sharded" if params_sharded(sharding) else str(engine)
 
 
 @lru_cache(maxsize=4)
 def load_residuals(path: str | Path = RESIDUALS) -> pd.DataFrame:
-    """The out-of-sample residuals of the calibration rows (analysis/loo_residuals.py)."""
+    """The leave-one-source-out residuals of the calibration rows (analysis/loso_residuals.py)."""
     try:
         return pd.read_csv(path)
     except FileNotFoundError:
         raise UserError(
-            f"{path}: no such file (python analysis/loo_residuals.py writes it)"
+            f"{path}: no such file (python analysis/loso_residuals.py writes it)"
         ) from None
+
+
+def usable(residuals: pd.DataFrame) -> pd.DataFrame:
+    """The rows an interval rests on: a finite residual, and a confidence other than ``low``."""
+    conf = residuals["confidence"].fillna("high").astype(str).str.split().str[0]
+    ok = np.isfinite(residuals["loso_log_residual"].to_numpy(float)) & (conf != "low")
+    return residuals[ok]
 
 
 def conformal_quantile(abs_residuals: np.ndarray, confidence: float) -> float:
@@ -78,13 +105,15 @@ def half_width(group: np.ndarray, pool: np.ndarray, confidence: float) -> float:
 
 
 def fitted_systems(residuals: pd.DataFrame) -> list[str]:
-    """The systems with two or more calibration rows: their knobs were fitted to their own."""
-    counts = residuals["system"].value_counts()
-    return sorted(counts[counts >= 2].index)
+    """The systems whose knobs were fitted to calibration rows: those with rows in the first
+    table (``calibration_runs.csv``; nothing is fitted to the sharded table)."""
+    first = residuals[residuals["file"] == "calibration_runs.csv"]
+    return sorted(set(first["system"]))
 
 
 def system_class(system: SystemSpec, residuals: pd.DataFrame | None = None) -> str:
-    """``calibrated``, ``fitted`` or ``transferred`` (module docstring)."""
+    """``calibrated`` (its own cross-validated residuals), ``fitted`` (calibration rows ran
+    on it) or ``transferred`` (none did: its knobs are carried over from another)."""
     if system.prediction_error is not None:
         return "calibrated"
     res = load_residuals() if residuals is None else residuals
@@ -99,16 +128,50 @@ class Width:
     basis: str
 
 
+def family_width(residuals: pd.DataFrame, fam: str, system: str, gpus: float | None,
+                 confidence: float) -> Width:
+    """The half-width for a layout of family ``fam`` on ``system`` at ``gpus`` GPUs from
+    ``residuals`` (module docstring): the family's quantile, widened to at least the
+    all-family quantile beyond the family's rows."""
+    use = usable(residuals)
+    pool = use["loso_log_residual"].to_numpy(float)
+    rows = use[use["family"] == fam]
+    group = rows["loso_log_residual"].to_numpy(float)
+    q = half_width(group, pool, confidence)
+    if not len(rows):
+        q = conformal_quantile(pool, confidence)
+        return Width(q, f"{fam}: no calibration row of this family: the all-family quantile "
+                        f"of {len(pool)} rows, leave-one-source-out")
+    beyond = []
+    if system not in set(rows["system"]):
+        beyond.append(f"system {system} (the family ran on "
+                      f"{', '.join(sorted(set(rows['system'])))})")
+    top = float(rows["gpus"].max())
+    if gpus is not None and np.isfinite(gpus) and gpus > SCALE_REACH * top:
+        beyond.append(f"scale ({gpus:.0f} GPUs > {SCALE_REACH:g} x {top:.0f})")
+    basis = (f"{fam}: {len(rows)} rows of {rows['source'].nunique()} sources, "
+             "leave-one-source-out")
+    if not math.isfinite(conformal_quantile(group, confidence)):
+        basis += f"; too few for {confidence:.0%}: at least the all-family quantile"
+    if beyond:
+        q = max(q, conformal_quantile(pool, confidence))
+        basis += (f"; beyond them in {'; '.join(beyond)}: widened to at least the "
+                  f"all-family quantile of {len(pool)} rows")
+    return Width(q, basis)
+
+
 def step_width(
     system: SystemSpec,
     engine: str,
     confidence: float = DEFAULT_CONFIDENCE,
     residuals: pd.DataFrame | None = None,
+    sharding: str | None = None,
+    gpus: float | None = None,
 ) -> Width:
-    """The step-time half-width (log space) for ``engine`` on ``system``."""
+    """The step-time half-width (log space) for a layout of ``engine`` and ``sharding`` on
+    ``gpus`` GPUs of ``system``."""
     check_confidence(confidence)
-    cls = system_class(system, residuals)
-    if cls == "calibrated":
+    if system.prediction_error is not None:
         r = np.asarray(system.prediction_error.log_residuals)
         q = conformal_quantile(r, confidence)
         if not math.isfinite(q):
@@ -119,19 +182,7 @@ def step_width(
             f"({system.prediction_error.method or 'flm calibrate --from-runs'})",
         )
     res = load_residuals() if residuals is None else residuals
-    if cls == "fitted":
-        pool = res[res["system"].isin(fitted_systems(res))]
-        col = "loo_log_residual"
-    else:
-        pool, col = res, "transfer_log_residual"
-    group = pool[pool["engine"] == engine][col].to_numpy(float)
-    q = half_width(group, pool[col].to_numpy(float), confidence)
-    small = math.isinf(conformal_quantile(group, confidence))
-    how = "leave-one-out" if cls == "fitted" else "knobs carried from another system"
-    basis = f"{cls}: {len(group)} {engine} row(s), {how}" + (
-        f"; too few for {confidence:.0%}, pooled with the class's {len(pool)} rows" if small else ""
-    )
-    return Width(q, basis)
+    return family_width(res, family(engine, sharding), system.name, gpus, confidence)
 
 
 def memory_width(
@@ -164,6 +215,13 @@ def memory_verdict(low, high, capacity: float) -> np.ndarray:
     return np.where(high <= capacity, "fits", np.where(low > capacity, "exceeds", "tight"))
 
 
+def _column(frame: pd.DataFrame, name: str, default) -> np.ndarray:
+    if name not in frame:
+        return np.full(len(frame), default, dtype=object)
+    col = frame[name].astype(object)
+    return col.where(col.notna(), default).to_numpy()
+
+
 def add_intervals(
     frame: pd.DataFrame,
     system: SystemSpec,
@@ -171,21 +229,25 @@ def add_intervals(
     residuals: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """``frame`` (plan rows with ``engine``, ``step_time_s``, ``tokens_per_s``,
-    ``peak_memory_bytes``) with ``interval_confidence``, ``<figure>_low``/``_high`` for each of
-    :data:`INTERVAL_FIGURES`, ``memory_verdict`` and the bases of the widths. A new frame."""
+    ``peak_memory_bytes``, and where present ``sharding`` and ``gpus``) with
+    ``interval_confidence``, ``<figure>_low``/``_high`` for each of :data:`INTERVAL_FIGURES`,
+    ``memory_verdict``, ``memory_margin`` and the bases of the widths. A new frame."""
     out = frame.copy()
     # Rows without an engine (a curve's GPU count where nothing fits) get no interval.
-    engines = (
-        out["engine"].astype(object).where(out["engine"].notna(), "").astype(str).to_numpy()
-        if "engine" in out
-        else np.full(len(out), "native")
-    )
+    engines = _column(out, "engine", "native" if "engine" not in out else "").astype(str)
+    shardings = _column(out, "sharding", "").astype(str)
+    gpus = _column(out, "gpus", np.nan).astype(float)
     q = np.full(len(out), np.nan)
     basis = np.full(len(out), "", dtype=object)
-    for engine in np.unique(engines[engines != ""]):
-        w = step_width(system, str(engine), confidence, residuals)
-        q[engines == engine] = w.q
-        basis[engines == engine] = w.basis
+    widths: dict[tuple, Width] = {}
+    for i, (engine, sharding, n) in enumerate(zip(engines, shardings, gpus, strict=True)):
+        if not engine:
+            continue
+        key = (engine, sharding, n)
+        if key not in widths:
+            widths[key] = step_width(system, engine, confidence, residuals, sharding or None,
+                                     None if np.isnan(n) else float(n))
+        q[i], basis[i] = widths[key].q, widths[key].basis
     mem = memory_width(confidence, residuals)
     out["interval_confidence"] = confidence
     step = out["step_time_s"].to_numpy(float)
@@ -202,39 +264,49 @@ def add_intervals(
             out["peak_memory_bytes_low"], out["peak_memory_bytes_high"], system.memory_bytes
         ),
     )
+    out["memory_margin"] = 1 - peak / system.memory_bytes
     out["interval_basis"] = basis
     out["memory_interval_basis"] = mem.basis
     return out
 
 
-def loo_coverage(
+def loso_coverage(
     confidence: float = DEFAULT_CONFIDENCE, residuals: pd.DataFrame | None = None
 ) -> pd.DataFrame:
-    """Each calibration row's own interval, built without it: the row is held out of the
-    residuals, its system's class and engine give the half-width from the others (the rules of
-    :func:`step_width`), and the row is covered when its own out-of-sample residual lies inside.
-    One row per calibration row: ``system``, ``engine``, ``residual``, ``half_width``,
-    ``covered``."""
+    """Each usable calibration row's interval built without its source: the half-width from
+    the other sources' residuals by the rules of :func:`family_width`, and whether the row's
+    own residual lies inside. One row per usable calibration row: ``source``, ``family``,
+    ``system``, ``gpus``, ``residual``, ``half_width``, ``covered``, ``basis``."""
     res = load_residuals() if residuals is None else residuals
     rows = []
-    for i in range(len(res)):
-        held = res.iloc[i]
-        others = res.drop(res.index[i])
-        fitted = held["system"] in fitted_systems(res)
-        col = "loo_log_residual" if fitted else "transfer_log_residual"
-        pool = others[others["system"].isin(fitted_systems(res))] if fitted else others
-        group = pool[pool["engine"] == held["engine"]][col].to_numpy(float)
-        q = half_width(group, pool[col].to_numpy(float), confidence)
-        r = float(held[col])
-        rows.append(
-            {
-                "row": int(held["row"]),
-                "model": held["model"],
-                "system": held["system"],
-                "engine": held["engine"],
-                "residual": r,
-                "half_width": q,
-                "covered": abs(r) <= q,
-            }
-        )
+    for _, held in usable(res).iterrows():
+        others = res[res["source"] != held["source"]]
+        w = family_width(others, held["family"], held["system"], float(held["gpus"]),
+                         confidence)
+        r = float(held["loso_log_residual"])
+        rows.append({"source": held["source"], "model": held["model"],
+                     "family": held["family"], "system": held["system"],
+                     "gpus": int(held["gpus"]), "residual": r, "half_width": w.q,
+                     "covered": abs(r) <= w.q, "basis": w.basis})
     return pd.DataFrame(rows)
+
+
+def family_table(residuals: pd.DataFrame, confidence: float = DEFAULT_CONFIDENCE
+                 ) -> pd.DataFrame:
+    """Per family and over all: rows, sources, the leave-one-source-out step-time error (mean
+    and largest ``|predicted/measured − 1|``), the coverage of the ``confidence`` interval built
+    without each row's source and its median half-width (as a ratio − 1): docs/costmodel.md's
+    table (``python analysis/loso_residuals.py --table``)."""
+    cov = loso_coverage(confidence, residuals)
+    use = usable(residuals)
+    out = []
+    groups = [(f, use[use["family"] == f], cov[cov["family"] == f])
+              for f in sorted(use["family"].unique())]
+    groups.append(("all", use, cov))
+    for name, rows, c in groups:
+        err = np.abs(np.exp(rows["loso_log_residual"].to_numpy(float)) - 1)
+        out.append({"family": name, "rows": len(rows), "sources": rows["source"].nunique(),
+                    "mean error": f"{np.mean(err):.1%}", "max error": f"{np.max(err):.1%}",
+                    f"{confidence:.0%} coverage": f"{c['covered'].mean():.0%}",
+                    "median half-width": f"{np.exp(np.median(c['half_width'])) - 1:.1%}"})
+    return pd.DataFrame(out)

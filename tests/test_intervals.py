@@ -1,0 +1,142 @@
+"""Intervals built on leave-one-source-out residuals (frontier_llm/planner/intervals.py).
+
+The residuals are planner/data/calibration_residuals.csv, written by
+analysis/loso_residuals.py from both calibration tables; these tests hold each source out of
+the intervals in turn and check its rows against the interval built without it (the issue's
+target: the 80 % interval holds 70-90 % of the held-out sources' rows).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from frontier_llm.catalog import load_system
+from frontier_llm.planner import intervals
+from frontier_llm.planner.calibration import load_calibration, validate_runs
+
+ANALYSIS = Path(__file__).resolve().parents[1] / "analysis"
+
+
+def test_family_is_engine_and_whether_parameters_are_sharded():
+    assert intervals.family("megatron", "zero1") == "megatron"
+    assert intervals.family("native", "zero3") == "native+sharded"
+    assert intervals.family("native", "p=partial:8,g=partial:8,o=partial:8") == "native+sharded"
+    assert intervals.family("deepspeed", "p=replicate,g=full,o=full") == "deepspeed"
+    assert intervals.family("deepspeed", None) == "deepspeed"
+
+
+def test_loso_coverage_of_the_80_percent_interval():
+    """Each usable row of both tables against the interval built without its source: between
+    70 and 90 % inside (the median half-width is printed: run with -s)."""
+    table = intervals.loso_coverage(0.8)
+    coverage = table["covered"].mean()
+    median = float(np.median(table["half_width"]))
+    print(f"\nLOSO coverage at 80 %: {coverage:.1%} of {len(table)} rows from "
+          f"{table['source'].nunique()} sources; median half-width x{math.exp(median):.3f}")
+    assert len(table) == 46 and table["source"].nunique() == 9
+    assert 0.70 <= coverage <= 0.90
+
+
+def test_a_source_is_never_in_its_own_interval():
+    """The interval of a held-out row rests on the other sources only: its coverage width is
+    the width built from the residuals without its source, and that source's own residuals,
+    however large, do not move it."""
+    res = intervals.load_residuals()
+    table = intervals.loso_coverage(0.8, res)
+    for source in ("MaxText", "Korthikanti2022"):
+        held = table[table["source"] == source]
+        others = res[res["source"] != source]
+        rebuilt = [intervals.family_width(others, r.family, r.system, r.gpus, 0.8).q
+                   for r in held.itertuples()]
+        assert np.allclose(held["half_width"], rebuilt)
+        inflated = res.copy()
+        inflated.loc[inflated["source"] == source, "loso_log_residual"] *= 10
+        again = intervals.loso_coverage(0.8, inflated)
+        assert np.allclose(again[again["source"] == source]["half_width"], rebuilt)
+
+
+def test_beyond_the_family_the_interval_widens_and_says_so():
+    res = intervals.load_residuals()
+    pool = intervals.conformal_quantile(intervals.usable(res)["loso_log_residual"], 0.8)
+    inside = intervals.step_width(load_system("dgx-h100"), "megatron", 0.8, res,
+                                  sharding="zero1", gpus=1024)
+    assert "beyond" not in inside.basis and "leave-one-source-out" in inside.basis
+    other = intervals.step_width(load_system("frontier"), "megatron", 0.8, res,
+                                 sharding="zero1", gpus=1024)
+    assert "system frontier" in other.basis and other.q >= pool
+    bigger = intervals.step_width(load_system("dgx-h100"), "megatron", 0.8, res,
+                                  sharding="zero1", gpus=20000)
+    assert "scale" in bigger.basis and bigger.q >= pool
+    none = intervals.step_width(load_system("dgx-h100"), "native", 0.8, res, sharding="zero0",
+                                gpus=8)
+    assert "no calibration row of this family" in none.basis and none.q >= pool
+
+
+def test_low_confidence_rows_carry_no_weight():
+    res = intervals.load_residuals()
+    low = res["confidence"].astype(str).str.split().str[0] == "low"
+    assert low.sum() == 1
+    assert not intervals.usable(res).index.isin(res.index[low]).any()
+
+
+def test_add_intervals_gives_the_margin_and_the_basis():
+    frame = pd.DataFrame({"engine": ["native", "megatron"], "sharding": ["zero3", "zero1"],
+                          "gpus": [64, 64], "step_time_s": [2.0, 2.0],
+                          "tokens_per_s": [1e5, 1e5], "peak_memory_bytes": [40e9, 79e9]})
+    out = intervals.add_intervals(frame, load_system("dgx-h100"), 0.8)
+    assert list(out["memory_margin"].round(4)) == [0.5, 0.0125]
+    assert list(out["memory_verdict"]) == ["fits", "tight"]
+    assert out["interval_basis"].str.startswith(("native+sharded", "megatron")).all()
+    assert (out["step_time_s_high"] > 2.0).all() and (out["step_time_s_low"] < 2.0).all()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "not met: leave-one-source-out step-time error (mean |predicted/measured - 1|) is 4.5 % "
+    "for deepspeed+sharded but 10.8 % for megatron (the H100 README rows on the A100's "
+    "knobs), 15.8 % for native+sharded (the PyTorch blog's H100 rows and MaxText's multi-node "
+    "rows predicted 26-47 % fast) and 31 % for deepspeed (LUMI-G on knobs anchored on "
+    "Frontier); docs/costmodel.md 'Leave-one-source-out'"))
+def test_loso_step_time_error_per_family_at_most_ten_percent():
+    res = intervals.usable(intervals.load_residuals())
+    for fam, rows in res.groupby("family"):
+        if len(rows) >= 3:
+            err = np.abs(np.exp(rows["loso_log_residual"]) - 1)
+            assert err.mean() <= 0.10, fam
+
+
+def test_stored_residuals_match_the_cost_model():
+    """The residuals the intervals read were computed with this cost model: the rows of the
+    sources nothing was fitted to (the sharded table's, predicted with the catalog's knobs)
+    recomputed now match the stored ones. A cost model change that moves them means: rerun
+    analysis/loso_residuals.py."""
+    sys.path.insert(0, str(ANALYSIS))
+    try:
+        import loso_residuals
+    finally:
+        sys.path.remove(str(ANALYSIS))
+    runs = load_calibration()
+    stored = intervals.load_residuals()
+    assert len(stored) == len(runs) == 49
+    sharded = runs["file"] == "calibration_runs_sharded.csv"
+    now = validate_runs(runs[sharded])
+    for (_, row), (_, pred) in zip(stored[sharded.to_numpy()].iterrows(), now.iterrows(),
+                                   strict=True):
+        if pd.isna(row["loso_log_residual"]):
+            assert pd.isna(pred["predicted"])
+            continue
+        residual = loso_residuals.step_log_residual(pred)
+        assert residual == pytest.approx(row["loso_log_residual"], abs=1e-4), row["model"]
+
+
+def test_a_system_is_fitted_only_where_knobs_were_fitted_to_its_rows():
+    """LUMI-G has rows in the sharded table, but nothing is fitted to that table: its knobs
+    are carried over (``transferred``); the first table's systems are ``fitted``."""
+    assert intervals.system_class(load_system("lumi-g")) == "transferred"
+    assert intervals.system_class(load_system("grand-teton-h100")) == "fitted"
+    assert intervals.system_class(load_system("dgx-h100")) == "fitted"
