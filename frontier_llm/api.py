@@ -414,10 +414,16 @@ def plot_memory(breakdown: pd.DataFrame, title: str | None = None) -> Figure:
 def plot_allocation(curve: pd.DataFrame, deadline_days: float | None = None,
                     gpu_label: str = "GPUs", title: str | None = None) -> Figure:
     """Days to train and node-hours against the GPU count with their interval bands, the
-    deadline and the count :func:`allocation` selected (``flm report plan``)."""
+    deadline and the count :func:`allocation` selected (``flm report plan``). Without a
+    ``title``, the curve's model, system and token budget are the title."""
+    from frontier_llm.report.allocation import format_tokens
     from frontier_llm.report.allocation import plot_allocation as draw
 
     chosen = (curve.attrs.get("selection") or {}).get("gpus")
+    if title is None and "model" in curve.attrs:
+        tokens = curve.attrs.get("tokens")
+        budget = f": {format_tokens(tokens)} tokens" if tokens else ""
+        title = f"{curve.attrs['model']} on {curve.attrs['system']}{budget}"
     return draw(curve, deadline_days=deadline_days, selected_gpus=chosen, gpu_label=gpu_label,
                 title=title)
 
