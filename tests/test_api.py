@@ -227,3 +227,23 @@ def test_reference_page_builds_and_names_every_public_function(tmp_path):
     guide = (REPO / "docs" / "api.md").read_text()
     missing = [n for n in api.__all__ if f"`flm.{n}" not in guide]
     assert not missing, f"docs/api.md does not mention {missing}"
+
+
+@pytest.mark.parametrize("name", ["planner_tour", "scaling_efficiency"])
+def test_notebooks_use_only_the_api(name):
+    """The notebooks import the package's top level, never a submodule: what they show is what
+    the API offers (tests/test_report_bench.py executes them)."""
+    import ast
+
+    nb = json.loads((REPO / "notebooks" / f"{name}.ipynb").read_text())
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    used = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            used += [(a.name, a.asname) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            used += [(f"{node.module}.{a.name}", a.asname) for a in node.names]
+    ours = [u for u in used if u[0].split(".")[0] == "frontier_llm"]
+    assert ours == [("frontier_llm", "flm")]
+    assert all(n.split(".")[0] in sys.stdlib_module_names for n, _ in used if (n, _) not in ours)
+    assert "flm." in code

@@ -97,7 +97,8 @@ def test_scaling_notebook_runs_on_the_bench_database(bench_db, tmp_path, monkeyp
     assert "w1a" in out and "s2-crash" not in out  # the weak runs' table
     assert "tiny-gpt tp1 pp1 mb2 fp32  weak" in out  # the weak-scaling table
     assert "1 completed, 1 failed" in out  # the strong table keeps the crashed run
-    assert out.count("<png>") == 2
+    assert "cpu-local" in out and "step_time_mape_pct" in out  # the error table
+    assert out.count("<png>") == 3  # weak, strong, predicted against measured
 
 
 def test_planner_tour_notebook(tmp_path, monkeypatch):
