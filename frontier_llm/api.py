@@ -114,11 +114,40 @@ def _plan_args(**given: Any) -> argparse.Namespace:
 
 def _space(dtype: str, restrict: dict[str, Any]):
     """The planner's SearchSpace from the restrict keywords (one value or a list per knob), as
-    flm plan's restrict flags give it."""
+    flm plan's restrict flags give it; a knob or value the flags would refuse is refused here in
+    one line (UserError), not deep in the planner."""
+    from frontier_llm.errors import UserError
     from frontier_llm.planner import SearchSpace
-    from frontier_llm.specs.layout import zero_preset
+    from frontier_llm.specs.layout import Sharding, Vocabulary, zero_preset
+    from frontier_llm.specs.space import space_knobs
 
+    knobs = space_knobs()
     lists = {k: tuple(v) if isinstance(v, list | tuple) else (v,) for k, v in restrict.items()}
+    for name, values in lists.items():
+        if name == "zero":
+            kind, valid = int, "0, 1, 2, 3"
+            ok = all(v in (0, 1, 2, 3) for v in values)
+        elif name not in knobs:
+            raise UserError(f"unknown restriction {name}= (knobs: zero, "
+                            f"{', '.join(knobs)})")
+        else:
+            kind = knobs[name]
+            if kind is bool:
+                valid, ok = "True, False", all(isinstance(v, bool) for v in values)
+            elif kind is Sharding:
+                valid = "Sharding objects or their text, e.g. 'zero1' or 'p=full,g=full,o=full'"
+                ok = all(isinstance(v, Sharding | str) for v in values)
+                values = tuple(Sharding.parse(v) if isinstance(v, str) else v for v in values)
+                lists[name] = values
+            elif isinstance(kind, type) and issubclass(kind, Vocabulary):
+                valid = ", ".join(kind.words())
+                ok = all(str(v) in kind.words() for v in values)
+            else:
+                valid = "whole numbers of at least 1"
+                ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                         for v in values)
+        if not ok or not values:
+            raise UserError(f"{name}= takes one value or a list of {valid} (got {values!r})")
     if "zero" in lists:
         lists["sharding"] = tuple(zero_preset(z) for z in lists.pop("zero"))
     return SearchSpace(dtype=dtype, **lists)

@@ -135,6 +135,18 @@ def test_allocation_refuses_a_deadline_without_tokens_in_its_own_words():
         flm.allocation("gpt-22b", deadline_days=90)
 
 
+@pytest.mark.parametrize(("restrict", "message"), [
+    ({"tp": "x"},
+     r"^tp= takes one value or a list of whole numbers of at least 1 \(got \('x',\)\)$"),
+    ({"engine": "jax"}, r"^engine= takes one value or a list of native, "),
+    ({"zero": 4}, r"^zero= takes one value or a list of 0, 1, 2, 3"),
+    ({"tensor_parallel": 8}, r"^unknown restriction tensor_parallel= \(knobs: zero, "),
+])
+def test_plan_refuses_a_bad_restriction_in_one_line(restrict, message):
+    with pytest.raises(UserError, match=message):
+        flm.plan("gpt-22b", "frontier", 16, **restrict)
+
+
 def test_explain_and_memory_are_the_plans():
     text = flm.explain("gpt-22b", "frontier", 16)
     best = flm.plan("gpt-22b", "frontier", 16, top=1).iloc[0]
