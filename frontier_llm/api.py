@@ -353,7 +353,8 @@ def _store(source: str | Path | None) -> Iterator[Any]:
 def runs(source: str | Path | None = None, sweep: str | None = None) -> pd.DataFrame:
     """One row per run: its layout, status, measurements (step time and its spread, throughput,
     MFU, peak memory) and the cost model's prediction for it (``predicted_*``): the rows of
-    ``flm results --format json``.
+    ``flm results --format json`` (which also lists sweep job attempts that left no trace) and
+    what ``flm report`` reads.
 
     ``source``: a database URL (``sqlite:///runs/flm.db``, ``postgresql://...``; None:
     ``$FLM_DB``) or a folder of ``*.trace.json`` files (or one file), read without a database
