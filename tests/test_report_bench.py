@@ -97,12 +97,25 @@ def test_scaling_notebook_runs_on_the_bench_database(bench_db, tmp_path, monkeyp
     assert "w1a" in out and "s2-crash" not in out  # the weak runs' table
     assert "tiny-gpt tp1 pp1 mb2 fp32  weak" in out  # the weak-scaling table
     assert "1 completed, 1 failed" in out  # the strong table keeps the crashed run
-    assert out.count("<png>") == 2
+    assert "cpu-local" in out and "step_time_mape_pct" in out  # the error table
+    assert out.count("<png>") == 3  # weak, strong, predicted against measured
+
+
+def _texts(nb) -> list[str]:
+    return [o.get("text") or o.get("data", {}).get("text/plain", "")
+            for cell in nb.cells for o in cell.get("outputs", [])]
 
 
 def test_planner_tour_notebook(tmp_path, monkeypatch):
+    """Executed here; it ships with its outputs (a reader on the web sees them), and those must
+    be what it prints today."""
     monkeypatch.setenv("PYTHONPATH", str(REPO))
+    shipped = _texts(nbformat.read(REPO / "notebooks" / "planner_tour.ipynb", as_version=4))
     outputs = _execute("planner_tour", tmp_path)
+    printed = [t for t in outputs if t != "<png>"]
+    assert printed == shipped, (
+        "notebooks/planner_tour.ipynb's saved outputs are stale: run it again with "
+        "'jupyter nbconvert --to notebook --execute --inplace notebooks/planner_tour.ipynb'")
     out = "\n".join(outputs)
     assert out.count("Winner: ") == 3 and "=== gpt-1t ===" in out
     assert "params_gb" in out and "activations_gb" in out  # the memory breakdown table

@@ -187,7 +187,7 @@ def _hbars(ax, labels, measured, predicted, xlabel: str, lo=None, hi=None,
         ax.barh(y - h / 2, np.nan_to_num(m), h, xerr=err, capsize=2,
                 color=style.MEASURED["color"], label="measured")
     ax.barh(y + h / 2, np.nan_to_num(np.asarray(predicted, float)), h,
-            color=style.PREDICTED["color"], label="predicted", hatch="//", edgecolor="white")
+            color=style.PREDICTED["color"], label="predicted", **style.PREDICTED_HATCH)
     ax.set_yticks(y, labels)
     ax.set_ylim(len(labels) - 0.5, -0.5)  # first row on top, no empty margin
     ax.set_xlabel(xlabel + (", log scale" if log else ""))
@@ -234,8 +234,8 @@ def plot_layouts(table: pd.DataFrame, title: str | None = None, per: str = "GPU"
                            va="center", fontsize=8, color=style.FAILED["color"])
     style.legend_outside(a)
     style.legend_outside(b)
-    if title:
-        fig.suptitle(title)
+    measured = "measured beside predicted" if table["runs"].sum() else "predicted"
+    fig.suptitle(title or f"throughput and peak memory per layout, {measured}")
     return fig
 
 
@@ -279,8 +279,7 @@ def plot_errors(validation: pd.DataFrame, title: str | None = None) -> Figure:
         else:
             ax.text(0.5, 0.5, "no run measured this", transform=ax.transAxes, ha="center")
         style.legend_outside(ax, ncols=2)
-    if title:
-        fig.suptitle(title)
+    fig.suptitle(title or "the cost model against measurements, per system and engine")
     return fig
 
 
@@ -311,38 +310,42 @@ def plot_knobs(tables: dict[str, pd.DataFrame], title: str | None = None) -> Fig
         ax.set_ylim(0, top * 1.12 if np.isfinite(top) else None)  # no marker cut at the top
         ax.set_title(f"held: {t['held'].iloc[0]}" if len(t) else "", loc="left", fontsize=9)
         style.legend_outside(ax, ncols=2)
-    if title:
-        fig.suptitle(title)
+    fig.suptitle(title or "throughput per GPU against each knob, measured and predicted")
     return fig
 
 
 def plot_memory_breakdown(breakdown: pd.DataFrame, title: str | None = None) -> Figure:
-    """Predicted per-rank memory of each layout, stacked by part (GB); where runs measured
-    their parts, a hatched bar of the measured parts under it, and the measured peak; the
-    device's capacity."""
+    """Predicted per-rank memory of each layout, stacked by part (GB, hatched: a prediction, as
+    in every bar chart); where runs measured their parts, a solid bar of the measured parts
+    under it, and the measured peak; the device's capacity. The legend is at the right, one
+    entry per line, so that the bars keep the figure's height whatever the number of parts."""
     n = len(breakdown)
-    fig, (ax,) = style.new_figure(width=8.0, height=1.6 + 0.3 * n)
+    measured = [p for p in MEMORY_PARTS if f"measured_{p}_gb" in breakdown
+                and breakdown[f"measured_{p}_gb"].notna().any()]
+    # With measured parts: two bars per layout, predicted above, measured below.
+    h, shift = (0.38, 0.2) if measured else (0.65, 0.0)
+    fig, (ax,) = style.new_figure(width=10.0, height=1.9 + (0.62 if measured else 0.42) * n)
     y = np.arange(n)
     left = np.zeros(n)
     stacked = sum(breakdown[f"{p}_gb"].fillna(0) for p in MEMORY_PARTS)
     scale, unit = _memory_unit(stacked)
-    measured = [p for p in MEMORY_PARTS if f"measured_{p}_gb" in breakdown
-                and breakdown[f"measured_{p}_gb"].notna().any()]
-    # With measured parts: two bars per layout, predicted above, measured (hatched) below.
-    h, shift = (0.38, 0.2) if measured else (0.65, 0.0)
     for part in MEMORY_PARTS:
         v = breakdown[f"{part}_gb"].to_numpy(float) * scale
-        ax.barh(y - shift, v, h, left=left, color=style.MEMORY_PARTS[part], label=part)
+        ax.barh(y - shift, v, h, left=left, color=style.MEMORY_PARTS[part], label=part,
+                **style.PREDICTED_HATCH)
         left += np.nan_to_num(v)
+    # The legend says what hatched and solid mean (the parts' own entries are hatched).
+    # Keys in black and white, so that no part's colour reads as one of them.
+    ax.barh([np.nan], [0], facecolor="white", edgecolor="0.2", hatch="//", linewidth=0.8,
+            label="predicted (hatched)")
     if measured:
         mleft = np.zeros(n)
         for part in measured:
             v = np.nan_to_num(breakdown[f"measured_{part}_gb"].to_numpy(float) * scale)
-            ax.barh(y + shift, v, h, left=mleft, color=style.MEMORY_PARTS[part], hatch="///",
-                    edgecolor="white", linewidth=0)
+            ax.barh(y + shift, v, h, left=mleft, color=style.MEMORY_PARTS[part])
             mleft += v
-        ax.barh([np.nan], [0], color="white", edgecolor="black", hatch="///",
-                label="measured (lower bar)")
+        ax.barh([np.nan], [0], facecolor="white", edgecolor="0.2", linewidth=0.8,
+                label="measured (solid, lower bar)")
         left = np.maximum(left, mleft)
     if "measured_peak_gb" in breakdown and breakdown["measured_peak_gb"].notna().any():
         ax.plot(breakdown["measured_peak_gb"] * scale, y + shift, linestyle="none",
@@ -350,16 +353,16 @@ def plot_memory_breakdown(breakdown: pd.DataFrame, title: str | None = None) -> 
     device = breakdown["device_memory_gb"].iloc[0] if "device_memory_gb" in breakdown else None
     if device is not None and device * scale <= 3 * max(left.max(), 1e-12):
         ax.axvline(device * scale, color=style.FAILED["color"], linestyle="--",
-                   label=f"device memory ({device:g} GB)")
+                   label=f"device memory\n({device:g} GB)")
     elif device is not None:  # far off scale: say it rather than squash the bars
-        ax.plot([], [], " ", label=f"device memory {device:g} GB (off scale)")
+        ax.plot([], [], " ", label=f"device memory\n{device:g} GB (off scale)")
     ax.set_yticks(y, breakdown["layout"])
-    ax.invert_yaxis()
+    ax.set_ylim(n - 0.5, -0.5)  # first row on top, no empty margin
     ax.grid(axis="y", visible=False)
     ax.set_xlabel(f"memory per rank ({unit})")
-    style.legend_outside(ax, ncols=4)
-    if title:
-        ax.set_title(title, loc="left")
+    style.legend_right(ax)
+    what = "predicted and measured" if measured else "predicted"
+    fig.suptitle(title or f"memory per rank by part, {what}")
     return fig
 
 
@@ -409,6 +412,5 @@ def plot_calibration(table: pd.DataFrame, title: str | None = None) -> Figure:
                 labels.append(lab)
     fig.legend([handles[lab] for lab in labels], labels, loc="outside lower center",
                ncols=3, frameon=False)
-    if title:
-        fig.suptitle(title)
+    fig.suptitle(title or "the cost model against published runs")
     return fig

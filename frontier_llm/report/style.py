@@ -2,8 +2,10 @@
 
 Measured data is drawn in solid blue circles, the cost model's prediction in dashed orange
 squares, the ideal line in grey; failed and missing points keep their place on the axis as red
-crosses and hollow grey markers. Keeping these in one module is what makes a measured figure and
-a predicted one comparable at a glance.
+crosses and hollow grey markers. In bar charts hatching means one thing in every figure: a
+hatched bar is the cost model's prediction, a solid bar a measurement (:data:`PREDICTED_HATCH`).
+Keeping these in one module is what makes a measured figure and a predicted one comparable at a
+glance.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ PUBLISHED = {"color": "#009E73", "marker": "D", "linestyle": "none", "label": "p
 MEMORY_PARTS = {"params": "#0072B2", "grads": "#56B4E9", "optimizer": "#009E73",
                 "activations": "#E69F00", "loss": "#D55E00", "buffers": "#CC79A7",
                 "reserved": "#999999"}
+# Bars of a prediction (every bar chart): white diagonal lines over the bar's colour.
+PREDICTED_HATCH = {"hatch": "//", "edgecolor": "white", "linewidth": 0}
 # Extra colours for several series (layouts, models) in one panel.
 SERIES = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 
@@ -75,6 +79,16 @@ def new_canvas(width: float, height: float) -> Figure:
     """An empty figure in the report style (for subfigures)."""
     use()
     return plt.figure(figsize=(width, height), layout="constrained")
+
+
+def legend_right(ax, **kw) -> None:
+    """A legend to the right of the axes, one entry per line (constrained layout makes room for
+    it): for a panel whose legend has more entries than fit under it without squeezing it."""
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    if unique:
+        ax.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                  frameon=False, **kw)
 
 
 def legend_outside(ax, **kw) -> None:
