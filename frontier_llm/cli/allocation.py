@@ -19,6 +19,7 @@ from frontier_llm.planner import allocation as alloc
 from frontier_llm.planner.intervals import DEFAULT_CONFIDENCE, add_intervals
 from frontier_llm.planner.space import knob_values
 from frontier_llm.specs.forms import display_layouts, layout_record
+from frontier_llm.specs.layout import layout_types
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
@@ -264,7 +265,9 @@ def curve_table(cur: pd.DataFrame, args: argparse.Namespace) -> pd.DataFrame:
     fits = cur["fits"].astype(bool).to_numpy()
     if not fits.any():
         return pd.DataFrame({"gpus": cur["gpus"], "fits": fits})
-    ok = cur[fits]
+    # The counts where nothing fits made the layout's integer columns floats: back to counts.
+    ok = cur[fits].astype({n: int for n, kind in layout_types().items()
+                           if kind is int and n in cur})
     out = pd.DataFrame({"gpus": ok["gpus"].astype(int)})
     if "nodes" in ok:
         out["nodes"] = ok["nodes"].astype(int)
