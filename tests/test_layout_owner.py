@@ -382,6 +382,7 @@ def test_axes_arithmetic_on_layouts_tables_frames_and_rows():
     np.testing.assert_array_equal(axes.frame_world_size(old), [128, 12])
     mixed = old.assign(cp=[8, np.nan])
     np.testing.assert_array_equal(axes.frame_world_size(mixed), [1024, 12])
+    assert [axes.world_size(row) for _, row in mixed.iterrows()] == [1024, 12]
     assert axes.model_parallel_size(layouts[0]) == 256
     assert axes.data_parallel_for(1024, {"tp": 8, "cp": 8, "pp": 4}) == 4
     assert axes.data_parallel_for(1000, {"tp": 8, "cp": 8, "pp": 4}) is None

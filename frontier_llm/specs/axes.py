@@ -80,7 +80,9 @@ def degree(holder: Any, axis: Axis | str) -> Any:
             return 1
         value = holder[name]
         # A frame's column that predates the degree is empty in old rows: they ran at 1.
-        return value.fillna(1) if hasattr(value, "fillna") else value
+        if hasattr(value, "fillna"):
+            return value.fillna(1)
+        return 1 if isinstance(value, float) and math.isnan(value) else value
     return getattr(holder, name, 1)
 
 
