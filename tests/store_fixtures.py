@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from frontier_llm.catalog import load_model
+from frontier_llm.specs import axes
 from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.parallel import ParallelConfig
 
@@ -35,13 +36,14 @@ def make_trace(run_id: str, *, model: str = "tiny-gpt", system: str = "cpu-local
                pp: int = 1, dp: int = 1, micro_batch: int = 1, global_batch: int | None = None,
                zero: int = 0, steps: int = 10, warmup: int = 2, status: str = "completed",
                labels: dict | None = None, seed: int = 0, costmodel_version: str = "test-1",
-               predicted_step_time_s: float | None = None, engine: str = "native") -> dict:
+               predicted_step_time_s: float | None = None, engine: str = "native",
+               cp: int = 1) -> dict:
     """A valid trace as ``flm bench`` writes it: one memory entry per rank, per-step times
     around a base time with noise, summary = median of measured steps, and a prediction."""
     rng = random.Random(f"{run_id}:{seed}")
     spec = load_model(model)
     gb = global_batch or micro_batch * dp * max(pp, 1) * 2
-    layout = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=gb,
+    layout = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=gb,
                             sharding=zero, dtype="fp32", engine=engine)
     ldict = layout.to_dict()
     mdict = spec.to_dict()
@@ -53,14 +55,13 @@ def make_trace(run_id: str, *, model: str = "tiny-gpt", system: str = "cpu-local
     ]
     measured = sorted(s["time_s"] for s in step_rows if not s["warmup"])
     step_time = measured[len(measured) // 2] if measured else None
-    world = tp * pp * dp
+    world = axes.world_size(layout)
     params = spec.num_params() * 4 // (tp * pp)
     memory = []
     for rank in range(world):
-        tp_rank, pp_stage, dp_rank = rank % tp, (rank // tp) % pp, rank // (tp * pp)
         act = int(2e6 * micro_batch * rng.uniform(0.95, 1.05))
         memory.append({
-            "rank": rank, "pp_stage": pp_stage, "tp_rank": tp_rank, "dp_rank": dp_rank,
+            "rank": rank, **axes.rank_fields(axes.coords(rank, layout)),
             "params_bytes": params, "grads_bytes": params,
             "optimizer_bytes": 2 * params // (dp if zero >= 1 else 1),
             "activations_peak_bytes": act,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import shlex
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pandas as pd
 import pytest
 
 from frontier_llm.catalog import load_model, load_system
-from frontier_llm.cli import build_parser
+from frontier_llm.cli import build_parser, main
 from frontier_llm.cli.layout_args import layout_from_args
 from frontier_llm.jobs.sweepspec import load_sweep
 from frontier_llm.report.frames import layout_rows
@@ -26,6 +27,7 @@ from frontier_llm.report.layouts import layouts_table
 from frontier_llm.report.render import layouts_report
 from frontier_llm.report.scaling import scaling_table
 from frontier_llm.report.sources import with_catalog_breakdown
+from frontier_llm.specs import axes
 from frontier_llm.specs.forms import LAYOUT_COLUMNS, label, layout_from_row, layout_record
 from frontier_llm.specs.layout import Layout, Sharding, zero_preset
 from frontier_llm.tune import optuna_study as osx
@@ -209,3 +211,259 @@ def test_a_sweep_layout_entry_fills_like_flm_bench(tmp_path):
                                       "--virtual-stages", "2"])
     assert sweep.jobs[0].layout == layout_from_args(args)
     assert sweep.jobs[0].layout.schedule == "interleaved"
+
+
+# --- the layout's arithmetic has one owner: specs/axes.py -----------------------------------
+
+DEGREES = {str(a) for a in axes.AXES}
+
+# The places outside specs/ that may multiply degrees, and why each must.
+PRODUCT_EXCEPTIONS = {
+    "frontier_llm/planner/space.py": (
+        "the vectorised enumeration builds each block's degrees before any layout exists: "
+        "dp = N / (tp x cp) for every tp and cp candidate, and each block's sharding groups over "
+        "its dp x cp ranks; its columns then become Layouts whose arithmetic is specs.axes'"),
+}
+# Products in files other engineers edit at the same time as this one (issue 36's trainer
+# half); the lead replaces them with specs.axes at the merge. Not exceptions: a list to empty.
+LEFT_TO_MERGE = {
+    "frontier_llm/logs/traces.py": "torchtitan's tokens per rank: axes.model_parallel_size",
+    "frontier_llm/export/torchtitan.py": "the seq_len divisor tp x 2cp of torchtitan's split",
+}
+
+
+def _degree(node: ast.AST) -> str | None:
+    """The degree a name, an attribute or a string subscript stands for (``tp``, ``t.cp``,
+    ``df["dp"]``), else None."""
+    if isinstance(node, ast.Name):
+        word = node.id
+    elif isinstance(node, ast.Attribute):
+        word = node.attr
+    elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        word = node.slice.value
+    else:
+        return None
+    return word if word in DEGREES else None
+
+
+def _factors(node: ast.AST) -> list[ast.AST]:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return _factors(node.left) + _factors(node.right)
+    return [node]
+
+
+def _degree_products(root: Path | None = None) -> list[tuple[str, int, str]]:
+    """(file, line, 'tp*pp*dp') of every product of two or more degrees in the package
+    outside specs/ (a chain of multiplications is one product)."""
+    root = root or PACKAGE
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).as_posix()
+        if rel.startswith("frontier_llm/specs/"):
+            continue
+        inner: set[int] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)) \
+                    or id(node) in inner:
+                continue
+            factors = _factors(node)
+            inner.update(id(n) for n in ast.walk(node) if n is not node)
+            names = [d for d in map(_degree, factors) if d]
+            if len(names) >= 2:
+                found.append((rel, node.lineno, "*".join(names)))
+    return found
+
+
+def test_no_product_of_degrees_outside_specs():
+    """World sizes, model-parallel sizes and shard ranks come from specs.axes (issue 36 counted
+    16 hand-written products in 12 files; a degree added to specs missed several of them)."""
+    assert len(PRODUCT_EXCEPTIONS) <= 2
+    written = [p for p in _degree_products()
+               if p[0] not in PRODUCT_EXCEPTIONS and p[0] not in LEFT_TO_MERGE]
+    assert not written, f"ask specs.axes (world_size, shard_ranks, ...): {written}"
+
+
+def test_the_scan_finds_a_product_of_degrees(tmp_path):
+    """The check above can fail: names, attributes and a frame's columns are all found, and a
+    product with one degree (tokens x tp) is not one."""
+    pkg = tmp_path / "frontier_llm" / "report"
+    pkg.mkdir(parents=True)
+    (pkg / "world.py").write_text(
+        "def f(layout, df, tokens, tp, pp):\n"
+        "    a = layout.tp * layout.cp * layout.pp * layout.dp\n"
+        "    b = df['dp'] * df['cp']\n"
+        "    c = tokens * tp\n"
+        "    return a, b, c, 2 * tp * pp\n")
+    assert _degree_products(tmp_path / "frontier_llm") == [
+        ("frontier_llm/report/world.py", 2, "tp*cp*pp*dp"),
+        ("frontier_llm/report/world.py", 3, "dp*cp"),
+        ("frontier_llm/report/world.py", 5, "tp*pp")]
+
+
+# The consumers a degree must reach with no edit: budgets and curves, flm bench's traces, the
+# store, the quickstart, report frames and the tuner.
+CONSUMERS = ("frontier_llm/planner/allocation.py", "frontier_llm/cli/allocation.py",
+             "frontier_llm/cli/plan.py", "frontier_llm/bench/run.py", "frontier_llm/bench/trace.py",
+             "frontier_llm/store/ingest.py", "frontier_llm/store/schema.py",
+             "frontier_llm/store/queries.py", "frontier_llm/quickstart/",
+             "frontier_llm/report/frames.py", "frontier_llm/tune/space.py",
+             "frontier_llm/tune/runcost.py")
+
+
+def _hand_degree_uses(path: Path) -> list[tuple[int, str]]:
+    """(line, what) where ``path`` multiplies degrees or lists two or more degrees or rank
+    fields in one literal (the mesh's axes written out by hand). One degree used for its own
+    meaning (dp halved along a weak-scaling series, the last pipeline stage) is no hand copy."""
+    words = DEGREES | set(axes.RANK_FIELDS)
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and len(
+                [f for f in _factors(node) if _degree(f)]) >= 2:
+            out.append((node.lineno, "a product of degrees"))
+        elif isinstance(node, ast.List | ast.Tuple | ast.Set | ast.Dict):
+            named = {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)
+                     and isinstance(n.value, str) and n.value in words}
+            if len(named) >= 2:
+                out.append((node.lineno, f"lists {sorted(named)}"))
+    return out
+
+
+def test_consumers_get_degrees_only_through_the_owner():
+    """The measure of issue 36: cp (or the next degree) reaches budgets, curves, traces, the
+    store, the quickstart, report frames and the tuner with no edit there, because none of them
+    multiplies degrees or lists the axes itself (the budget's tp x pp x dp, the curve's
+    hand-listed columns, the trace's and the store's rank fields and the quickstart's per-rank
+    batch did, and each missed cp)."""
+    files = sorted({p for c in CONSUMERS for p in (REPO / c).parent.rglob("*.py")
+                    if p.relative_to(REPO).as_posix().startswith(c)})
+    assert len(files) >= len(CONSUMERS)
+    hand = {p.relative_to(REPO).as_posix(): uses for p in files if (uses := _hand_degree_uses(p))}
+    assert hand == {}
+
+
+# --- specs.axes itself ------------------------------------------------------------------------
+
+_MESH_LAYOUTS = [
+    Layout(tp=2, cp=2, pp=2, dp=2, global_batch=4),
+    Layout(tp=2, cp=2, pp=1, dp=4, global_batch=4, sharding=Sharding.parse("zero3")),
+    Layout(tp=1, cp=4, pp=2, dp=4, global_batch=8,
+           sharding=Sharding.parse("p=partial:8,g=partial:8,o=partial:8")),
+    Layout(tp=4, pp=3, dp=2, global_batch=6),
+]
+
+
+@pytest.mark.parametrize("layout", _MESH_LAYOUTS, ids=label)
+def test_axes_number_ranks_as_flm_benchs_mesh(layout):
+    """Every rank's coordinates from specs.axes are those of flm bench's DeviceMesh (its five
+    dimensions, dp split into replicate x shard), and rank_of inverts them."""
+    from frontier_llm.bench.mesh import mesh_dims
+
+    dims = mesh_dims(layout)
+    assert dims.world_size == layout.world_size == axes.world_size(layout)
+    assert dims.shard_ranks == layout.shard_ranks == layout.dp * layout.cp
+    for rank in range(layout.world_size):
+        mine, bench = axes.coords(rank, layout), dims.coords(rank)
+        assert mine == {a: bench[a] for a in DEGREES}
+        assert axes.rank_of(mine, layout) == rank
+    with pytest.raises(ValueError, match="outside a world"):
+        axes.coords(layout.world_size, layout)
+
+
+def test_axes_arithmetic_on_layouts_tables_frames_and_rows():
+    from frontier_llm.costmodel.layouts import from_configs
+
+    layouts = [Layout(tp=8, cp=8, pp=4, dp=4, global_batch=16),
+               Layout(tp=2, pp=2, dp=3, global_batch=6)]
+    table = from_configs(layouts)
+    np.testing.assert_array_equal(table.world_size, [1024, 12])
+    np.testing.assert_array_equal(table.shard_ranks, [32, 3])
+    # A frame from before cp (no column) and one with rows from before it (empty cp): cp 1.
+    old = pd.DataFrame({"tp": [8, 2], "pp": [4, 2], "dp": [4, 3]})
+    np.testing.assert_array_equal(axes.frame_world_size(old), [128, 12])
+    mixed = old.assign(cp=[8, np.nan])
+    np.testing.assert_array_equal(axes.frame_world_size(mixed), [1024, 12])
+    assert [axes.world_size(row) for _, row in mixed.iterrows()] == [1024, 12]
+    assert axes.model_parallel_size(layouts[0]) == 256
+    assert axes.data_parallel_for(1024, {"tp": 8, "cp": 8, "pp": 4}) == 4
+    assert axes.data_parallel_for(1000, {"tp": 8, "cp": 8, "pp": 4}) is None
+    assert axes.RANK_FIELDS == ("tp_rank", "cp_rank", "pp_stage", "dp_rank")
+    assert axes.rank_fields({"tp": 1, "pp": 2}) == {"tp_rank": 1, "cp_rank": 0, "pp_stage": 2,
+                                                     "dp_rank": 0}
+    assert " ".join(axes.label_parts(layouts[0])) == "tp8 cp8 pp4 dp4"
+    assert " ".join(axes.label_parts(layouts[1])) == "tp2 pp2 dp3"
+    assert label(layouts[0]).startswith("tp8 cp8 pp4 dp4 mb1 gb16")
+    assert label(layouts[1], omit=("dp", "global_batch")) == "tp2 pp2 mb1"
+
+
+# --- the defects of issue 36 that hand-written products caused -------------------------------
+
+_CP8 = ["--model", "gpt-175b", "--system", "frontier", "--seq-len", "131072", "--tp", "8",
+        "--cp", "8", "--pp", "4"]
+
+
+def _budget_checks(row: dict) -> None:
+    """A budget of the tp 8 cp 8 pp 4 dp 4 layout counts 1,024 GCDs on 128 nodes."""
+    system = load_system("frontier")
+    assert row["nodes"] == 128
+    seconds = row["steps"] * row["step_time_s"]
+    assert row["gpu_hours"] == pytest.approx(1024 * seconds / 3600)
+    assert row["node_hours"] == pytest.approx(128 * seconds / 3600)
+    p = system.power
+    watts = p.utilisation * p.device_w * 1024 + p.host_w * 128
+    assert row["energy_kwh"] == pytest.approx(watts * seconds / 3.6e6)
+
+
+def test_predict_budget_counts_a_cp_layouts_nodes(capsys):
+    """Defect (a), flm predict: gpt-175b tp 8 cp 8 pp 4 dp 4 at 131,072 tokens on Frontier is
+    1,024 GCDs = 128 nodes (it was budgeted as tp x pp x dp = 128 GCDs on 16 nodes, node-hours,
+    GPU-hours and energy 8x too small)."""
+    assert main(["predict", *_CP8, "--dp", "4", "--global-batch", "64", "--tokens", "1T",
+                 "--format", "json"]) in (0, 1)
+    _budget_checks(json.loads(capsys.readouterr().out))
+
+
+def test_plan_budget_counts_a_cp_layouts_nodes(capsys):
+    """Defect (a), flm plan --tokens: every listed row of the cp 8 plan on 1,024 GCDs."""
+    main(["plan", *_CP8, "--gpus", "1024", "--tokens", "1T", "--top", "3", "--format", "json"])
+    rows = json.loads(capsys.readouterr().out)["layouts"]
+    assert rows and all(r["cp"] == 8 and r["dp"] == 4 for r in rows)
+    for row in rows:
+        _budget_checks(row)
+
+
+def test_plan_curve_shows_cp(capsys):
+    """Defect (b), flm plan --curve: the table's layout columns are derived (specs.forms), so
+    a curve of cp 8 layouts says cp 8 (it showed 'tp 8 pp 4 dp 4' on 1,024 GPUs)."""
+    main(["plan", *_CP8, "--curve", "512-1024", "--tokens", "1T"])
+    lines = [ln.split() for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
+    header = lines[0]
+    rows = {int(r[0]): dict(zip(header, r, strict=False)) for r in lines[1:]}
+    assert rows[1024]["cp"] == "8" and rows[1024]["dp"] == "4" and rows[1024]["nodes"] == "128"
+    assert rows[512]["cp"] == "8" and rows[512]["dp"] == "2"
+
+
+def test_collect_stores_each_ranks_cp_rank(tmp_path):
+    """Defect (c), flm collect: a cp 2 trace's cp_rank reaches the store's flm_rank_memory
+    (it was dropped); a trace without the field (cp 1, or from before cp) stores index 0."""
+    from store_fixtures import make_trace
+
+    from frontier_llm.bench.trace import write_trace
+    from frontier_llm.store import open_store
+    from frontier_llm.store.ingest import collect
+    from frontier_llm.store.queries import rank_memory_frame
+
+    with_cp = make_trace("cp2", tp=2, cp=2, dp=1, global_batch=2)
+    old = make_trace("old", tp=2, dp=1, global_batch=2)
+    for m in old["memory"]:
+        del m["cp_rank"]
+    write_trace(tmp_path / "cp2", with_cp)
+    write_trace(tmp_path / "old", old)
+    store = open_store(f"sqlite:///{tmp_path / 'cp.db'}")
+    try:
+        assert collect(store, [tmp_path / "cp2", tmp_path / "old"]).inserted == 2
+        frame = rank_memory_frame(store).set_index(["run_id", "rank"]).sort_index()
+    finally:
+        store.close()
+    cp2 = frame.loc["cp2"]
+    assert cp2["cp_rank"].tolist() == [0, 0, 1, 1] and cp2["tp_rank"].tolist() == [0, 1, 0, 1]
+    assert frame.loc["old", "cp_rank"].tolist() == [0, 0]

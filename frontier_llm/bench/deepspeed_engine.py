@@ -38,6 +38,7 @@ from frontier_llm.bench.engine import LR, RankState, run_batch
 from frontier_llm.bench.model import build_model, loss_fn
 from frontier_llm.bench.placement import engine_local_rank
 from frontier_llm.bench.tp_layers import TPGroup, shard_model, vocab_parallel_loss
+from frontier_llm.specs import axes
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
 
@@ -45,11 +46,9 @@ BETAS, EPS = (0.9, 0.95), 1e-8
 
 
 def coords_of(layout: Layout, rank: int) -> dict[str, int]:
-    """(pp, dp, tp) coordinates of ``rank`` in DeepSpeed's (pipe, data, model) topology."""
-    t = rank % layout.tp
-    d = (rank // layout.tp) % layout.dp
-    p = rank // (layout.tp * layout.dp)
-    return {"pp": p, "dp": d, "tp": t}
+    """(pp, dp, tp) coordinates of ``rank`` in DeepSpeed's (pipe, data, model) topology: the
+    mesh order of ``specs.axes`` at cp 1, the only cp DeepSpeed runs (engine_rules)."""
+    return axes.coords(rank, layout)
 
 
 class GPTPiece(nn.Module):
@@ -248,7 +247,8 @@ class DeepSpeedEngine:
         mine = None
         for d in range(layout.dp):
             for t in range(layout.tp):
-                ranks = [(p * layout.dp + d) * layout.tp + t for p in (0, layout.pp - 1)]
+                ranks = [axes.rank_of({"pp": p, "dp": d, "tp": t}, layout)
+                         for p in (0, layout.pp - 1)]
                 group = torch.distributed.new_group(ranks)
                 if self.rank in ranks:
                     mine = group

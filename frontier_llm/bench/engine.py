@@ -109,7 +109,7 @@ class NativeEngine:
             )
         # Replicated parameters (DDP / ZeRO-1): gradients averaged over dp x cp.
         self.dp_group = (self._flat(d.reduce_dims).get_group()
-                         if d.data_parallel in ("ddp", "zero1") and d.dp * d.cp > 1 else None)
+                         if d.data_parallel in ("ddp", "zero1") and d.shard_ranks > 1 else None)
         self.tied_group = self._tied_group() if spec.tied_embeddings and layout.pp > 1 else None
         self.optimizer = LocalAdam(
             self.parameters(), lr=LR,
@@ -140,7 +140,7 @@ class NativeEngine:
         """FSDP2's mesh: dp_shard x cp (flattened), with dp_replicate in front for HSDP; None
         when no rank shares this rank's parameters."""
         d = self.dims
-        if d.dp * d.cp == 1:
+        if d.shard_ranks == 1:
             return None
         shard = self._flat(d.shard_dims)
         if d.data_parallel != "hsdp":

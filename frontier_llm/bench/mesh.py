@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from frontier_llm.errors import UserError
+from frontier_llm.specs import axes
 from frontier_llm.specs.layout import Engine, Layout
 from frontier_llm.specs.model import ModelSpec
 
@@ -54,7 +55,12 @@ class MeshDims:
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.cp * self.tp
+        return axes.world_size(self)
+
+    @property
+    def shard_ranks(self) -> int:
+        """Ranks holding the same parameters (dp x cp): who reduces gradients together."""
+        return axes.shard_ranks(self)
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:

@@ -40,6 +40,7 @@ from frontier_llm.bench.record import prediction_fields, trace_record
 from frontier_llm.bench.trace import heartbeat_path, trace_path, write_heartbeat, write_trace
 from frontier_llm.costmodel.flops import hardware_flops, model_flops
 from frontier_llm.errors import ExitCode
+from frontier_llm.specs import axes
 from frontier_llm.specs.vocab import RunStatus
 
 EXIT_OK, EXIT_FAILED, EXIT_OOM = ExitCode.OK, ExitCode.FAILED, ExitCode.OOM
@@ -402,13 +403,13 @@ def _rank_record(engine, rank: int, steps: list[dict], cuda: bool) -> dict:
     c = engine.coords
     # Under context parallelism every cp rank's loss is the mean over its own (equally many)
     # tokens, so the mean over the loss ranks stays the global batch's mean.
-    cp = {"cp_rank": c["cp"]} if c.get("cp") is not None and engine.layout.cp > 1 else {}
     return {
         "host": socket.gethostname(),
         "losses": [s["loss"] for s in steps],
         "is_loss_rank": engine.has_last and c["tp"] == 0,
         "memory": {
-            "rank": rank, "pp_stage": c["pp"], "tp_rank": c["tp"], "dp_rank": c["dp"], **cp,
+            # Its index along every mesh axis, named by specs.axes (pp_stage, tp_rank, ...).
+            "rank": rank, **axes.rank_fields(c),
             "params_bytes": state.params_bytes, "grads_bytes": state.grads_bytes,
             "optimizer_bytes": state.optimizer_bytes,
             "activations_peak_bytes": engine.activations_peak_bytes,

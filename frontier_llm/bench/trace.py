@@ -31,11 +31,20 @@ class TraceError(UserError):
 
 @lru_cache(maxsize=1)
 def schema() -> dict:
-    """trace_schema.json with its ``layout`` object derived from the Layout dataclass."""
+    """trace_schema.json with its ``layout`` object derived from the Layout dataclass and each
+    rank's index along every mesh axis (``tp_rank``, ``cp_rank``, ...) from ``specs.axes``.
+    The file requires the three of the first traces; a later axis's field is optional (a trace
+    from before it ran at index 0)."""
+    from frontier_llm.specs.axes import AXES, rank_field
     from frontier_llm.specs.layout import layout_json_schema
 
     loaded = json.loads(SCHEMA_PATH.read_text())
     loaded["properties"]["layout"] = layout_json_schema()
+    ranks = loaded["properties"]["memory"]["items"]["properties"]
+    for axis in AXES:
+        ranks.setdefault(rank_field(axis), {
+            "type": "integer", "minimum": 0,
+            "description": f"the rank's index along the {axis} axis of the mesh"})
     return loaded
 
 

@@ -18,7 +18,8 @@ from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner import allocation as alloc
 from frontier_llm.planner.intervals import DEFAULT_CONFIDENCE, add_intervals
 from frontier_llm.planner.space import knob_values
-from frontier_llm.specs.forms import layout_record
+from frontier_llm.specs.forms import display_layouts, layout_record
+from frontier_llm.specs.layout import layout_types
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
@@ -264,14 +265,16 @@ def curve_table(cur: pd.DataFrame, args: argparse.Namespace) -> pd.DataFrame:
     fits = cur["fits"].astype(bool).to_numpy()
     if not fits.any():
         return pd.DataFrame({"gpus": cur["gpus"], "fits": fits})
-    ok = cur[fits]
+    # The counts where nothing fits made the layout's integer columns floats: back to counts.
+    ok = cur[fits].astype({n: int for n, kind in layout_types().items()
+                           if kind is int and n in cur})
     out = pd.DataFrame({"gpus": ok["gpus"].astype(int)})
     if "nodes" in ok:
         out["nodes"] = ok["nodes"].astype(int)
-    for col, name in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("micro_batch", "mb")):
-        out[name] = ok[col].astype(int)
-    if "engine" in ok and ok["engine"].nunique() > 1:
-        out["engine"] = ok["engine"].astype(str)
+    # The layout columns as every table of layouts shows them (specs.forms): the degrees, cp
+    # among them where a row has it, and each other knob that differs or is off its default.
+    shown = display_layouts(ok).rename(columns={"micro_batch": "mb"})
+    out = pd.concat([out, shown], axis=1)
     out["step_s"] = ok["step_time_s"].round(2)
     out = display_columns(out, ok, args)
     out = out.astype(object)

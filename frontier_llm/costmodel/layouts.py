@@ -16,6 +16,7 @@ from functools import cache
 import numpy as np
 
 from frontier_llm.errors import SpecError
+from frontier_llm.specs import axes
 from frontier_llm.specs.layout import (
     COMPONENTS,
     DType,
@@ -69,7 +70,7 @@ class LayoutTable:
 
     @property
     def world_size(self) -> np.ndarray:
-        return self.tp * self.cp * self.pp * self.dp
+        return axes.world_size(self)
 
     @property
     def shard_ranks(self) -> np.ndarray:
@@ -77,7 +78,7 @@ class LayoutTable:
         a replica see other tokens of the same sequences, so their gradients are reduced and
         their model states sharded with the data-parallel ranks (torchtitan's ``dp_shard_cp``
         mesh, Megatron's data-parallel-with-context group)."""
-        return self.dp * self.cp
+        return axes.shard_ranks(self)
 
     def local_seq(self, seq_len: int) -> np.ndarray:
         """Tokens of each sequence on one rank: ``seq_len / cp``, exact (``Layout.check_model``

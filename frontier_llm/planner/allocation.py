@@ -28,6 +28,7 @@ import pandas as pd
 
 from frontier_llm.errors import UserError
 from frontier_llm.planner.plan import Plan
+from frontier_llm.specs import axes
 from frontier_llm.specs.layout import MAX_GPUS
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
@@ -88,14 +89,14 @@ def nodes_for(gpus, gpus_per_node: int):
 def add_allocation(
     frame: pd.DataFrame, system: SystemSpec, seq_len: int, tokens: float
 ) -> pd.DataFrame:
-    """``frame`` (rows with ``tp, pp, dp, global_batch, step_time_s``, and
+    """``frame`` (rows with the layout's degrees, ``global_batch``, ``step_time_s``, and
     ``step_time_s_low/_high`` when intervals were added) with the cost of ``tokens`` tokens:
     ``steps`` (whole iterations of ``global_batch · seq_len`` tokens), ``train_days``,
     ``node_hours`` (whole nodes), ``gpu_hours``, ``energy_kwh`` (the system's ``power``, NaN
     where it states none), each with ``_low``/``_high`` from the step-time interval. A new
     frame; ``frame`` is not changed."""
     out = frame.copy()
-    gpus = (out["gpus"] if "gpus" in out else out["tp"] * out["pp"] * out["dp"]).to_numpy(float)
+    gpus = out["gpus"].to_numpy(float) if "gpus" in out else axes.frame_world_size(out)
     nodes = nodes_for(gpus, system.gpus_per_node)
     tokens_per_step = out["global_batch"].to_numpy(float) * seq_len
     steps = np.ceil(tokens / tokens_per_step)

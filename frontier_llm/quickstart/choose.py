@@ -18,6 +18,7 @@ import pandas as pd
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.planner import Plan, SearchSpace, plan
 from frontier_llm.quickstart.settings import Settings
+from frontier_llm.specs.axes import MODEL_AXES
 from frontier_llm.specs.layout import Layout, zero_preset
 
 
@@ -46,7 +47,8 @@ def choose(settings: Settings, system_name: str | None = None) -> Choice:
     result = plan(model, system, settings.ranks, settings.global_batch, search_space(settings))
     ranked = result.ranked()
     indices = result.ranked_indices()
-    first_of_shape = ~ranked.duplicated(subset=["tp", "pp"])
+    # A shape: the degrees of one model replica (tp x pp, and cp where the plan has it).
+    first_of_shape = ~ranked.duplicated(subset=[str(a) for a in MODEL_AXES if a in ranked])
     picked = [i for i, keep in zip(indices, first_of_shape, strict=True) if keep]
     picked = picked[:settings.layouts]
     chosen = ranked[first_of_shape].head(settings.layouts).reset_index(drop=True)

@@ -35,6 +35,7 @@ from frontier_llm.quickstart import calibration
 from frontier_llm.quickstart.choose import Choice, choose
 from frontier_llm.quickstart.files import STUDY_NAME, SWEEP_NAME, study_text, sweep_text
 from frontier_llm.quickstart.settings import Settings, claim
+from frontier_llm.specs.axes import frame_world_size
 from frontier_llm.specs.forms import row_label
 from frontier_llm.store import open_store
 
@@ -381,7 +382,7 @@ class Quickstart:
                 if len(study):
                     mape, rho = calibration.score(
                         study["measured_step_time_s"], study["predicted_step_time_s"],
-                        study["global_batch"] / (study["tp"] * study["pp"] * study["dp"]))
+                        study["global_batch"] / frame_world_size(study))
                     res.scores[("study", "refit")] = (mape, rho)
                     verdicts.append(f"  refit on the study's {len(study)} runs alone (never "
                                     f"fitted on): step time MAPE {mape:.1f} %")

@@ -16,6 +16,7 @@ import pandas as pd
 
 from frontier_llm.costmodel import COSTMODEL_VERSION, MEMORY_PARTS, evaluate, from_configs
 from frontier_llm.errors import UserError
+from frontier_llm.specs import axes
 from frontier_llm.specs.forms import LAYOUT_KEY, layout_records
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
@@ -125,8 +126,7 @@ def add_seq_len(runs: pd.DataFrame) -> pd.DataFrame:
     global batch), one value per model."""
     df = runs.copy()
     if "world_size" not in df or df["world_size"].isna().any():
-        cp = df.get("cp", 1)  # frames from before the knob split no sequence
-        df["world_size"] = df["tp"] * cp * df["pp"] * df["dp"]
+        df["world_size"] = axes.frame_world_size(df)
     if "seq_len" in df and df["seq_len"].notna().all():
         return df
     tokens = df["tokens_per_s"].astype(float) * df["step_time_s"].astype(float)

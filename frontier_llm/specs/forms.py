@@ -15,6 +15,7 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from frontier_llm.specs import axes
 from frontier_llm.specs.layout import (
     Layout,
     Sharding,
@@ -70,11 +71,12 @@ def layout_entry(layout: Layout) -> dict[str, Any]:
     ``layout`` back."""
     defaults = {k: _word(v) for k, v in field_defaults().items()}
     record = layout_record(layout)
-    return {k: v for k, v in record.items() if k in _ALWAYS or v != defaults[k]}
+    always = {*axes.LABELLED, *_BATCHES}
+    return {k: v for k, v in record.items() if k in always or v != defaults[k]}
 
 
 # The layout columns every table of layouts shows; the others where they differ between rows.
-ALWAYS_SHOWN = ("tp", "pp", "dp", "micro_batch")
+ALWAYS_SHOWN = (*(str(a) for a in axes.LABELLED), "micro_batch")
 
 
 def shown_columns(frame: Any, key: Sequence[str] = LAYOUT_COLUMNS,
@@ -163,7 +165,7 @@ def row_label(row: Mapping[str, Any] | Any, omit: Iterable[str] = ()) -> str:
 _WRITTEN_WITH = {f.name: f.metadata["written_with"] for f in layout_fields()
                  if "written_with" in f.metadata}
 # The knobs every label shows, with their short names; the others appear when not at default.
-_ALWAYS = {"tp": "tp", "pp": "pp", "dp": "dp", "micro_batch": "mb", "global_batch": "gb"}
+_BATCHES = {"micro_batch": "mb", "global_batch": "gb"}
 # Short words in labels for knobs whose value alone would be ambiguous.
 _PREFIX = {"recompute": "rc-"}
 _FLAG_WORDS = {"sequence_parallel": "sp", "flash_attention": "flash"}
@@ -172,12 +174,11 @@ _FLAG_WORDS = {"sequence_parallel": "sp", "flash_attention": "flash"}
 def _label(values: Mapping[str, Any], omit: Iterable[str]) -> str:
     omit = set(omit)
     defaults = {k: _word(v) for k, v in field_defaults().items()}
-    parts = [f"{short}{values[name]}" for name, short in _ALWAYS.items() if name not in omit]
-    # The context-parallel degree sits with the others, where it is not 1: tp8 cp2 pp4 dp2.
-    if "cp" not in omit and str(values["cp"]) != str(defaults["cp"]):
-        parts.insert(1 if "tp" not in omit else 0, f"cp{values['cp']}")
+    # The degrees first (tp8 cp2 pp4 dp2: specs.axes), then the batches, then other knobs.
+    parts = axes.label_parts(values, omit)
+    parts += [f"{short}{values[name]}" for name, short in _BATCHES.items() if name not in omit]
     for name, kind in layout_types().items():
-        if name in omit or name in _ALWAYS or name in _WRITTEN_WITH or name == "cp":
+        if name in omit or name in axes.AXES or name in _BATCHES or name in _WRITTEN_WITH:
             continue  # written as part of another knob's text
         value = values[name]
         if name in _WRITTEN_WITH.values():

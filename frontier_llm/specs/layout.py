@@ -20,6 +20,7 @@ from functools import cache
 from typing import Any
 
 from frontier_llm.errors import SpecError
+from frontier_llm.specs import axes
 from frontier_llm.specs.engine_rules import check_engine
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.pipeline_split import min_chunk_layers
@@ -166,14 +167,14 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.cp * self.pp * self.dp
+        return axes.world_size(self)
 
     @property
     def shard_ranks(self) -> int:
         """Ranks that hold the same parameters and shard their state: dp x cp (the cp ranks of a
         replica see different tokens of the same sequences, like data-parallel ranks;
         torchtitan's dp_shard_cp mesh, Megatron's data-parallel-with-context group)."""
-        return self.dp * self.cp
+        return axes.shard_ranks(self)
 
     @property
     def num_microbatches(self) -> int:

@@ -46,6 +46,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalErr
 
 from frontier_llm.bench.trace import TRACE_SUFFIX, TraceError
 from frontier_llm.errors import UserError
+from frontier_llm.specs.axes import RANK_FIELDS
 from frontier_llm.specs.layout import Layout, Sharding
 from frontier_llm.store import Store
 from frontier_llm.store.schema import (
@@ -71,7 +72,7 @@ _PREDICTION_COLUMNS = ("step_time_s", "model_tflops_per_gpu", "hardware_tflops_p
                        "peak_memory_bytes", "fits")
 _SUMMARY_COLUMNS = ("steps_measured", "step_time_s", "tokens_per_s", "model_tflops_per_gpu",
                     "hardware_tflops_per_gpu", "mfu", "hfu", "peak_memory_bytes")
-_MEMORY_COLUMNS = ("pp_stage", "tp_rank", "dp_rank", "params_bytes", "grads_bytes",
+_MEMORY_COLUMNS = (*RANK_FIELDS, "params_bytes", "grads_bytes",
                    "optimizer_bytes", "activations_peak_bytes", "device_allocated_peak_bytes",
                    "device_reserved_peak_bytes", "host_rss_peak_bytes")
 # The layout's columns copied as the trace holds them (the sharding is turned into its text).
@@ -331,7 +332,10 @@ def trace_rows(trace: dict, path: Path, digest: str) -> TraceRows:
               "warmup": s["warmup"]} for s in trace["steps"]]
     if len({s["step"] for s in steps}) != len(steps):
         raise RowError("steps: a step number appears twice")
-    memory = [{"rank": m["rank"], **{k: m.get(k) for k in _MEMORY_COLUMNS}}
+    # A rank field the trace lacks (cp_rank at cp 1, or in a trace from before cp) is index 0:
+    # along that axis the rank's group was itself alone.
+    memory = [{"rank": m["rank"], **{k: m.get(k, 0 if k in RANK_FIELDS else None)
+                                     for k in _MEMORY_COLUMNS}}
               for m in trace["memory"]]
     if len({m["rank"] for m in memory}) != len(memory):
         raise RowError("memory: a rank appears twice")

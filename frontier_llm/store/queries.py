@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import and_, func, literal, select
 
+from frontier_llm.specs.axes import RANK_FIELDS
 from frontier_llm.specs.forms import key_columns
 from frontier_llm.specs.layout import Layout, layout_types
 from frontier_llm.specs.vocab import RunStatus
@@ -166,7 +167,7 @@ def error_stats(validation: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-_RANK_MEMORY_COLUMNS = ("rank", "pp_stage", "tp_rank", "dp_rank", "params_bytes", "grads_bytes",
+_RANK_MEMORY_COLUMNS = ("rank", *RANK_FIELDS, "params_bytes", "grads_bytes",
                         "optimizer_bytes", "activations_peak_bytes",
                         "device_allocated_peak_bytes")
 

@@ -26,6 +26,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
+from frontier_llm.specs.axes import RANK_FIELDS
 from frontier_llm.specs.layout import DType, Sharding, layout_types
 
 metadata = MetaData()
@@ -170,9 +171,9 @@ flm_rank_memory = Table(
     "flm_rank_memory", metadata,
     Column("run", Integer, primary_key=True),
     Column("rank", Integer, primary_key=True),
-    Column("pp_stage", Integer, nullable=False),
-    Column("tp_rank", Integer, nullable=False),
-    Column("dp_rank", Integer, nullable=False),
+    # A rank's index along each mesh axis (specs.axes: pp_stage, tp_rank, cp_rank, ...); ranks
+    # stored before an axis existed have index 0 along it (migration 0010: cp_rank).
+    *(Column(name, Integer, nullable=False) for name in RANK_FIELDS),
     Column("params_bytes", Bytes),
     Column("grads_bytes", Bytes),
     Column("optimizer_bytes", Bytes),

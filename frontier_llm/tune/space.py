@@ -22,6 +22,7 @@ from optuna.distributions import CategoricalDistribution
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.space import open_degrees
+from frontier_llm.specs import axes
 from frontier_llm.specs.forms import label, layout_from_row
 from frontier_llm.specs.layout import (
     Layout,
@@ -166,15 +167,17 @@ class Candidates:
                          reason=self._why_not(values))
 
     def _why_not(self, v: Mapping[str, Any]) -> str:
-        tp, pp, cp = int(v["tp"]), int(v["pp"]), int(v.get("cp", 1))
-        if self.gpus % (tp * cp * pp):
-            what = "tp x cp x pp" if cp > 1 else "tp x pp"
-            shown = f"{tp} x {cp} x {pp}" if cp > 1 else f"{tp} x {pp}"
-            return f"{what} ({shown}) does not divide the {self.gpus} ranks"
+        degrees = {a: int(axes.degree(v, a)) for a in axes.MODEL_AXES}
+        dp = axes.data_parallel_for(self.gpus, degrees)
+        if dp is None:
+            # The degrees a layout without them would not show are left out (tp x pp at cp 1).
+            named = {a: d for a, d in degrees.items() if a in axes.LABELLED or d != 1}
+            return (f"{' x '.join(named)} ({' x '.join(map(str, named.values()))}) does not "
+                    f"divide the {self.gpus} ranks")
         knobs = {n: v[n] for n in space_knobs() if n in v}
         knobs.update(parse_schedule_label(v["schedule"]), sharding=Sharding.parse(v["sharding"]))
         try:
-            Layout(dp=self.gpus // (tp * cp * pp), global_batch=self.global_batch, **knobs)
+            Layout(dp=dp, global_batch=self.global_batch, **knobs)
         except SpecError as exc:
             return str(exc)
         return NOT_A_LAYOUT

@@ -1,0 +1,153 @@
+"""The layout's mesh axes: one vocabulary of parallel degrees and all arithmetic on them.
+
+A layout splits its GPUs over named axes, each a degree of the layout (a ``Layout`` field):
+tensor (``tp``), context (``cp``), pipeline (``pp``) and data (``dp``) parallelism. Everything
+that multiplies degrees or names a degree's rank asks this module: the world size, the
+model-parallel size, the ranks that share parameters, the data-parallel degree for a GPU count,
+a frame's world size, a rank's mesh coordinates, and the names derived from the axes (trace
+and store rank fields, label pieces, always-shown columns). A new degree (expert parallelism,
+say) is one member of :class:`Axis` and its place in :data:`MESH_ORDER`; its consumers follow.
+
+The functions take any holder of degrees: a ``Layout`` or the cost model's ``LayoutTable``
+(attributes; numpy columns multiply element-wise), a mapping, a pandas row or frame (keys). A
+degree the holder lacks is 1: a frame or a trace from before the degree existed ran without it.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Any
+
+__all__ = ["AXES", "LABELLED", "MESH_ORDER", "MODEL_AXES", "RANK_FIELDS", "REPLICA_AXES",
+           "Axis", "coords", "data_parallel_for", "degree", "frame_world_size", "label_parts",
+           "model_parallel_size", "rank_field", "rank_fields", "rank_of", "shard_ranks",
+           "world_size"]
+
+
+class Axis(StrEnum):
+    """A parallel degree: its word is the ``Layout`` field, the CLI flag and the column name.
+    Members in the layout's field order (the order of labels and columns); append new ones."""
+
+    TP = "tp"
+    CP = "cp"
+    PP = "pp"
+    DP = "dp"
+
+
+AXES: tuple[Axis, ...] = tuple(Axis)
+
+# How ranks are numbered, outermost first: tensor parallelism innermost (its ranks consecutive,
+# inside a node: Narayanan et al. 2021), context parallelism next, then data, pipeline stages
+# outermost. This is flm bench's DeviceMesh (bench/mesh.py: pp, dp_replicate, dp_shard, cp, tp),
+# torchtitan's ParallelDims order (pp, dp_replicate, dp_shard, cp, tp; torchtitan
+# torchtitan/distributed/parallel_dims.py, v0.2.2) and Megatron-LM's default ``tp-cp-ep-dp-pp``
+# read innermost first (megatron/core/parallel_state.py, core_r0.12.0), with DeepSpeed's
+# PipeModelDataParallelTopology (pipe, data, model) the cp = 1 case of it. An expert-parallel
+# axis would go between cp and dp, as Megatron places it.
+MESH_ORDER: tuple[Axis, ...] = (Axis.PP, Axis.DP, Axis.CP, Axis.TP)
+
+# The ranks that hold the same parameters and see different tokens: gradients are reduced and
+# sharded model state spread over them (torchtitan's dp_shard_cp, Megatron's
+# data-parallel-with-context group).
+REPLICA_AXES: tuple[Axis, ...] = (Axis.DP, Axis.CP)
+# Every axis but data parallelism: the GPUs one model replica spans.
+MODEL_AXES: tuple[Axis, ...] = tuple(a for a in AXES if a is not Axis.DP)
+# The degrees every label and every table of layouts shows, even at 1: those of the 3-D layout
+# (tp8 pp4 dp2). A later degree is shown where it is not 1 (tp8 cp2 pp4 dp2), so labels and
+# job keys of layouts without it stay as they were.
+LABELLED: tuple[Axis, ...] = (Axis.TP, Axis.PP, Axis.DP)
+
+assert sorted(MESH_ORDER) == sorted(AXES), "MESH_ORDER must place every axis exactly once"
+
+
+def rank_field(axis: Axis | str) -> str:
+    """The trace's and the store's name for a rank's index along ``axis``: ``tp_rank``,
+    ``cp_rank``, ``dp_rank``; the pipeline's is ``pp_stage`` (the trace schema's name since
+    its first version: old traces and databases keep it)."""
+    axis = Axis(axis)
+    return "pp_stage" if axis is Axis.PP else f"{axis}_rank"
+
+
+RANK_FIELDS: tuple[str, ...] = tuple(rank_field(a) for a in AXES)
+
+
+def degree(holder: Any, axis: Axis | str) -> Any:
+    """``holder``'s degree along ``axis`` (1 where it has none); a column stays a column."""
+    name = str(axis)
+    if hasattr(holder, "keys"):  # a mapping, a pandas row or frame
+        if name not in holder:
+            return 1
+        value = holder[name]
+        # A frame's column that predates the degree is empty in old rows: they ran at 1.
+        if hasattr(value, "fillna"):
+            return value.fillna(1)
+        return 1 if isinstance(value, float) and math.isnan(value) else value
+    return getattr(holder, name, 1)
+
+
+def _product(holder: Any, axes: tuple[Axis, ...]) -> Any:
+    return math.prod((degree(holder, a) for a in axes), start=1)
+
+
+def world_size(holder: Any) -> Any:
+    """GPUs (ranks) of a layout: the product of every degree."""
+    return _product(holder, AXES)
+
+
+def model_parallel_size(holder: Any) -> Any:
+    """GPUs one model replica spans: the product of every degree but dp."""
+    return _product(holder, MODEL_AXES)
+
+
+def shard_ranks(holder: Any) -> Any:
+    """Ranks that hold the same parameters and share their gradients and sharded state."""
+    return _product(holder, REPLICA_AXES)
+
+
+def data_parallel_for(gpus: int, holder: Any) -> int | None:
+    """The data-parallel degree that fills ``gpus`` with ``holder``'s other degrees (its dp, if
+    any, is ignored); None where their product does not divide ``gpus``."""
+    per_replica = int(model_parallel_size(holder))
+    return gpus // per_replica if gpus % per_replica == 0 else None
+
+
+def frame_world_size(frame: Any) -> Any:
+    """:func:`world_size` of every row of a frame (a numpy array; a missing or empty degree
+    column counts 1)."""
+    import numpy as np
+
+    return np.asarray(world_size(frame), dtype=float) * np.ones(len(frame))
+
+
+def coords(rank: int, holder: Any) -> dict[str, int]:
+    """Rank ``rank``'s index along each axis (row-major over :data:`MESH_ORDER`)."""
+    if not 0 <= rank < world_size(holder):
+        raise ValueError(f"rank {rank} is outside a world of {world_size(holder)} ranks")
+    out = {}
+    for axis in reversed(MESH_ORDER):
+        size = int(degree(holder, axis))
+        out[str(axis)] = rank % size
+        rank //= size
+    return {str(a): out[str(a)] for a in AXES}
+
+
+def rank_of(index: dict[str, int], holder: Any) -> int:
+    """The rank at mesh coordinates ``index`` (axis -> index; an axis left out is 0)."""
+    rank = 0
+    for axis in MESH_ORDER:
+        rank = rank * int(degree(holder, axis)) + int(index.get(str(axis), 0))
+    return rank
+
+
+def rank_fields(index: dict[str, int]) -> dict[str, int]:
+    """A rank's trace fields from its coordinates: ``{"tp_rank": 0, "cp_rank": 1, ...}`` (an
+    axis the coordinates lack is index 0: the rank ran before that degree, at 1)."""
+    return {rank_field(a): int(index.get(str(a), 0)) for a in AXES}
+
+
+def label_parts(values: Any, omit: Any = ()) -> list[str]:
+    """The degrees' pieces of a layout's label, in axis order: ``tp8``, ``pp4``, ``dp2``
+    always, a later degree where it is not 1 (``tp8 cp2 pp4 dp2``); ``omit``: axes left out."""
+    return [f"{a}{degree(values, a)}" for a in AXES
+            if a not in omit and (a in LABELLED or str(degree(values, a)) != "1")]
