@@ -36,6 +36,7 @@ from frontier_llm.logs.common import (
     read_lines,
 )
 from frontier_llm.logs.deepspeed import samples_per_s
+from frontier_llm.specs import axes
 from frontier_llm.specs.forms import ALWAYS_SHOWN, SCALED
 from frontier_llm.specs.layout import Layout, complete_layout, layout_fields, layout_types
 from frontier_llm.specs.model import ModelSpec
@@ -181,7 +182,7 @@ def _times(run: ParsedRun, layout: Layout, model: ModelSpec) -> None:
             # time and the cp x tp x pp GPUs that share it (components/metrics.py divides by
             # parallel_dims.non_data_parallel_size = cp * tp * pp; v0.2.2).
             tokens = layout.global_batch // layout.dp * model.seq_len
-            s.time_s = tokens / (s.tokens_per_s * layout.tp * layout.pp * layout.cp)
+            s.time_s = tokens / (s.tokens_per_s * axes.model_parallel_size(layout))
 
 
 def _status(run: ParsedRun) -> tuple[str, str | None, str]:
