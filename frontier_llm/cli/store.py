@@ -231,7 +231,8 @@ def _db(args: argparse.Namespace) -> int:
         else:
             print(f"{store.url_redacted} is at schema version {SCHEMA_VERSION}; nothing to do")
         return 0
-    store = open_store(args.db, check=False)
+    # A look, not a write: a mistyped path is an error, never a new empty database.
+    store = open_existing(args.db, check=False)
     try:
         version = store.schema_version()
     finally:

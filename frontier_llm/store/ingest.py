@@ -46,6 +46,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalErr
 
 from frontier_llm.bench.trace import TRACE_SUFFIX, TraceError
 from frontier_llm.errors import UserError
+from frontier_llm.specs import plausible
 from frontier_llm.specs.layout import Layout, Sharding
 from frontier_llm.store import Store
 from frontier_llm.store.schema import (
@@ -65,6 +66,8 @@ MAX_TRACE_BYTES = 64 * 2**20
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 REASON_SUFFIX = ".reason.txt"
 DEFAULT_BATCH = 500
+# The most a trace's labels may hold, as JSON: a sweep's labels are a few words each.
+MAX_LABELS_BYTES = 64 * 1024
 MAX_ATTEMPTS = 8
 
 _PREDICTION_COLUMNS = ("step_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu",
@@ -530,6 +533,9 @@ def _parse(item: tuple[Path, Path, bytes, str]) -> tuple[TraceRows | None, str]:
             except UnicodeEncodeError:
                 raise RowError("a string holds a lone surrogate (not UTF-8)") from None
         validate_trace_fast(trace)
+        why = implausible(trace)
+        if why:
+            raise RowError(f"implausible measurement: {why}")
         return trace_rows(trace, path.resolve(), digest), ""
     except (TraceError, RowError) as exc:
         return None, str(exc)
@@ -537,6 +543,35 @@ def _parse(item: tuple[Path, Path, bytes, str]) -> tuple[TraceRows | None, str]:
         # What the schema lets through and the rows still cannot hold: this file's problem,
         # never the batch's.
         return None, f"cannot be stored: {type(exc).__name__}: {str(exc)[:200]}"
+
+
+def implausible(trace: dict) -> str | None:
+    """Why a schema-valid trace cannot be stored as a measurement (specs/plausible.py), or
+    None: what no machine does (a step of 1e305 s, a negative memory peak, more TFLOP/s than
+    the device's peak), or labels too large to be labels."""
+    if len(_dumps(trace.get("labels") or {})) > MAX_LABELS_BYTES:
+        return f"labels hold more than {MAX_LABELS_BYTES // 1024} KiB"
+    layout = trace.get("layout") or {}
+    device_bytes, peak = _device(str((trace.get("system") or {}).get("name")),
+                                 str(layout.get("dtype", "bf16")))
+    return plausible.trace_problem(trace, device_bytes, peak)
+
+
+@lru_cache(maxsize=64)
+def _device(system: str, dtype: str) -> tuple[float | None, float | None]:
+    """(memory bytes, peak FLOP/s) of a shipped system of that name, for the plausible
+    ranges; (None, None) for another (a trace names its system, which may be anyone's file:
+    only the catalog's own names are looked up, never a path)."""
+    from frontier_llm.catalog import load_system, system_names
+
+    if system not in system_names():
+        return None, None
+    spec = load_system(system)
+    try:
+        peak = spec.peak(dtype)
+    except UserError:
+        peak = None
+    return spec.memory_bytes, peak
 
 
 def _no_constant(name: str) -> Any:
