@@ -1,0 +1,301 @@
+"""Hostile and careless input, third pass (issue 38): what a file or a name says can run no
+code, leak no secret and poison no database, and every refusal is one line with exit 2.
+
+Each test names its item of the issue. Real parts throughout: the CLI's ``main``, real YAML
+files, real SQLite, real processes for the cancel test; a read-only file system is a real tmpfs
+(skipped only where this process may not mount one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from store_fixtures import make_trace
+from sweep_texts import local_sweep
+from test_hostile_input import _tmpfs
+
+from frontier_llm.cli import main
+from frontier_llm.jobs.executors import LocalExecutor, _same_process
+
+CPU_LOCAL = (Path(__file__).parent.parent / "frontier_llm/catalog/systems/cpu-local.yaml")
+MODEL = "layers: 4\nhidden: 64\nheads: 4\nseq_len: 32\nvocab: 256\n"
+
+
+def _one_line(capsys, argv: list[str], words: str) -> str:
+    assert main(argv) == 2
+    _out, err = capsys.readouterr()
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert words in err, err
+    return err
+
+
+def _sweep(tmp_path: Path, extra: str, layouts: str = "{dp: 1, micro_batch: 2, name: one}",
+           name: str = "hostile") -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(local_sweep(name, [layouts], extra))
+    return path
+
+
+def _render(tmp_path: Path, path: Path) -> list[str]:
+    return ["sweep", "render", str(path), "--out", str(tmp_path / "run")]
+
+
+# --- item 1: names that would leave their comment or value -----------------------------------
+
+def test_1_a_model_name_with_a_newline_cannot_reach_an_exported_flags_file(tmp_path, capsys):
+    """The name rode into the export's header comment raw: the line after it was live flags
+    (``--load DIR --finetune``, a checkpoint unpickle)."""
+    model = tmp_path / "m.yaml"
+    model.write_text('name: "evil\\n--load /tmp/x --finetune"\n' + MODEL)
+    err = _one_line(capsys, ["export", "--to", "megatron-lm", "--model", str(model),
+                             "--system", "cpu-local", "--tp", "1", "--dp", "1",
+                             "--global-batch", "4"], "U+000A")
+    assert "--load" not in err  # the value is not repeated
+
+
+@pytest.mark.parametrize("name", ["gpu\u202eevil", "a\x1b[2Jb", "x\u2028y"])
+def test_1_a_system_name_with_bidi_escape_or_line_separator_is_refused(tmp_path, capsys, name):
+    system = tmp_path / "s.yaml"
+    system.write_text(CPU_LOCAL.read_text().replace("name: cpu-local",
+                                                     f"name: {json.dumps(name)}"))
+    _one_line(capsys, ["plan", "--model", "tiny-gpt", "--system", str(system), "--gpus", "4"],
+              "is not allowed in a name")
+
+
+def test_1_a_sweep_name_cannot_end_in_a_newline(tmp_path, capsys):
+    """``^...$`` matched before a final newline: ``name: "x\\n"`` passed the name rule."""
+    path = _sweep(tmp_path, "", name='"sweepname\\n"')
+    _one_line(capsys, _render(tmp_path, path), "may hold only letters")
+
+
+@pytest.mark.parametrize(("labels", "words"), [
+    ('labels: {team: "a\\nb"}\n', "labels.team: character U+000A"),
+    ('labels: {"bad key": x}\n', "labels may hold only letters"),
+    ('labels: {note: "\\e[31mred"}\n', "U+001B"),
+])
+def test_1_labels_are_one_printable_line(tmp_path, capsys, labels, words):
+    _one_line(capsys, _render(tmp_path, _sweep(tmp_path, labels)), words)
+
+
+# --- item 2: settings that load code or move the job's files ---------------------------------
+
+@pytest.mark.parametrize(("extra", "words"), [
+    ("environment:\n  env: {LD_PRELOAD: ./evil.so}\n", "environment.env.LD_PRELOAD: ld.so"),
+    ("environment:\n  env: {BASH_ENV: ./evil.sh}\n", "environment.env.BASH_ENV: bash runs"),
+    ("environment:\n  env: {PYTHONSTARTUP: x.py}\n", "PYTHONSTARTUP"),
+    ("environment:\n  env: {PATH: /tmp/evil}\n", "environment.env.PATH"),
+    ('resources:\n  extra_sbatch: ["--export=ALL,BASH_FUNC_srun%%=x"]\n', "BASH_FUNC_"),
+    ("site:\n  env: {LD_PRELOAD: ./evil.so}\n", "site.env.LD_PRELOAD"),
+    ('resources:\n  extra_sbatch: ["--export=ALL,LD_PRELOAD=./evil.so"]\n',
+     "extra_sbatch --export sets LD_PRELOAD"),
+    ('resources:\n  extra_sbatch: ["--output=/etc/cron.d/x"]\n', "extra_sbatch --output"),
+    ('resources:\n  extra_sbatch: ["-D /tmp"]\n', "extra_sbatch --chdir"),
+    ('resources:\n  extra_sbatch: ["--chdir=/tmp"]\n', "extra_sbatch --chdir"),
+])
+def test_2_code_loading_settings_are_refused_by_default(tmp_path, capsys, extra, words):
+    err = _one_line(capsys, _render(tmp_path, _sweep(tmp_path, extra)), words)
+    assert "allow_unsafe" in err
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_2_an_opt_in_is_recorded_in_every_script_and_the_manifest(tmp_path, capsys):
+    path = _sweep(tmp_path, "allow_unsafe: [LD_LIBRARY_PATH, --chdir]\n"
+                  "environment:\n  env: {LD_LIBRARY_PATH: /opt/lib}\n"
+                  'resources:\n  extra_sbatch: ["--chdir=/tmp"]\n')
+    assert main(_render(tmp_path, path)) == 0
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["allow_unsafe"] == ["LD_LIBRARY_PATH", "--chdir"]
+    scripts = list((tmp_path / "run").rglob("*.sh"))
+    assert scripts
+    for script in scripts:
+        lines = script.read_text().splitlines()
+        assert lines[0].startswith("#!")
+        assert lines[1].startswith("# flm: this sweep opts in to allow_unsafe: "
+                                   "LD_LIBRARY_PATH --chdir")
+        assert "#SBATCH --chdir=/tmp" in lines
+
+
+def test_2_an_opt_in_for_a_name_never_refused_is_a_mistake(tmp_path, capsys):
+    _one_line(capsys, _render(tmp_path, _sweep(tmp_path, "allow_unsafe: [LD_PRELAOD]\n")),
+              "allow_unsafe: 'LD_PRELAOD' is not a variable or sbatch option flm refuses")
+
+
+# --- item 4: secrets written out in setup lines -----------------------------------------------
+
+@pytest.mark.parametrize("line", [
+    "export WANDB_API_KEY='$notavariable'",   # single quotes: a literal, $ and all
+    "printf -v HF_TOKEN '%s' hf_literal",
+    "printf -v HF_TOKEN 'hf_%s' \"$X\"",
+])
+def test_4_setup_lines_that_write_a_secret_are_refused(tmp_path, capsys, line):
+    extra = "environment:\n  setup:\n    - " + json.dumps(line) + "\n"
+    err = _one_line(capsys, _render(tmp_path, _sweep(tmp_path, extra)), "named like a secret")
+    assert "notavariable" not in err and "hf_literal" not in err
+
+
+@pytest.mark.parametrize("line", ['export WANDB_API_KEY="$WANDB_KEY_FILE_VALUE"',
+                                  'printf -v HF_TOKEN "%s" "$HF_TOKEN_SOURCE"'])
+def test_4_references_to_other_variables_still_pass(tmp_path, capsys, line):
+    extra = "environment:\n  setup:\n    - " + json.dumps(line) + "\n"
+    assert main(_render(tmp_path, _sweep(tmp_path, extra))) == 0
+
+
+# --- item 5: a RUNNING row of an older flm ----------------------------------------------------
+
+def test_5_an_old_local_id_without_host_or_start_is_never_signalled():
+    """``local:PID:TOKEN`` (an older flm's id) named whatever process holds that pid now."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            start_new_session=True)
+    try:
+        old = f"local:{proc.pid}:tok"
+        assert _same_process(old) is None
+        ex = LocalExecutor()
+        ex.cancel([{"scheduler_job_id": old}])
+        time.sleep(0.2)
+        assert proc.poll() is None  # not signalled
+        seen = ex.observe(None, [{"job_key": "a", "scheduler_job_id": old}])
+        assert "older flm" in seen["a"].said
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+# --- item 6: a YAML alias that holds itself ---------------------------------------------------
+
+@pytest.mark.parametrize("text", ["x: &r {self: *r}\n", "x: &r [1, *r]\n",
+                                  "a: &a {b: &b {c: *a}}\n"])
+def test_6_a_self_referential_alias_is_refused_in_milliseconds(tmp_path, capsys, text):
+    path = tmp_path / "cycle.yaml"
+    path.write_text(text)
+    t0 = time.perf_counter()
+    _one_line(capsys, _render(tmp_path, path), "a cycle")
+    assert time.perf_counter() - t0 < 5  # it used to run until memory ran out
+    model = tmp_path / "m.yaml"
+    model.write_text("name: m\n" + MODEL + text)
+    _one_line(capsys, ["plan", "--model", str(model), "--system", "cpu-local", "--gpus", "4"],
+              "a cycle")
+
+
+# --- item 8: tracebacks instead of one line ----------------------------------------------------
+
+def test_8_a_memory_size_beyond_a_float_is_one_line(tmp_path, capsys):
+    system = tmp_path / "s.yaml"
+    system.write_text(CPU_LOCAL.read_text().replace("memory_bytes: 4.0e+9",
+                                                     f"memory_bytes: {10**400}"))
+    _one_line(capsys, ["plan", "--model", "tiny-gpt", "--system", str(system), "--gpus", "4"],
+              "memory_bytes is too large")
+
+
+@pytest.mark.parametrize("driver", ["postgresql+asyncpg", "postgresql+pg8000", "mysql"])
+def test_8_an_unsupported_database_driver_is_one_line(capsys, driver):
+    _one_line(capsys, ["results", "--db", f"{driver}://u:pw-sekrit@db.invalid/flm"],
+              "is not supported")
+
+
+# --- item 9: impossible measurements ------------------------------------------------------------
+
+def _collect(tmp_path: Path, capsys, trace: dict) -> tuple[str, Path]:
+    folder = tmp_path / "t"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{trace['run_id']}.trace.json").write_text(json.dumps(trace))
+    db = tmp_path / "flm.db"
+    main(["collect", str(folder), "--db", f"sqlite:///{db}"])
+    out, err = capsys.readouterr()
+    return out + err, db
+
+
+def _stored_runs(capsys, db: Path) -> list[dict]:
+    assert main(["results", "--db", f"sqlite:///{db}", "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out or "[]")
+
+
+@pytest.mark.parametrize(("edit", "words"), [
+    (lambda t: t["summary"].update(step_time_s=1e305), "summary step_time_s 1e+305 s"),
+    (lambda t: t["steps"][3].update(time_s=1e305), "step 3 time_s"),
+    (lambda t: t["summary"].update(peak_memory_bytes=-5), "negative"),
+    (lambda t: t["summary"].update(mfu=7.0), "mfu 7.0 is outside"),
+    (lambda t: t["summary"].update(model_tflops_per_gpu=1e9), "above the device's peak"),
+    (lambda t: t["labels"].update(big="x" * 100_000), "labels hold more than 64 KiB"),
+])
+def test_9_an_impossible_measurement_is_quarantined_not_stored(tmp_path, capsys, edit, words):
+    trace = make_trace("bad")
+    edit(trace)
+    printed, db = _collect(tmp_path, capsys, trace)
+    assert "1 quarantined" in printed, printed
+    reason = next((tmp_path / "t" / "quarantine").glob("*.reason.txt")).read_text()
+    assert words in reason, reason
+    assert _stored_runs(capsys, db) == []
+
+
+def test_9_a_gpu_peak_above_the_devices_memory_is_refused(tmp_path, capsys):
+    """Against the shipped system's own memory (dgx-h100: 80 GB): 200 GB is no measurement."""
+    trace = make_trace("big", system="dgx-h100")
+    trace["environment"]["device"] = "cuda"
+    trace["summary"]["peak_memory_bytes"] = 200e9
+    printed, _ = _collect(tmp_path, capsys, trace)
+    assert "1 quarantined" in printed
+    reason = next((tmp_path / "t" / "quarantine").glob("*.reason.txt")).read_text()
+    assert "above what the device holds (8.8e+10 bytes" in reason
+
+
+def test_9_a_plausible_trace_is_still_stored(tmp_path, capsys):
+    printed, db = _collect(tmp_path, capsys, make_trace("good"))
+    assert "0 quarantined" in printed
+    assert [r["run_id"] for r in _stored_runs(capsys, db)] == ["good"]
+
+
+# --- item 10: absurd numbers, reserved labels, databases that should not be created ----------
+
+@pytest.mark.parametrize(("old", "new", "words"), [
+    ("fp32: 50.0e+9", "fp32: .nan", "peak_flops.fp32 must be a finite number"),
+    ("fp32: 50.0e+9", "fp32: .inf", "peak_flops.fp32 must be a finite number"),
+    ("gpus_per_node: 64", "gpus_per_node: 80000", "gpus_per_node must be between 1 and 64"),
+    ("bandwidth: 2.0e+9", "bandwidth: .nan", "bandwidth must be a finite number"),
+])
+def test_10_nan_and_absurd_system_numbers_are_refused(tmp_path, capsys, old, new, words):
+    system = tmp_path / "s.yaml"
+    text = CPU_LOCAL.read_text()
+    assert old in text
+    system.write_text(text.replace(old, new, 1))
+    _one_line(capsys, ["plan", "--model", "tiny-gpt", "--system", str(system), "--gpus", "4"],
+              words)
+
+
+@pytest.mark.parametrize("key", ["sweep", "job_key"])
+def test_10_reserved_label_keys_are_refused(tmp_path, capsys, key):
+    _one_line(capsys, _render(tmp_path, _sweep(tmp_path, f"labels: {{{key}: other}}\n")),
+              f"labels.{key} is set by flm itself")
+
+
+@pytest.mark.parametrize("argv", [["db", "version"], ["tune", "status", "some-study"]])
+def test_10_a_look_at_a_mistyped_database_path_creates_nothing(tmp_path, capsys, argv):
+    db = tmp_path / "mistyped.db"
+    _one_line(capsys, [*argv, "--db", f"sqlite:///{db}"], "no database at")
+    assert not db.exists()
+
+
+def test_10_a_read_only_database_can_be_listed(tmp_path, capsys):
+    printed, db = _collect(tmp_path, capsys, make_trace("r1"))
+    assert "1 new" in printed or "1 inserted" in printed or "r1" not in printed
+    with _tmpfs(tmp_path / "ro", "size=8m") as mnt:
+        copy = mnt / "flm.db"
+        copy.write_bytes(db.read_bytes())
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        runs = _stored_runs(capsys, copy)
+        assert [r["run_id"] for r in runs] == ["r1"]
+        assert sorted(p.name for p in mnt.iterdir()) == ["flm.db"]
+
+
+def test_10_printed_names_cannot_drive_the_terminal():
+    from frontier_llm.specs.values import printable, printable_path
+
+    assert printable("run\x1b[2J\u202efdp.trace.json") == "run\\x1b[2J\\u202efdp.trace.json"
+    assert printable_path(os.fsdecode(b"bad\xffname")) == "bad\\xffname"
+    assert printable("plain-name.trace.json") == "plain-name.trace.json"
