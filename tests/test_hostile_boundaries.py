@@ -299,3 +299,27 @@ def test_10_printed_names_cannot_drive_the_terminal():
     assert printable("run\x1b[2J\u202efdp.trace.json") == "run\\x1b[2J\\u202efdp.trace.json"
     assert printable_path(os.fsdecode(b"bad\xffname")) == "bad\\xffname"
     assert printable("plain-name.trace.json") == "plain-name.trace.json"
+
+
+def test_9_calibrate_from_runs_leaves_out_an_impossible_step_time_and_says_so(tmp_path, capsys):
+    """A database an older flm filled (collect let a step of 1e305 s in): the refit leaves
+    that run out with a warning instead of fitting through it silently."""
+    import sqlite3
+
+    folder = tmp_path / "t"
+    folder.mkdir()
+    shapes = [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2)]
+    for i, (dp, mb) in enumerate(shapes):
+        trace = make_trace(f"r{i}", dp=dp, micro_batch=mb, labels={"sweep": "cv"})
+        (folder / f"r{i}.trace.json").write_text(json.dumps(trace))
+    db = tmp_path / "flm.db"
+    assert main(["collect", str(folder), "--db", f"sqlite:///{db}", "--quiet"]) == 0
+    with sqlite3.connect(db) as conn:
+        conn.execute("update flm_runs set step_time_s = 1e305 where run_id = 'r4'")
+    conn.close()
+    capsys.readouterr()
+    assert main(["calibrate", "--from-runs", "--sweep", "cv", "--folds", "2", "--db",
+                 f"sqlite:///{db}", "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert "left out 1 run(s) whose step time is not plausible: r4: step time 1e+305 s" in err
+    assert "r4" not in {r["run_id"] for r in json.loads(out)["runs"]}
