@@ -301,7 +301,7 @@ def test_10_printed_names_cannot_drive_the_terminal():
     assert printable("plain-name.trace.json") == "plain-name.trace.json"
 
 
-def test_9_calibrate_from_runs_leaves_out_an_impossible_step_time_and_says_so(tmp_path, capsys):
+def test_9_calibrate_and_validate_leave_out_an_impossible_step_time_and_say_so(tmp_path, capsys):
     """A database an older flm filled (collect let a step of 1e305 s in): the refit leaves
     that run out with a warning instead of fitting through it silently."""
     import sqlite3
@@ -323,3 +323,8 @@ def test_9_calibrate_from_runs_leaves_out_an_impossible_step_time_and_says_so(tm
     out, err = capsys.readouterr()
     assert "left out 1 run(s) whose step time is not plausible: r4: step time 1e+305 s" in err
     assert "r4" not in {r["run_id"] for r in json.loads(out)["runs"]}
+    # flm validate's statistics leave it out too, and say so.
+    assert main(["validate", "--db", f"sqlite:///{db}", "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert "left out 1 run(s) whose measurement is not plausible: r4" in err
+    assert {r["run_id"] for r in json.loads(out)["runs"]} == {"r0", "r1", "r2", "r3"}

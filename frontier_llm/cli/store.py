@@ -173,10 +173,32 @@ def _validate(args: argparse.Namespace) -> int:
         runs = validation_frame(store, sweep=args.sweep, costmodel_version=args.costmodel_version)
     finally:
         store.close()
+    runs = _plausible_only(runs)
     _emit_validation(args, "runs", runs, _fmt_table(runs),
                      "predicted vs measured (error = (predicted - measured) / measured):",
                      error_stats(runs), "per system")
     return 0
+
+
+def _plausible_only(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs whose measured step time and memory peak are plausible (specs/plausible.py);
+    the rest (a database an older flm filled) are left out of the statistics, with a warning
+    on stderr that names them."""
+    from frontier_llm.specs.plausible import memory_problem, step_time_problem
+
+    why = [step_time_problem(_number(t), "measured step time")
+           or memory_problem(_number(m), "measured peak memory")
+           for t, m in zip(runs["measured_step_time_s"], runs["measured_peak_memory_bytes"],
+                           strict=True)]
+    bad = [f"{rid}: {w}" for rid, w in zip(runs["run_id"], why, strict=True) if w]
+    if bad:
+        print(f"flm: warning: left out {len(bad)} run(s) whose measurement is not plausible: "
+              f"{'; '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}", file=sys.stderr)
+    return runs[[w is None for w in why]].reset_index(drop=True)
+
+
+def _number(value: object) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
 
 
 def _emit_validation(args: argparse.Namespace, key: str, rows: pd.DataFrame,
