@@ -173,7 +173,11 @@ def quarantine_file(path: Path, root: Path, reason: str, folder: str | Path | No
     if not folder and dest_dir.is_symlink():
         raise NotMoved(f"{dest_dir} is a symbolic link: nothing moved into it")
     dest_dir.mkdir(parents=True, exist_ok=True)
-    n = 0
+    # Where the last file of this name landed in this folder: 3,000 files of one name used to
+    # try name, name.1, ... name.k for the k-th (quadratic, 117 s); now each try starts past
+    # the last taken suffix, so a collect's quarantines cost linear time.
+    slot = (str(dest_dir.resolve()), path.name)
+    n = _NEXT_SUFFIX.get(slot, 0)
     while True:
         dest = dest_dir / (path.name if n == 0 else f"{path.name}.{n}")
         try:
@@ -193,6 +197,7 @@ def quarantine_file(path: Path, root: Path, reason: str, folder: str | Path | No
                 continue
             shutil.copy2(path, dest, follow_symlinks=False)
             break
+    _NEXT_SUFFIX[slot] = n + 1
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -204,6 +209,10 @@ def quarantine_file(path: Path, root: Path, reason: str, folder: str | Path | No
                f"{reason}\noriginal path: {path}\nquarantined at: {stamp} by flm collect (pid "
                f"{os.getpid()})\n")
     return dest
+
+
+# (quarantine folder, file name) -> the next suffix to try (see quarantine_file).
+_NEXT_SUFFIX: dict[tuple[str, str], int] = {}
 
 
 class NotMoved(Exception):
