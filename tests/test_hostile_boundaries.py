@@ -350,3 +350,44 @@ def test_7_quarantining_files_of_one_name_costs_linear_tries(tmp_path, monkeypat
     names = {p.name for p in (tmp_path / "quarantine").iterdir()}
     assert {"x.trace.json", "x.trace.json.1", f"x.trace.json.{k - 1}"} <= names
     assert len(calls) <= 2 * k, len(calls)
+
+
+def test_8_a_trace_with_a_non_utf8_name_is_stored_and_its_neighbour_quarantined_in_words(
+        tmp_path, capsys):
+    """A valid trace named with a byte that is not UTF-8 ended in a traceback, and a bad one's
+    reason file was lost; the name printed raw carried a terminal escape (item 10)."""
+    folder = tmp_path / "t"
+    folder.mkdir()
+    base = os.fsencode(folder) + b"/"
+    with open(base + b"good\xff.trace.json", "w") as fh:
+        fh.write(json.dumps(make_trace("good")))
+    bad = make_trace("bad")
+    bad["summary"]["step_time_s"] = 1e305
+    with open(base + b"bad\xff\x1b[2J.trace.json", "w") as fh:
+        fh.write(json.dumps(bad))
+    db = tmp_path / "flm.db"
+    assert main(["collect", str(folder), "--db", f"sqlite:///{db}"]) == 0
+    _out, err = capsys.readouterr()
+    assert "\x1b" not in err and "bad\\xff\\x1b[2J.trace.json" in err, err
+    [reason] = (folder / "quarantine").glob("*.reason.txt")
+    assert "implausible measurement" in reason.read_text()
+    assert [r["run_id"] for r in _stored_runs(capsys, db)] == ["good"]
+
+
+def test_10_a_quarantine_folder_that_holds_the_collected_one_is_refused(tmp_path, capsys):
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "r.trace.json").write_text(json.dumps(make_trace("r")))
+    _one_line(capsys, ["collect", str(tmp_path / "t"), "--db", f"sqlite:///{tmp_path}/f.db",
+                       "--quarantine", "/"], "which is being collected")
+
+
+@pytest.mark.parametrize(("deadline", "words"), [("45", "give the unit: 45d (days), 45h"),
+                                                 ("1e-300h", "must be at least 1h")])
+def test_10_a_deadline_needs_its_unit_and_an_hour(capsys, deadline, words):
+    """``--deadline 45`` was silently 45 days; ``1e-300h`` printed a 300-digit GPU count."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--model", "tiny-gpt", "--system", "cpu-local", "--tokens", "1e9",
+              "--deadline", deadline])
+    assert exit_.value.code == 2
+    _out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and words in err and "Traceback" not in err, err

@@ -11,6 +11,7 @@ from frontier_llm.cli.common import add_command, add_format, db_parent, emit_fra
 from frontier_llm.cli.numbers import count
 from frontier_llm.cli.progress import Progress
 from frontier_llm.specs.forms import display_layouts
+from frontier_llm.specs.values import printable, printable_path
 from frontier_llm.store import SCHEMA_VERSION, open_existing, open_store
 from frontier_llm.store.engine_compare import (
     RESULT_LABELS,
@@ -85,6 +86,7 @@ def _collect(args: argparse.Namespace) -> int:
         read, args.dirs = _logs_to_traces(args)
     elif not args.dirs:
         raise UserError("collect: give at least one folder of traces (or --from-logs LOG ...)")
+    _check_quarantine(args.quarantine, args.dirs)
     store = open_store(args.db)
     try:
         with Progress("collect", enabled=False if args.quiet else None) as bar:
@@ -94,10 +96,11 @@ def _collect(args: argparse.Namespace) -> int:
                              advance=lambda done, total: bar.update(done, total))
     finally:
         store.close()
+    # Names and reasons come from files others wrote: escapes, not raw control characters.
     for path, reason in report.quarantined:
-        _err(f"flm collect: quarantined {path}: {reason}")
+        _err(f"flm collect: quarantined {printable_path(path)}: {printable(reason)}")
     for warning in report.warnings:
-        _err(f"flm collect: warning: {warning}")
+        _err(f"flm collect: warning: {printable(warning)}")
     if args.format == "json":
         emit_json({"db": store.url_redacted, **report.as_dict(),
                    **({"logs": read} if read else {})})
@@ -178,6 +181,24 @@ def _validate(args: argparse.Namespace) -> int:
                      "predicted vs measured (error = (predicted - measured) / measured):",
                      error_stats(runs), "per system")
     return 0
+
+
+def _check_quarantine(quarantine: str | None, dirs: list[str]) -> None:
+    """Refuse a --quarantine folder that holds a folder being collected (``--quarantine /``):
+    collect skips what lies in its quarantine folder, so it would read nothing and exit 0."""
+    from pathlib import Path
+
+    from frontier_llm.errors import UserError
+
+    if not quarantine:
+        return
+    q = Path(quarantine).resolve()
+    for d in dirs:
+        if Path(d).resolve().is_relative_to(q):
+            raise UserError(f"collect: --quarantine {printable_path(quarantine)} holds "
+                            f"{printable_path(d)}, which is being collected (files in the "
+                            "quarantine folder are skipped, so nothing would be read); give a "
+                            "folder of its own")
 
 
 def _plausible_only(runs: pd.DataFrame) -> pd.DataFrame:

@@ -225,7 +225,9 @@ def _write_new(path: Path, text: str) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     except FileExistsError:
         return
-    with os.fdopen(fd, "w") as fh:
+    # backslashreplace: a file name that is not UTF-8 (held as lone surrogates) is written as
+    # its escapes; the reason file used to be lost to a UnicodeEncodeError.
+    with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
         fh.write(text)
 
 
@@ -267,6 +269,12 @@ class TooLarge(Exception):
 
 
 # --- turning one trace into rows -------------------------------------------------------------
+
+def storable_path(path: Path) -> str:
+    """``path`` as text a database column holds: a name that is not UTF-8 (its bytes held as
+    lone surrogates, which no UTF-8 column takes) with those bytes as ``\\xNN`` escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
 
 def _utc(text: str | None, field_name: str) -> datetime | None:
     if text is None:
@@ -336,7 +344,7 @@ def trace_rows(trace: dict, path: Path, digest: str) -> TraceRows:
         finished_at=_utc(trace["finished_at"], "finished_at"),
         world_size=trace["environment"]["world_size"],
         costmodel_version=pred["costmodel_version"] if pred is not None else None,
-        trace_path=str(path), trace_digest=digest, labels_json=_dumps(labels),
+        trace_path=storable_path(path), trace_digest=digest, labels_json=_dumps(labels),
         environment_json=_dumps(trace["environment"]),
     )
     steps = [{"step": s["step"], "time_s": s["time_s"], "loss": s["loss"],
