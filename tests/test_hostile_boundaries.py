@@ -391,3 +391,44 @@ def test_10_a_deadline_needs_its_unit_and_an_hour(capsys, deadline, words):
     assert exit_.value.code == 2
     _out, err = capsys.readouterr()
     assert err.count("\n") == 1 and words in err and "Traceback" not in err, err
+
+
+def test_8_a_nul_in_an_environment_value_is_refused_at_load(tmp_path, capsys):
+    """A NUL cannot reach a process's environment: a local submit failed with its rows left
+    SUBMITTING."""
+    _one_line(capsys, _render(tmp_path, _sweep(tmp_path, 'environment:\n  env: {X: "a\\0b"}\n')),
+              "env X: a NUL character")
+
+
+def test_10_a_local_dry_run_shows_the_commands_it_would_run_not_sbatch(tmp_path, capsys):
+    path = _sweep(tmp_path, "")
+    assert main(["sweep", "submit", str(path), "--dry-run", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "sbatch" not in out
+    assert "  one: " in out and "bench" in out
+
+
+def test_10_report_plan_out_naming_a_file_is_one_line_before_planning(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    _one_line(capsys, ["report", "plan", "--model", "tiny-gpt", "--system", "cpu-local",
+                       "--tokens", "1e9", "--out", str(tmp_path / "afile")],
+              "is a file: flm report plan writes four files")
+
+
+def test_8_ctrl_c_while_flm_starts_is_one_line(tmp_path):
+    """SIGINT while the command's modules load: 'flm: interrupted', exit 130, no traceback.
+    The KeyboardInterrupt is raised inside the import of the command's module, by an import
+    finder a sitecustomize installs (a real SIGINT's timing cannot be aimed at start-up)."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'frontier_llm.cli.plan':\n"
+        "            raise KeyboardInterrupt  # what Python's SIGINT handler raises\n"
+        "sys.meta_path.insert(0, Interrupt())\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, "-c", "import sys; from frontier_llm.cli import main;"
+                           " sys.exit(main(['plan', '--help']))"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 130 and done.stderr.strip() == "flm: interrupted", done.stderr

@@ -467,9 +467,16 @@ def add_report_arguments(q: argparse.ArgumentParser) -> None:
 
 def run_report_plan(args: argparse.Namespace) -> int:
     """flm report plan: the allocation curve as CSV, Markdown, PNG and PDF."""
+    from pathlib import Path
+
     from frontier_llm.catalog import load_model, load_system
+    from frontier_llm.errors import UserError
     from frontier_llm.report.allocation import allocation_report, format_tokens
 
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        # Before the planning: mkdir's "File exists" came after it, and said nothing useful.
+        raise UserError(f"--out {args.out} is a file: flm report plan writes four files "
+                        "(NAME.csv, .md, .png, .pdf) into a folder; give a folder")
     model, system = load_model(args.model), load_system(args.system)
     counts = curve_counts(args, system)
     space = SearchSpace(engine=(args.engine,))

@@ -92,6 +92,11 @@ class EnvironmentSpec:
                     raise SpecError(f"env name {k!r} is not a valid variable name", "env")
                 if not isinstance(v, str | int | float | bool):
                     raise SpecError(f"env {k} must be a string or number", "env")
+                if "\0" in str(v):
+                    # No process environment can hold a NUL (execve(2) takes C strings): the
+                    # local executor failed at start with the rows left SUBMITTING.
+                    raise SpecError(f"env {k}: a NUL character cannot be in an environment "
+                                    "value", "env")
 
 
 def _check_sweep_space(self: Any) -> None:
