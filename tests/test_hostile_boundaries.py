@@ -432,3 +432,20 @@ def test_8_ctrl_c_while_flm_starts_is_one_line(tmp_path):
                           capture_output=True, text=True, env=env, timeout=120)
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 130 and done.stderr.strip() == "flm: interrupted", done.stderr
+
+
+def test_8_a_read_only_folder_with_a_bad_trace_still_gives_its_good_ones(tmp_path, capsys):
+    """One bad trace in a read-only folder stopped the collect (exit 2, nothing stored), and
+    each attempt with --quarantine left one more copy there."""
+    with _tmpfs(tmp_path / "ro", "size=1m") as mnt:
+        (mnt / "good.trace.json").write_text(json.dumps(make_trace("good")))
+        (mnt / "bad.trace.json").write_text("{not json")
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        db = tmp_path / "flm.db"
+        for _ in range(2):
+            assert main(["collect", str(mnt), "--db", f"sqlite:///{db}",
+                         "--quarantine", str(tmp_path / "q")]) == 0
+            _out, err = capsys.readouterr()
+            assert "is not writable: left where it is" in err, err
+        assert not (tmp_path / "q").exists() or not list((tmp_path / "q").iterdir())
+        assert [r["run_id"] for r in _stored_runs(capsys, db)] == ["good"]

@@ -172,7 +172,16 @@ def quarantine_file(path: Path, root: Path, reason: str, folder: str | Path | No
     dest_dir = Path(folder) if folder else Path(root) / QUARANTINE_DIR
     if not folder and dest_dir.is_symlink():
         raise NotMoved(f"{dest_dir} is a symbolic link: nothing moved into it")
-    dest_dir.mkdir(parents=True, exist_ok=True)
+    if not os.access(path.parent, os.W_OK):
+        # A read-only folder (another user's, a read-only mount): the file cannot leave it, so
+        # nothing is copied either (a copy per attempt used to pile up in --quarantine), and
+        # the good files beside it are still collected.
+        raise NotMoved(f"its folder {path.parent} is not writable: left where it is")
+    try:
+        dest_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise NotMoved(f"cannot make the quarantine folder {dest_dir} ({exc.strerror}): left "
+                       "where it is") from None
     # Where the last file of this name landed in this folder: 3,000 files of one name used to
     # try name, name.1, ... name.k for the k-th (quadratic, 117 s); now each try starts past
     # the last taken suffix, so a collect's quarantines cost linear time.
@@ -204,6 +213,10 @@ def quarantine_file(path: Path, root: Path, reason: str, folder: str | Path | No
         # Another collector moved it first: its copy stands, ours goes.
         dest.unlink(missing_ok=True)
         return None
+    except OSError as exc:
+        # Not removable after all: one copy of it, in one place (the original).
+        dest.unlink(missing_ok=True)
+        raise NotMoved(f"cannot remove it ({exc.strerror}): left where it is") from None
     stamp = datetime.now(UTC).isoformat(timespec="seconds")
     _write_new(Path(f"{dest}{REASON_SUFFIX}"),
                f"{reason}\noriginal path: {path}\nquarantined at: {stamp} by flm collect (pid "
