@@ -8,6 +8,7 @@ files, real SQLite, real processes for the cancel test; a read-only file system 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -449,3 +450,17 @@ def test_8_a_read_only_folder_with_a_bad_trace_still_gives_its_good_ones(tmp_pat
             assert "is not writable: left where it is" in err, err
         assert not (tmp_path / "q").exists() or not list((tmp_path / "q").iterdir())
         assert [r["run_id"] for r in _stored_runs(capsys, db)] == ["good"]
+
+
+def test_8_a_full_disk_leaves_no_empty_database_behind(tmp_path, capsys):
+    """The failed creation left a 0-byte flm.db, which the next command took for a database."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "r.trace.json").write_text(json.dumps(make_trace("r")))
+    with _tmpfs(tmp_path / "full", "size=64k") as mnt:
+        with contextlib.suppress(OSError), open(mnt / "filler", "wb") as fh:
+            while True:
+                fh.write(b"\0" * 4096)
+                fh.flush()
+        _one_line(capsys, ["collect", str(tmp_path / "t"), "--db", f"sqlite:///{mnt}/flm.db"],
+                  "full")
+        assert sorted(p.name for p in mnt.iterdir()) == ["filler"]

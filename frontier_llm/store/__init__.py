@@ -202,6 +202,7 @@ def open_store(url: str | None = None, *, check: bool = True) -> Store:
     opens any version without changing it (for ``flm db version`` and ``flm db upgrade``).
     """
     store = connect(url)
+    created = _new_sqlite_file(store)
     try:
         with store.read() as conn:
             version = migrate.stored_version(conn)
@@ -213,8 +214,29 @@ def open_store(url: str | None = None, *, check: bool = True) -> Store:
             store.upgrade()
     except (OperationalError, DBAPIError) as exc:
         store.close()
+        _remove_empty(created)
         raise _connect_error(store.url_redacted, store._password, exc) from None
     except BaseException:
         store.close()
+        _remove_empty(created)
         raise
     return store
+
+
+def _new_sqlite_file(store: Store) -> Path | None:
+    """The SQLite file this open is about to create (None: it exists, or no file)."""
+    db = store.engine.url.database
+    if store.dialect != "sqlite" or not db or db == ":memory:" or db.startswith("file:"):
+        return None
+    return None if Path(db).exists() else Path(db)
+
+
+def _remove_empty(created: Path | None) -> None:
+    """Remove a database file this open created and left empty (a full disk failed the
+    schema's creation): a 0-byte file would make the next command take it for a database."""
+    if created is None:
+        return
+    for path in (created, Path(f"{created}-wal"), Path(f"{created}-shm")):
+        with contextlib.suppress(OSError):
+            if path.exists() and (path != created or path.stat().st_size == 0):
+                path.unlink()
