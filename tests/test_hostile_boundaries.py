@@ -464,3 +464,32 @@ def test_8_a_full_disk_leaves_no_empty_database_behind(tmp_path, capsys):
         _one_line(capsys, ["collect", str(tmp_path / "t"), "--db", f"sqlite:///{mnt}/flm.db"],
                   "full")
         assert sorted(p.name for p in mnt.iterdir()) == ["filler"]
+
+
+def test_10_waiting_for_a_studys_lock_is_said_at_once(tmp_path, capsys):
+    """A second flm tune step of one study waited for the first in silence (20 s and more)."""
+    import threading
+
+    from frontier_llm.store import open_store
+    from frontier_llm.tune.lock import study_lock
+
+    store = open_store(f"sqlite:///{tmp_path}/flm.db")
+    try:
+        with study_lock(store, "s"):
+            entered = threading.Event()
+
+            def second() -> None:
+                with study_lock(store, "s"):
+                    entered.set()
+
+            t = threading.Thread(target=second)
+            t.start()
+            deadline = time.monotonic() + 30
+            while "waiting for another flm tune step" not in capsys.readouterr().err:
+                assert time.monotonic() < deadline, "no word while waiting"
+                time.sleep(0.05)
+            assert not entered.is_set()
+        t.join(30)
+        assert entered.is_set()
+    finally:
+        store.close()
