@@ -493,3 +493,16 @@ def test_10_waiting_for_a_studys_lock_is_said_at_once(tmp_path, capsys):
         assert entered.is_set()
     finally:
         store.close()
+
+
+def test_10_a_layout_hash_that_is_not_its_own_is_quarantined(tmp_path, capsys):
+    """The store filed a run under the trace's layout_hash on trust: a trace of one model that
+    claimed another layout's hash landed in that layout's row."""
+    other = make_trace("other", dp=2)
+    trace = make_trace("liar")
+    trace["layout_hash"] = other["layout_hash"]
+    printed, db = _collect(tmp_path, capsys, trace)
+    assert "1 quarantined" in printed
+    reason = next((tmp_path / "t" / "quarantine").glob("*.reason.txt")).read_text()
+    assert "layout_hash is not the hash of its own model, system and layout" in reason
+    assert _stored_runs(capsys, db) == []

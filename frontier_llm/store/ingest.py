@@ -26,6 +26,7 @@ Properties the rest of the system relies on:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -47,7 +48,9 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalErr
 from frontier_llm.bench.trace import TRACE_SUFFIX, TraceError
 from frontier_llm.errors import UserError
 from frontier_llm.specs import plausible
+from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.layout import Layout, Sharding
+from frontier_llm.specs.model import ModelSpec
 from frontier_llm.store import Store
 from frontier_llm.store.schema import (
     LAYOUT_COLUMNS,
@@ -581,10 +584,32 @@ def implausible(trace: dict) -> str | None:
     the device's peak), or labels too large to be labels."""
     if len(_dumps(trace.get("labels") or {})) > MAX_LABELS_BYTES:
         return f"labels hold more than {MAX_LABELS_BYTES // 1024} KiB"
+    why = _hash_problem(trace)
+    if why:
+        return why
     layout = trace.get("layout") or {}
     device_bytes, peak = _device(str((trace.get("system") or {}).get("name")),
                                  str(layout.get("dtype", "bf16")))
     return plausible.trace_problem(trace, device_bytes, peak)
+
+
+def _hash_problem(trace: dict) -> str | None:
+    """Why the trace's ``layout_hash`` is not the hash of its own model, system and layout, or
+    None. The store files a run under its layout's hash: a hash taken on trust would file a
+    run of one model under another's layout (specs/identity.py computes it; a model missing
+    fields that flm's writers always write takes their defaults)."""
+    model = trace.get("model") or {}
+    known = {f.name for f in dataclasses.fields(ModelSpec)}
+    try:
+        spec = ModelSpec(**{k: v for k, v in model.items() if k in known})
+        expected = layout_hash(spec, str((trace.get("system") or {}).get("name")),
+                               trace.get("layout") or {})
+    except (UserError, TypeError, ValueError):
+        return "its model cannot be read back to check its layout_hash"
+    if expected != trace.get("layout_hash"):
+        return ("its layout_hash is not the hash of its own model, system and layout "
+                "(specs/identity.py); it would file the run under another layout")
+    return None
 
 
 @lru_cache(maxsize=64)
