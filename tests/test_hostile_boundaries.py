@@ -221,7 +221,8 @@ def _stored_runs(capsys, db: Path) -> list[dict]:
     (lambda t: t["summary"].update(step_time_s=1e305), "summary step_time_s 1e+305 s"),
     (lambda t: t["steps"][3].update(time_s=1e305), "step 3 time_s"),
     (lambda t: t["summary"].update(peak_memory_bytes=-5), "negative"),
-    (lambda t: t["summary"].update(mfu=7.0), "mfu 7.0 is outside"),
+    (lambda t: (t["summary"].update(mfu=7.0), t["environment"].update(device="cuda")),
+     "mfu 7.0 is outside"),
     (lambda t: t["summary"].update(model_tflops_per_gpu=1e9), "above the device's peak"),
     (lambda t: t["labels"].update(big="x" * 100_000), "labels hold more than 64 KiB"),
 ])

@@ -72,10 +72,11 @@ def memory_problem(nbytes: Any, what: str, device_bytes: float | None = None) ->
     return None
 
 
-def throughput_problem(summary: Mapping[str, Any], peak_flops: float | None = None
-                       ) -> str | None:
+def throughput_problem(summary: Mapping[str, Any], peak_flops: float | None = None,
+                       utilisation: bool = True) -> str | None:
     """Why a run summary's TFLOP/s, MFU or HFU cannot be real (``peak_flops``: the device's
-    peak FLOP/s for the run's dtype, None when unknown), or None."""
+    peak FLOP/s for the run's dtype, None when unknown; ``utilisation``: check MFU and HFU,
+    which a CPU run's estimated peak makes only indicative), or None."""
     limit = MAX_TFLOPS_PER_DEVICE
     if peak_flops:
         limit = min(limit, peak_flops / 1e12 * MAX_UTILISATION)
@@ -88,7 +89,7 @@ def throughput_problem(summary: Mapping[str, Any], peak_flops: float | None = No
         if value > limit:
             return (f"{key} {value:.3g} is above the device's peak ({limit:.3g} TFLOP/s with "
                     "a 10 % margin; specs/plausible.py)")
-    for key in ("mfu", "hfu"):
+    for key in ("mfu", "hfu") if utilisation else ():
         value = summary.get(key)
         if value is None:
             continue
@@ -122,4 +123,6 @@ def trace_problem(trace: Mapping[str, Any], device_bytes: float | None = None,
             why = memory_problem(m.get(key), f"memory rank {m.get('rank')} {key}", limit)
             if why:
                 return why
-    return throughput_problem(summary, peak_flops if on_device else None)
+    # A CPU system's peak is an estimate (catalog cpu-local.yaml: "MFU here is indicative
+    # only"): only the absolute bound applies to a CPU run.
+    return throughput_problem(summary, peak_flops if on_device else None, on_device)
