@@ -169,7 +169,7 @@ def test_fit_cli_refuses_bad_tables_and_writes_nothing(tmp_path, capsys, damage)
 
 def test_from_runs_on_an_empty_sweep_is_refused(tmp_path, capsys):
     db = f"sqlite:///{tmp_path}/flm.db"
-    assert main(["db", "version", "--db", db]) == 0  # creates the (empty) database
+    assert main(["db", "upgrade", "--db", db]) == 0  # creates the (empty) database
     capsys.readouterr()
     out = tmp_path / "fit.yaml"
     code = main(["calibrate", "--from-runs", "--sweep", "nothing", "--db", db,
@@ -187,7 +187,7 @@ def test_from_runs_on_an_empty_sweep_is_refused(tmp_path, capsys):
 def test_calibrate_usage_errors_are_one_line(tmp_path, capsys, argv, words):
     db = f"sqlite:///{tmp_path}/flm.db"
     if "--sweep" in argv:
-        assert main(["db", "version", "--db", db]) == 0
+        assert main(["db", "upgrade", "--db", db]) == 0
         capsys.readouterr()
         argv = [*argv, "--db", db]
     assert main(["calibrate", *argv]) == 2

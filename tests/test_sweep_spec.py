@@ -161,7 +161,8 @@ def test_resource_overrides_reach_the_script(tmp_path):
 
 
 def test_hostile_label_is_one_argument(tmp_path):
-    hostile = "$(touch pwned); `id`\nx"
+    # Shell in a label is data; a newline is refused at load (tests/test_hostile_boundaries.py).
+    hostile = "$(touch pwned); `id` | x"
     path = _write(tmp_path, BASE + f"labels:\n  note: {json.dumps(hostile)}\n"
                   "layouts:\n  - {tp: 1}\n")
     argv = load_sweep(path).jobs[0].bench_args

@@ -73,6 +73,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C while the command's modules load (torch, pandas: seconds on a busy login
+        # node) is an interrupt like any other, not a traceback.
+        print("flm: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     words = sys.argv[1:] if argv is None else argv
     command = next((w for w in words if not w.startswith("-")), None)
     parser = build_parser(command)

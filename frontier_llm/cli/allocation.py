@@ -27,6 +27,25 @@ DEFAULT_CURVE = "auto"  # powers of two from one node's GPUs to 65,536
 CURVE_TOP = 65536
 
 
+
+# The shortest deadline: an hour. A training run shorter than that is no allocation to plan,
+# and 1e-300h asked for a GPU count of 300 digits.
+MIN_DEADLINE_DAYS = 1 / 24
+
+
+def deadline(text: str) -> float:
+    """--deadline: a duration with its unit (45d, 12w, 36h), at least an hour, in days. A bare
+    number is refused: ``--deadline 45`` read as days was silently 45 days to someone who meant
+    hours."""
+    stripped = str(text).strip()
+    if stripped and (stripped[-1].isdigit() or stripped[-1] == "."):
+        raise argparse.ArgumentTypeError(
+            f"give the unit: {stripped}d (days), {stripped}h (hours) or {stripped}w (weeks)")
+    value = days(text)
+    if value < MIN_DEADLINE_DAYS:
+        raise argparse.ArgumentTypeError(f"must be at least 1h (got {text})")
+    return value
+
 def curve_range(text: str) -> str:
     """``auto`` or ``LO-HI`` (argparse type; checked again when the system is known)."""
     if text == DEFAULT_CURVE:
@@ -80,11 +99,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--deadline",
-        type=days,
+        type=deadline,
         default=None,
         metavar="D",
         help="with --tokens: the GPU count (and layout) that trains within D "
-        "(45d, 12w, 36h) for the fewest node-hours; implies --curve",
+        "(45d, 12w, 36h: the unit is required; at least 1h) for the fewest node-hours; "
+        "implies --curve",
     )
     g.add_argument(
         "--max-node-hours",
@@ -450,9 +470,16 @@ def add_report_arguments(q: argparse.ArgumentParser) -> None:
 
 def run_report_plan(args: argparse.Namespace) -> int:
     """flm report plan: the allocation curve as CSV, Markdown, PNG and PDF."""
+    from pathlib import Path
+
     from frontier_llm.catalog import load_model, load_system
+    from frontier_llm.errors import UserError
     from frontier_llm.report.allocation import allocation_report, format_tokens
 
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        # Before the planning: mkdir's "File exists" came after it, and said nothing useful.
+        raise UserError(f"--out {args.out} is a file: flm report plan writes four files "
+                        "(NAME.csv, .md, .png, .pdf) into a folder; give a folder")
     model, system = load_model(args.model), load_system(args.system)
     counts = curve_counts(args, system)
     space = SearchSpace(engine=(args.engine,))

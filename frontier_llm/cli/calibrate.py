@@ -291,11 +291,17 @@ def _from_runs(args: argparse.Namespace) -> int:
     if args.folds < 2:
         raise UserError(f"--folds must be at least 2 (got {args.folds})")
     store = open_existing(args.fr_db)
+    dropped: list[str] = []
     try:
-        runs = load_runs(store, args.sweep)
-        test = load_runs(store, args.test_sweep) if args.test_sweep else None
+        runs = load_runs(store, args.sweep, dropped)
+        test = load_runs(store, args.test_sweep, dropped) if args.test_sweep else None
     finally:
         store.close()
+    if dropped:
+        # Never silent: a calibration fitted without them says which runs it left out, why.
+        print(f"flm: warning: left out {len(dropped)} run(s) whose step time is not "
+              f"plausible: {'; '.join(dropped[:5])}{' ...' if len(dropped) > 5 else ''}",
+              file=sys.stderr)
     when = datetime.now(UTC).isoformat(timespec="seconds")
     source = (f"flm calibrate --from-runs {when}: refitted on {len(runs)} runs of sweep "
               f"{args.sweep} ({store.url_redacted}); knobs {', '.join(knobs)}")

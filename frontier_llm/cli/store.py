@@ -11,6 +11,7 @@ from frontier_llm.cli.common import add_command, add_format, db_parent, emit_fra
 from frontier_llm.cli.numbers import count
 from frontier_llm.cli.progress import Progress
 from frontier_llm.specs.forms import display_layouts
+from frontier_llm.specs.values import printable, printable_path
 from frontier_llm.store import SCHEMA_VERSION, open_existing, open_store
 from frontier_llm.store.engine_compare import (
     RESULT_LABELS,
@@ -106,6 +107,7 @@ def _collect(args: argparse.Namespace) -> int:
         read, args.dirs = _logs_to_traces(args)
     elif not args.dirs:
         raise UserError("collect: give at least one folder of traces (or --from-logs LOG ...)")
+    _check_quarantine(args.quarantine, args.dirs)
     store = open_store(args.db)
     try:
         with Progress("collect", enabled=False if args.quiet else None) as bar:
@@ -115,10 +117,11 @@ def _collect(args: argparse.Namespace) -> int:
                              advance=lambda done, total: bar.update(done, total))
     finally:
         store.close()
+    # Names and reasons come from files others wrote: escapes, not raw control characters.
     for path, reason in report.quarantined:
-        _err(f"flm collect: quarantined {path}: {reason}")
+        _err(f"flm collect: quarantined {printable_path(path)}: {printable(reason)}")
     for warning in report.warnings:
-        _err(f"flm collect: warning: {warning}")
+        _err(f"flm collect: warning: {printable(warning)}")
     if args.format == "json":
         emit_json({"db": store.url_redacted, **report.as_dict(),
                    **({"logs": read} if read else {})})
@@ -194,11 +197,51 @@ def _validate(args: argparse.Namespace) -> int:
         runs = validation_frame(store, sweep=args.sweep, costmodel_version=args.costmodel_version)
     finally:
         store.close()
+    runs = _plausible_only(runs)
     _emit_validation(args, "runs", runs, _fmt_table(runs),
                      "predicted vs measured (error = (predicted - measured) / measured):\n"
                      + MEASURED_MFU,
                      error_stats(runs), "per system")
     return 0
+
+
+def _check_quarantine(quarantine: str | None, dirs: list[str]) -> None:
+    """Refuse a --quarantine folder that holds a folder being collected (``--quarantine /``):
+    collect skips what lies in its quarantine folder, so it would read nothing and exit 0."""
+    from pathlib import Path
+
+    from frontier_llm.errors import UserError
+
+    if not quarantine:
+        return
+    q = Path(quarantine).resolve()
+    for d in dirs:
+        if Path(d).resolve().is_relative_to(q):
+            raise UserError(f"collect: --quarantine {printable_path(quarantine)} holds "
+                            f"{printable_path(d)}, which is being collected (files in the "
+                            "quarantine folder are skipped, so nothing would be read); give a "
+                            "folder of its own")
+
+
+def _plausible_only(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs whose measured step time and memory peak are plausible (specs/plausible.py);
+    the rest (a database an older flm filled) are left out of the statistics, with a warning
+    on stderr that names them."""
+    from frontier_llm.specs.plausible import memory_problem, step_time_problem
+
+    why = [step_time_problem(_number(t), "measured step time")
+           or memory_problem(_number(m), "measured peak memory")
+           for t, m in zip(runs["measured_step_time_s"], runs["measured_peak_memory_bytes"],
+                           strict=True)]
+    bad = [f"{rid}: {w}" for rid, w in zip(runs["run_id"], why, strict=True) if w]
+    if bad:
+        print(f"flm: warning: left out {len(bad)} run(s) whose measurement is not plausible: "
+              f"{'; '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}", file=sys.stderr)
+    return runs[[w is None for w in why]].reset_index(drop=True)
+
+
+def _number(value: object) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
 
 
 def _emit_validation(args: argparse.Namespace, key: str, rows: pd.DataFrame,
@@ -253,7 +296,8 @@ def _db(args: argparse.Namespace) -> int:
         else:
             print(f"{store.url_redacted} is at schema version {SCHEMA_VERSION}; nothing to do")
         return 0
-    store = open_store(args.db, check=False)
+    # A look, not a write: a mistyped path is an error, never a new empty database.
+    store = open_existing(args.db, check=False)
     try:
         version = store.schema_version()
     finally:

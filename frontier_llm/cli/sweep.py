@@ -14,6 +14,9 @@ from frontier_llm.cli import numbers
 from frontier_llm.cli.common import add_command, add_format, db_parent, emit_frame
 from frontier_llm.errors import ExitCode, UserError
 
+# Jobs a local dry run lists (the rest are in the manifest).
+DRY_RUN_SHOWN = 20
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(
@@ -208,6 +211,17 @@ def _submit(args) -> int:
         executor = args.executor or sweep.spec.executor
         print(f"dry run: {len(manifest.jobs)} jobs in {len(manifest.groups)} arrays, "
               f"executor {executor}, folder {manifest.directory}")
+        if executor == "local":
+            # The local executor starts each job itself, one process group each: no sbatch.
+            from frontier_llm.jobs.executors import local_command
+
+            for job in manifest.jobs[:DRY_RUN_SHOWN]:
+                print(f"  {job['key']}: " + shlex.join([*local_command(job["command"]),
+                                                         *job["argv"]]))
+            if len(manifest.jobs) > DRY_RUN_SHOWN:
+                print(f"  ... and {len(manifest.jobs) - DRY_RUN_SHOWN} more (manifest.json)")
+            _print_skipped(sweep.skipped)
+            return 0
         for g in manifest.groups:
             spec = f"0-{_array_tasks(g) - 1}"
             spec += f"%{args.max_in_flight}" if args.max_in_flight else ""

@@ -76,12 +76,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
-def _open(args):
-    from frontier_llm.store import open_store
+def _open(args, *, existing: bool = False):
+    """The results database and its URL; ``existing``: a read (status, best), which must not
+    create a database at a mistyped path."""
+    from frontier_llm.store import open_existing, open_store
     from frontier_llm.store.url import resolve_url
 
     url = resolve_url(args.db)
-    return open_store(args.db), url
+    return (open_existing if existing else open_store)(args.db), url
 
 
 def _tuner(args):
@@ -148,7 +150,7 @@ def _load(args):
     from frontier_llm.tune import optuna_study as osx
     from frontier_llm.tune import report
 
-    store, url = _open(args)
+    store, url = _open(args, existing=True)
     try:
         # A study is never created here: the storage only reads what steps wrote.
         return report.load(_study_name(args.study), osx.make_storage(url))

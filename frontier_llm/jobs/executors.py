@@ -321,9 +321,12 @@ class LocalExecutor(Executor):
                 continue
             same = _same_process(sid)
             if same is None:
+                host = _local_host(sid)
                 out[r["job_key"]] = Observation(
-                    SchedulerState.UNKNOWN, said=f"started on host {_local_host(sid)}, not this "
-                    "one: ask there")
+                    SchedulerState.UNKNOWN,
+                    said=(f"started on host {host}, not this one: ask there" if host else
+                          "recorded by an older flm (no host or start time): cannot tell "
+                          f"whether pid {pid} is still this job, so it is not signalled"))
                 continue
             out[r["job_key"]] = Observation(
                 SchedulerState.RUNNING if same and _alive(pid) else SchedulerState.EXITED)
@@ -380,10 +383,11 @@ def _local_host(sid: str) -> str:
 def _same_process(sid: str) -> bool | None:
     """Whether the process behind a local id is still the one the job started as: True, False
     (ended; its pid is free or another process's), or None (started on another host: this one
-    cannot tell). An id of an older flm (no host, no start time) is taken as before."""
+    cannot tell). An id of an older flm (``local:PID:TOKEN``: no host, no start time) cannot
+    tell either: its pid may be anyone's process by now, so it is never signalled."""
     parts = sid.split(":")
     if len(parts) < 5:
-        return True
+        return None
     host, started = parts[3], parts[4]
     if host != socket.gethostname():
         return None

@@ -12,6 +12,7 @@ the value it refuses.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -40,6 +41,37 @@ _SPACED = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@:'\"]+:[^@/\n]*[\s'\"][^@
 # reference to another variable, not a secret written out.
 _ASSIGN = re.compile(r"(?:^|[\s;&|(])(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# ``printf -v NAME FORMAT ARGS``: bash's builtin assigns the formatted text to NAME (bash(1),
+# SHELL BUILTIN COMMANDS, printf), another way to write a value out.
+_PRINTF_V = re.compile(r"(?:^|[\s;&|(])printf\s+-v\s*([A-Za-z_][A-Za-z0-9_]*)(.*)$")
+# A printf conversion (%s, %-10d, %%): what a format holds besides text of its own.
+_CONVERSION = re.compile(r"%[-+ #0-9.]*[a-zA-Z%]")
+
+
+def _literal(value: str) -> bool:
+    """Whether the shell word ``value`` (as the setup line has it) is a value written out: a
+    word in single quotes is one whatever it holds (``'$x'`` is the two characters $ and x;
+    bash(1), QUOTING); ``$X``, ``"$X"``, ``"${X}"`` and ``$(...)`` refer to something else."""
+    if not value or value in ("''", '""'):
+        return False
+    if value.startswith("'"):
+        return True
+    return not value.lstrip('"').startswith("$")
+
+
+def _printf_literal(rest: str) -> bool:
+    """Whether ``printf -v NAME`` with these arguments writes text of its own into NAME: a
+    format with text besides its conversions, or an argument that is not a reference."""
+    try:
+        words = shlex.split(rest, comments=True)
+        raw = shlex.split(rest, comments=True, posix=False)  # the words with their quotes
+    except ValueError:
+        return True  # unbalanced quotes: cannot tell, so it counts as a value
+    if not words:
+        return False
+    if _CONVERSION.sub("", words[0]).strip("\\n"):
+        return True
+    return any(_literal(w) for w in raw[1:])
 
 
 def secret_name(name: str) -> bool:
@@ -103,11 +135,20 @@ def check_sweep_file(data: LineMap) -> None:
         setup = section.get("setup")
         if isinstance(setup, list):
             for line in setup:
-                for m in _ASSIGN.finditer(str(line)):
-                    if secret_name(m.group(1)) and m.group(2).lstrip("'\"")[:1] not in ("$", ""):
-                        raise _refuse(section.where("setup"), f"{prefix}.setup",
-                                      f"sets {m.group(1)}, named like a secret, to a value")
+                _check_setup_line(str(line), section.where("setup"), f"{prefix}.setup")
     _walk(data, data, None)
+
+
+def _check_setup_line(line: str, where: str, what: str) -> None:
+    """A setup line that sets a secret-named variable to a value written out: ``NAME=v``,
+    ``export NAME='v'`` (quoted ``$`` too) or ``printf -v NAME 'v'``."""
+    for m in _ASSIGN.finditer(line):
+        if secret_name(m.group(1)) and _literal(m.group(2)):
+            raise _refuse(where, what, f"sets {m.group(1)}, named like a secret, to a value")
+    for m in _PRINTF_V.finditer(line):
+        if secret_name(m.group(1)) and _printf_literal(m.group(2)):
+            raise _refuse(where, what,
+                          f"sets {m.group(1)}, named like a secret, to a value (printf -v)")
 
 
 def _walk(value: Any, parent: LineMap, key: str | None) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 from frontier_llm import __version__
 from frontier_llm.atomic import write_text_atomic
 from frontier_llm.errors import UserError
-from frontier_llm.jobs import site_policy, walltime
+from frontier_llm.jobs import site_policy, unsafe, walltime
 from frontier_llm.jobs.render import JobScript, Resources, Task, render
 from frontier_llm.jobs.render_warnings import command_paths, out_warning, pack_warnings
 from frontier_llm.jobs.sweepspec import Sweep, SweepJob
@@ -353,7 +353,8 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
         path = inside(directory, group.script)
         path.parent.mkdir(parents=True, exist_ok=True)
         inside(directory, group.log_dir).mkdir(parents=True, exist_ok=True)
-        _write(path, text, mode=0o755)
+        # A sweep that opted in to settings that load code says so at the top of each script.
+        _write(path, unsafe.with_note(text, sweep.spec.allow_unsafe or ()), mode=0o755)
         groups.append({"name": group.name, "script": group.script, "nodes": group.nodes,
                        "ranks_per_node": group.ranks_per_node, "time": group.time,
                        "size": len(group.keys), "log_dir": group.log_dir, "pack": group.pack,
@@ -398,6 +399,8 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
         # What the sweep may waste without being wrong (jobs/render_warnings.py); the CLI
         # prints each line.
         "warnings": warnings,
+        # The settings that load code or move files the sweep's author opted in to.
+        **({"allow_unsafe": list(sweep.spec.allow_unsafe)} if sweep.spec.allow_unsafe else {}),
         # Checked again at submit against the user's jobs already queued (squeue --me).
         **({"queue_limit": {"site": sweep.system.name, "max_queued_jobs":
                             sweep.site.max_queued_jobs,

@@ -20,7 +20,9 @@ from typing import Any, Literal
 from frontier_llm.bench.config import bench_argv as bench_config_argv
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.errors import SpecError, UserError
+from frontier_llm.jobs import unsafe
 from frontier_llm.jobs.render import TEMPLATES, template_options, template_path
+from frontier_llm.jobs.sbatch_options import long_form
 from frontier_llm.jobs.secrets import check_pass_env, check_sweep_file
 from frontier_llm.jobs.workload import FLM_BENCH, after_argv, check_layout, check_workload
 from frontier_llm.specs import (
@@ -34,9 +36,9 @@ from frontier_llm.specs.forms import label
 from frontier_llm.specs.layout import MAX_COUNT, MAX_GPUS, complete_layout
 from frontier_llm.specs.site import Site, merge
 from frontier_llm.specs.space import check_space, grid_values, space_fields, space_knobs
+from frontier_llm.specs.values import SAFE_NAME, check_name, check_text
 from frontier_llm.specs.yamlio import LineMap, load_yaml, loads_yaml
 
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # flm bench options a sweep (or one layout of it) may add; the rest are set from the layout.
 BENCH_ARGS = {"memory_limit": "--memory-limit", "data": "--data", "fault": "--fault",
               "fault_step": "--fault-step", "bucket_mb": "--bucket-mb"}
@@ -90,6 +92,11 @@ class EnvironmentSpec:
                     raise SpecError(f"env name {k!r} is not a valid variable name", "env")
                 if not isinstance(v, str | int | float | bool):
                     raise SpecError(f"env {k} must be a string or number", "env")
+                if "\0" in str(v):
+                    # No process environment can hold a NUL (execve(2) takes C strings): the
+                    # local executor failed at start with the rows left SUBMITTING.
+                    raise SpecError(f"env {k}: a NUL character cannot be in an environment "
+                                    "value", "env")
 
 
 def _check_sweep_space(self: Any) -> None:
@@ -155,6 +162,9 @@ class SweepFile:
     pack_mode: Literal["sequential", "concurrent"] = "sequential"
     # Overrides of the system's site section (frontier_llm.specs.site; docs/sites.md).
     site: dict | None = None
+    # Variables and sbatch options that load code or move the job's files, which the sweep's
+    # author asks for by name (jobs/unsafe.py; recorded in the scripts and the manifest).
+    allow_unsafe: list | None = None
 
     def __post_init__(self) -> None:
         if not SAFE_NAME.match(self.name):
@@ -194,6 +204,8 @@ class SweepFile:
             value = getattr(self, name)
             if value is not None and not isinstance(value, Mapping):
                 raise SpecError(f"{name} must be a mapping", name)
+        _check_labels(self.labels)
+        unsafe.check_allowed(self.allow_unsafe)
 
 
 @dataclass(frozen=True)
@@ -235,6 +247,43 @@ class Sweep:
     @property
     def name(self) -> str:
         return self.spec.name
+
+
+# Labels flm sets itself on every job of a sweep: a sweep's own label of that name would
+# file its traces under another sweep or job in the database.
+RESERVED_LABELS = ("sweep", "job_key")
+
+
+def _check_labels(labels: Mapping | None) -> None:
+    """Label names are file-name words, values one printable line; flm's own are refused."""
+    for k, v in (labels or {}).items():
+        check_name(str(k), "labels", safe=True)
+        if str(k) in RESERVED_LABELS:
+            raise SpecError(f"labels.{k} is set by flm itself (the sweep's name and each job's "
+                            f"key: {', '.join(RESERVED_LABELS)}); give the label another name",
+                            "labels")
+        if not isinstance(v, str | int | float | bool):
+            raise SpecError(f"labels.{k} must be a string or number", "labels")
+        check_text(str(v), f"labels.{k}")
+
+
+def _check_unsafe(spec: SweepFile, data: LineMap) -> None:
+    """Refuse the sweep's own variables (``environment.env``, its ``site.env*`` overrides) and
+    ``extra_sbatch`` options that load code or move the job's files, unless it opts in."""
+    env = [("environment.env", str(k)) for k in spec.environment.env or {}]
+    for key, value in (spec.site or {}).items():
+        if str(key).startswith("env") and isinstance(value, Mapping):
+            env.extend((f"site.{key}", str(k)) for k in value)
+    where = {}
+    for section in ("environment", "site"):
+        raw = data.get(section)
+        if isinstance(raw, LineMap):
+            where.update({f"{section}.{k}": raw.where(k) + ": " for k in raw})
+    resources = data.get("resources")
+    if isinstance(resources, LineMap) and "extra_sbatch" in resources:
+        where["extra_sbatch"] = resources.where("extra_sbatch") + ": "
+    options = [long_form(o) for o in spec.resources.extra_sbatch or ()]
+    unsafe.check(env, options, spec.allow_unsafe or (), where=where)
 
 
 def _str_list(value: Any, name: str) -> None:
@@ -482,6 +531,7 @@ def load_sweep(path: str | Path, text: str | None = None) -> Sweep:
     spec = build(SweepFile, top)
     if nested:
         spec = dataclasses.replace(spec, **nested)
+    _check_unsafe(spec, data)
     why = check_pass_env(spec.environment.pass_env, None, spec.resources.extra_sbatch)
     if why:
         raise SpecError(f"{data['resources'].where('extra_sbatch')}: {why}", "extra_sbatch")

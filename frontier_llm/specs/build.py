@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from frontier_llm.errors import SpecError
+from frontier_llm.specs.values import finite
 from frontier_llm.specs.yamlio import LineMap
 
 T = TypeVar("T")
@@ -66,7 +67,8 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
                 raise SpecError(f"{name} must be a number (got {value!r})", name) from None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise SpecError(f"{name} must be a number (got {value!r})", name)
-        return float(value)
+        # NaN, inf and 10**400 written out are no quantity: refused here, once, for every file.
+        return finite(value, name)
     if hint is str:
         if not isinstance(value, str):
             raise SpecError(f"{name} must be a string (got {value!r})", name)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from frontier_llm.errors import SpecError
+from frontier_llm.specs.values import check_name
 
 # The largest value of any model dimension (2**24 = 16,777,216: vocabularies reach a few hundred
 # thousand, contexts a few million tokens): above it a model file holds a typing mistake, and the
@@ -42,6 +43,8 @@ class ModelSpec:
     description: str = ""
 
     def __post_init__(self) -> None:
+        # The name reaches exported flag files, TOML and script comments: one printable line.
+        check_name(self.name, "name")
         for name in ("layers", "hidden", "heads", "seq_len", "vocab", "kv_heads", "ffn_hidden"):
             value = getattr(self, name)
             if value is None:

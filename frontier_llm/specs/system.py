@@ -12,8 +12,14 @@ from typing import Literal
 
 from frontier_llm.errors import SpecError
 from frontier_llm.specs.site import Site
+from frontier_llm.specs.values import check_name, finite
 
 LinkScope = Literal["package", "node", "network"]
+# The most GPUs one node exposes to the scheduler: today's densest nodes hold 8 (DGX H100,
+# Frontier's 8 MI250X GCDs; NVIDIA DGX H100 user guide, OLCF Frontier user guide); 64 leaves
+# room for a decade of denser nodes, while a typing mistake (80000) is refused instead of
+# ranking plans no node can run.
+MAX_GPUS_PER_NODE = 64
 
 
 @dataclass(frozen=True)
@@ -143,8 +149,11 @@ class SystemSpec:
     prediction_error: PredictionError | None = None
 
     def __post_init__(self) -> None:
-        if self.gpus_per_node < 1:
-            raise SpecError("gpus_per_node must be at least 1", "gpus_per_node")
+        check_name(self.name, "name")
+        check_name(self.gpu, "gpu")
+        if not 1 <= self.gpus_per_node <= MAX_GPUS_PER_NODE:
+            raise SpecError(f"gpus_per_node must be between 1 and {MAX_GPUS_PER_NODE} "
+                            f"(got {self.gpus_per_node})", "gpus_per_node")
         if self.gpus_per_package < 1 or self.gpus_per_node % self.gpus_per_package:
             raise SpecError(
                 f"gpus_per_node ({self.gpus_per_node}) is not divisible by gpus_per_package "
@@ -156,6 +165,7 @@ class SystemSpec:
         if not self.peak_flops:
             raise SpecError("peak_flops needs at least one dtype", "peak_flops")
         for dtype, value in self.peak_flops.items():
+            finite(value, f"peak_flops.{dtype}")
             if value <= 0:
                 raise SpecError(f"peak_flops.{dtype} must be positive", "peak_flops")
         for needed in ("node", "network"):

@@ -127,15 +127,16 @@ def loads_yaml(text: str, source: str = "<string>") -> Any:
 
 
 def _check_size(root: yaml.Node, source: str) -> None:
-    """Refuse a document whose nodes, aliases expanded, exceed :data:`MAX_NODES`: counted
-    without expanding them (each node's size once, from its children's), in time linear in the
-    file."""
+    """Refuse a document whose nodes, aliases expanded, exceed :data:`MAX_NODES`, or whose
+    aliases make a cycle (``x: &r {self: *r}``, which expands without end): counted without
+    expanding them (each node's size once, from its children's), in time linear in the file."""
     size: dict[int, int] = {}
+    # Nodes whose children are being counted: meeting one of them again below itself is a
+    # cycle, which the count would otherwise chase for ever, its stack growing.
+    open_nodes: set[int] = set()
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
         node, children_done = stack.pop()
-        if id(node) in size:
-            continue
         if isinstance(node, yaml.MappingNode):
             children = [n for pair in node.value for n in pair]
         elif isinstance(node, yaml.SequenceNode):
@@ -144,10 +145,18 @@ def _check_size(root: yaml.Node, source: str) -> None:
             size[id(node)] = 1
             continue
         if children_done:
+            open_nodes.discard(id(node))
             size[id(node)] = 1 + sum(size[id(c)] for c in children)
             if size[id(node)] > MAX_NODES:
                 raise SpecError(f"{source}: more than {MAX_NODES} YAML values once its aliases "
                                 "are expanded (an alias bomb?); refused before reading it")
-        else:
-            stack.append((node, True))
-            stack.extend((c, False) for c in children if id(c) not in size)
+            continue
+        if id(node) in size:
+            continue
+        if id(node) in open_nodes:
+            raise SpecError(f"{source}:{node.start_mark.line + 1}: a YAML alias refers to a "
+                            "node that holds it (a cycle, which never ends once expanded); "
+                            "refused before reading it")
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in size)

@@ -17,6 +17,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -107,7 +108,7 @@ def _enable_wal(cur: sqlite3.Cursor) -> None:
             time.sleep(0.05)
 
 
-def _sqlite_engine(url: str) -> Engine:
+def _sqlite_engine(url: str, read_only: bool = False) -> Engine:
     engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
 
     @event.listens_for(engine, "connect")
@@ -117,7 +118,7 @@ def _sqlite_engine(url: str) -> Engine:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA foreign_keys=ON")
-        if engine.url.database not in (None, "", ":memory:"):
+        if engine.url.database not in (None, "", ":memory:") and not read_only:
             _enable_wal(cur)
             cur.execute("PRAGMA synchronous=NORMAL")  # durable at each WAL checkpoint
         cur.close()
@@ -138,8 +139,25 @@ def _connect_error(url_redacted: str, password: str | None, exc: Exception) -> U
     return UserError(f"cannot open database {url_redacted}: {redact_text(detail)}")
 
 
+def read_only_file(db: str) -> bool:
+    """Whether the SQLite file ``db`` exists and this user cannot write it (or its folder,
+    where SQLite keeps the journal): such a database can still be read, opened read-only."""
+    path = Path(db)
+    return path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+
+
+def _read_only_url(db: str) -> str:
+    """A SQLite URI that opens ``db`` read-only (https://sqlite.org/uri.html: ``mode=ro``).
+    ``immutable=1`` as well: a WAL database needs its ``-shm`` file, which a read-only folder
+    cannot hold, and an immutable open does without (it takes no locks: a writer's
+    concurrent changes may be missed, which a listing can live with)."""
+    return f"sqlite:///file:{quote(db)}?mode=ro&immutable=1&uri=true"
+
+
 def connect(url: str | None = None) -> Store:
-    """A Store on ``url`` without looking at or creating its schema (see :func:`open_store`)."""
+    """A Store on ``url`` without looking at or creating its schema (see :func:`open_store`).
+    A SQLite file this user cannot write is opened read-only: it can be listed, and a write
+    fails in one line."""
     full = resolve_url(url)
     parsed = parse_url(full)
     shown = redact(parsed)
@@ -148,7 +166,10 @@ def connect(url: str | None = None) -> Store:
         if db and db != ":memory:" and not Path(db).parent.is_dir():
             raise UserError(
                 f"cannot open database {shown}: folder {Path(db).parent} does not exist")
-        engine = _sqlite_engine(full)
+        if db and db != ":memory:" and read_only_file(db):
+            engine = _sqlite_engine(_read_only_url(db), read_only=True)
+        else:
+            engine = _sqlite_engine(full)
     elif parsed.get_backend_name() == "postgresql":
         engine = create_engine(full)
     else:
@@ -161,15 +182,16 @@ def connect(url: str | None = None) -> Store:
     return store
 
 
-def open_existing(url: str | None = None) -> Store:
+def open_existing(url: str | None = None, *, check: bool = True) -> Store:
     """Open a database that a read expects to exist: a missing SQLite file is a mistake (wrong
-    directory, no --db), not an empty result, and a read must not create it."""
+    directory, no --db), not an empty result, and a read must not create it. ``check``: as
+    :func:`open_store`'s."""
     parsed = make_url(resolve_url(url))
     if parsed.get_backend_name() == "sqlite" and parsed.database \
             and parsed.database != ":memory:" and not Path(parsed.database).exists():
         raise UserError(f"no database at {parsed.database}: run 'flm collect DIR' first, or pass "
                         "--db URL (or set $FLM_DB)")
-    return open_store(url)
+    return open_store(url, check=check)
 
 
 def open_store(url: str | None = None, *, check: bool = True) -> Store:
@@ -180,6 +202,7 @@ def open_store(url: str | None = None, *, check: bool = True) -> Store:
     opens any version without changing it (for ``flm db version`` and ``flm db upgrade``).
     """
     store = connect(url)
+    created = _new_sqlite_file(store)
     try:
         with store.read() as conn:
             version = migrate.stored_version(conn)
@@ -191,8 +214,29 @@ def open_store(url: str | None = None, *, check: bool = True) -> Store:
             store.upgrade()
     except (OperationalError, DBAPIError) as exc:
         store.close()
+        _remove_empty(created)
         raise _connect_error(store.url_redacted, store._password, exc) from None
     except BaseException:
         store.close()
+        _remove_empty(created)
         raise
     return store
+
+
+def _new_sqlite_file(store: Store) -> Path | None:
+    """The SQLite file this open is about to create (None: it exists, or no file)."""
+    db = store.engine.url.database
+    if store.dialect != "sqlite" or not db or db == ":memory:" or db.startswith("file:"):
+        return None
+    return None if Path(db).exists() else Path(db)
+
+
+def _remove_empty(created: Path | None) -> None:
+    """Remove a database file this open created and left empty (a full disk failed the
+    schema's creation): a 0-byte file would make the next command take it for a database."""
+    if created is None:
+        return
+    for path in (created, Path(f"{created}-wal"), Path(f"{created}-shm")):
+        with contextlib.suppress(OSError):
+            if path.exists() and (path != created or path.stat().st_size == 0):
+                path.unlink()

@@ -26,6 +26,7 @@ Properties the rest of the system relies on:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -46,8 +47,11 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalErr
 
 from frontier_llm.bench.trace import TRACE_SUFFIX, TraceError
 from frontier_llm.errors import UserError
+from frontier_llm.specs import plausible
 from frontier_llm.specs.axes import RANK_FIELDS
+from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.layout import Layout, Sharding
+from frontier_llm.specs.model import ModelSpec
 from frontier_llm.store import Store
 from frontier_llm.store.schema import (
     LAYOUT_COLUMNS,
@@ -66,6 +70,8 @@ MAX_TRACE_BYTES = 64 * 2**20
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 REASON_SUFFIX = ".reason.txt"
 DEFAULT_BATCH = 500
+# The most a trace's labels may hold, as JSON: a sweep's labels are a few words each.
+MAX_LABELS_BYTES = 64 * 1024
 MAX_ATTEMPTS = 8
 
 _PREDICTION_COLUMNS = ("step_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu",
@@ -170,8 +176,21 @@ def quarantine_file(path: Path, root: Path, reason: str, folder: str | Path | No
     dest_dir = Path(folder) if folder else Path(root) / QUARANTINE_DIR
     if not folder and dest_dir.is_symlink():
         raise NotMoved(f"{dest_dir} is a symbolic link: nothing moved into it")
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    n = 0
+    if not os.access(path.parent, os.W_OK):
+        # A read-only folder (another user's, a read-only mount): the file cannot leave it, so
+        # nothing is copied either (a copy per attempt used to pile up in --quarantine), and
+        # the good files beside it are still collected.
+        raise NotMoved(f"its folder {path.parent} is not writable: left where it is")
+    try:
+        dest_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise NotMoved(f"cannot make the quarantine folder {dest_dir} ({exc.strerror}): left "
+                       "where it is") from None
+    # Where the last file of this name landed in this folder: 3,000 files of one name used to
+    # try name, name.1, ... name.k for the k-th (quadratic, 117 s); now each try starts past
+    # the last taken suffix, so a collect's quarantines cost linear time.
+    slot = (str(dest_dir.resolve()), path.name)
+    n = _NEXT_SUFFIX.get(slot, 0)
     while True:
         dest = dest_dir / (path.name if n == 0 else f"{path.name}.{n}")
         try:
@@ -191,17 +210,26 @@ def quarantine_file(path: Path, root: Path, reason: str, folder: str | Path | No
                 continue
             shutil.copy2(path, dest, follow_symlinks=False)
             break
+    _NEXT_SUFFIX[slot] = n + 1
     try:
         os.unlink(path)
     except FileNotFoundError:
         # Another collector moved it first: its copy stands, ours goes.
         dest.unlink(missing_ok=True)
         return None
+    except OSError as exc:
+        # Not removable after all: one copy of it, in one place (the original).
+        dest.unlink(missing_ok=True)
+        raise NotMoved(f"cannot remove it ({exc.strerror}): left where it is") from None
     stamp = datetime.now(UTC).isoformat(timespec="seconds")
     _write_new(Path(f"{dest}{REASON_SUFFIX}"),
                f"{reason}\noriginal path: {path}\nquarantined at: {stamp} by flm collect (pid "
                f"{os.getpid()})\n")
     return dest
+
+
+# (quarantine folder, file name) -> the next suffix to try (see quarantine_file).
+_NEXT_SUFFIX: dict[tuple[str, str], int] = {}
 
 
 class NotMoved(Exception):
@@ -214,7 +242,9 @@ def _write_new(path: Path, text: str) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     except FileExistsError:
         return
-    with os.fdopen(fd, "w") as fh:
+    # backslashreplace: a file name that is not UTF-8 (held as lone surrogates) is written as
+    # its escapes; the reason file used to be lost to a UnicodeEncodeError.
+    with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
         fh.write(text)
 
 
@@ -256,6 +286,12 @@ class TooLarge(Exception):
 
 
 # --- turning one trace into rows -------------------------------------------------------------
+
+def storable_path(path: Path) -> str:
+    """``path`` as text a database column holds: a name that is not UTF-8 (its bytes held as
+    lone surrogates, which no UTF-8 column takes) with those bytes as ``\\xNN`` escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
 
 def _utc(text: str | None, field_name: str) -> datetime | None:
     if text is None:
@@ -325,7 +361,7 @@ def trace_rows(trace: dict, path: Path, digest: str) -> TraceRows:
         finished_at=_utc(trace["finished_at"], "finished_at"),
         world_size=trace["environment"]["world_size"],
         costmodel_version=pred["costmodel_version"] if pred is not None else None,
-        trace_path=str(path), trace_digest=digest, labels_json=_dumps(labels),
+        trace_path=storable_path(path), trace_digest=digest, labels_json=_dumps(labels),
         environment_json=_dumps(trace["environment"]),
     )
     steps = [{"step": s["step"], "time_s": s["time_s"], "loss": s["loss"],
@@ -534,6 +570,9 @@ def _parse(item: tuple[Path, Path, bytes, str]) -> tuple[TraceRows | None, str]:
             except UnicodeEncodeError:
                 raise RowError("a string holds a lone surrogate (not UTF-8)") from None
         validate_trace_fast(trace)
+        why = implausible(trace)
+        if why:
+            raise RowError(f"implausible measurement: {why}")
         return trace_rows(trace, path.resolve(), digest), ""
     except (TraceError, RowError) as exc:
         return None, str(exc)
@@ -541,6 +580,57 @@ def _parse(item: tuple[Path, Path, bytes, str]) -> tuple[TraceRows | None, str]:
         # What the schema lets through and the rows still cannot hold: this file's problem,
         # never the batch's.
         return None, f"cannot be stored: {type(exc).__name__}: {str(exc)[:200]}"
+
+
+def implausible(trace: dict) -> str | None:
+    """Why a schema-valid trace cannot be stored as a measurement (specs/plausible.py), or
+    None: what no machine does (a step of 1e305 s, a negative memory peak, more TFLOP/s than
+    the device's peak), or labels too large to be labels."""
+    if len(_dumps(trace.get("labels") or {})) > MAX_LABELS_BYTES:
+        return f"labels hold more than {MAX_LABELS_BYTES // 1024} KiB"
+    why = _hash_problem(trace)
+    if why:
+        return why
+    layout = trace.get("layout") or {}
+    device_bytes, peak = _device(str((trace.get("system") or {}).get("name")),
+                                 str(layout.get("dtype", "bf16")))
+    return plausible.trace_problem(trace, device_bytes, peak)
+
+
+def _hash_problem(trace: dict) -> str | None:
+    """Why the trace's ``layout_hash`` is not the hash of its own model, system and layout, or
+    None. The store files a run under its layout's hash: a hash taken on trust would file a
+    run of one model under another's layout (specs/identity.py computes it; a model missing
+    fields that flm's writers always write takes their defaults)."""
+    model = trace.get("model") or {}
+    known = {f.name for f in dataclasses.fields(ModelSpec)}
+    try:
+        spec = ModelSpec(**{k: v for k, v in model.items() if k in known})
+        expected = layout_hash(spec, str((trace.get("system") or {}).get("name")),
+                               trace.get("layout") or {})
+    except (UserError, TypeError, ValueError):
+        return "its model cannot be read back to check its layout_hash"
+    if expected != trace.get("layout_hash"):
+        return ("its layout_hash is not the hash of its own model, system and layout "
+                "(specs/identity.py); it would file the run under another layout")
+    return None
+
+
+@lru_cache(maxsize=64)
+def _device(system: str, dtype: str) -> tuple[float | None, float | None]:
+    """(memory bytes, peak FLOP/s) of a shipped system of that name, for the plausible
+    ranges; (None, None) for another (a trace names its system, which may be anyone's file:
+    only the catalog's own names are looked up, never a path)."""
+    from frontier_llm.catalog import load_system, system_names
+
+    if system not in system_names():
+        return None, None
+    spec = load_system(system)
+    try:
+        peak = spec.peak(dtype)
+    except UserError:
+        peak = None
+    return spec.memory_bytes, peak
 
 
 def _no_constant(name: str) -> Any:

@@ -14,6 +14,9 @@ from frontier_llm.errors import UserError
 
 ENV_VAR = "FLM_DB"
 DEFAULT_FILE = "flm.db"
+# The SQLAlchemy dialect+driver names flm runs on: Python's sqlite3 and psycopg 3, the one
+# PostgreSQL driver this package depends on (pyproject.toml).
+DRIVERS = ("sqlite", "sqlite+pysqlite", "postgresql+psycopg")
 
 # A password given as a key=value pair: in a URL's query string (?password=..&) or in a libpq
 # keyword string (host=db password='it s' dbname=flm). The value runs to the next & or blank,
@@ -52,6 +55,12 @@ def resolve_url(explicit: str | None = None) -> str:
     url = parse_url(text)
     if url.drivername in ("postgresql", "postgres"):
         url = url.set(drivername="postgresql+psycopg")
+    if url.drivername not in DRIVERS:
+        # Another driver (postgresql+asyncpg, +pg8000, mysql://) is not installed, or needs
+        # an async engine: SQLAlchemy would fail deep inside with a traceback.
+        raise UserError(f"--db: the database driver {url.drivername!r} is not supported; flm "
+                        "talks to SQLite (sqlite:///PATH) and to PostgreSQL through psycopg 3 "
+                        "(postgresql://USER@HOST/NAME)")
     return url.render_as_string(hide_password=False)
 
 

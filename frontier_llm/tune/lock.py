@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import sys
 from collections.abc import Iterator
 
 from sqlalchemy import text
@@ -47,7 +48,14 @@ def study_lock(store: Store, name: str) -> Iterator[None]:
     fd = os.open(f"{db}.flm-tune-{_key(name) & 0xFFFFFFFF:08x}.lock", os.O_RDWR | os.O_CREAT,
                  0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # Another step of this study holds it, maybe for as long as its trials run: say
+            # so at once instead of waiting in silence.
+            print(f"flm: waiting for another flm tune step of study {name!r} to finish "
+                  "(it holds the study's lock)", file=sys.stderr, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
