@@ -27,6 +27,7 @@ from frontier_llm.store.queries import (
     validated_runs,
     validation_frame,
 )
+from frontier_llm.trainers import NAMES, spellings
 
 # What `flm results` shows as a table; csv and json carry every column.
 # The layout's columns are those that differ between the runs shown (specs.forms).
@@ -58,15 +59,17 @@ def _logs_to_traces(args: argparse.Namespace) -> tuple[str, list]:
     sentence saying what was read and the traces written (then collected like any others)."""
     from frontier_llm.errors import UserError
     from frontier_llm.logs.traces import LogOptions, logs_to_traces, parse_layout_option
+    from frontier_llm.trainers import get
 
     if args.dirs:
         raise UserError("collect: give trace folders or --from-logs, not both")
     if args.trainer is None:
         raise UserError("collect --from-logs: say which trainer wrote the logs: --trainer "
-                        "megatron|torchtitan|deepspeed")
+                        + "|".join(NAMES))
     options = LogOptions(system=args.system, model=args.model,
                          layout=parse_layout_option(args.layout or ""), sweep=args.sweep)
-    report = logs_to_traces(args.from_logs, args.trainer, options, args.traces)
+    # The registry names the trainer's parser (Megatron-DeepSpeed's is Megatron's).
+    report = logs_to_traces(args.from_logs, get(args.trainer).log_format, options, args.traces)
     if not report.traces and report.refused:  # nothing to store: exit 2, the first reason
         for line in report.refused[1:]:
             _err(f"flm collect: refused {line}")
@@ -270,8 +273,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "never guessed: a run that lacks it is refused in one line.")
     logs.add_argument("--from-logs", nargs="+", metavar="PATH",
                       help="log files or folders of them (every file below a folder is read)")
-    logs.add_argument("--trainer", choices=("megatron", "torchtitan", "deepspeed"),
-                      help="which trainer wrote the logs (megatron covers Megatron-DeepSpeed)")
+    logs.add_argument("--trainer", choices=spellings(), metavar="TRAINER",
+                      help="which trainer wrote the logs: " + ", ".join(NAMES)
+                           + " (or an alias: megatron for either Megatron; flm export's names)")
     logs.add_argument("--system", metavar="S",
                       help="the system the runs ran on (a catalog name or a YAML file): no log "
                            "states it")

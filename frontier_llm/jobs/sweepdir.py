@@ -38,6 +38,9 @@ from frontier_llm.jobs.workload import (
     steps_in_command,
     trainer_argv,
 )
+from frontier_llm.jobs.workload import (
+    task_env as trainer_task_env,
+)
 from frontier_llm.specs.engine_rules import rules_for
 from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.layout import PlacementKind
@@ -187,10 +190,14 @@ def _resources(sweep: Sweep, group: Group) -> Resources:
     )
 
 
-def _task_env(sweep: Sweep, job: SweepJob) -> tuple[tuple[str, str], ...]:
+def _task_env(sweep: Sweep, job: SweepJob, directory: Path) -> tuple[tuple[str, str], ...]:
     """Variables for one task: the site's ``env_without_fsdp`` for layouts whose engine
     overlaps TP communication and that do not shard parameters (NVIDIA:
-    CUDA_DEVICE_MAX_CONNECTIONS=1 must not be set with FSDP)."""
+    CUDA_DEVICE_MAX_CONNECTIONS=1 must not be set with FSDP); for a trainer job, what the
+    trainer requires on every site and the job's folder (jobs/workload.py task_env)."""
+    if sweep.spec.workload != FLM_BENCH:
+        return trainer_task_env(sweep.spec.workload, job.model, job.layout,
+                                str(job_dir(directory.resolve(), job.key)))
     fsdp = job.layout.sharding.params.kind != PlacementKind.REPLICATE and job.layout.dp > 1
     # CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue) orders kernels so TP communication
     # can overlap GEMMs; it also stops other streams' kernels running concurrently, a cost with
@@ -207,7 +214,7 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
     out = []
     for group in group_jobs(sweep):
         tasks = tuple(Task(index=i, key=k, argv=task_argv(sweep, by_key[k], directory),
-                           env=_task_env(sweep, by_key[k]), after=by_key[k].after)
+                           env=_task_env(sweep, by_key[k], directory), after=by_key[k].after)
                       for i, k in enumerate(group.keys))
         out.append((group, JobScript(
             packs=group.packs if group.pack > 1 else (),
@@ -225,7 +232,7 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
             setup=tuple(env.setup or ()),
             options={k: None if v is None else str(v)
                      for k, v in (sweep.spec.template_options or {}).items()},
-            command=rank_command(sweep.spec.workload_command, sweep.site.launcher)
+            command=rank_command(sweep.spec.workload, sweep.spec.workload_command, sweep.site)
             if sweep.spec.workload_command else tuple(sweep.spec.command or ("flm", "bench")),
             site=sweep.site,
         )))
