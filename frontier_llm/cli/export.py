@@ -111,13 +111,13 @@ def run_export(args: argparse.Namespace) -> int:
                   bucket_mb=bucket_mb)
     for note in trainer.notes(model, layout, bucket_mb=bucket_mb):
         print(f"flm export: {note}", file=sys.stderr)
-    files = trainer.files(model, layout, system, bucket_mb=bucket_mb)
-    if files and trainer.argv_names_files and args.ds_config_given:
-        for text_of_file in files.values():
+    if trainer.argv_names_files and args.ds_config_given:
+        # The one file its flags name (Megatron-DeepSpeed's ds_config).
+        for text_of_file in trainer.files(model, layout, system, bucket_mb=bucket_mb).values():
             Path(args.ds_config).write_text(text_of_file)
         print(f"flm export: wrote the ds_config the flags name to {args.ds_config}",
               file=sys.stderr)
-    elif files and trainer.argv_names_files:
+    elif trainer.argv_names_files:
         print(f"flm export: the flags name {args.ds_config}; --ds-config PATH writes it",
               file=sys.stderr)
     if args.out:

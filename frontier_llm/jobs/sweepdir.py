@@ -34,6 +34,7 @@ from frontier_llm.jobs.sweepspec import Sweep, SweepJob
 from frontier_llm.jobs.workload import (
     FLM_BENCH,
     config_files,
+    exit_signal,
     rank_command,
     steps_in_command,
     trainer_argv,
@@ -235,6 +236,8 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
             command=rank_command(sweep.spec.workload, sweep.spec.workload_command, sweep.site)
             if sweep.spec.workload_command else tuple(sweep.spec.command or ("flm", "bench")),
             site=sweep.site,
+            trainer_signal=None if sweep.spec.workload == FLM_BENCH
+            else exit_signal(sweep.spec.workload),
         )))
     return out
 
