@@ -191,14 +191,15 @@ def _resources(sweep: Sweep, group: Group) -> Resources:
     )
 
 
-def _task_env(sweep: Sweep, job: SweepJob, directory: Path) -> tuple[tuple[str, str], ...]:
+def _task_env(sweep: Sweep, job: SweepJob,
+              directory: Path | None = None) -> tuple[tuple[str, str], ...]:
     """Variables for one task: the site's ``env_without_fsdp`` for layouts whose engine
     overlaps TP communication and that do not shard parameters (NVIDIA:
     CUDA_DEVICE_MAX_CONNECTIONS=1 must not be set with FSDP); for a trainer job, what the
     trainer requires on every site and the job's folder (jobs/workload.py task_env)."""
     if sweep.spec.workload != FLM_BENCH:
         return trainer_task_env(sweep.spec.workload, job.model, job.layout,
-                                str(job_dir(directory.resolve(), job.key)))
+                                str(job_dir((directory or Path(".")).resolve(), job.key)))
     fsdp = job.layout.sharding.params.kind != PlacementKind.REPLICATE and job.layout.dp > 1
     # CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue) orders kernels so TP communication
     # can overlap GEMMs; it also stops other streams' kernels running concurrently, a cost with
