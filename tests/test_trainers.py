@@ -311,3 +311,18 @@ def test_ds_config_of_a_hostile_name_is_valid_json_read_by_deepspeed(monkeypatch
     cfg = json.loads(export("deepspeed", model, layout_for("deepspeed", {
         "dtype": "bf16", "global_batch": 4, "micro_batch": 4})))
     assert DeepSpeedConfig(cfg).train_batch_size == 4
+
+
+# --- the log side asks the registry ---
+
+@pytest.mark.parametrize("spelling", ["torchtitan", "titan"])
+def test_collect_from_logs_takes_the_export_names_of_a_trainer(tmp_path, capsys, spelling):
+    """flm collect --from-logs took parser names only (megatron|torchtitan|deepspeed); a trainer
+    is now named as flm export names it, or by an alias, and its log_format picks the parser."""
+    data = Path(__file__).parent / "data" / "trainer_logs" / "torchtitan_1287_steps.log"
+    assert main(["collect", "--from-logs", str(data), "--trainer", spelling, "--system",
+                 "h100-sxm", "--model", "tiny-llama", "--layout",
+                 "tp=1,pp=1,dp=1,micro_batch=16,global_batch=16",
+                 "--db", f"sqlite:///{tmp_path / 'flm.db'}", "--traces", str(tmp_path / "t"),
+                 "--quiet"]) == 0
+    assert "1 new" in capsys.readouterr().out
