@@ -9,7 +9,7 @@ express the layout raises :class:`ExportRefused` with one line saying why.
 from __future__ import annotations
 
 from frontier_llm.errors import SpecError
-from frontier_llm.specs.layout import Layout, complete_layout
+from frontier_llm.specs.layout import Engine, Layout, complete_layout
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 from frontier_llm.trainers import NAMES, UnknownTrainer, get
@@ -39,8 +39,6 @@ def _trainer(name: str):
 def layout_for(trainer: str, values: dict) -> Layout:
     """A layout from flm's layout options (``given_options``); one that names no engine gets the
     trainer's, and a layout no engine builds is refused with the trainer's engine's rule."""
-    from frontier_llm.specs.layout import Engine
-
     t = _trainer(trainer)
     if values.get("engine") is not None:
         return Layout.from_dict(complete_layout(values))
