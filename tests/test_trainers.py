@@ -168,6 +168,17 @@ def test_a_model_that_is_not_llama_style_is_refused_in_one_line():
 
 # --- f: torchtitan's implied sequence parallelism ---
 
+def test_megatron_deepspeed_zero3_with_pipelines_gives_deepspeeds_own_reason():
+    """Issue 36 f: the refusal named flm's engine rule ("deepspeed does not compose ..."), not
+    the assertion DeepSpeed's PipelineEngine makes."""
+    with pytest.raises(Exception, match=r"ZeRO-3 with pp 2: its pipeline runs on DeepSpeed's "
+                                        r"PipelineEngine, which asserts 'ZeRO-2 and ZeRO-3 are "
+                                        r"incompatible with pipeline parallelism'"):
+        export("megatron-deepspeed", load_model("tiny-llama"), layout_for(
+            "megatron-deepspeed", {"dtype": "bf16", "pp": 2, "dp": 2, "global_batch": 8,
+                                   "zero": 3}))
+
+
 def test_torchtitan_tp_without_sp_is_exported_as_it_runs_and_said(capsys):
     rc = main(["export", "--to", "torchtitan", "--model", "tiny-llama", "--tp", "2", "--dp", "2",
                "--global-batch", "4", "--zero", "3"])
