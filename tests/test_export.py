@@ -49,12 +49,13 @@ CASES = [
     ("llama-interleaved-fsdp-sac-op", "llama3-8b",
      "--tp 2 --pp 2 --dp 2 --global-batch 16 --virtual-stages 2 --sequence-parallel "
      "--recompute selective-op --zero 3",
-     {MEGATRON_LM: "does not run sharding zero3", MEGATRON_DEEPSPEED: "no 'selective-op'",
+     {MEGATRON_LM: "Megatron-FSDP (--use-megatron-fsdp",
+      MEGATRON_DEEPSPEED: "TrainSchedule is 1F1B only",
       TORCHTITAN: None, DEEPSPEED: "no 'interleaved' pipeline schedule"}),
     ("llama-dp8-zero3-full", "llama3-8b",
      "--dp 8 --micro-batch 2 --global-batch 64 --zero 3 --recompute full",
-     {MEGATRON_LM: "does not run sharding zero3", MEGATRON_DEEPSPEED: None, TORCHTITAN: None,
-      DEEPSPEED: None}),
+     {MEGATRON_LM: "shards optimizer states only (ZeRO-1)", MEGATRON_DEEPSPEED: None,
+      TORCHTITAN: None, DEEPSPEED: None}),
     ("gpt-pp5-uneven-fp16-selective", "gpt3-125m",
      "--pp 5 --global-batch 10 --dtype fp16 --recompute selective --no-flash-attention",
      {MEGATRON_LM: None, MEGATRON_DEEPSPEED: None, TORCHTITAN: "does not train in fp16",
@@ -67,12 +68,15 @@ CASES = [
       TORCHTITAN: None, DEEPSPEED: "cannot run this layout"}),
     ("gpt-hpz-amsp", "tiny-gpt",
      "--dp 8 --global-batch 16 --sharding p=partial:4,g=full,o=full",
-     {MEGATRON_LM: "does not run sharding p=partial:4", MEGATRON_DEEPSPEED: None,
+     {MEGATRON_LM: "sharding p=partial:4,g=full,o=full: its distributed optimizer",
+      MEGATRON_DEEPSPEED: None,
       TORCHTITAN: "shards parameters, gradients and optimizer states differently",
       DEEPSPEED: None}),
     ("llama-tp2-no-sp", "tiny-llama", "--tp 2 --dp 2 --global-batch 4 --zero 3",
-     {MEGATRON_LM: "does not run sharding zero3", MEGATRON_DEEPSPEED: None,
-      TORCHTITAN: "always shards the norms", DEEPSPEED: None}),
+     # torchtitan: sequence parallelism is implied (it applies SequenceParallel with TP), so
+     # the export writes the run with it and says so (test_torchtitan_sp_is_implied...).
+     {MEGATRON_LM: "Megatron-FSDP", MEGATRON_DEEPSPEED: None, TORCHTITAN: None,
+      DEEPSPEED: None}),
     # Context parallelism (issue 30): Megatron-LM's --context-parallel-size, torchtitan's
     # context_parallel_degree; Megatron-DeepSpeed and DeepSpeed have only Ulysses.
     ("gpt-cp2-dp2-zero1", "tiny-gpt", "--cp 2 --dp 2 --global-batch 8 --zero 1",
@@ -81,7 +85,7 @@ CASES = [
       DEEPSPEED: "DeepSpeed-Ulysses"}),
     ("llama-tp2-cp2-fsdp", "tiny-llama",
      "--tp 2 --cp 2 --dp 2 --global-batch 8 --sequence-parallel --zero 3",
-     {MEGATRON_LM: "does not run sharding zero3", MEGATRON_DEEPSPEED: "has no context "
+     {MEGATRON_LM: "Megatron-FSDP", MEGATRON_DEEPSPEED: "has no context "
       "parallelism", TORCHTITAN: None, DEEPSPEED: "no sequence parallelism"}),
 ]
 
@@ -311,6 +315,30 @@ class _DataParallelOnly:
         return self.dp
 
 
+def test_autotp_ds_config_never_yields_a_tp_times_larger_batch(monkeypatch):
+    """Issue 36 d: an AutoTP ds_config without train_batch_size let DeepSpeed, given no mpu,
+    count the tp x dp world as data parallel and derive a batch (and samples/s) tp x too large.
+    Stated, DeepSpeed's own DeepSpeedConfig either agrees with the layout (an mpu of dp) or
+    refuses it (no mpu): it never takes the inflated figure."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime import config as ds_runtime_config
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    model, layout = load_model("tiny-llama"), layout_of(
+        "--tp 2 --dp 2 --global-batch 4 --zero 3", DEEPSPEED)
+    cfg = json.loads(export(DEEPSPEED, model, layout))
+    assert cfg["tensor_parallel"]["autotp_size"] == 2
+    assert cfg["train_batch_size"] == layout.global_batch == 4
+    assert (cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"]
+            * layout.dp) == layout.global_batch
+    monkeypatch.setattr(ds_runtime_config.dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(ds_runtime_config.dist, "get_world_size",
+                        lambda *a, **k: layout.world_size)
+    assert DeepSpeedConfig(dict(cfg), mpu=_DataParallelOnly(layout.dp)).train_batch_size == 4
+    with pytest.raises(AssertionError, match="train_batch_size is not equal"):
+        DeepSpeedConfig(dict(cfg), mpu=None)
+
+
 @pytest.mark.parametrize("trainer", [DEEPSPEED, MEGATRON_DEEPSPEED])
 def test_deepspeed_config_class_accepts_the_ds_config(trainer, monkeypatch):
     pytest.importorskip("deepspeed")
@@ -330,11 +358,12 @@ def test_deepspeed_config_class_accepts_the_ds_config(trainer, monkeypatch):
         cfg = ds_config(model, layout, for_megatron=trainer == MEGATRON_DEEPSPEED)
         if trainer == DEEPSPEED:
             assert cfg == json.loads(export(DEEPSPEED, model, layout))
-        # With AutoTP the TP ranks are in DeepSpeed's world (no mpu); else the mpu gives dp.
-        mpu = None if "tensor_parallel" in cfg else _DataParallelOnly(layout.dp)
+        # The mpu gives dp: Megatron's, or for AutoTP the one flm export tells the user to pass.
         monkeypatch.setattr(ds_runtime_config.dist, "get_world_size",
                             lambda *a, w=layout.world_size, **k: w)
-        parsed = DeepSpeedConfig(json.loads(json.dumps(cfg)), mpu=mpu)
+        parsed = DeepSpeedConfig(json.loads(json.dumps(cfg)), mpu=_DataParallelOnly(layout.dp))
+        # The batch DeepSpeed divides by the step time for its samples/s (issue 36 d).
+        assert parsed.train_batch_size == layout.global_batch
         assert parsed.zero_optimization_stage == cfg["zero_optimization"]["stage"]
         assert parsed.train_micro_batch_size_per_gpu == layout.micro_batch
         assert parsed.gradient_accumulation_steps == layout.num_microbatches

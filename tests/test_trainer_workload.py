@@ -80,7 +80,8 @@ def test_megatron_lm_job_runs_the_command_with_the_exported_flags(tmp_path):
     script, job = _script(tmp_path, "workload: megatron-lm\nworkload_command: [python, "
                           "pretrain_gpt.py]\nlayouts:\n  - {tp: 2, name: a}\n")
     layout = Layout.from_dict(complete_layout({"tp": 2, "dtype": "bf16"}))
-    flags = megatron_lm_argv(load_model("tiny-llama"), layout)
+    # The exported flags, then the flag that makes Megatron save and stop on SIGTERM.
+    flags = [*megatron_lm_argv(load_model("tiny-llama"), layout), "--exit-signal-handler"]
     words = _task_line(script)
     assert words[words.index("--") + 1:words.index("--") + 1 + len(flags)] == flags
     # The launch is not exec'd: the job goes on after the trainer, to write its trace.

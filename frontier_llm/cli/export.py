@@ -12,51 +12,72 @@ from frontier_llm.cli.layout_args import add_layout_args
 from frontier_llm.cli.numbers import count, gpus
 from frontier_llm.errors import UserError
 from frontier_llm.specs.layout import Layout, given_options
+from frontier_llm.specs.model import ModelSpec
+from frontier_llm.trainers import NAMES, get
 
-TRAINER_CHOICES = ("megatron-lm", "megatron-deepspeed", "torchtitan", "deepspeed")
+TRAINER_CHOICES = NAMES
 
 
-def _plan_layout(args: argparse.Namespace, model, system) -> Layout:
+def _plan_layout(args: argparse.Namespace, model: ModelSpec, system) -> tuple[Layout, ModelSpec]:
     """Rank ``--rank`` of the ranking ``flm plan`` prints for the same model, system, GPUs and
-    ``--plan-args`` (its restrict flags, read by flm plan's own parser with its defaults)."""
+    ``--plan-args`` (its restrict flags, read by flm plan's own parser with its defaults),
+    among the layouts the target trainer runs: planned with its engines unless ``--engine`` is
+    among the plan arguments, and a layout the trainer refuses is skipped. The model at the
+    plan's ``--seq-len`` comes back with it."""
+    import dataclasses
+
     from frontier_llm.cli import build_parser
     from frontier_llm.cli.layout_args import space_from_args
     from frontier_llm.planner import SearchSpace, plan
 
+    trainer = get(args.to)
     words = ["plan", "--model", args.model, "--system", system.name, "--gpus", str(args.gpus)]
     if args.global_batch is not None:
         words += ["--global-batch", str(args.global_batch)]
     ns = build_parser("plan").parse_args(words + shlex.split(args.plan_args or ""))
-    result = plan(model, system, ns.gpus, ns.global_batch,
-                  SearchSpace(dtype=ns.dtype, **space_from_args(ns)))
+    if getattr(ns, "seq_len", None):
+        model = dataclasses.replace(model, seq_len=ns.seq_len)
+    space = space_from_args(ns)
+    if space.get("engine") is None:
+        space["engine"] = tuple(e.value for e in trainer.engines)
+    result = plan(model, system, ns.gpus, ns.global_batch, SearchSpace(dtype=ns.dtype, **space))
     ranked = result.ranked_indices(None, fits_only=not ns.include_oom, frontier=not ns.all)
-    if args.rank > len(ranked):
-        raise UserError(f"flm plan ranks {len(ranked)} layouts of {model.name} on {args.gpus} "
-                        f"GPUs of {system.name}; there is no rank {args.rank}")
-    return result.layout(int(ranked[args.rank - 1]))
+    runnable = []
+    for index in ranked:
+        layout = result.layout(int(index))
+        try:
+            trainer.check(model, layout)
+        except UserError:
+            continue
+        runnable.append(layout)
+        if len(runnable) == args.rank:
+            return layout, model
+    raise UserError(f"flm plan ranks {len(ranked)} layouts of {model.name} on {args.gpus} GPUs "
+                    f"of {system.name}, {len(runnable)} of them runnable by {trainer.name}; "
+                    f"there is no rank {args.rank}")
 
 
-def _best_layout(path: str) -> Layout:
-    """The ``layout`` mapping of the document ``flm tune best`` writes (YAML or JSON)."""
+def _best_layout(path: str) -> tuple[Layout, float | None]:
+    """The ``layout`` mapping of the document ``flm tune best`` writes (YAML or JSON), and the
+    tuned ``bucket_mb`` among its run settings (``bench_args``), if any."""
     from frontier_llm.specs.yamlio import load_yaml
 
     doc = load_yaml(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("layout"), dict):
         raise UserError(f"{path}: not a 'flm tune best' document (no 'layout' mapping)")
     layout = dict(doc["layout"])
-    layout.pop("bench_args", None)
-    return Layout.from_dict(layout)
+    settings = {**(layout.pop("bench_args", None) or {}), **(doc.get("bench_args") or {})}
+    bucket = settings.get("bucket_mb")
+    if bucket is not None and (isinstance(bucket, bool) or not isinstance(bucket, int | float)
+                               or bucket <= 0):
+        raise UserError(f"{path}: bench_args.bucket_mb must be a positive number of MiB "
+                        f"(got {bucket!r})")
+    return Layout.from_dict(layout), (float(bucket) if bucket is not None else None)
 
 
 def run_export(args: argparse.Namespace) -> int:
     from frontier_llm.catalog import load_model, load_system
-    from frontier_llm.export import (
-        DEEPSPEED,
-        MEGATRON_DEEPSPEED,
-        ds_config_text,
-        export,
-        layout_for,
-    )
+    from frontier_llm.export import export, layout_for
 
     # With --from-plan, --global-batch is the plan's global batch, not a layout flag.
     flags = {k: v for k, v in given_options(args).items()
@@ -76,25 +97,29 @@ def run_export(args: argparse.Namespace) -> int:
         from frontier_llm.cli.plan import DEFAULT_SYSTEM
 
         system = load_system(args.system or DEFAULT_SYSTEM)
+    bucket_mb = None
     if args.from_plan:
         if args.gpus is None:
             raise UserError("--from-plan needs --gpus N (the GPU count flm plan ranked for)")
-        layout = _plan_layout(args, model, system)
+        layout, model = _plan_layout(args, model, system)
     elif args.from_best is not None:
-        layout = _best_layout(args.from_best)
+        layout, bucket_mb = _best_layout(args.from_best)
     else:
         layout = layout_for(args.to, {"dtype": "bf16", **flags})  # flm predict's default dtype
-    text = export(args.to, model, layout, system, ds_config_path=args.ds_config)
-    if args.to == MEGATRON_DEEPSPEED and args.ds_config_given:
-        Path(args.ds_config).write_text(ds_config_text(model, layout, for_megatron=True))
+    trainer = get(args.to)
+    text = export(trainer.name, model, layout, system, ds_config_path=args.ds_config,
+                  bucket_mb=bucket_mb)
+    for note in trainer.notes(model, layout, bucket_mb=bucket_mb):
+        print(f"flm export: {note}", file=sys.stderr)
+    if trainer.argv_names_files and args.ds_config_given:
+        # The one file its flags name (Megatron-DeepSpeed's ds_config).
+        for text_of_file in trainer.files(model, layout, system, bucket_mb=bucket_mb).values():
+            Path(args.ds_config).write_text(text_of_file)
         print(f"flm export: wrote the ds_config the flags name to {args.ds_config}",
               file=sys.stderr)
-    elif args.to == MEGATRON_DEEPSPEED:
+    elif trainer.argv_names_files:
         print(f"flm export: the flags name {args.ds_config}; --ds-config PATH writes it",
               file=sys.stderr)
-    if args.to == DEEPSPEED and layout.pp > 1:
-        print(f"flm export: a ds_config has no pipeline degree: build PipelineModule("
-              f"num_stages={layout.pp}) in your script", file=sys.stderr)
     if args.out:
         Path(args.out).write_text(text)
     else:
@@ -128,7 +153,8 @@ def register(sub: argparse._SubParsersAction) -> None:
          "flm export --to torchtitan --model llama3-8b --from-best best.yaml --out job.toml",
          "flm export --to deepspeed --model llama3-8b --dp 8 --zero 3 --out ds_config.json"],
     )
-    p.add_argument("--to", required=True, choices=TRAINER_CHOICES, help="the trainer")
+    p.add_argument("--to", required=True, choices=TRAINER_CHOICES,
+                   help="the trainer (frontier_llm/trainers/: one module each)")
     p.add_argument("--model", required=True, help="catalog name or YAML path (see flm models)")
     p.add_argument("--system", default=None,
                    help="catalog name or YAML path: named in the output; --from-plan plans for "

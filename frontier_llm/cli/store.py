@@ -28,6 +28,7 @@ from frontier_llm.store.queries import (
     validated_runs,
     validation_frame,
 )
+from frontier_llm.trainers import NAMES, spellings
 
 # What `flm results` shows as a table; csv and json carry every column.
 # The layout's columns are those that differ between the runs shown (specs.forms).
@@ -68,6 +69,7 @@ def _logs_to_traces(args: argparse.Namespace) -> tuple[str, list]:
     sentence saying what was read and the traces written (then collected like any others)."""
     from frontier_llm.errors import UserError
     from frontier_llm.logs.traces import LogOptions, logs_to_traces, parse_layout_option
+    from frontier_llm.trainers import get
 
     if args.dirs:
         raise UserError("collect: give trace folders or --from-logs, not both")
@@ -77,10 +79,11 @@ def _logs_to_traces(args: argparse.Namespace) -> tuple[str, list]:
         also = [o for o, v in (("--system NAME", args.system), ("--model NAME", args.model))
                 if v is None]
         raise UserError("collect --from-logs: say which trainer wrote the logs: give --trainer "
-                        "megatron|torchtitan|deepspeed" + "".join(f" {o}" for o in also))
+                        + "|".join(NAMES) + "".join(f" {o}" for o in also))
     options = LogOptions(system=args.system, model=args.model,
                          layout=parse_layout_option(args.layout or ""), sweep=args.sweep)
-    report = logs_to_traces(args.from_logs, args.trainer, options, args.traces,
+    # The registry names the trainer's parser (Megatron-DeepSpeed's is Megatron's).
+    report = logs_to_traces(args.from_logs, get(args.trainer).log_format, options, args.traces,
                             any_owner=args.any_owner)
     for line in report.skipped:
         _err(f"flm collect: not read {line}")
@@ -340,8 +343,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "skipped, and warns where a trainer's own TFLOP/s is more than 3x flm's.")
     logs.add_argument("--from-logs", nargs="+", metavar="PATH",
                       help="log files or folders of them (every file below a folder is read)")
-    logs.add_argument("--trainer", choices=("megatron", "torchtitan", "deepspeed"),
-                      help="which trainer wrote the logs (megatron covers Megatron-DeepSpeed)")
+    logs.add_argument("--trainer", choices=spellings(), metavar="TRAINER",
+                      help="which trainer wrote the logs: " + ", ".join(NAMES)
+                           + " (or an alias: megatron for either Megatron; flm export's names)")
     logs.add_argument("--system", metavar="S",
                       help="the system the runs ran on (a catalog name or a YAML file): no log "
                            "states it")

@@ -161,6 +161,9 @@ class JobScript:
     # Set for concurrent packs: each step's ranks per node (the allocation holds all steps'),
     # and the steps run at once, each srun --exact taking only its own share.
     step_ranks_per_node: int | None = None
+    # A trainer job: the signal its trainer saves a checkpoint and stops on (jobs/workload.py
+    # exit_signal), sent to the ranks before the time limit instead of USR1 to the batch shell.
+    trainer_signal: str | None = None
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -398,6 +401,7 @@ def render(job: JobScript) -> str:
             version=__version__,
             trainer=trainer,
             trainer_log=TRAINER_LOG,
+            trainer_signal=job.trainer_signal if trainer else None,
             contract=contract.template_values(int(options["master_port"]),
                                               max((len(p) for p in job.packs), default=1)),
         )

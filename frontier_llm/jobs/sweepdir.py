@@ -37,9 +37,13 @@ from frontier_llm.jobs.sweepspec import Sweep, SweepJob
 from frontier_llm.jobs.workload import (
     FLM_BENCH,
     config_files,
+    exit_signal,
     rank_command,
     steps_in_command,
     trainer_argv,
+)
+from frontier_llm.jobs.workload import (
+    task_env as trainer_task_env,
 )
 from frontier_llm.specs.engine_rules import rules_for
 from frontier_llm.specs.identity import layout_hash
@@ -196,10 +200,15 @@ def _resources(sweep: Sweep, group: Group) -> Resources:
     )
 
 
-def _task_env(sweep: Sweep, job: SweepJob) -> tuple[tuple[str, str], ...]:
+def _task_env(sweep: Sweep, job: SweepJob,
+              directory: Path | None = None) -> tuple[tuple[str, str], ...]:
     """Variables for one task: the site's ``env_without_fsdp`` for layouts whose engine
     overlaps TP communication and that do not shard parameters (NVIDIA:
-    CUDA_DEVICE_MAX_CONNECTIONS=1 must not be set with FSDP)."""
+    CUDA_DEVICE_MAX_CONNECTIONS=1 must not be set with FSDP); for a trainer job, what the
+    trainer requires on every site and the job's folder (jobs/workload.py task_env)."""
+    if sweep.spec.workload != FLM_BENCH:
+        return trainer_task_env(sweep.spec.workload, job.model, job.layout,
+                                str(job_dir((directory or Path(".")).resolve(), job.key)))
     fsdp = job.layout.sharding.params.kind != PlacementKind.REPLICATE and job.layout.dp > 1
     # CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue) orders kernels so TP communication
     # can overlap GEMMs; it also stops other streams' kernels running concurrently, a cost with
@@ -243,7 +252,8 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
     for group in group_jobs(sweep):
         tasks = tuple(Task(index=i, key=k,
                            argv=_moved(task_argv(sweep, by_key[k], directory), moves),
-                           env=_task_env(sweep, by_key[k]), after=_moved(by_key[k].after, moves))
+                           env=_task_env(sweep, by_key[k], directory),
+                           after=_moved(by_key[k].after, moves))
                       for i, k in enumerate(group.keys))
         out.append((group, JobScript(
             packs=group.packs if group.pack > 1 else (),
@@ -261,9 +271,12 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
             setup=tuple(env.setup or ()),
             options={k: None if v is None else str(v)
                      for k, v in (sweep.spec.template_options or {}).items()},
-            command=rank_command(_workload_command(sweep, directory)[0], sweep.site.launcher)
+            command=rank_command(sweep.spec.workload, _workload_command(sweep, directory)[0],
+                                 sweep.site)
             if sweep.spec.workload_command else tuple(sweep.spec.command or ("flm", "bench")),
             site=sweep.site,
+            trainer_signal=None if sweep.spec.workload == FLM_BENCH
+            else exit_signal(sweep.spec.workload),
         )))
     return out
 

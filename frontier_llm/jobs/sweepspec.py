@@ -24,7 +24,13 @@ from frontier_llm.jobs import unsafe
 from frontier_llm.jobs.render import TEMPLATES, template_options, template_path
 from frontier_llm.jobs.sbatch_options import long_form
 from frontier_llm.jobs.secrets import check_pass_env, check_sweep_file
-from frontier_llm.jobs.workload import FLM_BENCH, after_argv, check_layout, check_workload
+from frontier_llm.jobs.workload import (
+    FLM_BENCH,
+    after_argv,
+    check_layout,
+    check_save_dirs,
+    check_workload,
+)
 from frontier_llm.specs import (
     DType,
     Layout,
@@ -499,6 +505,10 @@ def _trainer_jobs(spec: SweepFile, jobs: list[SweepJob], system_ref: str, data: 
     """Each job of a trainer workload, refused in one line (naming the job) where the trainer
     cannot express its layout; else with the command that turns its log into its trace."""
     out = []
+    try:
+        check_save_dirs(spec.workload, spec.workload_command or (), len(jobs))
+    except SpecError as exc:
+        raise SpecError(f"{data.where('workload_command')}: {exc}", exc.field) from None
     for j in jobs:
         try:
             check_layout(spec.workload, j.model, j.layout, j.key)

@@ -27,17 +27,13 @@ from frontier_llm.logs.common import LogError, ParsedRun
 from frontier_llm.logs.traces import LogOptions, build_trace, parse_log
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.vocab import RunStatus
-
-# The export's trainer names (the sweep's workload:) -> the log parser that reads their logs:
-# Megatron-DeepSpeed prints Megatron's arguments and iteration lines.
-PARSERS = {"megatron-lm": "megatron", "megatron-deepspeed": "megatron",
-           "torchtitan": "torchtitan", "deepspeed": "deepspeed"}
+from frontier_llm.trainers import NAMES, get
 
 
 def _last_run(log_path: Path, trainer: str) -> tuple[ParsedRun | None, str | None]:
     """The log's last run (a job runs one; a requeue appends) and, if none, why."""
     try:
-        log = parse_log(log_path, PARSERS[trainer])
+        log = parse_log(log_path, get(trainer).log_format)
     except LogError as exc:
         return None, str(exc)
     with_steps = [r for r in log.runs if r.steps]
@@ -82,8 +78,7 @@ def job_trace(trainer: str, log: Path, run_id: str, exit_code: int, model_ref: s
     signal that ended the job (``TERM``), whose trace is a timeout holding the steps so far."""
     from frontier_llm.catalog import load_model
 
-    if trainer not in PARSERS:
-        raise UserError(f"unknown trainer {trainer!r} (one of {', '.join(PARSERS)})")
+    trainer = get(trainer).name  # UnknownTrainer (a UserError) names the choices
     options = LogOptions(system=system_ref, model=model_ref, sweep=sweep,
                          model_spec=load_model(model_ref), layout_spec=layout)
     labels = {"source": "trainer-log", "log": str(log.resolve()), "trainer": trainer,
@@ -114,7 +109,7 @@ def job_trace(trainer: str, log: Path, run_id: str, exit_code: int, model_ref: s
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m frontier_llm.logs.job", description=__doc__)
-    ap.add_argument("--trainer", required=True, choices=sorted(PARSERS))
+    ap.add_argument("--trainer", required=True, choices=NAMES)
     ap.add_argument("--log", required=True, type=Path)
     ap.add_argument("--run-id", required=True)
     ap.add_argument("--trace-dir", required=True, type=Path)

@@ -1,0 +1,127 @@
+"""What every trainer object is: the one place a trainer's names, files, flags, environment and
+refusals live (docs/export.md "The trainer registry").
+
+A trainer module (``megatron_lm.py``, ``torchtitan.py`` ...) defines one subclass of
+:class:`Trainer` and a module-level ``TRAINER`` instance; ``trainers/__init__.py`` finds it. The
+export (``flm export``), trainer sweeps (``jobs/workload.py``), the job templates and log
+ingestion (``flm collect --from-logs``, ``python -m frontier_llm.logs.job``) ask the registry and
+never name a trainer themselves.
+
+Log parsing is not here: ``logs/`` sits above this package (it builds traces with bench's
+summaries). A trainer names its parser by ``log_format``, the key of ``logs.TRAINERS``, and every
+parsed run becomes a trace through the one builder, ``logs.traces.build_trace``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from frontier_llm.specs.forms import label
+from frontier_llm.specs.layout import Engine, Layout
+from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.system import SystemSpec
+from frontier_llm.trainers.text import comment_lines
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """A variable the trainer requires, with the trainer's own reason (file and version)."""
+
+    name: str
+    value: str
+    why: str
+
+
+# The launcher's rank variables as torch.distributed's env:// start reads them. Under srun they
+# come from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID (srun man page, OUTPUT ENVIRONMENT
+# VARIABLES); torchrun sets its own.
+SRUN_RANK = '"$SLURM_PROCID"'
+SRUN_WORLD = '"$SLURM_NTASKS"'
+SRUN_LOCAL = '"$SLURM_LOCALID"'
+
+
+class Trainer:
+    """One trainer. Subclasses set the names and implement :meth:`check`, :meth:`argv`,
+    :meth:`files` and :meth:`export_text`."""
+
+    name = ""  # the canonical name: flm export --to, a sweep's workload:
+    aliases: tuple[str, ...] = ()  # other spellings users and older files use
+    title = ""
+    order = 0  # position in lists (help text, errors)
+    source = ""  # the version its names were read from (docs/export.md cites file and commit)
+    # The flm engines standing for it (specs/engine_rules.py): a layout that names no engine
+    # gets the first that builds it, and --from-plan plans with them.
+    engines: tuple[Engine, ...] = ()
+    log_format = ""  # the parser of logs.TRAINERS that reads its logs
+    step_flag: str | None = None  # how many optimizer steps it runs (the walltime check)
+    save_flag: str | None = None  # the checkpoint directory flag (one per sweep job)
+    # The signal on which it saves a checkpoint and stops, and the flag that makes it listen.
+    exit_signal: str | None = None
+    exit_argv: tuple[str, ...] = ()
+    # Whether its text takes a tuned gradient bucket (flm tune's bucket_mb run setting).
+    takes_bucket = False
+    # Whether its flags name the file of files() (Megatron-DeepSpeed's ds_config): flm export
+    # --ds-config PATH writes it there.
+    argv_names_files = False
+
+    def check(self, model: ModelSpec, layout: Layout) -> Layout:
+        """The layout as this trainer runs it, or ExportRefused (one line: the trainer's own
+        reason)."""
+        raise NotImplementedError
+
+    def argv(self, model: ModelSpec, layout: Layout, job_dir: str) -> list[str]:
+        """What a sweep job appends to the user's command; config files are in ``job_dir``."""
+        raise NotImplementedError
+
+    def files(self, model: ModelSpec, layout: Layout, system: SystemSpec | None = None,
+              **options: object) -> dict[str, str]:
+        """The files a sweep job's folder gets, by name (empty when flags say everything)."""
+        return {}
+
+    def export_text(self, model: ModelSpec, layout: Layout, system: SystemSpec | None = None,
+                    **options: object) -> str:
+        """What ``flm export --to NAME`` prints."""
+        raise NotImplementedError
+
+    def required_env(self, model: ModelSpec, layout: Layout) -> tuple[EnvVar, ...]:
+        """Variables the trainer refuses to run without, for this layout."""
+        return ()
+
+    def notes(self, model: ModelSpec, layout: Layout, **options: object) -> list[str]:
+        """What ``flm export`` says on stderr beside the text (the user's part of the job)."""
+        out = [f"set {v.name}={v.value} in the job: {v.why}"
+               for v in self.required_env(model, layout)]
+        if options.get("bucket_mb") is not None and not self.takes_bucket:
+            out.append(f"{self.title} has no gradient bucket size setting: the tuned bucket_mb "
+                       f"{options['bucket_mb']:g} is not in the export")
+        return out
+
+    def rank_env(self, binding: str) -> dict[str, str]:
+        """RANK, WORLD_SIZE and LOCAL_RANK for a rank started by srun under the site's GPU
+        binding (specs/site.py): shell text, expanded in each rank's shell.
+
+        Every trainer here picks its GPU from LOCAL_RANK: Megatron-LM ``set_device(
+        args.local_rank)`` with ``--local-rank`` defaulting to LOCAL_RANK (core_v0.15.3
+        megatron/training/initialize.py, arguments.py), torchtitan ``cuda:LOCAL_RANK``
+        (v0.2.2 torchtitan/train.py), DeepSpeed's ``init_distributed`` and engine, and so
+        Megatron-DeepSpeed, which asserts its device (rank mod visible devices) equals it.
+        Under ``--gpu-bind=closest`` each rank sees one GPU, relabelled 0 (OLCF's PyTorch
+        example sets the device to 0 there): SLURM_LOCALID would name a device it cannot see.
+        With CPU masks (LUMI) or no binding every rank sees all the node's GPUs and takes its
+        own, SLURM_LOCALID."""
+        local = '"0"' if binding == "closest" else SRUN_LOCAL
+        return {"RANK": SRUN_RANK, "LOCAL_RANK": local, "WORLD_SIZE": SRUN_WORLD}
+
+    def header(self, model: ModelSpec, layout: Layout,
+               system: SystemSpec | None = None) -> list[str]:
+        """The comment lines above flags or TOML: what, for what, from which source."""
+        where = f" on {system.name}" if system is not None else ""
+        lines = [f"flm export --to {self.name}: {model.name}{where}, {label(layout)}",
+                 f"names from {self.source}"]
+        lines += [f"required: export {v.name}={v.value} ({v.why})"
+                  for v in self.required_env(model, layout)]
+        return lines
+
+    def comment(self, model: ModelSpec, layout: Layout,
+                system: SystemSpec | None = None) -> str:
+        return comment_lines(self.header(model, layout, system))

@@ -1,0 +1,108 @@
+"""Megatron-LM (``pretrain_gpt.py`` of NVIDIA/Megatron-LM ``core_v0.15.3``, 309ffca): its flags,
+its refusals, the environment ``validate_args`` asserts, and its exit signal."""
+
+from __future__ import annotations
+
+from frontier_llm.specs.layout import Engine, Layout, PlacementKind, Schedule
+from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.system import SystemSpec
+from frontier_llm.trainers.base import EnvVar, Trainer
+from frontier_llm.trainers.deepspeed_config import bucket_elements
+from frontier_llm.trainers.megatron_common import (
+    batch_and_degrees,
+    dtype_args,
+    model_args,
+    recompute_args,
+    render_argv,
+)
+from frontier_llm.trainers.refusals import check_engine_rules, refuse
+
+# megatron/training/arguments.py validate_args at 309ffca: when tp > 1 or cp > 1 on a GPU
+# before Blackwell (get_device_arch_version() < 10: A100, H100; MI250X's gfx90a reports 9) and
+# neither FSDP is on, it asserts os.environ['CUDA_DEVICE_MAX_CONNECTIONS'] == "1" ("Using tensor
+# model parallelism or context parallelism require setting the environment variable
+# CUDA_DEVICE_MAX_CONNECTIONS to 1"). flm exports no FSDP for Megatron-LM, so tp or cp > 1
+# always needs it (Blackwell tolerates it).
+MAX_CONNECTIONS = EnvVar(
+    "CUDA_DEVICE_MAX_CONNECTIONS", "1",
+    "Megatron-LM core_v0.15.3 megatron/training/arguments.py validate_args asserts it when "
+    "tp > 1 or cp > 1 before Blackwell")
+
+
+class MegatronLM(Trainer):
+    name = "megatron-lm"
+    aliases = ("megatron", "megatron_lm", "mlm", "megatron-core")
+    title = "Megatron-LM"
+    order = 1
+    source = "Megatron-LM core_v0.15.3 (309ffca) megatron/training/arguments.py"
+    engines = (Engine.MEGATRON,)
+    log_format = "megatron"
+    step_flag = "--train-iters"
+    save_flag = "--save"
+    # --exit-signal-handler: "Dynamically save the checkpoint and shutdown the training if
+    # SIGTERM is received" (arguments.py); training.py checks it after every iteration
+    # (dist_signal_handler.DistributedSignalHandler, default signal.SIGTERM).
+    exit_signal = "TERM"
+    exit_argv = ("--exit-signal-handler",)
+    takes_bucket = True  # --ddp-bucket-size
+
+    def check(self, model: ModelSpec, layout: Layout) -> Layout:
+        sh = layout.sharding
+        sharded = {sh.params.kind, sh.grads.kind} != {PlacementKind.REPLICATE}
+        if layout.shard_ranks > 1 and sharded:
+            raise refuse(self.name, f"sharding {sh.describe()}: its distributed optimizer "
+                         "(--use-distributed-optimizer) shards optimizer states only (ZeRO-1); "
+                         "sharded gradients and parameters are Megatron-FSDP (--use-megatron-fsdp"
+                         " --data-parallel-sharding-strategy optim_grads|optim_grads_params at "
+                         "core_v0.15.3), which flm's megatron engine does not model: export zero1,"
+                         " or ZeRO-2/3 to megatron-deepspeed or torchtitan")
+        return check_engine_rules(self.name, Engine.MEGATRON, layout, model)
+
+    def flags(self, model: ModelSpec, layout: Layout, bucket_mb: float | None = None) -> list[str]:
+        """``pretrain_gpt.py`` flags (ExportRefused where it cannot run the layout);
+        ``bucket_mb``: a tuned gradient bucket (flm tune best's run setting)."""
+        layout = self.check(model, layout)
+        argv = model_args(model, deepspeed=False) + batch_and_degrees(layout)
+        if layout.cp > 1:
+            # Its --cp-comm-type stays at its default, p2p: the ring exchange of K/V blocks
+            # that the megatron engine stands for. Megatron's own seq-length check (a multiple
+            # of 2 x cp) is the layout's (Layout.check_model).
+            argv += ["--context-parallel-size", str(layout.cp)]
+        if layout.schedule == Schedule.INTERLEAVED:
+            argv += ["--num-virtual-stages-per-pipeline-rank", str(layout.virtual_stages)]
+        elif layout.pp > 1:
+            # Megatron's split: the middle stages take the even share, the ends what the
+            # --decoder-first/last flags give them (specs/pipeline_split.py "first_last").
+            counts = layout.stage_layers(model)
+            if len(set(counts)) > 1:
+                argv += ["--decoder-first-pipeline-num-layers", str(counts[0]),
+                         "--decoder-last-pipeline-num-layers", str(counts[-1])]
+        if layout.sequence_parallel:
+            argv.append("--sequence-parallel")
+        argv += recompute_args(layout)
+        if layout.zero_stage == 1 and layout.shard_ranks > 1:
+            # The distributed optimizer shards optimizer states over the DP ranks: ZeRO-1. With
+            # cp those are dp x cp (its data-parallel group "with context parallel", as flm's).
+            argv.append("--use-distributed-optimizer")
+        argv += dtype_args(layout)
+        if bucket_mb is not None:
+            # --ddp-bucket-size counts parameters (DistributedDataParallelConfig.bucket_size,
+            # core_v0.15.3), the gradients' elements in flm's bucket of MiB.
+            argv += ["--ddp-bucket-size", str(bucket_elements(bucket_mb, layout.dtype))]
+        argv += ["--attention-backend", "flash" if layout.flash_attention else "unfused"]
+        return argv
+
+    def argv(self, model: ModelSpec, layout: Layout, job_dir: str) -> list[str]:
+        return self.flags(model, layout)
+
+    def export_text(self, model: ModelSpec, layout: Layout, system: SystemSpec | None = None,
+                    **options: object) -> str:
+        bucket = options.get("bucket_mb")
+        return render_argv(self.flags(model, layout, None if bucket is None else float(bucket)),
+                           self.header(model, layout, system))
+
+    def required_env(self, model: ModelSpec, layout: Layout) -> tuple[EnvVar, ...]:
+        return (MAX_CONNECTIONS,) if layout.tp > 1 or layout.cp > 1 else ()
+
+
+TRAINER = MegatronLM()

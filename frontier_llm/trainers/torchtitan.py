@@ -1,0 +1,296 @@
+"""A layout as torchtitan's job-config TOML (``--job.config_file``), v0.2.2's
+``torchtitan/config/job_config.py`` sections and keys (the last release read from TOML; later
+torchtitan configures runs in Python).
+
+The model's shape is not a job-config key: torchtitan picks a registered ``TransformerModelArgs``
+by ``model.name`` and ``model.flavor`` (a KeyError for any other). flm's model maps to the flavor
+torchtitan registers with the same shape (:data:`FLAVORS`, v0.2.2
+``torchtitan/models/llama3/__init__.py``: ``llama3-70b`` is ``70B``); a llama-style model it
+lacks keeps flm's name as the flavor and the TOML's comments carry the one line that registers it
+(:func:`registration`); a model that is not llama-style (GeLU, LayerNorm, learned positions,
+biases) is refused: no flavor of torchtitan's llama3 is that model. The pipeline split is
+written explicitly (``module_fqns_per_model_part``, llama3's module names), the split flm plans
+for the native engine, which is torchtitan's own (specs/pipeline_split.py "manual").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from frontier_llm.specs.layout import DType, Engine, Layout, PlacementKind, Recompute, Schedule
+from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.system import SystemSpec
+from frontier_llm.trainers.base import Trainer
+from frontier_llm.trainers.refusals import check_engine_rules, refuse
+from frontier_llm.trainers.text import comment_lines, toml_value
+
+TORCHTITAN = "torchtitan"
+JOB_CONFIG = "job_config.toml"
+# torchtitan v0.2.2 torchtitan/models/llama3/__init__.py, llama3_args (the sdpa flavors; the
+# _flex / _varlen ones differ in attention kernel only): dim, n_layers, n_heads, n_kv_heads,
+# ffn_dim_multiplier, multiple_of. vocab_size is TransformerModelArgs' default, 128256
+# (model/args.py), for all three; max_seq_len follows training.seq_len (update_from_config).
+FLAVORS = {
+    "8B": (4096, 32, 32, 8, 1.3, 1024),
+    "70B": (8192, 80, 64, 8, 1.3, 4096),
+    "405B": (16384, 126, 128, 8, 1.2, 4096),
+}
+FLAVOR_VOCAB = 128256
+LLAMA_STYLE = ("swiglu", "rmsnorm", "rope")
+
+
+def ffn_width(dim: int, multiple_of: int, multiplier: float | None) -> int:
+    """llama3's FeedForward width (model/model.py v0.2.2): 2/3 of 4 x dim, times the multiplier,
+    rounded up to a multiple of ``multiple_of``."""
+    hidden = int(2 * (4 * dim) / 3)
+    if multiplier is not None:
+        hidden = int(multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+def _llama_style(model: ModelSpec) -> bool:
+    return ((model.activation, model.norm, model.position) == LLAMA_STYLE and not model.bias
+            and not model.tied_embeddings)
+
+
+def flavor(model: ModelSpec) -> str | None:
+    """The flavor torchtitan registers with the model's shape, or None."""
+    if not _llama_style(model):
+        return None
+    for name, (dim, layers, heads, kv, mult, multiple) in FLAVORS.items():
+        if (model.hidden, model.layers, model.heads, model.kv_heads, model.vocab,
+                model.ffn_hidden) == (dim, layers, heads, kv, FLAVOR_VOCAB,
+                                      ffn_width(dim, multiple, mult)):
+            return name
+    return None
+
+
+def _ffn_args(model: ModelSpec) -> tuple[int, float | None] | None:
+    """(multiple_of, ffn_dim_multiplier) that give the model's FFN width, or None."""
+    base = int(2 * (4 * model.hidden) / 3)
+    if model.ffn_hidden >= base:
+        # Rounding base up to a multiple of the width itself gives the width.
+        return model.ffn_hidden, None
+    for mult in (model.ffn_hidden / base, (model.ffn_hidden + 0.5) / base):
+        if ffn_width(model.hidden, 1, mult) == model.ffn_hidden:
+            return 1, round(mult, 12)
+    return None
+
+
+def registration(model: ModelSpec) -> str:
+    """The line that registers the model as a flavor of torchtitan's llama3 (in
+    torchtitan/models/llama3/__init__.py, after ``llama3_args = {...}``)."""
+    ffn = _ffn_args(model)
+    if ffn is None:
+        raise refuse(TORCHTITAN, f"no multiple_of / ffn_dim_multiplier of llama3's FeedForward "
+                     f"gives {model.name}'s FFN width {model.ffn_hidden} at dim {model.hidden}")
+    multiple, mult = ffn
+    return (f"llama3_args[{model.name!r}] = TransformerModelArgs(dim={model.hidden}, "
+            f"n_layers={model.layers}, n_heads={model.heads}, n_kv_heads={model.kv_heads}, "
+            f"vocab_size={model.vocab}, multiple_of={multiple}, ffn_dim_multiplier={mult}, "
+            "rope_theta=500000)")
+# torch.distributed.pipelining's schedule names (get_schedule_class), which torchtitan passes on.
+SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
+             Schedule.INTERLEAVED: "Interleaved1F1B"}
+PRECISION = {DType.BF16: "bfloat16", DType.FP32: "float32"}
+
+
+def data_parallel_degrees(layout: Layout) -> tuple[int, int]:
+    """(data_parallel_shard_degree, data_parallel_replicate_degree) for the sharding: FSDP2
+    shards parameters, gradients and optimizer states together, so only placements that treat
+    the three alike are expressible (zero0: DDP, zero3: FSDP, partial:K for all: HSDP).
+
+    With cp > 1 torchtitan's FSDP mesh is dp_shard x cp (``fsdp = dp_shard * cp`` and
+    ``fsdp_enabled = dp_shard > 1 or cp > 1``, distributed/parallel_dims.py v0.2.2), as flm
+    shards over dp x cp (``Layout.shard_ranks``): zero3 is dp_shard = dp, partial:K (K of the
+    dp x cp ranks) is dp_shard = K / cp, and replicas (zero0) cannot be kept."""
+    if layout.dp == 1 and layout.cp == 1:
+        return 1, 1
+    places = {(p.kind, p.group) for p in (layout.sharding.params, layout.sharding.grads,
+                                          layout.sharding.optim)}
+    if len(places) != 1:
+        raise refuse(TORCHTITAN, f"sharding {layout.sharding.describe()} shards parameters, "
+                     "gradients and optimizer states differently, and FSDP2 (fully_shard) "
+                     "shards the three together: use zero0 (DDP), zero3 (FSDP) or "
+                     "partial:K for all three (HSDP)")
+    kind, group = places.pop()
+    if kind == PlacementKind.REPLICATE and layout.cp > 1:
+        raise refuse(TORCHTITAN, f"zero0 with cp {layout.cp}: torchtitan applies FSDP over the "
+                     "dp_shard x cp ranks whenever cp > 1 (parallel_dims.py fsdp_enabled), so "
+                     "parameters are never replicated over the cp ranks; shard with zero3 or HSDP")
+    if kind == PlacementKind.REPLICATE:
+        if layout.tp > 1 or layout.pp > 1:
+            # llama3/infra/parallelize.py: "DDP has not supported > 1D parallelism".
+            raise refuse(TORCHTITAN, "zero0 (DDP) with tp or pp > 1: torchtitan's DDP does not "
+                         "compose with other parallelism; shard with zero3 or HSDP")
+        return 1, layout.dp
+    if kind == PlacementKind.FULL:
+        return layout.dp, 1
+    if group % layout.cp:
+        raise refuse(TORCHTITAN, f"a shard group of {group} ranks with cp {layout.cp}: "
+                     "torchtitan's shard group is dp_shard x cp, a multiple of cp")
+    shard = group // layout.cp
+    return shard, layout.dp // shard
+
+
+def _check(model: ModelSpec, layout: Layout, implied_sp: bool = True) -> Layout:
+    layout = check_engine_rules(TORCHTITAN, Engine.NATIVE, layout, model)
+    if layout.recompute == Recompute.SELECTIVE:
+        raise refuse(TORCHTITAN, "its selective activation checkpointing is every Nth block "
+                     "(selective_ac_option = N) or op by op ('op': flm's selective-op); it has "
+                     "no attention-core recomputation (flm's selective)")
+    if not layout.flash_attention:
+        raise refuse(TORCHTITAN, "its attention is the model flavor's attn_type (sdpa, flex, "
+                     "varlen), all fused; it has no unfused attention")
+    divisor = layout.tp * 2 * layout.cp
+    if model.seq_len % divisor:
+        # llama3/infra/parallelize.py asserts seq_len % parallel_dims.seq_len_divisor, which
+        # is tp x 2cp (parallel_dims.py v0.2.2): stricter than flm's 2cp and (seq/cp) % tp.
+        raise refuse(TORCHTITAN, f"seq_len {model.seq_len} is not divisible by tp x 2 x cp "
+                     f"= {divisor}, which its parallelize asserts")
+    if layout.tp > 1 and not layout.sequence_parallel:
+        if not implied_sp:
+            raise refuse(TORCHTITAN, "sequence parallelism is implied: its tensor parallel plan "
+                         "always shards the norms over the TP ranks (SequenceParallel in "
+                         "llama3/infra/parallelize.py), so the run is this layout with "
+                         "sequence_parallel: true; write that, for the job's trace to state "
+                         "what ran")
+        layout = dataclasses.replace(layout, sequence_parallel=True)
+    return layout
+
+
+def check_model(model: ModelSpec) -> None:
+    """The model as a flavor of torchtitan's llama3: registered, registrable, or refused."""
+    if not _llama_style(model):
+        raise refuse(TORCHTITAN, f"{model.name} is {model.activation}/{model.norm}/"
+                     f"{model.position}{' with biases' if model.bias else ''}"
+                     f"{' and tied embeddings' if model.tied_embeddings else ''}; torchtitan's "
+                     "llama3 (the model this TOML names) is swiglu/rmsnorm/rope without biases, "
+                     "untied, so no flavor of it is this model: use --to megatron-lm")
+    if flavor(model) is None:
+        registration(model)  # refused here when no FeedForward arguments give the width
+
+
+def job_config(model: ModelSpec, layout: Layout,
+               implied_sp: bool = True) -> dict[str, dict[str, Any]]:
+    """The job config's sections as a dict (ExportRefused where torchtitan cannot run it).
+    ``implied_sp``: tp > 1 without sequence parallelism is exported as torchtitan runs it (with
+    it); a sweep job refuses it instead, so that its trace states what ran."""
+    layout = _check(model, layout, implied_sp)
+    shard, replicate = data_parallel_degrees(layout)
+    # Last: a layout refusal above holds for any model; this one is of the model alone.
+    check_model(model)
+    training: dict[str, Any] = {"seq_len": model.seq_len, "global_batch_size": layout.global_batch,
+                                "mixed_precision_param": PRECISION[layout.dtype]}
+    parallelism: dict[str, Any] = {
+        "data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
+        "tensor_parallel_degree": layout.tp, "pipeline_parallel_degree": layout.pp}
+    if layout.cp > 1:
+        # The load-balanced causal split is its default load balancer ("headtail" for SDPA:
+        # rank r holds chunks r and 2cp-1-r); all-gather of the K/V shards is flm's native
+        # design and its default rotate method, written out so that the file says it.
+        parallelism["context_parallel_degree"] = layout.cp
+        parallelism["context_parallel_rotate_method"] = "allgather"
+    if shard > 1 or layout.cp > 1:
+        parallelism["fsdp_reshard_after_forward"] = (
+            "always" if layout.reshard_after_forward else "never")
+    if layout.pp > 1:
+        # local_batch_size is the batch of one DP rank per step, split into micro-batches.
+        training["local_batch_size"] = layout.global_batch // layout.dp
+        parallelism.update(
+            pipeline_parallel_schedule=SCHEDULES[layout.schedule],
+            pipeline_parallel_microbatch_size=layout.micro_batch,
+            module_fqns_per_model_part=module_fqns(model, layout))
+    else:
+        # Without pipelines torchtitan accumulates global / (local x dp) micro-batches.
+        training["local_batch_size"] = layout.micro_batch
+    ac: dict[str, Any] = {"mode": {Recompute.NONE: "none", Recompute.FULL: "full",
+                                   Recompute.SELECTIVE_OP: "selective"}[layout.recompute]}
+    if layout.recompute == Recompute.SELECTIVE_OP:
+        ac["selective_ac_option"] = "op"
+    return {"model": {"name": "llama3", "flavor": flavor(model) or model.name},
+            "training": training,
+            "parallelism": parallelism, "activation_checkpoint": ac}
+
+
+def module_fqns(model: ModelSpec, layout: Layout) -> list[list[str]]:
+    """llama3's module names per model chunk, in chunk order: the embedding on the first, the
+    final norm and output head on the last, the layers as flm's native split places them."""
+    parts, start = [], 0
+    counts = layout.stage_layers(model)
+    for i, n in enumerate(counts):
+        names = (["tok_embeddings"] if i == 0 else []) + [f"layers.{k}"
+                                                         for k in range(start, start + n)]
+        if i == len(counts) - 1:
+            names += ["norm", "output"]
+        parts.append(names)
+        start += n
+    return parts
+
+
+def model_comment(model: ModelSpec) -> list[str]:
+    """Which flavor, and the registration line when torchtitan lacks the model."""
+    name = flavor(model)
+    if name is not None:
+        return [f"model.flavor {name!r} is {model.name}'s shape in torchtitan v0.2.2 "
+                "(torchtitan/models/llama3/__init__.py)"]
+    return [f"torchtitan v0.2.2 registers no llama3 flavor with {model.name}'s shape: add this "
+            "line to torchtitan/models/llama3/__init__.py after llama3_args = {...}",
+            registration(model)]
+
+
+def job_config_text(model: ModelSpec, layout: Layout, header: list[str],
+                    implied_sp: bool = True) -> str:
+    """The TOML: comment lines, then each section (trainers/text.py writes every value)."""
+    sections = job_config(model, layout, implied_sp)
+    out = [comment_lines(header + model_comment(model)).rstrip("\n")]
+    for name, keys in sections.items():
+        out += ["", f"[{name}]"] + [f"{k} = {toml_value(v)}" for k, v in keys.items()]
+    return "\n".join(out) + "\n"
+
+
+class Torchtitan(Trainer):
+    name = TORCHTITAN
+    aliases = ("titan", "torch-titan")
+    title = "torchtitan"
+    order = 3
+    source = "torchtitan v0.2.2 (73a0e69) torchtitan/config/job_config.py"
+    engines = (Engine.NATIVE,)
+    log_format = "torchtitan"
+    # [training] steps as a command-line override (job_config.py v0.2.2, Training.steps).
+    step_flag = "--training.steps"
+    save_flag = "--checkpoint.folder"
+    # torchtitan has no signal handler that saves a checkpoint (v0.2.2: train.py installs none;
+    # checkpoints are every checkpoint.interval steps): the job's SIGTERM only stops it.
+
+    def check(self, model: ModelSpec, layout: Layout) -> Layout:
+        job_config(model, layout, implied_sp=False)
+        return _check(model, layout, implied_sp=False)
+
+    def argv(self, model: ModelSpec, layout: Layout, job_dir: str) -> list[str]:
+        self.check(model, layout)
+        return ["--job.config_file", f"{job_dir}/{JOB_CONFIG}"]
+
+    def files(self, model: ModelSpec, layout: Layout, system: SystemSpec | None = None,
+              **options: object) -> dict[str, str]:
+        return {JOB_CONFIG: job_config_text(model, layout, self.header(model, layout, system),
+                                            implied_sp=False)}
+
+    def export_text(self, model: ModelSpec, layout: Layout, system: SystemSpec | None = None,
+                    **options: object) -> str:
+        return job_config_text(model, layout, self.header(model, layout, system))
+
+    def notes(self, model: ModelSpec, layout: Layout, **options: object) -> list[str]:
+        out = super().notes(model, layout, **options)
+        if layout.tp > 1 and not layout.sequence_parallel:
+            out.append("sequence parallelism is implied: torchtitan applies SequenceParallel "
+                       "with TP (llama3/infra/parallelize.py), so the TOML runs this layout with "
+                       "it; flm predict --sequence-parallel predicts what runs")
+        if flavor(model) is None:
+            out.append(f"torchtitan registers no flavor with {model.name}'s shape: the TOML's "
+                       "comments hold the line that registers it")
+        return out
+
+
+TRAINER = Torchtitan()
