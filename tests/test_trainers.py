@@ -9,6 +9,7 @@ node whose ranks each see one GCD under --gpu-bind=closest)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -275,6 +276,20 @@ def test_a_tuned_bucket_reaches_the_export(tmp_path, capsys):
 HOSTILE = "evil\n--load /tmp/x --finetune\r\n# \"'$(touch /tmp/pwned)\u2028x"
 
 
+def _hostile_model():
+    """tiny-llama named HOSTILE. The YAML boundary refuses such a name (specs/values.py,
+    tests/test_hostile_boundaries.py); the writers must hold all the same for a ModelSpec made
+    some other way, so the name is set past that check here."""
+    model = copy.copy(load_model("tiny-llama"))
+    object.__setattr__(model, "name", HOSTILE)
+    return model
+
+
+def test_the_boundary_refuses_the_hostile_name():
+    with pytest.raises(SpecError):
+        replace(load_model("tiny-llama"), name=HOSTILE)
+
+
 def _argv_by_bash(text: str) -> list[str]:
     """docs/export.md's recipe: from the first line that is not a comment to the end, read by
     the shell as words: eval "set -- $(sed -n '/^[^#]/,$p' FILE)", then "$@"."""
@@ -288,7 +303,7 @@ def _argv_by_bash(text: str) -> list[str]:
 @pytest.mark.parametrize("trainer", ["megatron-lm", "megatron-deepspeed"])
 def test_a_hostile_name_and_path_stay_in_their_place_in_a_flags_file(tmp_path, trainer):
     """Issue 38 item 1: a newline in a model name made a live `--load DIR --finetune` line."""
-    model = replace(load_model("tiny-llama"), name=HOSTILE)
+    model = _hostile_model()
     layout = layout_for(trainer, {"dtype": "bf16", "dp": 2, "global_batch": 2})
     path = f"{tmp_path}/my configs/{HOSTILE}.json"
     text = get(trainer).export_text(model, layout, ds_config_path=path)
@@ -302,7 +317,7 @@ def test_a_hostile_name_and_path_stay_in_their_place_in_a_flags_file(tmp_path, t
 
 
 def test_a_hostile_name_stays_in_its_toml_string_and_comment():
-    model = replace(load_model("tiny-llama"), name=HOSTILE)
+    model = _hostile_model()
     text = export("torchtitan", model, layout_for("torchtitan", {"dtype": "bf16", "dp": 2,
                                                                  "global_batch": 2, "zero": 3}))
     doc = tomllib.loads(text)
@@ -318,7 +333,7 @@ def test_ds_config_of_a_hostile_name_is_valid_json_read_by_deepspeed(monkeypatch
     pytest.importorskip("deepspeed")
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    model = replace(load_model("tiny-llama"), name=HOSTILE)
+    model = _hostile_model()
     cfg = json.loads(export("deepspeed", model, layout_for("deepspeed", {
         "dtype": "bf16", "global_batch": 4, "micro_batch": 4})))
     assert DeepSpeedConfig(cfg).train_batch_size == 4

@@ -20,9 +20,9 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = ["AXES", "LABELLED", "MESH_ORDER", "MODEL_AXES", "RANK_FIELDS", "REPLICA_AXES",
-           "Axis", "coords", "data_parallel_for", "degree", "frame_world_size", "label_parts",
-           "model_parallel_size", "rank_field", "rank_fields", "rank_of", "shard_ranks",
-           "world_size"]
+           "SEQUENCE_AXES", "Axis", "coords", "data_parallel_for", "degree", "frame_world_size",
+           "label_parts", "model_parallel_size", "rank_field", "rank_fields", "rank_of",
+           "sequence_split", "shard_ranks", "world_size"]
 
 
 class Axis(StrEnum):
@@ -53,6 +53,10 @@ MESH_ORDER: tuple[Axis, ...] = (Axis.PP, Axis.DP, Axis.CP, Axis.TP)
 REPLICA_AXES: tuple[Axis, ...] = (Axis.DP, Axis.CP)
 # Every axis but data parallelism: the GPUs one model replica spans.
 MODEL_AXES: tuple[Axis, ...] = tuple(a for a in AXES if a is not Axis.DP)
+# The ranks one sequence's tokens are split over when sequence parallelism is on: context
+# parallelism splits the sequence, tensor parallelism's sequence-parallel regions split each
+# chunk again (Korthikanti et al. 2022; torchtitan's seq_len_divisor is tp x 2cp).
+SEQUENCE_AXES: tuple[Axis, ...] = (Axis.TP, Axis.CP)
 # The degrees every label and every table of layouts shows, even at 1: those of the 3-D layout
 # (tp8 pp4 dp2). A later degree is shown where it is not 1 (tp8 cp2 pp4 dp2), so labels and
 # job keys of layouts without it stay as they were.
@@ -103,6 +107,11 @@ def model_parallel_size(holder: Any) -> Any:
 def shard_ranks(holder: Any) -> Any:
     """Ranks that hold the same parameters and share their gradients and sharded state."""
     return _product(holder, REPLICA_AXES)
+
+
+def sequence_split(holder: Any) -> Any:
+    """Ranks one sequence's tokens are split over with sequence parallelism (tp x cp)."""
+    return _product(holder, SEQUENCE_AXES)
 
 
 def data_parallel_for(gpus: int, holder: Any) -> int | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from frontier_llm.specs import axes
 from frontier_llm.specs.layout import DType, Engine, Layout, PlacementKind, Recompute, Schedule
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
@@ -143,7 +144,7 @@ def _check(model: ModelSpec, layout: Layout, implied_sp: bool = True) -> Layout:
     if not layout.flash_attention:
         raise refuse(TORCHTITAN, "its attention is the model flavor's attn_type (sdpa, flex, "
                      "varlen), all fused; it has no unfused attention")
-    divisor = layout.tp * 2 * layout.cp
+    divisor = 2 * axes.sequence_split(layout)
     if model.seq_len % divisor:
         # llama3/infra/parallelize.py asserts seq_len % parallel_dims.seq_len_divisor, which
         # is tp x 2cp (parallel_dims.py v0.2.2): stricter than flm's 2cp and (seq/cp) % tp.
