@@ -33,7 +33,7 @@ def test_redact_hides_password_everywhere():
 
 
 def test_unsupported_database_and_missing_folder(tmp_path):
-    with pytest.raises(UserError, match="unsupported database 'mysql'"):
+    with pytest.raises(UserError, match="the database driver 'mysql' is not supported"):
         open_store("mysql://u:secretpw@h/db")
     with pytest.raises(UserError, match="does not exist"):
         open_store(f"sqlite:///{tmp_path}/no/such/dir/flm.db")

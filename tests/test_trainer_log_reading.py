@@ -339,7 +339,7 @@ def test_without_a_trainer_every_option_always_needed_is_asked_at_once(tmp_path,
                  f"sqlite:///{tmp_path / 'flm.db'}"]) == 2
     assert capsys.readouterr().err.strip() == (
         "flm: error: collect --from-logs: say which trainer wrote the logs: give --trainer "
-        "megatron|torchtitan|deepspeed --system NAME --model NAME")
+        "megatron-lm|megatron-deepspeed|torchtitan|deepspeed --system NAME --model NAME")
 
 
 def test_the_docs_example_command_works(tmp_path, monkeypatch, capsys):
