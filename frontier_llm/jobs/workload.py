@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from frontier_llm.child import python_module
 from frontier_llm.errors import SpecError
 from frontier_llm.export import (
     DEEPSPEED,
@@ -36,8 +37,10 @@ FLM_BENCH = "flm-bench"
 WORKLOADS = (FLM_BENCH, *TRAINERS)
 # The trainer's output, beside the trace it becomes (<run-id><suffix> in the trace folder).
 TRAINER_LOG = ".trainer.log"
-# What the job runs after the trainer: the module entry point of frontier_llm/logs/job.py.
-AFTER_COMMAND = ("python3", "-m", "frontier_llm.logs.job")
+# What the job runs after the trainer: the module entry point of frontier_llm/logs/job.py,
+# with -P: the job's folder (a trainer's checkout, say) is not put on the import path
+# (frontier_llm/child.py).
+AFTER_COMMAND = tuple(python_module("frontier_llm.logs.job", python="python3"))
 
 
 def check_workload(workload: str, command: Sequence[str] | None, bench_command: object,
