@@ -74,8 +74,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="LO-HI",
         help="the best layout at every power-of-two GPU count from LO to HI "
         "(default: one node's GPUs to 65,536) instead of the layouts at --gpus; "
-        "each count with its default global batch unless --global-batch fixes "
-        "one for all",
+        "every count trains the same global batch: --global-batch, or the default "
+        "at the largest count (4M tokens in whole sequences)",
+    )
+    g.add_argument(
+        "--grow-batch",
+        action="store_true",
+        help="with --curve: let the global batch grow with the GPU count (the smallest "
+        "multiple of each count holding 4M tokens: weak scaling) instead of keeping "
+        "it fixed; more tokens a step shorten training only below the critical batch "
+        "size (McCandlish et al. 2018; Kaplan et al. 2020), which the plan does not model",
     )
     g.add_argument(
         "--deadline",
@@ -83,14 +91,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="D",
         help="with --tokens: the GPU count (and layout) that trains within D "
-        "(45d, 12w, 36h) for the fewest node-hours; implies --curve",
+        "(45d, 12w, 36h) for the fewest node-hours, judged on the high end of the "
+        "days' interval (the point estimate is shown beside it); implies --curve",
     )
     g.add_argument(
         "--max-node-hours",
         type=positive_float(1e12),
         default=None,
         metavar="N",
-        help="with --tokens: the fastest GPU count within N node-hours; implies --curve",
+        help="with --tokens: the fastest GPU count within N node-hours, judged on the "
+        "high end of the node-hours' interval; implies --curve",
     )
     g.add_argument(
         "--min-gpus",
@@ -105,9 +115,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="rank by the pessimistic (low) end of the throughput interval and "
         "mark layouts whose memory interval straddles the device's capacity "
         "('tight'); with one engine the order is unchanged, since an engine's "
-        "width is the same for all its layouts; with --deadline or "
-        "--max-node-hours, judge by the pessimistic (high) end of days and "
-        "node-hours",
+        "width is the same for all its layouts (--deadline and --max-node-hours "
+        "always judge by the pessimistic, high end of days and node-hours)",
     )
 
 
@@ -121,6 +130,10 @@ def check(args: argparse.Namespace) -> str | None:
         return "--deadline and --max-node-hours need --tokens (the budget to train)"
     if args.deadline is not None and args.max_node_hours is not None:
         return "give --deadline or --max-node-hours, not both"
+    if getattr(args, "grow_batch", False) and args.global_batch is not None:
+        return "give --global-batch (one batch for the whole curve) or --grow-batch, not both"
+    if getattr(args, "grow_batch", False) and not wants_curve(args):
+        return "--grow-batch needs --curve, --deadline or --max-node-hours"
     return None
 
 
@@ -183,7 +196,7 @@ def summary_lines(
     model: ModelSpec, system: SystemSpec, frame: pd.DataFrame, args: argparse.Namespace
 ) -> list[str]:
     """What the intervals and the token budget rest on, for stderr."""
-    lines = []
+    lines = [f"# {alloc.rests_on(system)}"]
     if len(frame) and "interval_basis" in frame:
         bases = "; ".join(b for b in dict.fromkeys(frame["interval_basis"].astype(str)) if b)
         lines.append(
@@ -214,14 +227,15 @@ def run_curve(
             space,
             on_count=lambda i: bar.update(i, len(counts)),
             global_batch=args.global_batch,
+            grow_batch=args.grow_batch,
         )
     selection = None
-    end = "_high" if args.risk_aware else ""
     if args.deadline is not None:
-        selection = alloc.select_deadline(cur, args.deadline, end)
+        selection = alloc.select_deadline(cur, args.deadline)
     elif args.max_node_hours is not None:
-        selection = alloc.select_budget(cur, args.max_node_hours, end)
-    for line in summary_lines(model, system, cur, args):
+        selection = alloc.select_budget(cur, args.max_node_hours)
+    for line in [f"# {alloc.batch_note(cur, model.seq_len, args.grow_batch)}",
+                 *summary_lines(model, system, cur, args)]:
         print(line, file=sys.stderr)
     if args.format == "json":
         doc = {
@@ -229,6 +243,8 @@ def run_curve(
             "system": system.name,
             "tokens": args.tokens,
             "interval_confidence": args.confidence,
+            "batch": alloc.batch_note(cur, model.seq_len, args.grow_batch),
+            "rests_on": alloc.rests_on(system),
             # NaN (a count where nothing fits) as null: strict JSON for jq and friends.
             "curve": cur.astype(object).where(cur.notna(), None).to_dict(orient="records"),
         }
@@ -259,6 +275,14 @@ def curve_counts(args: argparse.Namespace, system: SystemSpec) -> list[int]:
     return alloc.power_of_two_counts(lo, hi)
 
 
+def tokens_text(n: float) -> str:
+    """A token count as people say it: 4.19M, 134M, 1.07B."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.0f}"
+
+
 def curve_table(cur: pd.DataFrame, args: argparse.Namespace) -> pd.DataFrame:
     """The curve as a readable table: one row per GPU count (blank where nothing fits)."""
     fits = cur["fits"].astype(bool).to_numpy()
@@ -270,6 +294,9 @@ def curve_table(cur: pd.DataFrame, args: argparse.Namespace) -> pd.DataFrame:
         out["nodes"] = ok["nodes"].astype(int)
     for col, name in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("micro_batch", "mb")):
         out[name] = ok[col].astype(int)
+    # The batch in every row: a curve's days compare counts only at the same tokens a step.
+    out["batch"] = ok["global_batch"].astype(int)
+    out["batch_tok"] = [tokens_text(n) for n in ok["batch_tokens"]]
     if "engine" in ok and ok["engine"].nunique() > 1:
         out["engine"] = ok["engine"].astype(str)
     out["step_s"] = ok["step_time_s"].round(2)

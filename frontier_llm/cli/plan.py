@@ -88,8 +88,10 @@ def run_plan(args: argparse.Namespace) -> int:
         "fast with less memory; --all shows every one)")
     print(
         f"# {model.name}{_at_length(args, model)} on {args.gpus} x {system.gpu} "
-        f"({system.name}), global batch "
-        f"{result.global_batch}: {len(result.reason):,} layouts evaluated in {seconds:.2f} s, "
+        f"({system.name}), global batch {result.global_batch:,} sequences = "
+        f"{alloc_cli.tokens_text(result.global_batch * model.seq_len)} tokens"
+        f"{'' if args.global_batch else ' (the default: 4M tokens in whole sequences)'}: "
+        f"{len(result.reason):,} layouts evaluated in {seconds:.2f} s, "
         f"{int(np.sum(result.valid)):,} valid and fit{shown}",
         file=sys.stderr,
     )
