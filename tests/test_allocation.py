@@ -497,3 +497,17 @@ def test_each_answer_says_what_it_rests_on(capsys):
     err = capsys.readouterr().err
     assert "# rests on: frontier is anchored on one published figure" in err
     assert "global batch 2,048 sequences = 4.19M tokens" in err
+
+
+def test_report_plans_markdown_labels_layouts_in_whole_numbers_with_the_batch(tmp_path, capsys):
+    """Counts where nothing fits made the layout columns floats: 'tp2.0 pp32.0 dp1.0'. The
+    table also carries the batch, and the notes what the answer rests on."""
+    assert main(["report", "plan", "--model", "gpt-175b", "--system", "frontier", "--tokens",
+                 "1T", "--curve", "32-128", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    md = (tmp_path / "gpt-175b-frontier-plan.md").read_text()
+    rows = [r for r in md.splitlines() if r.startswith("| 64 ") or r.startswith("| 128 ")]
+    assert len(rows) == 2 and all(" gb2048 " in r and " 4.19M " in r for r in rows)
+    assert ".0 " not in " ".join(r.split("|")[3] for r in rows)  # the layout cells
+    assert "| 32 |" in md  # 175B does not fit on 32 GCDs: the count stays, blank
+    assert "batch (tokens)" in md and "rests on: frontier is anchored on one published" in md

@@ -275,14 +275,6 @@ def curve_counts(args: argparse.Namespace, system: SystemSpec) -> list[int]:
     return alloc.power_of_two_counts(lo, hi)
 
 
-def tokens_text(n: float) -> str:
-    """A token count as people say it: 4.19M, 134M, 1.07B."""
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g}{unit}"
-    return f"{n:.0f}"
-
-
 def curve_table(cur: pd.DataFrame, args: argparse.Namespace) -> pd.DataFrame:
     """The curve as a readable table: one row per GPU count (blank where nothing fits)."""
     fits = cur["fits"].astype(bool).to_numpy()
@@ -296,7 +288,7 @@ def curve_table(cur: pd.DataFrame, args: argparse.Namespace) -> pd.DataFrame:
         out[name] = ok[col].astype(int)
     # The batch in every row: a curve's days compare counts only at the same tokens a step.
     out["batch"] = ok["global_batch"].astype(int)
-    out["batch_tok"] = [tokens_text(n) for n in ok["batch_tokens"]]
+    out["batch_tok"] = [alloc.format_tokens(n) for n in ok["batch_tokens"]]
     if "engine" in ok and ok["engine"].nunique() > 1:
         out["engine"] = ok["engine"].astype(str)
     out["step_s"] = ok["step_time_s"].round(2)
@@ -475,7 +467,7 @@ def add_report_arguments(q: argparse.ArgumentParser) -> None:
 def run_report_plan(args: argparse.Namespace) -> int:
     """flm report plan: the allocation curve as CSV, Markdown, PNG and PDF."""
     from frontier_llm.catalog import load_model, load_system
-    from frontier_llm.report.allocation import allocation_report, format_tokens
+    from frontier_llm.report.allocation import allocation_report
 
     model, system = load_model(args.model), load_system(args.system)
     counts = curve_counts(args, system)
@@ -491,6 +483,7 @@ def run_report_plan(args: argparse.Namespace) -> int:
             on_count=lambda i: bar.update(i, len(counts)),
         )
     selection = alloc.select_deadline(cur, args.deadline) if args.deadline else None
+    batches = cur["batch_tokens"].dropna()
     label = "GCDs" if "GCD" in system.gpu else "GPUs"
     name = f"{model.name}-{system.name}-plan"
     flops = alloc.training_flops(model.num_params(), args.tokens)
@@ -498,8 +491,9 @@ def run_report_plan(args: argparse.Namespace) -> int:
     notes = [
         f"{model.name} ({model.num_params():.3g} parameters) on {system.name}, "
         f"{args.tokens:.3g} tokens: 6ND = {flops:.3g} FLOPs; engine {args.engine}; at each GPU "
-        "count the planner's fastest layout that fits, with its default global batch (the "
-        "smallest multiple of the GPU count holding 4M tokens)",
+        "count the planner's fastest layout that fits",
+        alloc.batch_note(cur, model.seq_len, grown=False),
+        alloc.rests_on(system),
         f"bands: {args.confidence:.0%} intervals from the cost model's out-of-sample error "
         f"({bases[0] if bases else 'no layout fits at any count'})",
         alloc.power_note(system),
@@ -512,7 +506,9 @@ def run_report_plan(args: argparse.Namespace) -> int:
         cur,
         args.out,
         name,
-        f"{model.name} on {system.name}: {format_tokens(args.tokens)} tokens, {args.engine}",
+        f"{model.name} on {system.name}: {alloc.format_tokens(args.tokens)} tokens, "
+        f"{args.engine}, batch {', '.join(sorted(set(map(alloc.format_tokens, batches))))} "
+        "tokens a step",
         notes,
         args.deadline,
         None if selection is None or selection.row is None else int(selection.row["gpus"]),

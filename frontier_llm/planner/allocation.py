@@ -76,6 +76,14 @@ def parse_days(text: str) -> float:
     return value
 
 
+def format_tokens(tokens: float) -> str:
+    """2e13 -> '20T', 3e11 -> '300B', 4194304 -> '4.19M' (the way budgets are spoken of)."""
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if tokens >= div:
+            return f"{tokens / div:.3g}{suffix}"
+    return f"{tokens:,.0f}"
+
+
 def training_flops(params: float, tokens: float) -> float:
     """Model FLOPs to train ``params`` parameters on ``tokens`` tokens: 6·N·D (Kaplan et al.
     2020, eq. 2.1; forward 2·N, backward 4·N per token, attention neglected)."""
@@ -373,8 +381,8 @@ def batch_note(cur: pd.DataFrame, seq_len: int, grown: bool) -> str:
         return (
             f"global batch: {b:,} sequences = {b * seq_len / 1e6:.3g}M tokens at every GPU "
             "count (4M tokens rounded up to whole sequences splittable over the largest "
-            "count; --global-batch sets another); --grow-batch lets it grow with the GPU "
-            f"count, but {CRITICAL_BATCH_CAVEAT}"
+            "count; flm plan --global-batch sets another); flm plan --grow-batch lets it grow "
+            f"with the GPU count, but {CRITICAL_BATCH_CAVEAT}"
         )
     lo, hi = batches[0], batches[-1]
     if lo == hi:
