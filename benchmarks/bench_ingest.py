@@ -109,6 +109,21 @@ def time_checks(traces: list[dict]) -> None:
           f"{out['jsonschema'] / out['fast check (fastjsonschema)']:.1f}x")
 
 
+# Issue 4's target: 10,000 traces collected in under 20 s on SQLite.
+TARGET_TRACES, TARGET_S = 10_000, 20.0
+
+
+def target_line(seconds: float, traces: int) -> str:
+    """The target's verdict on the rate measured: ``seconds`` for ``traces`` traces scaled to
+    10,000 (a run of 100,000 in 67 s is 6.7 s per 10,000 and meets it; judging its whole 67 s
+    against 20 s said MISSED)."""
+    per_target = seconds * TARGET_TRACES / traces
+    verdict = "met" if per_target < TARGET_S else "MISSED"
+    return (f"target {TARGET_TRACES:,} traces < {TARGET_S:.0f} s: {verdict} "
+            f"({per_target:.1f} s per {TARGET_TRACES:,}, from {traces:,} traces in "
+            f"{seconds:.1f} s)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -166,9 +181,7 @@ def main() -> None:
         print(f"[{args.db}] baseline, row by row: {args.baseline} traces in {naive_s:.2f} s "
               f"= {rate0:,.0f} traces/s")
         print(f"[{args.db}] speed-up of collect over the baseline: {rate1 / rate0:.1f}x")
-        target = "met" if first.seconds < 20 else "MISSED"
-        print(f"[{args.db}] target 10,000 traces < 20 s: {target} "
-              f"({first.seconds * 10_000 / args.traces:.1f} s per 10,000)")
+        print(f"[{args.db}] {target_line(first.seconds, args.traces)}")
     if args.db == "postgresql":
         POSTGRES.stop()
 

@@ -251,8 +251,8 @@ def test_plan_json_carries_intervals_and_the_budget(capsys):
 
 
 def test_plan_deadline_on_a_short_curve(capsys):
-    """The CLI's choice is the curve's row with the fewest node-hours among those that finish
-    by the deadline, and it says so."""
+    """The CLI's choice is the curve's row with the fewest node-hours among those whose
+    interval's high end finishes by the deadline, and it says so."""
     assert (
         main(
             [
@@ -281,9 +281,10 @@ def test_plan_deadline_on_a_short_curve(capsys):
     assert doc["curve"][0]["fits"] is False and doc["curve"][0]["train_days"] is None  # 4 GCDs
     cur = pd.DataFrame(doc["curve"][1:])
     assert list(cur["gpus"]) == [8, 16, 32, 64]
-    inside = cur[cur["fits"] & (cur["train_days"] <= 200)]
+    # Judged on the interval's high end: the point estimate alone would pick a smaller count.
+    inside = cur[cur["fits"] & (cur["train_days_high"] <= 200)]
     assert len(inside) and doc["selection"]["gpus"] == int(
-        inside.sort_values(["node_hours", "gpus"]).iloc[0]["gpus"]
+        inside.sort_values(["node_hours_high", "gpus"]).iloc[0]["gpus"]
     )
     assert (cur["train_days_low"] < cur["train_days"]).all()
     # A deadline no count meets: exit 1 and the message says what would qualify.
@@ -393,3 +394,86 @@ def test_report_plan_writes_four_files_with_the_bands(tmp_path):
     assert all(p.stat().st_size > 0 for p in paths)
     assert "a note" in (tmp_path / "x-plan.md").read_text()
     assert (format_tokens(2e13), format_tokens(3e11)) == ("20T", "300B")
+
+
+# --- what an allocation answer assumes (issue 40) ---------------------------------------------
+def test_a_curves_global_batch_is_constant_unless_asked(capsys):
+    """Along a curve every count trains the same tokens a step (4M, in whole sequences); with
+    --grow-batch the batch grows with the count, as the old default did (134M tokens a step
+    at 1,024 GCDs for a 128K context). The batch is a column of the printed table."""
+    model = dataclasses.replace(load_model("gpt-175b"), seq_len=131072)
+    frontier = load_system("frontier")
+    counts = [256, 512, 1024]
+    fixed = alloc.allocation_curve(model, frontier, counts, tokens=1e12)
+    assert fixed["global_batch"].nunique() == 1
+    assert set(fixed["batch_tokens"]) == {32 * 131072}  # 4,194,304 tokens, not 134M
+    grown = alloc.allocation_curve(model, frontier, counts, tokens=1e12, grow_batch=True)
+    assert list(grown["global_batch"]) == counts
+    assert main(["plan", "--model", "gpt-22b", "--system", "frontier", "--tokens", "300B",
+                 "--curve", "64-256"]) == 0
+    out, err = capsys.readouterr()
+    header, *rows = out.splitlines()
+    assert "batch" in header.split() and "batch_tok" in header.split()
+    col = header.split().index("batch")
+    assert {r.split()[col] for r in rows} == {"2048"}
+    assert "at every GPU count" in err and "McCandlish et al. 2018" in err
+    assert main(["plan", "--model", "gpt-22b", "--system", "frontier", "--curve", "8-16",
+                 "--grow-batch", "--global-batch", "64"]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+def test_the_default_batch_at_long_context_is_4m_tokens_not_one_sequence_per_gpu():
+    from frontier_llm.planner import default_global_batch
+
+    long = dataclasses.replace(load_model("gpt-175b"), seq_len=131072)
+    assert default_global_batch(long, 1024) == 32
+    short = load_model("gpt-1t")  # 2,048 sequences of 2,048 tokens
+    assert default_global_batch(short, 65536) == 2048
+    # Where the GPU count divides no power of two near it, the batch rounds up to a multiple
+    # of its largest divisor under 2,048 sequences (1,536): 3,072, below twice the aim.
+    assert default_global_batch(short, 3072) == 3072
+
+
+def test_the_deadline_verdict_uses_the_high_end_and_shows_the_point_estimate():
+    cur = _curve([64, 128, 256], [80, 45, 25])
+    cur["train_days_low"], cur["train_days_high"] = cur["train_days"] * 0.8, cur["train_days"] * 1.3
+    cur["node_hours_low"] = cur["node_hours"] * 0.8
+    cur["node_hours_high"] = cur["node_hours"] * 1.3
+    # 90 days: 64 GPUs meet it by the point estimate (80) but not at the high end (104).
+    sel = alloc.select_deadline(cur, 90)
+    assert int(sel.row["gpus"]) == 128
+    assert "high end meets the 90-day deadline" in sel.message
+    assert "by the point estimate alone 64 GPUs would do (80.0 days, but up to 104.0)" \
+        in sel.message
+    assert int(alloc.select_deadline(cur, 90, end="").row["gpus"]) == 64
+    # The node-hour budget is judged the same way.
+    # 64 GPUs: 15,360 node-hours, up to 19,968; 128: 17,280, up to 22,464.
+    assert int(alloc.select_budget(cur, 20_000).row["gpus"]) == 64
+    assert int(alloc.select_budget(cur, 20_000, end="").row["gpus"]) == 256
+    assert alloc.select_budget(cur, 19_000).row is None
+
+
+def test_each_answer_says_what_it_rests_on(capsys):
+    assert "anchored on one published figure (matmul: Dash et al. 2023" in \
+        alloc.rests_on(load_system("frontier"))
+    a100 = alloc.rests_on(load_system("dgx-a100"))
+    assert "fitted to its 11 published runs" in a100
+    assert main(["plan", "--model", "gpt-22b", "--system", "frontier", "--gpus", "64",
+                 "--top", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "# rests on: frontier is anchored on one published figure" in err
+    assert "global batch 2,048 sequences = 4.19M tokens" in err
+
+
+def test_report_plans_markdown_labels_layouts_in_whole_numbers_with_the_batch(tmp_path, capsys):
+    """Counts where nothing fits made the layout columns floats: 'tp2.0 pp32.0 dp1.0'. The
+    table also carries the batch, and the notes what the answer rests on."""
+    assert main(["report", "plan", "--model", "gpt-175b", "--system", "frontier", "--tokens",
+                 "1T", "--curve", "32-128", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    md = (tmp_path / "gpt-175b-frontier-plan.md").read_text()
+    rows = [r for r in md.splitlines() if r.startswith("| 64 ") or r.startswith("| 128 ")]
+    assert len(rows) == 2 and all(" gb2048 " in r and " 4.19M " in r for r in rows)
+    assert ".0 " not in " ".join(r.split("|")[3] for r in rows)  # the layout cells
+    assert "| 32 |" in md  # 175B does not fit on 32 GCDs: the count stays, blank
+    assert "batch (tokens)" in md and "rests on: frontier is anchored on one published" in md

@@ -18,16 +18,21 @@ def long_175b():
     return dataclasses.replace(load_model("gpt-175b"), seq_len=131072)
 
 
+# The batch this test was written for: 1,024 sequences, the old default (one per GCD); today's
+# default is 4M tokens, 32 sequences (planner.plan.default_global_batch).
+BATCH = 1024
+
+
 def test_cp_fits_175b_at_128k_on_1024_frontier_gcds_where_cp1_does_not(long_175b):
     system = load_system("frontier")
     # Without cp, nothing fits with tensor parallelism inside a node (tp <= 8)...
-    node = plan(long_175b, system, 1024, None, SearchSpace(cp=(1,), tp=(1, 2, 4, 8)))
+    node = plan(long_175b, system, 1024, BATCH, SearchSpace(cp=(1,), tp=(1, 2, 4, 8)))
     assert not np.any(node.valid) and np.any(node.reason == OOM)
     # ... and only tp 16 across two nodes with full recompute does, at half the speed.
-    without = plan(long_175b, system, 1024, None, SearchSpace(cp=(1,)))
+    without = plan(long_175b, system, 1024, BATCH, SearchSpace(cp=(1,)))
     worst = without.layout(int(without.ranked_indices(1)[0]))
     assert worst.tp == 16 and worst.recompute == "full"
-    open_ = plan(long_175b, system, 1024, None, SearchSpace())
+    open_ = plan(long_175b, system, 1024, BATCH, SearchSpace())
     best = open_.layout(int(open_.ranked_indices(1)[0]))
     assert best.cp > 1 and best.tp <= 8 and best.world_size == 1024
     step = open_.figures["step_time_s"]

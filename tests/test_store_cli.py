@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 
@@ -44,7 +45,16 @@ def test_collect_results_validate(traces_dir, db_url, capsys):
 
     assert main(["results", "--db", db_url]) == 0
     table = capsys.readouterr().out
-    assert "run-00011" in table and "other-00002" in table and "predicted_step_time_s" in table
+    assert "run-00011" in table and "other-00002" in table and "predicted_s" in table
+    # What matters, in units, three significant figures: no six-decimal floats, no column of
+    # timestamps or paths; --all prints every column as stored.
+    header = table.splitlines()[0].split()
+    assert {"step_s", "tokens/s", "MFU_%", "memory"} <= set(header)
+    assert "trace_path" not in header and len(header) < 20
+    assert not re.search(r"\d\.\d{5,}", table)
+    assert main(["results", "--db", db_url, "--all"]) == 0
+    wide = capsys.readouterr().out
+    assert {"predicted_step_time_s", "trace_path"} <= set(wide.splitlines()[0].split())
 
     assert main(["results", "--db", db_url, "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -64,6 +74,9 @@ def test_collect_results_validate(traces_dir, db_url, capsys):
     text = capsys.readouterr().out
     assert "predicted vs measured" in text and "other-00000" in text and "run-00000" not in text
     assert "step_time_mape_pct" in text
+    assert "step_error_%" in text.splitlines()[1] and not re.search(r"\d\.\d{5,}", text)
+    assert main(["validate", "--db", db_url, "--sweep", "s2", "--all"]) == 0
+    assert "measured_step_time_s" in capsys.readouterr().out
 
 
 def test_flm_db_env_is_the_default(traces_dir, tmp_path, monkeypatch, capsys):

@@ -88,7 +88,7 @@ def test_megatron_lm_job_runs_the_command_with_the_exported_flags(tmp_path):
     assert "flm-rank python pretrain_gpt.py \"$@\" 2>&1 | (trap '' TERM; exec tee" in script
     assert "\nexec " not in script.split("# --- task ---")[1]
     # The trainer's log becomes the job's trace under the job's run id when it ends.
-    assert "python3 -m frontier_llm.logs.job" in " ".join(words)
+    assert "python3 -P -m frontier_llm.logs.job" in " ".join(words)
     assert '--run-id "$run_id" --trace-dir "$trace_dir" --exit-code "$rc"' in script
     assert job["argv"] == flags and job["workload"] == "megatron-lm"
 

@@ -33,11 +33,12 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from frontier_llm.child import flm
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ def spawn_local(argv: list[str], nproc: int, grace_s: float = 15.0) -> list[int]
                        MASTER_PORT=str(port), FLM_LAUNCHER="local")
             env.setdefault("OMP_NUM_THREADS", "1")
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "frontier_llm.cli", "bench", *argv], env=env
+                flm(["bench", *argv]), env=env
             ))
         while any(p.poll() is None for p in procs):
             now = time.monotonic()

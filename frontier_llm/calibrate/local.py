@@ -26,6 +26,7 @@ from pathlib import Path
 
 from frontier_llm.bench.launch import free_port
 from frontier_llm.calibrate.microbench import WorkerConfig
+from frontier_llm.child import flm, python_module
 
 
 def mpi_available() -> bool:
@@ -50,7 +51,7 @@ def _end(procs: list[subprocess.Popen]) -> None:
 
 def spawn(worker_argv: list[str], nproc: int, use_mpi: bool, timeout_s: float) -> int:
     """Run ``flm calibrate worker ARGV`` as ``nproc`` ranks; the worst exit code."""
-    base = [sys.executable, "-m", "frontier_llm.cli", "calibrate", "worker", *worker_argv]
+    base = flm(["calibrate", "worker", *worker_argv])
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     port = str(free_port())
@@ -93,7 +94,7 @@ def measure(cfg: WorkerConfig, nproc: int, out: Path, model: str, system: str,
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     port = str(free_port())
-    argv = [sys.executable, "-m", "frontier_llm.calibrate.local", str(config)]
+    argv = python_module("frontier_llm.calibrate.local", [str(config)])
     seen = 0
     with open(log, "w") as fh:
         procs = [subprocess.Popen(argv, env=_rank_env(env, rank, nproc, port), stdout=fh,

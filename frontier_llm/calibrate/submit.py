@@ -10,9 +10,9 @@ written. Rank 0 writes ``DIR/results/<run id>.calibration.json``; ``flm calibrat
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+from frontier_llm.child import flm
 from frontier_llm.jobs.render import JobScript, Resources, Task
 from frontier_llm.specs.site import Site
 from frontier_llm.specs.system import SystemSpec
@@ -35,7 +35,7 @@ def job_script(system: SystemSpec, nodes: int, ranks_per_node: int, worker_argv:
         template=site.template, sweep=KEY, job_name=f"flm-calibrate-{system.name}"[:64],
         trace_dir=str(directory / "results"), log_pattern=str(directory / "logs" / "%j.out"),
         resources=resources, tasks=(Task(index=0, key=KEY, argv=tuple(worker_argv)),),
-        command=(sys.executable, "-m", "frontier_llm.cli", "calibrate", "worker"), site=site)
+        command=tuple(flm(["calibrate", "worker"])), site=site)
     return job, resources
 
 

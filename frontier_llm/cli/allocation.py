@@ -94,8 +94,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="LO-HI",
         help="the best layout at every power-of-two GPU count from LO to HI "
         "(default: one node's GPUs to 65,536) instead of the layouts at --gpus; "
-        "each count with its default global batch unless --global-batch fixes "
-        "one for all",
+        "every count trains the same global batch: --global-batch, or the default "
+        "at the largest count (4M tokens in whole sequences)",
+    )
+    g.add_argument(
+        "--grow-batch",
+        action="store_true",
+        help="with --curve: let the global batch grow with the GPU count (the smallest "
+        "multiple of each count holding 4M tokens: weak scaling) instead of keeping "
+        "it fixed; more tokens a step shorten training only below the critical batch "
+        "size (McCandlish et al. 2018; Kaplan et al. 2020), which the plan does not model",
     )
     g.add_argument(
         "--deadline",
@@ -103,15 +111,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="D",
         help="with --tokens: the GPU count (and layout) that trains within D "
-        "(45d, 12w, 36h: the unit is required; at least 1h) for the fewest node-hours; "
-        "implies --curve",
+        "(45d, 12w, 36h: the unit is required; at least 1h) for the fewest node-hours, "
+        "judged on the high end of the days' interval (the point estimate is shown beside "
+        "it); implies --curve",
     )
     g.add_argument(
         "--max-node-hours",
         type=positive_float(1e12),
         default=None,
         metavar="N",
-        help="with --tokens: the fastest GPU count within N node-hours; implies --curve",
+        help="with --tokens: the fastest GPU count within N node-hours, judged on the "
+        "high end of the node-hours' interval; implies --curve",
     )
     g.add_argument(
         "--min-gpus",
@@ -126,9 +136,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="rank by the pessimistic (low) end of the throughput interval and "
         "mark layouts whose memory interval straddles the device's capacity "
         "('tight'); with one engine the order is unchanged, since an engine's "
-        "width is the same for all its layouts; with --deadline or "
-        "--max-node-hours, judge by the pessimistic (high) end of days and "
-        "node-hours",
+        "width is the same for all its layouts (--deadline and --max-node-hours "
+        "always judge by the pessimistic, high end of days and node-hours)",
     )
 
 
@@ -142,6 +151,10 @@ def check(args: argparse.Namespace) -> str | None:
         return "--deadline and --max-node-hours need --tokens (the budget to train)"
     if args.deadline is not None and args.max_node_hours is not None:
         return "give --deadline or --max-node-hours, not both"
+    if getattr(args, "grow_batch", False) and args.global_batch is not None:
+        return "give --global-batch (one batch for the whole curve) or --grow-batch, not both"
+    if getattr(args, "grow_batch", False) and not wants_curve(args):
+        return "--grow-batch needs --curve, --deadline or --max-node-hours"
     return None
 
 
@@ -204,7 +217,7 @@ def summary_lines(
     model: ModelSpec, system: SystemSpec, frame: pd.DataFrame, args: argparse.Namespace
 ) -> list[str]:
     """What the intervals and the token budget rest on, for stderr."""
-    lines = []
+    lines = [f"# {alloc.rests_on(system)}"]
     if len(frame) and "interval_basis" in frame:
         bases = "; ".join(b for b in dict.fromkeys(frame["interval_basis"].astype(str)) if b)
         lines.append(
@@ -235,14 +248,15 @@ def run_curve(
             space,
             on_count=lambda i: bar.update(i, len(counts)),
             global_batch=args.global_batch,
+            grow_batch=args.grow_batch,
         )
     selection = None
-    end = "_high" if args.risk_aware else ""
     if args.deadline is not None:
-        selection = alloc.select_deadline(cur, args.deadline, end)
+        selection = alloc.select_deadline(cur, args.deadline)
     elif args.max_node_hours is not None:
-        selection = alloc.select_budget(cur, args.max_node_hours, end)
-    for line in summary_lines(model, system, cur, args):
+        selection = alloc.select_budget(cur, args.max_node_hours)
+    for line in [f"# {alloc.batch_note(cur, model.seq_len, args.grow_batch)}",
+                 *summary_lines(model, system, cur, args)]:
         print(line, file=sys.stderr)
     if args.format == "json":
         doc = {
@@ -250,6 +264,8 @@ def run_curve(
             "system": system.name,
             "tokens": args.tokens,
             "interval_confidence": args.confidence,
+            "batch": alloc.batch_note(cur, model.seq_len, args.grow_batch),
+            "rests_on": alloc.rests_on(system),
             # NaN (a count where nothing fits) as null: strict JSON for jq and friends.
             "curve": cur.astype(object).where(cur.notna(), None).to_dict(orient="records"),
         }
@@ -293,8 +309,11 @@ def curve_table(cur: pd.DataFrame, args: argparse.Namespace) -> pd.DataFrame:
         out["nodes"] = ok["nodes"].astype(int)
     # The layout columns as every table of layouts shows them (specs.forms): the degrees, cp
     # among them where a row has it, and each other knob that differs or is off its default.
-    shown = display_layouts(ok).rename(columns={"micro_batch": "mb"})
-    out = pd.concat([out, shown], axis=1)
+    shown = display_layouts(ok).drop(columns=["global_batch"], errors="ignore")
+    out = pd.concat([out, shown.rename(columns={"micro_batch": "mb"})], axis=1)
+    # The batch in every row: a curve's days compare counts only at the same tokens a step.
+    out["batch"] = ok["global_batch"].astype(int)
+    out["batch_tok"] = [alloc.format_tokens(n) for n in ok["batch_tokens"]]
     out["step_s"] = ok["step_time_s"].round(2)
     out = display_columns(out, ok, args)
     out = out.astype(object)
@@ -474,7 +493,7 @@ def run_report_plan(args: argparse.Namespace) -> int:
 
     from frontier_llm.catalog import load_model, load_system
     from frontier_llm.errors import UserError
-    from frontier_llm.report.allocation import allocation_report, format_tokens
+    from frontier_llm.report.allocation import allocation_report
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         # Before the planning: mkdir's "File exists" came after it, and said nothing useful.
@@ -494,6 +513,7 @@ def run_report_plan(args: argparse.Namespace) -> int:
             on_count=lambda i: bar.update(i, len(counts)),
         )
     selection = alloc.select_deadline(cur, args.deadline) if args.deadline else None
+    batches = cur["batch_tokens"].dropna()
     label = "GCDs" if "GCD" in system.gpu else "GPUs"
     name = f"{model.name}-{system.name}-plan"
     flops = alloc.training_flops(model.num_params(), args.tokens)
@@ -501,8 +521,9 @@ def run_report_plan(args: argparse.Namespace) -> int:
     notes = [
         f"{model.name} ({model.num_params():.3g} parameters) on {system.name}, "
         f"{args.tokens:.3g} tokens: 6ND = {flops:.3g} FLOPs; engine {args.engine}; at each GPU "
-        "count the planner's fastest layout that fits, with its default global batch (the "
-        "smallest multiple of the GPU count holding 4M tokens)",
+        "count the planner's fastest layout that fits",
+        alloc.batch_note(cur, model.seq_len, grown=False),
+        alloc.rests_on(system),
         f"bands: {args.confidence:.0%} intervals from the cost model's out-of-sample error "
         f"({bases[0] if bases else 'no layout fits at any count'})",
         alloc.power_note(system),
@@ -515,7 +536,9 @@ def run_report_plan(args: argparse.Namespace) -> int:
         cur,
         args.out,
         name,
-        f"{model.name} on {system.name}: {format_tokens(args.tokens)} tokens, {args.engine}",
+        f"{model.name} on {system.name}: {alloc.format_tokens(args.tokens)} tokens, "
+        f"{args.engine}, batch {', '.join(sorted(set(map(alloc.format_tokens, batches))))} "
+        "tokens a step",
         notes,
         args.deadline,
         None if selection is None or selection.row is None else int(selection.row["gpus"]),

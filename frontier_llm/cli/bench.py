@@ -6,6 +6,7 @@ Only the options live here; configuration, run ids and local spawning are fronti
 from __future__ import annotations
 
 import argparse
+import sys
 
 from frontier_llm.cli.common import add_command
 from frontier_llm.cli.layout_args import add_layout_args
@@ -69,8 +70,45 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+# A prediction off by this factor or more is not a model error to read but a system file that
+# does not describe this machine (cpu-local is a generic CPU: 190x off was seen).
+OFF_BY = 2.0
+
+
 def run(args: argparse.Namespace) -> int:
     from frontier_llm.bench.config import build_config
     from frontier_llm.bench.start import run as run_bench
 
-    return run_bench(build_config(args), args.nproc)
+    cfg = build_config(args)
+    code = run_bench(cfg, args.nproc)
+    # Under a launcher each rank ends inside run_bench; here the run was started locally.
+    note = calibration_hint(cfg) if code == 0 else None
+    if note:
+        print(f"flm bench: {note}", file=sys.stderr)
+    return code
+
+
+def calibration_hint(cfg) -> str | None:
+    """One line when the prediction in the finished run's trace is ``OFF_BY`` or more off the
+    measured step time: the system file does not describe this machine, and flm calibrate
+    measures one that does. None when the run left no such trace or the prediction is near."""
+    from frontier_llm.bench.trace import read_trace, trace_path
+
+    path = trace_path(cfg.trace_dir, cfg.run_id) if cfg.run_id else None
+    if path is None or not path.is_file():
+        return None
+    trace = read_trace(path)
+    measured = (trace.get("summary") or {}).get("step_time_s")
+    predicted = (trace.get("prediction") or {}).get("step_time_s")
+    if not measured or not predicted:
+        return None
+    ratio = measured / predicted
+    if 1 / OFF_BY < ratio < OFF_BY:
+        return None
+    how = f"{ratio:.0f}x too fast" if ratio > 1 else f"{1 / ratio:.0f}x too slow"
+    base = cfg.system_ref or cfg.system.name
+    nproc = max(2, cfg.layout.world_size)  # flm calibrate run needs two ranks to time links
+    return (f"the prediction ({predicted:.3g} s a step) is {how} against the measured "
+            f"{measured:.3g} s: {cfg.system.name} does not describe this machine; measure it "
+            f"with `flm calibrate run --nproc {nproc} --system {base} --out here.yaml` and "
+            "pass --system here.yaml (docs/calibrate.md)")

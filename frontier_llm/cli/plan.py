@@ -22,6 +22,7 @@ from frontier_llm.cli.layout_args import (
 from frontier_llm.cli.numbers import MAX_GPUS, count, gpus
 from frontier_llm.costmodel import predict
 from frontier_llm.planner import SearchSpace, plan
+from frontier_llm.planner.allocation import format_tokens
 from frontier_llm.planner.explain import explain
 from frontier_llm.specs.forms import display_layouts, label
 from frontier_llm.specs.layout import DType
@@ -88,8 +89,10 @@ def run_plan(args: argparse.Namespace) -> int:
         "fast with less memory; --all shows every one)")
     print(
         f"# {model.name}{_at_length(args, model)} on {args.gpus} x {system.gpu} "
-        f"({system.name}), global batch "
-        f"{result.global_batch}: {len(result.reason):,} layouts evaluated in {seconds:.2f} s, "
+        f"({system.name}), global batch {result.global_batch:,} sequences = "
+        f"{format_tokens(result.global_batch * model.seq_len)} tokens"
+        f"{'' if args.global_batch else ' (the default: 4M tokens in whole sequences)'}: "
+        f"{len(result.reason):,} layouts evaluated in {seconds:.2f} s, "
         f"{int(np.sum(result.valid)):,} valid and fit{shown}",
         file=sys.stderr,
     )

@@ -39,8 +39,10 @@ def _scaling(args: argparse.Namespace) -> int:
             continue
         parts = [f"{c.split('_')[0]} {last[c]:.1f} %" for c in (
             "measured_efficiency_pct", "predicted_efficiency_pct") if c in t and last[c] == last[c]]
+        mark = last.get("efficiency_mark") or ""
         print(f"{series}: {t['mode'].iloc[0]}-scaling efficiency at {int(last['gpus'])} "
-              f"{args.gpu_label}: {', '.join(parts) or 'not measured'}")
+              f"{args.gpu_label}: {', '.join(parts) or 'not measured'}"
+              + (f" (measured: {mark})" if isinstance(mark, str) and mark else ""))
     return 0
 
 

@@ -7,10 +7,10 @@ import sys
 
 import pandas as pd
 
+from frontier_llm.cli import readable
 from frontier_llm.cli.common import add_command, add_format, db_parent, emit_frame, emit_json
 from frontier_llm.cli.numbers import count
 from frontier_llm.cli.progress import Progress
-from frontier_llm.specs.forms import display_layouts
 from frontier_llm.specs.values import printable, printable_path
 from frontier_llm.store import SCHEMA_VERSION, open_existing, open_store
 from frontier_llm.store.engine_compare import (
@@ -30,11 +30,9 @@ from frontier_llm.store.queries import (
 )
 from frontier_llm.trainers import NAMES, spellings
 
-# What `flm results` shows as a table; csv and json carry every column.
-# The layout's columns are those that differ between the runs shown (specs.forms).
-_RESULT_RUN_COLUMNS = ["run_id", "sweep_name", "status", "model", "system"]
-_RESULT_FIGURES = ["step_time_s", "predicted_step_time_s", "tokens_per_s", "mfu",
-                   "peak_memory_bytes"]
+# What `flm results` and `flm validate` show as a table: cli/readable.py; --all, csv and json
+# carry every column.
+_ALL = "every column at full precision (the table shows the main ones in their units)"
 
 
 # What one row of --by-engine is: a layout, the same on every engine.
@@ -151,10 +149,9 @@ def _results(args: argparse.Namespace) -> int:
         df = _with_unmeasured_attempts(store, runs_frame(store, sweep=args.sweep), args.sweep)
     finally:
         store.close()
-    if args.format == "table":
-        df = pd.concat([df[_RESULT_RUN_COLUMNS], display_layouts(df),
-                        df[_RESULT_FIGURES]], axis=1)
-    else:
+    if args.format == "table" and not args.all:
+        df = readable.run_table(df, readable.RESULT_FIGURES)
+    elif args.format != "table":
         for c in ("started_at", "finished_at"):
             df[c] = df[c].map(lambda t: t.isoformat() if pd.notna(t) else None)
     emit_frame(df, args.format)
@@ -189,7 +186,7 @@ def _with_unmeasured_attempts(store, df: pd.DataFrame, sweep: str | None) -> pd.
 
 
 def _fmt_table(df: pd.DataFrame) -> pd.DataFrame:
-    return df.round({c: 2 for c in df.columns if c.endswith("_pct")})
+    return readable.rounded_stats(df)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -201,7 +198,9 @@ def _validate(args: argparse.Namespace) -> int:
     finally:
         store.close()
     runs = _plausible_only(runs)
-    _emit_validation(args, "runs", runs, _fmt_table(runs),
+    _emit_validation(args, "runs", runs,
+                     _fmt_table(runs) if args.all else
+                     readable.run_table(runs, readable.VALIDATION_FIGURES),
                      "predicted vs measured (error = (predicted - measured) / measured):\n"
                      + MEASURED_MFU,
                      error_stats(runs), "per system")
@@ -388,6 +387,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--sweep", metavar="NAME", help="only runs of this sweep")
     p.add_argument("--by-engine", action="store_true", help=BY_ENGINE_RESULTS)
+    p.add_argument("--all", action="store_true", help=_ALL)
     add_format(p)
     p.set_defaults(func=_results)
 
@@ -407,6 +407,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "each run's trace carried)")
     p.add_argument("--stats-only", action="store_true", help="only the error statistics")
     p.add_argument("--by-engine", action="store_true", help=BY_ENGINE_VALIDATE)
+    p.add_argument("--all", action="store_true", help=_ALL)
     add_format(p)
     p.set_defaults(func=_validate)
 

@@ -17,11 +17,11 @@ import platform
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from frontier_llm.child import flm
 from frontier_llm.gpucheck.modes import Mode, system_for
 from frontier_llm.gpucheck.summary import DOES_NOT_FIT
 from frontier_llm.specs.vocab import RunStatus
@@ -88,7 +88,7 @@ def bench(mode: Mode, work: Path, system: str, layout, run_id: str, steps: int, 
     from frontier_llm.bench.trace import read_trace, trace_path
 
     traces = work / "traces"
-    argv = [sys.executable, "-m", "frontier_llm.cli", "bench",
+    argv = [*flm(["bench"]),
             *bench_argv(mode.model, system, layout, steps=steps, warmup=warmup, seed=0,
                         labels={"gpucheck": label},
                         extra=["--trace-dir", str(traces), "--run-id", run_id])]

@@ -18,7 +18,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -27,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from frontier_llm.child import flm
 from frontier_llm.errors import UserError
 from frontier_llm.jobs.contract import (
     PACK_KEYS_ENV,
@@ -480,7 +480,7 @@ def local_command(command: Sequence[str]) -> list[str]:
     its environment (FLM_VENV, the site's modules)."""
     command = list(command)
     if command[:1] == ["flm"]:
-        return [sys.executable, "-m", "frontier_llm.cli", *command[1:]]
+        return flm(command[1:])
     return command
 
 

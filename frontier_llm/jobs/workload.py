@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from frontier_llm.child import python_module
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
@@ -27,8 +28,10 @@ WORKLOADS = (FLM_BENCH, *NAMES)
 TRAINERS = NAMES
 # The trainer's output, beside the trace it becomes (<run-id><suffix> in the trace folder).
 TRAINER_LOG = ".trainer.log"
-# What the job runs after the trainer: the module entry point of frontier_llm/logs/job.py.
-AFTER_COMMAND = ("python3", "-m", "frontier_llm.logs.job")
+# What the job runs after the trainer: the module entry point of frontier_llm/logs/job.py,
+# with -P: the job's folder (a trainer's checkout, say) is not put on the import path
+# (frontier_llm/child.py).
+AFTER_COMMAND = tuple(python_module("frontier_llm.logs.job", python="python3"))
 # workload_command may name the job's own folder (<sweep folder>/jobs/<key>): each rank's shell
 # replaces this text in every word, so each job of a sweep gets its own checkpoint directory
 # (``--save {job_dir}/checkpoints``). The job exports the folder as JOB_DIR_VAR.

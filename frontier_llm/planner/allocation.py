@@ -8,12 +8,14 @@ Pure functions over the planner's frames (docs/planner.md, "Planning an allocati
   eq. 2.1: forward and backward cost about 6 FLOPs per parameter and token);
 - :func:`add_allocation`: steps, days, node-hours, GPU-hours and energy for each row of a plan
   frame, with the low/high ends of each from the step-time interval (planner/intervals.py);
-- :func:`curve`: the best layout at each GPU count of a scaling curve;
+- :func:`curve`, :func:`allocation_curve`: the best layout at each GPU count of a scaling
+  curve, at one global batch in tokens for the whole curve unless asked otherwise;
 - :func:`select_deadline`, :func:`select_budget`: the GPU count that finishes by a deadline for
   the fewest node-hours, or the fastest within a node-hour budget, and what would qualify when
   nothing does;
 - :func:`min_gpus`: the smallest GPU count with any layout predicted to fit, and the largest
-  micro-batch that fits at a count.
+  micro-batch that fits at a count;
+- :func:`batch_note`, :func:`rests_on`: the lines that say what an answer assumed.
 """
 
 from __future__ import annotations
@@ -73,6 +75,14 @@ def parse_days(text: str) -> float:
             f"the duration must be above 0 and at most {MAX_DAYS:,.0f} days (got {text})"
         )
     return value
+
+
+def format_tokens(tokens: float) -> str:
+    """2e13 -> '20T', 3e11 -> '300B', 4194304 -> '4.19M' (the way budgets are spoken of)."""
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if tokens >= div:
+            return f"{tokens / div:.3g}{suffix}"
+    return f"{tokens:,.0f}"
 
 
 def training_flops(params: float, tokens: float) -> float:
@@ -202,30 +212,67 @@ _NOTHING_FITS = ("nothing qualifies: no GPU count of the curve has a layout that
                  "memory; would need more GPUs (see --min-gpus)")
 
 
-def select_deadline(cur: pd.DataFrame, deadline_days: float, end: str = "") -> Selection:
+def _end(cur: pd.DataFrame, end: str | None) -> str:
+    """The figures a verdict judges: ``end`` as given, or (None) the interval's high end where
+    the curve has intervals, else the point estimate."""
+    if end is not None:
+        return end
+    return "_high" if "train_days_high" in cur and "node_hours_high" in cur else ""
+
+
+def _spread(row: pd.Series, figure: str, fmt: str) -> str:
+    """`` (LOW-HIGH)`` of ``figure`` when the row has its interval, else nothing."""
+    lo, hi = row.get(f"{figure}_low"), row.get(f"{figure}_high")
+    if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
+        return ""
+    return f" ({lo:{fmt}}-{hi:{fmt}})"
+
+
+def _judged(end: str) -> str:
+    return (" (judged on the interval's high end)" if end == "_high"
+            else " (judged on the point estimate)" if end == "" else "")
+
+
+def select_deadline(cur: pd.DataFrame, deadline_days: float, end: str | None = None) -> Selection:
     """The row that trains within ``deadline_days`` for the fewest node-hours (ties: fewer
-    GPUs). ``end`` '' judges by the prediction, '_high' by the pessimistic end of the
-    interval. When none does, the message names the fastest row and what would qualify: more
-    GPUs than the curve holds, or the tokens the fastest trains in time."""
+    GPUs). ``end`` '_high' judges by the pessimistic end of the interval, '' by the point
+    estimate; None (default): the high end where the curve has intervals. A proposal that
+    meets its deadline only by the point estimate misses it about half the time. The message
+    gives the point estimate and the interval, and, when the point estimate alone would have
+    chosen a cheaper count, that count. When none qualifies, the message names the fastest row
+    and what would qualify: more GPUs than the curve holds, or the tokens the fastest trains in
+    time."""
     ok = _fitting(cur)
+    end = _end(cur, end)
     days, hours = f"train_days{end}", f"node_hours{end}"
     if not len(ok):
         return Selection(None, _NOTHING_FITS)
     inside = ok[ok[days] <= deadline_days]
     if len(inside):
         best = inside.sort_values([hours, "gpus"]).iloc[0]
-        return Selection(
-            best,
-            f"{int(best['gpus']):,} GPUs train in {best[days]:.1f} days "
-            f"(deadline {deadline_days:g}) for {best[hours]:,.0f} node-hours, "
-            f"the fewest of the {len(inside)} GPU counts that finish in time",
+        message = (
+            f"{int(best['gpus']):,} GPUs train in {best['train_days']:.1f} days"
+            f"{_spread(best, 'train_days', '.1f')} for {best['node_hours']:,.0f} node-hours"
+            f"{_spread(best, 'node_hours', ',.0f')}, the fewest of the {len(inside)} GPU "
+            + (f"counts whose interval's high end meets the {deadline_days:g}-day deadline"
+               if end == "_high" else
+               f"counts that finish by the {deadline_days:g}-day deadline{_judged(end)}")
         )
+        if end:
+            point = ok[ok["train_days"] <= deadline_days].sort_values(["node_hours", "gpus"])
+            if len(point) and int(point.iloc[0]["gpus"]) != int(best["gpus"]):
+                other = point.iloc[0]
+                message += (
+                    f"; by the point estimate alone {int(other['gpus']):,} GPUs would do "
+                    f"({other['train_days']:.1f} days, but up to {other[days]:.1f})"
+                )
+        return Selection(best, message)
     fastest = ok.sort_values([days, "gpus"]).iloc[0]
     share = deadline_days / fastest[days]
     return Selection(
         None,
         (
-            f"nothing qualifies: the fastest, {int(fastest['gpus']):,} GPUs, needs "
+            f"nothing qualifies{_judged(end)}: the fastest, {int(fastest['gpus']):,} GPUs, needs "
             f"{fastest[days]:.1f} days for a {deadline_days:g}-day deadline; would need at least "
             f"{math.ceil(fastest['gpus'] / share):,} GPUs (the fastest's count scaled by "
             f"{1 / share:.2f}, at perfect scaling; --curve LO-HI plans further), or at most "
@@ -234,11 +281,14 @@ def select_deadline(cur: pd.DataFrame, deadline_days: float, end: str = "") -> S
     )
 
 
-def select_budget(cur: pd.DataFrame, max_node_hours: float, end: str = "") -> Selection:
-    """The fastest row within ``max_node_hours`` (ties: fewer node-hours). When none fits the
+def select_budget(cur: pd.DataFrame, max_node_hours: float, end: str | None = None
+                  ) -> Selection:
+    """The fastest row within ``max_node_hours`` (ties: fewer node-hours), judged as
+    :func:`select_deadline` judges (default: the interval's high end). When none fits the
     budget, the message names the cheapest row and what would qualify: a larger budget, or the
     tokens the cheapest trains within it."""
     ok = _fitting(cur)
+    end = _end(cur, end)
     days, hours = f"train_days{end}", f"node_hours{end}"
     if not len(ok):
         return Selection(None, _NOTHING_FITS)
@@ -247,18 +297,19 @@ def select_budget(cur: pd.DataFrame, max_node_hours: float, end: str = "") -> Se
         best = inside.sort_values([days, hours]).iloc[0]
         return Selection(
             best,
-            f"{int(best['gpus']):,} GPUs train in {best[days]:.1f} days for "
-            f"{best[hours]:,.0f} node-hours (budget {max_node_hours:,.0f}), "
-            f"the fastest of the {len(inside)} GPU counts within budget",
+            f"{int(best['gpus']):,} GPUs train in {best['train_days']:.1f} days"
+            f"{_spread(best, 'train_days', '.1f')} for {best['node_hours']:,.0f} node-hours"
+            f"{_spread(best, 'node_hours', ',.0f')} (budget {max_node_hours:,.0f}), "
+            f"the fastest of the {len(inside)} GPU counts within budget{_judged(end)}",
         )
     cheapest = ok.sort_values([hours, "gpus"]).iloc[0]
     share = max_node_hours / cheapest[hours]
     return Selection(
         None,
         (
-            f"nothing qualifies: the cheapest, {int(cheapest['gpus']):,} GPUs, needs "
-            f"{cheapest[hours]:,.0f} node-hours for a budget of {max_node_hours:,.0f}; would need "
-            f"a budget of at least {cheapest[hours]:,.0f} node-hours, or at most "
+            f"nothing qualifies{_judged(end)}: the cheapest, {int(cheapest['gpus']):,} GPUs, "
+            f"needs {cheapest[hours]:,.0f} node-hours for a budget of {max_node_hours:,.0f}; "
+            f"would need a budget of at least {cheapest[hours]:,.0f} node-hours, or at most "
             f"{share * cheapest['tokens']:.3g} tokens ({share:.0%} of the budget)"
         ),
     )
@@ -288,6 +339,110 @@ def largest_micro_batch(p: Plan) -> pd.DataFrame:
     return best.groupby("engine", sort=False, observed=True).head(1).reset_index(drop=True)
 
 
+def curve_global_batch(model: ModelSpec, counts: Iterable[int]) -> int:
+    """One global batch (sequences) for a whole curve: the planner's default at the curve's
+    largest count (planner.plan.default_global_batch: 4M tokens rounded up to whole sequences
+    and to a multiple of the largest divisor of that count not above them; exactly 4M tokens
+    at a power-of-two sequence length and power-of-two counts). Every count then trains the
+    same tokens a step, so the curve compares GPU counts on one training run."""
+    from frontier_llm.planner.plan import default_global_batch
+
+    return default_global_batch(model, max(int(n) for n in counts))
+
+
+def growing_global_batch(model: ModelSpec, gpus: int) -> int:
+    """The batch that grows with the GPU count (``--grow-batch``): the smallest multiple of
+    ``gpus`` holding 4M tokens, so that every data-parallel degree divides it. Past the
+    critical batch size it buys fewer steps than it costs (:data:`CRITICAL_BATCH_CAVEAT`)."""
+    from frontier_llm.planner.plan import DEFAULT_BATCH_TOKENS
+
+    sequences = math.ceil(DEFAULT_BATCH_TOKENS / model.seq_len)
+    return gpus * math.ceil(sequences / gpus)
+
+
+# Why a curve keeps its batch: the token budget is trained in fewer steps with a larger batch
+# only up to the critical batch size; beyond it the steps needed fall more slowly than the
+# batch grows (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training", arXiv
+# 1812.06162, §2-3), and that size depends on the loss reached (Kaplan et al. 2020, "Scaling
+# Laws for Neural Language Models", arXiv 2001.08361, §5.1). The planner does not model it.
+CRITICAL_BATCH_CAVEAT = (
+    "more tokens a step only shorten training below the critical batch size (McCandlish et al. "
+    "2018, arXiv 1812.06162; Kaplan et al. 2020, arXiv 2001.08361 s5.1), which this plan does "
+    "not model"
+)
+
+
+def batch_note(cur: pd.DataFrame, seq_len: int, grown: bool) -> str:
+    """One line on the global batch of a curve: fixed or growing, in sequences and tokens."""
+    batches = sorted({int(b) for b in cur["global_batch"].dropna()})
+    if not batches:
+        return "global batch: none (no GPU count was planned)"
+    if not grown and len(batches) == 1:
+        b = batches[0]
+        return (
+            f"global batch: {b:,} sequences = {b * seq_len / 1e6:.3g}M tokens at every GPU "
+            "count (4M tokens rounded up to whole sequences splittable over the largest "
+            "count; flm plan --global-batch sets another); flm plan --grow-batch lets it grow "
+            f"with the GPU count, but {CRITICAL_BATCH_CAVEAT}"
+        )
+    lo, hi = batches[0], batches[-1]
+    if lo == hi:
+        return (
+            f"global batch: {lo:,} sequences = {lo * seq_len / 1e6:.3g}M tokens at every GPU "
+            "count (--grow-batch: each count's smallest multiple holding 4M tokens; no count "
+            "here has more GPUs than that batch has sequences)"
+        )
+    return (
+        f"global batch: grows with the GPU count, {lo:,} to {hi:,} sequences = "
+        f"{lo * seq_len / 1e6:.3g}M to {hi * seq_len / 1e6:.3g}M tokens a step (--grow-batch); "
+        f"the days at large counts are optimistic: {CRITICAL_BATCH_CAVEAT}"
+    )
+
+
+def rests_on(system: SystemSpec) -> str:
+    """One line saying what the system's predictions rest on: how many published runs of its
+    own the calibration holds, which knobs are fitted, anchored on a published figure or
+    assumed (read from the sources its YAML gives each knob), and where its interval's width
+    comes from."""
+    from frontier_llm.planner.intervals import load_residuals, system_class
+
+    cls = system_class(system)
+    kinds: dict[str, list[str]] = {}
+    for name, knob in system.efficiency.items():
+        kind = knob.source.split(":", 1)[0].strip().lower() if ":" in knob.source else "stated"
+        kinds.setdefault(kind, []).append(name)
+    assumed = kinds.get("assumed", [])
+    tail = f"; assumed: {', '.join(assumed)}" if assumed else ""
+    if cls == "calibrated":
+        n = len(system.prediction_error.log_residuals)
+        return (
+            f"rests on: {system.name} calibrated on measured runs (flm calibrate --from-runs; "
+            f"its interval from {n} held-out runs){tail}"
+        )
+    runs = int((load_residuals()["system"] == system.name).sum())
+    if cls == "fitted":
+        return (
+            f"rests on: {system.name} fitted to its {runs} published runs in "
+            f"frontier_llm/planner/data/calibration_runs.csv (fitted: "
+            f"{', '.join(kinds.get('fitted', [])) or 'none'}){tail}; interval from their "
+            "leave-one-out error"
+        )
+    anchored = [
+        f"{name}: {system.efficiency[name].source.split(':', 1)[1].strip()}"
+        for name in kinds.get("anchored", [])
+    ]
+    count = {1: "one published figure", 0: "no published figure"}.get(
+        len(anchored), f"{len(anchored)} published figures")
+    own = "no published run of its own" if runs == 0 else f"{runs} published run(s) of its own"
+    return (
+        f"rests on: {system.name} is anchored on {count}"
+        + (f" ({'; '.join(anchored)})" if anchored else "")
+        + f" and has {own} in the calibration set{tail}; its interval is the error of "
+        "carrying knobs between NVIDIA systems, which likely understates it: measure runs "
+        "and refit (flm calibrate --from-runs)"
+    )
+
+
 def allocation_curve(
     model: ModelSpec,
     system: SystemSpec,
@@ -297,22 +452,28 @@ def allocation_curve(
     space=None,
     on_count: Callable[[int], None] | None = None,
     global_batch: int | None = None,
+    grow_batch: bool = False,
 ) -> pd.DataFrame:
     """The best layout at each GPU count of ``counts`` with its intervals (``confidence``,
     default :data:`~frontier_llm.planner.intervals.DEFAULT_CONFIDENCE`) and, with ``tokens``,
     the budget's days, node-hours, GPU-hours and energy: what ``flm plan --curve`` prints,
     ``flm report plan`` draws and a notebook plots. ``on_count(i)`` after each count.
-    ``global_batch`` None: each count's default (it grows with the count, planner.plan);
-    a number: the same batch at every count (strong scaling)."""
+    The global batch is the same at every count: ``global_batch`` sequences, or (None)
+    :func:`curve_global_batch`; ``grow_batch``: each count's :func:`growing_global_batch`
+    instead (weak scaling; :data:`CRITICAL_BATCH_CAVEAT`). Each row carries its
+    ``global_batch`` and ``batch_tokens``."""
     from frontier_llm.planner import intervals
     from frontier_llm.planner.plan import plan
 
+    counts = [int(n) for n in counts]
+    fixed = None if grow_batch else (global_batch or curve_global_batch(model, counts))
     plans = []
     for i, n in enumerate(counts):
-        plans.append(plan(model, system, int(n), global_batch, space))
+        plans.append(plan(model, system, n, fixed or growing_global_batch(model, n), space))
         if on_count:
             on_count(i + 1)
     cur = curve(plans)
+    cur["batch_tokens"] = cur["global_batch"].astype(float) * model.seq_len
     cur = intervals.add_intervals(cur, system, confidence or intervals.DEFAULT_CONFIDENCE)
     if tokens is not None:
         cur = add_allocation(cur, system, model.seq_len, tokens)

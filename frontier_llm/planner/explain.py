@@ -47,6 +47,20 @@ def _engine_rejections(plan: Plan) -> dict[str, tuple[int, list[str]]]:
     return out
 
 
+def _compared_knobs(plan: Plan) -> list[str]:
+    """The layout columns the plan varies (more than one value planned), but NOT_COMPARED."""
+    layouts = plan.layouts
+    return [k for k in LAYOUT_COLUMNS if k not in NOT_COMPARED and hasattr(layouts, k)
+            and len(np.unique(getattr(layouts, k))) > 1]
+
+
+def _slower(ratio: float) -> str:
+    """``1.12x the step time``; within 1 %, the percentage (1.00x hid which was slower)."""
+    if ratio < 1.01:
+        return f"+{(ratio - 1) * 100:.1f} % step time"
+    return f"{ratio:.2f}x the step time"
+
+
 def explain(plan: Plan) -> str:
     lines = []
     total = len(plan.reason)
@@ -75,19 +89,20 @@ def explain(plan: Plan) -> str:
     lines.append("  time: " + ", ".join(f"{PART_NAMES[k]} {v / step:.0%}" for v, k in parts
                                         if v / step >= 0.005))
     lines.append("Why: the fastest layout with a different choice of each knob")
-    layouts = plan.layouts
-    knobs = [k for k in LAYOUT_COLUMNS if k not in NOT_COMPARED and hasattr(layouts, k)]
-    for knob in knobs:
-        col = getattr(layouts, knob)
-        if len(np.unique(col)) < 2:
-            continue  # one value planned: nothing to compare
+    # Knobs whose fastest alternative is the same layout (changing tp also changes pp and the
+    # interleaving) share one row: the table once printed that layout for each of them.
+    rows: dict[int | None, list[str]] = {}
+    for knob in _compared_knobs(plan):
+        col = getattr(plan.layouts, knob)
         other = order[col[order] != col[best]]
-        if not len(other):
-            lines.append(f"  {knob:<18} no valid alternative fits")
+        rows.setdefault(int(other[0]) if len(other) else None, []).append(knob)
+    for j, names in rows.items():
+        knobs = ", ".join(names)
+        if j is None:
+            lines.append(f"  {knobs:<18} no valid alternative fits")
             continue
-        j = int(other[0])
         slower = f["step_time_s"][j] / step
-        lines.append(f"  {knob:<18} {_layout_text(plan, j)}: {slower:.2f}x the step time "
+        lines.append(f"  {knobs:<18} {_layout_text(plan, j)}: {_slower(slower)} "
                      f"({_main_difference(plan, best, j)})")
     faster_oom = np.flatnonzero((plan.reason == OOM)
                                 & (f["tokens_per_s"] > f["tokens_per_s"][best]))

@@ -25,10 +25,20 @@ DEFAULT_BATCH_TOKENS = 4 * 1024 * 1024
 
 
 def default_global_batch(model: ModelSpec, gpus: int) -> int:
-    """The smallest multiple of the GPU count holding at least DEFAULT_BATCH_TOKENS tokens, so
-    that every data-parallel degree divides it."""
+    """DEFAULT_BATCH_TOKENS tokens in whole sequences, rounded up to a multiple of the largest
+    divisor of the GPU count that is at most that many sequences: every data-parallel degree
+    dividing that divisor divides the batch, and the batch holds at least 4M tokens and fewer
+    than 8M. (Rounding up to a multiple of the GPU count itself made 1,024 sequences of a 128K
+    context on 1,024 GPUs: 134M tokens a step.) With more GPUs than sequences, the layouts
+    whose data-parallel degree the batch cannot split are rejected for it."""
     sequences = math.ceil(DEFAULT_BATCH_TOKENS / model.seq_len)
-    return gpus * math.ceil(sequences / gpus)
+    step = max(d for d in _divisors(gpus) if d <= sequences)
+    return step * math.ceil(sequences / step)
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in small]
 
 
 @dataclass

@@ -103,6 +103,8 @@ class QuickstartResult:
     systems: dict[str, Path] = field(default_factory=dict)
     # Step time MAPE (%) and rank correlation of throughput per rank, by (runs, system role).
     scores: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    # The calibration the study predicts with: the lower held-out error (calibration.py).
+    kept: str = "microbench"
 
 
 class Quickstart:
@@ -270,12 +272,15 @@ class Quickstart:
             return
         self.result.systems["refit"] = fit.file
         knobs = ", ".join(calibration.knob_text(k, v) for k, v in fit.knobs.items())
-        self.r.say(f"   {_shown(fit.file)}: {knobs}; the study predicts with it")
+        self.r.say(f"   {_shown(fit.file)}: {knobs}")
         self.r.say(f"   step time against the sweep's {len(fit.per_run)} layouts: MAPE, rank "
                    "correlation of predicted and measured throughput per rank")
         for what, mape, rho in calibration.sweep_scores(s, fit):
             self.result.scores[("sweep", what)] = (mape, rho)
             self.r.say(f"     {what:<34} {mape:6.1f} %   {rho:+.2f}")
+        self.result.kept, why = calibration.kept_calibration(fit)
+        self.r.say(f"   {why}; the study predicts with "
+                   f"{_shown(self.result.systems[self.result.kept])}")
 
     # --- 5. study --------------------------------------------------------------------------------
     def tune(self) -> None:
@@ -286,7 +291,7 @@ class Quickstart:
 
         res = self.result
         _write_once(res.study_file,
-                    study_text(self.s, self._predicting("microbench", "refit")))
+                    study_text(self.s, self._predicting(res.kept)))
         study = load_study(res.study_file)
         store = open_store(res.db_url)
         try:

@@ -12,16 +12,20 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.transforms import blended_transform_factory
 
+from frontier_llm.planner.allocation import format_tokens
 from frontier_llm.report import style
 from frontier_llm.report.figures import _gpu_axis, _log_axis
 from frontier_llm.report.tables import write_table
 from frontier_llm.specs.forms import row_label
+from frontier_llm.specs.layout import layout_types
 
 # The curve's columns a reader wants, in the Markdown table.
 SHOWN = {
     "gpus": "GPUs",
     "nodes": "nodes",
     "layout": "best layout",
+    "global_batch": "batch (seqs)",
+    "batch_tokens": "batch (tokens)",
     "step_time_s": "step s",
     "mfu": "MFU",
     "memory_verdict": "memory",
@@ -46,20 +50,19 @@ def allocation_table(cur: pd.DataFrame) -> pd.DataFrame:
     for col in _WHOLE:
         if col in cur:
             cur[col] = pd.array(cur[col].to_numpy(float), dtype="Int64")
+    # A count where no layout fits leaves NaN in the layout's integer columns, which made
+    # them floats and the labels "tp2.0 pp32.0 dp1.0": whole numbers stay whole.
+    for col, kind in layout_types().items():
+        if kind is int and col in cur:
+            cur[col] = pd.array(cur[col].to_numpy(float), dtype="Int64")
+    if "batch_tokens" in cur:
+        cur["batch_tokens"] = [format_tokens(n) if pd.notna(n) else "" for n in cur["batch_tokens"]]
     if "tp" in cur:  # the one label of the best layout; none where no layout fits
         cur["layout"] = [row_label(r) if pd.notna(r["tp"]) else "" for _, r in cur.iterrows()]
     if "memory_verdict" in cur:
         cur["memory_verdict"] = cur["memory_verdict"].replace("", None)
     cols = [c for c in SHOWN if c in cur]
     return cur[cols].rename(columns=SHOWN)
-
-
-def format_tokens(tokens: float) -> str:
-    """2e13 -> '20T', 3e11 -> '300B' (the way budgets are spoken of)."""
-    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
-        if tokens >= div:
-            return f"{tokens / div:.3g}{suffix}"
-    return f"{tokens:,.0f}"
 
 
 def _scale(values) -> tuple[float, str]:
@@ -124,7 +127,7 @@ def plot_allocation(
                 markeredgecolor="#000000",
                 markeredgewidth=1.5,
                 linestyle="none",
-                label="chosen: fewest node-hours in time",
+                label="chosen: fewest node-hours, high end in time",
             )
         _gpu_axis(ax, cur["gpus"], gpu_label)
         # Many powers of two side by side: slanted labels do not run into each other.

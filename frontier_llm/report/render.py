@@ -33,6 +33,9 @@ def scaling_report(frame: pd.DataFrame, out: str | Path, name: str, source: str 
         "(weak: global batch grows with N; strong: fixed global batch, = T_base N_base / "
         "(T_N N))",
         "step_time_s is the median over repeated runs; min/max give the spread",
+        "spread: the larger of the repeats' half-range and the steps' half-range inside a run, "
+        "in % of the step time; an efficiency whose spread (the point's and the base's) reaches "
+        "its distance from 100 % is marked 'not a result'",
         "status counts every run of the point: failed runs and missing points are listed, "
         "never dropped",
     ]

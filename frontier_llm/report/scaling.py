@@ -14,6 +14,13 @@ draws beside the efficiency (per-GPU throughput for weak, step time for strong) 
 
 Repeated runs of a point give the median step time and the spread (fastest and slowest run);
 failed runs and points with no run stay in the table with their status instead of vanishing.
+
+A point's *spread* is the larger of the half-range of its repeats' step times and the median
+half-range of the measured steps inside each run (the trace's step times, which a single run
+already has), relative to its median step time. The efficiency's spread adds the point's and
+the base point's: E x (s_N + s_base). A point whose efficiency spread reaches its distance from
+ideal, |E - 100|, is marked (``efficiency_within_noise``): 177 % from one noisy run is not a
+super-linear result.
 """
 
 from __future__ import annotations
@@ -50,6 +57,20 @@ def detect_mode(points: pd.DataFrame) -> str:
 def _status_text(statuses: pd.Series) -> str:
     counts = statuses.value_counts()
     return ", ".join(f"{n} {s}" for s, n in counts.items())
+
+
+def _half_range(t: pd.Series, lo: pd.Series | None, hi: pd.Series | None) -> float:
+    """A point's relative spread (module docstring): the larger of its repeats' half-range and
+    the median half-range of the steps inside its runs, over the median step time; NaN when
+    neither is known (one run without step times)."""
+    parts = []
+    if len(t) >= 2:
+        parts.append((t.max() - t.min()) / (2 * t.median()))
+    if lo is not None and hi is not None:
+        inside = ((hi.astype(float) - lo.astype(float)) / (2 * t)).dropna()
+        if len(inside):
+            parts.append(float(inside.median()))
+    return float(max(parts)) if parts else np.nan
 
 
 def _efficiency(x: pd.Series, base_x: float) -> pd.Series:
@@ -114,6 +135,8 @@ def _series_table(series: pd.DataFrame, keys: list[str], want_measured: bool,
             "step_time_s": t.median() if len(t) else np.nan,
             "step_time_min_s": t.min() if len(t) else np.nan,
             "step_time_max_s": t.max() if len(t) else np.nan,
+            "step_time_spread_pct": 100 * _half_range(
+                t, done.get("steps_min_s"), done.get("steps_max_s")) if len(t) else np.nan,
             # From the median step time (not the median of throughputs, which with two
             # repeats is their mean): the table's step time and efficiency then agree.
             "tokens_per_s_per_gpu": per_step / (t.median() * n) if len(t) else np.nan,
@@ -132,6 +155,7 @@ def _series_table(series: pd.DataFrame, keys: list[str], want_measured: bool,
         out["measured_efficiency_pct"] = _efficiency(out["tokens_per_s_per_gpu"], bx)
         out["measured_efficiency_min_pct"] = _efficiency(out["tokens_per_s_per_gpu_min"], bx)
         out["measured_efficiency_max_pct"] = _efficiency(out["tokens_per_s_per_gpu_max"], bx)
+        _mark_noise(out, base)
     if want_predicted:
         pred = out.dropna(subset=["predicted_tokens_per_s_per_gpu"])
         # Same base as the measured side where there is one, so the two curves compare.
@@ -157,10 +181,27 @@ def _series_table(series: pd.DataFrame, keys: list[str], want_measured: bool,
     return out
 
 
+def _mark_noise(out: pd.DataFrame, base: pd.Series | None) -> None:
+    """``measured_efficiency_spread_pct``, ``efficiency_within_noise`` and the reader's
+    ``efficiency_mark`` (module docstring), in place."""
+    base_s = base["step_time_spread_pct"] if base is not None else np.nan
+    eff = out["measured_efficiency_pct"]
+    spread = eff * (out["step_time_spread_pct"] + base_s) / 100
+    out["measured_efficiency_spread_pct"] = spread
+    effect = (eff - 100).abs()
+    is_base = out["gpus"] == (base["gpus"] if base is not None else np.nan)
+    noisy = (~is_base) & spread.notna() & (spread >= effect)
+    out["efficiency_within_noise"] = noisy
+    out["efficiency_mark"] = [
+        f"spread ±{s:.0f} ≥ effect {e - 100:+.0f}: not a result" if n else ""
+        for s, e, n in zip(spread, eff, noisy, strict=True)]
+
+
 # The columns a reader wants in the Markdown table, in order (those present are kept).
 SUMMARY_COLUMNS = ("series", "mode", "gpus", "global_batch", "status", "step_time_s",
-                   "step_time_min_s", "step_time_max_s", "tokens_per_s_per_gpu",
-                   "measured_efficiency_pct", "predicted_step_time_s",
+                   "step_time_min_s", "step_time_max_s", "step_time_spread_pct",
+                   "tokens_per_s_per_gpu", "measured_efficiency_pct",
+                   "measured_efficiency_spread_pct", "efficiency_mark", "predicted_step_time_s",
                    "predicted_tokens_per_s_per_gpu", "predicted_efficiency_pct")
 
 

@@ -16,6 +16,7 @@ from frontier_llm.store import open_existing
 from frontier_llm.store.queries import (
     rank_memory_frame,
     runs_frame,
+    step_ranges,
     sweep_names,
     validation_frame,
 )
@@ -31,6 +32,8 @@ def measured_runs(db: str | None, sweep: str | None) -> pd.DataFrame:
     store = open_existing(db)
     try:
         runs = runs_frame(store, sweep=sweep)
+        if len(runs):  # each run's step-time range: the spread a single run shows
+            runs = runs.merge(step_ranges(store, sweep), on="run_id", how="left")
         if runs.empty:
             names = sweep_names(store)
             have = f"its sweeps: {', '.join(names)}" if names else "it holds no sweep"

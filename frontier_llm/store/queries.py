@@ -114,6 +114,22 @@ def final_losses(store: Store, sweep: str | None = None) -> pd.DataFrame:
     return df
 
 
+def step_ranges(store: Store, sweep: str | None = None) -> pd.DataFrame:
+    """``run_id``, ``steps_min_s``, ``steps_max_s``: the fastest and slowest measured (not
+    warm-up) step of each run, the spread a single run already shows (report/scaling.py marks
+    an efficiency whose spread exceeds its distance from ideal). Runs without steps: absent."""
+    r, st = flm_runs, flm_steps
+    stmt = (select(r.c.run_id, func.min(st.c.time_s).label("steps_min_s"),
+                   func.max(st.c.time_s).label("steps_max_s"))
+            .select_from(r.join(st, st.c.run == r.c.id))
+            .where(st.c.warmup.is_(False)).group_by(r.c.run_id))
+    if sweep is not None:
+        stmt = stmt.where(r.c.sweep_name == sweep)
+    with store.read() as conn:
+        return pd.DataFrame([tuple(row) for row in conn.execute(stmt)],
+                            columns=["run_id", "steps_min_s", "steps_max_s"])
+
+
 def validated_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """The completed runs of ``runs_frame`` that have a prediction, every column kept, with
     the signed errors ``step_time_error_pct`` and ``memory_error_pct`` added:
