@@ -225,15 +225,18 @@ def allocation(model: str | ModelSpec, system: str | SystemSpec = "frontier", *,
                deadline_days: float | None = None, max_node_hours: float | None = None,
                global_batch: int | None = None, seq_len: int | None = None,
                confidence: float | None = None, risk_aware: bool = False, dtype: str = "bf16",
-               **restrict: Any) -> pd.DataFrame:
+               grow_batch: bool = False, **restrict: Any) -> pd.DataFrame:
     """The planner's best layout at each power-of-two GPU count from ``gpus = (lo, hi)``
     (default: one node's GPUs to 65,536), with its step-time interval and, with ``tokens``,
     days to train, node-hours, GPU-hours and energy with their intervals: the ``curve`` of
     ``flm plan --curve --format json`` (``--tokens``, ``--deadline``, ``--max-node-hours``).
 
     ``deadline_days`` (or ``max_node_hours``, with ``tokens``) also picks the count that meets
-    it for the fewest node-hours (the fastest within the budget); ``risk_aware`` judges by the
-    intervals' pessimistic end. The choice is in ``attrs["selection"]``: ``message`` (the
+    it for the fewest node-hours (the fastest within the budget), judged on the intervals'
+    high end as flm plan judges it. Every count trains the same global batch (``global_batch``
+    or 4M tokens) unless ``grow_batch`` lets it grow with the count (``--grow-batch``); the
+    batch and what the answer rests on are in ``attrs["batch"]`` and ``attrs["rests_on"]``.
+    ``risk_aware`` ranks by the low end of the throughput interval. The choice is in ``attrs["selection"]``: ``message`` (the
     sentence flm plan prints) and ``gpus`` (None when no count qualifies).
     """
     from frontier_llm.cli import allocation as alloc_cli
@@ -242,7 +245,7 @@ def allocation(model: str | ModelSpec, system: str | SystemSpec = "frontier", *,
 
     curve = f"{gpus[0]}-{gpus[1]}" if gpus else alloc_cli.DEFAULT_CURVE
     args = _plan_args(tokens=tokens, deadline=deadline_days, max_node_hours=max_node_hours,
-                      global_batch=global_batch, risk_aware=risk_aware,
+                      global_batch=global_batch, risk_aware=risk_aware, grow_batch=grow_batch,
                       curve=alloc_cli.curve_range(curve),
                       **({"confidence": confidence} if confidence is not None else {}))
     refused = alloc_cli.check(args)
@@ -253,15 +256,16 @@ def allocation(model: str | ModelSpec, system: str | SystemSpec = "frontier", *,
     m, s = load_model(model, seq_len), load_system(system)
     cur = alloc.allocation_curve(m, s, alloc_cli.curve_counts(args, s), tokens,
                                  args.confidence, _space(dtype, restrict),
-                                 global_batch=global_batch)
-    end = "_high" if risk_aware else ""
+                                 global_batch=global_batch, grow_batch=grow_batch)
     selection = None
     if deadline_days is not None:
-        selection = alloc.select_deadline(cur, deadline_days, end)
+        selection = alloc.select_deadline(cur, deadline_days)
     elif max_node_hours is not None:
-        selection = alloc.select_budget(cur, max_node_hours, end)
+        selection = alloc.select_budget(cur, max_node_hours)
     cur.attrs.update(model=m.name, system=s.name, tokens=tokens,
-                     interval_confidence=args.confidence)
+                     interval_confidence=args.confidence,
+                     batch=alloc.batch_note(cur, m.seq_len, grow_batch),
+                     rests_on=alloc.rests_on(s))
     if selection is not None:
         cur.attrs["selection"] = {
             "message": selection.message,

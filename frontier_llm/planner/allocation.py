@@ -423,9 +423,9 @@ def rests_on(system: SystemSpec) -> str:
     if cls == "fitted":
         return (
             f"rests on: {system.name} fitted to its {runs} published runs in "
-            f"frontier_llm/planner/data/calibration_runs.csv (fitted: "
-            f"{', '.join(kinds.get('fitted', [])) or 'none'}){tail}; interval from their "
-            "leave-one-out error"
+            f"frontier_llm/planner/data/calibration_runs*.csv (fitted: "
+            f"{', '.join(kinds.get('fitted', [])) or 'none'}){tail}; interval from the "
+            "engine family's error on sources left out of the fit"
         )
     anchored = [
         f"{name}: {system.efficiency[name].source.split(':', 1)[1].strip()}"
@@ -437,9 +437,9 @@ def rests_on(system: SystemSpec) -> str:
     return (
         f"rests on: {system.name} is anchored on {count}"
         + (f" ({'; '.join(anchored)})" if anchored else "")
-        + f" and has {own} in the calibration set{tail}; its interval is the error of "
-        "carrying knobs between NVIDIA systems, which likely understates it: measure runs "
-        "and refit (flm calibrate --from-runs)"
+        + f" and has {own} in the calibration set{tail}; its interval is at least the error "
+        "on sources left out of the fit across engines and systems, which may understate it "
+        "here: measure runs and refit (flm calibrate --from-runs)"
     )
 
 
