@@ -147,3 +147,65 @@ def test_8_a_re_render_replaces_the_files_and_keeps_the_jobs_output(tmp_path, ca
     assert "micro_batch: 4" in (out / "sweep.yaml").read_text()
     assert (out / "traces" / "r.trace.json").read_text() == "{}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "s.yaml"]
+
+
+# --- item 10: a busy database -------------------------------------------------------------
+
+def test_10_collect_says_at_once_that_it_waits_for_a_busy_database(tmp_path, capsys):
+    """A second, real SQLite connection holds the write lock (BEGIN IMMEDIATE): collect used to
+    wait up to its busy timeout in silence."""
+    db = tmp_path / "flm.db"
+    for name in ("first", "r"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / f"{name}.trace.json").write_text(json.dumps(make_trace(name)))
+    assert main(["collect", str(tmp_path / "first"), "--db", f"sqlite:///{db}"]) == 0
+    capsys.readouterr()
+    holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    codes: list[int] = []
+    t = threading.Thread(target=lambda: codes.append(
+        main(["collect", str(folder), "--db", f"sqlite:///{db}"])))
+    t.start()
+    try:
+        deadline = time.monotonic() + 20
+        err = ""
+        while "waiting" not in err:
+            assert time.monotonic() < deadline, f"no word while waiting: {err!r}"
+            time.sleep(0.05)
+            err += capsys.readouterr().err
+        assert "another program holds its write lock" in err, err
+        assert not codes, "collect finished while the lock was held"
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+        t.join(60)
+    assert codes == [0]
+    assert "1 new" in capsys.readouterr().out
+
+
+# --- item 10: one measurement collected twice -----------------------------------------------
+
+def test_10_a_copied_log_folder_counts_once_in_calibration(tmp_path, capsys):
+    """``flm collect --from-logs`` names a run by its log's path: a copy of the folder gave
+    every run a second id, and ``calibrate --from-runs`` counted each measurement twice."""
+    db = f"sqlite:///{tmp_path / 'flm.db'}"
+    for copy in ("a", "b"):  # the same logs, and a copy of the folder
+        folder = tmp_path / copy
+        folder.mkdir()
+        for name in ("torchtitan_1437_flex_debug.log", "torchtitan_1287_steps.log"):
+            shutil.copy(DATA / name, folder / name)
+    for copy in ("a", "b"):
+        for name, batch in (("torchtitan_1437_flex_debug.log", 8),
+                            ("torchtitan_1287_steps.log", 16)):
+            assert main(["collect", "--from-logs", str(tmp_path / copy / name), "--trainer",
+                         "torchtitan", "--system", "h100-sxm", "--model", "tiny-llama",
+                         "--layout", f"tp=1,pp=1,dp=1,micro_batch={batch},global_batch={batch}",
+                         "--db", db, "--traces", str(tmp_path / f"traces-{copy}"),
+                         "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["calibrate", "--from-runs", "--sweep", "logs-h100-sxm", "--system",
+                 "h100-sxm", "--db", db, "--folds", "2", "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert [r["runs"] for r in json.loads(out)["runs"]] == [1, 1]
+    assert "left out 2 run(s) that repeat another run's measurement" in err, err
