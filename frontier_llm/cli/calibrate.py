@@ -292,11 +292,19 @@ def _from_runs(args: argparse.Namespace) -> int:
         raise UserError(f"--folds must be at least 2 (got {args.folds})")
     store = open_existing(args.fr_db)
     dropped: list[str] = []
+    repeated: list[str] = []
     try:
-        runs = load_runs(store, args.sweep, dropped)
-        test = load_runs(store, args.test_sweep, dropped) if args.test_sweep else None
+        runs = load_runs(store, args.sweep, dropped, repeated)
+        test = load_runs(store, args.test_sweep, dropped, repeated) if args.test_sweep else None
     finally:
         store.close()
+    if repeated:
+        # A copied folder collected again: each measurement counts once, and the user hears
+        # how many copies were found.
+        print(f"flm: warning: left out {len(repeated)} run(s) that repeat another run's "
+              f"measurement (the same per-step times: one log or trace collected twice): "
+              f"{'; '.join(repeated[:5])}{' ...' if len(repeated) > 5 else ''}",
+              file=sys.stderr)
     if dropped:
         # Never silent: a calibration fitted without them says which runs it left out, why.
         print(f"flm: warning: left out {len(dropped)} run(s) whose step time is not "
