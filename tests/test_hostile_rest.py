@@ -208,4 +208,5 @@ def test_10_a_copied_log_folder_counts_once_in_calibration(tmp_path, capsys):
                  "h100-sxm", "--db", db, "--folds", "2", "--format", "json"]) == 0
     out, err = capsys.readouterr()
     assert [r["runs"] for r in json.loads(out)["runs"]] == [1, 1]
+    assert json.loads(out)["repeated_runs_left_out"] == 2
     assert "left out 2 run(s) that repeat another run's measurement" in err, err

@@ -323,7 +323,9 @@ def _from_runs(args: argparse.Namespace) -> int:
     if args.fr_format == "json":
         emit_json({"summary": report.summary.to_dict(orient="records"),
                    "runs": report.per_run.to_dict(orient="records"), "knobs": knob_rows,
-                   "system_file": args.fr_out})
+                   "system_file": args.fr_out,
+                   # Copies of another run's measurement, left out (load_runs).
+                   "repeated_runs_left_out": len(repeated)})
         return 0
     print(f"step time, predicted vs measured ({system.name}, sweep {args.sweep}"
           f"{', test sweep ' + args.test_sweep if args.test_sweep else ''}); "
@@ -334,6 +336,8 @@ def _from_runs(args: argparse.Namespace) -> int:
     emit_frame(pd_frame(knob_rows), "table")
     print("\nmean absolute percentage error of the step time:")
     emit_frame(report.summary.round(1), "table")
+    if repeated:
+        print(f"{len(repeated)} run(s) left out as copies of another run's measurement")
     if args.fr_out:
         print(f"wrote {args.fr_out}")
     return 0
