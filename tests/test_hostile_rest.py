@@ -57,6 +57,8 @@ def _template_sweep(folder: Path, body: str) -> Path:
     ("{{ 'x' | center(10**10) }}", "a width of 10000000000"),
     ("{{ '%9999999999s' % 'x' }}", "a format width of 8 digits or more"),
     ("{{ '{:>9999999999}'.format('x') }}", "a format width of 8 digits or more"),
+    ("{{ '{:>{w}}'.format('x', w=10**10) }}", "str.format(10000000000)"),
+    ("{{ '%*s' % (10**10, 'x') }}", "a '%*' width(10000000000)"),
     # Each piece is small; together they pass what a batch script may hold (4 MB).
     ("{% for i in range(5000) %}{{ 'x' * 1000 }}{% endfor %}", "its output passes 4,000,000"),
 ])

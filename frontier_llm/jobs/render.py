@@ -257,6 +257,13 @@ def _check_width(fmt: object) -> None:
                             f"may hold ({MAX_SCRIPT_CHARS:,} characters)")
 
 
+def _check_sizes(what: str, values) -> None:
+    """Refuse an integer argument that, as a width or a count, passes a script's size."""
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_SCRIPT_CHARS:
+            raise _too_big(f"{what}({value})", value)
+
+
 class _BoundedSandbox(SandboxedEnvironment):
     """The sandbox with bounded cost: Jinja2's sandbox refuses unsafe attributes and calls but
     lets ``'x' * 10**10``, ``10**10**10`` and ``'%9999999999s' % x`` run (minutes, gigabytes)
@@ -275,27 +282,34 @@ class _BoundedSandbox(SandboxedEnvironment):
                     and right * abs(left).bit_length() > _MAX_POWER_BITS):
                 raise SecurityError(f"a power ({left} ** {right}) of more than "
                                     f"{_MAX_POWER_BITS} bits")
-        elif operator == "%":
+        elif operator == "%" and isinstance(left, str):
             _check_width(left)
+            if "*" in left:  # '%*s' % (10**10, 'x'): the width is an argument
+                _check_sizes("a '%*' width", right if isinstance(right, tuple) else (right,))
         return super().call_binop(context, operator, left, right)
 
     def call(__self, __context, __obj, *args, **kwargs):
         owner = getattr(__obj, "__self__", None)
         if isinstance(owner, str):
             # str.ljust/center/zfill/expandtabs(10**10) pad to their argument.
-            for value in (*args, *kwargs.values()):
-                if isinstance(value, int) and not isinstance(value, bool) \
-                        and value > MAX_SCRIPT_CHARS:
-                    raise _too_big(f"str.{getattr(__obj, '__name__', '?')}({value})", value)
+            _check_sizes(f"str.{getattr(__obj, '__name__', '?')}", (*args, *kwargs.values()))
         return super().call(__context, __obj, *args, **kwargs)
 
     def wrap_str_format(self, value):
         # str.format reaches the template as the sandbox's wrapper, made here: its widths
         # live in the string itself ('{:>9999999999}'), checked before it formats.
+        # A width may also come from an argument ('{:>{w}}'.format('x', w=10**10)).
         wrapped = super().wrap_str_format(value)
-        if wrapped is not None:
-            _check_width(value.__self__)
-        return wrapped
+        if wrapped is None:
+            return None
+        _check_width(value.__self__)
+
+        def bounded(*args, **kwargs):
+            _check_sizes("str.format", (*args, *kwargs.values(), *(
+                args[0].values() if value.__name__ == "format_map" and args
+                and isinstance(args[0], dict) else ())))
+            return wrapped(*args, **kwargs)
+        return bounded
 
 
 def _bounded_filter(filt):
