@@ -23,6 +23,7 @@ below the held-out one shows over-fitting.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass
 
@@ -70,13 +71,44 @@ def make_runset(runs: pd.DataFrame) -> RunSet:
     return RunSet(runs=runs, groups=tuple(groups))
 
 
-def load_runs(store, sweep: str, dropped: list[str] | None = None) -> pd.DataFrame:
+def measurement_key(model_json: str, layout_hash: str, steps: list[tuple[int, float]]) -> str:
+    """What identifies one measurement, whatever run_id or path it was stored under: the
+    sha256 of its model, layout and every step's (number, seconds). A copy of a log folder
+    collected again (``flm collect --from-logs`` names a run by its log's path) or a trace
+    stored under another run_id repeats the per-step times exactly; two real runs do not
+    (wall-clock times to the microsecond). The trace file's own digest cannot tell: it holds
+    the run_id and the path, which differ between the copies."""
+    text = "\n".join(f"{n}:{t!r}" for n, t in steps)
+    return hashlib.sha256(f"{model_json}\0{layout_hash}\0{text}".encode()).hexdigest()
+
+
+def _step_times(store, sweep: str) -> dict[str, list[tuple[int, float]]]:
+    """Each run's (step, seconds) of ``sweep``, in step order."""
+    from sqlalchemy import select
+
+    from frontier_llm.store.schema import flm_runs, flm_steps
+
+    r, st = flm_runs, flm_steps
+    stmt = (select(r.c.run_id, st.c.step, st.c.time_s)
+            .select_from(st.join(r, st.c.run == r.c.id))
+            .where(r.c.sweep_name == sweep).order_by(r.c.run_id, st.c.step))
+    out: dict[str, list[tuple[int, float]]] = {}
+    with store.read() as conn:
+        for rid, step, secs in conn.execute(stmt):
+            out.setdefault(rid, []).append((int(step), float(secs)))
+    return out
+
+
+def load_runs(store, sweep: str, dropped: list[str] | None = None,
+              repeated: list[str] | None = None) -> pd.DataFrame:
     """Completed runs of ``sweep`` with a measured step time, and their model and layout.
 
     Repeated runs of one layout (same model and layout hash) are one measurement of one step
     time: their median, with ``runs`` counting them (``run_id`` is the first one's). On a
     shared machine, repeating each layout at different times is how the load's drift is
-    averaged out instead of being fitted as a property of the layout.
+    averaged out instead of being fitted as a property of the layout. A run that is a copy of
+    another (the same per-step times, :func:`measurement_key`) is no repetition: it is left
+    out, and ``repeated`` gets one line per copy.
 
     A step time outside the plausible range (specs/plausible.py: a database filled by an older
     flm, or by hand) is left out, never fitted: one run of 1e305 s moved a calibration's
@@ -104,6 +136,19 @@ def load_runs(store, sweep: str, dropped: list[str] | None = None) -> pd.DataFra
     if df.empty:
         raise UserError(f"no completed runs with a step time for sweep {sweep!r} in the "
                         "database: run 'flm collect DIR' on its traces, or check --sweep/--db")
+    # One measurement stored twice (a copied folder collected again) counts once: the first
+    # run_id keeps it. A run without step rows is its own measurement (nothing to compare).
+    steps = _step_times(store, sweep)
+    df["measurement"] = [measurement_key(m, h, steps[rid]) if steps.get(rid) else rid
+                         for rid, m, h in zip(df["run_id"], df["model_json"], df["layout_hash"],
+                                              strict=True)]
+    copies = df["measurement"].duplicated(keep="first")
+    if repeated is not None:
+        first = dict(zip(df.loc[~copies, "measurement"], df.loc[~copies, "run_id"], strict=True))
+        repeated.extend(f"{rid} (= {first[key]})" for rid, key
+                        in zip(df.loc[copies, "run_id"], df.loc[copies, "measurement"],
+                               strict=True))
+    df = df[~copies]
     df["measured_s"] = df["measured_s"].astype(float)
     df = (df.groupby(["model_json", "layout_hash"], sort=False)
           .agg(run_id=("run_id", "first"), measured_s=("measured_s", "median"),

@@ -292,11 +292,19 @@ def _from_runs(args: argparse.Namespace) -> int:
         raise UserError(f"--folds must be at least 2 (got {args.folds})")
     store = open_existing(args.fr_db)
     dropped: list[str] = []
+    repeated: list[str] = []
     try:
-        runs = load_runs(store, args.sweep, dropped)
-        test = load_runs(store, args.test_sweep, dropped) if args.test_sweep else None
+        runs = load_runs(store, args.sweep, dropped, repeated)
+        test = load_runs(store, args.test_sweep, dropped, repeated) if args.test_sweep else None
     finally:
         store.close()
+    if repeated:
+        # A copied folder collected again: each measurement counts once, and the user hears
+        # how many copies were found.
+        print(f"flm: warning: left out {len(repeated)} run(s) that repeat another run's "
+              f"measurement (the same per-step times: one log or trace collected twice): "
+              f"{'; '.join(repeated[:5])}{' ...' if len(repeated) > 5 else ''}",
+              file=sys.stderr)
     if dropped:
         # Never silent: a calibration fitted without them says which runs it left out, why.
         print(f"flm: warning: left out {len(dropped)} run(s) whose step time is not "
@@ -315,7 +323,9 @@ def _from_runs(args: argparse.Namespace) -> int:
     if args.fr_format == "json":
         emit_json({"summary": report.summary.to_dict(orient="records"),
                    "runs": report.per_run.to_dict(orient="records"), "knobs": knob_rows,
-                   "system_file": args.fr_out})
+                   "system_file": args.fr_out,
+                   # Copies of another run's measurement, left out (load_runs).
+                   "repeated_runs_left_out": len(repeated)})
         return 0
     print(f"step time, predicted vs measured ({system.name}, sweep {args.sweep}"
           f"{', test sweep ' + args.test_sweep if args.test_sweep else ''}); "
@@ -326,6 +336,8 @@ def _from_runs(args: argparse.Namespace) -> int:
     emit_frame(pd_frame(knob_rows), "table")
     print("\nmean absolute percentage error of the step time:")
     emit_frame(report.summary.round(1), "table")
+    if repeated:
+        print(f"{len(repeated)} run(s) left out as copies of another run's measurement")
     if args.fr_out:
         print(f"wrote {args.fr_out}")
     return 0

@@ -230,6 +230,100 @@ def _local(folder: str):
     return load
 
 
+# The largest script a template may produce. sbatch refuses a batch script larger than the
+# controller's max_script_size (slurm.conf SchedulerParameters, default 4 MB:
+# https://slurm.schedmd.com/slurm.conf.html#OPT_max_script_size), so nothing larger is a job
+# script; the bound keeps a template's `'x' * 10**10` from taking the machine's memory.
+MAX_SCRIPT_CHARS = 4 * 10**6
+# The largest integer a template may compute by ``**``, in bits (a port, a byte count or a
+# FLOP count needs under 100; 10**10**10 would take minutes and gigabytes).
+_MAX_POWER_BITS = 4096
+# A field width of eight digits or more in a format string ('%99999999s', '{:>99999999}'):
+# each would allocate that many characters before any check could see the result.
+_HUGE_WIDTH = re.compile(r"%[-#0 +]*\d{8,}|\{[^{}]*:[^{}]*?\d{8,}[^{}]*\}")
+
+
+def _too_big(what: str, size: int) -> SecurityError:
+    return SecurityError(f"{what} would make {size:,} characters, more than a batch script "
+                         f"may hold ({MAX_SCRIPT_CHARS:,}; slurm.conf max_script_size)")
+
+
+def _check_repeat(seq: object, times: object) -> None:
+    if (isinstance(seq, str | bytes | list | tuple) and isinstance(times, int)
+            and len(seq) * times > MAX_SCRIPT_CHARS):
+        raise _too_big("a repetition ('x' * n)", len(seq) * times)
+
+
+def _check_width(fmt: object) -> None:
+    if isinstance(fmt, str) and _HUGE_WIDTH.search(fmt):
+        raise SecurityError("a format width of 8 digits or more: more than a batch script "
+                            f"may hold ({MAX_SCRIPT_CHARS:,} characters)")
+
+
+def _check_sizes(what: str, values) -> None:
+    """Refuse an integer argument that, as a width or a count, passes a script's size."""
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_SCRIPT_CHARS:
+            raise _too_big(f"{what}({value})", value)
+
+
+class _BoundedSandbox(SandboxedEnvironment):
+    """The sandbox with bounded cost: Jinja2's sandbox refuses unsafe attributes and calls but
+    lets ``'x' * 10**10``, ``10**10**10`` and ``'%9999999999s' % x`` run (minutes, gigabytes)
+    and answers ``range(10**9)`` with an OverflowError (a traceback). Here each of those is a
+    SecurityError, which :func:`render` turns into one line; :func:`render` also stops a
+    template whose output passes :data:`MAX_SCRIPT_CHARS` (a loop of large pieces)."""
+
+    intercepted_binops = frozenset({"*", "**", "%"})
+
+    def call_binop(self, context, operator: str, left, right):
+        if operator == "*":
+            _check_repeat(left, right)
+            _check_repeat(right, left)
+        elif operator == "**":
+            if (isinstance(left, int) and isinstance(right, int) and abs(left) > 1
+                    and right * abs(left).bit_length() > _MAX_POWER_BITS):
+                raise SecurityError(f"a power ({left} ** {right}) of more than "
+                                    f"{_MAX_POWER_BITS} bits")
+        elif operator == "%" and isinstance(left, str):
+            _check_width(left)
+            if "*" in left:  # '%*s' % (10**10, 'x'): the width is an argument
+                _check_sizes("a '%*' width", right if isinstance(right, tuple) else (right,))
+        return super().call_binop(context, operator, left, right)
+
+    def call(__self, __context, __obj, *args, **kwargs):
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, str):
+            # str.ljust/center/zfill/expandtabs(10**10) pad to their argument.
+            _check_sizes(f"str.{getattr(__obj, '__name__', '?')}", (*args, *kwargs.values()))
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def wrap_str_format(self, value):
+        # str.format reaches the template as the sandbox's wrapper, made here: its widths
+        # live in the string itself ('{:>9999999999}'), checked before it formats.
+        # A width may also come from an argument ('{:>{w}}'.format('x', w=10**10)).
+        wrapped = super().wrap_str_format(value)
+        if wrapped is None:
+            return None
+        _check_width(value.__self__)
+
+        def bounded(*args, **kwargs):
+            _check_sizes("str.format", (*args, *kwargs.values(), *(
+                args[0].values() if value.__name__ == "format_map" and args
+                and isinstance(args[0], dict) else ())))
+            return wrapped(*args, **kwargs)
+        return bounded
+
+
+def _bounded_filter(filt):
+    """A padding filter (center, indent) that refuses a width beyond a script's size."""
+    def bounded(value, width=None, *args, **kwargs):
+        if isinstance(width, int) and width > MAX_SCRIPT_CHARS:
+            raise _too_big(f"a width of {width}", width)
+        return filt(value, *(() if width is None else (width,)), *args, **kwargs)
+    return bounded
+
+
 @lru_cache(maxsize=8)
 def _environment(folder: str | None) -> jinja2.Environment:
     # Shipped names first, so "{% extends 'frontier.sh.j2' %}" always means the shipped one;
@@ -242,7 +336,7 @@ def _environment(folder: str | None) -> jinja2.Environment:
     # Python's os module through any global (cycler.__init__.__globals__) and run commands
     # right there; the sandbox refuses attributes that start with "_" and unsafe calls. What
     # the template *writes* is still shell that the job runs (docs/sweeps.md "Reviewing").
-    env = SandboxedEnvironment(
+    env = _BoundedSandbox(
         loader=jinja2.ChoiceLoader(loaders),
         undefined=jinja2.StrictUndefined,
         autoescape=False,  # shell, not HTML: quoting is the q filter's job
@@ -251,6 +345,8 @@ def _environment(folder: str | None) -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["q"] = shell_quote
+    for name in ("center", "indent"):  # their width argument pads: bounded like str.center
+        env.filters[name] = _bounded_filter(env.filters[name])
     return env
 
 
@@ -385,7 +481,7 @@ def render(job: JobScript) -> str:
     # initialize (OLCF PyTorch guide), so the choice is made here, where the node count is known.
     site_env = site.env + (site.env_multi_node if r.nodes > 1 else site.env_single_node)
     try:
-        return template.render(
+        return _bounded_text(template.generate(
             job=job,
             r=sbatch,
             tasks=job.tasks,
@@ -404,7 +500,7 @@ def render(job: JobScript) -> str:
             trainer_signal=job.trainer_signal if trainer else None,
             contract=contract.template_values(int(options["master_port"]),
                                               max((len(p) for p in job.packs), default=1)),
-        )
+        ), job.template)
     except jinja2.UndefinedError as exc:
         raise SpecError(f"template {job.template}: {exc.message}", "template") from None
     except SecurityError as exc:
@@ -415,7 +511,25 @@ def render(job: JobScript) -> str:
                         "in the template's own folder", "template") from None
     except jinja2.TemplateError as exc:
         raise SpecError(f"template {job.template}: {exc}", "template") from None
+    except OverflowError as exc:
+        # range(10**9) (the sandbox's own bound), 10.0 ** 1000: a number no script needs.
+        raise SpecError(f"template {job.template}: refused by the template sandbox: {exc}",
+                        "template") from None
     except RecursionError:
         # An include or macro that calls itself: one line, not a thousand frames.
         raise SpecError(f"template {job.template} includes or calls itself without end (a "
                         "cycle)", "template") from None
+
+
+def _bounded_text(pieces, name: str) -> str:
+    """The template's output, read piece by piece and refused once it passes
+    :data:`MAX_SCRIPT_CHARS` (a loop of large pieces would otherwise fill the memory)."""
+    out, size = [], 0
+    for piece in pieces:
+        size += len(piece)
+        if size > MAX_SCRIPT_CHARS:
+            raise SpecError(f"template {name}: refused by the template sandbox: its output "
+                            f"passes {MAX_SCRIPT_CHARS:,} characters, more than a batch script "
+                            "may hold (slurm.conf max_script_size)", "template")
+        out.append(piece)
+    return "".join(out)

@@ -19,6 +19,8 @@ import dataclasses
 import fcntl
 import json
 import os
+import secrets
+import shutil
 import socket
 import threading
 from collections.abc import Iterator
@@ -354,18 +356,32 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
     # Every script is rendered before anything is written: a template the sandbox refuses,
     # or a value refused while rendering, leaves no folder behind.
     texts = [render(script) for _, script in scripts]
-    directory.mkdir(parents=True, exist_ok=True)
+    # Everything is written into a staging folder beside the target and moved into place at
+    # the end: a write that fails half way (a full disk, a quota) leaves no half-rendered
+    # sweep folder that a later submit would take for a whole one (issue 38, item 8).
+    with staged(directory) as stage:
+        data = _write_sweep(sweep, directory, stage, scripts, texts, needs)
+    return Manifest(directory, data)
+
+
+def _write_sweep(sweep: Sweep, directory: Path, stage: Path, scripts, texts: list[str],
+                 needs: dict) -> dict:
+    """Write the sweep folder's files into ``stage``, named as they will be in ``directory``
+    (the scripts and the manifest name ``directory``'s paths); return the manifest's data."""
+    def at(path: Path) -> Path:  # where a file of ``directory`` is written while staged
+        return stage / Path(path).relative_to(directory)
+
     moves = input_files(sweep, directory)
     for source, copy in moves.items():
-        inside(directory, "inputs").mkdir(exist_ok=True)
-        _write(Path(copy), Path(source).read_text())
+        at(inside(directory, "inputs")).mkdir(exist_ok=True)
+        _write(at(Path(copy)), Path(source).read_text())
     by_key = {j.key: j for j in sweep.jobs}
     groups = []
     jobs = []
     for (group, script), text in zip(scripts, texts, strict=True):
-        path = inside(directory, group.script)
+        path = at(inside(directory, group.script))
         path.parent.mkdir(parents=True, exist_ok=True)
-        inside(directory, group.log_dir).mkdir(parents=True, exist_ok=True)
+        at(inside(directory, group.log_dir)).mkdir(parents=True, exist_ok=True)
         # A sweep that opted in to settings that load code says so at the top of each script.
         _write(path, unsafe.with_note(text, sweep.spec.allow_unsafe or ()), mode=0o755)
         groups.append({"name": group.name, "script": group.script, "nodes": group.nodes,
@@ -375,8 +391,8 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
         for position, key in enumerate(group.keys):
             job = by_key[key]
             for name, text in config_files(sweep.spec.workload, job.model, job.layout).items():
-                job_dir(directory, key).mkdir(parents=True, exist_ok=True)
-                _write(job_dir(directory, key) / name, text)
+                at(job_dir(directory, key)).mkdir(parents=True, exist_ok=True)
+                _write(at(job_dir(directory, key)) / name, text)
             # "index": the array task that runs the job; "step": its srun step in a packed one.
             jobs.append({
                 "key": key, "group": group.name, "index": group.array_index(position),
@@ -393,13 +409,16 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
                 "prediction": dict(job.prediction),
                 **({"predicted_runtime_s": round(needs[key])} if key in needs else {}),
             })
-    inside(directory, "traces").mkdir(exist_ok=True)
+    at(inside(directory, "traces")).mkdir(exist_ok=True)
     warnings = pack_warnings(sweep.spec.pack, sweep.spec.pack_mode,
                              [(g.name, len(g.keys), g.pack, g.nodes) for g, _ in scripts])
     off_fs = out_warning(directory, sweep.site.parallel_fs, sweep.system.name,
                          sweep.site.source("parallel_fs"))
     warnings += [off_fs] if off_fs else []
-    warnings += _workload_command(sweep, directory)[1]
+    # Checked against the staged files (the job's config files are there until the move),
+    # and told with the paths they will have.
+    warnings += [w.replace(str(stage), str(directory))
+                 for w in _workload_command(sweep, stage)[1]]
     data = {
         "sweep": sweep.name, "source": sweep.source, "template": sweep.template,
         "executor": sweep.spec.executor, "system": sweep.system.name,
@@ -420,9 +439,45 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
                             "source": sweep.site.source("max_queued_jobs")}}
            if sweep.site.max_queued_jobs else {}),
     }
-    _write(inside(directory, "sweep.yaml"), sweep.text)
-    _write(inside(directory, MANIFEST), json.dumps(data, indent=1) + "\n")
-    return Manifest(directory, data)
+    _write(stage / "sweep.yaml", sweep.text)
+    _write(stage / MANIFEST, json.dumps(data, indent=1) + "\n")
+    return data
+
+
+@contextlib.contextmanager
+def staged(directory: Path) -> Iterator[Path]:
+    """A new, empty folder beside ``directory`` to write into; when ``with`` ends without an
+    error, its files are moved into ``directory`` (the folder itself renamed into place when
+    ``directory`` does not exist yet; one ``os.replace`` per file into an existing one, a
+    re-render of the same sweep, with its manifest moved last). Renames within one file
+    system need no free space, so a disk that fills up fails inside the staging folder,
+    which is then removed: the target is either as it was or whole."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    stage = directory.parent / f".{directory.name}.flm-render-{os.getpid()}-{secrets.token_hex(4)}"
+    stage.mkdir()
+    try:
+        yield stage
+        try:
+            os.rename(stage, directory)  # fails for an existing folder that is not empty
+            return
+        except OSError:
+            if not directory.is_dir():
+                raise
+        _move_into(stage, directory)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _move_into(stage: Path, directory: Path) -> None:
+    """Move every file under ``stage`` to the same place under ``directory``; the manifest
+    last, so a folder whose manifest is new has every other new file already."""
+    files = []
+    for root, _dirs, names in os.walk(stage):
+        rel = Path(root).relative_to(stage)
+        (directory / rel).mkdir(exist_ok=True)
+        files += [rel / n for n in names]
+    for rel in sorted(files, key=lambda r: r == Path(MANIFEST)):
+        os.replace(stage / rel, directory / rel)
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> None:

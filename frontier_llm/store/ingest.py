@@ -32,7 +32,9 @@ import json
 import math
 import os
 import random
+import sqlite3
 import stat
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -52,7 +54,7 @@ from frontier_llm.specs.axes import RANK_FIELDS
 from frontier_llm.specs.identity import layout_hash
 from frontier_llm.specs.layout import Layout, Sharding
 from frontier_llm.specs.model import ModelSpec
-from frontier_llm.store import Store
+from frontier_llm.store import SQLITE_BUSY_TIMEOUT_S, Store
 from frontier_llm.store.schema import (
     LAYOUT_COLUMNS,
     flm_layouts,
@@ -102,6 +104,7 @@ class IngestReport:
     warnings: list[str] = field(default_factory=list)
     batches: int = 0
     retries: int = 0
+    waited: bool = False  # found the database's write lock held by another program
     seconds: float = 0.0
 
     def summary(self, where: str) -> str:
@@ -521,13 +524,44 @@ def _known_digests(store: Store, digests: Sequence[str]) -> set[str]:
         ).scalars())
 
 
+def _say_on_stderr(line: str) -> None:
+    print(f"flm: {line}", file=sys.stderr, flush=True)
+
+
+def sqlite_write_locked(store: Store) -> bool:
+    """Whether another connection holds the SQLite database's write lock right now: a probe
+    that takes the lock without waiting (a second connection, ``timeout=0``) and gives it
+    back at once. False for PostgreSQL (its writers lock rows, not the database) and for a
+    database that is not a file."""
+    if store.dialect != "sqlite":
+        return False
+    db = store.engine.url.database
+    if not db or db == ":memory:" or not os.path.isfile(db):
+        return False
+    try:
+        probe = sqlite3.connect(db, timeout=0, isolation_level=None)
+    except sqlite3.Error:
+        return False
+    try:
+        probe.execute("BEGIN IMMEDIATE")
+        probe.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError as exc:
+        return "locked" in str(exc) or "busy" in str(exc)
+    finally:
+        probe.close()
+
+
 def collect(store: Store, dirs: Iterable[str | Path], *, quarantine: str | Path | None = None,
             batch_size: int = DEFAULT_BATCH, progress: Callable[[str], None] | None = None,
-            advance: Callable[[int, int], None] | None = None) -> IngestReport:
+            advance: Callable[[int, int], None] | None = None,
+            notice: Callable[[str], None] = _say_on_stderr) -> IngestReport:
     """Ingest every ``*.trace.json`` below ``dirs``; see the module docstring.
 
     ``progress`` gets one line per batch; ``advance(files done, files found)`` is called before
-    the first batch and after each one (for a progress bar).
+    the first batch and after each one (for a progress bar). ``notice`` gets one line, once,
+    when the database's write lock is held by another program: SQLite's busy handler waits
+    up to a minute per try (and the batch is tried again), which looked like a hang.
     """
     if batch_size < 1:
         raise UserError(f"collect: --batch-size must be at least 1 (got {batch_size})")
@@ -541,6 +575,11 @@ def collect(store: Store, dirs: Iterable[str | Path], *, quarantine: str | Path 
     for b in range(nbatches):
         tb = time.perf_counter()
         chunk = files[b * batch_size:(b + 1) * batch_size]
+        if not report.waited and sqlite_write_locked(store):
+            report.waited = True
+            notice(f"waiting for the database {store.url_redacted}: another program holds its "
+                   f"write lock (each try waits up to {SQLITE_BUSY_TIMEOUT_S:.0f} s, "
+                   f"{MAX_ATTEMPTS} tries)")
         counts = _collect_batch(store, chunk, quarantine, report)
         report.batches += 1
         if progress:
