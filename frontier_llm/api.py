@@ -236,8 +236,9 @@ def allocation(model: str | ModelSpec, system: str | SystemSpec = "frontier", *,
     high end as flm plan judges it. Every count trains the same global batch (``global_batch``
     or 4M tokens) unless ``grow_batch`` lets it grow with the count (``--grow-batch``); the
     batch and what the answer rests on are in ``attrs["batch"]`` and ``attrs["rests_on"]``.
-    ``risk_aware`` ranks by the low end of the throughput interval. The choice is in ``attrs["selection"]``: ``message`` (the
-    sentence flm plan prints) and ``gpus`` (None when no count qualifies).
+    ``risk_aware`` ranks by the low end of the throughput interval. The choice is in
+    ``attrs["selection"]``: ``message`` (the sentence flm plan prints) and ``gpus`` (None when
+    no count qualifies).
     """
     from frontier_llm.cli import allocation as alloc_cli
     from frontier_llm.errors import UserError
