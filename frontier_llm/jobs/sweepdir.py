@@ -454,7 +454,10 @@ def staged(directory: Path) -> Iterator[Path]:
     which is then removed: the target is either as it was or whole."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     stage = directory.parent / f".{directory.name}.flm-render-{os.getpid()}-{secrets.token_hex(4)}"
-    stage.mkdir()
+    try:
+        stage.mkdir()
+    except OSError as exc:  # say it of the folder the user named, not of the staging one
+        raise OSError(exc.errno, exc.strerror, str(directory)) from None
     try:
         yield stage
         try:
@@ -473,9 +476,13 @@ def _move_into(stage: Path, directory: Path) -> None:
     last, so a folder whose manifest is new has every other new file already."""
     files = []
     for root, _dirs, names in os.walk(stage):
-        rel = Path(root).relative_to(stage)
-        (directory / rel).mkdir(exist_ok=True)
-        files += [rel / n for n in names]
+        files += [Path(root).relative_to(stage) / n for n in names]
+    # Every place first, before anything moves: a link planted in the folder (at a file's name
+    # or a sub-folder's) must not carry a rendered file out of it.
+    for rel in files:
+        inside(directory, rel)
+    for rel in files:
+        (directory / rel.parent).mkdir(parents=True, exist_ok=True)
     for rel in sorted(files, key=lambda r: r == Path(MANIFEST)):
         os.replace(stage / rel, directory / rel)
 
