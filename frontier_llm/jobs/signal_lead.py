@@ -10,11 +10,12 @@ after each ``train_step``, at the Megatron-LM commit docs/export.md cites, ``309
 capped at :data:`CAP_FRACTION` of the walltime. ``checkpoint_s`` is the checkpoint's bytes over
 the job's write bandwidth. The bytes are the cost model's own model-state accounting
 (costmodel/memory.py): parameters and optimizer states, each counted once over the ranks that
-share it, no gradients; Megatron's checkpoint holds the model's ``state_dict`` and the
-optimizer's (fp32 master weights and both Adam moments) and no gradients
-(``megatron/training/checkpointing.py``, ``save_checkpoint``/``generate_state_dict``, same
-commit): 2 + 12 = 14 bytes per bf16 parameter, ~2.4 TB for 175B. The bandwidth is the job's
-share of the site's parallel file system: min(the file system's aggregate write bandwidth,
+share it, no gradients; Megatron's checkpoint holds the model's and the optimizer's state
+(fp32 master weights and both Adam moments) and the RNG state, no gradients
+(``megatron/training/checkpointing.py``: ``model_optim_rng.pt`` per tensor/pipeline rank, and
+``distrib_optim.pt`` beside it for the distributed optimizer's shards; read at NVIDIA/Megatron-LM
+commit 0032978f): 2 + 12 = 14 bytes per bf16 parameter, ~2.46 TB for 175B. The bandwidth is
+the job's share of the site's parallel file system: min(the file system's aggregate write bandwidth,
 nodes x one node's injection bandwidth) (site ``checkpoint_write_gbps`` and
 ``node_write_gbps``, each with its source in the system YAML). It assumes the job gets the
 whole aggregate when its nodes can drive it; the file system is shared, hence :data:`SAFETY`.
