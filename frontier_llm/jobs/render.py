@@ -164,6 +164,9 @@ class JobScript:
     # A trainer job: the signal its trainer saves a checkpoint and stops on (jobs/workload.py
     # exit_signal), sent to the ranks before the time limit instead of USR1 to the batch shell.
     trainer_signal: str | None = None
+    # A trainer job's lead (jobs/signal_lead.py: long enough to save its checkpoint), in place
+    # of the site's; None keeps the site's.
+    signal_lead_s: int | None = None
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -417,7 +420,7 @@ def template_options(template: str) -> dict[str, str | None] | None:
     return None if family is None else TEMPLATE_OPTIONS[family]
 
 
-def _signal_seconds(site: Site, limit: str) -> int | None:
+def signal_seconds(site: Site, limit: str) -> int | None:
     """Seconds before the time limit the batch shell gets USR1: the site's, but at most a tenth
     of a short job's time (a 5-minute job told at once would stop before its first step)."""
     if not site.signal_before_end_s:
@@ -490,7 +493,8 @@ def render(job: JobScript) -> str:
             options=options,
             site=site,
             site_env=site_env,
-            signal_s=_signal_seconds(site, r.time),
+            signal_s=job.signal_lead_s if trainer and job.signal_lead_s
+            else signal_seconds(site, r.time),
             launch=launch,
             concurrent=job.step_ranks_per_node is not None,
             rank_cpus=r.cpus_per_task,

@@ -32,8 +32,8 @@ from typing import Any
 from frontier_llm import __version__
 from frontier_llm.atomic import write_text_atomic
 from frontier_llm.errors import UserError
-from frontier_llm.jobs import site_policy, unsafe, walltime
-from frontier_llm.jobs.render import JobScript, Resources, Task, render
+from frontier_llm.jobs import signal_lead, site_policy, unsafe, walltime
+from frontier_llm.jobs.render import JobScript, Resources, Task, render, signal_seconds
 from frontier_llm.jobs.render_warnings import command_paths, out_warning, pack_warnings
 from frontier_llm.jobs.sweepspec import Sweep, SweepJob
 from frontier_llm.jobs.workload import (
@@ -244,9 +244,29 @@ def _moved(argv: tuple[str, ...], moves: dict[str, str]) -> tuple[str, ...]:
     return tuple(moves.get(w, w) for w in argv)
 
 
+def signal_leads(sweep: Sweep) -> dict[str, signal_lead.Lead]:
+    """Each trainer job's pre-deadline signal lead (jobs/signal_lead.py); none for flm bench
+    or a trainer without an exit signal (those keep the batch shell's USR1 at the site's)."""
+    if sweep.spec.workload == FLM_BENCH or not exit_signal(sweep.spec.workload):
+        return {}
+    out = {}
+    for job in sweep.jobs:
+        try:
+            limit_s: int | None = time_seconds(job.time)
+        except UserError:  # UNLIMITED
+            limit_s = None
+        found = signal_lead.lead(signal_seconds(sweep.site, job.time), sweep.site, job.model,
+                                 job.layout, job.nodes, job.prediction.get("step_time_s"),
+                                 limit_s)
+        if found is not None:
+            out[job.key] = found
+    return out
+
+
 def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
     """The JobScript of every group (pure: no file is touched)."""
     directory = directory.resolve()
+    leads = signal_leads(sweep)
     moves = input_files(sweep, directory)
     by_key = {j.key: j for j in sweep.jobs}
     env = sweep.spec.environment
@@ -279,6 +299,9 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
             site=sweep.site,
             trainer_signal=None if sweep.spec.workload == FLM_BENCH
             else exit_signal(sweep.spec.workload),
+            # One signal per allocation: a pack's is its largest checkpoint's.
+            signal_lead_s=max((leads[k].seconds for k in group.keys if k in leads),
+                              default=None),
         )))
     return out
 
@@ -345,10 +368,13 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
     if sweep.spec.workload != FLM_BENCH:
         # A trainer runs the steps of its own flags, not flm bench's (jobs/workload.py).
         steps = steps_in_command(sweep.spec.workload, sweep.spec.workload_command, steps)
+    leads = signal_leads(sweep)
     needs = dict(walltime.check(
         [(j.key, j.nodes, j.prediction.get("step_time_s"), j.time,
           walltime.steps_in(j.bench_args, steps) if sweep.spec.workload == FLM_BENCH else steps)
          for j in sweep.jobs], sweep.site,
+        # A trainer job stops training when signalled: its lead is time it does not train.
+        reserve={k: float(v.seconds) for k, v in leads.items()},
         partition=res.partition if res else None, qos=res.qos if res else None,
         allow_overtime=allow_overtime,
         staged=bool((sweep.spec.template_options or {}).get("stage_env")),
@@ -360,12 +386,12 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
     # the end: a write that fails half way (a full disk, a quota) leaves no half-rendered
     # sweep folder that a later submit would take for a whole one (issue 38, item 8).
     with staged(directory) as stage:
-        data = _write_sweep(sweep, directory, stage, scripts, texts, needs)
+        data = _write_sweep(sweep, directory, stage, scripts, texts, needs, leads)
     return Manifest(directory, data)
 
 
 def _write_sweep(sweep: Sweep, directory: Path, stage: Path, scripts, texts: list[str],
-                 needs: dict) -> dict:
+                 needs: dict, leads: dict) -> dict:
     """Write the sweep folder's files into ``stage``, named as they will be in ``directory``
     (the scripts and the manifest name ``directory``'s paths); return the manifest's data."""
     def at(path: Path) -> Path:  # where a file of ``directory`` is written while staged
@@ -408,6 +434,7 @@ def _write_sweep(sweep: Sweep, directory: Path, stage: Path, scripts, texts: lis
                 **({"workload": sweep.spec.workload} if job.after else {}),
                 "prediction": dict(job.prediction),
                 **({"predicted_runtime_s": round(needs[key])} if key in needs else {}),
+                **({"signal_lead_s": leads[key].seconds} if key in leads else {}),
             })
     at(inside(directory, "traces")).mkdir(exist_ok=True)
     warnings = pack_warnings(sweep.spec.pack, sweep.spec.pack_mode,
@@ -415,6 +442,9 @@ def _write_sweep(sweep: Sweep, directory: Path, stage: Path, scripts, texts: lis
     off_fs = out_warning(directory, sweep.site.parallel_fs, sweep.system.name,
                          sweep.site.source("parallel_fs"))
     warnings += [off_fs] if off_fs else []
+    by_key_lead = [signal_lead.cap_warning(j.key, j.nodes, j.time, leads[j.key])
+                   for j in sweep.jobs if j.key in leads]
+    warnings += [w for w in by_key_lead if w]
     # Checked against the staged files (the job's config files are there until the move),
     # and told with the paths they will have.
     warnings += [w.replace(str(stage), str(directory))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from frontier_llm.errors import SpecError
@@ -56,6 +56,10 @@ class Need:
     nodes: int = 1
     margin: float = MARGIN
     staged: bool = False  # the Python environment staged to node-local storage (stage_env)
+    # Seconds before the limit the job stops training (a trainer's signal lead: it finishes a
+    # step, saves and exits then; jobs/signal_lead.py). Not scaled by the margin: it is a set
+    # time, not a prediction.
+    reserve_s: float = 0.0
 
     @property
     def startup_s(self) -> float:
@@ -63,11 +67,12 @@ class Need:
 
     @property
     def seconds(self) -> float:
-        return (self.startup_s + self.steps * self.step_time_s) * (1 + self.margin)
+        return (self.startup_s + self.steps * self.step_time_s) * (1 + self.margin) \
+            + self.reserve_s
 
     def steps_within(self, limit_s: float) -> int:
         """The most steps that fit in ``limit_s`` with the same start-up and margin."""
-        room = limit_s / (1 + self.margin) - self.startup_s
+        room = (limit_s - self.reserve_s) / (1 + self.margin) - self.startup_s
         return max(0, math.floor(room / self.step_time_s)) if self.step_time_s > 0 else 0
 
 
@@ -118,6 +123,7 @@ def check(
     allow_overtime: bool = False,
     staged: bool = False,
     pack: int = 1,
+    reserve: Mapping[str, float] | None = None,
 ) -> list[tuple[str, float]]:
     """Refuse the first job whose need is over its time limit; return every checked job's
     ``(key, seconds needed)``.
@@ -125,13 +131,15 @@ def check(
     ``jobs``: (key, nodes, predicted step time or None, time limit, warm-up plus measured
     steps). ``staged``: the environment is staged to node-local storage (shorter start-up).
     ``pack``: layouts per allocation (sequential pack): ``--time`` is then each layout's, and
-    the refusal says so.
+    the refusal says so. ``reserve``: seconds before its limit a job (by key) stops training
+    (a trainer's signal lead), counted in its need.
     """
     needs = []
     for key, nodes, step_time, limit, steps in jobs:
         if not step_time:
             continue
-        need = Need(float(step_time), steps, nodes, staged=staged)
+        need = Need(float(step_time), steps, nodes, staged=staged,
+                    reserve_s=(reserve or {}).get(key, 0.0))
         needs.append((key, need.seconds))
         limit_s = time_seconds(limit)
         if need.seconds <= limit_s or allow_overtime:
@@ -146,7 +154,10 @@ def check(
         raise OvertimeError(
             f"walltime: layout {key} ({nodes} nodes) needs {_hms(need.seconds)} = (start-up "
             f"{need.startup_s:.0f} s + {steps} steps x {step_time:.0f} s predicted) + "
-            f"{need.margin:.0%} margin, over its --time {limit} ({limit_s} s){per}: run fewer "
+            f"{need.margin:.0%} margin"
+            + (f" + {need.reserve_s:.0f} s signal lead (checkpoint and exit)"
+               if need.reserve_s else "")
+            + f", over its --time {limit} ({limit_s} s){per}: run fewer "
             f"steps "
             f"({fit} fit, warm-up included), more nodes{longer}, or pass --allow-overtime",
             "time",

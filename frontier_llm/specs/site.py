@@ -118,6 +118,12 @@ class Site:
     numa_binding: str | None = None
     # sbatch --signal=B:USR1@N: the batch shell is told N seconds before the time limit.
     signal_before_end_s: int | None = None
+    # GB/s (1e9 bytes) a trainer job's checkpoint is written at: the parallel file system's
+    # aggregate write bandwidth and one node's injection bandwidth (jobs/signal_lead.py: the
+    # job's share is the smaller of the aggregate and nodes x the node's). None: the lead
+    # stays the site's signal_before_end_s.
+    checkpoint_write_gbps: float | None = None
+    node_write_gbps: float | None = None
     mem: str | None = None
     exclusive: bool = False
     # Partitions whose nodes are shared between jobs (LUMI small-g, dev-g): a job there that
@@ -333,6 +339,10 @@ def _check_types(site: Site) -> None:
         v = getattr(site, name)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
             raise SpecError(f"site.{name} must be a whole number", name)
+    for name in ("checkpoint_write_gbps", "node_write_gbps"):
+        v = getattr(site, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
+            raise SpecError(f"site.{name} must be a positive number (GB/s)", name)
     for name in _STRINGS:
         v = getattr(site, name)
         if v is not None and not isinstance(v, str):
