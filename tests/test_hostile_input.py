@@ -14,19 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_checks import one_line_refusal as _one_line
 from store_fixtures import make_trace
 from sweep_texts import local_sweep
 
 from frontier_llm.cli import main
 from frontier_llm.jobs.runner import LOG_TAIL_BYTES, tail_text
-
-
-def _one_line(capsys, argv: list[str], words: str) -> str:
-    assert main(argv) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and "Traceback" not in err, err
-    assert words in err, err
-    return err
 
 
 def _bomb(levels: int = 9) -> str:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_checks import one_line_refusal as _one_line
 from store_fixtures import make_trace
 from sweep_texts import local_sweep
 
@@ -25,13 +26,6 @@ from frontier_llm.cli import main
 
 DATA = Path(__file__).parent / "data" / "trainer_logs"
 
-
-def _one_line(capsys, argv: list[str], words: str) -> str:
-    assert main(argv) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and "Traceback" not in err, err
-    assert words in err, err
-    return err
 
 
 def _template_sweep(folder: Path, body: str) -> Path:

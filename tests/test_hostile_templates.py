@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from cli_checks import one_line_refusal as _one_line_refusal
 from sweep_texts import local_sweep
 
 from frontier_llm.cli import main
@@ -23,13 +24,6 @@ def _sweep(folder: Path, template: str, *, files: dict[str, str]) -> Path:
     )
     return path
 
-
-def _one_line_refusal(capsys, argv: list[str], words: str) -> str:
-    assert main(argv) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and "Traceback" not in err, err
-    assert words in err, err
-    return err
 
 
 @pytest.mark.parametrize("command", [["render", "--out"], ["submit", "--dry-run", "--out"]])
