@@ -28,11 +28,31 @@ import math
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["AXES", "LABELLED", "MESH_ORDER", "MODEL_AXES", "RANK_FIELDS", "REPLICA_AXES",
-           "SEQUENCE_AXES", "FOLDED_AXES", "WORLD_AXES", "Axis", "coords",
-           "expert_data_parallel", "data_parallel_for", "degree", "frame_world_size",
-           "label_parts", "model_parallel_size", "rank_field", "rank_fields", "rank_of",
-           "sequence_split", "shard_ranks", "world_size"]
+__all__ = [
+    "AXES",
+    "FOLDED_AXES",
+    "LABELLED",
+    "MESH_ORDER",
+    "MODEL_AXES",
+    "RANK_FIELDS",
+    "REPLICA_AXES",
+    "SEQUENCE_AXES",
+    "WORLD_AXES",
+    "Axis",
+    "coords",
+    "data_parallel_for",
+    "degree",
+    "expert_data_parallel",
+    "frame_world_size",
+    "label_parts",
+    "model_parallel_size",
+    "rank_field",
+    "rank_fields",
+    "rank_of",
+    "sequence_split",
+    "shard_ranks",
+    "world_size",
+]
 
 
 class Axis(StrEnum):
