@@ -27,12 +27,13 @@ Everything here runs before any process group exists, so a bad layout costs noth
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Literal
 
 from frontier_llm.errors import UserError
 from frontier_llm.specs import axes
-from frontier_llm.specs.layout import Engine, Layout
+from frontier_llm.specs.layout import Engine, Layout, Recompute
 from frontier_llm.specs.model import ModelSpec
 
 DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -136,4 +137,56 @@ def check_layout(model: ModelSpec, layout: Layout, world_size: int | None = None
             f"flm bench runs engine native only (got engine {layout.engine}): plan and predict "
             "other engines with flm plan / flm predict --engine"
         )
-    return mesh_dims(layout)
+    dims = mesh_dims(layout)
+    if model.is_moe:
+        check_moe(layout, dims)
+    return dims
+
+
+def check_moe(layout: Layout, dims: MeshDims) -> None:
+    """What flm bench's MoE block (bench/moe.py) does not run, each refused with its reason."""
+    if layout.tp > 1:
+        # Expert-tp = tp (specs/axes.py) would split every expert over the tp ranks; the
+        # native engine's tensor-parallel plan covers dense MLPs only.
+        raise UserError(f"tp {layout.tp} with a Mixture-of-Experts model: flm bench's native "
+                        "engine does not split experts over tensor-parallel ranks (use tp 1; "
+                        "flm plan and predict model expert-tp)")
+    if layout.cp > 1:
+        # The router's load-balancing loss is over a micro-batch's tokens; a cp rank holds part
+        # of each sequence, and the native engine does not reduce the router's statistics
+        # over the cp group as Megatron-Core does.
+        raise UserError(f"cp {layout.cp} with a Mixture-of-Experts model: flm bench's native "
+                        "engine takes the router's load-balancing loss over whole sequences "
+                        "(use cp 1)")
+    if layout.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
+        # Recomputing an MoE block would repeat its all-to-all exchanges and count its tokens
+        # twice; selective recompute touches the attention core only.
+        raise UserError(f"recompute {layout.recompute} with a Mixture-of-Experts model: flm "
+                        "bench's native engine recomputes no MoE block (use none or selective)")
+    if layout.ep > 1 and dims.data_parallel != "ddp":
+        # ZeRO-1 and FSDP2 shard every parameter over dp x cp as if all were alike; routed
+        # experts differ between the ep ranks and are reduced over expert-dp only.
+        raise UserError(f"ep {layout.ep} with sharding {layout.sharding.describe()}: flm "
+                        "bench's native engine runs expert parallelism with replicated "
+                        "parameters only (sharding zero0)")
+
+
+def expert_groups(layout: Layout) -> tuple[list[list[int]], list[list[int]]]:
+    """(ep groups, expert-dp groups) as rank lists, every group of the world in one order.
+
+    Within one pipeline stage and tp index, the ranks ordered by their dp x cp index (cp
+    fastest) are cut into runs of ep consecutive ranks, the ep groups (specs/axes.py
+    ``coords``: a rank's ep index is its place in its run); the ranks at the same place of every
+    run hold the same experts and reduce their gradients together (expert-dp)."""
+    ep = int(axes.degree(layout, axes.Axis.EP))
+    replicas: dict[tuple[int, int], list[tuple[int, int, int]]] = defaultdict(list)
+    for rank in range(int(axes.world_size(layout))):
+        c = axes.coords(rank, layout)
+        replicas[(c["pp"], c["tp"])].append((c["dp"], c["cp"], rank))
+    ep_groups: list[list[int]] = []
+    edp_groups: list[list[int]] = []
+    for key in sorted(replicas):
+        ranks = [r for *_, r in sorted(replicas[key])]
+        ep_groups += [ranks[i:i + ep] for i in range(0, len(ranks), ep)]
+        edp_groups += [ranks[j::ep] for j in range(ep)]
+    return ep_groups, edp_groups
