@@ -181,6 +181,10 @@ def test_merge_sums_ranks_over_measured_steps_and_names_the_busiest_expert():
     moe = merge(per_rank, steps, replicas=2)
     assert moe["tokens_per_expert"] == [[12, 4]]  # the warm-up step left out
     assert moe["imbalance"] == [1.5] and moe["imbalance_max"] == 1.5
+    # The tp ranks of a group route the same tokens: only one of them counts.
+    tp_pair = merge(per_rank, steps, replicas=1, token_ranks=[True, False])
+    assert tp_pair["tokens_per_expert"] == [[6, 2]] and tp_pair["steps"][1]["aux_loss"] == 0.02
+    assert tp_pair["steps"][1]["dispatch_s"] == [0.1, 0.2]  # every rank's time
     assert moe["dispatch_s"] == pytest.approx(0.25)  # median of the slowest rank's 0.2, 0.3
     assert moe["steps"][1]["dispatch_s"] == [0.1, 0.2]
     assert moe["steps"][1]["aux_loss"] == pytest.approx(0.02)
@@ -203,7 +207,7 @@ def test_expert_groups_follow_the_ep_coordinate():
 
 
 @pytest.mark.parametrize("fields, words", [
-    (dict(tp=2, global_batch=1), "does not split experts over tensor-parallel ranks"),
+    (dict(tp=2, sequence_parallel=True, global_batch=1), "routes the tokens every tp rank"),
     (dict(cp=2, global_batch=1), "load-balancing loss over whole sequences"),
     (dict(recompute="full", global_batch=1), "recomputes no MoE block"),
     (dict(dp=2, ep=2, global_batch=2, sharding=1), "replicated parameters only"),
@@ -229,7 +233,9 @@ def test_bad_ep_is_refused_in_one_line_before_any_rank(tmp_path):
 # -- real ranks: flm bench against the single-process reference ---------------------------------
 def run_moe_bench(tmp_path: Path, model: Path, layout: ParallelConfig,
                   warmup: int = 0) -> tuple[subprocess.CompletedProcess, dict]:
-    flags = ["--dp", str(layout.dp), "--pp", str(layout.pp), "--ep", str(layout.ep),
+    s = layout.sharding
+    flags = ["--tp", str(layout.tp), "--dp", str(layout.dp), "--pp", str(layout.pp),
+             "--ep", str(layout.ep), "--sharding", f"p={s.params},g={s.grads},o={s.optim}",
              "--global-batch", str(layout.global_batch), "--micro-batch",
              str(layout.micro_batch), "--dtype", "fp32", "--steps", str(STEPS),
              "--warmup", str(warmup)]
@@ -282,15 +288,26 @@ def test_flm_bench_ep2_trains_like_one_process_and_traces_the_all_to_alls(tmp_pa
     (TINY_MOE, dict(dp=4, ep=2, global_batch=4)),  # expert-dp 2: experts reduced over it
     (FULL_MOE, dict(dp=2, ep=2, global_batch=4, micro_batch=1)),  # dropping, shared, dense
     (TINY_MOE, dict(dp=2, pp=2, ep=2, global_batch=4, schedule="1f1b")),
-], ids=["dp4-ep2", "full-ep2", "pp2-dp2-ep2"])
+    (FULL_MOE, dict(tp=2, dp=2, ep=2, global_batch=4)),  # expert-tp = tp
+    (TINY_MOE, dict(dp=2, global_batch=4, sharding=3)),  # ep 1: experts under FSDP2
+], ids=["dp4-ep2", "full-ep2", "pp2-dp2-ep2", "full-tp2-dp2-ep2", "dp2-fsdp-ep1"])
 def test_more_expert_parallel_layouts_train_like_one_process(tmp_path, fields, lay):
     model = model_file(tmp_path, fields)
     layout = ParallelConfig(dtype="fp32", **lay)
     proc, trace = run_moe_bench(tmp_path / "t", model, layout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_reference_losses(model, layout, trace)
-    if fields is FULL_MOE:
-        assert trace["moe"]["dropped"] > 0 and trace["moe"]["blocks"] == [1, 2]
+    moe = trace["moe"]
+    s = load_model(str(model))
+    # Every assignment counted once (not once per tp rank): tokens x top_k per block, computed
+    # or dropped at capacity.
+    per_block = STEPS * layout.global_batch * s.seq_len * s.top_k
+    computed = [sum(t) for t in moe["tokens_per_expert"]]
+    assert sum(computed) + moe["dropped"] == per_block * len(computed)
+    if fields is TINY_MOE:
+        assert computed == [per_block] * 2 and moe["dropped"] == 0
+    else:
+        assert moe["dropped"] > 0 and moe["blocks"] == [1, 2]
 
 
 def test_a_dense_trace_has_no_moe_fields_and_old_traces_stay_valid(tmp_path):
@@ -324,17 +341,21 @@ _WORKER = textwrap.dedent('''
     from frontier_llm.catalog import load_model
     from frontier_llm.specs.parallel import ParallelConfig
 
-    rank, world, port, model, dp, ep, out = sys.argv[1:8]
+    rank, world, port, model, tp, dp, ep, out = sys.argv[1:9]
     rank, world = int(rank), int(world)
     code = 1
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world)
-        layout = ParallelConfig(dp=int(dp), ep=int(ep), global_batch=int(dp), dtype="fp32")
+        layout = ParallelConfig(tp=int(tp), dp=int(dp), ep=int(ep), global_batch=int(dp),
+                                dtype="fp32")
         engine = NativeEngine(load_model(model), layout, rank=rank, world_size=world,
                               device=torch.device("cpu"))
         engine.gradients(0)
-        mine = {n: p.grad.detach().clone() for n, p in engine.modules[0].named_parameters()}
+        # A tensor-parallel shard's gradient is gathered whole over its tp group (the same
+        # parameters, in the same order, on every rank of it).
+        mine = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach()
+                for n, p in engine.modules[0].named_parameters()}
         everyone = [None] * world
         dist.all_gather_object(everyone, mine)
         if rank == 0:
@@ -350,17 +371,18 @@ _WORKER = textwrap.dedent('''
 ''')
 
 
-def rank_gradients(tmp_path: Path, model: Path, dp: int, ep: int) -> list[dict]:
-    """Start dp worker ranks, wait for them (killing any left after the timeout), and return
+def rank_gradients(tmp_path: Path, model: Path, tp: int, dp: int, ep: int) -> list[dict]:
+    """Start tp x dp worker ranks, wait for them (killing any left after the timeout), and return
     every rank's named gradients."""
     script, out = tmp_path / "moe_worker.py", tmp_path / "grads.pt"
     script.write_text(_WORKER)
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(dp), port, str(model),
-                               str(dp), str(ep), str(out)],
+    world = int(axes.world_size({"tp": tp, "dp": dp}))
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), port,
+                               str(model), str(tp), str(dp), str(ep), str(out)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env(), cwd=str(Path(__file__).parent.parent))
-             for r in range(dp)]
+             for r in range(world)]
     outs = []
     try:
         for p in procs:
@@ -388,19 +410,21 @@ def reference_gradients(s: ModelSpec, global_batch: int) -> dict[str, torch.Tens
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fields, dp, ep", [(TINY_MOE, 2, 2), (FULL_MOE, 2, 2),
-                                            (TINY_MOE, 4, 2)],
-                         ids=["tiny-moe-dp2-ep2", "full-dp2-ep2", "tiny-moe-dp4-ep2"])
-def test_every_gradient_equals_the_single_process_one(tmp_path, fields, dp, ep):
+@pytest.mark.parametrize("fields, tp, dp, ep", [(TINY_MOE, 1, 2, 2), (FULL_MOE, 1, 2, 2),
+                                                (TINY_MOE, 1, 4, 2), (FULL_MOE, 2, 2, 2)],
+                         ids=["tiny-moe-dp2-ep2", "full-dp2-ep2", "tiny-moe-dp4-ep2",
+                              "full-tp2-dp2-ep2"])
+def test_every_gradient_equals_the_single_process_one(tmp_path, fields, tp, dp, ep):
     """After the engine's reductions (dense over dp, routed experts over expert-dp after the
     all-to-alls' backward) each rank's dense gradients and every expert's gradient, on the rank
     that holds it, equal the single-process run's within fp32 tolerance."""
     s = spec(fields)
-    ranks = rank_gradients(tmp_path, model_file(tmp_path, fields), dp, ep)
+    ranks = rank_gradients(tmp_path, model_file(tmp_path, fields), tp, dp, ep)
+    layout = ParallelConfig(tp=tp, dp=dp, ep=ep, global_batch=dp)
     want = reference_gradients(s, dp)
     experts_seen = set()
     for rank, grads in enumerate(ranks):
-        ep_rank = axes.coords(rank, ParallelConfig(dp=dp, ep=ep, global_batch=dp))["ep"]
+        ep_rank = axes.coords(rank, layout)["ep"]
         for name, g in grads.items():
             torch.testing.assert_close(g, want[name], rtol=1e-4, atol=1e-6, msg=name)
             if ".experts." in name:

@@ -308,7 +308,7 @@ class NativeEngine:
         """A routed expert's gradient already sums what every rank of its ep group sent it
         (the all-to-alls' backward); summed over expert-dp too it covers all dp x cp ranks'
         losses, whose mean the global loss is: divide by ep here, by expert-dp in the mean."""
-        grads = [p.grad for p in self.parameters()
+        grads = [local(p.grad) for p in self.parameters()
                  if p.grad is not None and id(p) in self.expert_ids]
         torch._foreach_div_(grads, float(self.ep_ctx.ep))
         if self.edp_group is not None:

@@ -145,12 +145,13 @@ def check_layout(model: ModelSpec, layout: Layout, world_size: int | None = None
 
 def check_moe(layout: Layout, dims: MeshDims) -> None:
     """What flm bench's MoE block (bench/moe.py) does not run, each refused with its reason."""
-    if layout.tp > 1:
-        # Expert-tp = tp (specs/axes.py) would split every expert over the tp ranks; the
-        # native engine's tensor-parallel plan covers dense MLPs only.
-        raise UserError(f"tp {layout.tp} with a Mixture-of-Experts model: flm bench's native "
-                        "engine does not split experts over tensor-parallel ranks (use tp 1; "
-                        "flm plan and predict model expert-tp)")
+    if layout.sequence_parallel:
+        # The router and the token exchange work on whole, replicated token sets; under
+        # sequence parallelism each tp rank holds s/tp of them (Megatron-Core then gathers
+        # them in its token dispatcher, which flm bench's MoE block does not).
+        raise UserError("sequence parallelism with a Mixture-of-Experts model: flm bench's "
+                        "native engine routes the tokens every tp rank holds whole (use tp "
+                        "without --sequence-parallel)")
     if layout.cp > 1:
         # The router's load-balancing loss is over a micro-batch's tokens; a cp rank holds part
         # of each sequence, and the native engine does not reduce the router's statistics

@@ -323,7 +323,8 @@ def _gather(me: _Rank) -> None:
         trace["environment"]["hostnames"] = sorted({r["host"] for r in records})
         trace["summary"] = summarize(cfg, trace["steps"], trace["memory"], me.world)
         moe = merge_moe([r["moe"] for r in records], trace["steps"],
-                        int(axes.shard_ranks(cfg.layout)))
+                        int(axes.shard_ranks(cfg.layout)),
+                        [r["memory"]["tp_rank"] == 0 for r in records])
         if moe is not None:  # only a Mixture-of-Experts model's trace has these fields
             trace["moe"] = moe
             trace["summary"].update(moe_summary(moe))

@@ -36,18 +36,22 @@ def imbalance(tokens: Sequence[int]) -> float | None:
     return max(tokens) / mean if mean else None
 
 
-def merge(per_rank: Sequence[Sequence[dict]], steps: Sequence[dict], replicas: int
-          ) -> dict | None:
+def merge(per_rank: Sequence[Sequence[dict]], steps: Sequence[dict], replicas: int,
+          token_ranks: Sequence[bool] | None = None) -> dict | None:
     """The trace's ``moe`` object from every rank's step records (``per_rank[r][i]``: rank r,
     step i) and the merged ``steps`` (their warm-up flags); ``replicas``: the ranks holding
-    the same blocks (dp x cp), over which the aux loss is a mean. None for a dense model."""
+    the same blocks (dp x cp), over which the aux loss is a mean; ``token_ranks``: which ranks'
+    tokens and aux losses count (the tp ranks of a group route the same tokens: one of them;
+    default every rank). None for a dense model."""
     if not any(per_rank):
         return None
+    counted = [r for r, ok in zip(per_rank, token_ranks or [True] * len(per_rank),
+                                  strict=True) if ok]
     count = min(len(r) for r in per_rank)
     measured = [i for i in range(count) if not steps[i]["warmup"]] or list(range(count))
     tokens: dict[str, list[int]] = {}
     dropped = 0
-    for records in per_rank:
+    for records in counted:
         for i in measured:
             dropped += records[i]["dropped"]
             for block, counts in records[i]["tokens"].items():
@@ -58,7 +62,7 @@ def merge(per_rank: Sequence[Sequence[dict]], steps: Sequence[dict], replicas: i
     out_steps = [{"step": steps[i]["step"], "warmup": steps[i]["warmup"],
                   "dispatch_s": [r[i]["dispatch_s"] for r in per_rank],
                   "combine_s": [r[i]["combine_s"] for r in per_rank],
-                  "aux_loss": sum(r[i]["aux_loss"] for r in per_rank) / replicas}
+                  "aux_loss": sum(r[i]["aux_loss"] for r in counted) / replicas}
                  for i in range(count)]
     slowest = {k: [max(out_steps[i][k]) for i in measured] for k in ("dispatch_s", "combine_s")}
     known = [x for x in ratios if x is not None]
