@@ -218,6 +218,14 @@ def test_what_the_native_engine_does_not_run_is_refused(fields, words):
         check_layout(spec(TINY_MOE), ParallelConfig(dtype="fp32", **fields))
 
 
+def test_the_deepspeed_engine_refuses_an_moe_model():
+    from frontier_llm.bench.engines import check
+
+    with pytest.raises(UserError, match="MoE on engine native only"):
+        check(spec(TINY_MOE), ParallelConfig(dtype="fp32", engine="deepspeed"))
+    check(load_model("tiny-llama"), ParallelConfig(dtype="fp32", engine="deepspeed"))
+
+
 def test_bad_ep_is_refused_in_one_line_before_any_rank(tmp_path):
     path = model_file(tmp_path, TINY_MOE)
     out = tmp_path / "traces"

@@ -29,7 +29,6 @@ from frontier_llm.bench.optim import LocalAdam, allreduce_mean, local
 from frontier_llm.bench.parallelize import apply_fsdp, apply_tp, local_bytes
 from frontier_llm.bench.pipeline import build_schedule, stage_io
 from frontier_llm.bench.trace_moe import step_record
-from frontier_llm.specs import axes
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
 
@@ -59,7 +58,6 @@ class NativeEngine:
         self.bucket_bytes = bucket_bytes
         self.dims: MeshDims = check_layout(spec, layout, world_size)
         self.coords = self.dims.coords(rank)
-        self.coords["ep"] = axes.coords(rank, layout)["ep"]
         self.rank = rank
         d = self.dims
         self.mesh = init_device_mesh(device.type, d.shape, mesh_dim_names=DIM_NAMES)

@@ -49,6 +49,9 @@ class MeshDims:
     data_parallel: DataParallel
     reshard_after_forward: bool
     cp: int = 1
+    # Expert parallelism re-folds the dp x cp ranks (specs/axes.py): no mesh dimension of its
+    # own, only a coordinate and the groups of bench/engine.py.
+    ep: int = 1
 
     @property
     def dp(self) -> int:
@@ -86,9 +89,13 @@ class MeshDims:
             out[name] = rank % size
             rank //= size
         out["dp"] = out["dp_replicate"] * self.dp_shard + out["dp_shard"]
+        out["ep"] = axes.coords(rank, self)["ep"]
         return out
 
-    def rank_of(self, pp: int, dp_replicate: int, dp_shard: int, tp: int, cp: int = 0) -> int:
+    def rank_of(self, pp: int, dp_replicate: int, dp_shard: int, tp: int, cp: int = 0,
+                ep: int | None = None) -> int:
+        """The rank at these mesh coordinates; ``ep`` is implied by the others and ignored (it
+        is accepted so that :meth:`coords`' output can be passed back)."""
         return (((pp * self.dp_replicate + dp_replicate) * self.dp_shard + dp_shard) * self.cp
                 + cp) * self.tp + tp
 
@@ -99,7 +106,8 @@ def mesh_dims(layout: Layout) -> MeshDims:
     # always sit inside one shard group (dp_shard x cp), never split across replicas.
     sh, dp, cp, n = layout.sharding, layout.dp, layout.cp, layout.shard_ranks
     deg = {c: getattr(sh, c).degree(n) for c in ("params", "grads", "optim")}
-    base = {"pp": layout.pp, "tp": layout.tp, "cp": cp}
+    # Every degree but dp, which the sharding splits into replicate x shard below.
+    base = {str(a): axes.degree(layout, a) for a in axes.AXES if a is not axes.Axis.DP}
     if n == 1 or deg == {"params": 1, "grads": 1, "optim": 1}:
         return MeshDims(dp_replicate=dp, dp_shard=1, data_parallel="ddp",
                         reshard_after_forward=False, **base)
