@@ -23,7 +23,7 @@ import yaml
 
 from frontier_llm.bench.engine import reference_losses
 from frontier_llm.bench.launch import free_port
-from frontier_llm.bench.mesh import check_layout, expert_groups
+from frontier_llm.bench.mesh import check_layout, expert_groups, mesh_dims
 from frontier_llm.bench.model import build_model, loss_fn
 from frontier_llm.bench.moe import (
     MoE,
@@ -198,6 +198,10 @@ def test_expert_groups_follow_the_ep_coordinate():
     same place of each run; with pp 2 each stage has its own groups."""
     lay = ParallelConfig(dp=4, ep=2, global_batch=4, dtype="fp32")
     assert expert_groups(lay) == ([[0, 1], [2, 3]], [[0, 2], [1, 3]])
+    # The engine's mesh gives each rank the same ep index (its memory record's ep_rank).
+    dims = mesh_dims(lay)
+    assert [dims.coords(r)["ep"] for r in range(4)] == [0, 1, 0, 1]
+    assert all(dims.coords(r)["ep"] == axes.coords(r, lay)["ep"] for r in range(4))
     lay = ParallelConfig(dp=2, pp=2, ep=2, global_batch=4, dtype="fp32")
     groups, edp = expert_groups(lay)
     assert groups == [[0, 1], [2, 3]] and edp == [[0], [1], [2], [3]]
@@ -343,7 +347,7 @@ def test_a_dense_trace_has_no_moe_fields_and_old_traces_stay_valid(tmp_path):
 # One rank of the engine: one forward and backward of global batch 0 with the engine's gradient
 # reductions, every parameter's gradient (named, this rank's) saved by rank 0 for the test.
 _WORKER = textwrap.dedent('''
-    import os, sys
+    import os, sys, traceback
     import torch, torch.distributed as dist
     from frontier_llm.bench.engine import NativeEngine
     from frontier_llm.catalog import load_model
@@ -371,6 +375,8 @@ _WORKER = textwrap.dedent('''
         dist.barrier()
         dist.destroy_process_group()
         code = 0
+    except BaseException:
+        traceback.print_exc()  # os._exit below would drop it
     finally:
         # gloo's threads can abort a normal interpreter exit (machine-notes): leave by os._exit.
         sys.stdout.flush()

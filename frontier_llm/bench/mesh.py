@@ -84,12 +84,11 @@ class MeshDims:
 
     def coords(self, rank: int) -> dict[str, int]:
         """Mesh coordinates of a global rank (row-major over DIM_NAMES)."""
-        out = {}
+        out = {"ep": axes.coords(rank, self)["ep"]}
         for name, size in reversed(list(zip(DIM_NAMES, self.shape, strict=True))):
             out[name] = rank % size
             rank //= size
         out["dp"] = out["dp_replicate"] * self.dp_shard + out["dp_shard"]
-        out["ep"] = axes.coords(rank, self)["ep"]
         return out
 
     def rank_of(self, pp: int, dp_replicate: int, dp_shard: int, tp: int, cp: int = 0,
