@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -22,7 +21,6 @@ import torch
 import yaml
 
 from frontier_llm.bench.engine import reference_losses
-from frontier_llm.bench.launch import free_port
 from frontier_llm.bench.mesh import check_layout, expert_groups, mesh_dims
 from frontier_llm.bench.model import build_model, loss_fn
 from frontier_llm.bench.moe import (
@@ -42,7 +40,8 @@ from frontier_llm.errors import UserError
 from frontier_llm.specs import axes
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.parallel import ParallelConfig
-from tests.test_bench_cli import bench, env
+from tests.test_bench_cli import bench
+from tests.test_bench_cp import run_workers
 
 STEPS = 4
 
@@ -386,27 +385,11 @@ _WORKER = textwrap.dedent('''
 
 
 def rank_gradients(tmp_path: Path, model: Path, tp: int, dp: int, ep: int) -> list[dict]:
-    """Start tp x dp worker ranks, wait for them (killing any left after the timeout), and return
-    every rank's named gradients."""
+    """Run tp x dp worker ranks and return every rank's named gradients."""
     script, out = tmp_path / "moe_worker.py", tmp_path / "grads.pt"
     script.write_text(_WORKER)
-    port = str(free_port())
     world = int(axes.world_size({"tp": tp, "dp": dp}))
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), port,
-                               str(model), str(tp), str(dp), str(ep), str(out)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env(), cwd=str(Path(__file__).parent.parent))
-             for r in range(world)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=120))
-    finally:
-        for p in procs:  # only the processes started here, by their own handle
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    run_workers(script, world, str(model), str(tp), str(dp), str(ep), str(out))
     return torch.load(out)
 
 
