@@ -24,9 +24,11 @@ from frontier_llm.bench.engine import reference_losses
 from frontier_llm.bench.mesh import check_layout, expert_groups, mesh_dims
 from frontier_llm.bench.model import build_model, loss_fn
 from frontier_llm.bench.moe import (
+    EPContext,
     MoE,
     apply_ep,
     capacity,
+    ep_experts,
     moe_modules,
     route,
     set_aux_scale,
@@ -112,14 +114,17 @@ def test_block_parameters_are_the_model_specs(fields):
     for i in blocks:
         assert sum(p.numel() for p in model.layers[str(i)].parameters()) == s.layer_params(i)
 
-    class Ctx:  # apply_ep reads only ep and rank before any exchange
-        group, ep, rank = None, 2, 1
-
-    apply_ep(model, Ctx())
-    for _, moe in moe_modules(model):
+    # Ep rank 1 of 2 builds experts 2 and 3 only, with the whole model's weights.
+    part = build_model(s, seed=0, experts=ep_experts(s.num_experts, 2, 1))
+    whole = dict(model.named_parameters())
+    for _, moe in moe_modules(part):
         assert moe.local_experts == [2, 3]
         routed = sum(p.numel() for n, p in moe.named_parameters() if n.startswith("experts."))
         assert routed == s.expert_params() // 2
+    for name, p in part.named_parameters():
+        assert torch.equal(p, whole[name]), name
+    with pytest.raises(ValueError, match="not ep rank 0's"):
+        apply_ep(part, EPContext(None, 2, 0))
 
 
 def _router_grads(s: ModelSpec, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:

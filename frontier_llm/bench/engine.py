@@ -24,7 +24,14 @@ from frontier_llm.bench.context_parallel import CPContext, apply_cp
 from frontier_llm.bench.data import TokenSource, cp_shard
 from frontier_llm.bench.mesh import DIM_NAMES, MeshDims, check_layout, expert_groups
 from frontier_llm.bench.model import DTYPES, GPT, build_model, loss_fn
-from frontier_llm.bench.moe import EPContext, apply_ep, is_expert_param, set_aux_scale, take_stats
+from frontier_llm.bench.moe import (
+    EPContext,
+    apply_ep,
+    ep_experts,
+    is_expert_param,
+    set_aux_scale,
+    take_stats,
+)
 from frontier_llm.bench.optim import LocalAdam, allreduce_mean, local
 from frontier_llm.bench.parallelize import apply_fsdp, apply_tp, local_bytes
 from frontier_llm.bench.pipeline import build_schedule, stage_io
@@ -85,6 +92,7 @@ class NativeEngine:
                 first=g == 0,
                 last=g == num_stages - 1, flash=layout.flash_attention,
                 recompute=layout.recompute,
+                experts=ep_experts(spec.num_experts, layout.ep, self.coords["ep"]),
             )
             if self.cpc is not None:
                 apply_cp(m, self.cpc)

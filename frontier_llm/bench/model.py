@@ -217,13 +217,15 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec, flash: bool, recompute: str, layer: int = 0) -> None:
+    def __init__(self, spec: ModelSpec, flash: bool, recompute: str, layer: int = 0,
+                 experts: range | None = None) -> None:
         super().__init__()
         self.attention_norm = _norm(spec)
         self.attention = Attention(spec, flash,
                                    selective_recompute=recompute == Recompute.SELECTIVE)
         self.ffn_norm = _norm(spec)
-        self.feed_forward = MoE(spec, MLP) if spec.moe_block(layer) else MLP(spec)
+        self.feed_forward = (MoE(spec, MLP, experts) if spec.moe_block(layer)
+                             else MLP(spec))
         self.full_recompute = recompute == "full"
         self.op_recompute = recompute == Recompute.SELECTIVE_OP
 
@@ -265,7 +267,7 @@ class GPT(nn.Module):
 
     def __init__(self, spec: ModelSpec, *, layer_ids: Iterable[int] | None = None,
                  first: bool = True, last: bool = True, flash: bool = True,
-                 recompute: str = "none") -> None:
+                 recompute: str = "none", experts: range | None = None) -> None:
         super().__init__()
         self.spec = spec
         ids = list(range(spec.layers)) if layer_ids is None else list(layer_ids)
@@ -274,8 +276,8 @@ class GPT(nn.Module):
         self.pos_embeddings = (PositionEmbedding(spec)
                                if first and spec.position == "learned" else None)
         # Keyed by global layer index so names (and the init) are the same in every layout.
-        self.layers = nn.ModuleDict({str(i): Block(spec, flash, recompute, i)
-                                     for i in ids})
+        self.layers = nn.ModuleDict({
+            str(i): Block(spec, flash, recompute, i, experts) for i in ids})
         self.norm = _norm(spec) if last else None
         self.output = nn.Linear(spec.hidden, spec.vocab, bias=False) if last else None
         self.emb_dropout = spec.dropout if spec.position != "learned" else 0.0
@@ -331,10 +333,12 @@ def init_weights(model: GPT, seed: int) -> None:
 def build_model(spec: ModelSpec, *, seed: int, dtype: str = "fp32",
                 device: torch.device | str = "cpu", layer_ids: Iterable[int] | None = None,
                 first: bool = True, last: bool = True, flash: bool = True,
-                recompute: str = "none") -> GPT:
-    """A model (or stage) with deterministic weights, in ``dtype`` on ``device``."""
+                recompute: str = "none", experts: range | None = None) -> GPT:
+    """A model (or stage) with deterministic weights, in ``dtype`` on ``device``; ``experts``:
+    the routed experts its MoE blocks hold (default all; an ep rank's share, bench/moe.py
+    ``ep_experts``), each with the weights it has in the whole model."""
     model = GPT(spec, layer_ids=layer_ids, first=first, last=last, flash=flash,
-                recompute=recompute)
+                recompute=recompute, experts=experts)
     init_weights(model, seed)
     return model.to(device=torch.device(device), dtype=DTYPES[dtype])
 

@@ -153,10 +153,18 @@ def route(probs: torch.Tensor, top_k: int, cap: int | None
     return expert[order], token[order], weight[order], counts
 
 
-class MoE(nn.Module):
-    """An MoE block's MLP (all experts until :func:`apply_ep` keeps this rank's)."""
+def ep_experts(num_experts: int, ep: int, ep_rank: int) -> range:
+    """The routed experts ep rank ``ep_rank`` of ``ep`` holds: num_experts / ep consecutive
+    ones (Megatron-Core's ``local_expert_indices``)."""
+    local = num_experts // ep
+    return range(ep_rank * local, (ep_rank + 1) * local)
 
-    def __init__(self, spec: ModelSpec, expert_mlp) -> None:
+
+class MoE(nn.Module):
+    """An MoE block's MLP holding the routed experts ``experts`` (default all: one process or
+    ep 1), routing over an ep group once :func:`apply_ep` gives it one."""
+
+    def __init__(self, spec: ModelSpec, expert_mlp, experts: range | None = None) -> None:
         super().__init__()
         self.spec = spec
         self.dropout = spec.dropout
@@ -164,8 +172,8 @@ class MoE(nn.Module):
         width = spec.expert_ffn_hidden
         # Keyed by global expert index: names, and so the initial weights, are the same in
         # every layout.
-        self.experts = nn.ModuleDict({str(e): expert_mlp(spec, width)
-                                      for e in range(spec.num_experts)})
+        held = range(spec.num_experts) if experts is None else experts
+        self.experts = nn.ModuleDict({str(e): expert_mlp(spec, width) for e in held})
         self.shared = nn.ModuleDict({str(j): expert_mlp(spec, width)
                                      for j in range(spec.shared_experts)})
         self.ep: EPContext | None = None
@@ -240,14 +248,13 @@ def moe_modules(model: nn.Module) -> list[tuple[str, MoE]]:
 
 
 def apply_ep(model: nn.Module, ctx: EPContext) -> None:
-    """Keep only this ep rank's experts (``num_experts / ep`` consecutive ones) in each MoE
-    block and route over ``ctx``'s group. Call after the weights are initialised."""
+    """Route every MoE block of ``model`` (built with this ep rank's experts, ``ep_experts``)
+    over ``ctx``'s group."""
     for _, moe in moe_modules(model):
-        local = moe.spec.num_experts // ctx.ep
-        lo = ctx.rank * local
-        for e in list(moe.experts):
-            if not lo <= int(e) < lo + local:
-                del moe.experts[e]
+        want = list(ep_experts(moe.spec.num_experts, ctx.ep, ctx.rank))
+        if moe.local_experts != want:
+            raise ValueError(f"an MoE block holds experts {moe.local_experts}, not ep rank "
+                             f"{ctx.rank}'s {want}: build the model with experts={want}")
         moe.ep = ctx
 
 
