@@ -33,6 +33,7 @@ reference.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -57,6 +58,17 @@ class MoEStats:
     tokens: list[int] = field(default_factory=list)
     dropped: int = 0
     aux_loss: float = 0.0
+    # On GPUs the exchanges run asynchronously on the device: (kind, start, end) CUDA events,
+    # read once the step has synchronised (:meth:`settle`).
+    events: list = field(default_factory=list)
+
+    def settle(self) -> MoEStats:
+        """Add the device-timed exchanges' seconds (waiting for each to have ended)."""
+        for kind, start, end in self.events:
+            end.synchronize()
+            _add_time(self, kind, start.elapsed_time(end) / 1e3)
+        self.events = []
+        return self
 
 
 @dataclass(frozen=True)
@@ -84,13 +96,29 @@ class _Exchange(torch.autograd.Function):
         return g, None, None, None, None, None
 
 
-def _all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group, stats: MoEStats,
-                kind: str) -> torch.Tensor:
-    out = x.new_empty((sum(recv), *x.shape[1:]))
-    t0 = time.perf_counter()
-    dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
-    _add_time(stats, kind, time.perf_counter() - t0)
+def _all_to_all(x: torch.Tensor, send: list[int] | None, recv: list[int] | None, group,
+                stats: MoEStats, kind: str) -> torch.Tensor:
+    """``x``'s rows exchanged (``None`` splits: equal ones), timed into ``stats``."""
+    out = x.new_empty((sum(recv), *x.shape[1:]) if recv is not None else x.shape)
+    with _timed(stats, kind, x):
+        dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
     return out
+
+
+@contextlib.contextmanager
+def _timed(stats: MoEStats, kind: str, x: torch.Tensor):
+    """Time a collective on ``x``: wall clock on CPU (gloo returns when it is done); on a GPU,
+    events on the current stream, which the blocking collective makes wait for its end."""
+    if x.is_cuda:
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        yield
+        end.record()
+        stats.events.append((kind, start, end))
+        return
+    t0 = time.perf_counter()
+    yield
+    _add_time(stats, kind, time.perf_counter() - t0)
 
 
 def _add_time(stats: MoEStats, kind: str, seconds: float) -> None:
@@ -217,11 +245,7 @@ class MoE(nn.Module):
         local = self.spec.num_experts // ep
         # Each rank first learns how many rows it receives from every rank for each of its
         # experts (one small all-to-all of counts), then the rows move.
-        t0 = time.perf_counter()
-        incoming = torch.empty_like(kept)
-        dist.all_to_all_single(incoming, kept.contiguous(), group=group)
-        stats.dispatch_s += time.perf_counter() - t0
-        incoming = incoming.view(ep, local)
+        incoming = _all_to_all(kept, None, None, group, stats, "dispatch").view(ep, local)
         send = kept.view(ep, local).sum(1).tolist()
         recv = incoming.sum(1).tolist()
         moved = _Exchange.apply(rows, send, recv, group, stats, "dispatch")
@@ -277,6 +301,6 @@ def take_stats(models: list[nn.Module]) -> dict[str, MoEStats]:
     for model in models:
         for name, moe in moe_modules(model):
             block = name.split(".")[1] if name.startswith("layers.") else name
-            out[block] = moe.stats
+            out[block] = moe.stats.settle()
             moe.stats = MoEStats(tokens=[0] * moe.spec.num_experts)
     return out
