@@ -234,6 +234,28 @@ def test_the_deepspeed_engine_refuses_an_moe_model():
     check(load_model("tiny-llama"), ParallelConfig(dtype="fp32", engine="deepspeed"))
 
 
+def test_ep_alone_runs_on_the_fewest_data_parallel_ranks_it_divides(tmp_path):
+    """`flm bench --model tiny-moe --ep 2` means two ranks (dp 2); a given --dp is kept (and
+    refused if ep does not divide it); with cp, dp is what ep still needs."""
+    from frontier_llm.bench.config import build_config
+    from frontier_llm.cli import build_parser
+
+    path = str(model_file(tmp_path, TINY_MOE))
+
+    def layout(*argv: str):
+        args = build_parser().parse_args(["bench", "--model", path, "--system", "cpu-local",
+                                          "--trace-dir", str(tmp_path), *argv])
+        return build_config(args).layout
+
+    got = layout("--ep", "2")
+    assert (got.dp, got.ep, got.global_batch, got.world_size) == (2, 2, 2, 2)
+    assert layout("--ep", "2", "--dp", "4").dp == 4
+    assert layout("--ep", "4", "--cp", "2").dp == 2
+    assert layout().dp == 1
+    with pytest.raises(Exception, match=r"ep \(2\) does not divide dp \(3\)"):
+        layout("--ep", "2", "--dp", "3")
+
+
 def test_bad_ep_is_refused_in_one_line_before_any_rank(tmp_path):
     path = model_file(tmp_path, TINY_MOE)
     out = tmp_path / "traces"
@@ -273,12 +295,14 @@ def assert_reference_losses(model: Path, layout: ParallelConfig, trace: dict) ->
 
 @pytest.mark.slow
 def test_flm_bench_ep2_trains_like_one_process_and_traces_the_all_to_alls(tmp_path):
-    """`flm bench --model tiny-moe --dp 2 --ep 2`: two gloo ranks, each with two of the four
+    """`flm bench --model tiny-moe --ep 2`: two gloo ranks (dp 2), each with two of the four
     experts, train exactly like one process; the trace and the printed line carry the dispatch
     and combine seconds and the experts' load."""
     model = model_file(tmp_path, TINY_MOE)
-    layout = ParallelConfig(dp=2, ep=2, global_batch=4, dtype="fp32")
-    proc, trace = run_moe_bench(tmp_path / "t", model, layout, warmup=1)
+    layout = ParallelConfig(dp=2, ep=2, global_batch=2, dtype="fp32")
+    proc, _ = bench(tmp_path / "t", "--model", str(model), "--ep", "2", "--dtype", "fp32",
+                    "--steps", str(STEPS), "--warmup", "1", timeout=300)
+    trace = read_trace(tmp_path / "t" / "run.trace.json")  # validated against the schema
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_reference_losses(model, layout, trace)
     moe = trace["moe"]
