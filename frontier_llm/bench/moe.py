@@ -18,7 +18,8 @@ The load-balancing loss is Switch Transformers' eq. 4 (Fedus et al. 2022):
 fraction of the top-k assignments routed to expert i and ``P_i`` the mean router probability of
 expert i (Megatron-Core's ``switch_load_balancing_loss_func``, same file: counts over tokens x
 top_k). Its gradient joins the language-model loss's through :class:`_AuxLossGrad`, the way
-Megatron-Core's ``MoEAuxLossAutoScaler`` (megatron/core/transformer/moe/router.py) does: the
+Megatron-Core's ``MoEAuxLossAutoScaler`` (megatron/core/transformer/moe/moe_utils.py; router.py
+in its first MoE releases) does: the
 loss value the trace records stays the cross entropy, and the aux loss is recorded beside it.
 
 Expert parallelism (:func:`apply_ep`): each of the ep ranks of a group keeps ``num_experts / ep``
