@@ -19,8 +19,8 @@ fraction of the top-k assignments routed to expert i and ``P_i`` the mean router
 expert i (Megatron-Core's ``switch_load_balancing_loss_func``, same file: counts over tokens x
 top_k). Its gradient joins the language-model loss's through :class:`_AuxLossGrad`, the way
 Megatron-Core's ``MoEAuxLossAutoScaler`` (megatron/core/transformer/moe/moe_utils.py; router.py
-in its first MoE releases) does: the
-loss value the trace records stays the cross entropy, and the aux loss is recorded beside it.
+in its first MoE releases) does: the loss value the trace records stays the cross entropy, and
+the aux loss is recorded beside it.
 
 Expert parallelism (:func:`apply_ep`): each of the ep ranks of a group keeps ``num_experts / ep``
 consecutive experts; a micro-batch's assignments, sorted by expert, go to the experts' ranks by
