@@ -204,6 +204,16 @@ def memory_width(
     )
 
 
+def moe_width(width: Width, confidence: float = DEFAULT_CONFIDENCE,
+              residuals: pd.DataFrame | None = None) -> Width:
+    """``width`` for a Mixture-of-Experts layout: no calibration row ran one, so at least the
+    all-family quantile, and the basis says so."""
+    res = load_residuals() if residuals is None else residuals
+    pool = conformal_quantile(usable(res)["loso_log_residual"].to_numpy(float), confidence)
+    return Width(max(width.q, pool), f"no MoE calibration: widened to at least the all-family "
+                                     f"quantile ({width.basis})")
+
+
 def check_confidence(confidence: float) -> None:
     if not 0 < confidence < 1:
         raise UserError(f"the confidence must be between 0 and 1, exclusive (got {confidence})")
@@ -227,11 +237,14 @@ def add_intervals(
     system: SystemSpec,
     confidence: float = DEFAULT_CONFIDENCE,
     residuals: pd.DataFrame | None = None,
+    moe: bool = False,
 ) -> pd.DataFrame:
     """``frame`` (plan rows with ``engine``, ``step_time_s``, ``tokens_per_s``,
     ``peak_memory_bytes``, and where present ``sharding`` and ``gpus``) with
     ``interval_confidence``, ``<figure>_low``/``_high`` for each of :data:`INTERVAL_FIGURES`,
-    ``memory_verdict``, ``memory_margin`` and the bases of the widths. A new frame."""
+    ``memory_verdict``, ``memory_margin`` and the bases of the widths. A new frame. ``moe``:
+    the rows are a Mixture-of-Experts model's, which no calibration row measured (widened to
+    at least the all-family quantile, :func:`moe_width`)."""
     out = frame.copy()
     # Rows without an engine (a curve's GPU count where nothing fits) get no interval.
     engines = _column(out, "engine", "native" if "engine" not in out else "").astype(str)
@@ -247,6 +260,8 @@ def add_intervals(
         if key not in widths:
             widths[key] = step_width(system, engine, confidence, residuals, sharding or None,
                                      None if np.isnan(n) else float(n))
+            if moe:
+                widths[key] = moe_width(widths[key], confidence, residuals)
         q[i], basis[i] = widths[key].q, widths[key].basis
     mem = memory_width(confidence, residuals)
     out["interval_confidence"] = confidence
