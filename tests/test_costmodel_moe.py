@@ -170,3 +170,26 @@ def test_moe_interval_is_at_least_the_all_family_quantile():
     assert q == pytest.approx(max(pool, np.log(dense["step_time_s_high"][0] / 2.0)))
     assert moe_rows["interval_basis"][0].startswith("no MoE calibration")
     assert not dense["interval_basis"][0].startswith("no MoE calibration")
+
+
+def test_a_dense_model_never_reaches_the_moe_terms(monkeypatch):
+    """Dense figures are unchanged because no MoE function runs for them: each one, replaced
+    by a tripwire, stays untouched while a dense layout of every engine is predicted."""
+    from frontier_llm.catalog import load_model
+
+    def tripwire(*args, **kwargs):
+        raise AssertionError("an MoE term ran for a dense model")
+
+    for name in ("mlp_flops_per_token", "routed_flops_per_token", "layer_params_per_rank",
+                 "routed_params_per_rank", "sharded_count", "routed_gemm_extra",
+                 "all_to_all_times", "activation_extra"):
+        monkeypatch.setattr(moe, name, tripwire)
+    dense = load_model("llama3-8b")
+    for engine in ("native", "megatron", "deepspeed"):
+        out = predict(dense, H100, _layout(engine=engine, sharding=Sharding.parse("zero1")))
+        assert out["breakdown"]["time_s"]["ep_comm"] == 0.0
+
+
+def test_peak_memory_drops_with_ep():
+    peaks = [predict(MIXTRAL, H100, _layout(ep=ep))["peak_memory_bytes"] for ep in (1, 2, 4, 8)]
+    assert peaks == sorted(peaks, reverse=True) and peaks[-1] < 0.5 * peaks[0]
