@@ -193,3 +193,14 @@ def test_a_dense_model_never_reaches_the_moe_terms(monkeypatch):
 def test_peak_memory_drops_with_ep():
     peaks = [predict(MIXTRAL, H100, _layout(ep=ep))["peak_memory_bytes"] for ep in (1, 2, 4, 8)]
     assert peaks == sorted(peaks, reverse=True) and peaks[-1] < 0.5 * peaks[0]
+
+
+def test_a_stage_of_moe_blocks_holds_their_parameters_not_the_mean_blocks():
+    # Blocks 0, 1 dense, 2, 3 MoE: two blocks of a middle stage (no embedding, no head) are
+    # priced as the fullest two consecutive blocks, both MoE, not two mean blocks.
+    m = dataclasses.replace(TINY, dense_layers=2, moe_layer_freq=1)
+    t = from_configs([_layout(pp=4, dp=1, global_batch=4)])
+    params = state_bytes(m, t, 1, 2)["params"][0]
+    assert params == 2 * (m.layer_params(2) + m.layer_params(3))  # bf16: 2 bytes each
+    assert list(moe.stage_moe_share(m, np.array([1, 2, 3, 4]))) == [1.0, 1.0, 2 / 3, 0.5]
+    assert moe.stage_moe_share(MIXTRAL, np.array([8]))[0] == 1.0

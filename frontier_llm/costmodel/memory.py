@@ -45,6 +45,7 @@ from frontier_llm.costmodel.deepspeed_buffers import (
 from frontier_llm.costmodel.layouts import LayoutTable, from_configs
 from frontier_llm.costmodel.params import (
     kv_width_per_rank,
+    layer_params_per_rank,
     stage_params_per_rank,
     table_layer_params,
 )
@@ -74,12 +75,17 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None
     n = (stage_params_per_rank(model, t.tp, t.pp, pp_rank, held, table_layer_params(model, t))
          + extra_params(model, t, pp_rank))
     per = STATE_BYTES[t.dtype]
+    if model.is_moe:
+        # The fullest window of MoE blocks rather than the mean block (costmodel/moe.py).
+        more, more_routed = moe.stage_excess_params(model, t, held,
+                                                    layer_params_per_rank(model, t.tp))
+        n = n + more
+        routed = held * moe.routed_params_per_rank(model, t) + more_routed
 
     def shard(comp: str):
         if not model.is_moe:
             return _cdiv(n, t.degree(comp))
         # Routed experts shard over expert-dp at most (costmodel/moe.py).
-        routed = held * moe.routed_params_per_rank(model, t)
         return moe.sharded_count(n, routed, t, comp)
 
     return {

@@ -77,11 +77,12 @@ def mlp_params_per_rank(model: ModelSpec, width: int, tp):
     return model.mlp_matrices * model.hidden * f + bias
 
 
-def layer_params_per_rank(model: ModelSpec, tp, ep, dense_per_rank):
+def layer_params_per_rank(model: ModelSpec, tp, ep, dense_per_rank, frac=None):
     """(all, routed experts) parameters of the mean block on one rank; ``dense_per_rank`` is
-    params.layer_params_per_rank of the same model (attention + a dense MLP of ffn_hidden)."""
+    params.layer_params_per_rank of the same model (attention + a dense MLP of ffn_hidden).
+    ``frac``: the share of MoE blocks (default the model's; 1 an MoE block, 0 a dense one)."""
     attention = dense_per_rank - mlp_params_per_rank(model, model.ffn_hidden, tp)
-    frac = _fraction(model)
+    frac = _fraction(model) if frac is None else frac
     dense_mlp = mlp_params_per_rank(model, model.ffn_hidden, tp)
     expert = mlp_params_per_rank(model, model.expert_ffn_hidden, tp)
     # The router is replicated on every rank (Megatron-Core's TopKRouter weight is not split).
@@ -93,6 +94,34 @@ def layer_params_per_rank(model: ModelSpec, tp, ep, dense_per_rank):
 def routed_params_per_rank(model: ModelSpec, t):
     """Routed-expert parameters of the mean block on one rank of table ``t``."""
     return layer_params_per_rank(model, t.tp, axes.degree(t, "ep"), 0)[1]
+
+
+def stage_moe_share(model: ModelSpec, held) -> np.ndarray:
+    """The largest share of MoE blocks among any ``held`` consecutive blocks (per row): what
+    the fullest pipeline stage holds when dense and MoE blocks differ (DeepSeek-V3's first
+    three dense blocks, ``moe_layer_freq`` > 1), where the mean block would under-count it."""
+    moe_at = np.array([model.moe_block(i) for i in range(model.layers)], dtype=np.int64)
+    sums = np.concatenate([[0], np.cumsum(moe_at)])
+
+    def share(n: int) -> float:
+        n = min(max(n, 1), model.layers)
+        return float(np.max(sums[n:] - sums[:-n])) / n
+
+    held = np.asarray(held)
+    values = {int(n): share(int(n)) for n in np.unique(held)}
+    return np.vectorize(lambda n: values[int(n)], otypes=[float])(held)
+
+
+def stage_excess_params(model: ModelSpec, t, held, dense_per_rank):
+    """Parameters the fullest stage's ``held`` blocks hold on one rank beyond ``held`` mean
+    blocks: ``held·(share − φ)`` times an MoE block's excess over a dense one (0 when every
+    block is alike)."""
+    ep = axes.degree(t, "ep")
+    block_moe = layer_params_per_rank(model, t.tp, ep, dense_per_rank, 1.0)[0]
+    block_dense = layer_params_per_rank(model, t.tp, ep, dense_per_rank, 0.0)[0]
+    extra = np.asarray(held) * (stage_moe_share(model, held) - _fraction(model))
+    return extra * (block_moe - block_dense), extra * layer_params_per_rank(
+        model, t.tp, ep, dense_per_rank, 1.0)[1]
 
 
 def expert_degree(t, component: str):
