@@ -170,6 +170,12 @@ def test_moe_interval_is_at_least_the_all_family_quantile():
     assert q == pytest.approx(max(pool, np.log(dense["step_time_s_high"][0] / 2.0)))
     assert moe_rows["interval_basis"][0].startswith("no MoE calibration")
     assert not dense["interval_basis"][0].startswith("no MoE calibration")
+    # A plan row with ep > 1 is an MoE layout without being told; ep 1 is left to ``moe``.
+    with_ep = intervals.add_intervals(frame.assign(ep=[8]), H100, 0.8)
+    assert with_ep["interval_basis"][0].startswith("no MoE calibration")
+    assert with_ep["step_time_s_high"][0] == moe_rows["step_time_s_high"][0]
+    ep1 = intervals.add_intervals(frame.assign(ep=[1]), H100, 0.8)
+    assert ep1["interval_basis"][0] == dense["interval_basis"][0]
 
 
 def test_a_dense_model_never_reaches_the_moe_terms(monkeypatch):

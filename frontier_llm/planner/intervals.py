@@ -244,7 +244,8 @@ def add_intervals(
     ``interval_confidence``, ``<figure>_low``/``_high`` for each of :data:`INTERVAL_FIGURES`,
     ``memory_verdict``, ``memory_margin`` and the bases of the widths. A new frame. ``moe``:
     the rows are a Mixture-of-Experts model's, which no calibration row measured (widened to
-    at least the all-family quantile, :func:`moe_width`)."""
+    at least the all-family quantile, :func:`moe_width`); a row with ``ep`` > 1 is one
+    whatever ``moe`` says (only an MoE model takes ep)."""
     out = frame.copy()
     # Rows without an engine (a curve's GPU count where nothing fits) get no interval.
     engines = _column(out, "engine", "native" if "engine" not in out else "").astype(str)
@@ -253,14 +254,16 @@ def add_intervals(
     q = np.full(len(out), np.nan)
     basis = np.full(len(out), "", dtype=object)
     widths: dict[tuple, Width] = {}
-    for i, (engine, sharding, n) in enumerate(zip(engines, shardings, gpus, strict=True)):
+    experts = moe | (_column(out, "ep", 1).astype(float) > 1)
+    for i, (engine, sharding, n, e) in enumerate(zip(engines, shardings, gpus, experts,
+                                                     strict=True)):
         if not engine:
             continue
-        key = (engine, sharding, n)
+        key = (engine, sharding, n, e)
         if key not in widths:
             widths[key] = step_width(system, engine, confidence, residuals, sharding or None,
                                      None if np.isnan(n) else float(n))
-            if moe:
+            if e:
                 widths[key] = moe_width(widths[key], confidence, residuals)
         q[i], basis[i] = widths[key].q, widths[key].basis
     mem = memory_width(confidence, residuals)
