@@ -158,7 +158,7 @@ def test_torchtitan_refuses_what_llama4_or_its_mesh_cannot_be(model, layout, wor
 @pytest.mark.parametrize("trainer, layout, words", [
     (MEGATRON_DEEPSPEED, Layout(dp=8, ep=8, global_batch=8, engine="megatron"),
      "DeepSpeed-MoE flags"),
-    (DEEPSPEED, Layout(dp=8, ep=8, global_batch=8, engine="deepspeed"), "ep_size"),
+    (DEEPSPEED, Layout(dp=8, ep=8, global_batch=8), "ep_size"),
     (MEGATRON_LM, _layout("megatron", sequence_parallel=False), "needs sequence parallelism"),
     (MEGATRON_LM, _layout("megatron", dtype="fp16"), "not supported with fp16"),
 ])
