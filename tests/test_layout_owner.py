@@ -21,13 +21,13 @@ import pytest
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.cli import build_parser, main
 from frontier_llm.cli.layout_args import layout_from_args
+from frontier_llm.errors import SpecError
 from frontier_llm.jobs.sweepspec import load_sweep
 from frontier_llm.report.frames import layout_rows
 from frontier_llm.report.layouts import layouts_table
 from frontier_llm.report.render import layouts_report
 from frontier_llm.report.scaling import scaling_table
 from frontier_llm.report.sources import with_catalog_breakdown
-from frontier_llm.errors import SpecError
 from frontier_llm.specs import axes
 from frontier_llm.specs.forms import LAYOUT_COLUMNS, label, layout_from_row, layout_record
 from frontier_llm.specs.layout import Layout, Sharding, zero_preset
@@ -410,7 +410,7 @@ def test_expert_parallelism_refolds_ranks_and_adds_no_gpus():
         assert c["ep"] == (c["dp"] * 2 + c["cp"]) % 4
         assert axes.rank_of(c, moe) == r  # ep is implied by the others
     groups = {}
-    for r, c in enumerate(index):
+    for c in index:
         key = (c["pp"], c["tp"], (c["dp"] * 2 + c["cp"]) // 4)
         groups.setdefault(key, []).append(c["ep"])
     assert all(sorted(g) == [0, 1, 2, 3] for g in groups.values())

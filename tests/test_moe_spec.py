@@ -75,7 +75,8 @@ def test_bad_moe_fields_are_refused_in_one_line(fields, words):
 
 @pytest.mark.parametrize("layout, model, words", [
     (Layout(dp=4, ep=2, global_batch=4), "tiny-llama", "needs a Mixture-of-Experts model"),
-    (Layout(dp=8, ep=8, global_batch=8), "tiny-moe", r"num_experts \(4\) is not divisible by ep \(8\)"),
+    (Layout(dp=8, ep=8, global_batch=8), "tiny-moe",
+     r"num_experts \(4\) is not divisible by ep \(8\)"),
 ])
 def test_ep_against_the_model(layout, model, words):
     with pytest.raises(SpecError, match=words):
