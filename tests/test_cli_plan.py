@@ -11,6 +11,7 @@ import pytest
 
 from frontier_llm.catalog import model_names, system_names
 from frontier_llm.cli import main
+from frontier_llm.specs import axes
 
 
 def test_plan_default_is_175b_on_1024_frontier_gcds(capsys):
@@ -59,8 +60,8 @@ def test_plan_and_predict_work_for_every_catalog_model(system, engine, capsys):
         assert best.get("engine", engine) == engine
         argv = ["predict", "--model", model, "--system", system, "--gpus", "64", "--engine",
                 engine,
-                "--tp", str(best["tp"]), "--cp", str(best.get("cp", 1)), "--pp", str(best["pp"]),
-                "--dp", str(best["dp"]), "--micro-batch", str(best["micro_batch"]),
+                *(w for a in axes.AXES for w in (f"--{a}", str(best.get(str(a), 1)))),
+                "--micro-batch", str(best["micro_batch"]),
                 "--global-batch", str(best["global_batch"]), "--schedule", best["schedule"],
                 "--virtual-stages", str(best["virtual_stages"]),
                 "--recompute", best["recompute"], "--format", "json"]
