@@ -187,28 +187,34 @@ _WORKER = textwrap.dedent('''
 ''')
 
 
-def run_cp_worker(tmp_path: Path, model: str, micro: int, cp: int = 2) -> dict:
-    """Start ``cp`` worker ranks, wait for them (killing any left after the timeout), and
-    return rank 0's report."""
-    script = tmp_path / "cp_worker.py"
-    script.write_text(_WORKER)
+def run_workers(script: Path, world: int, *argv: str, timeout: float = 120) -> list[str]:
+    """Start ``world`` ranks of ``script`` (each gets its rank, the world size, a free port and
+    ``argv``), wait for them (killing any left after the timeout: only the processes started
+    here, by their own handle) and return their stdouts; every rank must exit 0."""
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(cp), port, model,
-                               str(micro)],
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), port, *argv],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env(), cwd=str(Path(__file__).parent.parent))
-             for r in range(cp)]
+             for r in range(world)]
     outs = []
     try:
         for p in procs:
-            outs.append(p.communicate(timeout=120))
+            outs.append(p.communicate(timeout=timeout))
     finally:
-        for p in procs:  # only the processes started here, by their own handle
+        for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
-    return json.loads(outs[0][0].strip().splitlines()[-1])
+    return [o[0] for o in outs]
+
+
+def run_cp_worker(tmp_path: Path, model: str, micro: int, cp: int = 2) -> dict:
+    """Start ``cp`` worker ranks and return rank 0's report."""
+    script = tmp_path / "cp_worker.py"
+    script.write_text(_WORKER)
+    outs = run_workers(script, cp, model, str(micro))
+    return json.loads(outs[0].strip().splitlines()[-1])
 
 
 def engine_layer_bytes(spec, layout: ParallelConfig) -> int:

@@ -51,7 +51,7 @@ def test_partial_sharding_is_hsdp_over_a_2d_mesh():
 def test_mesh_coordinates_put_tp_innermost():
     d = mesh_dims(layout(tp=2, pp=2, dp=2, global_batch=4))
     assert d.coords(1) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "cp": 0, "tp": 1,
-                           "dp": 0}
+                           "dp": 0, "ep": 0}
     assert d.coords(2)["dp"] == 1 and d.coords(4)["pp"] == 1
     assert all(d.rank_of(**{k: v for k, v in d.coords(r).items() if k != "dp"}) == r
                for r in range(8))

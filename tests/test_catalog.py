@@ -45,7 +45,7 @@ def test_frontier_exposes_gcds_not_packages():
     frontier = load_system("frontier")
     assert frontier.gpus_per_node == 8
     assert frontier.gpus_per_package == 2
-    assert frontier.memory_bytes == 64e9
+    assert frontier.memory_bytes == 64 * 2**30  # 64 GiB per GCD (ROCm spec table)
     assert frontier.peak("bf16") == 191.5e12
     assert frontier.link("package").bandwidth > frontier.link("node").bandwidth
 

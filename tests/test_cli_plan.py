@@ -11,6 +11,7 @@ import pytest
 
 from frontier_llm.catalog import model_names, system_names
 from frontier_llm.cli import main
+from frontier_llm.specs import axes
 
 
 def test_plan_default_is_175b_on_1024_frontier_gcds(capsys):
@@ -30,7 +31,7 @@ def test_plan_json_and_explain(capsys):
     assert doc["gpus"] == 3072 and len(doc["layouts"]) == 5
     first = doc["layouts"][0]
     assert first["tp"] * first["pp"] * first["dp"] == 3072
-    assert first["fits"] is True and first["peak_memory_bytes"] <= 64e9
+    assert first["fits"] is True and first["peak_memory_bytes"] <= 64 * 2**30  # a GCD's 64 GiB
     assert doc["rejected"]["does not fit in memory"] > 0
     assert "Winner:" in captured.err and "rejected" in captured.err
     assert "x the step time" in captured.err
@@ -59,8 +60,8 @@ def test_plan_and_predict_work_for_every_catalog_model(system, engine, capsys):
         assert best.get("engine", engine) == engine
         argv = ["predict", "--model", model, "--system", system, "--gpus", "64", "--engine",
                 engine,
-                "--tp", str(best["tp"]), "--cp", str(best.get("cp", 1)), "--pp", str(best["pp"]),
-                "--dp", str(best["dp"]), "--micro-batch", str(best["micro_batch"]),
+                *(w for a in axes.AXES for w in (f"--{a}", str(best.get(str(a), 1)))),
+                "--micro-batch", str(best["micro_batch"]),
                 "--global-batch", str(best["global_batch"]), "--schedule", best["schedule"],
                 "--virtual-stages", str(best["virtual_stages"]),
                 "--recompute", best["recompute"], "--format", "json"]

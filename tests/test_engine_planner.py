@@ -88,6 +88,11 @@ SCENARIOS = [
     # and tp 3 leaves 1024 tokens a rank, not divisible by 3; cp on DeepSpeed is refused.
     ("gpt3-125m", "frontier", 48, 96, SearchSpace(engine=ENGINES, micro_batch=(1,),
                                                   cp=(1, 2, 3), tp=(1, 3, 4), pp=(1, 2))),
+    # ep (issue 41): 3 divides no dp of 32 GPUs, 16 not Mixtral's 8 experts, DeepSpeed runs ep
+    # 1 only; a dense model listed with ep 2 is refused for it.
+    ("mixtral-8x7b", "dgx-h100", 32, 64, SearchSpace(engine=ENGINES, micro_batch=(1,),
+                                                     pp=(1, 2), ep=(1, 2, 3, 16))),
+    ("gpt3-125m", "frontier", 16, 32, SearchSpace(engine=ENGINES, micro_batch=(1,), ep=(1, 2))),
 ]
 
 
@@ -136,7 +141,11 @@ def _keyword(reason: str) -> str:
             "a pipeline chunk without layers": "without layers",
             "seq_len not divisible by 2 x cp": "2 x cp",
             "seq_len / cp not divisible by tp (sequence parallel)":
-                "for sequence parallelism"}[reason]
+                "for sequence parallelism",
+            "ep does not divide dp x cp": "does not divide",
+            "ep > 1 needs a Mixture-of-Experts model": "Mixture-of-Experts",
+            "num_experts not divisible by ep": "num_experts",
+            "expert_ffn_hidden not divisible by tp": "expert_ffn_hidden"}[reason]
 
 
 def test_each_rejection_is_the_first_rule_layout_names(plans):

@@ -21,6 +21,7 @@ import pytest
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.cli import build_parser, main
 from frontier_llm.cli.layout_args import layout_from_args
+from frontier_llm.errors import SpecError
 from frontier_llm.jobs.sweepspec import load_sweep
 from frontier_llm.report.frames import layout_rows
 from frontier_llm.report.layouts import layouts_table
@@ -384,13 +385,41 @@ def test_axes_arithmetic_on_layouts_tables_frames_and_rows():
     assert axes.model_parallel_size(layouts[0]) == 256
     assert axes.data_parallel_for(1024, {"tp": 8, "cp": 8, "pp": 4}) == 4
     assert axes.data_parallel_for(1000, {"tp": 8, "cp": 8, "pp": 4}) is None
-    assert axes.RANK_FIELDS == ("tp_rank", "cp_rank", "pp_stage", "dp_rank")
+    assert axes.RANK_FIELDS == ("tp_rank", "cp_rank", "pp_stage", "dp_rank", "ep_rank")
     assert axes.rank_fields({"tp": 1, "pp": 2}) == {"tp_rank": 1, "cp_rank": 0, "pp_stage": 2,
-                                                     "dp_rank": 0}
+                                                     "dp_rank": 0, "ep_rank": 0}
     assert " ".join(axes.label_parts(layouts[0])) == "tp8 cp8 pp4 dp4"
     assert " ".join(axes.label_parts(layouts[1])) == "tp2 pp2 dp3"
     assert label(layouts[0]).startswith("tp8 cp8 pp4 dp4 mb1 gb16")
     assert label(layouts[1], omit=("dp", "global_batch")) == "tp2 pp2 mb1"
+
+
+def test_expert_parallelism_refolds_ranks_and_adds_no_gpus():
+    """ep re-folds the dp x cp ranks (Megatron-Core's expert-tp x ep x expert-dp): the world,
+    the model-parallel size and the data-parallel degree for a GPU count stay the dense
+    layout's; the expert-dp and each rank's ep index follow; a frame without ep is at ep 1."""
+    moe = Layout(tp=2, cp=2, pp=2, dp=4, ep=4, global_batch=8)
+    dense = Layout(tp=2, cp=2, pp=2, dp=4, global_batch=8)
+    assert axes.world_size(moe) == axes.world_size(dense) == 32
+    assert axes.model_parallel_size(moe) == 8
+    assert axes.data_parallel_for(32, moe) == 4
+    assert axes.expert_data_parallel(moe) == 2  # dp x cp / ep = 8 / 4
+    # ep takes runs of ep consecutive (dp, cp) indices, cp fastest, inside one pipeline stage.
+    index = [axes.coords(r, moe) for r in range(axes.world_size(moe))]
+    for r, c in enumerate(index):
+        assert c["ep"] == (c["dp"] * 2 + c["cp"]) % 4
+        assert axes.rank_of(c, moe) == r  # ep is implied by the others
+    groups = {}
+    for c in index:
+        key = (c["pp"], c["tp"], (c["dp"] * 2 + c["cp"]) // 4)
+        groups.setdefault(key, []).append(c["ep"])
+    assert all(sorted(g) == [0, 1, 2, 3] for g in groups.values())
+    np.testing.assert_array_equal(axes.expert_data_parallel(
+        pd.DataFrame({"dp": [4, 8], "cp": [2, 1]})), [8, 8])  # no ep column: ep 1
+    assert " ".join(axes.label_parts(moe)) == "tp2 cp2 pp2 dp4 ep4"
+    assert " ".join(axes.label_parts(dense)) == "tp2 cp2 pp2 dp4"
+    with pytest.raises(SpecError, match="ep \\(3\\) does not divide dp x cp"):
+        Layout(tp=2, cp=2, dp=4, ep=3, global_batch=8)
 
 
 # --- the defects of issue 36 that hand-written products caused -------------------------------
@@ -465,3 +494,20 @@ def test_collect_stores_each_ranks_cp_rank(tmp_path):
     cp2 = frame.loc["cp2"]
     assert cp2["cp_rank"].tolist() == [0, 0, 1, 1] and cp2["tp_rank"].tolist() == [0, 1, 0, 1]
     assert frame.loc["old", "cp_rank"].tolist() == [0, 0]
+
+
+def test_a_dense_layouts_identity_is_unchanged_by_the_expert_fields():
+    """The MoE fields of a dense model take no part in its layout hash (a dense layout stored
+    before them keeps its row, and a trace that omits them names the same row); an MoE model's
+    do, and two expert counts are two layouts."""
+    from frontier_llm.specs.identity import layout_hash
+
+    model, layout = load_model("tiny-gpt"), Layout(dp=2, global_batch=4)
+    dense = {k: v for k, v in model.to_dict().items()
+             if k not in ("num_experts", "top_k", "expert_ffn_hidden", "shared_experts",
+                          "dense_layers", "moe_layer_freq", "capacity_factor",
+                          "router_aux_loss")}
+    assert layout_hash(model, "cpu-local", layout) == layout_hash(dense, "cpu-local", layout)
+    moe = dataclasses.replace(model, num_experts=4, top_k=2)
+    other = dataclasses.replace(model, num_experts=8, top_k=2)
+    assert len({layout_hash(m, "cpu-local", layout) for m in (model, moe, other)}) == 3

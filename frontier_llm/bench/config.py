@@ -9,6 +9,7 @@ must all derive the same id without talking to each other.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -96,6 +97,12 @@ def build_config(args: Any) -> BenchConfig:
         layout.pop("sharding", None)
     layout.update(given)
     layout.setdefault("dtype", "bf16")
+    if "dp" not in layout and int(layout.get("ep", 1)) > 1:
+        # ep re-folds the dp x cp ranks (specs/axes.py) and must divide them: with --ep and no
+        # --dp, run the fewest data-parallel ranks it divides, so that
+        # `flm bench --model tiny-moe --ep 2` runs on two ranks rather than refusing dp 1.
+        ep = int(layout["ep"])
+        layout["dp"] = ep // math.gcd(ep, int(layout.get("cp", 1)))
     layout = Layout.from_dict(complete_layout(layout))
     limit = args.memory_limit or bench.get("memory_limit")
 

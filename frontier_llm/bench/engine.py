@@ -22,11 +22,20 @@ from torch import nn
 from frontier_llm.bench.activations import SavedTensorMeter
 from frontier_llm.bench.context_parallel import CPContext, apply_cp
 from frontier_llm.bench.data import TokenSource, cp_shard
-from frontier_llm.bench.mesh import DIM_NAMES, MeshDims, check_layout
+from frontier_llm.bench.mesh import DIM_NAMES, MeshDims, check_layout, expert_groups
 from frontier_llm.bench.model import DTYPES, GPT, build_model, loss_fn
+from frontier_llm.bench.moe import (
+    EPContext,
+    apply_ep,
+    ep_experts,
+    is_expert_param,
+    set_aux_scale,
+    take_stats,
+)
 from frontier_llm.bench.optim import LocalAdam, allreduce_mean, local
 from frontier_llm.bench.parallelize import apply_fsdp, apply_tp, local_bytes
 from frontier_llm.bench.pipeline import build_schedule, stage_io
+from frontier_llm.bench.trace_moe import step_record
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
 
@@ -69,6 +78,9 @@ class NativeEngine:
         self.cpc = (CPContext(self.mesh["cp"].get_group(), d.cp, self.coords["cp"], spec.seq_len)
                     if d.cp > 1 else None)
         shard_mesh = self._shard_mesh() if d.data_parallel in ("fsdp", "hsdp") else None
+        # Expert parallelism: this rank's ep group (whose experts it splits with) and expert-dp
+        # group (the ranks holding the same experts), from specs/axes.py's ep coordinate.
+        self.ep_ctx, self.edp_group = self._expert_groups() if layout.ep > 1 else (None, None)
 
         num_stages = layout.chunks
         self.stage_indices = layout.rank_chunks(self.coords["pp"])
@@ -80,9 +92,15 @@ class NativeEngine:
                 first=g == 0,
                 last=g == num_stages - 1, flash=layout.flash_attention,
                 recompute=layout.recompute,
+                experts=ep_experts(spec.num_experts, layout.ep, self.coords["ep"]),
             )
             if self.cpc is not None:
                 apply_cp(m, self.cpc)
+            if self.ep_ctx is not None:
+                apply_ep(m, self.ep_ctx)
+            # The pipeline schedule divides the gradients by the micro-batches itself; otherwise
+            # each micro-batch's loss is divided (_fwd_bwd), and so is the aux loss's gradient.
+            set_aux_scale(m, 1.0 if layout.pp > 1 else 1.0 / layout.num_microbatches)
             if layout.tp > 1:
                 apply_tp(m, self.mesh["tp"], layout.sequence_parallel)
             if shard_mesh is not None:
@@ -117,6 +135,10 @@ class NativeEngine:
         )
         self.params_peak = 0
         self.grads_bytes = 0
+        self.expert_ids = {id(p) for m in self.modules for n, p in m.named_parameters()
+                           if is_expert_param(n)}
+        # One record per step of what the MoE blocks did (bench/trace_moe.py); empty if dense.
+        self.moe_steps: list[dict] = []
 
     def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Cross entropy; under TP the vocab-parallel one over each rank's slice of the logits
@@ -161,6 +183,24 @@ class NativeEngine:
             for p in m.parameters():
                 seen.setdefault(id(p), p)
         return list(seen.values())
+
+    def _expert_groups(self) -> tuple[EPContext, dist.ProcessGroup | None]:
+        """This rank's ep context and expert-dp group (None when no other rank holds its
+        experts). Every rank creates every group, in the same order (new_group is
+        collective)."""
+        ep_ranks, edp_ranks = expert_groups(self.layout)
+        ctx = None
+        for ranks in ep_ranks:
+            group = dist.new_group(ranks)
+            if self.rank in ranks:
+                ctx = EPContext(group, len(ranks), ranks.index(self.rank))
+        mine = None
+        for ranks in edp_ranks:
+            group = dist.new_group(ranks) if len(ranks) > 1 else None
+            if self.rank in ranks:
+                mine = group
+        assert ctx is not None and ctx.rank == self.coords["ep"], (ctx, self.coords)
+        return ctx, mine
 
     def _tied_group(self) -> dist.ProcessGroup | None:
         """Megatron's embedding group: first and last pipeline rank of each (dp, tp) position.
@@ -246,18 +286,43 @@ class NativeEngine:
             grads.append(g)
         return grads
 
-    def step(self, step: int, measure_activations: bool = False) -> float | None:
-        """One optimizer step over this rank's slice of global batch ``step``."""
+    def gradients(self, step: int, measure_activations: bool = False) -> float | None:
+        """Forward and backward over this rank's slice of global batch ``step`` with every
+        gradient reduced where it belongs: what the optimizer step then applies."""
         loss = run_batch(self, step, measure_activations, self._forward_backward)
         grads = self._settle_grads()
         if self.dp_group is not None:
             kw = {"bucket_bytes": self.bucket_bytes} if self.bucket_bytes else {}
-            allreduce_mean([local(g) for g in grads], self.dp_group, **kw)
+            # Routed experts split over ep are reduced over expert-dp below; with ep 1 every
+            # rank holds every expert and they are dense parameters like the rest.
+            split = self.ep_ctx is not None
+            dense = [local(p.grad) for p in self.parameters()
+                     if p.grad is not None and not (split and id(p) in self.expert_ids)]
+            allreduce_mean(dense, self.dp_group, **kw)
+            if self.ep_ctx is not None:
+                self._reduce_expert_grads(kw)
         if self.tied_group is not None:
             for p in self._tied_params():
                 if p.grad is not None:
                     dist.all_reduce(local(p.grad), group=self.tied_group)
         self.grads_bytes = max(self.grads_bytes, local_bytes(grads))
+        if self.spec.is_moe:
+            self.moe_steps.append(step_record(take_stats(self.modules)))
+        return loss
+
+    def _reduce_expert_grads(self, kw: dict) -> None:
+        """A routed expert's gradient already sums what every rank of its ep group sent it
+        (the all-to-alls' backward); summed over expert-dp too it covers all dp x cp ranks'
+        losses, whose mean the global loss is: divide by ep here, by expert-dp in the mean."""
+        grads = [local(p.grad) for p in self.parameters()
+                 if p.grad is not None and id(p) in self.expert_ids]
+        torch._foreach_div_(grads, float(self.ep_ctx.ep))
+        if self.edp_group is not None:
+            allreduce_mean(grads, self.edp_group, **kw)
+
+    def step(self, step: int, measure_activations: bool = False) -> float | None:
+        """One optimizer step over this rank's slice of global batch ``step``."""
+        loss = self.gradients(step, measure_activations)
         self.optimizer.step()
         self.optimizer.zero_grad()
         self._measure_params()
@@ -304,6 +369,7 @@ def reference_losses(spec: ModelSpec, layout: Layout, steps: int, seed: int = 0,
     opt = LocalAdam(list(model.parameters()), lr=LR)
     source = TokenSource(spec.vocab, spec.seq_len, seed, data)
     chunks = layout.global_batch // layout.micro_batch
+    set_aux_scale(model, 1.0 / chunks)
     out = []
     for step in range(steps):
         inputs, targets = source.rank_batch(step, layout.global_batch, 1, 0)

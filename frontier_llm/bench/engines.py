@@ -25,6 +25,12 @@ def check(model: ModelSpec, layout: Layout, world_size: int | None = None) -> No
     if layout.engine != Engine.DEEPSPEED:
         raise UserError(f"flm bench runs the engines {', '.join(BENCH_ENGINES)}; "
                         f"engine {layout.engine} is for planning only")
+    if model.is_moe:
+        # DeepSpeed's own MoE layer (deepspeed.moe.layer.MoE, with its expert-parallel groups)
+        # is not wired into flm bench's DeepSpeed engine; its dense path would run every expert
+        # on every rank and ignore ep.
+        raise UserError(f"{model.name} is a Mixture-of-Experts model: flm bench runs MoE on "
+                        "engine native only (DeepSpeed-MoE is not wired in)")
     from frontier_llm.bench.deepspeed_config import zero_settings
 
     layout.check_model(model)  # the engine's rules (engine_rules.py) included

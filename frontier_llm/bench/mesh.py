@@ -27,12 +27,13 @@ Everything here runs before any process group exists, so a bad layout costs noth
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Literal
 
 from frontier_llm.errors import UserError
 from frontier_llm.specs import axes
-from frontier_llm.specs.layout import Engine, Layout
+from frontier_llm.specs.layout import Engine, Layout, Recompute
 from frontier_llm.specs.model import ModelSpec
 
 DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -48,6 +49,9 @@ class MeshDims:
     data_parallel: DataParallel
     reshard_after_forward: bool
     cp: int = 1
+    # Expert parallelism re-folds the dp x cp ranks (specs/axes.py): no mesh dimension of its
+    # own, only a coordinate and the groups of bench/engine.py.
+    ep: int = 1
 
     @property
     def dp(self) -> int:
@@ -80,14 +84,17 @@ class MeshDims:
 
     def coords(self, rank: int) -> dict[str, int]:
         """Mesh coordinates of a global rank (row-major over DIM_NAMES)."""
-        out = {}
+        out = {"ep": axes.coords(rank, self)["ep"]}
         for name, size in reversed(list(zip(DIM_NAMES, self.shape, strict=True))):
             out[name] = rank % size
             rank //= size
         out["dp"] = out["dp_replicate"] * self.dp_shard + out["dp_shard"]
         return out
 
-    def rank_of(self, pp: int, dp_replicate: int, dp_shard: int, tp: int, cp: int = 0) -> int:
+    def rank_of(self, pp: int, dp_replicate: int, dp_shard: int, tp: int, cp: int = 0,
+                ep: int | None = None) -> int:
+        """The rank at these mesh coordinates; ``ep`` is implied by the others and ignored (it
+        is accepted so that :meth:`coords`' output can be passed back)."""
         return (((pp * self.dp_replicate + dp_replicate) * self.dp_shard + dp_shard) * self.cp
                 + cp) * self.tp + tp
 
@@ -98,7 +105,8 @@ def mesh_dims(layout: Layout) -> MeshDims:
     # always sit inside one shard group (dp_shard x cp), never split across replicas.
     sh, dp, cp, n = layout.sharding, layout.dp, layout.cp, layout.shard_ranks
     deg = {c: getattr(sh, c).degree(n) for c in ("params", "grads", "optim")}
-    base = {"pp": layout.pp, "tp": layout.tp, "cp": cp}
+    # Every degree but dp, which the sharding splits into replicate x shard below.
+    base = {str(a): axes.degree(layout, a) for a in axes.AXES if a is not axes.Axis.DP}
     if n == 1 or deg == {"params": 1, "grads": 1, "optim": 1}:
         return MeshDims(dp_replicate=dp, dp_shard=1, data_parallel="ddp",
                         reshard_after_forward=False, **base)
@@ -136,4 +144,57 @@ def check_layout(model: ModelSpec, layout: Layout, world_size: int | None = None
             f"flm bench runs engine native only (got engine {layout.engine}): plan and predict "
             "other engines with flm plan / flm predict --engine"
         )
-    return mesh_dims(layout)
+    dims = mesh_dims(layout)
+    if model.is_moe:
+        check_moe(layout, dims)
+    return dims
+
+
+def check_moe(layout: Layout, dims: MeshDims) -> None:
+    """What flm bench's MoE block (bench/moe.py) does not run, each refused with its reason."""
+    if layout.sequence_parallel:
+        # The router and the token exchange work on whole, replicated token sets; under
+        # sequence parallelism each tp rank holds s/tp of them (Megatron-Core then gathers
+        # them in its token dispatcher, which flm bench's MoE block does not).
+        raise UserError("sequence parallelism with a Mixture-of-Experts model: flm bench's "
+                        "native engine routes the tokens every tp rank holds whole (use tp "
+                        "without --sequence-parallel)")
+    if layout.cp > 1:
+        # The router's load-balancing loss is over a micro-batch's tokens; a cp rank holds part
+        # of each sequence, and the native engine does not reduce the router's statistics
+        # over the cp group as Megatron-Core does.
+        raise UserError(f"cp {layout.cp} with a Mixture-of-Experts model: flm bench's native "
+                        "engine takes the router's load-balancing loss over whole sequences "
+                        "(use cp 1)")
+    if layout.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
+        # Recomputing an MoE block would repeat its all-to-all exchanges and count its tokens
+        # twice; selective recompute touches the attention core only.
+        raise UserError(f"recompute {layout.recompute} with a Mixture-of-Experts model: flm "
+                        "bench's native engine recomputes no MoE block (use none or selective)")
+    if layout.ep > 1 and dims.data_parallel != "ddp":
+        # ZeRO-1 and FSDP2 shard every parameter over dp x cp as if all were alike; routed
+        # experts differ between the ep ranks and are reduced over expert-dp only.
+        raise UserError(f"ep {layout.ep} with sharding {layout.sharding.describe()}: flm "
+                        "bench's native engine runs expert parallelism with replicated "
+                        "parameters only (sharding zero0)")
+
+
+def expert_groups(layout: Layout) -> tuple[list[list[int]], list[list[int]]]:
+    """(ep groups, expert-dp groups) as rank lists, every group of the world in one order.
+
+    Within one pipeline stage and tp index, the ranks ordered by their dp x cp index (cp
+    fastest) are cut into runs of ep consecutive ranks, the ep groups (specs/axes.py
+    ``coords``: a rank's ep index is its place in its run); the ranks at the same place of every
+    run hold the same experts and reduce their gradients together (expert-dp)."""
+    ep = int(axes.degree(layout, axes.Axis.EP))
+    replicas: dict[tuple[int, int], list[tuple[int, int, int]]] = defaultdict(list)
+    for rank in range(int(axes.world_size(layout))):
+        c = axes.coords(rank, layout)
+        replicas[(c["pp"], c["tp"])].append((c["dp"], c["cp"], rank))
+    ep_groups: list[list[int]] = []
+    edp_groups: list[list[int]] = []
+    for key in sorted(replicas):
+        ranks = [r for *_, r in sorted(replicas[key])]
+        ep_groups += [ranks[i:i + ep] for i in range(0, len(ranks), ep)]
+        edp_groups += [ranks[j::ep] for j in range(ep)]
+    return ep_groups, edp_groups

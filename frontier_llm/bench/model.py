@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from frontier_llm.bench.checkpoint_policy import checkpoint_selective_op
 from frontier_llm.bench.context_parallel import CPContext
+from frontier_llm.bench.moe import MoE
 from frontier_llm.specs.layout import DType, Recompute
 from frontier_llm.specs.model import ModelSpec
 
@@ -195,11 +196,14 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    """A dense block's MLP (width ``ffn_hidden``), or one expert of an MoE block (``width``
+    ``expert_ffn_hidden``, its dropout left to the MoE block's combined output)."""
+
+    def __init__(self, spec: ModelSpec, width: int | None = None) -> None:
         super().__init__()
-        h, f = spec.hidden, spec.ffn_hidden
+        h, f = spec.hidden, spec.ffn_hidden if width is None else width
         self.swiglu = spec.activation == "swiglu"
-        self.dropout = spec.dropout
+        self.dropout = spec.dropout if width is None else 0.0
         self.w1 = nn.Linear(h, f, bias=spec.bias)
         self.w2 = nn.Linear(f, h, bias=spec.bias)
         self.w3 = nn.Linear(h, f, bias=spec.bias) if self.swiglu else None
@@ -213,13 +217,15 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec, flash: bool, recompute: str) -> None:
+    def __init__(self, spec: ModelSpec, flash: bool, recompute: str, layer: int = 0,
+                 experts: range | None = None) -> None:
         super().__init__()
         self.attention_norm = _norm(spec)
         self.attention = Attention(spec, flash,
                                    selective_recompute=recompute == Recompute.SELECTIVE)
         self.ffn_norm = _norm(spec)
-        self.feed_forward = MLP(spec)
+        self.feed_forward = (MoE(spec, MLP, experts) if spec.moe_block(layer)
+                             else MLP(spec))
         self.full_recompute = recompute == "full"
         self.op_recompute = recompute == Recompute.SELECTIVE_OP
 
@@ -261,7 +267,7 @@ class GPT(nn.Module):
 
     def __init__(self, spec: ModelSpec, *, layer_ids: Iterable[int] | None = None,
                  first: bool = True, last: bool = True, flash: bool = True,
-                 recompute: str = "none") -> None:
+                 recompute: str = "none", experts: range | None = None) -> None:
         super().__init__()
         self.spec = spec
         ids = list(range(spec.layers)) if layer_ids is None else list(layer_ids)
@@ -270,7 +276,8 @@ class GPT(nn.Module):
         self.pos_embeddings = (PositionEmbedding(spec)
                                if first and spec.position == "learned" else None)
         # Keyed by global layer index so names (and the init) are the same in every layout.
-        self.layers = nn.ModuleDict({str(i): Block(spec, flash, recompute) for i in ids})
+        self.layers = nn.ModuleDict({
+            str(i): Block(spec, flash, recompute, i, experts) for i in ids})
         self.norm = _norm(spec) if last else None
         self.output = nn.Linear(spec.hidden, spec.vocab, bias=False) if last else None
         self.emb_dropout = spec.dropout if spec.position != "learned" else 0.0
@@ -326,10 +333,12 @@ def init_weights(model: GPT, seed: int) -> None:
 def build_model(spec: ModelSpec, *, seed: int, dtype: str = "fp32",
                 device: torch.device | str = "cpu", layer_ids: Iterable[int] | None = None,
                 first: bool = True, last: bool = True, flash: bool = True,
-                recompute: str = "none") -> GPT:
-    """A model (or stage) with deterministic weights, in ``dtype`` on ``device``."""
+                recompute: str = "none", experts: range | None = None) -> GPT:
+    """A model (or stage) with deterministic weights, in ``dtype`` on ``device``; ``experts``:
+    the routed experts its MoE blocks hold (default all; an ep rank's share, bench/moe.py
+    ``ep_experts``), each with the weights it has in the whole model."""
     model = GPT(spec, layer_ids=layer_ids, first=first, last=last, flash=flash,
-                recompute=recompute)
+                recompute=recompute, experts=experts)
     init_weights(model, seed)
     return model.to(device=torch.device(device), dtype=DTYPES[dtype])
 

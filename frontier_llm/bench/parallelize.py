@@ -32,6 +32,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from frontier_llm.bench.model import GPT
+from frontier_llm.bench.moe import MoE
 
 
 def tp_plan(model: GPT, sequence_parallel: bool) -> dict:
@@ -52,12 +53,20 @@ def tp_plan(model: GPT, sequence_parallel: bool) -> dict:
         plan[f"{p}.attention.wk"] = ColwiseParallel()
         plan[f"{p}.attention.wv"] = ColwiseParallel()
         plan[f"{p}.attention.wo"] = RowwiseParallel(output_layouts=Shard(1) if sp else Replicate())
-        plan[f"{p}.feed_forward.w1"] = ColwiseParallel()
-        if block.feed_forward.w3 is not None:
-            plan[f"{p}.feed_forward.w3"] = ColwiseParallel()
-        plan[f"{p}.feed_forward.w2"] = RowwiseParallel(
-            output_layouts=Shard(1) if sp else Replicate()
-        )
+        ffn = block.feed_forward
+        if isinstance(ffn, MoE):
+            # Expert-tp = tp (Megatron-Core's and torchtitan's default): every expert this rank
+            # holds, and every shared one, split like a dense MLP; the router is replicated,
+            # so every tp rank routes the same tokens the same way.
+            mlps = [f"experts.{e}" for e in ffn.experts] + [f"shared.{j}" for j in ffn.shared]
+        else:
+            mlps = [""]
+        for mlp in mlps:
+            q = f"{p}.feed_forward" + (f".{mlp}" if mlp else "")
+            plan[f"{q}.w1"] = ColwiseParallel()
+            if ffn.get_submodule(mlp).w3 is not None:
+                plan[f"{q}.w3"] = ColwiseParallel()
+            plan[f"{q}.w2"] = RowwiseParallel(output_layouts=Shard(1) if sp else Replicate())
         if sp:
             plan[f"{p}.attention_norm"] = SequenceParallel()
             plan[f"{p}.ffn_norm"] = SequenceParallel()

@@ -38,6 +38,8 @@ from frontier_llm.bench.launch import RankEnv
 from frontier_llm.bench.peer_errors import is_collateral
 from frontier_llm.bench.record import prediction_fields, trace_record
 from frontier_llm.bench.trace import heartbeat_path, trace_path, write_heartbeat, write_trace
+from frontier_llm.bench.trace_moe import merge as merge_moe
+from frontier_llm.bench.trace_moe import summary_fields as moe_summary
 from frontier_llm.costmodel.flops import hardware_flops, model_flops
 from frontier_llm.errors import ExitCode
 from frontier_llm.specs import axes
@@ -320,6 +322,12 @@ def _gather(me: _Rank) -> None:
         trace["memory"] = [r["memory"] for r in records]
         trace["environment"]["hostnames"] = sorted({r["host"] for r in records})
         trace["summary"] = summarize(cfg, trace["steps"], trace["memory"], me.world)
+        moe = merge_moe([r["moe"] for r in records], trace["steps"],
+                        int(axes.shard_ranks(cfg.layout)),
+                        [r["memory"]["tp_rank"] == 0 for r in records])
+        if moe is not None:  # only a Mixture-of-Experts model's trace has these fields
+            trace["moe"] = moe
+            trace["summary"].update(moe_summary(moe))
         trace["status"], trace["finished_at"] = RunStatus.COMPLETED.value, _now()
         _judge_transport(trace, me.backend, me.nccl_log, me.nodes)
         if me.stopped:  # a valid trace of the steps done, not a run killed mid-step
@@ -418,6 +426,9 @@ def _rank_record(engine, rank: int, steps: list[dict], cuda: bool) -> dict:
             "host_rss_peak_bytes": _rss_peak(),
         },
         "steps": steps,
+        # What the MoE blocks did each step (bench/trace_moe.py); empty for a dense model and
+        # for an engine without MoE blocks.
+        "moe": list(getattr(engine, "moe_steps", [])),
     }
 
 
@@ -453,10 +464,14 @@ def _teardown(code: int, clean: bool) -> int:
 def summary_line(trace: dict, path: Path) -> str:
     """The one JSON line ``flm bench`` prints for a finished run."""
     s, pred = trace["summary"], trace.get("prediction") or {}
-    return json.dumps({"run_id": trace["run_id"], "status": trace["status"], "trace": str(path),
-                       "step_time_s": s["step_time_s"], "tokens_per_s": s["tokens_per_s"],
-                       "mfu": s["mfu"], "predicted_step_time_s": pred.get("step_time_s"),
-                       "peak_memory_bytes": s["peak_memory_bytes"]})
+    line = {"run_id": trace["run_id"], "status": trace["status"], "trace": str(path),
+            "step_time_s": s["step_time_s"], "tokens_per_s": s["tokens_per_s"],
+            "mfu": s["mfu"], "predicted_step_time_s": pred.get("step_time_s"),
+            "peak_memory_bytes": s["peak_memory_bytes"]}
+    # A Mixture-of-Experts run also says what its all-to-alls cost and how even the load was.
+    line.update({k: s[k] for k in ("moe_dispatch_s", "moe_combine_s", "expert_imbalance")
+                 if k in s})
+    return json.dumps(line)
 
 
 def write_launcher_failure(cfg: BenchConfig, world: int, codes: list[int], started: str) -> None:

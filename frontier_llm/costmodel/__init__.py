@@ -22,7 +22,7 @@ from frontier_llm.specs.system import SystemSpec
 # prediction so that old predictions are never compared with new ones unknowingly.
 COSTMODEL_VERSION = "2.1"  # 2.1: context parallelism (cp > 1 priced; cp 1 unchanged)
 
-TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "pp_comm",
+TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
               "pp_bubble", "head", "dp_comm", "optimizer")
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "loss", "buffers", "reserved")
 

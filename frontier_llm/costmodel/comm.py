@@ -79,6 +79,16 @@ def _link(system: SystemSpec, n, stride, rails) -> tuple[np.ndarray, np.ndarray]
     return np.where(rails, railed[0], single[0]), np.where(rails, railed[1], single[1])
 
 
+def all_to_all(system: SystemSpec, n, stride, nbytes) -> np.ndarray:
+    """An all-to-all in which each of ``n`` ranks ``stride`` apart sends ``nbytes`` (already
+    the part leaving it) as ``n−1`` pairwise messages: ``nbytes / bw + (n−1)·α``. Every member
+    sends through its own link at once, so across nodes each uses one NIC (no rails: the
+    traffic is not a ring NCCL can spread over the node's NICs)."""
+    n = np.asarray(n)
+    bw, lat = link_for_span(system, n * np.asarray(stride))
+    return np.where(n > 1, nbytes / bw + (n - 1) * lat, 0.0)
+
+
 def send_recv(system: SystemSpec, distance, nbytes) -> np.ndarray:
     """One message between ranks ``distance`` apart."""
     bw, lat = link_for_span(system, np.asarray(distance) + 1)

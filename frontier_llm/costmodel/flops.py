@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from frontier_llm.costmodel import moe
 from frontier_llm.costmodel.checkpoint_policy import kept_dense_fraction
 from frontier_llm.specs.model import ModelSpec
 
@@ -24,13 +25,16 @@ ArrayLike = Any  # float or numpy array
 
 
 def layer_forward_flops_per_token(model: ModelSpec) -> tuple[float, float]:
-    """(dense, attention) forward FLOPs per token of one transformer block.
+    """(dense, attention) forward FLOPs per token of one transformer block (of the mean block
+    of an MoE model, its active experts only: costmodel/moe.py).
 
     ``dense`` is the weight matmuls (QKV, output projection, MLP); ``attention`` is Q·Kᵀ and
     scores·V, which grow with the sequence length (causal masking is not discounted, as in eq. 3).
     """
     h, f, kv, s = model.hidden, model.ffn_hidden, model.kv_dim, model.seq_len
     dense = 2.0 * (h * (h + 2 * kv) + h * h + model.mlp_matrices * h * f)
+    if model.is_moe:  # the mean block's active MLP: router + top_k (+ shared) experts
+        dense = 2.0 * (h * (h + 2 * kv) + h * h) + moe.mlp_flops_per_token(model)
     attention = 2.0 * 2.0 * s * h
     return dense, attention
 

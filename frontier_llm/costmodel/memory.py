@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from frontier_llm.costmodel import moe
 from frontier_llm.costmodel.behaviour import behaviour
 from frontier_llm.costmodel.checkpoint_policy import kept_bytes_per_token
 from frontier_llm.costmodel.deepspeed_buffers import (
@@ -44,6 +45,7 @@ from frontier_llm.costmodel.deepspeed_buffers import (
 from frontier_llm.costmodel.layouts import LayoutTable, from_configs
 from frontier_llm.costmodel.params import (
     kv_width_per_rank,
+    layer_params_per_rank,
     stage_params_per_rank,
     table_layer_params,
 )
@@ -73,11 +75,24 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None
     n = (stage_params_per_rank(model, t.tp, t.pp, pp_rank, held, table_layer_params(model, t))
          + extra_params(model, t, pp_rank))
     per = STATE_BYTES[t.dtype]
+    if model.is_moe:
+        # The fullest window of MoE blocks rather than the mean block (costmodel/moe.py).
+        more, more_routed = moe.stage_excess_params(model, t, held,
+                                                    layer_params_per_rank(model, t.tp))
+        n = n + more
+        routed = held * moe.routed_params_per_rank(model, t) + more_routed
+
+    def shard(comp: str):
+        if not model.is_moe:
+            return _cdiv(n, t.degree(comp))
+        # Routed experts shard over expert-dp at most (costmodel/moe.py).
+        return moe.sharded_count(n, routed, t, comp)
+
     return {
-        "params": _cdiv(n, t.degree("params")) * per[:, 0] + extra_param_bytes(t, n, per[:, 0]),
-        "grads": _cdiv(n, t.degree("grads")) * grad_bytes_per_param(t, per[:, 1]),
+        "params": shard("params") * per[:, 0] + extra_param_bytes(t, n, per[:, 0]),
+        "grads": shard("grads") * grad_bytes_per_param(t, per[:, 1]),
         # DeepSpeed's fp32 master partition (costmodel/deepspeed_buffers.py).
-        "optimizer": _cdiv(n, t.degree("optim")) * per[:, 2] + extra_optimizer_bytes(t, n),
+        "optimizer": shard("optim") * per[:, 2] + extra_optimizer_bytes(t, n),
     }
 
 
@@ -118,6 +133,8 @@ def _layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> tuple[np.ndarra
     kv_saved = np.where(~t.flash_attention & (t.recompute != Recompute.SELECTIVE.code), q, kv)
     split = sb * e * ((q + kv_saved) + kv_saved + q + mlp_saved * f_rank)  # Q,K|V|proj in|MLP
     split = split + gathered_kv_bytes(model, t, kv_saved)
+    if model.is_moe:  # router logits, permuted tokens, expert intermediates (costmodel/moe.py)
+        split = split + sb * moe.activation_extra(model, t, e, f_rank)
     # Q·Kᵀ softmax output, its dropout mask and output; flash attention and selective recompute
     # keep none of them (flash keeps a fp32 log-sum-exp per row instead). With cp the local
     # queries (seq/cp rows) meet every key of the sequence (seq columns): (seq/cp) x seq per

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from frontier_llm.costmodel import moe
+from frontier_llm.specs import axes
 from frontier_llm.specs.model import ModelSpec
 
 
@@ -82,5 +84,7 @@ def table_layer_params(model: ModelSpec, t) -> np.ndarray:
     if memo is not None and memo[0] is model:
         return memo[1]
     out = layer_params_per_rank(model, t.tp)
+    if model.is_moe:  # the mean block, routed experts over ep (costmodel/moe.py)
+        out = moe.layer_params_per_rank(model, t.tp, axes.degree(t, "ep"), out)[0]
     t.__dict__["_layer_params"] = (model, out)
     return out

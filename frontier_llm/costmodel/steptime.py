@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from frontier_llm.costmodel import comm
+from frontier_llm.costmodel import comm, moe
 from frontier_llm.costmodel.behaviour import behaviour
 from frontier_llm.costmodel.checkpoint_policy import kept_dense_fraction
 from frontier_llm.costmodel.flops import (
@@ -90,6 +90,7 @@ class BlockTimes:
     compute: np.ndarray  # forward + backward (2x) + recompute
     comm: np.ndarray  # exposed tensor-parallel communication
     cp_comm: np.ndarray  # exposed context-parallel K/V exchange (cp_exchange_times)
+    ep_comm: np.ndarray | float = 0.0  # exposed expert-parallel all-to-alls (costmodel/moe.py)
 
 
 @dataclass
@@ -124,6 +125,11 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates)
     heads = model.heads / tp
     dense, attn = layer_forward_flops_per_token(model)
     f_dense = dense * tokens / tp / r.flops
+    ep_comm = 0.0
+    if model.is_moe:  # the slowest EP rank's expert GEMMs and the all-to-alls (costmodel/moe.py)
+        routed = moe.routed_flops_per_token(model) * tokens / tp / r.flops
+        f_dense = f_dense + moe.routed_gemm_extra(model, t, routed, system.matmul_half_hidden)
+        ep_comm = moe.all_to_all_times(model, system, t, e)
     f_attn = attn * tokens / tp / r.flops
     drop = model.dropout > 0
     # Element-wise passes over b·s·h: 2 norms (read + write) and 2 bias-dropout-residual adds
@@ -158,7 +164,7 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates)
     block_comm = np.maximum(0.0, fwd_comm + bwd_comm + recompute_comm - hidden_by)
     cp_comm = cp_exchange_times(model, system, t, e, f_attn)
     return BlockTimes(f_dense, f_attn, f_elem, f_softmax, f_fixed, fwd, recompute,
-                      3 * fwd + recompute, block_comm, cp_comm)
+                      3 * fwd + recompute, block_comm, cp_comm, ep_comm)
 
 
 def kv_exchange_bytes(model: ModelSpec, t: LayoutTable, act_bytes) -> np.ndarray:
@@ -224,7 +230,7 @@ def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     # Pipeline neighbours are tp·cp·dp ranks apart (pp is outermost in the rank order).
     p2p = np.where(pp > 1, 2 * v * comm.send_recv(system, tp * t.cp * dp,
                                                   tokens * h * r.act_bytes / tp), 0.0)
-    per_layer = blk.compute + blk.comm + blk.cp_comm
+    per_layer = blk.compute + blk.comm + blk.cp_comm + blk.ep_comm
     others = ranks["most_but_last"] * per_layer
     last = ranks["last"] * per_layer + last_extra
     last_paces = (last >= others) | (pp == 1)
@@ -365,6 +371,7 @@ def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict[str,
         "recompute": layers * blk.recompute,
         "tp_comm": layers * blk.comm,
         "cp_comm": layers * blk.cp_comm,
+        "ep_comm": layers * blk.ep_comm,
         "pp_comm": m * stage.p2p,
         "pp_bubble": stage.bubble,
         "head": m * stage.head,

@@ -55,6 +55,9 @@ class Step:
     mfu: float | None = None
     memory_bytes: int | None = None
     global_batch: int | None = None  # the batch the step ran, where its line prints it
+    # The router's load-balancing loss (Mixture-of-Experts) averaged over MoE blocks, where the
+    # trainer prints it (Megatron-LM's "load_balancing_loss").
+    load_balancing_loss: float | None = None
 
 
 @dataclass

@@ -9,12 +9,18 @@ data-parallel-size: ...`` (with ``context-parallel size: C`` in newer Megatron-L
 L | ...``; Megatron-DeepSpeed prints ``elapsed time per iteration (s):`` in seconds, and its
 ``TFLOPs:`` and ``tokens per gpu per second (tgs):`` too), the iteration line's ``global batch
 size: B`` (the batch each step ran: ``--rampup-batch-size`` changes it), ``[after training is
-done]``, and out-of-memory and error lines. A new arguments block after iterations starts a new
-run.
+done]``, and out-of-memory and error lines. A Mixture-of-Experts run's arguments give its
+experts (``num_experts``, ``moe_router_topk``, ``moe_ffn_hidden_size``, ``moe_layer_freq``,
+``moe_shared_expert_intermediate_size``, ``moe_aux_loss_coeff``, ``moe_expert_capacity_factor``)
+and ``expert_model_parallel_size`` (ep); its iteration lines ``load_balancing_loss: X`` (the
+router's aux loss over MoE blocks: ``track_moe_metrics`` adds it to the logged losses,
+megatron/core/transformer/moe/moe_utils.py and megatron/training/training.py at 309ffca). A
+new arguments block after iterations starts a new run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 from frontier_llm.logs.common import (
@@ -45,6 +51,7 @@ _LAYOUT_ARGS = {
     "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
     "context_parallel_size": "cp", "data_parallel_size": "dp", "micro_batch_size": "micro_batch",
     "global_batch_size": "global_batch", "virtual_pipeline_model_parallel_size": "virtual_stages",
+    "expert_model_parallel_size": "ep",
 }
 _MODEL_ARGS = {
     "num_layers": "layers", "hidden_size": "hidden", "num_attention_heads": "heads",
@@ -111,6 +118,8 @@ class Megatron(Trainer):
                 step.global_batch = int(number(batch))
             if (loss := fields.get("lm loss")) is not None:
                 step.loss = number(loss)
+            if (balance := fields.get("load_balancing_loss")) is not None:
+                step.load_balancing_loss = number(balance)
             tflops = fields.get("throughput per GPU (TFLOP/s/GPU)") or fields.get("TFLOPs")
             if tflops is not None:
                 step.tflops = number(tflops.split("/")[0])
@@ -179,3 +188,45 @@ class Megatron(Trainer):
             run.model["bias"] = bias
         if (untie := flag(a.get("untie_embeddings_and_output_weights"))) is not None:
             run.model["tied_embeddings"] = not untie
+        _experts(run)
+
+
+def _experts(run: ParsedRun) -> None:
+    """An MoE run's expert fields (none for a dense run: Megatron prints ``num_experts None``
+    and its defaults, such as ``moe_router_topk 2``, which describe no model)."""
+    a = run.args
+    experts = integer(a.get("num_experts"))
+    if not experts:
+        return
+    run.model["num_experts"] = experts
+    if (topk := integer(a.get("moe_router_topk"))) is not None:
+        run.model["top_k"] = topk
+    width = integer(a.get("moe_ffn_hidden_size"))
+    if width is not None:
+        run.model["expert_ffn_hidden"] = width
+    shared = integer(a.get("moe_shared_expert_intermediate_size"))
+    if shared and width and shared % width == 0:
+        run.model["shared_experts"] = shared // width
+    freq = (a.get("moe_layer_freq") or "").strip()
+    if freq.isdigit():
+        run.model["moe_layer_freq"] = int(freq)
+    elif freq.startswith("["):
+        # The printed list, one 0/1 per block: the spec's form is k leading dense blocks,
+        # then an MoE block every N-th from the first; another pattern is left unread.
+        pattern = [int(x) for x in re.findall(r"\d+", freq)]
+        dense = next((i for i, x in enumerate(pattern) if x), len(pattern))
+        rest = pattern[dense:]
+        step = next((n for n in range(1, len(rest) + 1)
+                     if rest == [int(i % n == 0) for i in range(len(rest))]), None)
+        if rest and step is not None:
+            run.model["dense_layers"] = dense
+            run.model["moe_layer_freq"] = step
+    types = a.get("moe_router_load_balancing_type", "")
+    coeff = a.get("moe_aux_loss_coeff")
+    if "aux_loss" in types and coeff not in (None, "None"):
+        with contextlib.suppress(ValueError):  # a value it cannot be: left unread
+            run.model["router_aux_loss"] = number(coeff.strip("[] ").split(",")[0])
+    capacity = a.get("moe_expert_capacity_factor")
+    if capacity not in (None, "None"):
+        with contextlib.suppress(ValueError):
+            run.model["capacity_factor"] = number(capacity)

@@ -139,6 +139,11 @@ def _agrees(run: ParsedRun, options: LogOptions) -> None:
             raise RunRefused(f"--layout {key}={value} contradicts the log ({key}={stated})")
 
 
+# The shape fields a log may not contradict --model on (the others it states replace the
+# model's: the log's shape is what ran).
+_STATED = ("layers", "hidden", "heads", "kv_heads", "vocab", "num_experts")
+
+
 def _model(run: ParsedRun, options: LogOptions) -> ModelSpec:
     from frontier_llm.catalog import load_model
 
@@ -157,8 +162,7 @@ def _model(run: ParsedRun, options: LogOptions) -> ModelSpec:
     elif run.model:
         raise RunRefused("the log prints a shape but no model name: give --model NAME")
     for key, value in run.model.items():  # the log's shape is what ran
-        if key in ("layers", "hidden", "heads", "kv_heads", "vocab") and base.get(key) not in (
-                None, value):
+        if key in _STATED and base.get(key) not in (None, value):
             raise RunRefused(f"the log's {key} {value} differs from --model {name}'s "
                              f"{base[key]}")
         base[key] = value
@@ -248,7 +252,9 @@ def _trainer_figures(summary: dict, measured: list[Step], labels: dict[str, str]
     the prediction. A trainer counts its own way; beyond TFLOPS_AGREEMENT the label
     ``tflops_disagree`` says by how much (and ``flm collect`` warns)."""
     for key, values in (("trainer_tflops_per_gpu", [s.tflops for s in measured]),
-                        ("trainer_mfu", [s.mfu for s in measured])):
+                        ("trainer_mfu", [s.mfu for s in measured]),
+                        ("trainer_load_balancing_loss",
+                         [s.load_balancing_loss for s in measured])):
         if (printed := _median(values)) is not None:
             summary[key] = printed
             labels[key] = f"{printed:.6g}"

@@ -17,7 +17,7 @@ NOT_COMPARED = ("dp", "global_batch")
 PART_NAMES = {
     "compute": "matrix compute", "elementwise": "element-wise work",
     "recompute": "recomputation", "tp_comm": "TP communication",
-    "cp_comm": "CP K/V exchange", "pp_comm": "PP communication",
+    "cp_comm": "CP K/V exchange", "ep_comm": "EP all-to-all", "pp_comm": "PP communication",
     "pp_bubble": "pipeline bubble", "head": "output layer", "dp_comm": "exposed DP communication",
     "optimizer": "optimizer step",
 }

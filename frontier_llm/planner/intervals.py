@@ -204,6 +204,16 @@ def memory_width(
     )
 
 
+def moe_width(width: Width, confidence: float = DEFAULT_CONFIDENCE,
+              residuals: pd.DataFrame | None = None) -> Width:
+    """``width`` for a Mixture-of-Experts layout: no calibration row ran one, so at least the
+    all-family quantile, and the basis says so."""
+    res = load_residuals() if residuals is None else residuals
+    pool = conformal_quantile(usable(res)["loso_log_residual"].to_numpy(float), confidence)
+    return Width(max(width.q, pool), f"no MoE calibration: widened to at least the all-family "
+                                     f"quantile ({width.basis})")
+
+
 def check_confidence(confidence: float) -> None:
     if not 0 < confidence < 1:
         raise UserError(f"the confidence must be between 0 and 1, exclusive (got {confidence})")
@@ -227,11 +237,15 @@ def add_intervals(
     system: SystemSpec,
     confidence: float = DEFAULT_CONFIDENCE,
     residuals: pd.DataFrame | None = None,
+    moe: bool = False,
 ) -> pd.DataFrame:
     """``frame`` (plan rows with ``engine``, ``step_time_s``, ``tokens_per_s``,
     ``peak_memory_bytes``, and where present ``sharding`` and ``gpus``) with
     ``interval_confidence``, ``<figure>_low``/``_high`` for each of :data:`INTERVAL_FIGURES`,
-    ``memory_verdict``, ``memory_margin`` and the bases of the widths. A new frame."""
+    ``memory_verdict``, ``memory_margin`` and the bases of the widths. A new frame. ``moe``:
+    the rows are a Mixture-of-Experts model's, which no calibration row measured (widened to
+    at least the all-family quantile, :func:`moe_width`); a row with ``ep`` > 1 is one
+    whatever ``moe`` says (only an MoE model takes ep)."""
     out = frame.copy()
     # Rows without an engine (a curve's GPU count where nothing fits) get no interval.
     engines = _column(out, "engine", "native" if "engine" not in out else "").astype(str)
@@ -240,13 +254,17 @@ def add_intervals(
     q = np.full(len(out), np.nan)
     basis = np.full(len(out), "", dtype=object)
     widths: dict[tuple, Width] = {}
-    for i, (engine, sharding, n) in enumerate(zip(engines, shardings, gpus, strict=True)):
+    experts = moe | (_column(out, "ep", 1).astype(float) > 1)
+    for i, (engine, sharding, n, e) in enumerate(zip(engines, shardings, gpus, experts,
+                                                     strict=True)):
         if not engine:
             continue
-        key = (engine, sharding, n)
+        key = (engine, sharding, n, e)
         if key not in widths:
             widths[key] = step_width(system, engine, confidence, residuals, sharding or None,
                                      None if np.isnan(n) else float(n))
+            if e:
+                widths[key] = moe_width(widths[key], confidence, residuals)
         q[i], basis[i] = widths[key].q, widths[key].basis
     mem = memory_width(confidence, residuals)
     out["interval_confidence"] = confidence

@@ -42,6 +42,7 @@ from frontier_llm.specs.system import SystemSpec
 # reason per engine and rule, naming the engine), the rules against the model, the engine's rules
 # against the model, and last the cost model's "does not fit in memory".
 _LAYOUT_REASONS = (
+    "ep does not divide dp x cp",
     "global_batch not divisible by micro_batch x dp",
     "interleaved needs micro-batches to be a multiple of pp",
     "partial sharding group does not divide dp x cp",
@@ -50,6 +51,9 @@ _MODEL_REASONS = (
     "heads not divisible by tp",
     "kv_heads and tp do not divide one another",
     "ffn_hidden not divisible by tp",
+    "ep > 1 needs a Mixture-of-Experts model",
+    "num_experts not divisible by ep",
+    "expert_ffn_hidden not divisible by tp",
     "a pipeline chunk without layers",
     "seq_len not divisible by 2 x cp",
     "seq_len / cp not divisible by tp (sequence parallel)",
@@ -110,7 +114,7 @@ SearchSpace.__doc__ = ("Candidate values for each layout knob (None: open, the p
 # Knobs enumerated by rules of their own (the degrees per block of one tp x pp, the schedule with
 # its interleaving depths, sequence parallelism only with tp > 1, the sharding's six columns, the
 # engine for its model rules); every other knob is one column of its values (_product).
-STRUCTURAL = ("tp", "cp", "pp", "schedule", "virtual_stages", "sequence_parallel", "sharding",
+STRUCTURAL = ("tp", "cp", "pp", "ep", "schedule", "virtual_stages", "sequence_parallel", "sharding",
               "engine")
 
 
@@ -134,6 +138,8 @@ def open_degrees(name: str, model: ModelSpec, gpus: int, space: SearchSpace | No
         return tuple(d for d in divisors(gpus) if d <= model.layers)
     if name == "cp":
         return open_cp(model, gpus)
+    if name == "ep":
+        return open_ep(model, gpus)
     if name == "virtual_stages":
         return tuple(sorted({v for pp in pps for v in _depths(model, pp)}))
     raise ValueError(f"{name} has no open list of its own")
@@ -159,6 +165,21 @@ def open_cp(model: ModelSpec, gpus: int) -> tuple[int, ...]:
         if gpus % cp == 0 and model.seq_len % (2 * cp) == 0:
             out.append(cp)
         cp *= 2
+    return tuple(out)
+
+
+def open_ep(model: ModelSpec, shard_ranks: int) -> tuple[int, ...]:
+    """The open ep list over ``shard_ranks`` (the dp x cp ranks a block's other degrees leave,
+    which expert parallelism re-folds: specs/axes.py): 1 for a dense model; for an MoE model 1
+    and the powers of two that divide both ``shard_ranks`` and ``num_experts`` (the experts
+    split evenly; expert counts, node sizes and all-to-all groups are powers of two in the
+    sources: Mixtral's 8, DeepSeek-V3's 256 over EP 64). A listed ep (--ep, a sweep's space)
+    is searched whatever it is."""
+    out, ep = [1], 2
+    while model.is_moe and ep <= min(shard_ranks, model.num_experts):
+        if shard_ranks % ep == 0 and model.num_experts % ep == 0:
+            out.append(ep)
+        ep *= 2
     return tuple(out)
 
 
@@ -215,10 +236,12 @@ def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_ba
                 dp = rest // pp
                 shard = tuple(map(Sharding.parse, space.sharding or ())) or tuple(
                     _shardings(system, tp, dp * cp))
-                block = _product(model, tp, cp, pp, dp, micro, _schedules(model, pp, space),
-                                 space, shard, global_batch, registry)
-                if block is not None:
-                    blocks.append(block)
+                for ep in space.ep or open_degrees("ep", model, dp * cp, space):
+                    block = _product(model, (tp, cp, pp, dp, ep), micro,
+                                     _schedules(model, pp, space), space, shard, global_batch,
+                                     registry)
+                    if block is not None:
+                        blocks.append(block)
     if not blocks:
         raise UserError(f"no tp x pp x dp layout of {gpus} GPUs matches the requested degrees")
     sizes = np.array([b.pop("_n") for b in blocks])
@@ -245,8 +268,9 @@ def _schedules(model: ModelSpec, pp: int, space: SearchSpace) -> list[tuple[int,
     return out
 
 
-def _product(model, tp, cp, pp, dp, micro, sched_v, space, shardings, global_batch,
+def _product(model, degrees, micro, sched_v, space, shardings, global_batch,
              registry: dict) -> dict | None:
+    tp, cp, pp, dp, ep = degrees
     # Sequence parallelism without TP and interleaving without a pipeline are not layouts.
     sp = [s for s in knob_values(space, "sequence_parallel") if tp > 1 or not s]
     if not sched_v:
@@ -271,7 +295,7 @@ def _product(model, tp, cp, pp, dp, micro, sched_v, space, shardings, global_bat
     cols = {
         # Constant in a block: one value, repeated when the blocks are joined.
         "tp": _Const(tp), "cp": _Const(cp), "pp": _Const(pp), "dp": _Const(dp),
-        "global_batch": _Const(global_batch),
+        "ep": _Const(ep), "global_batch": _Const(global_batch),
         "schedule": sv[idx["_sv"], 0], "virtual_stages": sv[idx["_sv"], 1],
         "sequence_parallel": np.array(sp, dtype=bool)[idx["sequence_parallel"]],
         "dtype": _Const(DType(space.dtype).code),
@@ -410,20 +434,25 @@ def _reasons(model: ModelSpec, t: LayoutTable, engine_layout: np.ndarray,
     empty = engine_model == _EMPTY_CHUNK
     engine_only = np.where(empty, 0, engine_model)
     # (rule broken, its code), in the order Layout checks them.
+    expert_width = model.expert_ffn_hidden if model.is_moe else model.ffn_hidden
     rules = [
-        (t.global_batch % mb_dp != 0, REASONS.index(_LAYOUT_REASONS[0])),
+        (t.shard_ranks % t.ep != 0, REASONS.index(_LAYOUT_REASONS[0])),
+        (t.global_batch % mb_dp != 0, REASONS.index(_LAYOUT_REASONS[1])),
         ((t.schedule == Schedule.INTERLEAVED.code) & (m % t.pp != 0),
-         REASONS.index(_LAYOUT_REASONS[1])),
-        (partial, REASONS.index(_LAYOUT_REASONS[2])),
+         REASONS.index(_LAYOUT_REASONS[2])),
+        (partial, REASONS.index(_LAYOUT_REASONS[3])),
         (engine_layout != 0, engine_layout),
         (model.heads % t.tp != 0, REASONS.index(_MODEL_REASONS[0])),
         ((model.kv_heads % t.tp != 0) & (t.tp % model.kv_heads != 0),
          REASONS.index(_MODEL_REASONS[1])),
         (model.ffn_hidden % t.tp != 0, REASONS.index(_MODEL_REASONS[2])),
+        ((t.ep > 1) & (not model.is_moe), REASONS.index(_MODEL_REASONS[3])),
+        (model.num_experts % t.ep != 0, REASONS.index(_MODEL_REASONS[4])),
+        (model.is_moe & (expert_width % t.tp != 0), REASONS.index(_MODEL_REASONS[5])),
         (empty, _EMPTY_CHUNK),
-        ((t.cp > 1) & (model.seq_len % (2 * t.cp) != 0), REASONS.index(_MODEL_REASONS[4])),
+        ((t.cp > 1) & (model.seq_len % (2 * t.cp) != 0), REASONS.index(_MODEL_REASONS[7])),
         (t.sequence_parallel & ((model.seq_len // t.cp) % t.tp != 0),
-         REASONS.index(_MODEL_REASONS[5])),
+         REASONS.index(_MODEL_REASONS[8])),
         (engine_only != 0, engine_only),
     ]
     reason = np.zeros(len(t), dtype=np.int16)

@@ -5,8 +5,17 @@ tensor (``tp``), context (``cp``), pipeline (``pp``) and data (``dp``) paralleli
 that multiplies degrees or names a degree's rank asks this module: the world size, the
 model-parallel size, the ranks that share parameters, the data-parallel degree for a GPU count,
 a frame's world size, a rank's mesh coordinates, and the names derived from the axes (trace
-and store rank fields, label pieces, always-shown columns). A new degree (expert parallelism,
-say) is one member of :class:`Axis` and its place in :data:`MESH_ORDER`; its consumers follow.
+and store rank fields, label pieces, always-shown columns). A new degree is one member of
+:class:`Axis` and its place in :data:`MESH_ORDER` (or, for one that re-folds other degrees'
+ranks as expert parallelism does, in :data:`FOLDED_AXES`); its consumers follow.
+
+Expert parallelism (``ep``) adds no GPUs: a Mixture-of-Experts block's routed experts are split
+over ep ranks taken from the ranks that hold the same dense parameters (dp x cp). Megatron-Core
+re-folds each pipeline stage's tp x cp x dp ranks into expert-tp x ep x expert-dp
+(megatron/core/parallel_state.py, core_r0.12.0: ``expert_data_parallel_size = world //
+(expert_tensor_parallel_size x expert_model_parallel_size x pp)``, its expert RankGenerator's
+order ``tp-ep-dp-pp``); torchtitan borrows ep from dp_shard x cp (torchtitan
+torchtitan/distributed/parallel_dims.py, v0.2.2). Both keep expert-tp = tp by default, as here.
 
 The functions take any holder of degrees: a ``Layout`` or the cost model's ``LayoutTable``
 (attributes; numpy columns multiply element-wise), a mapping, a pandas row or frame (keys). A
@@ -19,10 +28,31 @@ import math
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["AXES", "LABELLED", "MESH_ORDER", "MODEL_AXES", "RANK_FIELDS", "REPLICA_AXES",
-           "SEQUENCE_AXES", "Axis", "coords", "data_parallel_for", "degree", "frame_world_size",
-           "label_parts", "model_parallel_size", "rank_field", "rank_fields", "rank_of",
-           "sequence_split", "shard_ranks", "world_size"]
+__all__ = [
+    "AXES",
+    "FOLDED_AXES",
+    "LABELLED",
+    "MESH_ORDER",
+    "MODEL_AXES",
+    "RANK_FIELDS",
+    "REPLICA_AXES",
+    "SEQUENCE_AXES",
+    "WORLD_AXES",
+    "Axis",
+    "coords",
+    "data_parallel_for",
+    "degree",
+    "expert_data_parallel",
+    "frame_world_size",
+    "label_parts",
+    "model_parallel_size",
+    "rank_field",
+    "rank_fields",
+    "rank_of",
+    "sequence_split",
+    "shard_ranks",
+    "world_size",
+]
 
 
 class Axis(StrEnum):
@@ -33,9 +63,14 @@ class Axis(StrEnum):
     CP = "cp"
     PP = "pp"
     DP = "dp"
+    EP = "ep"
 
 
 AXES: tuple[Axis, ...] = tuple(Axis)
+# Axes that re-fold the ranks of others rather than multiply the GPU count.
+FOLDED_AXES: tuple[Axis, ...] = (Axis.EP,)
+# The axes whose degrees multiply to the GPU count.
+WORLD_AXES: tuple[Axis, ...] = tuple(a for a in AXES if a not in FOLDED_AXES)
 
 # How ranks are numbered, outermost first: tensor parallelism innermost (its ranks consecutive,
 # inside a node: Narayanan et al. 2021), context parallelism next, then data, pipeline stages
@@ -43,16 +78,17 @@ AXES: tuple[Axis, ...] = tuple(Axis)
 # torchtitan's ParallelDims order (pp, dp_replicate, dp_shard, cp, tp; torchtitan
 # torchtitan/distributed/parallel_dims.py, v0.2.2) and Megatron-LM's default ``tp-cp-ep-dp-pp``
 # read innermost first (megatron/core/parallel_state.py, core_r0.12.0), with DeepSpeed's
-# PipeModelDataParallelTopology (pipe, data, model) the cp = 1 case of it. An expert-parallel
-# axis would go between cp and dp, as Megatron places it.
+# PipeModelDataParallelTopology (pipe, data, model) the cp = 1 case of it. Expert parallelism
+# is not in it: its ranks are the consecutive runs of the dp x cp index (cp fastest), which is
+# where Megatron's tp-cp-ep-dp-pp order places ep (see :func:`coords`).
 MESH_ORDER: tuple[Axis, ...] = (Axis.PP, Axis.DP, Axis.CP, Axis.TP)
 
 # The ranks that hold the same parameters and see different tokens: gradients are reduced and
 # sharded model state spread over them (torchtitan's dp_shard_cp, Megatron's
 # data-parallel-with-context group).
 REPLICA_AXES: tuple[Axis, ...] = (Axis.DP, Axis.CP)
-# Every axis but data parallelism: the GPUs one model replica spans.
-MODEL_AXES: tuple[Axis, ...] = tuple(a for a in AXES if a is not Axis.DP)
+# Every world axis but data parallelism: the GPUs one model replica spans.
+MODEL_AXES: tuple[Axis, ...] = tuple(a for a in WORLD_AXES if a is not Axis.DP)
 # The ranks one sequence's tokens are split over when sequence parallelism is on: context
 # parallelism splits the sequence, tensor parallelism's sequence-parallel regions split each
 # chunk again (Korthikanti et al. 2022; torchtitan's seq_len_divisor is tp x 2cp).
@@ -62,7 +98,7 @@ SEQUENCE_AXES: tuple[Axis, ...] = (Axis.TP, Axis.CP)
 # job keys of layouts without it stay as they were.
 LABELLED: tuple[Axis, ...] = (Axis.TP, Axis.PP, Axis.DP)
 
-assert sorted(MESH_ORDER) == sorted(AXES), "MESH_ORDER must place every axis exactly once"
+assert sorted(MESH_ORDER) == sorted(WORLD_AXES), "MESH_ORDER must place every world axis once"
 
 
 def rank_field(axis: Axis | str) -> str:
@@ -95,8 +131,8 @@ def _product(holder: Any, axes: tuple[Axis, ...]) -> Any:
 
 
 def world_size(holder: Any) -> Any:
-    """GPUs (ranks) of a layout: the product of every degree."""
-    return _product(holder, AXES)
+    """GPUs (ranks) of a layout: the product of every world degree (ep re-folds them)."""
+    return _product(holder, WORLD_AXES)
 
 
 def model_parallel_size(holder: Any) -> Any:
@@ -107,6 +143,13 @@ def model_parallel_size(holder: Any) -> Any:
 def shard_ranks(holder: Any) -> Any:
     """Ranks that hold the same parameters and share their gradients and sharded state."""
     return _product(holder, REPLICA_AXES)
+
+
+def expert_data_parallel(holder: Any) -> Any:
+    """Ranks that hold the same routed experts and reduce their gradients: dp x cp / ep
+    (Megatron-Core's expert data parallel with expert-tp = tp). A column stays a column."""
+    shards, ep = shard_ranks(holder), degree(holder, Axis.EP)
+    return shards // ep
 
 
 def sequence_split(holder: Any) -> Any:
@@ -130,7 +173,8 @@ def frame_world_size(frame: Any) -> Any:
 
 
 def coords(rank: int, holder: Any) -> dict[str, int]:
-    """Rank ``rank``'s index along each axis (row-major over :data:`MESH_ORDER`)."""
+    """Rank ``rank``'s index along each axis (row-major over :data:`MESH_ORDER`); its expert-
+    parallel index is its place in a run of ep consecutive dp x cp indices (cp fastest)."""
     if not 0 <= rank < world_size(holder):
         raise ValueError(f"rank {rank} is outside a world of {world_size(holder)} ranks")
     out = {}
@@ -138,11 +182,14 @@ def coords(rank: int, holder: Any) -> dict[str, int]:
         size = int(degree(holder, axis))
         out[str(axis)] = rank % size
         rank //= size
+    replica = out["dp"] * int(degree(holder, Axis.CP)) + out["cp"]
+    out["ep"] = replica % int(degree(holder, Axis.EP))
     return {str(a): out[str(a)] for a in AXES}
 
 
 def rank_of(index: dict[str, int], holder: Any) -> int:
-    """The rank at mesh coordinates ``index`` (axis -> index; an axis left out is 0)."""
+    """The rank at mesh coordinates ``index`` (axis -> index; an axis left out is 0; a folded
+    axis's index is implied by the others and ignored)."""
     rank = 0
     for axis in MESH_ORDER:
         rank = rank * int(degree(holder, axis)) + int(index.get(str(axis), 0))

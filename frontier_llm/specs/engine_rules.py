@@ -293,7 +293,13 @@ RULES: dict[Engine, EngineRules] = {
               # all-gather context split, and flm bench's DeepSpeed engine does not build it.
               ("cp", (1,), "flm models and runs context parallelism as a ring/all-gather K/V "
                            "exchange (native, Megatron-LM), not DeepSpeed-Ulysses' all-to-all "
-                           "over heads")),
+                           "over heads"),
+              # DeepSpeed-MoE's expert groups are built by deepspeed.moe.layer.MoE(ep_size=...)
+              # in the model code (deepspeed/moe/layer.py, 0.19); flm bench's DeepSpeed engine
+              # builds no MoE block and the cost model prices Megatron-Core/torchtitan's
+              # all-to-all dispatch, not DeepSpeed-MoE's.
+              ("ep", (1,), "flm does not build or model DeepSpeed-MoE's expert-parallel groups "
+                           "(deepspeed.moe.layer.MoE ep_size)")),
     ),
 }
 

@@ -16,6 +16,12 @@ _IGNORED = {"description", "sources", "source"}
 # Layout fields whose metadata says ``new_knob=True`` (docs/layout.md).
 _NEW_KNOBS = tuple(f.name for f in layout_fields() if f.metadata.get("new_knob"))
 _DEFAULTS = Layout().to_dict()
+# Model fields added after the first stored layouts (the Mixture-of-Experts ones), with a dense
+# model's values: like a new knob, one takes part only when it is not at that value, so every
+# dense layout stored before them keeps its hash and a trace that omits them names the same row.
+_NEW_MODEL_FIELDS = {"num_experts": 0, "top_k": 0, "expert_ffn_hidden": None,
+                     "shared_experts": 0, "dense_layers": 0, "moe_layer_freq": 1,
+                     "capacity_factor": None, "router_aux_loss": 0.0}
 
 
 def _strip(obj):
@@ -35,6 +41,9 @@ def layout_hash(model: ModelSpec | dict, system_name: str, layout: Layout | dict
         # default, so every layout stored before it keeps its hash.
         if name in p and p[name] == _DEFAULTS[name]:
             del p[name]
+    for name, dense in _NEW_MODEL_FIELDS.items():
+        if name in m and m[name] == dense:
+            del m[name]
     m.pop("name", None)  # two names for one shape are one layout
     blob = json.dumps(
         {"model": _strip(m), "system": system_name, "layout": _strip(p)},

@@ -70,6 +70,13 @@ class Layout:
         "split; seq_len divisible by 2 x cp)", new_knob=True, argv_quiet=True))
     pp: int = field(default=1, metadata=_knob("pipeline-parallel degree", grid_open=True))
     dp: int = field(default=1, metadata=_knob("data-parallel degree"))
+    # Expert parallelism (Megatron-LM's --expert-model-parallel-size, torchtitan's
+    # expert_parallel_degree): a Mixture-of-Experts block's routed experts split over ep ranks
+    # taken from the dp x cp ranks (specs/axes.py: it adds no GPUs); tokens reach their experts
+    # by an all-to-all over those ranks.
+    ep: int = field(default=1, metadata=_knob(
+        "expert-parallel degree: each MoE block's routed experts split over ep of the dp x cp "
+        "ranks (adds no GPUs; num_experts divisible by ep)", new_knob=True, argv_quiet=True))
     micro_batch: int = field(default=1, metadata=_knob("sequences per micro-batch"))
     global_batch: int = field(default=1, metadata=_knob(
         "sequences per iteration (default micro-batch x dp)", default_text=None))
@@ -119,6 +126,14 @@ class Layout:
         if self.world_size > MAX_GPUS:
             raise SpecError(f"tp x cp x pp x dp = {self.world_size:,} GPUs is above the maximum of "
                             f"{MAX_GPUS:,}", "dp")
+        if self.shard_ranks % self.ep:
+            raise SpecError(
+                f"ep ({self.ep}) does not divide "
+                + (f"dp x cp ({self.dp} x {self.cp})" if self.cp > 1 else f"dp ({self.dp})")
+                + ": expert parallelism splits the experts over ranks that share the dense "
+                "parameters (Megatron-Core: expert-dp = tp x cp x dp / (expert-tp x ep))",
+                "ep",
+            )
         per_step = self.micro_batch * self.dp
         if self.global_batch % per_step:
             raise SpecError(
@@ -197,6 +212,16 @@ class Layout:
             raise SpecError(
                 f"ffn_hidden ({model.ffn_hidden}) is not divisible by tp ({self.tp})", "tp"
             )
+        if self.ep > 1 and not model.is_moe:
+            raise SpecError(f"ep ({self.ep}) needs a Mixture-of-Experts model ({model.name} is "
+                            "dense: num_experts 0)", "ep")
+        if model.num_experts % self.ep:
+            raise SpecError(f"num_experts ({model.num_experts}) is not divisible by ep "
+                            f"({self.ep})", "ep")
+        if model.is_moe and model.expert_ffn_hidden % self.tp:
+            # Expert-tp is tp (specs/axes.py): each expert's MLP splits over tp like a dense one.
+            raise SpecError(f"expert_ffn_hidden ({model.expert_ffn_hidden}) is not divisible by "
+                            f"tp ({self.tp})", "tp")
         chunks = self.pp * self.virtual_stages
         if chunks > 1 and min_chunk_layers(model, self.pp, self.virtual_stages, self.engine) < 1:
             # Uneven splits are fine (specs/pipeline_split.py); a chunk with no layer is not.

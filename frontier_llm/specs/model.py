@@ -40,6 +40,27 @@ class ModelSpec:
     # Dropout probability. Megatron-style GPT training uses 0.1; it adds the dropout masks of
     # Korthikanti et al. 2022 §4.1 to the activation memory. Llama trains without it.
     dropout: float = 0.0
+    # Mixture-of-Experts blocks (Shazeer et al. 2017; Fedus et al. 2022, Switch Transformers;
+    # Jiang et al. 2024, Mixtral; Dai et al. 2024, DeepSeekMoE). A dense model leaves them at
+    # their defaults. An MoE block's MLP is ``num_experts`` routed experts, each an MLP of width
+    # ``expert_ffn_hidden``, of which a router picks ``top_k`` per token, plus ``shared_experts``
+    # that every token passes through; its attention is the dense block's.
+    num_experts: int = 0  # routed experts per MoE block (Megatron-LM --num-experts); 0: dense
+    top_k: int = 0  # routed experts per token (Megatron-LM --moe-router-topk)
+    expert_ffn_hidden: int | None = None  # None: ffn_hidden (Megatron-LM --moe-ffn-hidden-size)
+    shared_experts: int = 0  # always-active experts of expert_ffn_hidden each (DeepSeekMoE)
+    # The first ``dense_layers`` blocks keep a dense MLP of ffn_hidden (DeepSeek-V3's
+    # first_k_dense_replace); of the rest, every ``moe_layer_freq``-th is an MoE block starting
+    # with the first (Megatron-LM --moe-layer-freq N: one expert block per N; GLaM and Llama 4
+    # interleave with N = 2), the others dense.
+    dense_layers: int = 0
+    moe_layer_freq: int = 1
+    # None: dropless routing (Megatron-Core's default, Mixtral's): every routed token is computed.
+    # A factor c caps each expert at c x its even share of the routed tokens (GShard, Switch).
+    capacity_factor: float | None = None
+    # The router's load-balancing loss coefficient (Switch Transformers eq. 4; Megatron-LM
+    # --moe-aux-loss-coeff); 0 trains without it.
+    router_aux_loss: float = 0.0
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -69,6 +90,43 @@ class ModelSpec:
             raise SpecError(f"dropout must be in [0, 1) (got {self.dropout})", "dropout")
         if self.ffn_hidden < 1:
             raise SpecError(f"ffn_hidden must be at least 1 (got {self.ffn_hidden})", "ffn_hidden")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        for name in ("num_experts", "top_k", "shared_experts", "dense_layers"):
+            value = getattr(self, name)
+            if not 0 <= value <= MAX_DIMENSION:
+                raise SpecError(f"{name} must be in [0, {MAX_DIMENSION:,}] (got {value})", name)
+        if self.num_experts == 0:
+            # An MoE field on a dense model is a model file that lost its num_experts line: say
+            # so rather than plan a dense model the user did not mean.
+            for name, default in (("top_k", 0), ("expert_ffn_hidden", None),
+                                  ("shared_experts", 0), ("dense_layers", 0),
+                                  ("moe_layer_freq", 1), ("capacity_factor", None)):
+                if getattr(self, name) != default:
+                    raise SpecError(f"{name} is set but num_experts is 0 (a dense model); give "
+                                    "num_experts for a Mixture-of-Experts model", name)
+            return
+        if self.expert_ffn_hidden is None:
+            object.__setattr__(self, "expert_ffn_hidden", self.ffn_hidden)
+        if not 1 <= self.top_k <= self.num_experts:
+            raise SpecError(f"top_k must be between 1 and num_experts ({self.num_experts}) "
+                            f"(got {self.top_k})", "top_k")
+        if not 1 <= self.expert_ffn_hidden <= MAX_DIMENSION:
+            raise SpecError(f"expert_ffn_hidden must be in [1, {MAX_DIMENSION:,}] "
+                            f"(got {self.expert_ffn_hidden})", "expert_ffn_hidden")
+        if not 1 <= self.moe_layer_freq <= self.layers:
+            raise SpecError(f"moe_layer_freq must be between 1 and layers ({self.layers}) "
+                            f"(got {self.moe_layer_freq})", "moe_layer_freq")
+        if self.dense_layers >= self.layers:
+            raise SpecError(f"dense_layers ({self.dense_layers}) leaves no MoE block of "
+                            f"{self.layers} layers", "dense_layers")
+        if self.capacity_factor is not None and not 0.0 < self.capacity_factor <= 1024.0:
+            raise SpecError("capacity_factor must be in (0, 1024] or absent for dropless "
+                            f"routing (got {self.capacity_factor})", "capacity_factor")
+        if not 0.0 <= self.router_aux_loss < 1.0:
+            raise SpecError(f"router_aux_loss must be in [0, 1) (got {self.router_aux_loss})",
+                            "router_aux_loss")
 
     @property
     def head_dim(self) -> int:
@@ -84,15 +142,63 @@ class ModelSpec:
         """Weight matrices of width ffn_hidden in the MLP: 2 for GeLU, 3 for SwiGLU."""
         return 3 if self.activation == "swiglu" else 2
 
+    @property
+    def is_moe(self) -> bool:
+        """Whether some blocks are Mixture-of-Experts blocks."""
+        return self.num_experts > 0
+
+    def moe_block(self, layer: int) -> bool:
+        """Whether block ``layer`` (0-based) has routed experts rather than a dense MLP."""
+        if not 0 <= layer < self.layers:
+            raise ValueError(f"layer {layer} is outside 0..{self.layers - 1}")
+        return (self.is_moe and layer >= self.dense_layers
+                and (layer - self.dense_layers) % self.moe_layer_freq == 0)
+
+    @property
+    def moe_blocks(self) -> int:
+        """How many blocks are MoE blocks."""
+        if not self.is_moe:
+            return 0
+        return -(-(self.layers - self.dense_layers) // self.moe_layer_freq)
+
     # Parameter counts, split the way pipeline stages and tensor parallelism split them.
-    def layer_params(self) -> int:
-        """Parameters of one transformer block."""
-        h, f, kv = self.hidden, self.ffn_hidden, self.kv_dim
-        attn = h * (h + 2 * kv) + h * h
-        mlp = self.mlp_matrices * h * f
+    def attention_params(self) -> int:
+        """Attention weights and biases of one block plus its two norms."""
+        h, kv = self.hidden, self.kv_dim
         norm = 2 * (2 * h if self.norm == "layernorm" else h)
-        bias = (h + 2 * kv + h + (f * (self.mlp_matrices - 1)) + h) if self.bias else 0
-        return attn + mlp + norm + bias
+        bias = (h + 2 * kv + h) if self.bias else 0
+        return h * (h + 2 * kv) + h * h + norm + bias
+
+    def mlp_params(self, width: int) -> int:
+        """One MLP (a dense block's, or one expert) of hidden width ``width``."""
+        bias = (width * (self.mlp_matrices - 1) + self.hidden) if self.bias else 0
+        return self.mlp_matrices * self.hidden * width + bias
+
+    def router_params(self) -> int:
+        """An MoE block's router: one hidden -> num_experts projection, no bias."""
+        return self.hidden * self.num_experts
+
+    def expert_params(self) -> int:
+        """Routed-expert parameters of one MoE block: what expert parallelism splits."""
+        return self.num_experts * self.mlp_params(self.expert_ffn_hidden)
+
+    def layer_params(self, layer: int | None = None) -> int:
+        """Parameters of block ``layer``; None: of the mean block (``total // layers``, exact
+        for a dense model, whose blocks are all alike)."""
+        if layer is None:
+            return sum(self.layer_params(i) for i in range(self.layers)) // self.layers
+        if not self.moe_block(layer):
+            return self.attention_params() + self.mlp_params(self.ffn_hidden)
+        return (self.attention_params() + self.router_params() + self.expert_params()
+                + self.shared_experts * self.mlp_params(self.expert_ffn_hidden))
+
+    def active_layer_params(self, layer: int) -> int:
+        """Parameters block ``layer`` applies to one token: the router's pick of ``top_k``
+        routed experts and the shared ones (all of a dense block's)."""
+        if not self.moe_block(layer):
+            return self.layer_params(layer)
+        return (self.attention_params() + self.router_params()
+                + (self.top_k + self.shared_experts) * self.mlp_params(self.expert_ffn_hidden))
 
     def embedding_params(self) -> int:
         """Token embedding plus learned positions (on the first pipeline stage)."""
@@ -105,7 +211,15 @@ class ModelSpec:
         return norm + (0 if self.tied_embeddings else self.vocab * self.hidden)
 
     def num_params(self) -> int:
-        return self.layers * self.layer_params() + self.embedding_params() + self.head_params()
+        """Every parameter (an MoE model's total)."""
+        return (sum(self.layer_params(i) for i in range(self.layers)) + self.embedding_params()
+                + self.head_params())
+
+    def active_params(self) -> int:
+        """Parameters one token passes through (an MoE model's active count; a dense model's
+        every parameter)."""
+        return (sum(self.active_layer_params(i) for i in range(self.layers))
+                + self.embedding_params() + self.head_params())
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

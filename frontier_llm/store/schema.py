@@ -172,7 +172,7 @@ flm_rank_memory = Table(
     Column("run", Integer, primary_key=True),
     Column("rank", Integer, primary_key=True),
     # A rank's index along each mesh axis (specs.axes: pp_stage, tp_rank, cp_rank, ...); ranks
-    # stored before an axis existed have index 0 along it (migration 0010: cp_rank).
+    # stored before an axis existed have index 0 along it (migration 0010: cp_rank; 0011: ep_rank).
     *(Column(name, Integer, nullable=False) for name in RANK_FIELDS),
     Column("params_bytes", Bytes),
     Column("grads_bytes", Bytes),

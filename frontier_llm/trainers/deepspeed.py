@@ -56,6 +56,14 @@ def ds_config(model: ModelSpec, layout: Layout, for_megatron: bool = False,
     if for_megatron:
         check_megatron_deepspeed("megatron-deepspeed", layout, model)
     else:
+        if layout.ep > 1:
+            # DeepSpeed-MoE takes its expert-parallel degree as deepspeed.moe.layer.MoE's
+            # ep_size argument in the model code (deepspeed/moe/layer.py, DeepSpeed 0.19), not
+            # as a ds_config key: the file flm writes cannot carry it.
+            raise refuse(DEEPSPEED, f"ep {layout.ep}: DeepSpeed's expert parallelism is the "
+                         "ep_size argument of deepspeed.moe.layer.MoE in your model code, not "
+                         "a ds_config key; export ep 1 and set ep_size there, or use --to "
+                         "megatron-lm")
         layout = check_engine_rules(DEEPSPEED, Engine.DEEPSPEED, layout, model)
         if layout.tp > 1 and layout.pp > 1:
             raise refuse(DEEPSPEED, "tensor parallelism in a ds_config is AutoTP "

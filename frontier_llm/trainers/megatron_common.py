@@ -47,6 +47,46 @@ def model_args(model: ModelSpec, deepspeed: bool) -> list[str]:
     return argv
 
 
+def moe_layer_freq(model: ModelSpec) -> str:
+    """``--moe-layer-freq``: an integer N where the MoE blocks are every N-th from the first
+    (Megatron's pattern ``i % N == 0``, megatron/core/models/gpt/gpt_layer_specs.py), else the
+    list form its ``moe_freq_type`` evaluates (digits, commas, brackets, ``+``, ``*`` only:
+    ``_eval_pattern``, megatron/training/arguments.py), one 0/1 per block."""
+    if model.dense_layers == 0:
+        return str(model.moe_layer_freq)
+    pattern = [int(model.moe_block(i)) for i in range(model.layers)]
+    return "[" + ",".join(map(str, pattern)) + "]"
+
+
+def moe_args(model: ModelSpec, layout: Layout) -> list[str]:
+    """Megatron-LM's MoE flags (``_add_moe_args``, megatron/training/arguments.py at 309ffca)
+    for an MoE model; nothing for a dense one. Expert-tp stays at its default, tp
+    (``--expert-tensor-parallel-size`` None), flm's expert-tp (specs/axes.py)."""
+    if not model.is_moe:
+        return []
+    argv = ["--num-experts", str(model.num_experts), "--moe-router-topk", str(model.top_k),
+            "--moe-ffn-hidden-size", str(model.expert_ffn_hidden),
+            "--moe-layer-freq", moe_layer_freq(model)]
+    if model.shared_experts:
+        # "num_shared_experts * ffn_size_of_each_shared_expert" (its help).
+        argv += ["--moe-shared-expert-intermediate-size",
+                 str(model.shared_experts * model.expert_ffn_hidden)]
+    if model.router_aux_loss > 0:
+        # aux_loss: "the load balancing loss used in GShard and SwitchTransformer".
+        argv += ["--moe-router-load-balancing-type", "aux_loss",
+                 "--moe-aux-loss-coeff", f"{model.router_aux_loss:g}"]
+    else:
+        argv += ["--moe-router-load-balancing-type", "none"]
+    if model.capacity_factor is not None:
+        argv += ["--moe-expert-capacity-factor", f"{model.capacity_factor:g}"]
+    if layout.ep > 1:
+        # "We recommend using 'alltoall' when applying expert parallelism" (its help): the
+        # all-to-all dispatch and combine flm's cost model and flm bench stand for.
+        argv += ["--expert-model-parallel-size", str(layout.ep),
+                 "--moe-token-dispatcher-type", "alltoall"]
+    return argv
+
+
 def recompute_args(layout: Layout) -> list[str]:
     """``--recompute-granularity selective`` recomputes the attention core (its default module,
     ``core_attn``); full recomputes every block, one at a time. Megatron-DeepSpeed's
@@ -85,5 +125,5 @@ def render_argv(argv: list[str], header: list[str]) -> str:
     return comment_lines(header) + " \\\n".join(lines) + "\n"
 
 
-__all__ = ["DEFAULT_DS_CONFIG", "batch_and_degrees", "dtype_args", "model_args",
-           "recompute_args", "render_argv"]
+__all__ = ["DEFAULT_DS_CONFIG", "batch_and_degrees", "dtype_args", "model_args", "moe_args",
+           "moe_layer_freq", "recompute_args", "render_argv"]

@@ -49,6 +49,15 @@ class MegatronDeepSpeed(Trainer):
     argv_names_files = True
 
     def check(self, model: ModelSpec, layout: Layout) -> Layout:
+        if model.is_moe:
+            # Its MoE is DeepSpeed-MoE with flags of its own (--num-experts as a list per
+            # layer group, --topk, --expert-interval, --moe-expert-parallel-size:
+            # megatron/arguments.py of microsoft/Megatron-DeepSpeed f4157be), whose layer
+            # placement and dispatch flm does not model.
+            raise refuse(self.name, f"{model.name} is a Mixture-of-Experts model and flm does "
+                         "not write Megatron-DeepSpeed's DeepSpeed-MoE flags (--num-experts "
+                         "per layer group, --expert-interval, --moe-expert-parallel-size): use "
+                         "--to megatron-lm")
         if layout.pp > 1 and layout.schedule == Schedule.INTERLEAVED:
             raise refuse(self.name, "interleaving: with --deepspeed its pipeline is DeepSpeed's "
                          "PipelineModule (GPTModelPipe), whose TrainSchedule is 1F1B only "

@@ -3,7 +3,7 @@ its refusals, the environment ``validate_args`` asserts, and its exit signal."""
 
 from __future__ import annotations
 
-from frontier_llm.specs.layout import Engine, Layout, PlacementKind, Schedule
+from frontier_llm.specs.layout import DType, Engine, Layout, PlacementKind, Schedule
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 from frontier_llm.trainers.base import EnvVar, Trainer
@@ -12,6 +12,7 @@ from frontier_llm.trainers.megatron_common import (
     batch_and_degrees,
     dtype_args,
     model_args,
+    moe_args,
     recompute_args,
     render_argv,
 )
@@ -56,13 +57,24 @@ class MegatronLM(Trainer):
                          " --data-parallel-sharding-strategy optim_grads|optim_grads_params at "
                          "core_v0.15.3), which flm's megatron engine does not model: export zero1,"
                          " or ZeRO-2/3 to megatron-deepspeed or torchtitan")
+        if layout.ep > 1 and layout.tp > 1 and not layout.sequence_parallel:
+            raise refuse(self.name, f"ep {layout.ep} with tp {layout.tp} needs sequence "
+                         "parallelism (\"When using MoE with expert parallelism and tensor "
+                         "parallelism, sequence parallelism must be enabled\": "
+                         "megatron/core/transformer/moe/README.md at 309ffca): add "
+                         "--sequence-parallel")
+        if layout.ep > 1 and layout.dtype == DType.FP16:
+            raise refuse(self.name, "ep > 1 with fp16: validate_args asserts \"Expert "
+                         "parallelism is not supported with fp16 training\" "
+                         "(megatron/training/arguments.py at 309ffca); use bf16")
         return check_engine_rules(self.name, Engine.MEGATRON, layout, model)
 
     def flags(self, model: ModelSpec, layout: Layout, bucket_mb: float | None = None) -> list[str]:
         """``pretrain_gpt.py`` flags (ExportRefused where it cannot run the layout);
         ``bucket_mb``: a tuned gradient bucket (flm tune best's run setting)."""
         layout = self.check(model, layout)
-        argv = model_args(model, deepspeed=False) + batch_and_degrees(layout)
+        argv = (model_args(model, deepspeed=False) + batch_and_degrees(layout)
+                + moe_args(model, layout))
         if layout.cp > 1:
             # Its --cp-comm-type stays at its default, p2p: the ring exchange of K/V blocks
             # that the megatron engine stands for. Megatron's own seq-length check (a multiple

@@ -11,6 +11,14 @@ lacks keeps flm's name as the flavor and the TOML's comments carry the one line 
 biases) is refused: no flavor of torchtitan's llama3 is that model. The pipeline split is
 written explicitly (``module_fqns_per_model_part``, llama3's module names), the split flm plans
 for the native engine, which is torchtitan's own (specs/pipeline_split.py "manual").
+
+A Mixture-of-Experts model is a flavor of torchtitan's llama4 (the llama-style decoder with
+token-choice MoE blocks, ``torchtitan/models/llama4``, v0.2.2), written as its registration
+line (:func:`moe_registration`): its MoE blocks are every ``interleave_moe_layer_step``-th from
+the step's last (``(layer_id + 1) % step == 0``, llama4/model/model.py), so flm's MoE models
+with an MoE block in every layer are expressible and others are refused. Expert parallelism is
+``expert_parallel_degree`` with ``expert_tensor_parallel_degree`` = tp (flm's expert-tp, one of
+the two torchtitan allows: "etp = tp" or "etp = 1", config/job_config.py).
 """
 
 from __future__ import annotations
@@ -56,8 +64,9 @@ def _llama_style(model: ModelSpec) -> bool:
 
 
 def flavor(model: ModelSpec) -> str | None:
-    """The flavor torchtitan registers with the model's shape, or None."""
-    if not _llama_style(model):
+    """The llama3 flavor torchtitan registers with the model's shape, or None (an MoE model
+    is none of them)."""
+    if not _llama_style(model) or model.is_moe:
         return None
     for name, (dim, layers, heads, kv, mult, multiple) in FLAVORS.items():
         if (model.hidden, model.layers, model.heads, model.kv_heads, model.vocab,
@@ -69,12 +78,17 @@ def flavor(model: ModelSpec) -> str | None:
 
 def _ffn_args(model: ModelSpec) -> tuple[int, float | None] | None:
     """(multiple_of, ffn_dim_multiplier) that give the model's FFN width, or None."""
-    base = int(2 * (4 * model.hidden) / 3)
-    if model.ffn_hidden >= base:
+    return _ffn_width_args(model.hidden, model.ffn_hidden)
+
+
+def _ffn_width_args(dim: int, width: int) -> tuple[int, float | None] | None:
+    """(multiple_of, ffn_dim_multiplier) that give an FFN ``width`` at ``dim``, or None."""
+    base = int(2 * (4 * dim) / 3)
+    if width >= base:
         # Rounding base up to a multiple of the width itself gives the width.
-        return model.ffn_hidden, None
-    for mult in (model.ffn_hidden / base, (model.ffn_hidden + 0.5) / base):
-        if ffn_width(model.hidden, 1, mult) == model.ffn_hidden:
+        return width, None
+    for mult in (width / base, (width + 0.5) / base):
+        if ffn_width(dim, 1, mult) == width:
             return 1, round(mult, 12)
     return None
 
@@ -91,6 +105,43 @@ def registration(model: ModelSpec) -> str:
             f"n_layers={model.layers}, n_heads={model.heads}, n_kv_heads={model.kv_heads}, "
             f"vocab_size={model.vocab}, multiple_of={multiple}, ffn_dim_multiplier={mult}, "
             "rope_theta=500000)")
+def moe_registration(model: ModelSpec) -> str:
+    """The line that registers an MoE model as a flavor of torchtitan's llama4 (in
+    torchtitan/models/llama4/__init__.py, after ``llama4_args = {...}``). Its experts' width is
+    llama4's FeedForward rule without ``auto_scale_hidden_dim`` (2/3 of 4 x dim, times the
+    multiplier, rounded up to ``multiple_of``: llama4/model/model.py), so the same
+    ``multiple_of`` / ``ffn_dim_multiplier`` search as llama3's gives it; the router is softmax
+    over the experts with the top-k scores renormalised (``score_func="softmax"``,
+    ``route_norm=True``, moe/moe.py), Mixtral's top-k softmax."""
+    ffn = _ffn_width_args(model.hidden, model.expert_ffn_hidden)
+    if ffn is None:
+        raise refuse(TORCHTITAN, f"no multiple_of / ffn_dim_multiplier of llama4's FeedForward "
+                     f"gives {model.name}'s expert width {model.expert_ffn_hidden} at dim "
+                     f"{model.hidden}")
+    multiple, mult = ffn
+    return (f"llama4_args[{model.name!r}] = TransformerModelArgs(dim={model.hidden}, "
+            f"n_layers={model.layers}, n_heads={model.heads}, n_kv_heads={model.kv_heads}, "
+            f"vocab_size={model.vocab}, multiple_of={multiple}, ffn_dim_multiplier={mult}, "
+            "rope_theta=500000, interleave_moe_layer_step=1, auto_scale_hidden_dim=False, "
+            f"moe_args=MoEArgs(num_experts={model.num_experts}, "
+            f"num_shared_experts={model.shared_experts}, top_k={model.top_k}, "
+            "score_func='softmax', route_norm=True))")
+
+
+def check_moe(model: ModelSpec) -> None:
+    """Refuse the MoE models llama4's blocks cannot be (one line each)."""
+    if model.dense_layers or model.moe_layer_freq != 1:
+        raise refuse(TORCHTITAN, f"{model.name}'s dense blocks (dense_layers "
+                     f"{model.dense_layers}, moe_layer_freq {model.moe_layer_freq}): llama4 "
+                     "places its MoE blocks last in every interleave_moe_layer_step blocks and "
+                     "has no first-k dense blocks; use --to megatron-lm (--moe-layer-freq)")
+    if model.capacity_factor is not None:
+        raise refuse(TORCHTITAN, f"capacity_factor {model.capacity_factor:g}: torchtitan's "
+                     "token-choice router drops no token (moe/moe.py), so a capacity is not "
+                     "expressible; use --to megatron-lm (--moe-expert-capacity-factor)")
+    moe_registration(model)
+
+
 # torch.distributed.pipelining's schedule names (get_schedule_class), which torchtitan passes on.
 SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
              Schedule.INTERLEAVED: "Interleaved1F1B"}
@@ -169,7 +220,9 @@ def check_model(model: ModelSpec) -> None:
                      f"{' and tied embeddings' if model.tied_embeddings else ''}; torchtitan's "
                      "llama3 (the model this TOML names) is swiglu/rmsnorm/rope without biases, "
                      "untied, so no flavor of it is this model: use --to megatron-lm")
-    if flavor(model) is None:
+    if model.is_moe:
+        check_moe(model)
+    elif flavor(model) is None:
         registration(model)  # refused here when no FeedForward arguments give the width
 
 
@@ -193,6 +246,17 @@ def job_config(model: ModelSpec, layout: Layout,
         # design and its default rotate method, written out so that the file says it.
         parallelism["context_parallel_degree"] = layout.cp
         parallelism["context_parallel_rotate_method"] = "allgather"
+    if layout.ep > 1:
+        # Its expert mesh takes ep from dp_shard x cp x tp / etp (efsdp = dp_shard x cp x tp /
+        # (etp x ep), distributed/parallel_dims.py v0.2.2); with etp = tp, ep divides
+        # dp_shard x cp: replicas (dp_replicate) are not lent to experts.
+        if (shard * layout.cp) % layout.ep:
+            raise refuse(TORCHTITAN, f"ep {layout.ep} does not divide data_parallel_shard_degree "
+                         f"x cp = {shard} x {layout.cp}: torchtitan's experts borrow ranks "
+                         "from the FSDP shard group only (parallel_dims.py efsdp); shard over "
+                         "more ranks (zero3) or lower ep")
+        parallelism["expert_parallel_degree"] = layout.ep
+        parallelism["expert_tensor_parallel_degree"] = layout.tp
     if shard > 1 or layout.cp > 1:
         parallelism["fsdp_reshard_after_forward"] = (
             "always" if layout.reshard_after_forward else "never")
@@ -210,7 +274,8 @@ def job_config(model: ModelSpec, layout: Layout,
                                    Recompute.SELECTIVE_OP: "selective"}[layout.recompute]}
     if layout.recompute == Recompute.SELECTIVE_OP:
         ac["selective_ac_option"] = "op"
-    return {"model": {"name": "llama3", "flavor": flavor(model) or model.name},
+    return {"model": {"name": "llama4" if model.is_moe else "llama3",
+                      "flavor": flavor(model) or model.name},
             "training": training,
             "parallelism": parallelism, "activation_checkpoint": ac}
 
@@ -232,6 +297,10 @@ def module_fqns(model: ModelSpec, layout: Layout) -> list[list[str]]:
 
 def model_comment(model: ModelSpec) -> list[str]:
     """Which flavor, and the registration line when torchtitan lacks the model."""
+    if model.is_moe:
+        return [f"torchtitan v0.2.2 registers no llama4 flavor with {model.name}'s shape: add "
+                "this line to torchtitan/models/llama4/__init__.py after llama4_args = {...}",
+                moe_registration(model)]
     name = flavor(model)
     if name is not None:
         return [f"model.flavor {name!r} is {model.name}'s shape in torchtitan v0.2.2 "

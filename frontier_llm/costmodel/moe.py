@@ -1,0 +1,217 @@
+"""Mixture-of-Experts physics of the cost model: what an MoE block adds to a dense one.
+
+A dense model never reaches this module (every hook in flops/params/memory/steptime is guarded by
+``model.is_moe``), so dense predictions are unchanged. The cost model prices the *mean* block:
+``moe_blocks / layers`` of every MoE term below is spread over every block, as the dense model
+prices ``l/p`` identical blocks per stage (docs/costmodel.md, "Mixture-of-Experts").
+
+- FLOPs: an MoE block's MLP is the router GEMM (``h x E``) and ``top_k + shared`` expert MLPs of
+  width ``f_e`` per token: the ACTIVE parameters, as Megatron-LM counts model FLOPs for MoE
+  (megatron/training/training.py, ``num_floating_point_operations``: the MLP term scaled by
+  ``num_experts_routed_to = moe_router_topk``, plus ``moe_shared_expert_intermediate_size``;
+  Megatron-LM core_r0.9.0 onward). We also count the router GEMM (``2·h·E``), which that
+  function leaves out: under 0.1 % of a block for Mixtral.
+- Parameters: routed experts split over ``ep`` and expert-tp = tp (Megatron-Core's default
+  ``expert_tensor_parallel_size`` = tp; torchtitan's ETP likewise), the router replicated.
+- Sharded model states: the routed experts' share is sharded over expert-dp = dp·cp/ep (the
+  ranks holding the same experts), never over more (:func:`expert_degree`).
+- Step time: the slowest EP rank sets the pace (dropless routing computes every routed token):
+  its expert GEMMs run :data:`LOAD_IMBALANCE` times the mean rows, on smaller GEMMs
+  (:func:`expert_gemm_slowdown`); four all-to-alls per MoE block and micro-batch (dispatch and
+  combine, forward and backward; :func:`all_to_all_times`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from frontier_llm.costmodel import comm
+from frontier_llm.specs import axes
+from frontier_llm.specs.layout import Recompute
+from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.system import SystemSpec
+
+# Load imbalance: the most loaded expert's tokens over the mean, max/mean = 1 + MaxVio.
+# Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing Strategy for Mixture-of-Experts"
+# (arXiv 2408.15664), Table 1: the aux-loss-balanced ("loss-controlled") 1B MoE trains at
+# MaxVio_global = 0.72 (their loss-free method: 0.04). We take the aux-loss figure, the router
+# Megatron-Core and torchtitan train with by default, for every MoE model: a stated physical
+# ratio, never fitted. Applied per EP rank it is an upper bound (a rank holding E/ep experts
+# averages their loads), which keeps the prediction on the slow side.
+LOAD_IMBALANCE = 1.72
+
+
+def _fraction(model: ModelSpec) -> float:
+    """Share of the blocks that are MoE blocks (what the mean block carries of each MoE term)."""
+    return model.moe_blocks / model.layers
+
+
+def expert_mlp_flops(model: ModelSpec) -> float:
+    """Forward FLOPs per token of one expert MLP of width ``expert_ffn_hidden``."""
+    return 2.0 * model.mlp_matrices * model.hidden * model.expert_ffn_hidden
+
+
+def routed_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs per token of the routed experts, on the mean block (top_k experts of the
+    MoE blocks' share): the work the load imbalance and the small expert GEMMs slow down."""
+    return _fraction(model) * model.top_k * expert_mlp_flops(model)
+
+
+def mlp_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs per token of the mean block's MLP: dense blocks' ``2·m·h·f``, MoE blocks'
+    router ``2·h·E`` plus ``(top_k + shared)`` expert MLPs (the active parameters)."""
+    dense = 2.0 * model.mlp_matrices * model.hidden * model.ffn_hidden
+    moe = (2.0 * model.hidden * model.num_experts
+           + (model.top_k + model.shared_experts) * expert_mlp_flops(model))
+    frac = _fraction(model)
+    return (1 - frac) * dense + frac * moe
+
+
+def mlp_params_per_rank(model: ModelSpec, width: int, tp):
+    """One MLP of width ``width`` on one (expert-)TP rank: column-parallel input matrices and
+    biases, the row-parallel output matrix, its bias whole (params.layer_params_per_rank's
+    split)."""
+    tp = np.asarray(tp)
+    f = width // tp
+    bias = ((model.mlp_matrices - 1) * f + model.hidden) if model.bias else 0
+    return model.mlp_matrices * model.hidden * f + bias
+
+
+def layer_params_per_rank(model: ModelSpec, tp, ep, dense_per_rank, frac=None):
+    """(all, routed experts) parameters of the mean block on one rank; ``dense_per_rank`` is
+    params.layer_params_per_rank of the same model (attention + a dense MLP of ffn_hidden).
+    ``frac``: the share of MoE blocks (default the model's; 1 an MoE block, 0 a dense one)."""
+    attention = dense_per_rank - mlp_params_per_rank(model, model.ffn_hidden, tp)
+    frac = _fraction(model) if frac is None else frac
+    dense_mlp = mlp_params_per_rank(model, model.ffn_hidden, tp)
+    expert = mlp_params_per_rank(model, model.expert_ffn_hidden, tp)
+    # The router is replicated on every rank (Megatron-Core's TopKRouter weight is not split).
+    shared = model.router_params() + model.shared_experts * expert
+    routed = frac * (model.num_experts // np.asarray(ep)) * expert
+    return attention + (1 - frac) * dense_mlp + frac * shared + routed, routed
+
+
+def routed_params_per_rank(model: ModelSpec, t):
+    """Routed-expert parameters of the mean block on one rank of table ``t``."""
+    return layer_params_per_rank(model, t.tp, axes.degree(t, "ep"), 0)[1]
+
+
+def stage_moe_share(model: ModelSpec, held) -> np.ndarray:
+    """The largest share of MoE blocks among any ``held`` consecutive blocks (per row): what
+    the fullest pipeline stage holds when dense and MoE blocks differ (DeepSeek-V3's first
+    three dense blocks, ``moe_layer_freq`` > 1), where the mean block would under-count it."""
+    moe_at = np.array([model.moe_block(i) for i in range(model.layers)], dtype=np.int64)
+    sums = np.concatenate([[0], np.cumsum(moe_at)])
+
+    def share(n: int) -> float:
+        n = min(max(n, 1), model.layers)
+        return float(np.max(sums[n:] - sums[:-n])) / n
+
+    held = np.asarray(held)
+    values = {int(n): share(int(n)) for n in np.unique(held)}
+    return np.vectorize(lambda n: values[int(n)], otypes=[float])(held)
+
+
+def stage_excess_params(model: ModelSpec, t, held, dense_per_rank):
+    """Parameters the fullest stage's ``held`` blocks hold on one rank beyond ``held`` mean
+    blocks: ``held·(share − φ)`` times an MoE block's excess over a dense one (0 when every
+    block is alike)."""
+    ep = axes.degree(t, "ep")
+    block_moe = layer_params_per_rank(model, t.tp, ep, dense_per_rank, 1.0)[0]
+    block_dense = layer_params_per_rank(model, t.tp, ep, dense_per_rank, 0.0)[0]
+    extra = np.asarray(held) * (stage_moe_share(model, held) - _fraction(model))
+    return extra * (block_moe - block_dense), extra * layer_params_per_rank(
+        model, t.tp, ep, dense_per_rank, 1.0)[1]
+
+
+def expert_degree(t, component: str):
+    """Sharding degree of the routed experts' ``component``: the layout's degree, at most
+    expert-dp = dp·cp/ep (only the ranks that hold the same experts can shard them)."""
+    return np.minimum(t.degree(component), axes.expert_data_parallel(t))
+
+
+def sharded_count(n, n_routed, t, component: str):
+    """Parameters of ``component`` on one rank: the dense share over the layout's degree, the
+    routed experts' share over :func:`expert_degree`."""
+    def cdiv(a, b):
+        return -(-a // b)
+    n_routed = np.ceil(n_routed)
+    return cdiv(n - n_routed, t.degree(component)) + cdiv(n_routed, expert_degree(t, component))
+
+
+def load_imbalance(model: ModelSpec) -> float:
+    """Most loaded expert's tokens over the mean: :data:`LOAD_IMBALANCE` dropless; a capacity
+    factor ``c`` caps every expert at ``c`` times its even share (GShard, Switch), so
+    ``min(LOAD_IMBALANCE, c)``."""
+    if model.capacity_factor is None:
+        return LOAD_IMBALANCE
+    return min(LOAD_IMBALANCE, model.capacity_factor)
+
+
+def _rank_tokens(model: ModelSpec, t):
+    """Tokens of one micro-batch a rank routes: seq/cp per sequence, and 1/tp of them with
+    sequence parallelism (Megatron-Core asks sequence parallelism for EP with TP)."""
+    tokens = t.micro_batch * t.local_seq(model.seq_len)
+    return tokens * np.where(t.sequence_parallel, 1.0 / t.tp, 1.0)
+
+
+def expert_rows(model: ModelSpec, t):
+    """Rows of one local expert's GEMM on the mean EP rank: a rank receives ``tokens·top_k``
+    routed tokens of its ep group (``ep`` ranks' tokens for its ``E/ep`` experts), with expert-tp
+    the tp group's tokens (Megatron's all-gather over expert-tp): ``tokens·top_k·ep/E`` at tp's
+    full micro-batch."""
+    tokens = t.micro_batch * t.local_seq(model.seq_len)
+    return tokens * model.top_k * axes.degree(t, "ep") / model.num_experts
+
+
+def expert_gemm_slowdown(model: ModelSpec, t, half_hidden: float):
+    """How much slower than the dense GEMMs an expert GEMM runs, from the cost model's one GEMM
+    efficiency law ``d / (d + matmul_half_hidden)`` (docs/costmodel.md §5) applied to its
+    smallest dimension: the dense GEMMs' is ``h``, an expert GEMM's ``min(h, rows)``."""
+    h = model.hidden
+    d = np.maximum(np.minimum(h, expert_rows(model, t)), 1.0)
+    return (h / (h + half_hidden)) / (d / (d + half_hidden))
+
+
+def routed_gemm_extra(model: ModelSpec, t, seconds_routed, half_hidden: float):
+    """Seconds the slowest EP rank adds to ``seconds_routed`` (its routed-expert GEMMs priced at
+    the dense rate and mean load): ``(imbalance · slowdown − 1)`` of them."""
+    return seconds_routed * (load_imbalance(model) * expert_gemm_slowdown(model, t, half_hidden)
+                             - 1.0)
+
+
+def all_to_all_bytes(model: ModelSpec, t, act_bytes):
+    """Bytes one all-to-all sends from the most loaded rank: its routed copies of the hidden
+    states, ``tokens·top_k·h·e`` times the imbalance, of which ``(ep−1)/ep`` leave the rank."""
+    ep = axes.degree(t, "ep")
+    sent = _rank_tokens(model, t) * model.top_k * model.hidden * act_bytes
+    return sent * load_imbalance(model) * (ep - 1) / np.maximum(ep, 1)
+
+
+def all_to_all_times(model: ModelSpec, system: SystemSpec, t, act_bytes):
+    """Exposed all-to-all seconds of the mean block per micro-batch: dispatch and combine
+    forward, their transposes backward (4), two more when full recompute replays the forward.
+    The ep group is ep consecutive (dp, cp) indices, ranks ``tp`` apart (Megatron's
+    tp-cp-ep-dp-pp order), spanning ``tp·ep`` ranks: inside a node it uses the node link, across
+    nodes each member's own NIC (comm.all_to_all). Not overlapped: Megatron-Core overlaps the
+    EP all-to-all with compute only under ``--overlap-moe-expert-parallel-comm`` (off by
+    default; megatron/training/arguments.py), torchtitan not at all."""
+    ep = axes.degree(t, "ep")
+    one = comm.all_to_all(system, ep, t.tp, all_to_all_bytes(model, t, act_bytes))
+    count = 4 + np.where(t.recompute == Recompute.FULL.code, 2, 0)
+    return _fraction(model) * count * one
+
+
+def activation_extra(model: ModelSpec, t, act_bytes, f_rank):
+    """Bytes per token (of the rank's sequence share) the mean block saves beyond a dense block's
+    MLP (``mlp_saved·f/t``): an MoE block saves its router's fp32 logits (``4·E``), the
+    permuted copies of the hidden state the experts read and the combine weighs
+    (``2·top_k·h·e``, dropless: ``top_k`` copies of every token; on the most loaded rank the
+    imbalance times that, a capacity factor caps it: :func:`load_imbalance`) and the
+    ``(top_k + shared)`` experts' intermediates of width ``f_e/t``."""
+    saved = 2 if model.activation == "gelu" else 4
+    load = load_imbalance(model)
+    e_rank = model.expert_ffn_hidden / t.tp
+    moe = (4 * model.num_experts + 2 * load * model.top_k * model.hidden * act_bytes
+           + act_bytes * saved * e_rank * (load * model.top_k + model.shared_experts))
+    return _fraction(model) * (moe - act_bytes * saved * f_rank)
