@@ -4,11 +4,12 @@ The usual set-up clones the repository into ``~`` (a folder named ``frontier_llm
 from ``~``. ``python -m frontier_llm...`` put that folder first on the child's import path, and
 with an editable install the child imported it as an empty namespace package and died
 (``cannot import name '__version__'``). Every test here starts real children, from a folder
-holding such a directory, through the code flm uses to start them."""
+holding such a directory, through the code flm uses to start them. The whole quickstart from
+such a folder, by flm's entry point, is the end-to-end test in tests/test_quickstart.py (one loop
+for both checks)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -92,19 +93,3 @@ def test_no_module_starts_python_dash_m_by_hand():
             if '"-m"' in code or "'-m'" in code:
                 offenders.append(f"{path.relative_to(ROOT)}:{n}")
     assert not offenders, offenders
-
-
-@pytest.mark.slow
-def test_quickstart_runs_from_the_folder_that_holds_the_clone(home):
-    """The README's command from ``~``: ``flm quickstart`` (small settings) by its entry point,
-    from a folder holding a directory named frontier_llm, completes the whole loop:
-    calibration ranks, flm bench jobs, the refit and the study all ran."""
-    entry = Path(sys.executable).with_name("flm")
-    out = home / "qs"
-    proc = subprocess.run([str(entry), "quickstart", "--out", "qs", "--layouts", "2",
-                           "--steps", "2", "--trials", "1"], capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "microbench.yaml" in proc.stdout and "refit, held out" in proc.stdout
-    assert (out / "calibration" / "microbench.yaml").is_file()
-    assert (out / "reports" / "quickstart-errors.csv").is_file()

@@ -71,14 +71,30 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _home_with_a_clone(tmp_path: Path) -> Path:
+    """A folder like ``~`` after ``git clone``: it holds a directory named frontier_llm that is
+    not the package (a clone's top level has no __init__.py). ``python -m frontier_llm...``
+    started from it imports that folder instead (tests/test_child.py)."""
+    home = tmp_path / "home"
+    (home / "frontier_llm" / "docs").mkdir(parents=True)
+    (home / "frontier_llm" / "README.md").write_text("# frontier_llm\n")
+    return home
+
+
 @pytest.mark.slow
 def test_quickstart_runs_the_loop_survives_ctrl_c_and_resumes(tmp_path, capsys):
+    """The README's command, ``flm`` by its entry point, started from a folder that holds a
+    clone named frontier_llm (issue 40: no child may depend on the folder): calibration ranks,
+    flm bench jobs, the refit and the study all run from there, through a Ctrl-C and a resume.
+    One quickstart serves both checks; each used to pay for a whole loop of its own."""
+    home = _home_with_a_clone(tmp_path)
+    entry = str(Path(sys.executable).with_name("flm"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = tmp_path / "qs"
     db = out / "flm.db"
     log = (tmp_path / "first.log").open("w")
-    first = subprocess.Popen([sys.executable, "-m", "frontier_llm.cli", "quickstart", "--out",
-                              str(out), *SMALL], stdout=log, stderr=subprocess.STDOUT,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"},
+    first = subprocess.Popen([entry, "quickstart", "--out", str(out), *SMALL], cwd=home,
+                             stdout=log, stderr=subprocess.STDOUT, env=env,
                              preexec_fn=_sigint_default)
     try:
         deadline = time.monotonic() + 240
@@ -112,9 +128,12 @@ def test_quickstart_runs_the_loop_survives_ctrl_c_and_resumes(tmp_path, capsys):
         if sid and sid.startswith("local:"):
             assert not _alive(int(sid.split(":")[1]))
 
-    # A second run resumes: what completed keeps its run, the rest runs once.
-    assert main(["quickstart", "--out", str(out), *SMALL]) == 0
-    second = capsys.readouterr().out
+    # A second run resumes, from the same folder: what completed keeps its run, the rest runs
+    # once, and the whole loop completes.
+    resumed = subprocess.run([entry, "quickstart", "--out", str(out), *SMALL], cwd=home,
+                             capture_output=True, text=True, timeout=900, env=env)
+    second = resumed.stdout
+    assert resumed.returncode == 0, second[-3000:] + resumed.stderr[-3000:]
     assert "resuming the quickstart" in second
     # The microbenchmark calibration finished before Ctrl-C: the resume keeps it.
     assert "microbench.yaml: reused" in second
