@@ -188,7 +188,7 @@ def test_intervals_bracket_the_prediction_and_widen_with_confidence():
         engine=["megatron", "native"],
         step_time_s=[10.0, 10.0],
         tokens_per_s=[1e5, 1e5],
-        peak_memory_bytes=[30e9, 63e9],
+        peak_memory_bytes=[30e9, 67e9],  # the GCD holds 64 GiB = 68.7e9 bytes
     )
     lo = intervals.add_intervals(frame, frontier, 0.5)
     hi = intervals.add_intervals(frame, frontier, 0.8)

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from frontier_llm.cli import main
 
 
@@ -20,7 +22,7 @@ def test_systems_json(capsys):
     rows = json.loads(capsys.readouterr().out)
     frontier = next(r for r in rows if r["name"] == "frontier")
     assert frontier["gpus_per_node"] == 8
-    assert frontier["memory_gb"] == 64
+    assert frontier["memory_gb"] == pytest.approx(64 * 2**30 / 1e9)  # a GCD's 64 GiB
 
 
 def test_every_command_help_has_an_example():
