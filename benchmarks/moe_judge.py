@@ -12,18 +12,16 @@ table), and its FP8 GEMMs as bf16 (the cost model has no FP8).
 
 from __future__ import annotations
 
-from frontier_llm.catalog import load_system
+from frontier_llm.catalog import load_model, load_system
 from frontier_llm.costmodel import predict
 from frontier_llm.specs.layout import Layout, Sharding
 from frontier_llm.specs.model import ModelSpec
 
 LLAMA_LIKE = dict(activation="swiglu", norm="rmsnorm", position="rope", bias=False)
-MIXTRAL_8X7B = ModelSpec(name="mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8,
-                         seq_len=4096, vocab=32000, ffn_hidden=14336, num_experts=8, top_k=2,
-                         **LLAMA_LIKE)
-MIXTRAL_8X22B = ModelSpec(name="mixtral-8x22b", layers=56, hidden=6144, heads=48, kv_heads=8,
-                          seq_len=4096, vocab=32768, ffn_hidden=16384, num_experts=8, top_k=2,
-                          **LLAMA_LIKE)
+MIXTRAL_8X7B = load_model("mixtral-8x7b")
+MIXTRAL_8X22B = load_model("mixtral-8x22b")
+# Not in the catalog: its multi-head latent attention is approximated here as the catalog's
+# kimi-k2 does (multi-head attention of the same width).
 DEEPSEEK_V3 = ModelSpec(name="deepseek-v3", layers=61, hidden=7168, heads=128, seq_len=4096,
                         vocab=129280, ffn_hidden=18432, num_experts=256, top_k=8,
                         expert_ffn_hidden=2048, shared_experts=1, dense_layers=3, **LLAMA_LIKE)

@@ -21,3 +21,37 @@ def local_sweep(name: str, layouts: list[str], extra: str = "") -> str:
     lines (ending in a newline) between the header and the layouts."""
     return (LOCAL_HEADER.format(name=name) + extra + "layouts:\n"
             + "".join(f"  - {x}\n" for x in layouts))
+
+
+LOCAL_STUDY = """\
+name: {name}
+model: {model}
+system: cpu-local
+template: local
+executor: local
+gpus: [4]
+gpus_per_node: 4
+dtype: fp32
+steps: 2
+warmup: 1
+global_batch: 8
+command: ["true"]
+study:
+  space:
+{space}
+    micro_batch: [1]
+    zero: [0]
+  objective: throughput_per_gpu
+  budget: {{trials: 2}}
+  sampler: tpe
+  seed: 3
+resources:
+  time: "00:05:00"
+"""
+
+
+def local_study(name: str, model: str, space: list[str]) -> str:
+    """A two-trial study on 4 local CPU ranks whose trials run ``true``: ``space`` lists its
+    degrees' lines (``tp: [1, 2]``); micro-batch 1 and ZeRO-0 are fixed."""
+    return LOCAL_STUDY.format(name=name, model=model,
+                              space="\n".join(f"    {line}" for line in space))

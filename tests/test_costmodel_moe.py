@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from frontier_llm.catalog import load_system
+from frontier_llm.catalog import load_model, load_system
 from frontier_llm.costmodel import comm, moe, predict
 from frontier_llm.costmodel.flops import model_flops
 from frontier_llm.costmodel.layouts import from_configs
@@ -25,9 +25,7 @@ from frontier_llm.planner import intervals
 from frontier_llm.specs.layout import Layout, Sharding
 from frontier_llm.specs.model import ModelSpec
 
-MIXTRAL = ModelSpec(name="mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8,
-                    seq_len=4096, vocab=32000, ffn_hidden=14336, activation="swiglu",
-                    norm="rmsnorm", position="rope", bias=False, num_experts=8, top_k=2)
+MIXTRAL = load_model("mixtral-8x7b")
 # A tiny MoE with a dense first block and every other block MoE (blocks 1 and 3), a shared
 # expert and GeLU experts with biases: every term of the mean block differs from Mixtral's.
 TINY = ModelSpec(name="tiny-moe-test", layers=4, hidden=64, heads=4, seq_len=32, vocab=128,
@@ -181,7 +179,6 @@ def test_moe_interval_is_at_least_the_all_family_quantile():
 def test_a_dense_model_never_reaches_the_moe_terms(monkeypatch):
     """Dense figures are unchanged because no MoE function runs for them: each one, replaced
     by a tripwire, stays untouched while a dense layout of every engine is predicted."""
-    from frontier_llm.catalog import load_model
 
     def tripwire(*args, **kwargs):
         raise AssertionError("an MoE term ran for a dense model")

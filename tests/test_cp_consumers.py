@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from sweep_texts import local_study
 
 from frontier_llm.cli import main
 from frontier_llm.errors import SpecError
@@ -18,33 +19,7 @@ from frontier_llm.specs.layout import Layout, layout_argv
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.tune.spec import load_study
 
-STUDY = """\
-name: cp-study
-model: tiny-gpt
-system: cpu-local
-template: local
-executor: local
-gpus: [4]
-gpus_per_node: 4
-dtype: fp32
-steps: 2
-warmup: 1
-global_batch: 8
-command: ["true"]
-study:
-  space:
-    tp: [1, 2]
-    cp: [1, 2]
-    pp: [1]
-    micro_batch: [1]
-    zero: [0]
-  objective: throughput_per_gpu
-  budget: {trials: 2}
-  sampler: tpe
-  seed: 3
-resources:
-  time: "00:05:00"
-"""
+STUDY = local_study("cp-study", "tiny-gpt", ["tp: [1, 2]", "cp: [1, 2]", "pp: [1]"])
 
 
 def test_a_study_searches_cp_and_its_trial_runs_it(tmp_path):

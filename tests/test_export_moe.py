@@ -20,6 +20,7 @@ from test_export import (
     megatron_parser,
 )
 
+from frontier_llm.catalog import load_model
 from frontier_llm.export import (
     DEEPSPEED,
     MEGATRON_DEEPSPEED,
@@ -33,10 +34,7 @@ from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.trainers.megatron_common import moe_layer_freq
 
-# Jiang et al. 2024, Mixtral of Experts, Table 1 (and its released config.json).
-MIXTRAL = ModelSpec("mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, seq_len=4096,
-                    vocab=32000, ffn_hidden=14336, activation="swiglu", norm="rmsnorm",
-                    position="rope", bias=False, num_experts=8, top_k=2, router_aux_loss=0.02)
+MIXTRAL = load_model("mixtral-8x7b")  # router_aux_loss 0.02, its config.json's
 TINY = ModelSpec("tiny-moe-x", layers=4, hidden=64, heads=4, kv_heads=2, seq_len=64, vocab=512,
                  ffn_hidden=128, expert_ffn_hidden=96, activation="swiglu", norm="rmsnorm",
                  position="rope", bias=False, num_experts=4, top_k=2, shared_experts=1,

@@ -31,6 +31,7 @@ from frontier_llm.report.sources import with_catalog_breakdown
 from frontier_llm.specs import axes
 from frontier_llm.specs.forms import LAYOUT_COLUMNS, label, layout_from_row, layout_record
 from frontier_llm.specs.layout import Layout, Sharding, zero_preset
+from frontier_llm.specs.model import EXPERT_FIELDS
 from frontier_llm.tune import optuna_study as osx
 from frontier_llm.tune.report import best_document
 
@@ -503,10 +504,7 @@ def test_a_dense_layouts_identity_is_unchanged_by_the_expert_fields():
     from frontier_llm.specs.identity import layout_hash
 
     model, layout = load_model("tiny-gpt"), Layout(dp=2, global_batch=4)
-    dense = {k: v for k, v in model.to_dict().items()
-             if k not in ("num_experts", "top_k", "expert_ffn_hidden", "shared_experts",
-                          "dense_layers", "moe_layer_freq", "capacity_factor",
-                          "router_aux_loss")}
+    dense = {k: v for k, v in model.to_dict().items() if k not in EXPERT_FIELDS}
     assert layout_hash(model, "cpu-local", layout) == layout_hash(dense, "cpu-local", layout)
     moe = dataclasses.replace(model, num_experts=4, top_k=2)
     other = dataclasses.replace(model, num_experts=8, top_k=2)

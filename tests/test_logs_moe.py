@@ -11,15 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from frontier_llm.catalog import load_model
 from frontier_llm.logs.traces import LogOptions, build_trace, parse_layout_option, parse_log
-from frontier_llm.specs.model import ModelSpec
 
 DATA = Path(__file__).parent / "data" / "trainer_logs"
 MIXTRAL_LOG = DATA / "megatron_lm_756_mixtral_truncated.log"
-# Jiang et al. 2024, Table 1: the model #756 trains.
-MIXTRAL = ModelSpec("mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, seq_len=4096,
-                    vocab=32000, ffn_hidden=14336, activation="swiglu", norm="rmsnorm",
-                    position="rope", bias=False, num_experts=8, top_k=2)
+MIXTRAL = load_model("mixtral-8x7b")  # the model #756 trains
 
 
 def _arguments(values: dict[str, object]) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from slurm_fixtures import flm
+from sweep_texts import local_study
 
 from frontier_llm.bench.trace import read_trace, trace_path
 from frontier_llm.jobs.sweepspec import load_sweep
@@ -53,33 +54,7 @@ def test_the_tiny_moe_sweep_runs_is_collected_and_reported(slurm_cluster, tmp_pa
     assert "tp1 pp1 dp2 ep2 mb2 gb4" in csv and "tp1 pp1 dp4 ep2 mb1 gb4" in csv, csv
 
 
-STUDY = """\
-name: moe-study
-model: tiny-moe
-system: cpu-local
-template: local
-executor: local
-gpus: [4]
-gpus_per_node: 4
-dtype: fp32
-steps: 2
-warmup: 1
-global_batch: 8
-command: ["true"]
-study:
-  space:
-    tp: [1]
-    pp: [1]
-    ep: [1, 2, 4]
-    micro_batch: [1]
-    zero: [0]
-  objective: throughput_per_gpu
-  budget: {trials: 2}
-  sampler: tpe
-  seed: 3
-resources:
-  time: "00:05:00"
-"""
+STUDY = local_study("moe-study", "tiny-moe", ["tp: [1]", "pp: [1]", "ep: [1, 2, 4]"])
 
 
 def test_a_study_searches_ep_and_its_trial_runs_it(tmp_path):

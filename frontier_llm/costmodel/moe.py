@@ -81,9 +81,9 @@ def layer_params_per_rank(model: ModelSpec, tp, ep, dense_per_rank, frac=None):
     """(all, routed experts) parameters of the mean block on one rank; ``dense_per_rank`` is
     params.layer_params_per_rank of the same model (attention + a dense MLP of ffn_hidden).
     ``frac``: the share of MoE blocks (default the model's; 1 an MoE block, 0 a dense one)."""
-    attention = dense_per_rank - mlp_params_per_rank(model, model.ffn_hidden, tp)
-    frac = _fraction(model) if frac is None else frac
     dense_mlp = mlp_params_per_rank(model, model.ffn_hidden, tp)
+    attention = dense_per_rank - dense_mlp
+    frac = _fraction(model) if frac is None else frac
     expert = mlp_params_per_rank(model, model.expert_ffn_hidden, tp)
     # The router is replicated on every rank (Megatron-Core's TopKRouter weight is not split).
     shared = model.router_params() + model.shared_experts * expert

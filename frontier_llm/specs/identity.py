@@ -10,7 +10,7 @@ import hashlib
 import json
 
 from frontier_llm.specs.layout import Layout, layout_fields
-from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.model import ModelSpec, dense_expert_fields
 
 _IGNORED = {"description", "sources", "source"}
 # Layout fields whose metadata says ``new_knob=True`` (docs/layout.md).
@@ -19,9 +19,7 @@ _DEFAULTS = Layout().to_dict()
 # Model fields added after the first stored layouts (the Mixture-of-Experts ones), with a dense
 # model's values: like a new knob, one takes part only when it is not at that value, so every
 # dense layout stored before them keeps its hash and a trace that omits them names the same row.
-_NEW_MODEL_FIELDS = {"num_experts": 0, "top_k": 0, "expert_ffn_hidden": None,
-                     "shared_experts": 0, "dense_layers": 0, "moe_layer_freq": 1,
-                     "capacity_factor": None, "router_aux_loss": 0.0}
+_NEW_MODEL_FIELDS = dense_expert_fields()
 
 
 def _strip(obj):

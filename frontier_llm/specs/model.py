@@ -100,10 +100,8 @@ class ModelSpec:
         if self.num_experts == 0:
             # An MoE field on a dense model is a model file that lost its num_experts line: say
             # so rather than plan a dense model the user did not mean.
-            for name, default in (("top_k", 0), ("expert_ffn_hidden", None),
-                                  ("shared_experts", 0), ("dense_layers", 0),
-                                  ("moe_layer_freq", 1), ("capacity_factor", None)):
-                if getattr(self, name) != default:
+            for name, dense in dense_expert_fields().items():
+                if getattr(self, name) != dense:
                     raise SpecError(f"{name} is set but num_experts is 0 (a dense model); give "
                                     "num_experts for a Mixture-of-Experts model", name)
             return
@@ -223,3 +221,13 @@ class ModelSpec:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# The Mixture-of-Experts fields (ModelSpec above).
+EXPERT_FIELDS = ("num_experts", "top_k", "expert_ffn_hidden", "shared_experts", "dense_layers",
+                 "moe_layer_freq", "capacity_factor", "router_aux_loss")
+
+
+def dense_expert_fields() -> dict[str, object]:
+    """Each MoE field with the value a dense model has for it: its default."""
+    return {f.name: f.default for f in dataclasses.fields(ModelSpec) if f.name in EXPERT_FIELDS}
