@@ -75,6 +75,9 @@ class MatmulFit:
     rms_rel_residual: float
     max_rel_residual: float
     per_tp_rms: dict[int, float] = field(default_factory=dict)
+    # False when the achieved rate still rose at the widest width measured: ``rate`` is then
+    # the highest rate measured, a lower bound of the asymptote, not a fitted one.
+    saturated: bool = True
 
     def predict(self, hidden) -> np.ndarray:
         h = np.asarray(hidden, float)
@@ -165,9 +168,14 @@ def fit_matmul(df: pd.DataFrame, dtype: str) -> MatmulFit:
         a, b = _relative_nnls(np.column_stack([np.ones_like(inv_h), inv_h]), inv_rate)
     else:  # one width: no size effect can be told apart from the rate
         a, b = _relative_nnls(np.ones((len(inv_h), 1)), inv_rate)[0], 0.0
-    if a <= 0:
-        raise UserError("the GEMM timings give no finite matrix rate (the fit found the rate "
-                        "growing without bound with width): measure more widths")
+    saturated = a > 0
+    if not saturated:
+        # The rate rose across every width measured (noise on a loaded CPU does it at small
+        # widths): the asymptote is not in the data. The highest rate measured bounds it from
+        # below; h½ is then fitted to the rest with that rate held.
+        a = float(np.min(inv_rate))
+        x, y = inv_h / inv_rate, 1.0 - a / inv_rate  # relative residuals, as _relative_nnls
+        b = max(0.0, float(x @ y / (x @ x))) if len(widths) >= 2 else 0.0
     rate, half = 1.0 / a, b / a
     pred_inv = a + b * inv_h
     rel = inv_rate / pred_inv - 1  # achieved rate over predicted rate, minus one
@@ -175,7 +183,8 @@ def fit_matmul(df: pd.DataFrame, dtype: str) -> MatmulFit:
               for tp in sorted(blocks["tp"].unique())}
     return MatmulFit(dtype=dtype, rate=float(rate), half_hidden=float(half), points=len(blocks),
                      widths=widths, rms_rel_residual=float(np.sqrt(np.mean(rel**2))),
-                     max_rel_residual=float(np.max(np.abs(rel))), per_tp_rms=per_tp)
+                     max_rel_residual=float(np.max(np.abs(rel))), per_tp_rms=per_tp,
+                     saturated=saturated)
 
 
 def links_table(fits: dict[tuple[str, str], TierFit]) -> pd.DataFrame:

@@ -108,7 +108,10 @@ def calibrated_mapping(base: dict, prov: dict, links: dict[tuple[str, str], Tier
             "source": (f"{who}: {matmul.points} block GEMM sets in {matmul.dtype}, widths "
                        f"{', '.join(map(str, matmul.widths))}; achieved {matmul.rate:.4g} FLOP/s "
                        f"of peak {peak:.4g}; residual rms {_pct(matmul.rms_rel_residual)}, "
-                       f"max {_pct(matmul.max_rel_residual)}"),
+                       f"max {_pct(matmul.max_rel_residual)}"
+                       + ("" if matmul.saturated else
+                          "; the rate still rose at the widest width: the highest rate "
+                          "measured, a lower bound (measure wider GEMMs)")),
         }
         out["matmul_half_hidden"] = round(matmul.half_hidden, 2)
     out["efficiency"] = eff

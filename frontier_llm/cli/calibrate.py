@@ -165,7 +165,7 @@ def _fit_and_write(results_path: Path, system: str, out: str | None, name: str |
     summary = {"matmul_rate_flops": matmul.rate, "matmul_efficiency":
                mapping["efficiency"]["matmul"]["value"], "matmul_half_hidden":
                matmul.half_hidden, "matmul_rms_resid_pct": 100 * matmul.rms_rel_residual,
-               "dtype": matmul.dtype}
+               "matmul_saturated": matmul.saturated, "dtype": matmul.dtype}
     if fmt == "json":
         emit_json({"system_file": out, "links": table.to_dict(orient="records"),
                    "matmul": summary, "provenance": res.provenance})
