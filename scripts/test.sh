@@ -51,4 +51,9 @@ python -m ruff check .
 # jobs -> report/tune/calibrate -> quickstart -> cli, no package importing one above it.
 lint-imports
 # The slowest tests are listed at the end: the suite must stay under 15 minutes on 2 cores.
-exec python -m pytest --durations=25 "$@"
+# Two pytest-xdist workers (FLM_TEST_WORKERS, 0 for one process): much of the end-to-end time
+# is waiting on SLURM, a daemon or a child, which the other worker fills. Each worker has its
+# own SLURM cluster and PostgreSQL; tests sharing a module's fixture stay together
+# (tests/conftest.py).
+workers=${FLM_TEST_WORKERS:-2}
+exec python -m pytest -n "$workers" --dist loadgroup --durations=25 "$@"

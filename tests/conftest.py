@@ -5,7 +5,10 @@ report tests read (``bench_db``; tests/report_fixtures.py), and ``sigint_raises`
 that send SIGINT. Defined there, offered to every module here.
 
 At the end of the session, after the shared servers are stopped, any process the tests started
-that is still alive fails the run, named, and is stopped (tests/processes.py).
+that is still alive fails the run, named, and is stopped (tests/processes.py). Under
+pytest-xdist (scripts/test.sh runs two workers) each worker is such a session, with its own
+SLURM cluster and PostgreSQL (their own folders and ports), and tells the controller what it
+found.
 """
 
 from __future__ import annotations
@@ -40,22 +43,63 @@ def sigint_raises() -> Iterator[None]:
         signal.signal(signal.SIGINT, old)
 
 
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")  # a pytest-xdist worker process
+
+
+def _is_controller(config: pytest.Config) -> bool:
+    # pytest-xdist's controller runs no test: its workers do, each with its own token, servers
+    # and end-of-session check (the controller's processes include the workers themselves).
+    return not _is_worker(config) and bool(getattr(config.option, "numprocesses", None))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` a module whose tests share a module- or session-scoped fixture
+    of its own (a plan table, a sweep run once) keeps them on one worker, so the fixture is
+    built once; so do the report tests, which share the database of real runs (bench_db)."""
+    for item in items:
+        module = getattr(item, "module", None)
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        own = any(d[-1].scope in ("module", "session") and module is not None
+                  and getattr(d[-1].func, "__module__", None) == module.__name__
+                  for d in defs.values() if d)
+        if "bench_db" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("bench_db"))
+        elif own:
+            item.add_marker(pytest.mark.xdist_group(module.__name__))
+
+
+_FROM_WORKERS: list[str] = []
+
+
+def pytest_testnodedown(node, error) -> None:  # pytest-xdist's hook, in the controller
+    _FROM_WORKERS.extend(getattr(node, "workeroutput", {}).get("flm_survivors", []))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # The shared servers are stopped here rather than at interpreter exit, so that what they
     # leave behind (a job step of a forgotten job, say) is seen below.
     CLUSTER.stop()
     POSTGRES.stop()
-    left = survivors(_TOKEN[0]) if _TOKEN else []
-    if not left:
+    if _is_controller(session.config):
+        left_text = list(_FROM_WORKERS)
+    else:
+        left = survivors(_TOKEN[0]) if _TOKEN else []
+        end(left)
+        left_text = [str(s) for s in left]
+        if _is_worker(session.config):
+            # Told to the controller, which fails the run: a worker's exit status is not.
+            session.config.workeroutput["flm_survivors"] = left_text
+            return
+    if not left_text:
         return
-    end(left)
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     title = "processes the tests started, still running at the end (now stopped)"
     if reporter is not None:
         reporter.write_line("")  # after the progress line, which has no end of line yet
         reporter.write_sep("=", title, red=True)
-        for s in left:
+        for s in left_text:
             reporter.write_line(f"  {s}", red=True)
     else:
-        print(title, *left, sep="\n  ")
+        print(title, *left_text, sep="\n  ")
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
