@@ -53,7 +53,8 @@ lint-imports
 # The slowest tests are listed at the end: the suite must stay under 15 minutes on 2 cores.
 # Two pytest-xdist workers (FLM_TEST_WORKERS, 0 for one process): much of the end-to-end time
 # is waiting on SLURM, a daemon or a child, which the other worker fills. Each worker has its
-# own SLURM cluster and PostgreSQL; tests sharing a module's fixture stay together
-# (tests/conftest.py).
+# own SLURM cluster and PostgreSQL (tests/conftest.py). A module's tests stay on one worker
+# (loadfile), so a module-scoped fixture is built once: marking groups (loadgroup) is no
+# option while pytest-xdist 3.8 loses the marks under pytest 9.2 (pytest-xdist issue #1386).
 workers=${FLM_TEST_WORKERS:-2}
-exec python -m pytest -n "$workers" --dist loadgroup --durations=25 "$@"
+exec python -m pytest -n "$workers" --dist loadfile --durations=25 "$@"

@@ -8,7 +8,7 @@ At the end of the session, after the shared servers are stopped, any process the
 that is still alive fails the run, named, and is stopped (tests/processes.py). Under
 pytest-xdist (scripts/test.sh runs two workers) each worker is such a session, with its own
 SLURM cluster and PostgreSQL (their own folders and ports), and tells the controller what it
-found.
+found; ``--dist loadfile`` keeps a module's tests, and so its module fixtures, on one worker.
 """
 
 from __future__ import annotations
@@ -51,22 +51,6 @@ def _is_controller(config: pytest.Config) -> bool:
     # pytest-xdist's controller runs no test: its workers do, each with its own token, servers
     # and end-of-session check (the controller's processes include the workers themselves).
     return not _is_worker(config) and bool(getattr(config.option, "numprocesses", None))
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``--dist loadgroup`` a module whose tests share a module- or session-scoped fixture
-    of its own (a plan table, a sweep run once) keeps them on one worker, so the fixture is
-    built once; so do the report tests, which share the database of real runs (bench_db)."""
-    for item in items:
-        module = getattr(item, "module", None)
-        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-        own = any(d[-1].scope in ("module", "session") and module is not None
-                  and getattr(d[-1].func, "__module__", None) == module.__name__
-                  for d in defs.values() if d)
-        if "bench_db" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("bench_db"))
-        elif own:
-            item.add_marker(pytest.mark.xdist_group(module.__name__))
 
 
 _FROM_WORKERS: list[str] = []
