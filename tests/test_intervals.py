@@ -138,5 +138,7 @@ def test_a_system_is_fitted_only_where_knobs_were_fitted_to_its_rows():
     """LUMI-G has rows in the sharded table, but nothing is fitted to that table: its knobs
     are carried over (``transferred``); the first table's systems are ``fitted``."""
     assert intervals.system_class(load_system("lumi-g")) == "transferred"
+    # MaxText's A3 rows are in the sharded table: gcp-a3-high carries the DGX H100's knobs.
+    assert intervals.system_class(load_system("gcp-a3-high")) == "transferred"
     assert intervals.system_class(load_system("grand-teton-h100")) == "fitted"
     assert intervals.system_class(load_system("dgx-h100")) == "fitted"
