@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from frontier_llm.catalog import load_system
 from frontier_llm.planner.calibration import (
     CALIBRATION_FILES,
     error_summary,
@@ -149,6 +150,27 @@ def test_a_stated_network_replaces_the_catalog_link(sharded_runs):
     blog_a100, fms = sharded_runs.iloc[0], sharded_runs.iloc[8]
     assert row_system(blog_a100).link("network").bandwidth == pytest.approx(400e9 / 8 / 8)
     assert row_system(fms).link("network").bandwidth == 25e9
+
+
+def test_a_row_naming_gcp_a3_runs_on_a3_high_not_a_dgx(sharded_runs):
+    """MaxText's rows name Google Cloud's A3 VM: the same H100 SXM as a DGX H100, but one
+    VM's GPUDirect-TCPX network (1,000 Gb/s in all) instead of a 400 Gb/s HCA per GPU. The
+    rule reads the row's own gpu_type, ahead of the plain H100 rule; an H100 row that names
+    no A3 stays on the DGX."""
+    a3 = sharded_runs[sharded_runs["gpu_type"].str.contains("GCP A3")]
+    assert len(a3) == 5
+    systems = {row_system(r).name for _, r in a3.iterrows()}
+    assert systems == {"gcp-a3-high"}
+    a3_high, dgx = row_system(a3.iloc[0]), load_system("dgx-h100")
+    assert a3_high.link("network").bandwidth == pytest.approx(1000e9 / 8 / 8)
+    assert a3_high.link("network").bandwidth < dgx.link("network").bandwidth / 3
+    # Only the inter-node link differs from the DGX H100: the same chip, memory and NVLink.
+    assert (a3_high.peak_flops, a3_high.memory_bytes, a3_high.memory_bandwidth) == (
+        dgx.peak_flops, dgx.memory_bytes, dgx.memory_bandwidth)
+    node, dgx_node = a3_high.link("node"), dgx.link("node")
+    assert (node.bandwidth, node.latency) == (dgx_node.bandwidth, dgx_node.latency)
+    plain = pd.Series({"gpu_type": "H100 80GB SXM"})
+    assert row_system(plain).name == "dgx-h100"
 
 
 def _verdicts(table: pd.DataFrame) -> pd.Series:

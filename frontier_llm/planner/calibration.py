@@ -41,8 +41,12 @@ from frontier_llm.specs.system import SystemSpec
 # "interleaved pipeline with 3 stages per rank": the interleaving depth a row's notes state.
 _STAGES_PER_RANK = re.compile(r"(\d+)\s+(?:virtual\s+)?stages\s+per\s+rank", re.IGNORECASE)
 # First match wins: the 500 W, HBM2e H100 of Meta's Grand Teton hosts is a system of its own.
-GPU_SYSTEMS = {"hbm2e": "grand-teton-h100", "lumi": "lumi-g", "a100": "dgx-a100",
-               "h100": "dgx-h100", "mi250x": "frontier"}
+# A row's GPU text -> its catalog system; the first key found in the lowercased text wins, so a
+# machine that names its maker's GPU (an H100) must come before the GPU's default system.
+# "gcp a3": Google Cloud's A3 (MaxText's configs/a3, "h100-80gb-8"), the 2023 machine Google
+# now calls A3 High; A3 Mega, Ultra or Edge rows would need their own systems ahead of it.
+GPU_SYSTEMS = {"hbm2e": "grand-teton-h100", "gcp a3": "gcp-a3-high", "lumi": "lumi-g",
+               "a100": "dgx-a100", "h100": "dgx-h100", "mi250x": "frontier"}
 DATA = Path(__file__).with_name("data")
 CALIBRATION_FILES = (DATA / "calibration_runs.csv", DATA / "calibration_runs_sharded.csv")
 # What a row must state for its model to be built (an empty cell is never guessed).
