@@ -53,6 +53,22 @@ def _is_controller(config: pytest.Config) -> bool:
     return not _is_worker(config) and bool(getattr(config.option, "numprocesses", None))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules with end-to-end tests run first: on two workers a long module started last
+    leaves the other worker idle (``--dist loadfile`` hands out whole modules in this order).
+    The SLURM ones lead (most of their time is waiting on the cluster), then any module with a
+    slow test; a module's own order is kept, and the sort is the same on every worker."""
+    rank: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        on_slurm = ("slurm_cluster" in getattr(item, "fixturenames", ())
+                    or item.get_closest_marker("slurm"))
+        own = 0 if on_slurm else (
+            1 if item.get_closest_marker("slow") else 2)
+        rank[module] = min(rank.get(module, 2), own)
+    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])
+
+
 _FROM_WORKERS: list[str] = []
 
 
