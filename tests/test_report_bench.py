@@ -79,11 +79,27 @@ def _execute(name: str, tmp_path) -> list[str]:
     nb = nbformat.read(REPO / "notebooks" / f"{name}.ipynb", as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
-    texts = []
+    return _outputs(nb, pngs=True)
+
+
+def _outputs(nb, pngs: bool = False) -> list[str]:
+    """Each cell's outputs as text. A cell's consecutive printed (stream) outputs are one text:
+    how the kernel splits printed text into messages depends on timing (one run kept the
+    heading of the next model apart, another sent it with the lines before)."""
+    texts: list[str] = []
     for cell in nb.cells:
+        stream = None
         for o in cell.get("outputs", []):
+            if o.get("output_type") == "stream":
+                if stream is not None and o.get("name") == stream:
+                    texts[-1] += o.get("text", "")
+                else:
+                    texts.append(o.get("text", ""))
+                stream = o.get("name")
+                continue
+            stream = None
             texts.append(o.get("text") or o.get("data", {}).get("text/plain", ""))
-            if "image/png" in o.get("data", {}):
+            if pngs and "image/png" in o.get("data", {}):
                 texts.append("<png>")
     return texts
 
@@ -102,8 +118,7 @@ def test_scaling_notebook_runs_on_the_bench_database(bench_db, tmp_path, monkeyp
 
 
 def _texts(nb) -> list[str]:
-    return [o.get("text") or o.get("data", {}).get("text/plain", "")
-            for cell in nb.cells for o in cell.get("outputs", [])]
+    return _outputs(nb)
 
 
 def test_planner_tour_notebook(tmp_path, monkeypatch):
