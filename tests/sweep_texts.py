@@ -23,7 +23,8 @@ def local_sweep(name: str, layouts: list[str], extra: str = "") -> str:
             + "".join(f"  - {x}\n" for x in layouts))
 
 
-LOCAL_STUDY = """\
+# A study's header: 4 local CPU ranks of ``model``, two steps (with {name} and {model} to fill).
+STUDY_HEADER = """\
 name: {name}
 model: {model}
 system: cpu-local
@@ -35,6 +36,9 @@ dtype: fp32
 steps: 2
 warmup: 1
 global_batch: 8
+"""
+
+LOCAL_STUDY = STUDY_HEADER + """\
 command: ["true"]
 study:
   space:

@@ -18,6 +18,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 from sqlalchemy import select
+from sweep_texts import STUDY_HEADER
 
 from frontier_llm.store import open_store
 from frontier_llm.store.schema import flm_jobs, flm_sweeps
@@ -27,18 +28,7 @@ from frontier_llm.tune.spec import load_study
 
 REPO = Path(__file__).resolve().parents[1]
 
-STUDY = """\
-name: {name}
-model: {model}
-system: cpu-local
-template: local
-executor: local
-gpus: [4]
-gpus_per_node: 4
-dtype: fp32
-steps: 2
-warmup: 1
-global_batch: 8
+STUDY = STUDY_HEADER + """\
 command: [sh, -c, "{script}"]
 study:
   space:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from sweep_texts import STUDY_HEADER
 
 from frontier_llm.errors import SpecError
 from frontier_llm.tune.space import NO_FIT
@@ -18,18 +19,7 @@ from frontier_llm.tune.spec import load_study
 
 REPO = Path(__file__).resolve().parents[1]
 
-STUDY = """\
-name: t-study
-model: tiny-gpt
-system: cpu-local
-template: local
-executor: local
-gpus: [4]
-gpus_per_node: 4
-dtype: fp32
-steps: 2
-warmup: 1
-global_batch: 8
+STUDY = STUDY_HEADER.format(name="t-study", model="tiny-gpt") + """\
 command: ["true"]
 study:
   space:
