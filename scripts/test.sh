@@ -56,5 +56,8 @@ lint-imports
 # own SLURM cluster and PostgreSQL (tests/conftest.py). A module's tests stay on one worker
 # (loadfile), so a module-scoped fixture is built once: marking groups (loadgroup) is no
 # option while pytest-xdist 3.8 loses the marks under pytest 9.2 (pytest-xdist issue #1386).
+# DeepSpeed's CPU comm op is built once here, not by whichever test starts DeepSpeed first
+# (tests/ds_cache.py says why).
+python tests/ds_cache.py >/dev/null
 workers=${FLM_TEST_WORKERS:-2}
 exec python -m pytest -n "$workers" --dist loadfile --durations=25 "$@"

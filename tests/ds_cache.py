@@ -26,3 +26,18 @@ def extension_dir() -> str:
     path = os.environ.get("TORCH_EXTENSIONS_DIR") or str(default)
     Path(path).mkdir(parents=True, exist_ok=True)
     return path
+
+
+def build() -> None:
+    """Build (or load) DeepSpeed's CPU comm op into :func:`extension_dir` now, in one process.
+    Left to the first test that starts DeepSpeed, the build could be killed with that test's
+    run (a job SLURM cancels, a run a test interrupts): its lock file then stays, and every
+    later DeepSpeed run in the suite waits on it until its timeout (seen on two workers)."""
+    os.environ["TORCH_EXTENSIONS_DIR"] = extension_dir()
+    from deepspeed.comm.torch import build_shm_op
+
+    build_shm_op()
+
+
+if __name__ == "__main__":
+    build()
