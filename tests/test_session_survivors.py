@@ -27,7 +27,7 @@ def test_leaves_a_process():
 """
 
 
-@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["one-process", "xdist"])
+@pytest.mark.parametrize("workers", [["-n", "1"]], ids=["xdist"])
 def test_a_process_left_running_fails_the_run_and_is_stopped(tmp_path, workers):
     seconds = 900 + len(workers)  # a command line no other test starts
     (tmp_path / "test_leaves.py").write_text(LEAVES.format(seconds=seconds))
