@@ -5,7 +5,9 @@ job's process group, SLURM's daemons and the job steps they run, PostgreSQL), in
 session's environment and with it ``FLM_TEST_SESSION=<token>``; /proc/PID/environ keeps the
 environment a process started with, so the token finds them wherever they were re-parented.
 Zombies are left out: they run nothing (and where process 1 does not reap orphans, as in some
-containers, an orphan's zombie stays until the machine restarts).
+containers, an orphan's zombie stays until the machine restarts). So is this process's own
+multiprocessing helper (the resource tracker a spawn-context queue starts in the test process):
+it belongs to the interpreter, not to a test, and ends when this process closes its pipe.
 """
 
 from __future__ import annotations
@@ -61,8 +63,19 @@ def in_session(sid: int) -> list[int]:
     return out
 
 
+_OWN_HELPERS = (b"from multiprocessing.resource_tracker import main",
+                b"from multiprocessing.forkserver import main")
+
+
+def _own_helper(pid: str, cmdline: bytes) -> bool:
+    fields = stat_fields(pid)
+    return (fields is not None and int(fields[1]) == os.getpid()
+            and any(h in cmdline for h in _OWN_HELPERS))
+
+
 def survivors(token: str) -> list[Survivor]:
-    """Live processes other than this one that started with ``token`` in their environment."""
+    """Live processes other than this one (and its own multiprocessing helpers) that started
+    with ``token`` in their environment."""
     needle = f"{MARK}={token}".encode()
     me = str(os.getpid())
     found = []
@@ -74,6 +87,8 @@ def survivors(token: str) -> list[Survivor]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue  # ended while we looked, or not ours to read
+        if _own_helper(entry.name, cmdline):
+            continue
         if needle in environ.split(b"\0") and _state(entry.name) not in (None, "Z"):
             command = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
             found.append(Survivor(int(entry.name), command[:200]))

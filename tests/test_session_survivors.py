@@ -16,18 +16,23 @@ TESTS = Path(__file__).resolve().parent
 pytestmark = pytest.mark.slow
 
 LEAVES = """\
+import multiprocessing
 import os
 import subprocess
 
+# Starts this process's own resource tracker, which is not a test's leftover: it ends with us.
+QUEUE = multiprocessing.get_context("spawn").Queue()
+
 
 def test_leaves_a_process():
+    QUEUE.put(1)
     proc = subprocess.Popen(["sleep", "{seconds}"], start_new_session=True)
     with open(os.environ["PID_FILE"], "w") as fh:
         fh.write(str(proc.pid))
 """
 
 
-@pytest.mark.parametrize("workers", [["-n", "1"]], ids=["xdist"])
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["one-process", "xdist"])
 def test_a_process_left_running_fails_the_run_and_is_stopped(tmp_path, workers):
     seconds = 900 + len(workers)  # a command line no other test starts
     (tmp_path / "test_leaves.py").write_text(LEAVES.format(seconds=seconds))
@@ -41,6 +46,7 @@ def test_a_process_left_running_fails_the_run_and_is_stopped(tmp_path, workers):
     assert proc.returncode == 1, out
     assert "1 passed" in out and "still running at the end (now stopped)" in out, out
     assert f"sleep {seconds}" in out, out
+    assert "resource_tracker" not in out, out
     pid = int((tmp_path / "pid").read_text())
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and _alive(pid):
