@@ -351,3 +351,23 @@ def test_first_error_names_a_silent_rank_before_the_echo(tmp_path):
         f"rank 1 left no report (crashed or hung?); rank 0: {GLOO_READ}")
     cfg = _reports(tmp_path, {1: (GLOO_READ, 1.2)})  # rank 1's echo arrives: no silent rank
     assert _first_error(cfg, 3, None, wait_s=0)["error"] == f"rank 0: {GLOO_READ}"
+
+
+def test_the_launcher_finds_no_gpu_without_importing_torch(tmp_path):
+    """Where no GPU device file exists the default system is cpu-local and torch stays
+    unimported: ``flm bench``'s launcher paid seconds of CPU per run to learn it. A fresh
+    interpreter, since this one imported torch above; the device files are named, so the test
+    means the same on a machine with a GPU."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from frontier_llm.bench.config import default_system; "
+            f"print(default_system(({str(tmp_path / 'nvidiactl')!r},)), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out == ["cpu-local", "False"]
+    # With a device file present it asks torch (whatever GPU torch then finds or not).
+    (tmp_path / "nvidiactl").write_text("")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out[1] == "True"

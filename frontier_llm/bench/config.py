@@ -128,7 +128,17 @@ def build_config(args: Any) -> BenchConfig:
     return cfg
 
 
-def default_system() -> str:
+# Device files a GPU runtime opens (NVIDIA's driver; ROCm's kernel driver; CUDA under WSL):
+# where none exists no GPU is visible, and the launcher need not import torch to learn it.
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
+def default_system(device_files: tuple[str, ...] = GPU_DEVICE_FILES) -> str:
+    """The catalog system of this machine's GPU, ``cpu-local`` without one. On a machine with
+    no GPU device file it answers without importing torch: the launcher of ``flm bench`` would
+    otherwise spend seconds of CPU on it per run, beside ranks that import it anyway."""
+    if not any(os.path.exists(f) for f in device_files):
+        return "cpu-local"
     import torch
 
     if not torch.cuda.is_available():

@@ -57,7 +57,8 @@ def emit_frame(df: pd.DataFrame, fmt: str, out=None) -> None:
     if fmt == "csv":
         df.to_csv(out, index=False)
     elif fmt == "json":
-        out.write(df.to_json(orient="records", indent=1) + "\n")
+        # Dates as ISO 8601 text, as the CSV and table forms print them (not epoch milliseconds).
+        out.write(df.to_json(orient="records", indent=1, date_format="iso") + "\n")
     else:
         if df.empty:
             out.write("(no rows)\n")
