@@ -43,6 +43,26 @@ GRIDS = {
 
 FIELDS = ("layer_overhead_s", "matmul_half_hidden")  # SystemSpec fields, not efficiencies
 
+# The highest matmul efficiency a GPU reaches at any shape: its maximum achievable matmul FLOP/s
+# (MAMF, BF16, best of a brute-force shape search) over its dense peak, from S. Bekman's table
+# (stas00/ml-engineering@744d01e1, compute/accelerator/README.md, "Maximum Achievable Matmul
+# FLOPS comparison table"): A100 SXM 271.2 of 312 TFLOP/s, H100 SXM 794.5 of 989 ("H200 is the
+# same"). A fitted ``matmul`` above it is unphysical: the fit then stands in for something
+# else the rows do (a GPU whose name matches none has no ceiling but the grid's).
+MAMF = {"A100-SXM": 271.2 / 312, "H100": 794.5 / 989, "H200": 794.5 / 989}
+
+
+def matmul_ceiling(system) -> float:
+    """The matmul efficiency ``system``'s GPU reaches at best (:data:`MAMF`), else 1."""
+    return next((v for k, v in MAMF.items() if k in system.gpu), 1.0)
+
+
+def grid(knob: str, system) -> np.ndarray:
+    """The values searched for ``knob`` on ``system``: matmul not above its GPU's ceiling."""
+    if knob == "matmul":
+        return GRIDS[knob][GRIDS[knob] <= matmul_ceiling(system) + 1e-9]
+    return GRIDS[knob]
+
 
 def with_eff(system, values):
     eff = dict(system.efficiency)
@@ -114,7 +134,7 @@ def fit(runs, base, knobs, values, rounds, log=False) -> dict:
     best = score(values)
     for rnd in range(rounds):
         for k in knobs:
-            for v in GRIDS[k]:
+            for v in grid(k, base):
                 trial = {**values, k: v}
                 s = score(trial)
                 if s < best - 1e-6:

@@ -98,16 +98,42 @@ def test_add_intervals_gives_the_margin_and_the_basis():
 
 @pytest.mark.xfail(strict=True, reason=(
     "not met: leave-one-source-out step-time error (mean |predicted/measured - 1|) is 4.5 % "
-    "for deepspeed+sharded but 10.8 % for megatron (the H100 README rows on the A100's "
-    "knobs), 14.7 % for native+sharded (the PyTorch blog's H100 rows predicted 26-47 % fast, "
-    "MaxText's multi-node rows on Google Cloud A3 High 16-25 %) and 24 % for deepspeed "
-    "(LUMI-G on knobs anchored on Frontier); docs/costmodel.md 'Leave-one-source-out'"))
+    "for deepspeed+sharded and 9.6 % for megatron but 14.7 % for native+sharded (the PyTorch "
+    "blog's H100 rows predicted 26-47 % fast, MaxText's multi-node rows on Google Cloud A3 High "
+    "16-25 %) and 24 % for deepspeed (LUMI-G on knobs anchored on Frontier); "
+    "docs/costmodel.md 'Leave-one-source-out'"))
 def test_loso_step_time_error_per_family_at_most_ten_percent():
     res = intervals.usable(intervals.load_residuals())
+    over = {}
     for fam, rows in res.groupby("family"):
-        if len(rows) >= 3:
-            err = np.abs(np.exp(rows["loso_log_residual"]) - 1)
-            assert err.mean() <= 0.10, fam
+        err = np.abs(np.exp(rows["loso_log_residual"]) - 1).mean()
+        if len(rows) >= 3 and err > 0.10:
+            over[fam] = round(float(err), 3)
+    assert not over, over
+
+
+def test_no_refit_puts_matmul_above_the_gpus_best_gemm():
+    """Without Korthikanti et al.'s rows, dgx-a100 is refitted on Narayanan et al.'s three
+    ZeRO-3 rows (one model shape), which push ``matmul`` to the top of the search; it stops at
+    the A100's maximum achievable matmul efficiency (86.9 %, analysis/fit_efficiency.MAMF), not
+    at the grid's 0.90 that no A100 GEMM reaches. The stored residuals of Korthikanti's rows are
+    those of that refit; every family keeps its mean error where docs/costmodel.md has it."""
+    sys.path.insert(0, str(ANALYSIS))
+    try:
+        import fit_efficiency
+        import loso_residuals
+    finally:
+        sys.path.remove(str(ANALYSIS))
+    runs = load_calibration()
+    systems, how = loso_residuals.systems_without(runs, "Korthikanti2022")
+    a100 = systems["dgx-a100"]
+    assert how == "dgx-a100 refitted on 3 rows"
+    assert 0.85 <= a100.eff("matmul") <= fit_efficiency.matmul_ceiling(a100) < 0.87
+    stored = intervals.load_residuals()
+    stored = stored[stored["source"] == "Korthikanti2022"]["loso_log_residual"].to_numpy()
+    now = [r["loso_log_residual"] for r in loso_residuals.residual_rows(runs, "Korthikanti2022")]
+    assert now == pytest.approx(list(stored), abs=1e-4)
+    assert np.abs(np.exp(stored) - 1).mean() < 0.17
 
 
 def test_stored_residuals_match_the_cost_model():
