@@ -87,9 +87,8 @@ def survivors(token: str) -> list[Survivor]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue  # ended while we looked, or not ours to read
-        if _own_helper(entry.name, cmdline):
-            continue
-        if needle in environ.split(b"\0") and _state(entry.name) not in (None, "Z"):
+        if (needle in environ.split(b"\0") and _state(entry.name) not in (None, "Z")
+                and not _own_helper(entry.name, cmdline)):
             command = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
             found.append(Survivor(int(entry.name), command[:200]))
     return sorted(found, key=lambda s: s.pid)

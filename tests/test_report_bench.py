@@ -117,15 +117,11 @@ def test_scaling_notebook_runs_on_the_bench_database(bench_db, tmp_path, monkeyp
     assert out.count("<png>") == 3  # weak, strong, predicted against measured
 
 
-def _texts(nb) -> list[str]:
-    return _outputs(nb)
-
-
 def test_planner_tour_notebook(tmp_path, monkeypatch):
     """Executed here; it ships with its outputs (a reader on the web sees them), and those must
     be what it prints today."""
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    shipped = _texts(nbformat.read(REPO / "notebooks" / "planner_tour.ipynb", as_version=4))
+    shipped = _outputs(nbformat.read(REPO / "notebooks" / "planner_tour.ipynb", as_version=4))
     outputs = _execute("planner_tour", tmp_path)
     printed = [t for t in outputs if t != "<png>"]
     assert printed == shipped, (

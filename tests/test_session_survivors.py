@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import stat_fields
 
 TESTS = Path(__file__).resolve().parent
 pytestmark = pytest.mark.slow
@@ -55,8 +56,5 @@ def test_a_process_left_running_fails_the_run_and_is_stopped(tmp_path, workers):
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
