@@ -18,12 +18,19 @@ import pandas as pd
 import pytest
 
 from frontier_llm.catalog import load_system
+from frontier_llm.costmodel.flops import narayanan_eq3
 from frontier_llm.planner.calibration import (
     CALIBRATION_FILES,
     error_summary,
     load_runs,
+    predict_row,
+    recompute_counted,
+    replayed_share,
+    row_batches,
     row_engine,
+    row_model,
     row_shardings,
+    row_space,
     row_system,
     validate_runs,
 )
@@ -154,15 +161,19 @@ def test_a_stated_network_replaces_the_catalog_link(sharded_runs):
 
 def test_a_row_naming_gcp_a3_runs_on_a3_high_not_a_dgx(sharded_runs):
     """MaxText's rows name Google Cloud's A3 VM: the same H100 SXM as a DGX H100, but one
-    VM's GPUDirect-TCPX network (1,000 Gb/s in all) instead of a 400 Gb/s HCA per GPU. The
-    rule reads the row's own gpu_type, ahead of the plain H100 rule; an H100 row that names
-    no A3 stays on the DGX."""
+    VM's GPUDirect-TCPX network (1,000 Gb/s in all, of which NCCL measured 50 GB/s of bus
+    bandwidth across VMs) instead of a 400 Gb/s HCA per GPU. The rule reads the row's own
+    gpu_type, ahead of the plain H100 rule; an H100 row that names no A3 stays on the DGX."""
     a3 = sharded_runs[sharded_runs["gpu_type"].str.contains("GCP A3")]
     assert len(a3) == 5
     systems = {row_system(r).name for _, r in a3.iterrows()}
     assert systems == {"gcp-a3-high"}
     a3_high, dgx = row_system(a3.iloc[0]), load_system("dgx-h100")
-    assert a3_high.link("network").bandwidth == pytest.approx(1000e9 / 8 / 8)
+    # The measured cross-VM collective rate: nccl-tests' 50 GB/s busbw a VM, per GPU, after
+    # the collective efficiency the model applies to every link.
+    net = a3_high.link("network").bandwidth
+    assert net * a3_high.eff("collective") * 8 == pytest.approx(50e9)
+    assert net < 1000e9 / 8 / 8
     assert a3_high.link("network").bandwidth < dgx.link("network").bandwidth / 3
     # Only the inter-node link differs from the DGX H100: the same chip, memory and NVLink.
     assert (a3_high.peak_flops, a3_high.memory_bytes, a3_high.memory_bandwidth) == (
@@ -205,3 +216,63 @@ def test_low_medium_rows_are_never_predicted_to_exceed_memory(sharded_runs, shar
     conf = sharded_runs["confidence"].map(_first_word)
     ok = sharded_table["predicted"].notna() & (conf == "low-medium")
     assert set(_verdicts(sharded_table[ok])) <= {"fits", "tight"}
+
+
+def _lumi(sharded_runs) -> pd.DataFrame:
+    return sharded_runs[sharded_runs["source"].str.startswith("henkdr/Megatron-Deepspeed-LUMI")]
+
+
+def test_a_source_whose_flops_count_recompute_says_whether_it_ran(sharded_runs):
+    """Megatron-DeepSpeed counts eq. 3 x 4/3 when --checkpoint-activations is on: every LUMI-G
+    row's TFLOP/s over its token rate is 4/3 of eq. 3, so each is predicted with full
+    recompute; the same row with the figure eq. 3 gives without recompute is predicted without;
+    a source that does not count that way (xtuner: "not stated") is left to the search."""
+    lumi = _lumi(sharded_runs)
+    assert len(lumi) == 4
+    for _, row in lumi.iterrows():
+        assert recompute_counted(row) is True
+        assert row_space(row).recompute == ("full",)
+        plain = row.copy()
+        model = row_model(row)
+        plain["tflops_per_gpu"] = (row["tokens_per_s_per_gpu"] * narayanan_eq3(model, 1)
+                                   / model.seq_len / 1e12)
+        assert recompute_counted(plain) is False
+        assert row_space(plain).recompute == ("none",)
+    xtuner = sharded_runs[sharded_runs["source"].str.startswith("xtuner")]
+    assert len(xtuner) and all(recompute_counted(r) is None for _, r in xtuner.iterrows())
+
+
+def test_megatron_style_rows_without_a_batch_take_gpt3s(sharded_runs):
+    """Megatron-DeepSpeed's scripts accumulate to GPT-3's batch (Brown et al. 2020, Table 2.1:
+    2M tokens for 6.7B-13B = 1,024 sequences of 2,048); FSDP and DeepSpeed-under-xtuner rows
+    without a batch step once per micro-batch per rank."""
+    for _, row in _lumi(sharded_runs).iterrows():
+        assert row_batches(row) == (1024,)
+    fsdp_h100 = sharded_runs.iloc[1]  # PyTorch blog 7B on 96 H100, 2 per GPU, batch unstated
+    assert row_engine(fsdp_h100) == "native" and row_batches(fsdp_h100) == (192,)
+    xtuner = sharded_runs[sharded_runs["source"].str.startswith("xtuner")].iloc[0]
+    assert row_batches(xtuner) == tuple(m * int(xtuner["num_gpus"]) for m in (1, 2, 4, 8))
+
+
+def test_block_level_checkpointing_replays_the_share_hfu_over_mfu_gives(sharded_runs):
+    """The PyTorch blog's 13B rows checkpoint "every n-th block", n unstated; their MFU and
+    HFU (0.51 and 0.59 on A100) say 3(0.59/0.51 - 1) = 47 % of the blocks replay. The
+    prediction lies between the same layout without and with full recompute, at that share
+    of the way in step time; rows that state none or full recompute are not blended."""
+    row = sharded_runs.iloc[2]
+    assert "block-level" in row["act_recompute"]
+    share = replayed_share(row)
+    assert share == pytest.approx(3 * (0.59 / 0.51 - 1))
+    blended = predict_row(row)
+    ends = []
+    for rc in ("none", "full"):
+        pinned = row.copy()
+        pinned["act_recompute"] = rc
+        ends.append(predict_row(pinned))
+    fast, slow = (e["predicted"] for e in ends)  # tokens/s per GPU
+    assert slow < blended["predicted"] < fast
+    step = (1 - share) / fast + share / slow
+    assert 1 / blended["predicted"] == pytest.approx(step, rel=1e-6)
+    assert "47% of blocks" in blended["layout"]
+    assert replayed_share(sharded_runs.iloc[0]) is None  # states 'none'
+    assert replayed_share(sharded_runs.iloc[4]) is None  # states 'full'

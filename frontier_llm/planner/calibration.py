@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from frontier_llm.catalog import load_system
+from frontier_llm.costmodel.flops import narayanan_eq3
 from frontier_llm.errors import UserError
 from frontier_llm.planner.intervals import family
 from frontier_llm.planner.plan import plan
@@ -57,6 +58,15 @@ _NETWORK = re.compile(r"(\d+(?:\.\d+)?)\s*Gbps\s+inter-node", re.IGNORECASE)
 _SHARD_GROUP = re.compile(r"(\d+)(?:-GPU)?\s+(?:node|within)", re.IGNORECASE)
 # Per-GPU micro-batches tried when a row states neither its micro-batch nor its global batch.
 UNSTATED_MICRO_BATCHES = (1, 2, 4, 8)
+# GPT-3's batch by model size (Brown et al. 2020, arXiv 2005.14165, Table 2.1: 0.5M tokens up to
+# 760M parameters, 1M up to 2.7B, 2M up to 13B, 3.2M for 175B), as sequences of its 2,048
+# tokens: (largest parameter count, sequences). Megatron-DeepSpeed's GPT example scripts set
+# exactly these global batches (examples_deepspeed/rebase/ds_pretrain_gpt_*.sh, and
+# henkdr/Megatron-Deepspeed-LUMI@6d530461 lumi_ds_pretrain_gpt_13b.sh: 256 ... 1536).
+GPT3_BATCH = ((0.76e9, 256), (2.7e9, 512), (13.0e9, 1024), (math.inf, 1536))
+GPT3_SEQ_LEN = 2048
+# "MFU 0.51, HFU 0.59" in a row's notes: the source's model and hardware FLOP utilisation.
+_MFU_HFU = re.compile(r"MFU\s+(\d*\.?\d+),\s*HFU\s+(\d*\.?\d+)")
 _KV_HEADS = re.compile(r"kv_heads\s+(\d+)", re.IGNORECASE)
 _FFN = re.compile(r"\bffn\s+(\d+)", re.IGNORECASE)
 _ZERO = re.compile(r"^\s*(\d)")
@@ -196,6 +206,45 @@ def with_stated_network(system: SystemSpec, gpu_type: str) -> SystemSpec:
     return dataclasses.replace(system, links={**system.links, "network": net})
 
 
+def recompute_counted(row: pd.Series) -> bool | None:
+    """Whether the row's own TFLOP/s figure counts a recomputed forward, where its source counts
+    one only when recompute ran (``flops_kind``: "... incl. recompute if enabled") and the row
+    also gives its token rate; None otherwise.
+
+    Megatron-DeepSpeed's ``throughput_calculator`` (megatron/utils.py; henkdr/Megatron-
+    Deepspeed-LUMI@6d530461 lines 285-293) multiplies Narayanan et al.'s eq. 3 by 4 instead of
+    3 when ``--checkpoint-activations`` (or a recompute granularity) is set, so the figure over
+    the token rate times eq. 3's FLOPs per token is 4/3 with recompute and 1 without: the row
+    states its recompute in its own numbers even where the column is empty."""
+    if not ("recompute if enabled" in _text(row, "flops_kind")
+            and _given(row.get("tflops_per_gpu")) and _given(row.get("tokens_per_s_per_gpu"))):
+        return None
+    model = row_model(row)
+    per_token = narayanan_eq3(model, 1) / model.seq_len
+    counted = float(row["tflops_per_gpu"]) * 1e12 / (float(row["tokens_per_s_per_gpu"])
+                                                     * per_token)
+    return counted > (1 + 4 / 3) / 2
+
+
+def replayed_share(row: pd.Series) -> float | None:
+    """The share of blocks a row's block-level checkpointing replays, where it leaves the share
+    unstated (FSDP's "checkpoint every n-th block", n not given) but its notes give the
+    source's MFU and HFU; None otherwise.
+
+    HFU counts the replayed forwards and MFU does not (the PyTorch FSDP blog counts both with
+    PyTorch's FLOP counter): a step is three forwards' worth of FLOPs, and replaying a share
+    ``f`` of the blocks adds ``f`` of a forward, so HFU / MFU = (3 + f) / 3 and
+    f = 3·(HFU / MFU − 1), clipped to [0, 1] (the head, never replayed, makes it a slight
+    underestimate)."""
+    if "block-level" not in _text(row, "act_recompute"):
+        return None
+    stated = _MFU_HFU.search(str(row.get("notes") or ""))
+    if not stated:
+        return None
+    mfu, hfu = float(stated.group(1)), float(stated.group(2))
+    return min(1.0, max(0.0, 3 * (hfu / mfu - 1)))
+
+
 def row_space(row: pd.Series, gpus_per_node: int = 8) -> SearchSpace:
     """Pin what the row states; leave the rest to the search."""
     def pinned(col):
@@ -237,6 +286,10 @@ def row_space(row: pd.Series, gpus_per_node: int = 8) -> SearchSpace:
             kw["flash_attention"] = (False,)
         if "sequence parallel" in recompute:
             kw["sequence_parallel"] = (True,)
+    elif recompute_counted(row) is not None:
+        # Megatron-DeepSpeed's --checkpoint-activations (the flag its factor 4 counts)
+        # checkpoints whole transformer layers: full recompute.
+        kw["recompute"] = ("full",) if recompute_counted(row) else ("none",)
     if "fp16" in _text(row, "engine"):
         # The engine column names the training precision where it is not bf16.
         kw["dtype"] = "fp16"
@@ -269,14 +322,24 @@ def row_space(row: pd.Series, gpus_per_node: int = 8) -> SearchSpace:
 
 
 def row_batches(row: pd.Series) -> tuple[int, ...]:
-    """Global batches to try: the one stated; else one micro-batch per DP rank per step (the
-    stated micro-batch, or each of :data:`UNSTATED_MICRO_BATCHES`): FSDP and MaxText step the
-    optimizer once per batch unless told to accumulate, and none of these rows says it did."""
+    """Global batches to try: the one stated; for Megatron-style trainers (Megatron-LM,
+    Megatron-DeepSpeed), whose launch scripts always set ``--global-batch-size`` and accumulate
+    micro-batches up to it, GPT-3's batch for the model's size (:data:`GPT3_BATCH`, as many
+    tokens at the row's sequence length, a multiple of DP); else one micro-batch per DP rank
+    per step (the stated micro-batch, or each of :data:`UNSTATED_MICRO_BATCHES`): FSDP and
+    MaxText step the optimizer once per batch unless told to accumulate, and none of these rows
+    says it did."""
     if _given(row.get("global_batch")):
         return (int(row["global_batch"]),)
     gpus = int(row["num_gpus"])
     dp = (int(row["dp"]) if _given(row.get("dp"))
           else gpus // (int(row.get("tp") or 1) * int(row.get("pp") or 1)))
+    if row_engine(row) == str(Engine.MEGATRON) or "megatron" in _text(row, "engine"):
+        params = (float(row["params_b"]) * 1e9 if _given(row.get("params_b"))
+                  else row_model(row).num_params)
+        sequences = next(n for limit, n in GPT3_BATCH if params <= limit)
+        sequences = sequences * GPT3_SEQ_LEN / int(row["seq_len"])
+        return (max(dp, round(sequences / dp) * dp),)
     micro = ((int(row["micro_batch"]),) if _given(row.get("micro_batch"))
              else UNSTATED_MICRO_BATCHES)
     return tuple(m * dp for m in micro)
@@ -287,13 +350,16 @@ def unstated_architecture(row: pd.Series) -> list[str]:
     return [c for c in ARCHITECTURE if not _given(row.get(c))]
 
 
-def _best(row: pd.Series, model: ModelSpec, system: SystemSpec):
+def _best(row: pd.Series, model: ModelSpec, system: SystemSpec, recompute: str | None = None):
     """(plan, index) of the fastest layout over the row's batches, those predicted to fit
-    first; None when no layout has the row's DP degree."""
+    first (with ``recompute`` pinned, if given); None when no layout has the row's DP
+    degree."""
     found = []
+    space = row_space(row, system.gpus_per_node)
+    if recompute is not None:
+        space = dataclasses.replace(space, recompute=(recompute,))
     for batch in row_batches(row):
-        result = plan(model, system, int(row["num_gpus"]), batch,
-                      row_space(row, system.gpus_per_node))
+        result = plan(model, system, int(row["num_gpus"]), batch, space)
         # A published run ran: when none of its layouts is predicted to fit, the fastest is
         # predicted anyway (after those that fit) and the table says it was predicted not to fit.
         order = result.ranked_indices(fits_only=False)
@@ -307,6 +373,31 @@ def _best(row: pd.Series, model: ModelSpec, system: SystemSpec):
         return None
     best = min(found)
     return best[3], best[4]
+
+
+def _blend(row: pd.Series, model: ModelSpec, system: SystemSpec, share: float):
+    """Figures of a run that replays ``share`` of its blocks: each block costs what it costs
+    without recompute or with full recompute, so the step time is the share-weighted mean of
+    the two layouts' (and their activation memory, held per block, likewise); rates follow
+    the step time. ((figures, (plan, index) of the no-recompute layout), or None when either
+    layout has no prediction.)"""
+    none, full = (_best(row, model, system, r) for r in ("none", "full"))
+    if none is None or full is None:
+        return None
+    a = {k: float(v[none[1]]) for k, v in none[0].figures.items()}
+    b = {k: float(v[full[1]]) for k, v in full[0].figures.items()}
+    step = (1 - share) * a["step_time_s"] + share * b["step_time_s"]
+    slower = step / a["step_time_s"]
+    fig = {**a, "step_time_s": step, "fits": bool(a["fits"] or b["fits"]),
+           "peak_memory_bytes": (1 - share) * a["peak_memory_bytes"]
+           + share * b["peak_memory_bytes"]}
+    for rate in ("tokens_per_s", "mfu", "model_tflops_per_gpu"):
+        fig[rate] = a[rate] / slower
+    # Hardware FLOPs: each layout's per step, weighted the same way, over the blended step.
+    for hw in ("hfu", "hardware_tflops_per_gpu"):
+        fig[hw] = ((1 - share) * a[hw] * a["step_time_s"]
+                   + share * b[hw] * b["step_time_s"]) / step
+    return fig, none
 
 
 def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) -> dict:
@@ -323,6 +414,10 @@ def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) ->
                 "layout": "no layout fits", "engine": row_engine(row)}
     result, best = found
     fig = {k: float(v[best]) for k, v in result.figures.items()}
+    share = replayed_share(row)
+    blended = _blend(row, model, system, share) if share is not None else None
+    if blended is not None:
+        fig, (result, best) = blended
     counted = None  # which FLOPs a TFLOP/s figure counts
     # Tokens per second is what a run measures; a TFLOP/s figure depends on the source's FLOP
     # count, so it is compared only where no token rate is given.
@@ -352,7 +447,8 @@ def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) ->
         "error": (predicted - measured) / measured, "flops_counted": counted,
         "engine": str(cfg.engine),
         "family": family(str(cfg.engine), cfg.sharding.describe()),
-        "layout": label(cfg),
+        "layout": label(cfg) + (f" + full recompute of {share:.0%} of blocks" if blended
+                                else ""),
         "peak_memory_gb": fig["peak_memory_bytes"] / 1e9,
         "capacity_gb": system.memory_bytes / 1e9,
         "mfu_predicted": fig["mfu"], "fits": bool(fig["fits"]),
