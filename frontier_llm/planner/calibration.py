@@ -87,6 +87,14 @@ def row_engine(row: pd.Series) -> str:
     return "megatron"
 
 
+def row_eager(row: pd.Series) -> bool:
+    """Whether the row says its run was un-compiled PyTorch ("no torch.compile", "eager" in its
+    engine column or notes): its element-wise ops ran one kernel each
+    (costmodel/steptime.py, EAGER_BYTES_PER_TOKEN). A row that says nothing is priced fused."""
+    text = _text(row, "engine", "notes")
+    return "no torch.compile" in text or "eager" in text
+
+
 def row_zero_stage(row: pd.Series) -> int | None:
     """The ZeRO stage a row states: a leading digit, or 3 for FSDP's full sharding."""
     if not _given(row.get("zero_stage")):
@@ -293,7 +301,7 @@ def _best(row: pd.Series, model: ModelSpec, system: SystemSpec):
     found = []
     for batch in row_batches(row):
         result = plan(model, system, int(row["num_gpus"]), batch,
-                      row_space(row, system.gpus_per_node))
+                      row_space(row, system.gpus_per_node), eager=row_eager(row))
         # A published run ran: when none of its layouts is predicted to fit, the fastest is
         # predicted anyway (after those that fit) and the table says it was predicted not to fit.
         order = result.ranked_indices(fits_only=False)
