@@ -27,11 +27,13 @@ TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_c
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "loss", "buffers", "reserved")
 
 
-def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable) -> dict[str, np.ndarray]:
+def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
+             eager: bool = False) -> dict[str, np.ndarray]:
     """Every figure of the model for every layout in ``table`` (numpy columns). Each layout's
     engine (its ``engine`` column) decides how its work is scheduled and what it keeps
-    (specs/engine_rules.py)."""
-    times = step_time(model, system, table)
+    (specs/engine_rules.py). ``eager``: un-compiled PyTorch element-wise kernels
+    (:func:`~frontier_llm.costmodel.steptime.block_times`)."""
+    times = step_time(model, system, table, eager)
     mem = peak_memory(model, system, table)
     tokens = table.global_batch * model.seq_len
     gpus = table.world_size

@@ -106,14 +106,30 @@ class StageTimes:
     bubble: np.ndarray
 
 
+# Element-wise traffic of one eager (un-compiled) PyTorch Llama block, forward + backward, in
+# bytes per token with 16-bit activations: ``a·h + b·kv + c·f`` (h hidden, kv the K/V width, f
+# the MLP width). Measured on CPU by analysis/eager_bytes.py, which sums the input and output
+# bytes of every non-matmul, non-attention aten op of a bf16 block written as torchtitan's and
+# Meta's reference llama/model.py write it: RMSNorm as ``x.float()``, ``pow(2).mean``,
+# ``rsqrt``, ``mul``, ``type_as``, ``* weight`` (each a kernel, through fp32); RoPE through
+# ``view_as_complex`` in fp32; ``repeat_kv`` copies; SwiGLU as ``silu(w1 x) * w3 x``; the
+# residual adds; and autograd's backward of each. Fit over the Llama 2 7B/13B/34B/70B and Llama
+# 3 8B shapes, residuals under 0.5 %; 4x what the fused count below charges (3 x
+# (20·h + 6·f)). A compiled or TransformerEngine/XLA run fuses these chains (the fused count).
+EAGER_BYTES_PER_TOKEN = (359.0, 27.0, 29.0)
+
+
 def _rates(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> _Rates:
     flops = (dtype_peaks(system)[t.dtype] * system.eff("matmul")
              * model.hidden / (model.hidden + system.matmul_half_hidden))
     return _Rates(flops, system.memory_bandwidth * system.eff("memory"), ACT_BYTES[t.dtype])
 
 
-def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates) -> BlockTimes:
-    """One block's compute, element-wise, recompute and TP communication time."""
+def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
+                eager: bool = False) -> BlockTimes:
+    """One block's compute, element-wise, recompute and TP communication time. ``eager``: the
+    run executes PyTorch's ops one kernel each (no torch.compile), so its element-wise work is
+    :data:`EAGER_BYTES_PER_TOKEN`, not the fused count."""
     s, h, f = model.seq_len, model.hidden, model.ffn_hidden
     tp, e = t.tp, r.act_bytes
     # The rank's tokens: seq_len/cp of each sequence (context parallelism). Attention work per
@@ -140,6 +156,13 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates)
     # Without a fused attention kernel, scale + mask + softmax (+ dropout) stream the scores.
     score_bytes = heads * s * tokens * e * (2 + (2.5 if drop else 0))
     f_elem = (whole_bytes + split_bytes) / r.memory
+    if eager:
+        # Measured eager traffic (forward + backward; the block's compute is 3x the forward, so
+        # a third of it is charged here): norms and residuals over b·s·h (b·s·h/t with sequence
+        # parallelism), the K/V and MLP parts split over TP; scaled from 16-bit by the dtype.
+        a, b, c = EAGER_BYTES_PER_TOKEN
+        eager_bytes = tokens * (a * h * rep + (b * model.kv_dim + c * f) / tp) * e / 2
+        f_elem = eager_bytes / 3 / r.memory
     f_softmax = np.where(t.flash_attention, 0.0, score_bytes / r.memory)
     f_fixed = system.layer_overhead_s
     fwd = f_dense + f_attn + f_elem + f_softmax + f_fixed
@@ -355,11 +378,13 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     return {"dp_comm": dp_exposed + fsdp_exposed, "optimizer": optimizer}
 
 
-def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict[str, np.ndarray]:
+def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable,
+              eager: bool = False) -> dict[str, np.ndarray]:
     """Seconds per iteration and its parts (seconds, summed over the iteration, on the slowest
-    pipeline stage), for every layout of ``t``: per block, per stage, data parallel."""
+    pipeline stage), for every layout of ``t``: per block, per stage, data parallel. ``eager``:
+    the run is un-compiled PyTorch (:func:`block_times`)."""
     r = _rates(model, system, t)
-    blk = block_times(model, system, t, r)
+    blk = block_times(model, system, t, r, eager)
     stage = stage_times(model, system, t, r, blk)
     dp = data_parallel_times(model, system, t, r, blk, stage)
     m = t.num_microbatches

@@ -97,6 +97,32 @@ def row_engine(row: pd.Series) -> str:
     return "megatron"
 
 
+# Model code that runs each PyTorch op as its own kernel unless compiled: PyTorch FSDP's and
+# TorchTitan's Llama, Hugging Face models (under Accelerate, or xtuner's DeepSpeed).
+_EAGER_CODE = ("fsdp", "torchtitan", "hugging face", "hf accelerate", "xtuner")
+# Model code with fused element-wise kernels: Megatron's (apex/TransformerEngine, also under
+# Megatron-DeepSpeed) and XLA's (MaxText).
+_FUSED_CODE = ("megatron", "xla", "maxtext")
+
+
+def row_eager(row: pd.Series) -> bool:
+    """Whether the row's run executed its element-wise ops one kernel each
+    (costmodel/steptime.py, EAGER_BYTES_PER_TOKEN) rather than fused.
+
+    PyTorch runs a module eagerly unless it is compiled (``torch.compile`` is opt-in), so a run
+    whose model is plain PyTorch code (:data:`_EAGER_CODE`) is eager unless its row names
+    compilation; Megatron's and XLA's models (:data:`_FUSED_CODE`) fuse. Of the trainers here,
+    fms-fsdp's README runs left ``use_torch_compile`` at its default, False
+    (foundation-model-stack/fms-fsdp@0d319983 fms_fsdp/config/training.py; docs/configurations.md:
+    "recommended to NOT use compile at this stage"), and TorchTitan's table row says "eager"."""
+    text = _text(row, "engine") or _text(row, "source", "notes")
+    if any(word in text for word in _FUSED_CODE):
+        return False
+    if "compile" in text.replace("no torch.compile", ""):
+        return False
+    return any(word in text for word in _EAGER_CODE)
+
+
 def row_zero_stage(row: pd.Series) -> int | None:
     """The ZeRO stage a row states: a leading digit, or 3 for FSDP's full sharding."""
     if not _given(row.get("zero_stage")):
@@ -359,7 +385,7 @@ def _best(row: pd.Series, model: ModelSpec, system: SystemSpec, recompute: str |
     if recompute is not None:
         space = dataclasses.replace(space, recompute=(recompute,))
     for batch in row_batches(row):
-        result = plan(model, system, int(row["num_gpus"]), batch, space)
+        result = plan(model, system, int(row["num_gpus"]), batch, space, eager=row_eager(row))
         # A published run ran: when none of its layouts is predicted to fit, the fastest is
         # predicted anyway (after those that fit) and the table says it was predicted not to fit.
         order = result.ranked_indices(fits_only=False)

@@ -162,15 +162,16 @@ def _sharding_labels(t: LayoutTable) -> pd.Categorical:
 
 
 def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | None = None,
-         space: SearchSpace | None = None) -> Plan:
-    """Evaluate every layout of ``space`` for ``model`` on ``gpus`` GPUs of ``system``."""
+         space: SearchSpace | None = None, eager: bool = False) -> Plan:
+    """Evaluate every layout of ``space`` for ``model`` on ``gpus`` GPUs of ``system``;
+    ``eager``: as un-compiled PyTorch runs them (published runs that say so: calibration)."""
     if not 1 <= gpus <= MAX_GPUS:
         raise UserError(f"the GPU count must be between 1 and {MAX_GPUS:,} (got {gpus})")
     gb = global_batch or default_global_batch(model, gpus)
     layouts, reason = enumerate_layouts(model, system, gpus, gb, space or SearchSpace())
     # The cost model runs on the layouts no rule rejected; the others get NaN figures.
     ok = np.flatnonzero(reason == 0)
-    sub = evaluate(model, system, layouts.take(ok))
+    sub = evaluate(model, system, layouts.take(ok), eager)
     # Every row gets every figure: NaN (False) where a rule rejected it. One block for the
     # float figures, each row written once (the tables run to millions of rows).
     floats = [k for k, v in sub.items() if v.dtype != bool]
