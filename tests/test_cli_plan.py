@@ -144,3 +144,26 @@ def test_plan_shows_non_dominated_layouts_unless_all(capsys):
     every = capsys.readouterr().out.strip().splitlines()[1:]
     assert 1 < len(frontier) < len(every) == 500
     assert frontier[0] == every[0]  # the fastest layout is never dominated
+
+
+def _best(capsys, *argv: str) -> dict:
+    assert main(["plan", "--model", "llama3-8b", "--system", "dgx-h100", "--gpus", "64",
+                 "--global-batch", "128", "--tp", "1", "--pp", "1", "--micro-batch", "2",
+                 "--recompute", "full", "--top", "1", "--format", "json", *argv]) == 0
+    captured = capsys.readouterr()
+    return {"layout": json.loads(captured.out)["layouts"][0], "err": captured.err}
+
+
+def test_eager_prices_pytorch_element_wise_work_and_leaves_megatron_fused(capsys):
+    """--eager charges the measured traffic of un-compiled PyTorch's one-kernel-per-op
+    element-wise work (costmodel/steptime.py EAGER_BYTES_PER_TOKEN, about 4x the fused
+    kernels'): the same native layout takes longer and says so; Megatron-LM layouts run their
+    own fused kernels either way."""
+    fused = _best(capsys, "--engine", "native", "--zero", "3")
+    eager = _best(capsys, "--engine", "native", "--zero", "3", "--eager")
+    assert eager["layout"]["step_time_s"] > 1.05 * fused["layout"]["step_time_s"]
+    assert eager["layout"]["peak_memory_bytes"] == fused["layout"]["peak_memory_bytes"]
+    assert "priced eager (--eager)" in eager["err"] and "eager" not in fused["err"]
+    mega = [_best(capsys, "--engine", "megatron", "--zero", "1", *flag)["layout"]
+            for flag in ((), ("--eager",))]
+    assert mega[0]["step_time_s"] == mega[1]["step_time_s"]

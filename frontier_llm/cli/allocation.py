@@ -249,6 +249,7 @@ def run_curve(
             on_count=lambda i: bar.update(i, len(counts)),
             global_batch=args.global_batch,
             grow_batch=args.grow_batch,
+            eager=args.eager,
         )
     selection = None
     if args.deadline is not None:

@@ -79,7 +79,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if alloc_cli.wants_curve(args):
         return alloc_cli.run_curve(args, model, system, space)
     start = time.perf_counter()
-    result = plan(model, system, args.gpus, args.global_batch, space)
+    result = plan(model, system, args.gpus, args.global_batch, space, eager=args.eager)
     seconds = time.perf_counter() - start
     ranked = result.ranked(None if args.risk_aware else args.top,
                            fits_only=not args.include_oom, frontier=not args.all)
@@ -91,7 +91,8 @@ def run_plan(args: argparse.Namespace) -> int:
         f"# {model.name}{_at_length(args, model)} on {args.gpus} x {system.gpu} "
         f"({system.name}), global batch {result.global_batch:,} sequences = "
         f"{format_tokens(result.global_batch * model.seq_len)} tokens"
-        f"{'' if args.global_batch else ' (the default: 4M tokens in whole sequences)'}: "
+        f"{'' if args.global_batch else ' (the default: 4M tokens in whole sequences)'}"
+        f"{', element-wise work priced eager (--eager)' if args.eager else ''}: "
         f"{len(result.reason):,} layouts evaluated in {seconds:.2f} s, "
         f"{int(np.sum(result.valid)):,} valid and fit{shown}",
         file=sys.stderr,
@@ -182,6 +183,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="say why the winner wins and how many layouts each rule rejected")
     p.add_argument("--include-oom", action="store_true",
                    help="also rank layouts that do not fit in memory (after those that do)")
+    p.add_argument("--eager", action="store_true",
+                   help="price element-wise work as un-compiled PyTorch runs it, one kernel "
+                        "per op (measured traffic, about 4x the fused kernels': "
+                        "docs/costmodel.md section 5): flm bench's engines and torchtitan "
+                        "without [compile] run so; Megatron-LM layouts keep their fused "
+                        "kernels. Default: fused (torch.compile, TransformerEngine, XLA)")
     p.add_argument("--all", action="store_true",
                    help="rank every layout; by default a layout is left out when another is at "
                         "least as fast with no more memory (it is dominated)")

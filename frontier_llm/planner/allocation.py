@@ -453,6 +453,7 @@ def allocation_curve(
     on_count: Callable[[int], None] | None = None,
     global_batch: int | None = None,
     grow_batch: bool = False,
+    eager: bool = False,
 ) -> pd.DataFrame:
     """The best layout at each GPU count of ``counts`` with its intervals (``confidence``,
     default :data:`~frontier_llm.planner.intervals.DEFAULT_CONFIDENCE`) and, with ``tokens``,
@@ -461,7 +462,8 @@ def allocation_curve(
     The global batch is the same at every count: ``global_batch`` sequences, or (None)
     :func:`curve_global_batch`; ``grow_batch``: each count's :func:`growing_global_batch`
     instead (weak scaling; :data:`CRITICAL_BATCH_CAVEAT`). Each row carries its
-    ``global_batch`` and ``batch_tokens``."""
+    ``global_batch`` and ``batch_tokens``. ``eager``: element-wise work priced as un-compiled
+    PyTorch runs it (:func:`~frontier_llm.planner.plan.plan`)."""
     from frontier_llm.planner import intervals
     from frontier_llm.planner.plan import plan
 
@@ -469,7 +471,8 @@ def allocation_curve(
     fixed = None if grow_batch else (global_batch or curve_global_batch(model, counts))
     plans = []
     for i, n in enumerate(counts):
-        plans.append(plan(model, system, n, fixed or growing_global_batch(model, n), space))
+        plans.append(plan(model, system, n, fixed or growing_global_batch(model, n), space,
+                          eager=eager))
         if on_count:
             on_count(i + 1)
     cur = curve(plans)

@@ -164,7 +164,8 @@ def _sharding_labels(t: LayoutTable) -> pd.Categorical:
 def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | None = None,
          space: SearchSpace | None = None, eager: bool = False) -> Plan:
     """Evaluate every layout of ``space`` for ``model`` on ``gpus`` GPUs of ``system``;
-    ``eager``: as un-compiled PyTorch runs them (published runs that say so: calibration)."""
+    ``eager``: element-wise work as un-compiled PyTorch runs it (``flm plan --eager``;
+    calibration's rows whose model code is plain PyTorch); Megatron-LM layouts stay fused."""
     if not 1 <= gpus <= MAX_GPUS:
         raise UserError(f"the GPU count must be between 1 and {MAX_GPUS:,} (got {gpus})")
     gb = global_batch or default_global_batch(model, gpus)
