@@ -13,7 +13,7 @@ from frontier_llm.specs.layout import Engine
 
 FIELDS = ("prefetch", "prefetch_bucket_params", "gather_per_module", "reduce_bucket_params",
           "reshard_after_forward", "gradient_bucketing", "tp_comm_overlap",
-          "reduce_fp32")
+          "reduce_fp32", "fused_elementwise")
 
 
 def _arrays() -> dict[str, np.ndarray]:

@@ -160,10 +160,10 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
         # Measured eager traffic (forward + backward; the block's compute is 3x the forward, so
         # a third of it is charged here): norms and residuals over b·s·h (b·s·h/t with sequence
         # parallelism), the K/V and MLP parts split over TP; scaled from 16-bit by the dtype.
-        # Megatron-LM runs its own fused kernels (apex/TransformerEngine) whatever is asked.
+        # Engines whose models always fuse (Megatron-LM) keep the fused count.
         a, b, c = EAGER_BYTES_PER_TOKEN
         eager_bytes = tokens * (a * h * rep + (b * model.kv_dim + c * f) / tp) * e / 2
-        f_elem = np.where(t.engine == Engine.MEGATRON.code, f_elem, eager_bytes / 3 / r.memory)
+        f_elem = np.where(behaviour(t, "fused_elementwise"), f_elem, eager_bytes / 3 / r.memory)
     f_softmax = np.where(t.flash_attention, 0.0, score_bytes / r.memory)
     f_fixed = system.layer_overhead_s
     fwd = f_dense + f_attn + f_elem + f_softmax + f_fixed

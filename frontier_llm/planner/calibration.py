@@ -80,6 +80,13 @@ def _text(row: pd.Series, *cols: str) -> str:
     return " ".join(str(row.get(c)) for c in cols if _given(row.get(c))).lower()
 
 
+def _engine_text(row: pd.Series) -> str:
+    """What a row says it ran: the sharded table's engine column names the framework; the
+    first table's rows name it in their source and notes (a blog titled "From DeepSpeed to
+    FSDP" ran both)."""
+    return _text(row, "engine") or _text(row, "source", "notes")
+
+
 def row_engine(row: pd.Series) -> str:
     """The engine a row's source ran, read from its engine column, else its source and notes
     (first match wins):
@@ -87,9 +94,7 @@ def row_engine(row: pd.Series) -> str:
     MaxText named -> ``native`` (PyTorch's FSDP2, the model's one engine of per-layer parameter
     gathers: FSDP1 and MaxText's FSDP axis gather and reduce-scatter layer by layer the same
     way); anything else (Megatron-LM's papers and README) -> ``megatron``."""
-    # The sharded table's engine column names the framework; the first table's rows name it
-    # in their source and notes (a blog titled "From DeepSpeed to FSDP" ran both).
-    text = _text(row, "engine") or _text(row, "source", "notes")
+    text = _engine_text(row)
     if "deepspeed" in text:
         return "deepspeed"
     if any(word in text for word in ("fsdp", "torchtitan", "maxtext")):
@@ -115,7 +120,7 @@ def row_eager(row: pd.Series) -> bool:
     fms-fsdp's README runs left ``use_torch_compile`` at its default, False
     (foundation-model-stack/fms-fsdp@0d319983 fms_fsdp/config/training.py; docs/configurations.md:
     "recommended to NOT use compile at this stage"), and TorchTitan's table row says "eager"."""
-    text = _text(row, "engine") or _text(row, "source", "notes")
+    text = _engine_text(row)
     if any(word in text for word in _FUSED_CODE):
         return False
     if "compile" in text.replace("no torch.compile", ""):
@@ -312,10 +317,10 @@ def row_space(row: pd.Series, gpus_per_node: int = 8) -> SearchSpace:
             kw["flash_attention"] = (False,)
         if "sequence parallel" in recompute:
             kw["sequence_parallel"] = (True,)
-    elif recompute_counted(row) is not None:
+    elif (counted := recompute_counted(row)) is not None:
         # Megatron-DeepSpeed's --checkpoint-activations (the flag its factor 4 counts)
         # checkpoints whole transformer layers: full recompute.
-        kw["recompute"] = ("full",) if recompute_counted(row) else ("none",)
+        kw["recompute"] = ("full",) if counted else ("none",)
     if "fp16" in _text(row, "engine"):
         # The engine column names the training precision where it is not bf16.
         kw["dtype"] = "fp16"
@@ -414,9 +419,10 @@ def _blend(row: pd.Series, model: ModelSpec, system: SystemSpec, share: float):
     b = {k: float(v[full[1]]) for k, v in full[0].figures.items()}
     step = (1 - share) * a["step_time_s"] + share * b["step_time_s"]
     slower = step / a["step_time_s"]
-    fig = {**a, "step_time_s": step, "fits": bool(a["fits"] or b["fits"]),
-           "peak_memory_bytes": (1 - share) * a["peak_memory_bytes"]
-           + share * b["peak_memory_bytes"]}
+    peak = (1 - share) * a["peak_memory_bytes"] + share * b["peak_memory_bytes"]
+    # The cost model's own test of fit (costmodel.evaluate), on the blended peak.
+    fig = {**a, "step_time_s": step, "peak_memory_bytes": peak,
+           "fits": peak <= system.memory_bytes}
     for rate in ("tokens_per_s", "mfu", "model_tflops_per_gpu"):
         fig[rate] = a[rate] / slower
     # Hardware FLOPs: each layout's per step, weighted the same way, over the blended step.
@@ -434,16 +440,17 @@ def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) ->
                 "layout": f"not predictable: {', '.join(missing)} not stated",
                 "engine": row_engine(row)}
     model, system = row_model(row), row_system(row, systems)
-    found = _best(row, model, system)
-    if found is None:
-        return {"metric": None, "measured": None, "predicted": None, "error": math.nan,
-                "layout": "no layout fits", "engine": row_engine(row)}
-    result, best = found
-    fig = {k: float(v[best]) for k, v in result.figures.items()}
     share = replayed_share(row)
     blended = _blend(row, model, system, share) if share is not None else None
     if blended is not None:
         fig, (result, best) = blended
+    else:
+        found = _best(row, model, system)
+        if found is None:
+            return {"metric": None, "measured": None, "predicted": None, "error": math.nan,
+                    "layout": "no layout fits", "engine": row_engine(row)}
+        result, best = found
+        fig = {k: float(v[best]) for k, v in result.figures.items()}
     counted = None  # which FLOPs a TFLOP/s figure counts
     # Tokens per second is what a run measures; a TFLOP/s figure depends on the source's FLOP
     # count, so it is compared only where no token rate is given.

@@ -77,6 +77,10 @@ class EngineRules:
     # split composes with the interleaved schedule.
     pipeline_split: str
     uneven_interleaved: bool = True
+    # The engine's models run fused element-wise kernels whatever the caller asks
+    # (Megatron-LM's apex/TransformerEngine norms, bias-activation and RoPE kernels), so an eager
+    # pricing (costmodel/steptime.py EAGER_BYTES_PER_TOKEN) never applies to it.
+    fused_elementwise: bool = False
     # Model rules of flm bench's native engine: whole K/V heads per TP rank, an exactly split
     # vocabulary.
     whole_kv_heads: bool = False
@@ -243,7 +247,7 @@ RULES: dict[Engine, EngineRules] = {
         microbatch_per_stage=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED),
     ),
     Engine.MEGATRON: EngineRules(
-        engine=Engine.MEGATRON, title="Megatron-LM",
+        engine=Engine.MEGATRON, title="Megatron-LM", fused_elementwise=True,
         schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED),
         shardings=(zero_preset(0), zero_preset(1)), pipeline_shardings=None,
         partial_sharding=False, sequence_parallel=True,
