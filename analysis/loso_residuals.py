@@ -7,8 +7,10 @@ source, every row of it is predicted with the knobs fitted without it:
 
 - the system knobs fitted to ``calibration_runs.csv`` (docs/costmodel.md §6: FITS below) are
   refitted on the other sources' rows of the same system, one round of fit_efficiency.py's
-  coordinate search; a system left without rows takes the fitted knobs of another (TRANSFER),
-  as Frontier's and LUMI-G's are carried over;
+  coordinate search (the GEMM size law, ``matmul_half_hidden``, only where the rows left have
+  GEMMs of two sizes or more; else it is the other GPU's); a system left without rows takes
+  the fitted knobs of another (TRANSFER), ``matmul`` as the same share of its GPU's maximum
+  achievable matmul rate (fit_efficiency.MAMF), as Frontier's and LUMI-G's are carried over;
 - nothing is fitted to ``calibration_runs_sharded.csv``, so its rows are predicted with the
   catalog as it stands: out of sample already.
 
@@ -24,11 +26,12 @@ the GPU count and the row's ``confidence``; a stated peak memory gives
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import time
 
 import pandas as pd
-from fit_efficiency import fit, with_eff
+from fit_efficiency import fit, matmul_ceiling, with_eff
 
 from frontier_llm.catalog import load_system
 from frontier_llm.planner.calibration import (
@@ -77,13 +80,27 @@ def systems_without(runs: pd.DataFrame, source: str) -> tuple[dict, str]:
         base = with_eff(load_system(name), fixed)
         rows = first[[n == name for n in names]]
         if len(rows):
+            note = ""
+            sizes = rows[["hidden", "tp"]].drop_duplicates()
+            if "matmul_half_hidden" in knobs and len(sizes) < 2:
+                # Rows whose GEMMs all have one size cannot tell the size effect from the rate
+                # (the fit trades one for the other): the size law is the other GPU's, as a
+                # whole knob set is carried where no rows are left.
+                knobs = tuple(k for k in knobs if k != "matmul_half_hidden")
+                base = dataclasses.replace(base, matmul_half_hidden=load_system(
+                    TRANSFER[name]).matmul_half_hidden)
+                note = f" (one GEMM size: {TRANSFER[name]}'s size law)"
             values = {**knobs_of(base, knobs), **start}
             out[name] = with_eff(base, fit(rows, base, knobs, values, rounds=1))
-            how.append(f"{name} refitted on {len(rows)} rows")
+            how.append(f"{name} refitted on {len(rows)} rows{note}")
         else:
             donor = load_system(TRANSFER[name])
-            out[name] = with_eff(base, knobs_of(donor, TRANSFERRED))
-            how.append(f"{name} with {TRANSFER[name]}'s knobs")
+            moved = knobs_of(donor, TRANSFERRED)
+            # The software reaches the same share of each GPU's best achievable matmul rate
+            # (fit_efficiency.MAMF), not the same share of two different datasheet peaks.
+            moved["matmul"] *= matmul_ceiling(base) / matmul_ceiling(donor)
+            out[name] = with_eff(base, moved)
+            how.append(f"{name} with {TRANSFER[name]}'s knobs (matmul as a share of MAMF)")
     return out, "; ".join(how) or "catalog knobs (not fitted to this source)"
 
 

@@ -167,11 +167,11 @@ def test_selections_skip_counts_that_do_not_fit():
     assert alloc.select_deadline(_curve([64], [1], fits=np.array([False])), 30).row is None
 
 
-def test_conformal_quantile_by_hand():
+def test_residual_quantile_by_hand():
     r = np.array([0.4, -0.1, 0.3, -0.2])
-    assert intervals.conformal_quantile(r, 0.8) == pytest.approx(0.4)  # ceil(5 x 0.8) = 4th
-    assert intervals.conformal_quantile(r, 0.5) == pytest.approx(0.3)  # ceil(2.5) = 3rd
-    assert math.isinf(intervals.conformal_quantile(r[:3], 0.8))  # ceil(3.2) = 4 > 3
+    assert intervals.residual_quantile(r, 0.8) == pytest.approx(0.4)  # ceil(4 x 0.8) = 4th
+    assert intervals.residual_quantile(r, 0.5) == pytest.approx(0.2)  # ceil(4 x 0.5) = 2nd
+    assert math.isinf(intervals.residual_quantile(r[:3], 0.8))  # 3 < 0.8 / 0.2 = 4
     # Too few in the group: the larger of the pool's quantile and the group's worst.
     assert intervals.half_width(np.array([0.9]), r, 0.8) == pytest.approx(0.9)
     assert intervals.half_width(np.array([0.05]), r, 0.8) == pytest.approx(0.4)
@@ -208,7 +208,7 @@ def test_a_calibrated_system_uses_its_own_cross_validated_error():
     )
     assert intervals.system_class(system) == "calibrated"
     w = intervals.step_width(system, "native", 0.8)
-    assert w.q == pytest.approx(0.3) and "5 held-out runs" in w.basis  # ceil(6 x 0.8) = 5th
+    assert w.q == pytest.approx(0.2) and "5 held-out runs" in w.basis  # ceil(5 x 0.8) = 4th
     assert intervals.system_class(load_system("dgx-a100")) == "fitted"
     assert intervals.system_class(load_system("frontier")) == "transferred"
 

@@ -15,7 +15,7 @@ import pytest
 
 from frontier_llm.calibrate.fit import fit_links, fit_matmul, ring_coefficients
 from frontier_llm.calibrate.microbench import group_shapes, message_sizes
-from frontier_llm.calibrate.shapes import block_gemms
+from frontier_llm.calibrate.shapes import block_gemms, scaled_model
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.cli import main
 from frontier_llm.costmodel.flops import layer_forward_flops_per_token
@@ -47,8 +47,9 @@ def synthetic_matmul(rate=100e12, half=900.0, noise=0.03, seed=2) -> pd.DataFram
     rows = []
     for h in (512, 1024, 2048, 4096, 8192):
         for tp in (1, 2, 4):
-            for g in block_gemms(model, tp):
-                g_rate = rate * h / (h + half)
+            for g in block_gemms(scaled_model(model, h), tp):
+                side = min(g.n, g.k)  # the weight's smaller side (costmodel/gemm.py)
+                g_rate = rate * side / (side + half)
                 rows.append({"name": g.name, "tp": tp, "hidden": h, "m": g.m, "n": g.n,
                              "k": g.k, "flops": g.flops,
                              "time_s": g.flops / g_rate * rng.lognormal(0, noise)})

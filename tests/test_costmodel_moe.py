@@ -162,7 +162,7 @@ def test_moe_interval_is_at_least_the_all_family_quantile():
     dense = intervals.add_intervals(frame, H100, 0.8)
     moe_rows = intervals.add_intervals(frame, H100, 0.8, moe=True)
     res = intervals.load_residuals()
-    pool = intervals.conformal_quantile(
+    pool = intervals.residual_quantile(
         intervals.usable(res)["loso_log_residual"].to_numpy(float), 0.8)
     q = np.log(moe_rows["step_time_s_high"][0] / 2.0)
     assert q == pytest.approx(max(pool, np.log(dense["step_time_s_high"][0] / 2.0)))

@@ -63,7 +63,7 @@ def test_a_source_is_never_in_its_own_interval():
 
 def test_beyond_the_family_the_interval_widens_and_says_so():
     res = intervals.load_residuals()
-    pool = intervals.conformal_quantile(intervals.usable(res)["loso_log_residual"], 0.8)
+    pool = intervals.residual_quantile(intervals.usable(res)["loso_log_residual"], 0.8)
     inside = intervals.step_width(load_system("dgx-h100"), "megatron", 0.8, res,
                                   sharding="zero1", gpus=1024)
     assert "beyond" not in inside.basis and "leave-one-source-out" in inside.basis
@@ -97,12 +97,12 @@ def test_add_intervals_gives_the_margin_and_the_basis():
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "not met: leave-one-source-out step-time error (mean |predicted/measured - 1|) is 6.1 % "
-    "for deepspeed+sharded and 9.6 % for megatron but 12.8 % for native+sharded (eager "
-    "PyTorch FSDP predicted 13-21 % fast on H100 and 8-17 % slow on A100 with the same "
-    "element-wise traffic; MaxText's multi-node rows on Google Cloud A3 High 13-23 % fast) and "
-    "11.3 % for deepspeed (LUMI-G's ZeRO-1 DP 16 row 20 % fast, its memory near the GCD's "
-    "64 GiB); docs/costmodel.md 'Leave-one-source-out'"))
+    "not met: leave-one-source-out step-time error (mean |predicted/measured - 1|) is 4.6 % "
+    "for deepspeed+sharded and 5.6 % for megatron but 10.2 % for native+sharded (eager "
+    "PyTorch FSDP on the blog's H100s, SKU unstated, predicted 14-19 % fast; fms-fsdp's 13B "
+    "at micro-batch 1 19 % fast; MaxText's multi-node rows on Google Cloud A3 High 9-20 % "
+    "fast) and 10.6 % for deepspeed (LUMI-G's ZeRO-1 DP 16 row 16 % fast, its memory near "
+    "the GCD's 64 GiB); docs/costmodel.md 'Leave-one-source-out'"))
 def test_loso_step_time_error_per_family_at_most_ten_percent():
     res = intervals.usable(intervals.load_residuals())
     over = {}
@@ -115,21 +115,24 @@ def test_loso_step_time_error_per_family_at_most_ten_percent():
 
 def test_no_refit_puts_matmul_above_the_gpus_best_gemm():
     """Without Korthikanti et al.'s rows, dgx-a100 is refitted on Narayanan et al.'s three
-    ZeRO-3 rows (one model shape), which push ``matmul`` to the top of the search; it stops at
-    the A100's maximum achievable matmul efficiency (86.9 %, analysis/fit_efficiency.MAMF), not
-    at the grid's 0.90 that no A100 GEMM reaches. The stored residuals of Korthikanti's rows are
-    those of that refit, their mean error under 17 % (18.7 % at the grid's 0.90)."""
+    ZeRO-3 rows: one model shape at TP 1, so one GEMM size, which cannot tell the GEMM size law
+    from the rate; the law is the H100's (analysis/loso_residuals.py) and ``matmul`` alone is
+    refitted, below the A100's maximum achievable matmul efficiency (86.9 %,
+    analysis/fit_efficiency.MAMF). Korthikanti's TP-8 GEMMs are then priced at their narrow
+    sides (costmodel/gemm.py): the stored residuals are those of that refit, their mean error
+    under 6 % (17 % when the law was in the model's width and refitted on those three rows)."""
     fit_efficiency, loso_residuals = _analysis("fit_efficiency", "loso_residuals")
     runs = load_calibration()
     systems, how = loso_residuals.systems_without(runs, "Korthikanti2022")
     a100 = systems["dgx-a100"]
-    assert how == "dgx-a100 refitted on 3 rows"
-    assert 0.85 <= a100.eff("matmul") <= fit_efficiency.matmul_ceiling(a100) < 0.87
+    assert how == "dgx-a100 refitted on 3 rows (one GEMM size: dgx-h100's size law)"
+    assert a100.matmul_half_hidden == load_system("dgx-h100").matmul_half_hidden
+    assert 0.80 <= a100.eff("matmul") <= fit_efficiency.matmul_ceiling(a100) < 0.87
     stored = intervals.load_residuals()
     stored = stored[stored["source"] == "Korthikanti2022"]["loso_log_residual"].to_numpy()
     now = [r["loso_log_residual"] for r in loso_residuals.residual_rows(runs, "Korthikanti2022")]
     assert now == pytest.approx(list(stored), abs=1e-4)
-    assert np.abs(np.exp(stored) - 1).mean() < 0.17
+    assert np.abs(np.exp(stored) - 1).mean() < 0.06
 
 
 def test_stored_residuals_match_the_cost_model():

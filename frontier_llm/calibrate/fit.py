@@ -13,9 +13,10 @@ time ``α`` (seconds) and bandwidth ``β`` (bytes/s per rank and direction). The
 *relative* error (timings span six decades; an absolute fit would see only the largest
 messages): least squares of ``(c_lat·α + c_bw·x·γ)/t − 1`` with ``γ = 1/β``, both non-negative.
 
-Matrices: the achieved rate of a block's GEMMs at model width ``h`` follows the cost model's
-``R·h/(h + h½)`` (:mod:`frontier_llm.costmodel.steptime`), i.e. ``1/rate = 1/R + (h½/R)·1/h``:
-linear in ``1/h``, fitted the same relative way. ``R`` over the datasheet peak is the system's
+Matrices: a GEMM whose weight's smaller side is ``d`` runs at the cost model's
+``R·d/(d + h½)`` (:mod:`frontier_llm.costmodel.gemm`), so a block's GEMMs together (FLOPs
+``F_i``) take ``ΣF_i·(1 + h½/d_i)/R``: ``1/rate = 1/R + (h½/R)·x`` with ``x = ΣF_i/d_i / ΣF_i``,
+linear in ``x``, fitted the same relative way. ``R`` over the datasheet peak is the system's
 ``matmul`` efficiency; ``h½`` its ``matmul_half_hidden``.
 """
 
@@ -27,11 +28,12 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
+from frontier_llm.costmodel.gemm import size_factor
 from frontier_llm.errors import UserError
 
 MIN_SIZES_PER_TIER = 3  # two unknowns, and one more point to see a residual
 COLLECTIVE_COLUMNS = ("library", "op", "tier", "group_size", "nbytes", "time_s")
-MATMUL_COLUMNS = ("tp", "hidden", "flops", "time_s")
+MATMUL_COLUMNS = ("tp", "hidden", "n", "k", "flops", "time_s")
 
 
 def ring_coefficients(op: str, n) -> tuple[np.ndarray, np.ndarray]:
@@ -79,9 +81,9 @@ class MatmulFit:
     # the highest rate measured, a lower bound of the asymptote, not a fitted one.
     saturated: bool = True
 
-    def predict(self, hidden) -> np.ndarray:
-        h = np.asarray(hidden, float)
-        return self.rate * h / (h + self.half_hidden)
+    def predict(self, side) -> np.ndarray:
+        """The rate of a GEMM whose weight's smaller side is ``side``."""
+        return self.rate * size_factor(side, self.half_hidden)
 
 
 def check_timings(df: pd.DataFrame, columns: tuple[str, ...], what: str) -> None:
@@ -149,10 +151,14 @@ def fit_links(df: pd.DataFrame) -> dict[tuple[str, str], TierFit]:
 
 def block_rates(df: pd.DataFrame) -> pd.DataFrame:
     """The achieved rate of each block (its GEMMs together, as the cost model counts a block's
-    dense FLOPs at one rate), per (tp, hidden)."""
-    g = df.groupby(["tp", "hidden"], as_index=False)[["flops", "time_s"]].sum()
+    dense FLOPs at one rate), per (tp, hidden), with ``inverse_side``, the FLOP-weighted mean
+    of ``1/d`` over its GEMMs (``d`` the weight's smaller side, ``min(n, k)``)."""
+    per_side = df["flops"] / np.minimum(df["n"], df["k"]).astype(float)
+    g = (df.assign(per_side=per_side)
+         .groupby(["tp", "hidden"], as_index=False)[["flops", "time_s", "per_side"]].sum())
     g["flops_per_s"] = g["flops"] / g["time_s"]
-    return g
+    g["inverse_side"] = g["per_side"] / g["flops"]
+    return g.drop(columns="per_side")
 
 
 def fit_matmul(df: pd.DataFrame, dtype: str) -> MatmulFit:
@@ -163,10 +169,13 @@ def fit_matmul(df: pd.DataFrame, dtype: str) -> MatmulFit:
     blocks = block_rates(df)
     widths = tuple(sorted(int(h) for h in blocks["hidden"].unique()))
     inv_rate = 1.0 / blocks["flops_per_s"].to_numpy(float)
-    inv_h = 1.0 / blocks["hidden"].to_numpy(float)
-    if len(widths) >= 2:
+    inv_h = blocks["inverse_side"].to_numpy(float)
+    # Two block sizes tell the size effect from the rate: two widths, or one width at two TP
+    # degrees (TP narrows the GEMMs).
+    sized = len(np.unique(np.round(inv_h, 12))) >= 2
+    if sized:
         a, b = _relative_nnls(np.column_stack([np.ones_like(inv_h), inv_h]), inv_rate)
-    else:  # one width: no size effect can be told apart from the rate
+    else:  # one block size: no size effect can be told apart from the rate
         a, b = _relative_nnls(np.ones((len(inv_h), 1)), inv_rate)[0], 0.0
     saturated = a > 0
     if not saturated:
@@ -175,7 +184,7 @@ def fit_matmul(df: pd.DataFrame, dtype: str) -> MatmulFit:
         # below; h½ is then fitted to the rest with that rate held.
         a = float(np.min(inv_rate))
         x, y = inv_h / inv_rate, 1.0 - a / inv_rate  # relative residuals, as _relative_nnls
-        b = max(0.0, float(x @ y / (x @ x))) if len(widths) >= 2 else 0.0
+        b = max(0.0, float(x @ y / (x @ x))) if sized else 0.0
     rate, half = 1.0 / a, b / a
     pred_inv = a + b * inv_h
     rel = inv_rate / pred_inv - 1  # achieved rate over predicted rate, minus one

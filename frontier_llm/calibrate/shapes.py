@@ -18,8 +18,9 @@ from frontier_llm.specs.model import ModelSpec
 
 @dataclass(frozen=True)
 class Gemm:
-    """One GEMM: ``(m × k) · (k × n)``; ``hidden`` is the model width it belongs to (the size
-    the cost model's ``matmul_half_hidden`` effect is expressed in)."""
+    """One GEMM: ``(m × k) · (k × n)``; ``hidden`` is the model width it belongs to. The cost
+    model's size effect (``matmul_half_hidden``) is in the weight's smaller side,
+    ``min(n, k)`` (costmodel/gemm.py)."""
 
     name: str
     tp: int

@@ -117,7 +117,8 @@ def calibrated_mapping(base: dict, prov: dict, links: dict[tuple[str, str], Tier
     out["efficiency"] = eff
     sources = dict(out.get("sources") or {})
     sources["calibration"] = who
-    sources["matmul_half_hidden"] = ("flm calibrate: size effect of the GEMM rate "
+    sources["matmul_half_hidden"] = ("flm calibrate: size effect of the GEMM rate, by the "
+                                     "weights' smaller side "
                                      "(docs/calibrate.md)")
     out["sources"] = sources
     system_from_mapping(plain(out))  # what we write must load

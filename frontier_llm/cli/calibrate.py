@@ -174,7 +174,7 @@ def _fit_and_write(results_path: Path, system: str, out: str | None, name: str |
               f"{res.provenance.get('node_count')} node(s)):")
         emit_frame(table.round(3), "table")
         print(f"matrix rate ({matmul.dtype}): {matmul.rate / 1e9:.2f} GFLOP/s at large width, "
-              f"half-rate width {matmul.half_hidden:.1f}, efficiency "
+              f"half-rate side {matmul.half_hidden:.1f}, efficiency "
               f"{summary['matmul_efficiency']:.3f} of peak; residual rms "
               f"{summary['matmul_rms_resid_pct']:.1f} % over widths "
               f"{', '.join(map(str, matmul.widths))}")

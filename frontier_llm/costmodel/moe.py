@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from frontier_llm.costmodel import comm
+from frontier_llm.costmodel import comm, gemm
 from frontier_llm.specs import axes
 from frontier_llm.specs.layout import Recompute
 from frontier_llm.specs.model import ModelSpec
@@ -166,11 +166,13 @@ def expert_rows(model: ModelSpec, t):
 
 def expert_gemm_slowdown(model: ModelSpec, t, half_hidden: float):
     """How much slower than the dense GEMMs an expert GEMM runs, from the cost model's one GEMM
-    efficiency law ``d / (d + matmul_half_hidden)`` (docs/costmodel.md §5) applied to its
-    smallest dimension: the dense GEMMs' is ``h``, an expert GEMM's ``min(h, rows)``."""
-    h = model.hidden
-    d = np.maximum(np.minimum(h, expert_rows(model, t)), 1.0)
-    return (h / (h + half_hidden)) / (d / (d + half_hidden))
+    efficiency law ``d / (d + matmul_half_hidden)`` (:mod:`.gemm`, docs/costmodel.md §5): the
+    dense block's GEMMs run as one of side ``d`` = 1 / their FLOP-weighted mean ``1/d`` (their
+    TP-split weights); an expert GEMM is such a GEMM with only its routed tokens as rows, so its
+    smallest side is ``min(d, rows)``."""
+    side = 1.0 / gemm.inverse_side(gemm.block_weight_shapes(model, t.tp))
+    d = np.maximum(np.minimum(side, expert_rows(model, t)), 1.0)
+    return gemm.size_factor(side, half_hidden) / gemm.size_factor(d, half_hidden)
 
 
 def routed_gemm_extra(model: ModelSpec, t, seconds_routed, half_hidden: float):

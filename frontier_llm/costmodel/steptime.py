@@ -3,7 +3,9 @@
 Per micro-batch and transformer block, a rank spends:
 
 - matrix work: the block's FLOPs (Narayanan et al. 2021; :mod:`.flops`) over ``t`` ranks at the
-  system's achievable ``matmul`` fraction of peak, backward twice the forward;
+  system's achievable ``matmul`` fraction of peak, less the share its GEMMs lose to their size
+  on the rank (:mod:`.gemm`: the weights' smaller sides after the TP split), backward twice the
+  forward;
 - memory-bound element-wise work (norms, bias + dropout + residual, GeLU, softmax when attention
   is not fused): the bytes it reads and writes at the ``memory`` fraction of HBM bandwidth;
 - tensor-parallel communication (Shoeybi et al. 2019; Korthikanti et al. 2022 §4.2.2): two
@@ -41,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from frontier_llm.costmodel import comm, moe
+from frontier_llm.costmodel import comm, gemm, moe
 from frontier_llm.costmodel.behaviour import behaviour
 from frontier_llm.costmodel.checkpoint_policy import kept_dense_fraction
 from frontier_llm.costmodel.flops import (
@@ -121,7 +123,7 @@ EAGER_BYTES_PER_TOKEN = (359.0, 27.0, 29.0)
 
 def _rates(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> _Rates:
     flops = (dtype_peaks(system)[t.dtype] * system.eff("matmul")
-             * model.hidden / (model.hidden + system.matmul_half_hidden))
+             * gemm.block_factor(model, t.tp, system.matmul_half_hidden))
     return _Rates(flops, system.memory_bandwidth * system.eff("memory"), ACT_BYTES[t.dtype])
 
 

@@ -12,11 +12,11 @@ Method (docs/planner.md, "Reading an interval"):
   unstated architecture) have no residual.
 - A layout's **family** is its engine, and whether it shards parameters (ZeRO-3, FSDP, HSDP):
   ``megatron``, ``deepspeed``, ``deepspeed+sharded``, ``native+sharded`` ... The half-width at
-  confidence ``c`` is the split-conformal quantile of the family's absolute residuals: the
-  ``ceil((n + 1)·c)``-th smallest of ``n`` (Vovk et al. 2005; Lei et al. 2018), which covers a
-  new run with probability at least ``c`` when sources are exchangeable. A family with fewer
-  rows than that needs (``c / (1 - c)``) takes the larger of the all-family quantile and its own
-  largest error.
+  confidence ``c`` is the empirical quantile of the family's absolute residuals: the
+  ``ceil(n·c)``-th smallest of ``n`` (:func:`residual_quantile`; split-conformal's
+  ``ceil((n + 1)·c)``-th, Vovk et al. 2005, Lei et al. 2018, over-covered the left-out
+  sources). A family with fewer rows than ``c / (1 - c)`` takes the larger of the all-family
+  quantile and its own largest error.
 - **Extrapolation**: a layout beyond its family's rows, on a system none of them ran on, at more
   than :data:`SCALE_REACH` times their largest GPU count, or of a family without rows, takes at
   least the all-family quantile (the model-form error across engines, systems and scales, which
@@ -85,23 +85,28 @@ def usable(residuals: pd.DataFrame) -> pd.DataFrame:
     return residuals[ok]
 
 
-def conformal_quantile(abs_residuals: np.ndarray, confidence: float) -> float:
-    """The ``ceil((n + 1)·c)``-th smallest of ``n`` absolute residuals; inf when n is too small
-    for that (fewer than c / (1 - c) residuals)."""
+def residual_quantile(abs_residuals: np.ndarray, confidence: float) -> float:
+    """The ``ceil(n·c)``-th smallest of ``n`` absolute residuals (their empirical ``c``
+    quantile); inf when there are fewer than ``c / (1 - c)`` of them, too few for one to lie
+    beyond it. Split-conformal's ``ceil((n + 1)·c)``-th guarantees at least ``c`` for
+    exchangeable runs and, measured leave-one-source-out, covered 91 % at 80 % with a
+    half-width of ×1.165; the empirical quantile covers 87 % at ×1.150 (docs/planner.md)."""
     r = np.sort(np.abs(np.asarray(abs_residuals, dtype=float)))
     n = len(r)
-    k = math.ceil((n + 1) * confidence - 1e-9)
-    return float(r[k - 1]) if 1 <= k <= n else math.inf
+    if n < confidence / (1 - confidence) - 1e-9:
+        return math.inf
+    k = max(1, math.ceil(n * confidence - 1e-9))
+    return float(r[k - 1])
 
 
 def half_width(group: np.ndarray, pool: np.ndarray, confidence: float) -> float:
-    """The group's conformal quantile, or, when the group is too small for it, the larger of
+    """The group's quantile, or, when the group is too small for it, the larger of
     the pool's quantile and the group's largest absolute residual."""
-    q = conformal_quantile(group, confidence)
+    q = residual_quantile(group, confidence)
     if math.isfinite(q):
         return q
     worst = float(np.max(np.abs(group))) if len(group) else 0.0
-    return max(conformal_quantile(pool, confidence), worst)
+    return max(residual_quantile(pool, confidence), worst)
 
 
 def fitted_systems(residuals: pd.DataFrame) -> list[str]:
@@ -139,7 +144,7 @@ def family_width(residuals: pd.DataFrame, fam: str, system: str, gpus: float | N
     group = rows["loso_log_residual"].to_numpy(float)
     q = half_width(group, pool, confidence)
     if not len(rows):
-        q = conformal_quantile(pool, confidence)
+        q = residual_quantile(pool, confidence)
         return Width(q, f"{fam}: no calibration row of this family: the all-family quantile "
                         f"of {len(pool)} rows, leave-one-source-out")
     beyond = []
@@ -151,10 +156,10 @@ def family_width(residuals: pd.DataFrame, fam: str, system: str, gpus: float | N
         beyond.append(f"scale ({gpus:.0f} GPUs > {SCALE_REACH:g} x {top:.0f})")
     basis = (f"{fam}: {len(rows)} rows of {rows['source'].nunique()} sources, "
              "leave-one-source-out")
-    if not math.isfinite(conformal_quantile(group, confidence)):
+    if not math.isfinite(residual_quantile(group, confidence)):
         basis += f"; too few for {confidence:.0%}: at least the all-family quantile"
     if beyond:
-        q = max(q, conformal_quantile(pool, confidence))
+        q = max(q, residual_quantile(pool, confidence))
         basis += (f"; beyond them in {'; '.join(beyond)}: widened to at least the "
                   f"all-family quantile of {len(pool)} rows")
     return Width(q, basis)
@@ -173,7 +178,7 @@ def step_width(
     check_confidence(confidence)
     if system.prediction_error is not None:
         r = np.asarray(system.prediction_error.log_residuals)
-        q = conformal_quantile(r, confidence)
+        q = residual_quantile(r, confidence)
         if not math.isfinite(q):
             q = float(np.max(np.abs(r)))
         return Width(
@@ -194,7 +199,7 @@ def memory_width(
     r = res["memory_log_residual"].dropna().to_numpy(float)
     if not len(r):
         return Width(0.0, "no calibration row states a measured peak memory")
-    q = conformal_quantile(r, confidence)
+    q = residual_quantile(r, confidence)
     if math.isfinite(q):
         return Width(q, f"{len(r)} rows with a measured peak memory")
     return Width(
@@ -209,7 +214,7 @@ def moe_width(width: Width, confidence: float = DEFAULT_CONFIDENCE,
     """``width`` for a Mixture-of-Experts layout: no calibration row ran one, so at least the
     all-family quantile, and the basis says so."""
     res = load_residuals() if residuals is None else residuals
-    pool = conformal_quantile(usable(res)["loso_log_residual"].to_numpy(float), confidence)
+    pool = residual_quantile(usable(res)["loso_log_residual"].to_numpy(float), confidence)
     return Width(max(width.q, pool), f"no MoE calibration: widened to at least the all-family "
                                      f"quantile ({width.basis})")
 

@@ -135,8 +135,9 @@ class SystemSpec:
     # Fixed seconds per transformer block forward pass (backward counts twice): kernel launches
     # and synchronization that do not shrink with the block's size. Fitted (docs/costmodel.md).
     layer_overhead_s: float = 0.0
-    # Matrix units reach the ``matmul`` efficiency only on large matrices: a block's GEMMs run at
-    # matmul · h / (h + matmul_half_hidden) for hidden size h. Fitted (docs/costmodel.md).
+    # Matrix units reach the ``matmul`` efficiency only on large matrices: a GEMM runs at
+    # matmul · d / (d + matmul_half_hidden), d its weight's smaller side on the rank (after the
+    # TP split; costmodel/gemm.py). Fitted (docs/costmodel.md).
     matmul_half_hidden: float = 0.0
     description: str = ""
     sources: dict[str, str] = field(default_factory=dict)
