@@ -22,5 +22,6 @@ def test_the_why_table_names_each_alternative_once():
     assert len(layouts) == len(set(layouts)), why
     named = [k for m in rows for k in m.group(1).split(", ")]
     assert sorted(named) == sorted(_compared_knobs(p))  # every compared knob, once
-    assert any(m.group(1).startswith("tp, pp") for m in rows)
+    # One layout is the fastest alternative for several knobs: named once, with all of them.
+    assert any(", " in m.group(1) for m in rows)
     assert "1.00x" not in text
