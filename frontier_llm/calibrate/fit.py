@@ -169,24 +169,24 @@ def fit_matmul(df: pd.DataFrame, dtype: str) -> MatmulFit:
     blocks = block_rates(df)
     widths = tuple(sorted(int(h) for h in blocks["hidden"].unique()))
     inv_rate = 1.0 / blocks["flops_per_s"].to_numpy(float)
-    inv_h = blocks["inverse_side"].to_numpy(float)
+    x_side = blocks["inverse_side"].to_numpy(float)
     # Two block sizes tell the size effect from the rate: two widths, or one width at two TP
     # degrees (TP narrows the GEMMs).
-    sized = len(np.unique(np.round(inv_h, 12))) >= 2
+    sized = len(np.unique(np.round(x_side, 12))) >= 2
     if sized:
-        a, b = _relative_nnls(np.column_stack([np.ones_like(inv_h), inv_h]), inv_rate)
+        a, b = _relative_nnls(np.column_stack([np.ones_like(x_side), x_side]), inv_rate)
     else:  # one block size: no size effect can be told apart from the rate
-        a, b = _relative_nnls(np.ones((len(inv_h), 1)), inv_rate)[0], 0.0
+        a, b = _relative_nnls(np.ones((len(x_side), 1)), inv_rate)[0], 0.0
     saturated = a > 0
     if not saturated:
         # The rate rose across every width measured (noise on a loaded CPU does it at small
         # widths): the asymptote is not in the data. The highest rate measured bounds it from
         # below; h½ is then fitted to the rest with that rate held.
         a = float(np.min(inv_rate))
-        x, y = inv_h / inv_rate, 1.0 - a / inv_rate  # relative residuals, as _relative_nnls
+        x, y = x_side / inv_rate, 1.0 - a / inv_rate  # relative residuals, as _relative_nnls
         b = max(0.0, float(x @ y / (x @ x))) if sized else 0.0
     rate, half = 1.0 / a, b / a
-    pred_inv = a + b * inv_h
+    pred_inv = a + b * x_side
     rel = inv_rate / pred_inv - 1  # achieved rate over predicted rate, minus one
     per_tp = {int(tp): float(np.sqrt(np.mean(rel[(blocks["tp"] == tp).to_numpy()] ** 2)))
               for tp in sorted(blocks["tp"].unique())}

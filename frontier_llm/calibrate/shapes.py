@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frontier_llm.costmodel.params import kv_width_per_rank
+from frontier_llm.costmodel.gemm import block_weight_shapes
 from frontier_llm.specs.model import ModelSpec
+
+# The four weight matrices of a block, in costmodel/gemm.py's block_weight_shapes order.
+GEMM_NAMES = ("qkv", "attn_out", "mlp_in", "mlp_out")
 
 
 @dataclass(frozen=True)
@@ -38,16 +41,10 @@ def block_gemms(model: ModelSpec, tp: int, micro_batch: int = 1) -> list[Gemm]:
     """The forward GEMMs of one block on one of ``tp`` ranks (backward runs each twice more)."""
     if tp < 1 or model.hidden % tp or model.ffn_hidden % tp:
         raise ValueError(f"tp={tp} does not divide {model.name}'s hidden/ffn sizes")
-    h, f = model.hidden, model.ffn_hidden
     tokens = micro_batch * model.seq_len
-    kv = int(kv_width_per_rank(model, tp))
-    mlp_in = (model.mlp_matrices - 1) * (f // tp)
-    return [
-        Gemm("qkv", tp, h, tokens, h // tp + 2 * kv, h),
-        Gemm("attn_out", tp, h, tokens, h, h // tp),
-        Gemm("mlp_in", tp, h, tokens, mlp_in, h),
-        Gemm("mlp_out", tp, h, tokens, h, f // tp),
-    ]
+    # The cost model's own shapes (costmodel/gemm.py), so the microbenchmark times what it prices.
+    return [Gemm(name, tp, model.hidden, tokens, int(n), int(k))
+            for name, (n, k) in zip(GEMM_NAMES, block_weight_shapes(model, tp), strict=True)]
 
 
 def scaled_model(model: ModelSpec, hidden: int) -> ModelSpec:

@@ -40,7 +40,7 @@ def block_weight_shapes(model: ModelSpec, tp) -> list[tuple[np.ndarray, np.ndarr
     tp = np.asarray(tp, dtype=float)
     qkv = h / tp + 2 * kv_width_per_rank(model, tp)
     mlp_in = (model.mlp_matrices - 1) * f / tp
-    return [(qkv, h), (h + 0 * tp, h / tp), (mlp_in, h), (h + 0 * tp, f / tp)]
+    return [(qkv, h), (h, h / tp), (mlp_in, h), (h, f / tp)]
 
 
 def inverse_side(shapes) -> np.ndarray:
