@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -371,3 +372,31 @@ def test_the_launcher_finds_no_gpu_without_importing_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True).stdout.split()
     assert out[1] == "True"
+
+
+def test_a_rank_that_shards_nothing_never_imports_dtensor():
+    """``torch.distributed.tensor`` costs each rank about 0.7 s of start-up; a layout with no
+    tensor parallelism and no FSDP trains without it (bench/local_tensors.py). A fresh
+    interpreter with a one-rank gloo group, since this one has it loaded."""
+    import subprocess
+    import sys
+
+    def loaded(layout: str) -> tuple[str, str]:
+        code = (
+            "import sys, torch, torch.distributed as dist\n"
+            f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{launch.free_port()}', "
+            "rank=0, world_size=1)\n"
+            "from frontier_llm.bench.engine import NativeEngine\n"
+            "from frontier_llm.catalog import load_model\n"
+            "from frontier_llm.specs.layout import Layout\n"
+            f"e = NativeEngine(load_model('tiny-gpt'), {layout}, rank=0, world_size=1, "
+            "device=torch.device('cpu'))\n"
+            "loss = e.step(0)\n"
+            "dist.destroy_process_group()\n"
+            "print(loss > 0, 'torch.distributed.tensor' in sys.modules)\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert out.returncode == 0, out.stderr[-3000:]
+        return tuple(out.stdout.split())
+
+    assert loaded("Layout(global_batch=2, micro_batch=1)") == ("True", "False")

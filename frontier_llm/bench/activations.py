@@ -25,16 +25,13 @@ import weakref
 import torch
 from torch import nn
 
-try:  # DTensor is what TP-parallel modules save; count the local shard.
-    from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover
-    DTensor = ()  # type: ignore[assignment]
+from frontier_llm.bench.local_tensors import is_dtensor
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The plain tensor holding the data: a DTensor's shard, an async collective's result."""
     while True:
-        if isinstance(t, DTensor):
+        if is_dtensor(t):  # what TP-parallel modules save: count the local shard
             t = t._local_tensor
         elif type(t) is not torch.Tensor and isinstance(getattr(t, "elem", None), torch.Tensor):
             t = t.elem  # AsyncCollectiveTensor (functional collectives under SP)

@@ -22,6 +22,7 @@ from torch import nn
 from frontier_llm.bench.activations import SavedTensorMeter
 from frontier_llm.bench.context_parallel import CPContext, apply_cp
 from frontier_llm.bench.data import TokenSource, cp_shard
+from frontier_llm.bench.local_tensors import is_dtensor, local, local_bytes
 from frontier_llm.bench.mesh import DIM_NAMES, MeshDims, check_layout, expert_groups
 from frontier_llm.bench.model import DTYPES, GPT, build_model, loss_fn
 from frontier_llm.bench.moe import (
@@ -32,8 +33,7 @@ from frontier_llm.bench.moe import (
     set_aux_scale,
     take_stats,
 )
-from frontier_llm.bench.optim import LocalAdam, allreduce_mean, local
-from frontier_llm.bench.parallelize import apply_fsdp, apply_tp, local_bytes
+from frontier_llm.bench.optim import LocalAdam, allreduce_mean
 from frontier_llm.bench.pipeline import build_schedule, stage_io
 from frontier_llm.bench.trace_moe import step_record
 from frontier_llm.specs.layout import Layout
@@ -101,6 +101,9 @@ class NativeEngine:
             # The pipeline schedule divides the gradients by the micro-batches itself; otherwise
             # each micro-batch's loss is divided (_fwd_bwd), and so is the aux loss's gradient.
             set_aux_scale(m, 1.0 if layout.pp > 1 else 1.0 / layout.num_microbatches)
+            if layout.tp > 1 or shard_mesh is not None:
+                # DTensor's modules: loaded by the layouts that shard only (local_tensors.py).
+                from frontier_llm.bench.parallelize import apply_fsdp, apply_tp
             if layout.tp > 1:
                 apply_tp(m, self.mesh["tp"], layout.sequence_parallel)
             if shard_mesh is not None:
@@ -274,14 +277,12 @@ class NativeEngine:
         (every rank computes all V rows); keeping only the local rows (a slice, no
         communication) is what Megatron's vocab-parallel embedding holds.
         """
-        from torch.distributed.tensor import DTensor
-
         grads = []
         for p in self.parameters():
             g = p.grad
             if g is None:
                 continue
-            if isinstance(g, DTensor) and g.placements != p.placements:
+            if is_dtensor(g) and g.placements != p.placements:
                 p.grad = g = g.redistribute(p.device_mesh, p.placements)
             grads.append(g)
         return grads

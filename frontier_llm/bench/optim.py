@@ -20,12 +20,8 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor this rank stores for ``t`` (a DTensor's local shard, else ``t``)."""
-    return t._local_tensor if isinstance(t, DTensor) else t
+from frontier_llm.bench.local_tensors import is_dtensor, local
 
 
 def allreduce_mean(tensors: Sequence[torch.Tensor], group: dist.ProcessGroup,
@@ -91,7 +87,7 @@ class LocalAdam:
 
     def _locals(self) -> list[torch.Tensor]:
         # Looked up at every use: FSDP2 may swap which tensor a parameter's shard lives in.
-        return [local(p.detach()) if isinstance(p, DTensor) else p.detach() for p in self.params]
+        return [local(p.detach()) if is_dtensor(p) else p.detach() for p in self.params]
 
     def _flat(self, tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         world = dist.get_world_size(self.group)

@@ -111,20 +111,3 @@ def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, reshard_after_forward: bool,
     return model
 
 
-def local_bytes(tensors) -> int:
-    """Bytes this rank stores for ``tensors`` (each storage counted once)."""
-    seen: set[int] = set()
-    total = 0
-    for t in tensors:
-        if t is None:
-            continue
-        loc = t._local_tensor if hasattr(t, "_local_tensor") else t
-        key = loc.untyped_storage().data_ptr() if loc.numel() else id(loc)
-        view_key = (key, loc.storage_offset(), tuple(loc.shape))
-        if view_key in seen:
-            continue
-        seen.add(view_key)
-        total += loc.numel() * loc.element_size()
-    return total
-
-
