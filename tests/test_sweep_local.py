@@ -97,16 +97,26 @@ def test_local_cancel_stops_a_running_job(tmp_path):
     spec.write_text(SWEEP.replace('name: slow, time: "0:03"', "name: slow"))
     db = f"sqlite:///{tmp_path}/flm.db"
     out = tmp_path / "run"
+    # The submitter's output goes to a file, which a failure below can quote.
+    log_path = tmp_path / "submit.log"
+    log = log_path.open("w")
     submit = subprocess.Popen(
         [sys.executable, "-m", "frontier_llm.cli", "sweep", "submit", str(spec), "--out",
          str(out), "--db", db, "--max-in-flight", "3"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
         store = open_store(db)
         wait_for(lambda: _has_sweep(store), 120, "the sweep's rows", interval_s=0.3)
         state = SweepJobs.find(store, "local-tiny")
-        row = wait_for(lambda: _beating(state, out), 120, "the slow job's heartbeat",
-                       interval_s=0.3)
+        try:
+            row = wait_for(lambda: _beating(state, out), 120, "the slow job's heartbeat",
+                           interval_s=0.3)
+        except AssertionError as e:
+            jobs = {r["job_key"]: (r["state"], r["reason"]) for r in state.rows()}
+            logs = "".join(f"\n{f.name}: {f.read_text()[-2000:]}"
+                           for f in sorted((out / "logs").rglob("*slow*")))
+            raise AssertionError(f"{e}; jobs {jobs}; submitter (exit {submit.poll()}):\n"
+                                 + log_path.read_text()[-3000:] + logs) from None
         assert main(["sweep", "cancel", "local-tiny", "--db", db, "--job", "slow"]) == 0
         submit.wait(timeout=120)
         final = state.rows(["slow"])[0]
@@ -126,6 +136,7 @@ def test_local_cancel_stops_a_running_job(tmp_path):
             except subprocess.TimeoutExpired:
                 submit.kill()
                 submit.wait()
+        log.close()
 
 
 def _has_sweep(store) -> bool:
