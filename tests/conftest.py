@@ -53,26 +53,6 @@ def _is_controller(config: pytest.Config) -> bool:
     return not _is_worker(config) and bool(getattr(config.option, "numprocesses", None))
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Modules with end-to-end tests run first, SLURM ones and other slow ones in turn: a long
-    module started last leaves the other worker idle (``--dist loadfile`` hands out whole
-    modules in this order), and a SLURM module (mostly waiting on the cluster) beside a busy
-    one uses the two cores better than two SLURM modules side by side. A module's own order
-    is kept, and the sort is the same on every worker."""
-    kind: dict[str, int] = {}
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        on_slurm = ("slurm_cluster" in getattr(item, "fixturenames", ())
-                    or item.get_closest_marker("slurm"))
-        own = 0 if on_slurm else (1 if item.get_closest_marker("slow") else 2)
-        kind[module] = min(kind.get(module, 2), own)
-    turn: dict[str, float] = {}
-    for k in (0, 1):  # the n-th SLURM module, then the n-th other slow one
-        for n, module in enumerate(m for m in kind if kind[m] == k):
-            turn[module] = n + k / 2
-    items.sort(key=lambda item: turn.get(item.nodeid.split("::", 1)[0], float("inf")))
-
-
 _FROM_WORKERS: list[str] = []
 
 
