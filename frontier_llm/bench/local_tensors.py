@@ -4,7 +4,7 @@
 ``import torch``), and a layout with no tensor parallelism and no FSDP never makes a DTensor. A
 DTensor can exist only once its module is loaded, so asking ``sys.modules`` answers "is this a
 DTensor?" for every layout, and only the layouts that shard pay for the import
-(``engine.Rank`` loads :mod:`.parallelize` when it applies TP or FSDP2).
+(``engine.NativeEngine`` loads :mod:`.parallelize` when it applies TP or FSDP2).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from frontier_llm.bench.local_tensors import is_dtensor, local
+from frontier_llm.bench.local_tensors import local
 
 
 def allreduce_mean(tensors: Sequence[torch.Tensor], group: dist.ProcessGroup,
@@ -87,7 +87,7 @@ class LocalAdam:
 
     def _locals(self) -> list[torch.Tensor]:
         # Looked up at every use: FSDP2 may swap which tensor a parameter's shard lives in.
-        return [local(p.detach()) if is_dtensor(p) else p.detach() for p in self.params]
+        return [local(p.detach()) for p in self.params]
 
     def _flat(self, tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         world = dist.get_world_size(self.group)
