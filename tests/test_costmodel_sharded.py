@@ -13,7 +13,7 @@ import pytest
 
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.costmodel import behaviour as beh
-from frontier_llm.costmodel import evaluate, predict
+from frontier_llm.costmodel import comm, evaluate, predict
 from frontier_llm.costmodel.layouts import from_configs
 from frontier_llm.costmodel.memory import gathered_bytes, loss_bytes
 from frontier_llm.costmodel.params import layer_params_per_rank, stage_params_per_rank
@@ -213,3 +213,49 @@ def test_uneven_pipeline_slowest_rank_paces_and_fullest_sets_memory(engine):
     got = p["breakdown"]["time_s"]
     assert got["compute"] == pytest.approx(even["compute"], rel=1e-9)
     assert p["breakdown"]["peak_memory_stage"] == 1
+
+
+def _dp_comm(model, system, **fields) -> float:
+    return predict(model, system, Layout(**fields))["breakdown"]["time_s"]["dp_comm"]
+
+
+def test_deepspeed_zero2_reduces_every_micro_batch_zero1_once_per_step():
+    """DeepSpeed's ZeRO-2 reduces its gradients after every micro-batch (measured on the real
+    engine: tests/test_bench_deepspeed.py), ZeRO-1 once per step. On a network slow enough that
+    one reduction outlasts a micro-batch's backward, four micro-batches expose four times
+    ZeRO-2's reduction and leave ZeRO-1's, and Megatron-LM's ZeRO-1, unchanged."""
+    m, s = load_model("gpt3-6.7b"), load_system("dgx-a100")
+    slow = dataclasses.replace(s, links={**s.links, "network": dataclasses.replace(
+        s.links["network"], bandwidth=s.links["network"].bandwidth / 20)})
+    base = dict(dp=64, micro_batch=1, dtype="bf16")
+
+    def exposed(engine, zero, micro_batches):
+        return _dp_comm(m, slow, **base, engine=engine, sharding=zero,
+                        global_batch=64 * micro_batches)
+
+    z2 = [exposed("deepspeed", 2, k) for k in (1, 4)]
+    assert z2[0] > 0
+    # Each micro-batch exposes the same reduction; the parameter gather in the step is paid once.
+    gather = float(comm.all_gather(slow, 64, 1, stage_params_per_rank(m, 1, 1, 0) * 2, True))
+    assert z2[1] - gather == pytest.approx(4 * (z2[0] - gather), rel=1e-6)
+    for engine in ("deepspeed", "megatron"):
+        z1 = [exposed(engine, 1, k) for k in (1, 4)]
+        assert z1[1] == pytest.approx(z1[0], rel=1e-6), engine
+
+
+def test_deepspeed_exposes_what_it_issues_outside_backward():
+    """DeepSpeed's ZeRO-0 all-reduces after backward and its ZeRO-1 gathers the updated
+    parameters inside the optimizer step: both exposed whole, where Megatron-LM overlaps the
+    same collectives with backward and the next forward (its --overlap-grad-reduce /
+    --overlap-param-gather)."""
+    m, s = load_model("gpt3-1.3b"), load_system("dgx-a100")
+    n = stage_params_per_rank(m, 1, 1, 0)
+    base = dict(dp=64, micro_batch=4, global_batch=256, dtype="bf16")
+    all_reduce = float(comm.all_reduce(s, 64, 1, n * 2, True))
+    gather = float(comm.all_gather(s, 64, 1, n * 2, True))
+    assert _dp_comm(m, s, **base, engine="deepspeed", sharding=0) == pytest.approx(all_reduce)
+    # ZeRO-1: the reduction hides behind the last micro-batch's backward (overlap_comm) but for
+    # its last bucket; the gather does not hide.
+    assert _dp_comm(m, s, **base, engine="deepspeed", sharding=1) >= gather
+    assert _dp_comm(m, s, **base, engine="megatron", sharding=0) < 0.2 * all_reduce
+    assert _dp_comm(m, s, **base, engine="megatron", sharding=1) < 0.2 * gather

@@ -23,7 +23,9 @@ per micro-batch each way (Megatron's scatter/gather optimization), once per virt
 ``m`` micro-batches the pipeline takes ``m·t_max + (p−1)/v·t_avg`` (the bubble of Narayanan et
 al. 2021 §2.2), the slowest rank setting ``t_max``. Data parallelism reduces gradients once per
 step (all-reduce, or reduce-scatter + all-gather of parameters when optimizer states are
-sharded), behind the last micro-batch's backward where the engine buckets it. Sharded parameters
+sharded), behind the last micro-batch's backward where the engine buckets it; DeepSpeed's
+ZeRO-2 after every micro-batch, by all-reduce, its ZeRO-0 after backward and its parameter
+gather inside the step, exposed (``specs/engine_rules.py``). Sharded parameters
 (ZeRO-3, FSDP, AMSP partial) are gathered layer by layer, forward and (resharded) backward, and
 gradients reduce-scattered, every micro-batch, as the engine issues them
 (:func:`sharded_param_times`). Every engine behaviour comes from ``specs/engine_rules.py``
@@ -354,9 +356,14 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     # sharded parameters the reduce-scatter ran per micro-batch (sharded_param_times) and only
     # the cross-group all-reduce is left.
     # Bucketed gradients and parameters spread over the node's NICs (comm.link_for_span).
+    # An engine may all-reduce the whole gradient and keep its shard (DeepSpeed ZeRO-1/2's
+    # multi-rank buckets) instead of reduce-scattering it.
+    in_group = np.where(behaviour(t, "sharded_grad_all_reduce"),
+                        comm.all_reduce(system, shard, tp, grad_bytes, True),
+                        comm.reduce_scatter(system, shard, tp, grad_bytes, True))
     grad_sync = np.where(
         shard > 1,
-        np.where(kp > 1, 0.0, comm.reduce_scatter(system, shard, tp, grad_bytes, True))
+        np.where(kp > 1, 0.0, in_group)
         + comm.all_reduce(system, dp // shard, tp * shard, grad_bytes / shard, True),
         comm.all_reduce(system, dp, tp, grad_bytes, True),
     )
@@ -368,14 +375,25 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     # FSDP's per-layer buckets, DeepSpeed's overlap_comm) reduce a layer's gradients while the
     # earlier layers' backward runs and gather parameters behind the next forward: what shows is
     # the part longer than that compute plus the last bucket (one layer's share). Without
-    # bucketing all of it shows.
+    # bucketing all of it shows, and so does what the engine issues outside the overlap
+    # (DeepSpeed: ZeRO-0's all-reduce after backward, the parameter gather inside its step).
     layers = stage.layers
     bwd_mb = layers * (blk.compute - blk.fwd)
     fwd_mb = layers * blk.fwd
     last = 1.0 / np.maximum(layers, 1)
-    bucketed = (np.maximum(0.0, grad_sync * (1 - last) - bwd_mb) + grad_sync * last
-                + np.maximum(0.0, param_gather * (1 - last) - fwd_mb) + param_gather * last)
-    dp_exposed = np.where(behaviour(t, "gradient_bucketing"), bucketed, grad_sync + param_gather)
+    bucketing = behaviour(t, "gradient_bucketing")
+    grad_hidden = bucketing & np.where(shard > 1, True, behaviour(t, "replicated_grad_overlap"))
+    grad_exposed = np.where(grad_hidden, np.maximum(0.0, grad_sync * (1 - last) - bwd_mb)
+                            + grad_sync * last, grad_sync)
+    # Sharded gradients reduced after every micro-batch (DeepSpeed ZeRO-2), each behind that
+    # micro-batch's backward.
+    each = behaviour(t, "sharded_grad_each_microbatch") & (shard > 1) & (kp == 1) & (
+        t.degree("grads") > 1)
+    grad_exposed = np.where(each, m * grad_exposed, grad_exposed)
+    gather_hidden = bucketing & behaviour(t, "param_gather_overlap")
+    gather_exposed = np.where(gather_hidden, np.maximum(0.0, param_gather * (1 - last) - fwd_mb)
+                              + param_gather * last, param_gather)
+    dp_exposed = grad_exposed + gather_exposed
     fsdp_exposed = m * sharded_param_times(model, system, t, blk, layers, n_stage)
     optimizer = np.ceil(n_stage / ko) * OPTIMIZER_TRAFFIC[t.dtype] / r.memory
     return {"dp_comm": dp_exposed + fsdp_exposed, "optimizer": optimizer}

@@ -77,6 +77,17 @@ class EngineRules:
     # split composes with the interleaved schedule.
     pipeline_split: str
     uneven_interleaved: bool = True
+    # How the data-parallel reduction of parameters that are not sharded is issued (read only
+    # where ``gradient_bucketing`` overlaps it at all): replicated gradients (ZeRO-0, DDP)
+    # overlapped with backward; sharded gradients (ZeRO-2) reduced after every micro-batch
+    # rather than once per step; sharded gradients and optimizer states reduced by an
+    # all-reduce of the whole gradient of which each rank keeps its shard (else a
+    # reduce-scatter); and the parameters updated from a sharded optimizer gathered behind the
+    # next forward (else inside the optimizer step, exposed).
+    replicated_grad_overlap: bool = True
+    sharded_grad_each_microbatch: bool = False
+    sharded_grad_all_reduce: bool = False
+    param_gather_overlap: bool = True
     # The engine's models run fused element-wise kernels whatever the caller asks
     # (Megatron-LM's apex/TransformerEngine norms, bias-activation and RoPE kernels), so an eager
     # pricing (costmodel/steptime.py EAGER_BYTES_PER_TOKEN) never applies to it.
@@ -286,6 +297,19 @@ RULES: dict[Engine, EngineRules] = {
         tp_comm_overlap=False, prefetch=1, prefetch_bucket_params=50_000_000,
         gather_per_module=True, reduce_bucket_params=500_000_000,
         reshard_after_forward=True, gradient_bucketing=True, reduce_fp32=False,
+        # Stages 0-2 as flm configures them (trainers/deepspeed_config.py: overlap_comm on),
+        # from DeepSpeed 0.19's runtime/engine.py ``allreduce_gradients`` and
+        # runtime/zero/stage_1_and_2.py: ZeRO-0 all-reduces the gradients after backward
+        # (``buffered_allreduce_fallback``, not overlapped); ZeRO-1 reduces in backward hooks at
+        # the accumulation boundary only, ZeRO-2 after every micro-batch
+        # (``reduce_ready_partitions_and_remove_grads``: "ZeRO stage >= 2 communicates during
+        # non gradient accumulation boundaries as well"); each bucket is all-reduced whole and
+        # each rank keeps its slice (``use_multi_rank_bucket_allreduce``, default True since
+        # 0.12.4, PR #4695); the updated parameters are all-gathered inside ``step``
+        # (``all_gather_dp_groups``). Measured with DeepSpeed 0.19.8 on CPU:
+        # tests/test_deepspeed_reduction.py.
+        replicated_grad_overlap=False, sharded_grad_each_microbatch=True,
+        sharded_grad_all_reduce=True, param_gather_overlap=False,
         pipeline_split="parameters",
         # ZeRO-3 releases a module's parameters after its forward; what it keeps is bounded by
         # stage3_max_live_parameters and stage3_param_persistence_threshold (small parameters),
