@@ -30,6 +30,7 @@ from frontier_llm.bench.launch import free_port
 from frontier_llm.bench.trace import read_trace
 from frontier_llm.catalog import load_model
 from frontier_llm.costmodel.memory import rank_state_bytes
+from frontier_llm.specs.engine_rules import rules_for
 from frontier_llm.specs.layout import Layout
 
 pytest.importorskip("deepspeed", reason="deepspeed is in the dev extra (DS_BUILD_OPS=0)")
@@ -47,6 +48,10 @@ CASES = [
     # Tied embeddings: the first stage's embedding and the last stage's head, gradients summed.
     ("pp2-zero1-tied", "tiny-gpt", dict(pp=2, global_batch=4, sharding=1)),
 ]
+# Cases whose last step's collectives are recorded (tests/deepspeed_ranks.py) and checked
+# against the cost model's DeepSpeed rules: two micro-batches per step, so a reduction per
+# micro-batch and one per step differ.
+REDUCTION_CASES = ("dp2-zero0", "dp2-zero1", "dp2-zero2")
 # ModelSpec fields a case changes.
 MODEL_FIELDS = {"pp2-zero1-tied": {"tied_embeddings": True},
                 "pp2xtp2-zero0-tied": {"tied_embeddings": True}}
@@ -104,7 +109,8 @@ def launch(tmp_path: Path, env: dict, world: int, cases: list[dict], timeout: fl
                          ids=["2-ranks", "4-ranks", "8-ranks"])
 def test_layouts_train_like_one_process(tmp_path, ds_extension_cache, world, layouts):
     cases = [{"id": i, "model": m, "layout": f, "steps": STEPS,
-              "model_fields": MODEL_FIELDS.get(i, {})} for i, m, f in layouts]
+              "model_fields": MODEL_FIELDS.get(i, {}), "collectives": i in REDUCTION_CASES}
+             for i, m, f in layouts]
     ranks = launch(tmp_path, ds_extension_cache, world, cases)
     for n, (case_id, model_name, fields) in enumerate(layouts):
         model = dataclasses.replace(load_model(model_name), **MODEL_FIELDS.get(case_id, {}))
@@ -124,6 +130,9 @@ def test_layouts_train_like_one_process(tmp_path, ds_extension_cache, world, lay
             bounds = [0, *(1 + sum(per_stage[:i + 1]) for i in range(layout.pp - 1)),
                       model.layers + 2]
             assert all(r[n]["parts"] == bounds for r in ranks), (ranks[0][n]["parts"], bounds)
+        if case_id in REDUCTION_CASES:
+            for rank in ranks:
+                assert_reduction_as_ruled(layout, rank[n])
         for rank in ranks:
             got = rank[n]
             assert got["id"] == case_id
@@ -131,6 +140,35 @@ def test_layouts_train_like_one_process(tmp_path, ds_extension_cache, world, lay
             for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
                 assert got[key] == pytest.approx(want[key], rel=0.005), (case_id, key, got,
                                                                           want)
+
+
+def assert_reduction_as_ruled(layout: Layout, got: dict) -> None:
+    """What the real DeepSpeed issued in one step, phase by phase, is what the cost model's
+    DeepSpeed rules price (specs/engine_rules.py, costmodel/steptime.py data_parallel_times):
+    the gradient reduction in the last micro-batch's backward only, or in every micro-batch's
+    for sharded gradients (``sharded_grad_each_microbatch``); by an all-reduce of the whole
+    gradient (``sharded_grad_all_reduce``) or a reduce-scatter; the updated parameters gathered
+    inside the optimizer step where the optimizer is sharded (``param_gather_overlap`` off)."""
+    rules = rules_for("deepspeed")
+    events, params = got["collectives"], got["param_elements"]
+    m = layout.num_microbatches
+    assert m >= 2, "a per-step and a per-micro-batch reduction must differ"
+    sharded = layout.sharding.optim.degree(layout.dp) > 1
+    grads_sharded = layout.sharding.grads.degree(layout.dp) > 1
+    op = "all_reduce" if rules.sharded_grad_all_reduce or not sharded else "reduce_scatter_tensor"
+    every = grads_sharded and rules.sharded_grad_each_microbatch
+    for k in range(m):
+        moved = events.get(f"backward{k}", {}).get(op, 0)
+        if every or k == m - 1:
+            # The whole gradient, bucket by bucket (DeepSpeed pads partitions a little).
+            assert params <= moved <= 1.05 * params, (layout.sharding, k, events, params)
+        else:
+            assert moved == 0, (layout.sharding, k, events)
+    gathered = events.get(f"step{m - 1}", {}).get("all_gather_into_tensor", 0)
+    if sharded and not rules.param_gather_overlap:
+        assert params <= gathered <= 1.05 * params, (layout.sharding, events, params)
+    else:
+        assert gathered == 0, (layout.sharding, events)
 
 
 def _bench(tmp_path: Path, env: dict, engine: str, *flags: str) -> dict:
