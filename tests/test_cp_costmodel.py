@@ -2,7 +2,8 @@
 
 cp = 1 reproduces the figures of the cost model before cp existed, exactly
 (``tests/data/cp_golden.json``: ``predict`` of 51 layouts over every engine, schedule,
-recompute mode and sharding, written from commit b016498 before the cost model learned cp);
+recompute mode and sharding, written from commit b016498 before the cost model learned cp, and
+rewritten since only where a term cp does not touch changed: ``git log`` of the file says which);
 the cp terms are checked by hand against docs/costmodel.md §"Context parallelism".
 """
 
