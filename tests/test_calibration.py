@@ -29,6 +29,7 @@ from frontier_llm.planner.calibration import (
     row_batches,
     row_engine,
     row_model,
+    row_overlap_comm,
     row_shardings,
     row_space,
     row_system,
@@ -277,3 +278,32 @@ def test_block_level_checkpointing_replays_the_share_hfu_over_mfu_gives(sharded_
     assert "47% of blocks" in blended["layout"]
     assert replayed_share(sharded_runs.iloc[0]) is None  # states 'none'
     assert replayed_share(sharded_runs.iloc[4]) is None  # states 'full'
+
+
+@pytest.mark.parametrize(("engine", "on"), [
+    # Megatron-DeepSpeed's example recipes write ds_configs without overlap_comm: off below
+    # stage 3 (planner/calibration.py row_overlap_comm).
+    ("Megatron-DeepSpeed (microsoft fork, examples_deepspeed/rebase), fp16, flash-attn", False),
+    ("xtuner + DeepSpeed ZeRO-3 (bf16)", True),
+    ("HF Accelerate + DeepSpeed ZeRO-3 (fp32 master/optimizer, bf16 compute)", True),
+    ("PyTorch FSDP (FSDP1), SDPA FlashAttention-2, bf16", True),
+])
+def test_megatron_deepspeed_rows_run_deepspeeds_default_overlap(engine, on):
+    assert row_overlap_comm(pd.Series({"engine": engine})) is on
+
+
+def test_lumi_rows_are_predicted_with_their_recipes_overlap_setting(monkeypatch):
+    """The LUMI-G ZeRO-2 row is predicted with its recipe's setting (reductions on the compute
+    stream, after every micro-batch), slower than with flm's own (overlapped): the calibration
+    passes the row's setting to the planner."""
+    from frontier_llm.planner import calibration
+
+    runs = load_runs(CALIBRATION_FILES[1])
+    row = runs[runs["sharding"].astype(str).str.startswith("ZeRO-2")].iloc[0]
+    assert not row_overlap_comm(row)
+    recipe = predict_row(row)
+    assert "zero2 deepspeed" in recipe["layout"]
+    monkeypatch.setattr(calibration, "row_overlap_comm", lambda _row: True)
+    own = predict_row(row)
+    assert recipe["metric"] == own["metric"] == "tokens_per_s_per_gpu"
+    assert recipe["predicted"] < 0.99 * own["predicted"]

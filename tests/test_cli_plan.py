@@ -167,3 +167,25 @@ def test_eager_prices_pytorch_element_wise_work_and_leaves_megatron_fused(capsys
     mega = [_best(capsys, "--engine", "megatron", "--zero", "1", *flag)["layout"]
             for flag in ((), ("--eager",))]
     assert mega[0]["step_time_s"] == mega[1]["step_time_s"]
+
+
+def test_deepspeed_overlap_comm_off_exposes_zero1_and_zero2_reductions(capsys):
+    """--deepspeed-overlap-comm off prices DeepSpeed's ZeRO-1/2 as a ds_config without the key
+    runs them (DeepSpeed's default below stage 3): the reduction on the compute stream, exposed,
+    and ZeRO-2's after every micro-batch (here 2 a step). ZeRO-3 keeps its default (on) and the
+    other engines have no such setting: their figures do not move. The header says so."""
+    def step(engine, zero, *flag):
+        # 256 sequences over dp 64 at micro-batch 2: two micro-batches a step.
+        got = _best(capsys, "--engine", engine, "--zero", zero, "--global-batch", "256", *flag)
+        return got["layout"]["step_time_s"], got["err"]
+
+    for zero in ("1", "2"):
+        on, on_err = step("deepspeed", zero)
+        off, off_err = step("deepspeed", zero, "--deepspeed-overlap-comm", "off")
+        assert off > on, zero
+        assert "without overlap_comm" in off_err and "overlap_comm" not in on_err
+    gap1 = step("deepspeed", "1", "--deepspeed-overlap-comm", "off")[0] - step("deepspeed", "1")[0]
+    gap2 = step("deepspeed", "2", "--deepspeed-overlap-comm", "off")[0] - step("deepspeed", "2")[0]
+    assert gap2 > 1.5 * gap1  # two exposed reductions a step against one
+    for engine, zero in (("deepspeed", "3"), ("megatron", "1"), ("native", "3")):
+        assert step(engine, zero)[0] == step(engine, zero, "--deepspeed-overlap-comm", "off")[0]

@@ -250,6 +250,7 @@ def run_curve(
             global_batch=args.global_batch,
             grow_batch=args.grow_batch,
             eager=args.eager,
+            overlap_comm=args.deepspeed_overlap_comm == "on",
         )
     selection = None
     if args.deadline is not None:

@@ -79,7 +79,8 @@ def run_plan(args: argparse.Namespace) -> int:
     if alloc_cli.wants_curve(args):
         return alloc_cli.run_curve(args, model, system, space)
     start = time.perf_counter()
-    result = plan(model, system, args.gpus, args.global_batch, space, eager=args.eager)
+    result = plan(model, system, args.gpus, args.global_batch, space, eager=args.eager,
+                  overlap_comm=args.deepspeed_overlap_comm == "on")
     seconds = time.perf_counter() - start
     ranked = result.ranked(None if args.risk_aware else args.top,
                            fits_only=not args.include_oom, frontier=not args.all)
@@ -92,7 +93,8 @@ def run_plan(args: argparse.Namespace) -> int:
         f"({system.name}), global batch {result.global_batch:,} sequences = "
         f"{format_tokens(result.global_batch * model.seq_len)} tokens"
         f"{'' if args.global_batch else ' (the default: 4M tokens in whole sequences)'}"
-        f"{', element-wise work priced eager (--eager)' if args.eager else ''}: "
+        f"{', element-wise work priced eager (--eager)' if args.eager else ''}"
+        f"{NO_OVERLAP_NOTE if args.deepspeed_overlap_comm == 'off' else ''}: "
         f"{len(result.reason):,} layouts evaluated in {seconds:.2f} s, "
         f"{int(np.sum(result.valid)):,} valid and fit{shown}",
         file=sys.stderr,
@@ -151,6 +153,9 @@ def run_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+NO_OVERLAP_NOTE = ", DeepSpeed ZeRO-1/2 without overlap_comm (--deepspeed-overlap-comm off)"
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(
         sub, "plan", "rank every valid layout of a model on N GPUs",
@@ -189,6 +194,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "docs/costmodel.md section 5): flm bench's engines and torchtitan "
                         "without [compile] run so; Megatron-LM layouts keep their fused "
                         "kernels. Default: fused (torch.compile, TransformerEngine, XLA)")
+    p.add_argument("--deepspeed-overlap-comm", choices=("on", "off"), default="on",
+                   help="DeepSpeed's zero_optimization.overlap_comm for its ZeRO-1/2 layouts. "
+                        "on (default): the config flm writes (flm bench, flm export), "
+                        "gradients reduced behind backward; off: a ds_config that leaves the "
+                        "key unset (DeepSpeed's default below stage 3, as Megatron-DeepSpeed's "
+                        "example recipes do), reductions on the compute stream, exposed. "
+                        "ZeRO-3 keeps its default, on (docs/costmodel.md 'DeepSpeed')")
     p.add_argument("--all", action="store_true",
                    help="rank every layout; by default a layout is left out when another is at "
                         "least as fast with no more memory (it is dominated)")

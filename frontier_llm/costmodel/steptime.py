@@ -333,8 +333,11 @@ def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
 
 
 def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
-                        blk: BlockTimes, stage: StageTimes) -> dict[str, np.ndarray]:
-    """Exposed gradient/parameter communication and the optimizer step."""
+                        blk: BlockTimes, stage: StageTimes,
+                        overlap_comm: bool = True) -> dict[str, np.ndarray]:
+    """Exposed gradient/parameter communication and the optimizer step. ``overlap_comm``
+    False: DeepSpeed's ZeRO-1/2 reduce on the compute stream (a ds_config that leaves
+    ``overlap_comm`` unset: DeepSpeed's default below stage 3), nothing hidden."""
     tp, pp = t.tp, t.pp
     # Gradients are reduced over every rank holding the same parameters: dp x cp (the cp ranks
     # saw other tokens of the same sequences), a group of stride tp (cp next to tp, dp next to
@@ -382,6 +385,8 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     fwd_mb = layers * blk.fwd
     last = 1.0 / np.maximum(layers, 1)
     bucketing = behaviour(t, "gradient_bucketing")
+    if not overlap_comm:
+        bucketing = bucketing & ~((t.engine == Engine.DEEPSPEED.code) & (kp == 1))
     grad_hidden = bucketing & np.where(shard > 1, True, behaviour(t, "replicated_grad_overlap"))
     grad_exposed = np.where(grad_hidden, np.maximum(0.0, grad_sync * (1 - last) - bwd_mb)
                             + grad_sync * last, grad_sync)
@@ -399,15 +404,16 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     return {"dp_comm": dp_exposed + fsdp_exposed, "optimizer": optimizer}
 
 
-def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable,
-              eager: bool = False) -> dict[str, np.ndarray]:
+def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable, eager: bool = False,
+              overlap_comm: bool = True) -> dict[str, np.ndarray]:
     """Seconds per iteration and its parts (seconds, summed over the iteration, on the slowest
     pipeline stage), for every layout of ``t``: per block, per stage, data parallel. ``eager``:
-    the run is un-compiled PyTorch (:func:`block_times`)."""
+    the run is un-compiled PyTorch (:func:`block_times`); ``overlap_comm``: DeepSpeed's, for
+    its ZeRO-1/2 layouts (:func:`data_parallel_times`)."""
     r = _rates(model, system, t)
     blk = block_times(model, system, t, r, eager)
     stage = stage_times(model, system, t, r, blk)
-    dp = data_parallel_times(model, system, t, r, blk, stage)
+    dp = data_parallel_times(model, system, t, r, blk, stage, overlap_comm)
     m = t.num_microbatches
     layers = stage.layers * m
     return {

@@ -128,6 +128,17 @@ def row_eager(row: pd.Series) -> bool:
     return any(word in text for word in _EAGER_CODE)
 
 
+def row_overlap_comm(row: pd.Series) -> bool:
+    """Whether the row's DeepSpeed ran with ``overlap_comm`` on for its ZeRO-1/2 reductions
+    (costmodel/steptime.py ``data_parallel_times``). Megatron-DeepSpeed's example recipes write
+    ds_configs without the key (all 22 JSON configs under examples_deepspeed/ of
+    microsoft/Megatron-DeepSpeed@f4157bea, among them rebase/ds_config_gpt_TEMPLATE.json, which
+    the LUMI-G rows' lumi_ds_pretrain_gpt_13b.sh fills with only the stage), so DeepSpeed's
+    default applies: off below stage 3 (deepspeed/runtime/zero/config.py
+    ``overlap_comm_valid``). Other rows: flm's own setting, on."""
+    return "megatron-deepspeed" not in _engine_text(row)
+
+
 def row_zero_stage(row: pd.Series) -> int | None:
     """The ZeRO stage a row states: a leading digit, or 3 for FSDP's full sharding."""
     if not _given(row.get("zero_stage")):
@@ -390,7 +401,8 @@ def _best(row: pd.Series, model: ModelSpec, system: SystemSpec, recompute: str |
     if recompute is not None:
         space = dataclasses.replace(space, recompute=(recompute,))
     for batch in row_batches(row):
-        result = plan(model, system, int(row["num_gpus"]), batch, space, eager=row_eager(row))
+        result = plan(model, system, int(row["num_gpus"]), batch, space, eager=row_eager(row),
+                      overlap_comm=row_overlap_comm(row))
         # A published run ran: when none of its layouts is predicted to fit, the fastest is
         # predicted anyway (after those that fit) and the table says it was predicted not to fit.
         order = result.ranked_indices(fits_only=False)

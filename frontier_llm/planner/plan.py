@@ -162,17 +162,21 @@ def _sharding_labels(t: LayoutTable) -> pd.Categorical:
 
 
 def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | None = None,
-         space: SearchSpace | None = None, eager: bool = False) -> Plan:
+         space: SearchSpace | None = None, eager: bool = False,
+         overlap_comm: bool = True) -> Plan:
     """Evaluate every layout of ``space`` for ``model`` on ``gpus`` GPUs of ``system``;
     ``eager``: element-wise work as un-compiled PyTorch runs it (``flm plan --eager``;
-    calibration's rows whose model code is plain PyTorch); Megatron-LM layouts stay fused."""
+    calibration's rows whose model code is plain PyTorch); Megatron-LM layouts stay fused.
+    ``overlap_comm`` False: DeepSpeed's ZeRO-1/2 layouts as a ds_config without
+    ``overlap_comm`` runs them (``flm plan --deepspeed-overlap-comm off``; calibration's
+    Megatron-DeepSpeed rows); flm's own DeepSpeed config sets it."""
     if not 1 <= gpus <= MAX_GPUS:
         raise UserError(f"the GPU count must be between 1 and {MAX_GPUS:,} (got {gpus})")
     gb = global_batch or default_global_batch(model, gpus)
     layouts, reason = enumerate_layouts(model, system, gpus, gb, space or SearchSpace())
     # The cost model runs on the layouts no rule rejected; the others get NaN figures.
     ok = np.flatnonzero(reason == 0)
-    sub = evaluate(model, system, layouts.take(ok), eager)
+    sub = evaluate(model, system, layouts.take(ok), eager, overlap_comm)
     # Every row gets every figure: NaN (False) where a rule rejected it. One block for the
     # float figures, each row written once (the tables run to millions of rows).
     floats = [k for k, v in sub.items() if v.dtype != bool]
