@@ -30,6 +30,7 @@ from frontier_llm.planner.calibration import (
     row_engine,
     row_model,
     row_overlap_comm,
+    row_reduce_fp32,
     row_shardings,
     row_space,
     row_system,
@@ -307,3 +308,33 @@ def test_lumi_rows_are_predicted_with_their_recipes_overlap_setting(monkeypatch)
     own = predict_row(row)
     assert recipe["metric"] == own["metric"] == "tokens_per_s_per_gpu"
     assert recipe["predicted"] < 0.99 * own["predicted"]
+
+
+@pytest.mark.parametrize(("engine", "fp32"), [
+    # fms-fsdp's FSDP1 bfSixteen policy reduces in bf16 (planner/calibration.py
+    # row_reduce_fp32); other engines keep their rule (None).
+    ("PyTorch FSDP (FSDP1), SDPA FlashAttention-2, bf16, no torch.compile", False),
+    ("PyTorch FSDP (FSDP1), SDPA FlashAttention-2, bf16", False),
+    ("MaxText (JAX/XLA GPU), bf16", None),
+    ("xtuner + DeepSpeed ZeRO-3 (bf16)", None),
+])
+def test_fsdp1_rows_reduce_in_their_policys_dtype(engine, fp32):
+    assert row_reduce_fp32(pd.Series({"engine": engine})) is fp32
+
+
+def test_reducing_in_bf16_halves_the_bytes_and_drops_the_fp32_copy():
+    """A run whose FSDP policy reduces in bf16 moves half the gradient bytes of torchtitan's fp32
+    reduction and holds no fp32 copy of a layer's gradient."""
+    from frontier_llm.catalog import load_model
+    from frontier_llm.costmodel import evaluate
+    from frontier_llm.costmodel.layouts import from_configs
+    from frontier_llm.costmodel.steptime import reduce_bytes
+    from frontier_llm.specs.layout import Layout
+
+    t = from_configs([Layout(dp=128, micro_batch=2, global_batch=256, sharding=3,
+                             engine="native")])
+    assert reduce_bytes(t)[0] == 4 and reduce_bytes(t, False)[0] == 2
+    m, s = load_model("gpt3-6.7b"), load_system("dgx-a100")
+    rule, bf16 = evaluate(m, s, t), evaluate(m, s, t, reduce_fp32=False)
+    assert bf16["mem_buffers_bytes"][0] < rule["mem_buffers_bytes"][0]
+    assert bf16["time_dp_comm_s"][0] <= rule["time_dp_comm_s"][0]

@@ -220,7 +220,8 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None) -> n
     return layers * per_layer + first + np.maximum(transient, last)
 
 
-def gathered_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None) -> np.ndarray:
+def gathered_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None,
+                   reduce_fp32: bool | None = None) -> np.ndarray:
     """Unsharded copies of sharded parameters (ZeRO-3, FSDP, AMSP partial) at the start of
     backward, when the loss temporaries are alive too: the layer in use plus the ``prefetch``
     layers gathered ahead (every layer of the stage when the engine keeps them between forward
@@ -236,7 +237,8 @@ def gathered_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None) -> np
     # those prefetched; kept: every layer of the stage, gathered since its forward.
     held = np.where(behaviour(t, "reshard_after_forward") & t.reshard_after_forward,
                     np.minimum(1 + behaviour(t, "prefetch"), layers), layers)
-    fp32_copy = np.where(behaviour(t, "reduce_fp32") & (e < 4), 4, 0)
+    fp32 = behaviour(t, "reduce_fp32") if reduce_fp32 is None else reduce_fp32
+    fp32_copy = np.where(fp32 & (e < 4), 4, 0)
     unsharded = n_layer * (held * e + e + fp32_copy) + n_rest * (2 * e + fp32_copy)
     return np.where(t.degree("params") > 1, unsharded, 0)
 
@@ -251,17 +253,19 @@ def loss_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
     return t.local_seq(model.seq_len) * t.micro_batch * _cdiv(model.vocab, t.tp) * per_vocab
 
 
-def buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None) -> np.ndarray:
+def buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None,
+                 reduce_fp32: bool | None = None) -> np.ndarray:
     """Transient communication buffers: gathered parameters and gradients of sharded layers and
-    the sequence-parallel all-gather of one layer input (the rank's seq/cp tokens)."""
+    the sequence-parallel all-gather of one layer input (the rank's seq/cp tokens).
+    ``reduce_fp32``: whether gradients are reduced in fp32 (None: the engine's rule)."""
     e = ACT_BYTES[t.dtype]
     sp = np.where(t.sequence_parallel,
                   e * t.local_seq(model.seq_len) * t.micro_batch * model.hidden, 0)
-    return gathered_bytes(model, t, pp_rank, held) + sp
+    return gathered_bytes(model, t, pp_rank, held, reduce_fp32) + sp
 
 
 def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, held=None,
-                chunk=None) -> dict:
+                chunk=None, reduce_fp32: bool | None = None) -> dict:
     """Every memory term of one rank of stage ``pp_rank`` (holding ``held`` layers, its fullest
     chunk ``chunk``; default: from the engine's split), and their total ``peak``."""
     if held is None or chunk is None:
@@ -273,23 +277,25 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
         "optimizer": states["optimizer"],
         "activations": activation_bytes(model, t, pp_rank, chunk),
         "loss": np.where(np.asarray(pp_rank) == t.pp - 1, loss_bytes(model, t), 0),
-        "buffers": buffer_bytes(model, t, pp_rank, held),
+        "buffers": buffer_bytes(model, t, pp_rank, held, reduce_fp32),
         "reserved": np.full(len(t), system.memory_reserved_bytes, dtype=float),
     }
     out["peak"] = sum(np.asarray(v, dtype=float) for v in out.values())
     return out
 
 
-def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict:
+def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
+                reduce_fp32: bool | None = None) -> dict:
     """The rank with the most memory: the first stage (embeddings, most micro-batches in
     flight), the last (head, logits) or, where the engine splits layers unevenly, the middle
-    stage holding the most layers (the earliest such, which holds the most micro-batches)."""
+    stage holding the most layers (the earliest such, which holds the most micro-batches).
+    ``reduce_fp32``: whether gradients are reduced in fp32 (None: the engine's rule)."""
     ranks = pipeline_ranks(model, t)
     out = None
     for r, held, chunk in ((np.zeros(len(t), dtype=np.int64), ranks["first"],
                             ranks["chunk_first"]),
                            (t.pp - 1, ranks["last"], ranks["chunk_last"])):
-        mem = rank_memory(model, system, t, r, held, chunk)
+        mem = rank_memory(model, system, t, r, held, chunk, reduce_fp32)
         mem["stage"] = np.broadcast_to(r, (len(t),))
         if out is None:
             out = mem
@@ -303,7 +309,7 @@ def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> dict:
     if len(rows):
         sub = t.take(rows)
         mem = rank_memory(model, system, sub, ranks["mid"][rows], ranks["mid_held"][rows],
-                          ranks["chunk_mid"][rows])
+                          ranks["chunk_mid"][rows], reduce_fp32)
         mem["stage"] = ranks["mid"][rows]
         bigger = rows[mem["peak"] > out["peak"][rows]]
         win = mem["peak"] > out["peak"][rows]

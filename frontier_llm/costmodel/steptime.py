@@ -272,14 +272,17 @@ def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     return StageTimes(layers, head, p2p, compute_mb, m * t_max + bubble, bubble)
 
 
-def reduce_bytes(t: LayoutTable) -> np.ndarray:
+def reduce_bytes(t: LayoutTable, reduce_fp32: bool | None = None) -> np.ndarray:
     """Bytes per gradient element on the wire: fp32 where the engine reduces in fp32 (or the
-    training is fp32), else the 16-bit training dtype."""
-    return np.where(behaviour(t, "reduce_fp32"), 4, ACT_BYTES[t.dtype])
+    training is fp32), else the 16-bit training dtype. ``reduce_fp32`` (None: the engine's rule)
+    says it for the run instead (an FSDP mixed-precision policy's ``reduce_dtype``)."""
+    fp32 = behaviour(t, "reduce_fp32") if reduce_fp32 is None else reduce_fp32
+    return np.where(fp32, 4, ACT_BYTES[t.dtype])
 
 
 def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
-                        blk: BlockTimes, layers, n_stage) -> np.ndarray:
+                        blk: BlockTimes, layers, n_stage,
+                        reduce_fp32: bool | None = None) -> np.ndarray:
     """Exposed seconds per micro-batch of sharded parameters (ZeRO-3, FSDP, AMSP partial):
     each layer's parameters all-gathered over the ``kp`` ranks that shard them before its
     forward, again before its backward when the engine reshards after forward, and its
@@ -292,7 +295,7 @@ def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     node uses the node link)."""
     kp = t.degree("params")
     e = ACT_BYTES[t.dtype]
-    g = reduce_bytes(t)
+    g = reduce_bytes(t, reduce_fp32)
     n_layer = table_layer_params(model, t)
     n_rest = np.maximum(n_stage - layers * n_layer, 0)
     # Messages per layer: one gather per module for engines that fetch module by module, and
@@ -333,11 +336,12 @@ def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
 
 
 def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
-                        blk: BlockTimes, stage: StageTimes,
-                        overlap_comm: bool = True) -> dict[str, np.ndarray]:
+                        blk: BlockTimes, stage: StageTimes, overlap_comm: bool = True,
+                        reduce_fp32: bool | None = None) -> dict[str, np.ndarray]:
     """Exposed gradient/parameter communication and the optimizer step. ``overlap_comm``
     False: DeepSpeed's ZeRO-1/2 reduce on the compute stream (a ds_config that leaves
-    ``overlap_comm`` unset: DeepSpeed's default below stage 3), nothing hidden."""
+    ``overlap_comm`` unset: DeepSpeed's default below stage 3), nothing hidden.
+    ``reduce_fp32``: :func:`reduce_bytes`."""
     tp, pp = t.tp, t.pp
     # Gradients are reduced over every rank holding the same parameters: dp x cp (the cp ranks
     # saw other tokens of the same sequences), a group of stride tp (cp next to tp, dp next to
@@ -350,7 +354,7 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
         stage_params_per_rank(model, tp, pp, 0, ranks["first"], n_layer),
         stage_params_per_rank(model, tp, pp, ranks["mid"], ranks["mid_held"], n_layer),
         stage_params_per_rank(model, tp, pp, pp - 1, ranks["last"], n_layer)])
-    grad_bytes = n_stage * reduce_bytes(t)
+    grad_bytes = n_stage * reduce_bytes(t, reduce_fp32)
     param_bytes = n_stage * STATE_BYTES[t.dtype][:, 0]
     kp, kg, ko = t.degree("params"), t.degree("grads"), t.degree("optim")
     shard = np.maximum(kg, ko)
@@ -399,21 +403,22 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     gather_exposed = np.where(gather_hidden, np.maximum(0.0, param_gather * (1 - last) - fwd_mb)
                               + param_gather * last, param_gather)
     dp_exposed = grad_exposed + gather_exposed
-    fsdp_exposed = m * sharded_param_times(model, system, t, blk, layers, n_stage)
+    fsdp_exposed = m * sharded_param_times(model, system, t, blk, layers, n_stage, reduce_fp32)
     optimizer = np.ceil(n_stage / ko) * OPTIMIZER_TRAFFIC[t.dtype] / r.memory
     return {"dp_comm": dp_exposed + fsdp_exposed, "optimizer": optimizer}
 
 
 def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable, eager: bool = False,
-              overlap_comm: bool = True) -> dict[str, np.ndarray]:
+              overlap_comm: bool = True,
+              reduce_fp32: bool | None = None) -> dict[str, np.ndarray]:
     """Seconds per iteration and its parts (seconds, summed over the iteration, on the slowest
     pipeline stage), for every layout of ``t``: per block, per stage, data parallel. ``eager``:
     the run is un-compiled PyTorch (:func:`block_times`); ``overlap_comm``: DeepSpeed's, for
-    its ZeRO-1/2 layouts (:func:`data_parallel_times`)."""
+    its ZeRO-1/2 layouts (:func:`data_parallel_times`); ``reduce_fp32``: :func:`reduce_bytes`."""
     r = _rates(model, system, t)
     blk = block_times(model, system, t, r, eager)
     stage = stage_times(model, system, t, r, blk)
-    dp = data_parallel_times(model, system, t, r, blk, stage, overlap_comm)
+    dp = data_parallel_times(model, system, t, r, blk, stage, overlap_comm, reduce_fp32)
     m = t.num_microbatches
     layers = stage.layers * m
     return {

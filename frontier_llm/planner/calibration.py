@@ -139,6 +139,17 @@ def row_overlap_comm(row: pd.Series) -> bool:
     return "megatron-deepspeed" not in _engine_text(row)
 
 
+def row_reduce_fp32(row: pd.Series) -> bool | None:
+    """Whether the row's gradients were reduced in fp32, where its framework says otherwise
+    than the engine's rule (None: the rule; costmodel/steptime.py ``reduce_bytes``). PyTorch
+    FSDP1's ``MixedPrecision`` reduces in its ``reduce_dtype``, which defaults to the
+    ``param_dtype``; fms-fsdp, the code of the PyTorch blog's and fms-fsdp's rows, sets both to
+    bf16 (its ``bfSixteen`` policy, foundation-model-stack/fms-fsdp@0d319983
+    fms_fsdp/policies/mixed_precision.py, chosen by ``mixed_precision=True``, the default), where
+    torchtitan's FSDP2 reduces in fp32."""
+    return False if "fsdp1" in _engine_text(row) else None
+
+
 def row_zero_stage(row: pd.Series) -> int | None:
     """The ZeRO stage a row states: a leading digit, or 3 for FSDP's full sharding."""
     if not _given(row.get("zero_stage")):
@@ -402,7 +413,7 @@ def _best(row: pd.Series, model: ModelSpec, system: SystemSpec, recompute: str |
         space = dataclasses.replace(space, recompute=(recompute,))
     for batch in row_batches(row):
         result = plan(model, system, int(row["num_gpus"]), batch, space, eager=row_eager(row),
-                      overlap_comm=row_overlap_comm(row))
+                      overlap_comm=row_overlap_comm(row), reduce_fp32=row_reduce_fp32(row))
         # A published run ran: when none of its layouts is predicted to fit, the fastest is
         # predicted anyway (after those that fit) and the table says it was predicted not to fit.
         order = result.ranked_indices(fits_only=False)
