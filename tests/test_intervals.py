@@ -100,7 +100,7 @@ def test_add_intervals_gives_the_margin_and_the_basis():
     "not met: leave-one-source-out step-time error (mean |predicted/measured - 1|) is 4.6 % "
     "for deepspeed+sharded, 5.6 % for megatron and 9.4 % for deepspeed but 10.5 % for "
     "native+sharded (eager PyTorch FSDP on the blog's H100s, SKU unstated, predicted 14-20 % "
-    "fast; fms-fsdp's 13B at micro-batch 1 19 % fast; MaxText's multi-node rows on Google "
+    "fast; fms-fsdp's 13B at micro-batch 1 20 % fast; MaxText's multi-node rows on Google "
     "Cloud A3 High 9-20 % fast); docs/costmodel.md 'Leave-one-source-out'"))
 def test_loso_step_time_error_per_family_at_most_ten_percent():
     res = intervals.usable(intervals.load_residuals())
