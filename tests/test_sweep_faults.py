@@ -240,11 +240,17 @@ def test_scheduler_faults(cluster, tmp_path, monkeypatch):
             # A CI run printed nothing here: scontrol answers a job it no longer holds on
             # stderr only. Its error, the controller's completion records and the attempts'
             # files say where the job went.
-            done = (cluster.directory / "log" / "jobcomp.txt").read_text()[-3000:]
+            log = cluster.directory / "log"
+            done = (log / "jobcomp.txt").read_text()[-3000:]
             files = sorted(p.name for p in rtraces.glob("*"))
+            # A CI run found the controller unreachable here (connect failure): its own log
+            # and the node daemon's say whether it died, and on what.
+            daemons = "".join(f"\n{name} (last 40 lines):\n" + "\n".join(
+                (log / name).read_text(errors="replace").splitlines()[-40:])
+                for name in ("slurmctld.log", "slurmd.log") if (log / name).exists())
             raise AssertionError(
                 f"{exc}\n{shown.stdout}{shown.stderr}\n{down.stdout}{down.stderr}\n"
-                f"jobcomp:\n{done}\ntraces: {files}") from None
+                f"jobcomp:\n{done}\ntraces: {files}{daemons}") from None
         pid = int((cluster.directory / "slurmctld.pid").read_text())
         os.kill(pid, 15)  # the controller goes away (by its pid file) ...
         # ... for as long as the waiter takes to find it gone (it says so), ...
