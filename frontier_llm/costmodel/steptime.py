@@ -396,8 +396,7 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
                             + grad_sync * last, grad_sync)
     # Sharded gradients reduced after every micro-batch (DeepSpeed ZeRO-2), each behind that
     # micro-batch's backward.
-    each = behaviour(t, "sharded_grad_each_microbatch") & (shard > 1) & (kp == 1) & (
-        t.degree("grads") > 1)
+    each = behaviour(t, "sharded_grad_each_microbatch") & (kg > 1) & (kp == 1)
     grad_exposed = np.where(each, m * grad_exposed, grad_exposed)
     gather_hidden = bucketing & behaviour(t, "param_gather_overlap")
     gather_exposed = np.where(gather_hidden, np.maximum(0.0, param_gather * (1 - last) - fwd_mb)
