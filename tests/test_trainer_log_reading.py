@@ -23,7 +23,7 @@ import pytest
 
 from frontier_llm.bench import record
 from frontier_llm.cli import main
-from frontier_llm.logs.common import MAX_LINE_BYTES, WARMUP_STEPS
+from frontier_llm.trainers.log_reader import MAX_LINE_BYTES, WARMUP_STEPS
 from frontier_llm.logs.traces import (
     TFLOPS_AGREEMENT,
     LogOptions,

@@ -15,7 +15,7 @@ import pytest
 from frontier_llm.bench.trace import validate_trace
 from frontier_llm.cli import main
 from frontier_llm.errors import UserError
-from frontier_llm.logs.common import WARMUP_STEPS, LogError
+from frontier_llm.trainers.log_reader import WARMUP_STEPS, LogError
 from frontier_llm.logs.traces import (
     LogOptions,
     RunRefused,

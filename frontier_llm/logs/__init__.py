@@ -3,9 +3,9 @@ read into flm traces: ``flm collect --from-logs`` (docs/trainer-logs.md)."""
 
 from __future__ import annotations
 
-from frontier_llm.logs.common import Trainer
-from frontier_llm.logs.deepspeed import DeepSpeed
-from frontier_llm.logs.megatron import Megatron
-from frontier_llm.logs.torchtitan import Torchtitan
+from frontier_llm.trainers.log_reader import Trainer
+from frontier_llm.trainers.deepspeed_log import DeepSpeed
+from frontier_llm.trainers.megatron_log import Megatron
+from frontier_llm.trainers.torchtitan_log import Torchtitan
 
 TRAINERS: dict[str, Trainer] = {t.name: t for t in (Megatron(), Torchtitan(), DeepSpeed())}

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 from frontier_llm.bench.record import trace_record
 from frontier_llm.bench.trace import validate_trace, write_trace
 from frontier_llm.errors import UserError
-from frontier_llm.logs.common import LogError, ParsedRun
+from frontier_llm.trainers.log_reader import LogError, ParsedRun
 from frontier_llm.logs.traces import LogOptions, build_trace, parse_log
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.vocab import RunStatus

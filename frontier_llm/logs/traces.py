@@ -25,7 +25,7 @@ from frontier_llm.bench.record import trace_record
 from frontier_llm.bench.trace import validate_trace, write_trace
 from frontier_llm.errors import UserError
 from frontier_llm.logs import TRAINERS
-from frontier_llm.logs.common import (
+from frontier_llm.trainers.log_reader import (
     MAX_LINE_BYTES,
     WARMUP_STEPS,
     LogError,
@@ -35,7 +35,7 @@ from frontier_llm.logs.common import (
     parse_text,
     read_lines,
 )
-from frontier_llm.logs.deepspeed import samples_per_s
+from frontier_llm.trainers.deepspeed_log import samples_per_s
 from frontier_llm.specs import axes
 from frontier_llm.specs.forms import ALWAYS_SHOWN, SCALED
 from frontier_llm.specs.layout import Layout, complete_layout, layout_fields, layout_types

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from frontier_llm.logs.common import ParsedRun, Step, Trainer, number, read_outcome
+from frontier_llm.trainers.log_reader import ParsedRun, Step, Trainer, number, read_outcome
 
 _STEP = re.compile(r"\bstep:\s*(\d+)\s+loss:\s*(\S+)(.*)")
 _FIELD = re.compile(r"(memory|tps|wps|tflops|mfu):\s*([\d.,]+)\s*(GiB)?")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import re
 
-from frontier_llm.logs.common import (
+from frontier_llm.trainers.log_reader import (
     ParsedRun,
     Step,
     Trainer,
