@@ -23,7 +23,6 @@ import pytest
 
 from frontier_llm.bench import record
 from frontier_llm.cli import main
-from frontier_llm.trainers.log_reader import MAX_LINE_BYTES, WARMUP_STEPS
 from frontier_llm.logs.traces import (
     TFLOPS_AGREEMENT,
     LogOptions,
@@ -33,6 +32,7 @@ from frontier_llm.logs.traces import (
     parse_layout_option,
     parse_log,
 )
+from frontier_llm.trainers.log_reader import MAX_LINE_BYTES, WARMUP_STEPS
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "trainer_logs"

@@ -74,7 +74,7 @@ def test_every_trainer_is_registered_once_with_its_spellings():
     with pytest.raises(UnknownTrainer, match="unknown trainer 'nemo' \\(one of megatron-lm"):
         get("nemo")
     for t in TRAINERS.values():  # what each owns is stated, with a source
-        assert t.title and t.source and t.engines and t.log_format
+        assert t.title and t.source and t.engines and t.log_reader.name
 
 
 # --- a: the rank's device under the site's GPU binding ---
@@ -344,7 +344,7 @@ def test_ds_config_of_a_hostile_name_is_valid_json_read_by_deepspeed(monkeypatch
 @pytest.mark.parametrize("spelling", ["torchtitan", "titan"])
 def test_collect_from_logs_takes_the_export_names_of_a_trainer(tmp_path, capsys, spelling):
     """flm collect --from-logs took parser names only (megatron|torchtitan|deepspeed); a trainer
-    is now named as flm export names it, or by an alias, and its log_format picks the parser."""
+    is now named as flm export names it, or by an alias, and its log_reader reads its logs."""
     data = Path(__file__).parent / "data" / "trainer_logs" / "torchtitan_1287_steps.log"
     assert main(["collect", "--from-logs", str(data), "--trainer", spelling, "--system",
                  "h100-sxm", "--model", "tiny-llama", "--layout",

@@ -81,7 +81,7 @@ def _logs_to_traces(args: argparse.Namespace) -> tuple[str, list]:
     options = LogOptions(system=args.system, model=args.model,
                          layout=parse_layout_option(args.layout or ""), sweep=args.sweep)
     # The registry names the trainer's parser (Megatron-DeepSpeed's is Megatron's).
-    report = logs_to_traces(args.from_logs, get(args.trainer).log_format, options, args.traces,
+    report = logs_to_traces(args.from_logs, get(args.trainer).log_reader.name, options, args.traces,
                             any_owner=args.any_owner)
     for line in report.skipped:
         _err(f"flm collect: not read {line}")

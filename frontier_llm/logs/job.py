@@ -23,17 +23,17 @@ from types import SimpleNamespace
 from frontier_llm.bench.record import trace_record
 from frontier_llm.bench.trace import validate_trace, write_trace
 from frontier_llm.errors import UserError
-from frontier_llm.trainers.log_reader import LogError, ParsedRun
 from frontier_llm.logs.traces import LogOptions, build_trace, parse_log
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.vocab import RunStatus
 from frontier_llm.trainers import NAMES, get
+from frontier_llm.trainers.log_reader import LogError, ParsedRun
 
 
 def _last_run(log_path: Path, trainer: str) -> tuple[ParsedRun | None, str | None]:
     """The log's last run (a job runs one; a requeue appends) and, if none, why."""
     try:
-        log = parse_log(log_path, get(trainer).log_format)
+        log = parse_log(log_path, get(trainer).log_reader.name)
     except LogError as exc:
         return None, str(exc)
     with_steps = [r for r in log.runs if r.steps]

@@ -24,7 +24,11 @@ from types import SimpleNamespace
 from frontier_llm.bench.record import trace_record
 from frontier_llm.bench.trace import validate_trace, write_trace
 from frontier_llm.errors import UserError
-from frontier_llm.logs import TRAINERS
+from frontier_llm.specs.forms import ALWAYS_SHOWN, SCALED
+from frontier_llm.specs.layout import Layout, complete_layout, layout_fields, layout_types
+from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.vocab import RunStatus
+from frontier_llm.trainers import LOG_READERS, log_reader
 from frontier_llm.trainers.log_reader import (
     MAX_LINE_BYTES,
     WARMUP_STEPS,
@@ -35,12 +39,6 @@ from frontier_llm.trainers.log_reader import (
     parse_text,
     read_lines,
 )
-from frontier_llm.trainers.deepspeed_log import samples_per_s
-from frontier_llm.specs import axes
-from frontier_llm.specs.forms import ALWAYS_SHOWN, SCALED
-from frontier_llm.specs.layout import Layout, complete_layout, layout_fields, layout_types
-from frontier_llm.specs.model import ModelSpec
-from frontier_llm.specs.vocab import RunStatus
 
 # Fields a run must state (in its log or in --layout): without them its step time means nothing.
 # They are those the one label always writes (specs.forms: the degrees and both batches).
@@ -99,11 +97,12 @@ def parse_layout_option(text: str) -> dict[str, object]:
 
 
 def parse_log(path: str | Path, trainer: str) -> ParsedLog:
-    """Read one log with the named trainer's parser; LogError (one line) for a refused file."""
-    if trainer not in TRAINERS:
-        raise UserError(f"unknown trainer {trainer!r}: one of {', '.join(TRAINERS)}")
+    """Read one log with the reader of the named trainer (any spelling, or a log format:
+    ``megatron``); LogError (one line) for a refused file."""
+    reader = log_reader(trainer)
     path = Path(path)
-    return parse_text(TRAINERS[trainer], read_lines(path), path)
+    others = [r for r in LOG_READERS.values() if r is not reader]
+    return parse_text(reader, read_lines(path), path, others)
 
 
 def run_id(path: Path, index: int) -> str:
@@ -172,21 +171,6 @@ def _model(run: ParsedRun, options: LogOptions) -> ModelSpec:
         return ModelSpec(**base)
     except (UserError, TypeError) as exc:
         raise RunRefused(f"model: {exc}") from None
-
-
-def _times(run: ParsedRun, layout: Layout, model: ModelSpec) -> None:
-    """Step times the log gives as a rate: torchtitan's tokens/s per GPU, DeepSpeed's samples/s."""
-    for s in run.steps:
-        if s.time_s:
-            continue
-        if run.trainer == "deepspeed" and (sps := samples_per_s(run, s.step)):
-            s.time_s = layout.global_batch / sps
-        elif s.tokens_per_s:
-            # torchtitan: tps counts the tokens of one data-parallel rank's batch over the
-            # time and the cp x tp x pp GPUs that share it (components/metrics.py divides by
-            # parallel_dims.non_data_parallel_size = cp * tp * pp; v0.2.2).
-            tokens = layout.global_batch // layout.dp * model.seq_len
-            s.time_s = tokens / (s.tokens_per_s * axes.model_parallel_size(layout))
 
 
 def _status(run: ParsedRun) -> tuple[str, str | None, str]:
@@ -284,7 +268,9 @@ def build_trace(run: ParsedRun, path: Path, options: LogOptions) -> dict:
     system = load_system(str(options.system))
     layout, defaulted = _layout(run, options)
     model = _model(run, options)
-    _times(run, layout, model)
+    # Step times a log gives as a rate (torchtitan's tokens/s, DeepSpeed's samples/s): what a
+    # trainer's step time means is its reader's to say.
+    log_reader(run.trainer).step_times(run, layout, model)
     # A step with no usable time (a rate of 0, a figure that is not finite) is not a measurement.
     read = len(run.steps)
     run.steps = [s for s in run.steps if math.isfinite(s.time_s) and s.time_s > 0]

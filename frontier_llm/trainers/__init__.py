@@ -8,8 +8,9 @@ else asks :func:`get` (any of a trainer's spellings) or iterates :data:`TRAINERS
 Where the package sits (.importlinter): below ``bench/``, above ``planner/``. ``flm bench
 --engine deepspeed`` builds its ds_config with the DeepSpeed trainer's builder
 (``trainers/deepspeed_config.py``), so the package must sit below bench; ``export/``, ``logs/``,
-``jobs/`` and the command line sit above and import it. What a trainer needs from above (its log
-parser, which builds traces with bench's summaries) it names by key (``log_format``).
+``jobs/`` and the command line sit above and import it. A trainer's log reader is its own
+(``Trainer.log_reader``, from its ``*_log.py`` module); ``logs/traces.py`` turns what it reads
+into traces with bench's summaries.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pkgutil
 
 from frontier_llm.errors import UserError
 from frontier_llm.trainers.base import EnvVar, Trainer
+from frontier_llm.trainers.log_reader import LogReader
 
 
 def _discover() -> dict[str, Trainer]:
@@ -33,6 +35,9 @@ def _discover() -> dict[str, Trainer]:
 
 TRAINERS: dict[str, Trainer] = _discover()
 NAMES: tuple[str, ...] = tuple(TRAINERS)
+# The log formats, by the name ``flm collect --from-logs --trainer`` and the traces' ``trainer``
+# label use (Megatron-LM and Megatron-DeepSpeed print the same lines: one reader).
+LOG_READERS: dict[str, LogReader] = {t.log_reader.name: t.log_reader for t in TRAINERS.values()}
 
 
 def _key(name: str) -> str:
@@ -59,4 +64,10 @@ def spellings() -> tuple[str, ...]:
     return tuple(dict.fromkeys(s for t in TRAINERS.values() for s in (t.name, *t.aliases)))
 
 
-__all__ = ["NAMES", "TRAINERS", "EnvVar", "Trainer", "UnknownTrainer", "get", "spellings"]
+def log_reader(name: str) -> LogReader:
+    """The log reader of a trainer (any spelling) or of a log format (``megatron``)."""
+    return LOG_READERS.get(name) or get(name).log_reader
+
+
+__all__ = ["LOG_READERS", "NAMES", "TRAINERS", "EnvVar", "LogReader", "Trainer",
+           "UnknownTrainer", "get", "log_reader", "spellings"]

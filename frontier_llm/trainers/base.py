@@ -7,9 +7,10 @@ export (``flm export``), trainer sweeps (``jobs/workload.py``), the job template
 ingestion (``flm collect --from-logs``, ``python -m frontier_llm.logs.job``) ask the registry and
 never name a trainer themselves.
 
-Log parsing is not here: ``logs/`` sits above this package (it builds traces with bench's
-summaries). A trainer names its parser by ``log_format``, the key of ``logs.TRAINERS``, and every
-parsed run becomes a trace through the one builder, ``logs.traces.build_trace``.
+A trainer owns its log reader (``log_reader``, a :class:`~frontier_llm.trainers.log_reader.
+LogReader` of its ``*_log.py`` module, which reads through the same vocabulary the exporter
+writes with); ``logs/traces.py`` turns every parsed run into a trace with the one builder,
+``build_trace``, and never names a trainer.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from frontier_llm.specs.forms import label
 from frontier_llm.specs.layout import Engine, Layout
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
+from frontier_llm.trainers.log_reader import LogReader
 from frontier_llm.trainers.text import comment_lines
 
 
@@ -52,7 +54,7 @@ class Trainer:
     # The flm engines standing for it (specs/engine_rules.py): a layout that names no engine
     # gets the first that builds it, and --from-plan plans with them.
     engines: tuple[Engine, ...] = ()
-    log_format = ""  # the parser of logs.TRAINERS that reads its logs
+    log_reader: LogReader = LogReader()  # reads the logs it prints (flm collect --from-logs)
     step_flag: str | None = None  # how many optimizer steps it runs (the walltime check)
     save_flag: str | None = None  # the checkpoint directory flag (one per sweep job)
     # The signal on which it saves a checkpoint and stops, and the flag that makes it listen.

@@ -28,6 +28,7 @@ from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 from frontier_llm.trainers.base import Trainer
 from frontier_llm.trainers.deepspeed_config import deepspeed_config, zero_settings
+from frontier_llm.trainers.deepspeed_log import DeepSpeedLog
 from frontier_llm.trainers.refusals import check_engine_rules, check_megatron_deepspeed, refuse
 from frontier_llm.trainers.text import json_text
 
@@ -102,7 +103,7 @@ class DeepSpeed(Trainer):
     order = 4
     source = "DeepSpeed 0.19 deepspeed/runtime/config.py"
     engines = (Engine.DEEPSPEED,)
-    log_format = "deepspeed"
+    log_reader = DeepSpeedLog()
     takes_bucket = True
     # The script is the user's: DeepSpeed has no step flag, checkpoint flag or exit signal of its
     # own (deepspeed.add_config_arguments adds --deepspeed and --deepspeed_config only).

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import re
 
+from frontier_llm.specs.layout import Layout
+from frontier_llm.specs.model import ModelSpec
 from frontier_llm.trainers.log_reader import (
+    LogReader,
     ParsedRun,
     Step,
-    Trainer,
     flag,
     integer,
     number,
@@ -37,7 +39,7 @@ _PIPE = re.compile(r"^steps: (\d+) loss: (\S+) iter time \(s\): ([\d.]+) samples
 GB = 2**30  # DeepSpeed's "GB" is bytes / 1024**3 (see_memory_usage / ThroughputTimer)
 
 
-class DeepSpeed(Trainer):
+class DeepSpeedLog(LogReader):
     name = "deepspeed"
     title = "DeepSpeed"
     start = re.compile(r"DeepSpeed info: version=|DeepSpeedEngine configuration:")
@@ -98,6 +100,12 @@ class DeepSpeed(Trainer):
         elif flag(a.get("fp16_enabled")):
             run.layout["dtype"] = "fp16"
         run.layout["engine"] = "deepspeed"
+
+    def step_times(self, run: ParsedRun, layout: Layout, model: ModelSpec) -> None:
+        """The step time is the global batch over the samples per second the timer printed."""
+        for s in run.steps:
+            if not s.time_s and (sps := samples_per_s(run, s.step)):
+                s.time_s = layout.global_batch / sps
 
 
 def samples_per_s(run: ParsedRun, step: int) -> float | None:

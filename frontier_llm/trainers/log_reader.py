@@ -1,8 +1,10 @@
 """What every trainer's log parser shares: reading a log file, rank prefixes, runs, the warm-up
 rule and the one-line refusals (docs/trainer-logs.md).
 
-A parser (``megatron``, ``torchtitan``, ``deepspeed``) is a :class:`Trainer`: it says which
-lines start a run and reads each line into the current :class:`ParsedRun`. This module walks the
+A reader (``megatron``, ``torchtitan``, ``deepspeed``) is a :class:`LogReader`, owned by its
+trainer's object in the registry (``trainers/__init__.py``, ``Trainer.log_reader``): it says which
+lines start a run and reads each line into the current :class:`ParsedRun`, through its trainer's
+vocabulary (the same table its exporter writes flags with). This module walks the
 file, strips ``srun --label`` (``0: ``) and torchrun (``[rank0]:``) prefixes, splits the file
 into runs and counts the lines that look like the trainer's step lines but cannot be read.
 """
@@ -15,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from frontier_llm.errors import UserError
+from frontier_llm.specs.layout import Layout
+from frontier_llm.specs.model import ModelSpec
 
 # The warm-up rule (docs/trainer-logs.md): the first logged step of a run, and every step whose
 # number is at most WARMUP_STEPS, are warm-up. The first steps of any trainer pay for memory
@@ -110,7 +114,7 @@ class ParsedLog:
     long_lines: int = 0  # lines longer than MAX_LINE_BYTES, skipped unread
 
 
-class Trainer:
+class LogReader:
     """One trainer's log format; subclasses fill in the regular expressions and ``read``."""
 
     name = ""
@@ -127,6 +131,10 @@ class Trainer:
 
     def finish(self, run: ParsedRun) -> None:
         """Turn what the run printed (``run.args``) into layout and model fields."""
+
+    def step_times(self, run: ParsedRun, layout: Layout, model: ModelSpec) -> None:
+        """Fill in the step times a log gives as a rate (``Step.time_s`` 0) once the layout
+        and model are known; a trainer that prints its step time needs nothing here."""
 
 
 def strip_prefix(line: str) -> tuple[int | None, str]:
@@ -207,9 +215,11 @@ def _check_text(path: Path, head: bytes) -> None:
         raise LogError(f"{path}: not UTF-8 text (a binary file?), not a training log")
 
 
-def parse_text(trainer: Trainer, text: str | Iterable[str], path: Path) -> ParsedLog:
+def parse_text(trainer: LogReader, text: str | Iterable[str], path: Path,
+               others: Iterable[LogReader] = ()) -> ParsedLog:
     """Split the log (its text, or its lines as :func:`read_lines` streams them) into runs and
-    read each line with ``trainer``."""
+    read each line with ``trainer``; ``others`` (the other trainers' readers) name the trainer
+    of a log that is not this one's."""
     lines = text.splitlines() if isinstance(text, str) else text
     runs = [ParsedRun(trainer.name, 0)]
     log = ParsedLog(path, runs)
@@ -237,17 +247,15 @@ def parse_text(trainer: Trainer, text: str | Iterable[str], path: Path) -> Parse
     if not recognised:
         head = text if isinstance(text, str) else getattr(lines, "head", "")
         raise LogError(f"{path}: no {trainer.title} line in it; not a {trainer.title} log "
-                       f"{_other_trainer(head, trainer)}".rstrip())
+                       f"{_other_trainer(head, trainer, others)}".rstrip())
     log.runs = [r for r in runs if r.has_content]
     for run in log.runs:
         trainer.finish(run)
     return log
 
 
-def _other_trainer(text: str, trainer: Trainer) -> str:
-    from frontier_llm.logs import TRAINERS
-
-    for other in TRAINERS.values():
+def _other_trainer(text: str, trainer: LogReader, others: Iterable[LogReader]) -> str:
+    for other in others:
         if other.name != trainer.name and other.signature.search(text):
             return f"(it looks like a {other.title} log: --trainer {other.name})"
     return ""

@@ -18,6 +18,7 @@ from frontier_llm.trainers.megatron_common import (
     recompute_args,
     render_argv,
 )
+from frontier_llm.trainers.megatron_log import MegatronLog
 from frontier_llm.trainers.refusals import check_megatron_deepspeed, refuse
 from frontier_llm.trainers.text import json_text
 
@@ -38,7 +39,7 @@ class MegatronDeepSpeed(Trainer):
     order = 2
     source = "Megatron-DeepSpeed 4efb479 megatron/arguments.py"
     engines = (Engine.MEGATRON, Engine.DEEPSPEED)
-    log_format = "megatron"  # it prints Megatron's arguments and iteration lines
+    log_reader = MegatronLog()  # it prints Megatron's arguments and iteration lines
     step_flag = "--train-iters"
     save_flag = "--save"
     # --exit-signal-handler: save a checkpoint and stop on SIGTERM (megatron/arguments.py,

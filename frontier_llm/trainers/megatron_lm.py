@@ -16,6 +16,7 @@ from frontier_llm.trainers.megatron_common import (
     recompute_args,
     render_argv,
 )
+from frontier_llm.trainers.megatron_log import MegatronLog
 from frontier_llm.trainers.refusals import check_engine_rules, refuse
 
 # megatron/training/arguments.py validate_args at 309ffca: when tp > 1 or cp > 1 on a GPU
@@ -37,7 +38,7 @@ class MegatronLM(Trainer):
     order = 1
     source = "Megatron-LM core_v0.15.3 (309ffca) megatron/training/arguments.py"
     engines = (Engine.MEGATRON,)
-    log_format = "megatron"
+    log_reader = MegatronLog()
     step_flag = "--train-iters"
     save_flag = "--save"
     # --exit-signal-handler: "Dynamically save the checkpoint and shutdown the training if

@@ -24,9 +24,9 @@ import contextlib
 import re
 
 from frontier_llm.trainers.log_reader import (
+    LogReader,
     ParsedRun,
     Step,
-    Trainer,
     flag,
     integer,
     keep_batch,
@@ -61,7 +61,7 @@ _DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "
 _DEGREE_FIELD = {"data": "dp", "context": "cp", "tensor-model": "tp", "pipeline-model": "pp"}
 
 
-class Megatron(Trainer):
+class MegatronLog(LogReader):
     name = "megatron"
     title = "Megatron-LM / Megatron-DeepSpeed"
     start = re.compile(r"-{5,}\s*arguments\s*-{5,}")

@@ -33,6 +33,8 @@ from frontier_llm.specs.system import SystemSpec
 from frontier_llm.trainers.base import Trainer
 from frontier_llm.trainers.refusals import check_engine_rules, refuse
 from frontier_llm.trainers.text import comment_lines, toml_value
+from frontier_llm.trainers.torchtitan_log import TorchtitanLog
+from frontier_llm.trainers.torchtitan_names import AC_MODES, SELECTIVE_OPTION, key
 
 TORCHTITAN = "torchtitan"
 JOB_CONFIG = "job_config.toml"
@@ -238,13 +240,13 @@ def job_config(model: ModelSpec, layout: Layout,
     training: dict[str, Any] = {"seq_len": model.seq_len, "global_batch_size": layout.global_batch,
                                 "mixed_precision_param": PRECISION[layout.dtype]}
     parallelism: dict[str, Any] = {
-        "data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
-        "tensor_parallel_degree": layout.tp, "pipeline_parallel_degree": layout.pp}
+        key("dp_replicate"): replicate, key("dp_shard"): shard,
+        key("tp"): layout.tp, key("pp"): layout.pp}
     if layout.cp > 1:
         # The load-balanced causal split is its default load balancer ("headtail" for SDPA:
         # rank r holds chunks r and 2cp-1-r); all-gather of the K/V shards is flm's native
         # design and its default rotate method, written out so that the file says it.
-        parallelism["context_parallel_degree"] = layout.cp
+        parallelism[key("cp")] = layout.cp
         parallelism["context_parallel_rotate_method"] = "allgather"
     if layout.ep > 1:
         # Its expert mesh takes ep from dp_shard x cp x tp / etp (efsdp = dp_shard x cp x tp /
@@ -255,8 +257,8 @@ def job_config(model: ModelSpec, layout: Layout,
                          f"x cp = {shard} x {layout.cp}: torchtitan's experts borrow ranks "
                          "from the FSDP shard group only (parallel_dims.py efsdp); shard over "
                          "more ranks (zero3) or lower ep")
-        parallelism["expert_parallel_degree"] = layout.ep
-        parallelism["expert_tensor_parallel_degree"] = layout.tp
+        parallelism[key("ep")] = layout.ep
+        parallelism[key("etp")] = layout.tp
     if shard > 1 or layout.cp > 1:
         parallelism["fsdp_reshard_after_forward"] = (
             "always" if layout.reshard_after_forward else "never")
@@ -270,10 +272,9 @@ def job_config(model: ModelSpec, layout: Layout,
     else:
         # Without pipelines torchtitan accumulates global / (local x dp) micro-batches.
         training["local_batch_size"] = layout.micro_batch
-    ac: dict[str, Any] = {"mode": {Recompute.NONE: "none", Recompute.FULL: "full",
-                                   Recompute.SELECTIVE_OP: "selective"}[layout.recompute]}
+    ac: dict[str, Any] = {"mode": AC_MODES[layout.recompute]}
     if layout.recompute == Recompute.SELECTIVE_OP:
-        ac["selective_ac_option"] = "op"
+        ac["selective_ac_option"] = SELECTIVE_OPTION
     return {"model": {"name": "llama4" if model.is_moe else "llama3",
                       "flavor": flavor(model) or model.name},
             "training": training,
@@ -327,7 +328,7 @@ class Torchtitan(Trainer):
     order = 3
     source = "torchtitan v0.2.2 (73a0e69) torchtitan/config/job_config.py"
     engines = (Engine.NATIVE,)
-    log_format = "torchtitan"
+    log_reader = TorchtitanLog()
     # [training] steps as a command-line override (job_config.py v0.2.2, Training.steps).
     step_flag = "--training.steps"
     save_flag = "--checkpoint.folder"

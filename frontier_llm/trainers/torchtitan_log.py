@@ -16,7 +16,16 @@ from __future__ import annotations
 
 import re
 
-from frontier_llm.trainers.log_reader import ParsedRun, Step, Trainer, number, read_outcome
+from frontier_llm.specs import axes
+from frontier_llm.specs.layout import Layout
+from frontier_llm.specs.model import ModelSpec
+from frontier_llm.trainers.log_reader import LogReader, ParsedRun, Step, number, read_outcome
+from frontier_llm.trainers.torchtitan_names import (
+    DATA_PARALLEL,
+    mesh_layout,
+    recompute_of,
+    sharding,
+)
 
 _STEP = re.compile(r"\bstep:\s*(\d+)\s+loss:\s*(\S+)(.*)")
 _FIELD = re.compile(r"(memory|tps|wps|tflops|mfu):\s*([\d.,]+)\s*(GiB)?")
@@ -26,26 +35,17 @@ _MESH_DEGREES = re.compile(r"Building device mesh with parallelism: ((?:\w+=\d+,
 # The job config as ``--job.print_config`` prints it (``Running with configs: {json}``, one key a
 # line): its context_parallel_degree, for a log whose mesh line is missing.
 _CONFIG_CP = re.compile(r'"context_parallel_degree":\s*(\d+)')
+_CONFIG_AC = re.compile(r'"selective_ac_option":\s*"(\w+)"')
 _BUILD = re.compile(r"Building (\w+) (\S+) with \w*ModelArgs\((.*)\)")
 _VERSION = re.compile(r"torchtitan version:?\s*(\S+)")
-# torchtitan's mesh dimensions that are layout degrees (distributed/parallel_dims.py v0.2.2;
-# older logs name the data-parallel one "dp"). Expert parallelism (ep, etp) has no layout field:
-# refused in ``finish`` unless 1.
-_TITAN_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-
-
-def _mesh_field(name: str) -> str | None:
-    """The layout field of a mesh dimension: FSDP shards and replicates over data-parallel
-    ranks (dp, dp_shard, dp_replicate: dp); pp, cp and tp are the layout's own names."""
-    if name.startswith("dp"):
-        return "dp" if name in ("dp", *_TITAN_DIMS) else None
-    return name if name in _TITAN_DIMS else None
+_WRAPPED = re.compile(rf"Applied ({'|'.join(DATA_PARALLEL)}) to the model")
+_AC = re.compile(r"Applied (\w+) activation checkpointing")
 _MODEL_ARGS = {"dim": "hidden", "n_layers": "layers", "n_heads": "heads",
                "n_kv_heads": "kv_heads", "vocab_size": "vocab"}
 GIB = 2**30
 
 
-class Torchtitan(Trainer):
+class TorchtitanLog(LogReader):
     name = "torchtitan"
     title = "torchtitan"
     start = re.compile(r"Starting job:")
@@ -67,16 +67,19 @@ class Torchtitan(Trainer):
         if m := _CONFIG_CP.search(text):
             run.args["config.context_parallel_degree"] = m.group(1)
             return True
+        if m := _CONFIG_AC.search(text):
+            run.args["config.selective_ac_option"] = m.group(1)
+            return True
         if m := _BUILD.search(text):
             run.model_name = f"{m.group(1)}-{m.group(2)}"
             for key, value in re.findall(r"(\w+)=([^,()]+)", m.group(3)):
                 run.args.setdefault(f"model.{key}", value.strip())
             return True
-        if "activation checkpointing" in text and "Applied" in text:
-            run.args["ac"] = "selective" if "selective" in text else "full"
+        if m := _AC.search(text):
+            run.args["ac"] = m.group(1)
             return True
-        if "Applied FSDP" in text or "Applied HSDP" in text:
-            run.args["fsdp"] = "yes"
+        if m := _WRAPPED.search(text):
+            run.args["fsdp"] = m.group(1)
             return True
         if m := _VERSION.search(text):
             run.version = f"torchtitan {m.group(1)}"
@@ -108,29 +111,24 @@ class Torchtitan(Trainer):
         return True
 
     def finish(self, run: ParsedRun) -> None:
-        degrees: dict[str, int] = {}
+        mesh: dict[str, int] = {}
         for pair in filter(None, run.args.get("mesh", "").split(",")):
             name, _, size = pair.partition("=")
-            field = _mesh_field(name)
-            if field is None and int(size) == 1:
-                continue  # v0.2.2 names every degree: ep=1, etp=1 on a dense model
-            if field is None:
-                run.status, run.error = "refused", (
-                    f"mesh dimension {name} (size {size}) has no flm layout field")
-                continue
-            degrees[field] = degrees.get(field, 1) * int(size)
-        if "cp" not in degrees and (cp := run.args.get("config.context_parallel_degree")):
-            degrees["cp"] = int(cp)
-        if run.args.get("mesh"):
-            # The mesh line states the whole mesh: a degree it does not name is 1 (the older
-            # form lists only the dimensions above 1).
-            for name in _TITAN_DIMS:
-                degrees.setdefault(str(_mesh_field(name)), 1)  # each of them has a field
-        run.layout.update(degrees)
-        if "ac" in run.args:
-            run.layout["recompute"] = run.args["ac"]
-        if run.args.get("fsdp"):
-            run.layout["sharding"] = "zero3"  # FSDP's full sharding of params, grads, states
+            mesh[name] = mesh.get(name, 1) * int(size)
+        if "cp" not in mesh and (cp := run.args.get("config.context_parallel_degree")):
+            mesh["cp"] = int(cp)
+        if mesh:
+            degrees, refusal = mesh_layout(mesh)
+            if refusal is not None:
+                run.status, run.error = "refused", refusal
+            if not run.args.get("mesh"):  # only the printed config's cp: nothing else is known
+                degrees = {"cp": degrees["cp"]}
+            run.layout.update(degrees)
+        if (recompute := recompute_of(run.args.get("ac"),
+                                      run.args.get("config.selective_ac_option"))) is not None:
+            run.layout["recompute"] = str(recompute)
+        if applied := run.args.get("fsdp"):
+            run.layout["sharding"] = sharding(applied, mesh.get("dp_shard", 1) * mesh.get("cp", 1))
         run.layout["engine"] = "native"
         for key, name in _MODEL_ARGS.items():
             value = run.args.get(f"model.{key}")
@@ -138,3 +136,12 @@ class Torchtitan(Trainer):
                 run.model[name] = int(value)
         if "heads" in run.model and "kv_heads" not in run.model:
             run.model["kv_heads"] = run.model["heads"]
+
+    def step_times(self, run: ParsedRun, layout: Layout, model: ModelSpec) -> None:
+        """tps counts the tokens of one data-parallel rank's batch over the time and the
+        cp x tp x pp GPUs that share it (components/metrics.py divides by
+        parallel_dims.non_data_parallel_size = cp * tp * pp; v0.2.2)."""
+        for s in run.steps:
+            if not s.time_s and s.tokens_per_s:
+                tokens = layout.global_batch // layout.dp * model.seq_len
+                s.time_s = tokens / (s.tokens_per_s * axes.model_parallel_size(layout))
