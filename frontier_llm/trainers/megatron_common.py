@@ -16,6 +16,29 @@ from frontier_llm.trainers.text import comment_lines, shell_word
 
 DEFAULT_DS_CONFIG = "ds_config.json"
 
+# Each layout setting's flag, spelled alike by both trainers: the export writes these, and the
+# log reader (trainers/megatron_log.py) reads the values the arguments block prints under each
+# flag's argparse dest (:func:`dest`: ``tensor_model_parallel_size``).
+LAYOUT_FLAGS = {
+    "tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
+    "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size",
+    "micro_batch": "--micro-batch-size", "global_batch": "--global-batch-size",
+    "sequence_parallel": "--sequence-parallel", "recompute": "--recompute-granularity",
+}
+# Settings no flag sets as such: validate_args computes them and the block prints them
+# (megatron/training/arguments.py at 309ffca: data_parallel_size = world / (tp x pp x cp);
+# virtual_pipeline_model_parallel_size = --num-virtual-stages-per-pipeline-rank, None for 1).
+VIRTUAL_STAGES_FLAG = "--num-virtual-stages-per-pipeline-rank"
+PRINTED = {"dp": "data_parallel_size", "virtual_stages": "virtual_pipeline_model_parallel_size"}
+# The sharding flags: Megatron-LM's distributed optimizer (ZeRO-1), Megatron-DeepSpeed's stage.
+DISTRIBUTED_OPTIMIZER_FLAG = "--use-distributed-optimizer"
+ZERO_STAGE_FLAG = "--zero-stage"
+
+
+def dest(flag: str) -> str:
+    """The name argparse stores a flag's value under, as the arguments block prints it."""
+    return flag.removeprefix("--").replace("-", "_")
+
 
 def model_args(model: ModelSpec, deepspeed: bool) -> list[str]:
     """The model's shape and style. The two trainers spell GQA, RoPE and the norm differently."""
@@ -82,7 +105,7 @@ def moe_args(model: ModelSpec, layout: Layout) -> list[str]:
     if layout.ep > 1:
         # "We recommend using 'alltoall' when applying expert parallelism" (its help): the
         # all-to-all dispatch and combine flm's cost model and flm bench stand for.
-        argv += ["--expert-model-parallel-size", str(layout.ep),
+        argv += [LAYOUT_FLAGS["ep"], str(layout.ep),
                  "--moe-token-dispatcher-type", "alltoall"]
     return argv
 
@@ -93,9 +116,9 @@ def recompute_args(layout: Layout) -> list[str]:
     ``GPTModelPipe`` reads the same flags (full + uniform: its PipelineModule's checkpoint
     interval is ``--recompute-num-layers``; megatron/model/gpt_model.py)."""
     if layout.recompute == Recompute.SELECTIVE:
-        return ["--recompute-granularity", "selective"]
+        return [LAYOUT_FLAGS["recompute"], "selective"]
     if layout.recompute == Recompute.FULL:
-        return ["--recompute-granularity", "full", "--recompute-method", "uniform",
+        return [LAYOUT_FLAGS["recompute"], "full", "--recompute-method", "uniform",
                 "--recompute-num-layers", "1"]
     return []
 
@@ -105,10 +128,9 @@ def dtype_args(layout: Layout) -> list[str]:
 
 
 def batch_and_degrees(layout: Layout) -> list[str]:
-    return ["--tensor-model-parallel-size", str(layout.tp),
-            "--pipeline-model-parallel-size", str(layout.pp),
-            "--micro-batch-size", str(layout.micro_batch),
-            "--global-batch-size", str(layout.global_batch)]
+    return [LAYOUT_FLAGS["tp"], str(layout.tp), LAYOUT_FLAGS["pp"], str(layout.pp),
+            LAYOUT_FLAGS["micro_batch"], str(layout.micro_batch),
+            LAYOUT_FLAGS["global_batch"], str(layout.global_batch)]
 
 
 def render_argv(argv: list[str], header: list[str]) -> str:
@@ -125,5 +147,6 @@ def render_argv(argv: list[str], header: list[str]) -> str:
     return comment_lines(header) + " \\\n".join(lines) + "\n"
 
 
-__all__ = ["DEFAULT_DS_CONFIG", "batch_and_degrees", "dtype_args", "model_args", "moe_args",
-           "moe_layer_freq", "recompute_args", "render_argv"]
+__all__ = ["DEFAULT_DS_CONFIG", "DISTRIBUTED_OPTIMIZER_FLAG", "LAYOUT_FLAGS", "PRINTED",
+           "VIRTUAL_STAGES_FLAG", "ZERO_STAGE_FLAG", "batch_and_degrees", "dest", "dtype_args",
+           "model_args", "moe_args", "moe_layer_freq", "recompute_args", "render_argv"]

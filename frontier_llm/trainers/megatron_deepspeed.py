@@ -12,6 +12,8 @@ from frontier_llm.trainers.base import EnvVar, Trainer
 from frontier_llm.trainers.deepspeed import bucket_option, ds_config, zero_stage
 from frontier_llm.trainers.megatron_common import (
     DEFAULT_DS_CONFIG,
+    LAYOUT_FLAGS,
+    ZERO_STAGE_FLAG,
     batch_and_degrees,
     dtype_args,
     model_args,
@@ -82,13 +84,13 @@ class MegatronDeepSpeed(Trainer):
             # Without it Megatron-DeepSpeed builds GPTModelPipe even for one stage.
             argv.append("--no-pipeline-parallel")
         if layout.sequence_parallel:
-            argv.append("--sequence-parallel")
+            argv.append(LAYOUT_FLAGS["sequence_parallel"])
         argv += recompute_args(layout)
         argv += dtype_args(layout)
         if layout.flash_attention:
             argv.append("--use-flash-attn-v2")
         argv += ["--deepspeed", "--deepspeed_config", ds_config_path,
-                 "--zero-stage", str(zero_stage(self.name, layout))]
+                 ZERO_STAGE_FLAG, str(zero_stage(self.name, layout))]
         return argv
 
     def ds_config(self, model: ModelSpec, layout: Layout, bucket_mb: float | None = None) -> dict:

@@ -9,6 +9,9 @@ from frontier_llm.specs.system import SystemSpec
 from frontier_llm.trainers.base import EnvVar, Trainer
 from frontier_llm.trainers.deepspeed_config import bucket_elements
 from frontier_llm.trainers.megatron_common import (
+    DISTRIBUTED_OPTIMIZER_FLAG,
+    LAYOUT_FLAGS,
+    VIRTUAL_STAGES_FLAG,
     batch_and_degrees,
     dtype_args,
     model_args,
@@ -80,9 +83,9 @@ class MegatronLM(Trainer):
             # Its --cp-comm-type stays at its default, p2p: the ring exchange of K/V blocks
             # that the megatron engine stands for. Megatron's own seq-length check (a multiple
             # of 2 x cp) is the layout's (Layout.check_model).
-            argv += ["--context-parallel-size", str(layout.cp)]
+            argv += [LAYOUT_FLAGS["cp"], str(layout.cp)]
         if layout.schedule == Schedule.INTERLEAVED:
-            argv += ["--num-virtual-stages-per-pipeline-rank", str(layout.virtual_stages)]
+            argv += [VIRTUAL_STAGES_FLAG, str(layout.virtual_stages)]
         elif layout.pp > 1:
             # Megatron's split: the middle stages take the even share, the ends what the
             # --decoder-first/last flags give them (specs/pipeline_split.py "first_last").
@@ -91,12 +94,12 @@ class MegatronLM(Trainer):
                 argv += ["--decoder-first-pipeline-num-layers", str(counts[0]),
                          "--decoder-last-pipeline-num-layers", str(counts[-1])]
         if layout.sequence_parallel:
-            argv.append("--sequence-parallel")
+            argv.append(LAYOUT_FLAGS["sequence_parallel"])
         argv += recompute_args(layout)
         if layout.zero_stage == 1 and layout.shard_ranks > 1:
             # The distributed optimizer shards optimizer states over the DP ranks: ZeRO-1. With
             # cp those are dp x cp (its data-parallel group "with context parallel", as flm's).
-            argv.append("--use-distributed-optimizer")
+            argv.append(DISTRIBUTED_OPTIMIZER_FLAG)
         argv += dtype_args(layout)
         if bucket_mb is not None:
             # --ddp-bucket-size counts parameters (DistributedDataParallelConfig.bucket_size,

@@ -35,6 +35,13 @@ from frontier_llm.trainers.log_reader import (
     read_memory_report,
     read_outcome,
 )
+from frontier_llm.trainers.megatron_common import (
+    DISTRIBUTED_OPTIMIZER_FLAG,
+    LAYOUT_FLAGS,
+    PRINTED,
+    ZERO_STAGE_FLAG,
+    dest,
+)
 
 _ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)")
 # The step-time field in each unit, with what divides it into seconds.
@@ -46,12 +53,11 @@ _WORLD = re.compile(r"using world size:\s*(\d+)")
 _DEGREE = re.compile(r"(data|context|tensor-model|pipeline-model)[- ]parallel[- ]size:\s*(\d+)")
 _PADDED = re.compile(r"padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
 _DS_VERSION = re.compile(r"DeepSpeed info: version=([^\s,]+)|deepspeed info \.+ ([^\s,]+)")
-# Megatron's argument -> the layout field it states (values are converted in ``finish``).
+# Megatron's printed argument -> the layout degree or batch it states, from the flags the
+# export writes (megatron_common.LAYOUT_FLAGS) and the values validate_args computes (PRINTED).
 _LAYOUT_ARGS = {
-    "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
-    "context_parallel_size": "cp", "data_parallel_size": "dp", "micro_batch_size": "micro_batch",
-    "global_batch_size": "global_batch", "virtual_pipeline_model_parallel_size": "virtual_stages",
-    "expert_model_parallel_size": "ep",
+    **{dest(LAYOUT_FLAGS[f]): f for f in ("tp", "pp", "cp", "ep", "micro_batch", "global_batch")},
+    **{printed: f for f, printed in PRINTED.items()},
 }
 _MODEL_ARGS = {
     "num_layers": "layers", "hidden_size": "hidden", "num_attention_heads": "heads",
@@ -137,10 +143,9 @@ class MegatronLog(LogReader):
             if (value := integer(a.get(arg))) is not None:
                 run.layout[name] = value
         keep_batch(run)
-        if (sp := flag(a.get("sequence_parallel"))) is not None:
+        if (sp := flag(a.get(dest(LAYOUT_FLAGS["sequence_parallel"])))) is not None:
             run.layout["sequence_parallel"] = sp
-        if "recompute_granularity" in a:
-            granularity = a["recompute_granularity"]
+        if (granularity := a.get(dest(LAYOUT_FLAGS["recompute"]))) is not None:
             run.layout["recompute"] = "none" if granularity == "None" else granularity
         elif (whole := flag(a.get("checkpoint_activations"))) is not None:
             # Megatron-DeepSpeed and Megatron-LM before 2022 have no granularity:
@@ -153,9 +158,10 @@ class MegatronLog(LogReader):
             dtype = "bf16" if flag(a.get("bf16")) else "fp16"
         if dtype:
             run.layout["dtype"] = dtype
-        if flag(a.get("deepspeed")) and (zero := integer(a.get("zero_stage"))) is not None:
+        zero = integer(a.get(dest(ZERO_STAGE_FLAG)))
+        if flag(a.get("deepspeed")) and zero is not None:
             run.layout["sharding"] = f"zero{zero}"  # Megatron-DeepSpeed's ZeRO stage
-        elif (dist := flag(a.get("use_distributed_optimizer"))) is not None:
+        elif (dist := flag(a.get(dest(DISTRIBUTED_OPTIMIZER_FLAG)))) is not None:
             run.layout["sharding"] = "zero1" if dist else "zero0"
         run.layout["engine"] = "megatron"
         if (world := integer(a.get("world_size"))) is not None:
