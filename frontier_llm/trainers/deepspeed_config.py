@@ -35,6 +35,18 @@ from frontier_llm.errors import UserError
 from frontier_llm.specs.layout import DType, Layout, PlacementKind, Recompute
 
 DEFAULT_BUCKET_MB = 64.0
+# Each layout setting's ds_config key, and the DeepSpeedConfig attribute the engine's
+# "DeepSpeedEngine configuration:" block prints it under (DeepSpeedConfig.print: every
+# attribute, sorted, "  name ..... value"; deepspeed/runtime/config.py, DeepSpeed 0.19.8). The
+# export writes the keys; the log reader (trainers/deepspeed_log.py) reads the printed names.
+GLOBAL_BATCH_KEY = "train_batch_size"
+MICRO_BATCH_KEY = "train_micro_batch_size_per_gpu"
+PRINTED = {
+    "global_batch": GLOBAL_BATCH_KEY, "micro_batch": MICRO_BATCH_KEY,
+    "sharding": "zero_optimization_stage",  # zero_optimization.stage
+    "tp": "tensor_parallel_config",  # tensor_parallel.autotp_size, printed "autotp_size=N"
+    "bf16": "bfloat16_config", "fp16": "float16_config",  # bf16/fp16.enabled: "enabled=True"
+}
 # AutoTP training's explicit layer specs for model.py's names: Megatron's split (Q, K, V, fc1 and
 # the SwiGLU gate column-parallel; out-projection and fc2 row-parallel); the rest stays whole.
 AUTOTP_LAYER_SPECS = [
@@ -87,8 +99,8 @@ def deepspeed_config(layout: Layout, bucket_mb: float | None = None) -> dict:
         if hpz > 1:
             zero["zero_hpz_partition_size"] = hpz
     cfg: dict = {
-        "train_batch_size": layout.global_batch,
-        "train_micro_batch_size_per_gpu": layout.micro_batch,
+        GLOBAL_BATCH_KEY: layout.global_batch,
+        MICRO_BATCH_KEY: layout.micro_batch,
         "gradient_accumulation_steps": layout.num_microbatches,
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,
@@ -109,5 +121,5 @@ def deepspeed_config(layout: Layout, bucket_mb: float | None = None) -> dict:
             "use_default_specs": False, "layer_specs": AUTOTP_LAYER_SPECS}}
         # DeepSpeedConfig checks train_batch_size against the whole world (TP ranks included)
         # when no mpu is given; micro-batch x accumulation steps say the same thing.
-        del cfg["train_batch_size"]
+        del cfg[GLOBAL_BATCH_KEY]
     return cfg

@@ -17,6 +17,7 @@ import re
 
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
+from frontier_llm.trainers.deepspeed_config import PRINTED
 from frontier_llm.trainers.log_reader import (
     LogReader,
     ParsedRun,
@@ -36,6 +37,7 @@ _VERSION = re.compile(r"DeepSpeed info: version=([^\s,]+)")
 _CONFIG = re.compile(r"\[config\.py:\d+:print\]\s+(\w+)\s+\.*\s*(.*?)\s*$")
 _PIPE = re.compile(r"^steps: (\d+) loss: (\S+) iter time \(s\): ([\d.]+) samples/sec: ([\d.]+)")
 
+_AUTOTP = re.compile(r"\bautotp_size=(\d+)")
 GB = 2**30  # DeepSpeed's "GB" is bytes / 1024**3 (see_memory_usage / ThroughputTimer)
 
 
@@ -89,15 +91,18 @@ class DeepSpeedLog(LogReader):
 
     def finish(self, run: ParsedRun) -> None:
         a = run.args
-        if (gb := integer(a.get("train_batch_size"))) is not None:
-            run.layout["global_batch"] = gb
-        if (mb := integer(a.get("train_micro_batch_size_per_gpu"))) is not None:
-            run.layout["micro_batch"] = mb
-        if (zero := integer(a.get("zero_optimization_stage"))) is not None:
+        for field in ("global_batch", "micro_batch"):
+            if (value := integer(a.get(PRINTED[field]))) is not None:
+                run.layout[field] = value
+        if (zero := integer(a.get(PRINTED["sharding"]))) is not None:
             run.layout["sharding"] = f"zero{zero}"
-        if flag(a.get("bfloat16_enabled")):
+        if (tp := _AUTOTP.search(a.get(PRINTED["tp"], ""))) is not None:
+            run.layout["tp"] = int(tp.group(1))
+        # DeepSpeed 0.19 prints its precision blocks ("enabled=True ..."), older ones a
+        # bfloat16_enabled / fp16_enabled flag.
+        if _enabled(a.get(PRINTED["bf16"])) or flag(a.get("bfloat16_enabled")):
             run.layout["dtype"] = "bf16"
-        elif flag(a.get("fp16_enabled")):
+        elif _enabled(a.get(PRINTED["fp16"])) or flag(a.get("fp16_enabled")):
             run.layout["dtype"] = "fp16"
         run.layout["engine"] = "deepspeed"
 
@@ -106,6 +111,10 @@ class DeepSpeedLog(LogReader):
         for s in run.steps:
             if not s.time_s and (sps := samples_per_s(run, s.step)):
                 s.time_s = layout.global_batch / sps
+
+
+def _enabled(printed: str | None) -> bool:
+    return bool(printed) and re.match(r"enabled=True\b", printed.strip()) is not None
 
 
 def samples_per_s(run: ParsedRun, step: int) -> float | None:
