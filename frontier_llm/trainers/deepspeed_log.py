@@ -45,6 +45,9 @@ class DeepSpeedLog(LogReader):
     name = "deepspeed"
     title = "DeepSpeed"
     start = re.compile(r"DeepSpeed info: version=|DeepSpeedEngine configuration:")
+    # Its configuration block states batches, ZeRO stage, precision and AutoTP's size; the
+    # pipeline, the data-parallel size and the rest are the training script's.
+    unstated = ("dp", "pp", "cp", "ep", "virtual_stages", "sequence_parallel", "recompute", "tp")
     signature = re.compile(r"\[Rank \d+\] step=\d+, skipped=|SamplesPerSec=|DeepSpeed info: "
                            r"version=|DeepSpeedEngine configuration:"
                            r"|iter time \(s\): .* samples/sec")
@@ -96,7 +99,8 @@ class DeepSpeedLog(LogReader):
                 run.layout[field] = value
         if (zero := integer(a.get(PRINTED["sharding"]))) is not None:
             run.layout["sharding"] = f"zero{zero}"
-        if (tp := _AUTOTP.search(a.get(PRINTED["tp"], ""))) is not None:
+        # AutoTP's size; 0 is no AutoTP, where tp is the script's (a pipeline's own layers).
+        if (tp := _AUTOTP.search(a.get(PRINTED["tp"], ""))) is not None and int(tp.group(1)):
             run.layout["tp"] = int(tp.group(1))
         # DeepSpeed 0.19 prints its precision blocks ("enabled=True ..."), older ones a
         # bfloat16_enabled / fp16_enabled flag.

@@ -123,6 +123,8 @@ class LogReader:
     start: re.Pattern = re.compile(r"(?!)")
     # A line that only this trainer prints (to tell its logs from others').
     signature: re.Pattern = re.compile(r"(?!)")
+    # Layout fields its logs never state: they come from --layout (docs/trainer-logs.md).
+    unstated: tuple[str, ...] = ()
 
     def read(self, run: ParsedRun, text: str) -> bool | None:
         """Read one line (prefix stripped) into ``run``: True when understood, False when it

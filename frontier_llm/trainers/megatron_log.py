@@ -143,6 +143,13 @@ class MegatronLog(LogReader):
             if (value := integer(a.get(arg))) is not None:
                 run.layout[name] = value
         keep_batch(run)
+        if dest(LAYOUT_FLAGS["tp"]) in a:
+            # The block prints every argument (vars(args)): a version without context or
+            # expert parallelism (Megatron-DeepSpeed, Megatron-LM before them) runs neither.
+            for field in ("cp", "ep"):
+                run.layout.setdefault(field, 1)
+            # validate_args prints None for one model chunk per pipeline rank.
+            run.layout.setdefault("virtual_stages", 1)
         if (sp := flag(a.get(dest(LAYOUT_FLAGS["sequence_parallel"])))) is not None:
             run.layout["sequence_parallel"] = sp
         if (granularity := a.get(dest(LAYOUT_FLAGS["recompute"]))) is not None:

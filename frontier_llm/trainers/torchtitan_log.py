@@ -49,6 +49,9 @@ class TorchtitanLog(LogReader):
     name = "torchtitan"
     title = "torchtitan"
     start = re.compile(r"Starting job:")
+    # The batches and the schedule are in the job config, which it prints only with
+    # --job.print_config; sequence parallelism is implied by tp (llama3/infra/parallelize.py).
+    unstated = ("micro_batch", "global_batch", "virtual_stages", "sequence_parallel")
     signature = re.compile(r"\bstep:\s*\d+\s+loss:.*\b(?:tps|wps):|Starting job:.*training"
                            r"|\[titan\]")
 
@@ -124,8 +127,11 @@ class TorchtitanLog(LogReader):
             if not run.args.get("mesh"):  # only the printed config's cp: nothing else is known
                 degrees = {"cp": degrees["cp"]}
             run.layout.update(degrees)
-        if (recompute := recompute_of(run.args.get("ac"),
-                                      run.args.get("config.selective_ac_option"))) is not None:
+        # parallelize logs its checkpointing right after the mesh, before any step, unless the
+        # mode is none: a run with the mesh line and steps but no such line ran none.
+        mode = run.args.get("ac") or ("none" if run.args.get("mesh") and run.steps else None)
+        recompute = recompute_of(mode, run.args.get("config.selective_ac_option"))
+        if recompute is not None:
             run.layout["recompute"] = str(recompute)
         if applied := run.args.get("fsdp"):
             run.layout["sharding"] = sharding(applied, mesh.get("dp_shard", 1) * mesh.get("cp", 1))
