@@ -148,6 +148,8 @@ MEGATRON_LM_FLAGS = {**_COMMON, "--group-query-attention": None, "--num-query-gr
                      "--decoder-first-pipeline-num-layers": int,
                      "--decoder-last-pipeline-num-layers": int,
                      "--use-distributed-optimizer": None, "--context-parallel-size": int,
+                     "--rotary-base": int, "--overlap-grad-reduce": None,
+                     "--overlap-param-gather": None,
                      # AttnBackend in megatron/core/transformer/enums.py
                      "--attention-backend": ("flash", "fused", "unfused", "local", "auto")}
 MEGATRON_DEEPSPEED_FLAGS = {**_COMMON, "--num-key-value-heads": int,
@@ -155,7 +157,7 @@ MEGATRON_DEEPSPEED_FLAGS = {**_COMMON, "--num-key-value-heads": int,
                             "--no-position-embedding": None,
                             "--normalization": ("layernorm", "rmsnorm"),
                             "--no-pipeline-parallel": None, "--use-flash-attn-v2": None,
-                            "--zero-stage": int,
+                            "--zero-stage": int, "--rotary-position-embeddings-theta": int,
                             # deepspeed.add_config_arguments (deepspeed/__init__.py)
                             "--deepspeed": None, "--deepspeed_config": str}
 

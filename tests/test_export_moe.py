@@ -80,6 +80,10 @@ def test_megatron_lm_moe_flags_parse_with_its_names():
     assert ns.moe_router_load_balancing_type == ["aux_loss"] and ns.moe_aux_loss_coeff == [0.02]
     assert ns.moe_layer_freq == "1" and ns.moe_shared_expert_intermediate_size is None
     assert ns.moe_expert_capacity_factor is None  # dropless, Megatron's default
+    assert ns.rotary_base == 1_000_000  # Mixtral's rope_theta, not Megatron's 10000
+    # The overlapped reduction and gather the megatron engine prices (dp 8, distributed
+    # optimizer): without --overlap-grad-reduce Megatron drops --ddp-bucket-size.
+    assert ns.overlap_grad_reduce and ns.overlap_param_gather
     # ep re-folds dp: the GPUs are tp x pp x dp, as for the dense model.
     assert (ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size) == (2, 4)
 
@@ -136,6 +140,12 @@ def test_torchtitan_moe_toml_has_only_job_config_keys():
     registration = next(line for line in text.splitlines() if "llama4_args[" in line)
     assert "num_experts=8" in registration and "top_k=2" in registration
     assert "multiple_of=14336" in registration and "auto_scale_hidden_dim=False" in registration
+    # Mixtral weights its experts' outputs (torchtitan's default weights their inputs) and its
+    # RoPE base is 1e6 (its config.json rope_theta), not Llama 3's 500000.
+    assert "score_before_experts=False" in registration
+    assert "rope_theta=1000000," in registration
+    # torchtitan has no auxiliary loss: the TOML says Mixtral's 0.02 is not applied.
+    assert "no auxiliary load-balancing loss" in text and "router_aux_loss 0.02" in text
 
 
 @pytest.mark.parametrize("model, layout, words", [

@@ -263,7 +263,10 @@ def test_a_tuned_bucket_reaches_the_export(tmp_path, capsys):
     assert cfg["zero_optimization"]["reduce_bucket_size"] == 32 * 2**20 // 2  # bf16 elements
     assert main(["export", "--to", "megatron-lm", "--model", "tiny-llama", "--from-best",
                  str(best)]) == 0
-    assert f"--ddp-bucket-size {32 * 2**20 // 2}" in capsys.readouterr().out
+    # Megatron-LM reduces bf16 gradients in fp32 (accumulate_allreduce_grads_in_fp32): 4 bytes
+    # an element; the bucket only counts with --overlap-grad-reduce, which the export writes.
+    out = capsys.readouterr().out
+    assert f"--ddp-bucket-size {32 * 2**20 // 4}" in out and "--overlap-grad-reduce" in out
     best.write_text(best.read_text().replace("zero: 1", "zero: 3"))
     assert main(["export", "--to", "torchtitan", "--model", "tiny-llama", "--from-best",
                  str(best)]) == 0

@@ -43,6 +43,7 @@ def layout_hash(model: ModelSpec | dict, system_name: str, layout: Layout | dict
         if name in m and m[name] == dense:
             del m[name]
     m.pop("name", None)  # two names for one shape are one layout
+    m.pop("rope_base", None)  # prices nothing (the same shapes and FLOPs): every hash stays
     blob = json.dumps(
         {"model": _strip(m), "system": system_name, "layout": _strip(p)},
         sort_keys=True,

@@ -35,6 +35,10 @@ class ModelSpec:
     activation: Literal["gelu", "swiglu"] = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     position: Literal["learned", "rope"] = "learned"
+    # RoPE's base, theta in sin/cos(position x theta^(-2i/d)) (Su et al. 2021: 10000). Models
+    # raise it for long contexts (Llama 3: 500000, Mixtral: 1e6, their config.json rope_theta).
+    # It prices nothing; the exports write it (Megatron-LM --rotary-base, torchtitan rope_theta).
+    rope_base: float = 10000.0
     bias: bool = True
     tied_embeddings: bool = False
     # Dropout probability. Megatron-style GPT training uses 0.1; it adds the dropout masks of
@@ -122,6 +126,8 @@ class ModelSpec:
         if self.capacity_factor is not None and not 0.0 < self.capacity_factor <= 1024.0:
             raise SpecError("capacity_factor must be in (0, 1024] or absent for dropless "
                             f"routing (got {self.capacity_factor})", "capacity_factor")
+        if not self.rope_base > 1.0:
+            raise SpecError(f"rope_base must be above 1 (got {self.rope_base})", "rope_base")
         if not 0.0 <= self.router_aux_loss < 1.0:
             raise SpecError(f"router_aux_loss must be in [0, 1) (got {self.router_aux_loss})",
                             "router_aux_loss")

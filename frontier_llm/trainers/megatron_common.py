@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from frontier_llm.specs.layout import DType, Layout, Recompute
 from frontier_llm.specs.model import ModelSpec
+from frontier_llm.trainers.refusals import refuse
 from frontier_llm.trainers.text import comment_lines, shell_word
 
 DEFAULT_DS_CONFIG = "ds_config.json"
@@ -53,6 +54,9 @@ def model_args(model: ModelSpec, deepspeed: bool) -> list[str]:
     if model.position == "rope":
         argv += (["--use-rotary-position-embeddings", "--no-position-embedding"] if deepspeed
                  else ["--position-embedding-type", "rope"])
+        # The model's RoPE base; both default to 10000 and take an integer (Megatron-LM
+        # --rotary-base, Megatron-DeepSpeed --rotary-position-embeddings-theta, dest rope_theta).
+        argv += [ROPE_BASE_FLAG[deepspeed], rope_base(model, deepspeed)]
     elif not deepspeed:
         argv += ["--position-embedding-type", "learned_absolute"]
     rms = model.norm == "rmsnorm"
@@ -68,6 +72,18 @@ def model_args(model: ModelSpec, deepspeed: bool) -> list[str]:
     # Both default to 0.1 dropout; the model's own value (Llama: 0) is written out.
     argv += ["--attention-dropout", f"{model.dropout:g}", "--hidden-dropout", f"{model.dropout:g}"]
     return argv
+
+
+ROPE_BASE_FLAG = {False: "--rotary-base", True: "--rotary-position-embeddings-theta"}
+
+
+def rope_base(model: ModelSpec, deepspeed: bool) -> str:
+    """The RoPE base as the integer both trainers' ``type=int`` flags take."""
+    if model.rope_base != int(model.rope_base):
+        raise refuse("megatron-deepspeed" if deepspeed else "megatron-lm",
+                     f"{ROPE_BASE_FLAG[deepspeed]} takes an integer (type=int) and "
+                     f"{model.name}'s rope_base is {model.rope_base:g}")
+    return str(int(model.rope_base))
 
 
 def moe_layer_freq(model: ModelSpec) -> str:

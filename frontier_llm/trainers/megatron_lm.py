@@ -34,6 +34,15 @@ MAX_CONNECTIONS = EnvVar(
     "tp > 1 or cp > 1 before Blackwell")
 
 
+OVERLAP_GRAD_REDUCE_FLAG = "--overlap-grad-reduce"
+OVERLAP_PARAM_GATHER_FLAG = "--overlap-param-gather"
+
+
+def _reduce_dtype(layout: Layout) -> DType:
+    """The dtype its data-parallel reduction runs in: fp32 for bf16 (main gradients)."""
+    return DType.FP32 if layout.dtype == DType.BF16 else layout.dtype
+
+
 class MegatronLM(Trainer):
     name = "megatron-lm"
     aliases = ("megatron", "megatron_lm", "mlm", "megatron-core")
@@ -96,15 +105,26 @@ class MegatronLM(Trainer):
         if layout.sequence_parallel:
             argv.append(LAYOUT_FLAGS["sequence_parallel"])
         argv += recompute_args(layout)
+        if layout.shard_ranks > 1:
+            # The gradient reduction overlapped with backward, bucket by bucket, as flm's
+            # megatron engine prices it; without it Megatron reduces once after backward and
+            # drops --ddp-bucket-size (DistributedDataParallel sets bucket_size None when
+            # overlap_grad_reduce is off: megatron/core/distributed/distributed_data_parallel.py
+            # at 309ffca).
+            argv.append(OVERLAP_GRAD_REDUCE_FLAG)
         if layout.zero_stage == 1 and layout.shard_ranks > 1:
             # The distributed optimizer shards optimizer states over the DP ranks: ZeRO-1. With
             # cp those are dp x cp (its data-parallel group "with context parallel", as flm's).
-            argv.append(DISTRIBUTED_OPTIMIZER_FLAG)
+            # Its parameter all-gather overlaps the next forward (validate_args allows it only
+            # with the distributed optimizer and --overlap-grad-reduce).
+            argv += [DISTRIBUTED_OPTIMIZER_FLAG, OVERLAP_PARAM_GATHER_FLAG]
         argv += dtype_args(layout)
         if bucket_mb is not None:
             # --ddp-bucket-size counts parameters (DistributedDataParallelConfig.bucket_size,
-            # core_v0.15.3), the gradients' elements in flm's bucket of MiB.
-            argv += ["--ddp-bucket-size", str(bucket_elements(bucket_mb, layout.dtype))]
+            # core_v0.15.3): the elements of the reduced gradients in flm's bucket of MiB. bf16
+            # gradients are accumulated and reduced in fp32 (validate_args sets
+            # accumulate_allreduce_grads_in_fp32 for bf16), 4 bytes each.
+            argv += ["--ddp-bucket-size", str(bucket_elements(bucket_mb, _reduce_dtype(layout)))]
         argv += ["--attention-backend", "flash" if layout.flash_attention else "unfused"]
         return argv
 

@@ -39,6 +39,7 @@ from frontier_llm.trainers.megatron_common import (
     DISTRIBUTED_OPTIMIZER_FLAG,
     LAYOUT_FLAGS,
     PRINTED,
+    ROPE_BASE_FLAG,
     ZERO_STAGE_FLAG,
     dest,
 )
@@ -63,6 +64,9 @@ _MODEL_ARGS = {
     "num_layers": "layers", "hidden_size": "hidden", "num_attention_heads": "heads",
     "ffn_hidden_size": "ffn_hidden", "seq_length": "seq_len",
 }
+# The RoPE base under each trainer's dest (Megatron-LM rotary_base, Megatron-DeepSpeed
+# rope_theta: megatron_common.ROPE_BASE_FLAG), read only for a rotary model.
+_ROPE_BASE = (dest(ROPE_BASE_FLAG[False]), "rope_theta")
 _DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
 _DEGREE_FIELD = {"data": "dp", "context": "cp", "tensor-model": "tp", "pipeline-model": "pp"}
 
@@ -197,6 +201,9 @@ class MegatronLog(LogReader):
             rope = "rope" in a["position_embedding_type"] or "rotary" in a[
                 "position_embedding_type"]
             run.model["position"] = "rope" if rope else "learned"
+            base = next((integer(a[k]) for k in _ROPE_BASE if k in a), None)
+            if rope and base:
+                run.model["rope_base"] = float(base)
         if (bias := flag(a.get("add_bias_linear"))) is not None:
             run.model["bias"] = bias
         if (untie := flag(a.get("untie_embeddings_and_output_weights"))) is not None:

@@ -106,7 +106,12 @@ def registration(model: ModelSpec) -> str:
     return (f"llama3_args[{model.name!r}] = TransformerModelArgs(dim={model.hidden}, "
             f"n_layers={model.layers}, n_heads={model.heads}, n_kv_heads={model.kv_heads}, "
             f"vocab_size={model.vocab}, multiple_of={multiple}, ffn_dim_multiplier={mult}, "
-            "rope_theta=500000)")
+            f"rope_theta={_number(model.rope_base)})")
+def _number(value: float) -> str:
+    """A Python literal of the value: an integer where it is one (500000, not 500000.0)."""
+    return str(int(value)) if value == int(value) else repr(float(value))
+
+
 def moe_registration(model: ModelSpec) -> str:
     """The line that registers an MoE model as a flavor of torchtitan's llama4 (in
     torchtitan/models/llama4/__init__.py, after ``llama4_args = {...}``). Its experts' width is
@@ -114,7 +119,10 @@ def moe_registration(model: ModelSpec) -> str:
     multiplier, rounded up to ``multiple_of``: llama4/model/model.py), so the same
     ``multiple_of`` / ``ffn_dim_multiplier`` search as llama3's gives it; the router is softmax
     over the experts with the top-k scores renormalised (``score_func="softmax"``,
-    ``route_norm=True``, moe/moe.py), Mixtral's top-k softmax."""
+    ``route_norm=True``, moe/moe.py), Mixtral's top-k softmax, and the scores weight the
+    experts' outputs (``score_before_experts=False``; its default True scales their inputs,
+    which through a SwiGLU expert is another function than Mixtral's weighted sum of outputs:
+    moe/moe.py ``MoE.forward``)."""
     ffn = _ffn_width_args(model.hidden, model.expert_ffn_hidden)
     if ffn is None:
         raise refuse(TORCHTITAN, f"no multiple_of / ffn_dim_multiplier of llama4's FeedForward "
@@ -124,10 +132,10 @@ def moe_registration(model: ModelSpec) -> str:
     return (f"llama4_args[{model.name!r}] = TransformerModelArgs(dim={model.hidden}, "
             f"n_layers={model.layers}, n_heads={model.heads}, n_kv_heads={model.kv_heads}, "
             f"vocab_size={model.vocab}, multiple_of={multiple}, ffn_dim_multiplier={mult}, "
-            "rope_theta=500000, interleave_moe_layer_step=1, auto_scale_hidden_dim=False, "
-            f"moe_args=MoEArgs(num_experts={model.num_experts}, "
+            f"rope_theta={_number(model.rope_base)}, interleave_moe_layer_step=1, "
+            f"auto_scale_hidden_dim=False, moe_args=MoEArgs(num_experts={model.num_experts}, "
             f"num_shared_experts={model.shared_experts}, top_k={model.top_k}, "
-            "score_func='softmax', route_norm=True))")
+            "score_func='softmax', route_norm=True, score_before_experts=False))")
 
 
 def check_moe(model: ModelSpec) -> None:
@@ -296,12 +304,21 @@ def module_fqns(model: ModelSpec, layout: Layout) -> list[list[str]]:
     return parts
 
 
+def aux_loss_note(model: ModelSpec) -> str:
+    """torchtitan has no auxiliary load-balancing loss: said, not silently dropped."""
+    return (f"torchtitan v0.2.2's MoE has no auxiliary load-balancing loss: it balances experts "
+            "by its expert-bias update instead (MoEArgs.load_balance_coeff, default 1e-3: "
+            "moe/moe.py, components/optimizer.py), so the run trains without "
+            f"{model.name}'s router_aux_loss {model.router_aux_loss:g}")
+
+
 def model_comment(model: ModelSpec) -> list[str]:
     """Which flavor, and the registration line when torchtitan lacks the model."""
     if model.is_moe:
         return [f"torchtitan v0.2.2 registers no llama4 flavor with {model.name}'s shape: add "
                 "this line to torchtitan/models/llama4/__init__.py after llama4_args = {...}",
-                moe_registration(model)]
+                moe_registration(model)] + (
+                    [aux_loss_note(model)] if model.router_aux_loss > 0 else [])
     name = flavor(model)
     if name is not None:
         return [f"model.flavor {name!r} is {model.name}'s shape in torchtitan v0.2.2 "
@@ -361,6 +378,8 @@ class Torchtitan(Trainer):
         if flavor(model) is None:
             out.append(f"torchtitan registers no flavor with {model.name}'s shape: the TOML's "
                        "comments hold the line that registers it")
+        if model.is_moe and model.router_aux_loss > 0:
+            out.append(aux_loss_note(model))
         return out
 
 
