@@ -142,9 +142,9 @@ _WORKER = textwrap.dedent('''
     import json, os, sys
     import torch, torch.distributed as dist
     from frontier_llm.bench.activations import SavedTensorMeter
-    from frontier_llm.bench.context_parallel import CPContext, apply_cp
+    from frontier_llm.bench.context_parallel import CPContext
     from frontier_llm.bench.data import TokenSource, cp_shard
-    from frontier_llm.bench.model import build_model, loss_fn
+    from frontier_llm.bench.model import apply_cp, build_model, loss_fn
     from frontier_llm.catalog import load_model
 
     rank, world, port, name, micro = sys.argv[1:6]

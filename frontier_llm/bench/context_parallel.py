@@ -146,12 +146,3 @@ class _GatherSequence(torch.autograd.Function):
         out = ranked.new_empty((ranked.shape[0] // cpc.cp, *ranked.shape[1:]))
         _REDUCE_SCATTER(out, ranked, group=cpc.group)
         return out.movedim(0, dim), None, None
-
-
-def apply_cp(model: torch.nn.Module, cpc: CPContext) -> None:
-    """Make ``model``'s attention layers and learned positions context parallel."""
-    from frontier_llm.bench.model import Attention, PositionEmbedding
-
-    for m in model.modules():
-        if isinstance(m, Attention | PositionEmbedding):
-            m.cp = cpc

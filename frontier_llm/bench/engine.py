@@ -20,11 +20,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from frontier_llm.bench.activations import SavedTensorMeter
-from frontier_llm.bench.context_parallel import CPContext, apply_cp
+from frontier_llm.bench.context_parallel import CPContext
 from frontier_llm.bench.data import TokenSource, cp_shard
 from frontier_llm.bench.local_tensors import is_dtensor, local, local_bytes
 from frontier_llm.bench.mesh import DIM_NAMES, MeshDims, check_layout, expert_groups
-from frontier_llm.bench.model import DTYPES, GPT, build_model, loss_fn
+from frontier_llm.bench.model import DTYPES, GPT, apply_cp, build_model, loss_fn
 from frontier_llm.bench.moe import (
     EPContext,
     apply_ep,

@@ -300,6 +300,14 @@ class GPT(nn.Module):
         return x
 
 
+def apply_cp(model: nn.Module, cpc: CPContext) -> None:
+    """Make ``model``'s attention layers and learned positions context parallel (here, beside
+    them: bench/context_parallel.py holds the exchange and never imports the model)."""
+    for m in model.modules():
+        if isinstance(m, Attention | PositionEmbedding):
+            m.cp = cpc
+
+
 def _param_seed(seed: int, name: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
 

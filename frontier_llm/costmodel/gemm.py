@@ -22,8 +22,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from frontier_llm.costmodel.params import kv_width_per_rank
 from frontier_llm.specs.model import ModelSpec
+
+
+def kv_width_per_rank(model: ModelSpec, tp):
+    """Width of K (or V) on one TP rank: a share of the KV heads, or one whole head."""
+    tp = np.asarray(tp)
+    return np.where(model.kv_heads % tp == 0, model.kv_dim // np.maximum(tp, 1), model.head_dim)
 
 
 def size_factor(side, half_side: float) -> np.ndarray:

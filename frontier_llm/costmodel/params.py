@@ -17,18 +17,16 @@ from __future__ import annotations
 import numpy as np
 
 from frontier_llm.costmodel import moe
+
+# The block's shapes are gemm's (it sizes their GEMMs; moe prices experts with it): taken from
+# there, so that gemm -> params -> moe -> gemm is no cycle.
+from frontier_llm.costmodel.gemm import kv_width_per_rank
 from frontier_llm.specs import axes
 from frontier_llm.specs.model import ModelSpec
 
 
 def _cdiv(a, b):
     return -(-a // b)
-
-
-def kv_width_per_rank(model: ModelSpec, tp):
-    """Width of K (or V) on one TP rank: a share of the KV heads, or one whole head."""
-    tp = np.asarray(tp)
-    return np.where(model.kv_heads % tp == 0, model.kv_dim // np.maximum(tp, 1), model.head_dim)
 
 
 def layer_params_per_rank(model: ModelSpec, tp):

@@ -23,10 +23,9 @@ from typing import Any
 
 from frontier_llm.child import flm
 from frontier_llm.gpucheck.modes import Mode, system_for
-from frontier_llm.gpucheck.summary import DOES_NOT_FIT
+from frontier_llm.gpucheck.summary import DOES_NOT_FIT, first_error_line
 from frontier_llm.specs.vocab import RunStatus
 
-ERROR_LINE = re.compile(r"^\s*([\w.]*(Error|Exception|Interrupt)\b.*|flm bench: .*|.*error: .*)$")
 GiB = 2**30
 
 
@@ -38,16 +37,6 @@ class Budget:
 
     def left(self) -> float:
         return self.end - time.monotonic()
-
-
-def first_error_line(text: str) -> str:
-    """The line that names the error in a run's output: the first ``XxxError: ...`` or
-    ``flm bench: ...`` line, else the last non-empty line."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for line in lines:
-        if ERROR_LINE.match(line) and not line.startswith("Traceback"):
-            return line[:500]
-    return lines[-1][:500] if lines else ""
 
 
 def save(work: Path, step: str, doc: dict) -> Path:

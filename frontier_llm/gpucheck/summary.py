@@ -14,6 +14,7 @@ they can be copied back from a machine that returns only a few files (docs/gpu.m
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -26,6 +27,7 @@ MAX_FILES = 8
 LOG_TAIL_BYTES = 2**20
 STEP_ORDER = ("preflight", "mfu", "memory", "calibrate", "deepspeed")
 SKIPPED = 125  # scripts/gpu-check.sh: a step the budget had no time left for
+ERROR_LINE = re.compile(r"^\s*([\w.]*(Error|Exception|Interrupt)\b.*|flm bench: .*|.*error: .*)$")
 DOES_NOT_FIT = "does-not-fit"  # a run left out because flm predict says it cannot fit
 
 
@@ -144,9 +146,17 @@ def build(mode: Mode, work: Path, total_limit_s: float | None = None) -> dict:
     }
 
 
-def _log_error(work: Path, step: str) -> str | None:
-    from frontier_llm.gpucheck.steps import first_error_line
+def first_error_line(text: str) -> str:
+    """The line that names the error in a run's output: the first ``XxxError: ...`` or
+    ``flm bench: ...`` line, else the last non-empty line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in lines:
+        if ERROR_LINE.match(line) and not line.startswith("Traceback"):
+            return line[:500]
+    return lines[-1][:500] if lines else ""
 
+
+def _log_error(work: Path, step: str) -> str | None:
     path = work / f"{step}.log"
     return first_error_line(path.read_text(errors="replace")) if path.exists() else None
 
