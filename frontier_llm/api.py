@@ -19,7 +19,6 @@ and nothing here imports torch (only ``flm bench`` needs it).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import tempfile
@@ -101,15 +100,16 @@ def _layout(fields: dict[str, Any]) -> Layout:
 
 # --- plan and predict (flm plan, flm predict) ------------------------------------------------
 
-def _plan_args(**given: Any) -> argparse.Namespace:
-    """flm plan's options with their command-line defaults, ``given`` on top: the planner's
-    annotations read them as the command does, so both answer from the same settings."""
-    from frontier_llm.cli import build_parser
+def _confidence(confidence: float | None) -> float:
+    """The intervals' confidence: flm plan's and flm predict's default, 0.8, unless given."""
+    from frontier_llm.errors import UserError
+    from frontier_llm.planner.intervals import DEFAULT_CONFIDENCE
 
-    args = build_parser("plan").parse_args(["plan"])
-    for key, value in given.items():
-        setattr(args, key, value)
-    return args
+    if confidence is None:
+        return DEFAULT_CONFIDENCE
+    if not 0.0 < confidence < 1.0:
+        raise UserError(f"confidence must be between 0 and 1 (got {confidence})")
+    return float(confidence)
 
 
 def _space(dtype: str, restrict: dict[str, Any]):
@@ -180,18 +180,17 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
     The frame's ``attrs`` hold the rest of the JSON document: ``model``, ``system``, ``gpus``,
     ``global_batch``, ``evaluated`` and ``rejected`` (layouts per broken rule).
     """
-    from frontier_llm.cli import allocation as alloc_cli
+    from frontier_llm.planner.annotations import annotate
 
-    args = _plan_args(gpus=gpus, global_batch=global_batch, top=top, tokens=tokens,
-                      risk_aware=risk_aware, include_oom=include_oom, all=all_layouts,
-                      **({"confidence": confidence} if confidence is not None else {}))
+    confidence = _confidence(confidence)
     m, s, result = _planned(model, system, gpus, global_batch, seq_len, dtype, restrict)
     ranked = result.ranked(None if risk_aware else top, fits_only=not include_oom,
                            frontier=not all_layouts)
-    ranked = alloc_cli.annotate(ranked, m, s, args, top)
+    ranked = annotate(ranked, m, s, confidence=confidence, tokens=tokens, risk_aware=risk_aware,
+                      top=top)
     ranked.attrs.update(model=m.name, system=s.name, gpus=gpus,
                         global_batch=result.global_batch, evaluated=len(result.reason),
-                        interval_confidence=args.confidence, tokens=tokens,
+                        interval_confidence=confidence, tokens=tokens,
                         rejected=result.rejections())
     return ranked
 
@@ -240,31 +239,32 @@ def allocation(model: str | ModelSpec, system: str | SystemSpec = "frontier", *,
     ``attrs["selection"]``: ``message`` (the sentence flm plan prints) and ``gpus`` (None when
     no count qualifies).
     """
-    from frontier_llm.cli import allocation as alloc_cli
     from frontier_llm.errors import UserError
     from frontier_llm.planner import allocation as alloc
+    from frontier_llm.planner.annotations import allocation_refusal, curve_counts
+    from frontier_llm.specs.layout import MAX_GPUS
 
-    curve = f"{gpus[0]}-{gpus[1]}" if gpus else alloc_cli.DEFAULT_CURVE
-    args = _plan_args(tokens=tokens, deadline=deadline_days, max_node_hours=max_node_hours,
-                      global_batch=global_batch, risk_aware=risk_aware, grow_batch=grow_batch,
-                      curve=alloc_cli.curve_range(curve),
-                      **({"confidence": confidence} if confidence is not None else {}))
-    refused = alloc_cli.check(args)
+    confidence = _confidence(confidence)
+    if gpus is not None and not 1 <= gpus[0] <= gpus[1] <= MAX_GPUS:
+        raise UserError(f"gpus needs 1 <= lo <= hi <= {MAX_GPUS:,} (got {gpus})")
+    refused = allocation_refusal(
+        tokens=tokens, deadline_days=deadline_days, max_node_hours=max_node_hours,
+        global_batch=global_batch, grow_batch=grow_batch, curve=True,
+        names={k: k for k in ("tokens", "deadline_days", "max_node_hours", "global_batch",
+                              "grow_batch")})
     if refused:
-        raise UserError(refused.replace("--deadline", "deadline_days")
-                        .replace("--max-node-hours", "max_node_hours")
-                        .replace("--tokens", "tokens"))
+        raise UserError(refused)
     m, s = load_model(model, seq_len), load_system(system)
-    cur = alloc.allocation_curve(m, s, alloc_cli.curve_counts(args, s), tokens,
-                                 args.confidence, _space(dtype, restrict),
-                                 global_batch=global_batch, grow_batch=grow_batch)
+    cur = alloc.allocation_curve(m, s, curve_counts(s, gpus), tokens, confidence,
+                                 _space(dtype, restrict), global_batch=global_batch,
+                                 grow_batch=grow_batch)
     selection = None
     if deadline_days is not None:
         selection = alloc.select_deadline(cur, deadline_days)
     elif max_node_hours is not None:
         selection = alloc.select_budget(cur, max_node_hours)
     cur.attrs.update(model=m.name, system=s.name, tokens=tokens,
-                     interval_confidence=args.confidence,
+                     interval_confidence=confidence,
                      batch=alloc.batch_note(cur, m.seq_len, grow_batch),
                      rests_on=alloc.rests_on(s))
     if selection is not None:
@@ -283,8 +283,8 @@ def predict(model: str | ModelSpec, system: str | SystemSpec, layout: Layout | N
 
     The layout is ``layout`` or the fields of :func:`layout` (``tp=8, pp=16, dp=8, ...``).
     """
-    from frontier_llm.cli import allocation as alloc_cli
     from frontier_llm.costmodel import predict as cost
+    from frontier_llm.planner.annotations import predict_extras
 
     if layout is None:
         layout = _layout(fields)
@@ -292,9 +292,8 @@ def predict(model: str | ModelSpec, system: str | SystemSpec, layout: Layout | N
         raise TypeError("give a Layout or its fields, not both")
     m, s = load_model(model, seq_len), load_system(system)
     out = {"model": m.name, "system": s.name, "layout": layout.to_dict(), **cost(m, s, layout)}
-    args = _plan_args(tokens=tokens,
-                      **({"confidence": confidence} if confidence is not None else {}))
-    out.update(alloc_cli.predict_extras(out, layout, m, s, args))
+    out.update(predict_extras(out, layout, m, s, confidence=_confidence(confidence),
+                              tokens=tokens))
     return out
 
 

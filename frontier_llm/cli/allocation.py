@@ -1,7 +1,8 @@
 """flm plan's allocation flags: a token budget, error bars, the scaling curve, a deadline or a
 node-hour budget, the smallest machine that fits, risk-aware ranking (docs/planner.md,
 "Planning an allocation"). The arithmetic lives in planner/allocation.py and
-planner/intervals.py; this module reads flags and prints."""
+planner/intervals.py, the annotations and refusals in planner/annotations.py (typed, shared
+with the Python API); this module reads flags and prints."""
 
 from __future__ import annotations
 
@@ -14,19 +15,15 @@ import pandas as pd
 from frontier_llm.cli.common import emit_frame, emit_json
 from frontier_llm.cli.numbers import MAX_GPUS, days, fraction, positive_float, tokens
 from frontier_llm.cli.progress import Progress
-from frontier_llm.planner import SearchSpace, plan
+from frontier_llm.planner import SearchSpace, annotations, plan
 from frontier_llm.planner import allocation as alloc
-from frontier_llm.planner.intervals import DEFAULT_CONFIDENCE, add_intervals
+from frontier_llm.planner.annotations import DEFAULT_CURVE
+from frontier_llm.planner.intervals import DEFAULT_CONFIDENCE
 from frontier_llm.planner.space import knob_values
-from frontier_llm.specs.forms import display_layouts, layout_record
+from frontier_llm.specs.forms import display_layouts
 from frontier_llm.specs.layout import layout_types
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
-
-DEFAULT_CURVE = "auto"  # powers of two from one node's GPUs to 65,536
-CURVE_TOP = 65536
-
-
 
 # The shortest deadline: an hour. A training run shorter than that is no allocation to plan,
 # and 1e-300h asked for a GPU count of 300 digits.
@@ -147,15 +144,10 @@ def wants_curve(args: argparse.Namespace) -> bool:
 
 def check(args: argparse.Namespace) -> str | None:
     """A one-line refusal for flag combinations that cannot be answered, else None."""
-    if (args.deadline is not None or args.max_node_hours is not None) and args.tokens is None:
-        return "--deadline and --max-node-hours need --tokens (the budget to train)"
-    if args.deadline is not None and args.max_node_hours is not None:
-        return "give --deadline or --max-node-hours, not both"
-    if getattr(args, "grow_batch", False) and args.global_batch is not None:
-        return "give --global-batch (one batch for the whole curve) or --grow-batch, not both"
-    if getattr(args, "grow_batch", False) and not wants_curve(args):
-        return "--grow-batch needs --curve, --deadline or --max-node-hours"
-    return None
+    return annotations.allocation_refusal(
+        tokens=args.tokens, deadline_days=args.deadline, max_node_hours=args.max_node_hours,
+        global_batch=args.global_batch, grow_batch=getattr(args, "grow_batch", False),
+        curve=bool(args.curve))
 
 
 def annotate(
@@ -165,21 +157,11 @@ def annotate(
     args: argparse.Namespace,
     top: int | None = None,
 ) -> pd.DataFrame:
-    """Intervals (always), the token budget's figures (with --tokens), the risk-aware order
-    (with --risk-aware; then the first ``top`` rows)."""
-    out = add_intervals(frame, system, args.confidence) if len(frame) else frame
-    if args.tokens is not None and len(out):
-        out = alloc.add_allocation(out, system, model.seq_len, args.tokens)
-    if getattr(args, "risk_aware", False) and len(out):
-        # Rank by the low end of throughput; layouts that do not fit stay after those that do.
-        fits = out["fits"].astype(bool) if "fits" in out else pd.Series(True, index=out.index)
-        out = out.assign(_fit=~fits).sort_values(
-            ["_fit", "tokens_per_s_low"], ascending=[True, False], kind="stable"
-        )
-        out = out.drop(columns="_fit").head(top).reset_index(drop=True)
-        if "rank" in out:
-            out["rank"] = np.arange(1, len(out) + 1)
-    return out
+    """planner.annotations.annotate with the flags' values (--confidence, --tokens,
+    --risk-aware)."""
+    return annotations.annotate(frame, model, system, confidence=args.confidence,
+                                tokens=args.tokens, risk_aware=getattr(args, "risk_aware", False),
+                                top=top)
 
 
 def _num(x: float) -> str:
@@ -293,9 +275,9 @@ def run_curve(
 def curve_counts(args: argparse.Namespace, system: SystemSpec) -> list[int]:
     text = args.curve or DEFAULT_CURVE
     if text == DEFAULT_CURVE:
-        return alloc.power_of_two_counts(system.gpus_per_node, CURVE_TOP)
+        return annotations.curve_counts(system)
     lo, hi = (int(p) for p in text.split("-"))
-    return alloc.power_of_two_counts(lo, hi)
+    return annotations.curve_counts(system, (lo, hi))
 
 
 def curve_table(cur: pd.DataFrame, args: argparse.Namespace) -> pd.DataFrame:
@@ -388,40 +370,12 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-# Keys flm predict adds (JSON), beside its own.
-_PREDICT_KEYS = (
-    "interval_confidence",
-    "memory_verdict",
-    "interval_basis",
-    "memory_interval_basis",
-    "tokens",
-    "steps",
-    "nodes",
-)
-
-
 def predict_extras(
     out: dict, layout, model: ModelSpec, system: SystemSpec, args: argparse.Namespace
 ) -> dict:
-    """flm predict's intervals (and, with --tokens, the budget's figures) for one layout."""
-    row = pd.DataFrame(
-        [
-            {
-                **layout_record(layout),
-                "step_time_s": out["step_time_s"],
-                "tokens_per_s": out["tokens_per_s"],
-                "peak_memory_bytes": out["peak_memory_bytes"],
-                "fits": out["fits"],
-            }
-        ]
-    )
-    row = annotate(row, model, system, args).iloc[0]
-    keep = [
-        k
-        for k in row.index
-        if k.endswith(("_low", "_high")) or k in _PREDICT_KEYS or k in alloc.ALLOCATION_FIGURES
-    ]
-    return {k: row[k].item() if hasattr(row[k], "item") else row[k] for k in keep}
+    """planner.annotations.predict_extras with the flags' values (--confidence, --tokens)."""
+    return annotations.predict_extras(out, layout, model, system, confidence=args.confidence,
+                                      tokens=args.tokens)
 
 
 def predict_lines(extra: dict) -> list[str]:
