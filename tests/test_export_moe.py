@@ -149,8 +149,12 @@ def test_torchtitan_moe_toml_has_only_job_config_keys():
 
 
 @pytest.mark.parametrize("model, layout, words", [
+    # DeepSeek's form (first block dense, experts in every block after it) is torchtitan's
+    # deepseek_v3, whose MLA attention flm's spec does not describe: said, with the way out.
     (TINY, Layout(dp=4, ep=2, global_batch=8, sharding="zero3"),
-     "llama4 places its MoE blocks last"),
+     "deepseek_v3 (n_dense_layers) attends with multi-head latent attention"),
+    (dataclasses.replace(TINY, dense_layers=0, moe_layer_freq=2),
+     Layout(dp=4, ep=2, global_batch=8, sharding="zero3"), "llama4 places its MoE blocks last"),
     (dataclasses.replace(MIXTRAL, capacity_factor=1.25), _layout(),
      "drops no token"),
     # HSDP: dp_shard 2 of dp 8; ep 8 does not divide dp_shard x cp = 2.
@@ -176,3 +180,18 @@ def test_moe_refusals_are_one_line(trainer, layout, words):
     message = str(exc.value)
     assert "\n" not in message and message.startswith(f"{trainer} cannot run this layout: ")
     assert words in message
+
+
+def test_deepspeed_zero3_moe_export_says_to_mark_the_leaf_modules():
+    """ZeRO-3 gathers every module's parameters on every rank: the MoE block must be a ZeRO-3
+    leaf (deepspeed.utils.set_z3_leaf_modules, DeepSpeed 0.19), or a rank whose tokens skip an
+    expert never joins its gather. The export says so beside the ds_config; ZeRO-1 does not."""
+    from frontier_llm.trainers import get
+
+    ds = get(DEEPSPEED)
+    zero3 = Layout(dp=4, global_batch=8, sharding="zero3", engine="deepspeed")
+    assert any("set_z3_leaf_modules" in n for n in ds.notes(MIXTRAL, zero3))
+    zero1 = dataclasses.replace(zero3, sharding="zero1")
+    assert not any("set_z3_leaf_modules" in n for n in ds.notes(MIXTRAL, zero1))
+    dense = load_model("tiny-llama")
+    assert not any("set_z3_leaf_modules" in n for n in ds.notes(dense, zero3))

@@ -81,7 +81,7 @@ REFUSED = {
     ("megatron-deepspeed", "ep"): "Mixture-of-Experts",
     ("megatron-deepspeed", "virtual_stages"): "1F1B only",
     ("megatron-deepspeed", "cp"): "context",
-    ("megatron-deepspeed", "sharding-hsdp"): "does not run sharding p=partial",
+    ("megatron-deepspeed", "sharding-hsdp"): "MiCS",
     ("megatron-deepspeed", "recompute-selective-op"): "selective-op",
     ("torchtitan", "tp"): "sequence parallelism is implied",
     ("torchtitan", "recompute-selective"): "no attention-core recomputation",
@@ -90,7 +90,7 @@ REFUSED = {
     ("deepspeed", "cp"): "context", ("deepspeed", "ep"): "ep_size argument",
     ("deepspeed", "virtual_stages"): "interleav",
     ("deepspeed", "sequence_parallel"): "sequence parallel",
-    ("deepspeed", "sharding-hsdp"): "does not run sharding p=partial",
+    ("deepspeed", "sharding-hsdp"): "MiCS",
     ("deepspeed", "recompute-selective-op"): "selective-op",
 }
 

@@ -65,6 +65,9 @@ def ds_config(model: ModelSpec, layout: Layout, for_megatron: bool = False,
                          "ep_size argument of deepspeed.moe.layer.MoE in your model code, not "
                          "a ds_config key; export ep 1 and set ep_size there, or use --to "
                          "megatron-lm")
+        # DeepSpeed's own reason for a placement it lacks (MiCS, removed in 0.19) before the
+        # engine rule that says the same in flm's words.
+        zero_stage(DEEPSPEED, layout)
         layout = check_engine_rules(DEEPSPEED, Engine.DEEPSPEED, layout, model)
         if layout.tp > 1 and layout.pp > 1:
             raise refuse(DEEPSPEED, "tensor parallelism in a ds_config is AutoTP "
@@ -84,6 +87,16 @@ def ds_config(model: ModelSpec, layout: Layout, for_megatron: bool = False,
     # flm bench passes no mpu and counts its own samples.
     cfg["train_batch_size"] = layout.global_batch
     return cfg
+
+
+def z3_leaf_note(model: ModelSpec) -> str:
+    """ZeRO-3 gathers each module's parameters on every rank; an MoE block whose experts only
+    some ranks' tokens reach must be gathered as one unit."""
+    return (f"ZeRO-3 with {model.name}'s experts: mark your MoE block class as a ZeRO-3 leaf "
+            "module (deepspeed.utils.set_z3_leaf_modules(model, [YourMoEBlock]), "
+            "deepspeed/utils/z3_leaf_module.py, DeepSpeed 0.19), so that its experts are "
+            "gathered as one unit; otherwise a rank whose tokens skip an expert never joins "
+            "the gather the others wait in")
 
 
 def ds_config_text(model: ModelSpec, layout: Layout, for_megatron: bool = False,
@@ -130,6 +143,8 @@ class DeepSpeed(Trainer):
         if layout.pp > 1:
             out.append(f"a ds_config has no pipeline degree: build PipelineModule(num_stages="
                        f"{layout.pp}) in your script")
+        if model.is_moe and layout.zero_stage == 3:
+            out.append(z3_leaf_note(model))
         if layout.tp > 1:
             out.append(f"AutoTP: pass deepspeed.initialize(mpu=...) an mpu whose data-parallel "
                        f"size is dp = {layout.dp}; without one DeepSpeed counts all "

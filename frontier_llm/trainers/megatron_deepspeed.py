@@ -72,6 +72,7 @@ class MegatronDeepSpeed(Trainer):
                          "ZeRO-3 are incompatible with pipeline parallelism' (deepspeed/runtime/"
                          "pipe/engine.py): use zero1 with pipelines, or pp 1 with ZeRO-"
                          f"{layout.zero_stage}")
+        zero_stage(self.name, layout)  # DeepSpeed's own reason for a placement it lacks (MiCS)
         return check_megatron_deepspeed(self.name, layout, model)
 
     def flags(self, model: ModelSpec, layout: Layout,

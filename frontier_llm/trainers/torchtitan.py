@@ -140,6 +140,16 @@ def moe_registration(model: ModelSpec) -> str:
 
 def check_moe(model: ModelSpec) -> None:
     """Refuse the MoE models llama4's blocks cannot be (one line each)."""
+    if model.dense_layers and model.moe_layer_freq == 1:
+        # DeepSeek's form (first k dense, then MoE in every block) is torchtitan's deepseek_v3
+        # (models/deepseek_v3, n_dense_layers), whose attention is multi-head latent attention:
+        # flm's spec prices multi-head attention, so no deepseek_v3 flavor is this model.
+        raise refuse(TORCHTITAN, f"{model.name}'s first {model.dense_layers} dense block(s) "
+                     "then experts in every block: llama4 has no first-k dense blocks, and "
+                     "torchtitan's deepseek_v3 (n_dense_layers) attends with multi-head latent "
+                     "attention (MLA), which flm's model spec does not describe (it prices "
+                     "multi-head attention of the same width); register a deepseek_v3 flavor "
+                     "yourself, or use --to megatron-lm (--moe-layer-freq)")
     if model.dense_layers or model.moe_layer_freq != 1:
         raise refuse(TORCHTITAN, f"{model.name}'s dense blocks (dense_layers "
                      f"{model.dense_layers}, moe_layer_freq {model.moe_layer_freq}): llama4 "
