@@ -11,10 +11,13 @@ into runs and counts the lines that look like the trainer's step lines but canno
 
 from __future__ import annotations
 
+import gzip
 import re
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from frontier_llm.errors import UserError
 from frontier_llm.specs.layout import Layout
@@ -167,7 +170,7 @@ class LogLines:
         self.path = path
         self.long_lines = 0
         self.head = ""
-        self._file = _open_log(path)
+        self._file = _gunzipped(_open_log(path))
         try:
             _check_text(path, self._file.read(HEAD_BYTES))
             self._file.seek(0)
@@ -179,6 +182,9 @@ class LogLines:
         with self._file as f:
             kept = 0
             while raw := f.readline(MAX_LINE_BYTES + 1):
+                if f.tell() > MAX_LOG_BYTES:  # a gzipped log's text, past the plain limit
+                    raise LogError(f"{self.path}: more than {MAX_LOG_BYTES >> 20} MiB of text "
+                                   "uncompressed; not a training log")
                 if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
                     self.long_lines += 1
                     while raw and not raw.endswith(b"\n"):  # drop the rest, a chunk at a time
@@ -207,6 +213,36 @@ def _open_log(path: Path):
         return open(path, "rb")
     except OSError as exc:
         raise LogError(f"{path}: cannot be read ({exc.strerror})") from None
+
+
+# Logs are often kept gzipped (log rotation, archived job folders): read through, as text.
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+class _Gunzip(gzip.GzipFile):
+    """A gzipped log's text; a cut or corrupt stream is a LogError (one line), not a crash."""
+
+    def _damaged(self) -> LogError:
+        return LogError(f"{self.name}: a damaged gzip file, not a readable training log")
+
+    def read(self, size: int | None = -1) -> bytes:
+        try:
+            return super().read(size)
+        except (OSError, EOFError, zlib.error):
+            raise self._damaged() from None
+
+    def readline(self, size: int | None = -1) -> bytes:
+        try:
+            return super().readline(size)
+        except (OSError, EOFError, zlib.error):
+            raise self._damaged() from None
+
+
+def _gunzipped(raw: BinaryIO) -> BinaryIO:
+    """The file, or its decompressed stream when it is gzip (its first bytes say so)."""
+    gzipped = raw.read(2) == GZIP_MAGIC
+    raw.seek(0)
+    return _Gunzip(fileobj=raw, mode="rb") if gzipped else raw  # type: ignore[return-value]
 
 
 def _check_text(path: Path, head: bytes) -> None:
