@@ -9,7 +9,6 @@ must all derive the same id without talking to each other.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import time
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from frontier_llm.errors import UserError
+from frontier_llm.specs import axes
 from frontier_llm.specs.layout import Layout, complete_layout, given_options, layout_argv
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
@@ -101,8 +101,8 @@ def build_config(args: Any) -> BenchConfig:
         # ep re-folds the dp x cp ranks (specs/axes.py) and must divide them: with --ep and no
         # --dp, run the fewest data-parallel ranks it divides, so that
         # `flm bench --model tiny-moe --ep 2` runs on two ranks rather than refusing dp 1.
-        ep = int(layout["ep"])
-        layout["dp"] = ep // math.gcd(ep, int(layout.get("cp", 1)))
+        layout["dp"] = axes.fewest_data_parallel_for_ep(int(layout["ep"]),
+                                                        int(layout.get("cp", 1)))
     layout = Layout.from_dict(complete_layout(layout))
     limit = args.memory_limit or bench.get("memory_limit")
 
@@ -152,9 +152,11 @@ def default_system(device_files: tuple[str, ...] = GPU_DEVICE_FILES) -> str:
 
 
 def _degrees(lay: Layout) -> str:
-    """``tp2pp1dp1`` (``tp2cp2pp1dp1`` with context parallelism: cp 1 ids stay as they were)."""
+    """``tp2pp1dp1`` (``tp2cp2pp1dp1ep2`` with context or expert parallelism: ids of layouts
+    at cp 1 and ep 1 stay as they were)."""
     cp = f"cp{lay.cp}" if lay.cp > 1 else ""
-    return f"tp{lay.tp}{cp}pp{lay.pp}dp{lay.dp}"
+    ep = f"ep{lay.ep}" if lay.ep > 1 else ""
+    return f"tp{lay.tp}{cp}pp{lay.pp}dp{lay.dp}{ep}"
 
 
 def new_run_id(cfg: BenchConfig) -> str:

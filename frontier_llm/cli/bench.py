@@ -21,8 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "<trace-dir>/<run-id>.trace.json: per-step times and losses, "
         "per-rank memory, tokens/s, TFLOP/s and MFU, beside the cost model's prediction.\n\n"
         "Inside torchrun, srun or mpiexec it joins the job's ranks; otherwise it starts --nproc "
-        "local ranks itself (default tp x pp x dp). Exit status: 0 completed, 3 out of memory, "
-        "1 other failure, 2 bad input (refused before any process starts).",
+        "local ranks itself (default tp x cp x pp x dp). Exit status: 0 completed, 3 out of "
+        "memory, 1 other failure, 2 bad input (refused before any process starts).",
         [
             "flm bench --model tiny-gpt --tp 2 --dp 2 --dtype fp32 --steps 5",
             "flm bench --model tiny-gpt-8l --pp 2 --virtual-stages 2 --micro-batch 1 "
@@ -62,8 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="gradient all-reduce bucket of the DDP and ZeRO-1 paths in MiB "
                         "(default 64; a run setting flm tune can search)")
     r.add_argument("--nproc", type=count(1, MAX_LOCAL_RANKS), default=None,
-                   help="local ranks to start when not inside a launcher (default tp x pp x dp; "
-                        f"at most {MAX_LOCAL_RANKS})")
+                   help="local ranks to start when not inside a launcher (default "
+                        f"tp x cp x pp x dp; at most {MAX_LOCAL_RANKS})")
     r.add_argument("--fault", choices=("crash", "hang"), default=None,
                    help="inject a failure on the last rank (tests of failure handling)")
     r.add_argument("--fault-step", type=count(0), default=0, help="step of the injected fault")

@@ -136,7 +136,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         parents=[db])
     common(q)
     q.add_argument("--gpus", type=gpus, default=None, metavar="N",
-                   help="only the layouts on N GPUs in all (tp x pp x dp; Frontier: GCDs); "
+                   help="only the layouts on N GPUs in all (tp x cp x pp x dp; Frontier: GCDs); "
                         "a size no layout of the sweep uses is refused, naming those it uses")
     q.add_argument("--model-only", action="store_true",
                    help="predictions only, no database (needs a sweep file)")

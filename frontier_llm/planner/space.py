@@ -243,7 +243,7 @@ def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_ba
                     if block is not None:
                         blocks.append(block)
     if not blocks:
-        raise UserError(f"no tp x pp x dp layout of {gpus} GPUs matches the requested degrees")
+        raise UserError(f"no tp x cp x pp x dp layout of {gpus} GPUs matches the requested degrees")
     sizes = np.array([b.pop("_n") for b in blocks])
     cols = {k: np.repeat(np.array([b[k] for b in blocks]), sizes)
             if isinstance(blocks[0][k], _Const) else np.concatenate([b[k] for b in blocks])

@@ -152,6 +152,11 @@ def expert_data_parallel(holder: Any) -> Any:
     return shards // ep
 
 
+def fewest_data_parallel_for_ep(ep: int, cp: int = 1) -> int:
+    """The smallest dp whose dp x cp ranks ep divides (ep re-folds them): ep / gcd(ep, cp)."""
+    return ep // math.gcd(ep, cp)
+
+
 def sequence_split(holder: Any) -> Any:
     """Ranks one sequence's tokens are split over with sequence parallelism (tp x cp)."""
     return _product(holder, SEQUENCE_AXES)

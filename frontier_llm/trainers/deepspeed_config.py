@@ -42,11 +42,12 @@ DEFAULT_BUCKET_MB = 64.0
 GLOBAL_BATCH_KEY = "train_batch_size"
 MICRO_BATCH_KEY = "train_micro_batch_size_per_gpu"
 PRINTED = {
-    "global_batch": GLOBAL_BATCH_KEY, "micro_batch": MICRO_BATCH_KEY,
-    "sharding": "zero_optimization_stage",  # zero_optimization.stage
-    "tp": "tensor_parallel_config",  # tensor_parallel.autotp_size, printed "autotp_size=N"
-    "bf16": "bfloat16_config", "fp16": "float16_config",  # bf16/fp16.enabled: "enabled=True"
+    GLOBAL_BATCH_KEY: "global_batch", MICRO_BATCH_KEY: "micro_batch",
+    "zero_optimization_stage": "sharding",  # zero_optimization.stage
+    "tensor_parallel_config": "tp",  # tensor_parallel.autotp_size, printed "autotp_size=N"
+    "bfloat16_config": "bf16", "float16_config": "fp16",  # bf16/fp16.enabled: "enabled=True"
 }
+PRINTED_AS = {setting: printed for printed, setting in PRINTED.items()}
 # AutoTP training's explicit layer specs for model.py's names: Megatron's split (Q, K, V, fc1 and
 # the SwiGLU gate column-parallel; out-projection and fc2 row-parallel); the rest stays whole.
 AUTOTP_LAYER_SPECS = [

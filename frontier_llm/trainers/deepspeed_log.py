@@ -17,7 +17,7 @@ import re
 
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
-from frontier_llm.trainers.deepspeed_config import PRINTED
+from frontier_llm.trainers.deepspeed_config import PRINTED_AS
 from frontier_llm.trainers.log_reader import (
     LogReader,
     ParsedRun,
@@ -95,18 +95,18 @@ class DeepSpeedLog(LogReader):
     def finish(self, run: ParsedRun) -> None:
         a = run.args
         for field in ("global_batch", "micro_batch"):
-            if (value := integer(a.get(PRINTED[field]))) is not None:
+            if (value := integer(a.get(PRINTED_AS[field]))) is not None:
                 run.layout[field] = value
-        if (zero := integer(a.get(PRINTED["sharding"]))) is not None:
+        if (zero := integer(a.get(PRINTED_AS["sharding"]))) is not None:
             run.layout["sharding"] = f"zero{zero}"
         # AutoTP's size; 0 is no AutoTP, where tp is the script's (a pipeline's own layers).
-        if (tp := _AUTOTP.search(a.get(PRINTED["tp"], ""))) is not None and int(tp.group(1)):
+        if (tp := _AUTOTP.search(a.get(PRINTED_AS["tp"], ""))) is not None and int(tp.group(1)):
             run.layout["tp"] = int(tp.group(1))
         # DeepSpeed 0.19 prints its precision blocks ("enabled=True ..."), older ones a
         # bfloat16_enabled / fp16_enabled flag.
-        if _enabled(a.get(PRINTED["bf16"])) or flag(a.get("bfloat16_enabled")):
+        if _enabled(a.get(PRINTED_AS["bf16"])) or flag(a.get("bfloat16_enabled")):
             run.layout["dtype"] = "bf16"
-        elif _enabled(a.get(PRINTED["fp16"])) or flag(a.get("fp16_enabled")):
+        elif _enabled(a.get(PRINTED_AS["fp16"])) or flag(a.get("fp16_enabled")):
             run.layout["dtype"] = "fp16"
         run.layout["engine"] = "deepspeed"
 

@@ -17,20 +17,23 @@ from frontier_llm.trainers.text import comment_lines, shell_word
 
 DEFAULT_DS_CONFIG = "ds_config.json"
 
-# Each layout setting's flag, spelled alike by both trainers: the export writes these, and the
-# log reader (trainers/megatron_log.py) reads the values the arguments block prints under each
-# flag's argparse dest (:func:`dest`: ``tensor_model_parallel_size``).
-LAYOUT_FLAGS = {
-    "tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
-    "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size",
-    "micro_batch": "--micro-batch-size", "global_batch": "--global-batch-size",
-    "sequence_parallel": "--sequence-parallel", "recompute": "--recompute-granularity",
+# Each layout degree's and batch's flag (flag -> layout field), spelled alike by both trainers:
+# the export writes these, and the log reader (trainers/megatron_log.py) reads the values the
+# arguments block prints under each flag's argparse dest (:func:`dest`:
+# ``tensor_model_parallel_size``).
+DEGREE_FLAGS = {
+    "--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
+    "--context-parallel-size": "cp", "--expert-model-parallel-size": "ep",
+    "--micro-batch-size": "micro_batch", "--global-batch-size": "global_batch",
 }
+FLAG = {field: flag for flag, field in DEGREE_FLAGS.items()}
+SEQUENCE_PARALLEL_FLAG = "--sequence-parallel"
+RECOMPUTE_FLAG = "--recompute-granularity"
 # Settings no flag sets as such: validate_args computes them and the block prints them
 # (megatron/training/arguments.py at 309ffca: data_parallel_size = world / (tp x pp x cp);
 # virtual_pipeline_model_parallel_size = --num-virtual-stages-per-pipeline-rank, None for 1).
 VIRTUAL_STAGES_FLAG = "--num-virtual-stages-per-pipeline-rank"
-PRINTED = {"dp": "data_parallel_size", "virtual_stages": "virtual_pipeline_model_parallel_size"}
+PRINTED = {"data_parallel_size": "dp", "virtual_pipeline_model_parallel_size": "virtual_stages"}
 # The sharding flags: Megatron-LM's distributed optimizer (ZeRO-1), Megatron-DeepSpeed's stage.
 DISTRIBUTED_OPTIMIZER_FLAG = "--use-distributed-optimizer"
 ZERO_STAGE_FLAG = "--zero-stage"
@@ -121,7 +124,7 @@ def moe_args(model: ModelSpec, layout: Layout) -> list[str]:
     if layout.ep > 1:
         # "We recommend using 'alltoall' when applying expert parallelism" (its help): the
         # all-to-all dispatch and combine flm's cost model and flm bench stand for.
-        argv += [LAYOUT_FLAGS["ep"], str(layout.ep),
+        argv += [FLAG["ep"], str(layout.ep),
                  "--moe-token-dispatcher-type", "alltoall"]
     return argv
 
@@ -132,9 +135,9 @@ def recompute_args(layout: Layout) -> list[str]:
     ``GPTModelPipe`` reads the same flags (full + uniform: its PipelineModule's checkpoint
     interval is ``--recompute-num-layers``; megatron/model/gpt_model.py)."""
     if layout.recompute == Recompute.SELECTIVE:
-        return [LAYOUT_FLAGS["recompute"], "selective"]
+        return [RECOMPUTE_FLAG, "selective"]
     if layout.recompute == Recompute.FULL:
-        return [LAYOUT_FLAGS["recompute"], "full", "--recompute-method", "uniform",
+        return [RECOMPUTE_FLAG, "full", "--recompute-method", "uniform",
                 "--recompute-num-layers", "1"]
     return []
 
@@ -144,9 +147,9 @@ def dtype_args(layout: Layout) -> list[str]:
 
 
 def batch_and_degrees(layout: Layout) -> list[str]:
-    return [LAYOUT_FLAGS["tp"], str(layout.tp), LAYOUT_FLAGS["pp"], str(layout.pp),
-            LAYOUT_FLAGS["micro_batch"], str(layout.micro_batch),
-            LAYOUT_FLAGS["global_batch"], str(layout.global_batch)]
+    return [FLAG["tp"], str(layout.tp), FLAG["pp"], str(layout.pp),
+            FLAG["micro_batch"], str(layout.micro_batch),
+            FLAG["global_batch"], str(layout.global_batch)]
 
 
 def render_argv(argv: list[str], header: list[str]) -> str:
@@ -163,6 +166,7 @@ def render_argv(argv: list[str], header: list[str]) -> str:
     return comment_lines(header) + " \\\n".join(lines) + "\n"
 
 
-__all__ = ["DEFAULT_DS_CONFIG", "DISTRIBUTED_OPTIMIZER_FLAG", "LAYOUT_FLAGS", "PRINTED",
-           "VIRTUAL_STAGES_FLAG", "ZERO_STAGE_FLAG", "batch_and_degrees", "dest", "dtype_args",
-           "model_args", "moe_args", "moe_layer_freq", "recompute_args", "render_argv"]
+__all__ = ["DEFAULT_DS_CONFIG", "DEGREE_FLAGS", "DISTRIBUTED_OPTIMIZER_FLAG", "FLAG", "PRINTED",
+           "RECOMPUTE_FLAG", "SEQUENCE_PARALLEL_FLAG", "VIRTUAL_STAGES_FLAG", "ZERO_STAGE_FLAG",
+           "batch_and_degrees", "dest", "dtype_args", "model_args", "moe_args", "moe_layer_freq",
+           "recompute_args", "render_argv"]

@@ -12,7 +12,7 @@ from frontier_llm.trainers.base import EnvVar, Trainer
 from frontier_llm.trainers.deepspeed import bucket_option, ds_config, zero_stage
 from frontier_llm.trainers.megatron_common import (
     DEFAULT_DS_CONFIG,
-    LAYOUT_FLAGS,
+    SEQUENCE_PARALLEL_FLAG,
     ZERO_STAGE_FLAG,
     batch_and_degrees,
     dtype_args,
@@ -85,7 +85,7 @@ class MegatronDeepSpeed(Trainer):
             # Without it Megatron-DeepSpeed builds GPTModelPipe even for one stage.
             argv.append("--no-pipeline-parallel")
         if layout.sequence_parallel:
-            argv.append(LAYOUT_FLAGS["sequence_parallel"])
+            argv.append(SEQUENCE_PARALLEL_FLAG)
         argv += recompute_args(layout)
         argv += dtype_args(layout)
         if layout.flash_attention:

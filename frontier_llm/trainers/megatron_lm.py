@@ -10,7 +10,8 @@ from frontier_llm.trainers.base import EnvVar, Trainer
 from frontier_llm.trainers.deepspeed_config import bucket_elements
 from frontier_llm.trainers.megatron_common import (
     DISTRIBUTED_OPTIMIZER_FLAG,
-    LAYOUT_FLAGS,
+    FLAG,
+    SEQUENCE_PARALLEL_FLAG,
     VIRTUAL_STAGES_FLAG,
     batch_and_degrees,
     dtype_args,
@@ -92,7 +93,7 @@ class MegatronLM(Trainer):
             # Its --cp-comm-type stays at its default, p2p: the ring exchange of K/V blocks
             # that the megatron engine stands for. Megatron's own seq-length check (a multiple
             # of 2 x cp) is the layout's (Layout.check_model).
-            argv += [LAYOUT_FLAGS["cp"], str(layout.cp)]
+            argv += [FLAG["cp"], str(layout.cp)]
         if layout.schedule == Schedule.INTERLEAVED:
             argv += [VIRTUAL_STAGES_FLAG, str(layout.virtual_stages)]
         elif layout.pp > 1:
@@ -103,7 +104,7 @@ class MegatronLM(Trainer):
                 argv += ["--decoder-first-pipeline-num-layers", str(counts[0]),
                          "--decoder-last-pipeline-num-layers", str(counts[-1])]
         if layout.sequence_parallel:
-            argv.append(LAYOUT_FLAGS["sequence_parallel"])
+            argv.append(SEQUENCE_PARALLEL_FLAG)
         argv += recompute_args(layout)
         if layout.shard_ranks > 1:
             # The gradient reduction overlapped with backward, bucket by bucket, as flm's

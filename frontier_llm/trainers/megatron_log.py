@@ -36,10 +36,13 @@ from frontier_llm.trainers.log_reader import (
     read_outcome,
 )
 from frontier_llm.trainers.megatron_common import (
+    DEGREE_FLAGS,
     DISTRIBUTED_OPTIMIZER_FLAG,
-    LAYOUT_FLAGS,
+    FLAG,
     PRINTED,
+    RECOMPUTE_FLAG,
     ROPE_BASE_FLAG,
+    SEQUENCE_PARALLEL_FLAG,
     ZERO_STAGE_FLAG,
     dest,
 )
@@ -55,11 +58,8 @@ _DEGREE = re.compile(r"(data|context|tensor-model|pipeline-model)[- ]parallel[- 
 _PADDED = re.compile(r"padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
 _DS_VERSION = re.compile(r"DeepSpeed info: version=([^\s,]+)|deepspeed info \.+ ([^\s,]+)")
 # Megatron's printed argument -> the layout degree or batch it states, from the flags the
-# export writes (megatron_common.LAYOUT_FLAGS) and the values validate_args computes (PRINTED).
-_LAYOUT_ARGS = {
-    **{dest(LAYOUT_FLAGS[f]): f for f in ("tp", "pp", "cp", "ep", "micro_batch", "global_batch")},
-    **{printed: f for f, printed in PRINTED.items()},
-}
+# export writes (megatron_common.DEGREE_FLAGS) and the values validate_args computes (PRINTED).
+_LAYOUT_ARGS = {**{dest(flag): field for flag, field in DEGREE_FLAGS.items()}, **PRINTED}
 _MODEL_ARGS = {
     "num_layers": "layers", "hidden_size": "hidden", "num_attention_heads": "heads",
     "ffn_hidden_size": "ffn_hidden", "seq_length": "seq_len",
@@ -147,16 +147,16 @@ class MegatronLog(LogReader):
             if (value := integer(a.get(arg))) is not None:
                 run.layout[name] = value
         keep_batch(run)
-        if dest(LAYOUT_FLAGS["tp"]) in a:
+        if dest(FLAG["tp"]) in a:
             # The block prints every argument (vars(args)): a version without context or
             # expert parallelism (Megatron-DeepSpeed, Megatron-LM before them) runs neither.
             for field in ("cp", "ep"):
                 run.layout.setdefault(field, 1)
             # validate_args prints None for one model chunk per pipeline rank.
             run.layout.setdefault("virtual_stages", 1)
-        if (sp := flag(a.get(dest(LAYOUT_FLAGS["sequence_parallel"])))) is not None:
+        if (sp := flag(a.get(dest(SEQUENCE_PARALLEL_FLAG)))) is not None:
             run.layout["sequence_parallel"] = sp
-        if (granularity := a.get(dest(LAYOUT_FLAGS["recompute"]))) is not None:
+        if (granularity := a.get(dest(RECOMPUTE_FLAG))) is not None:
             run.layout["recompute"] = "none" if granularity == "None" else granularity
         elif (whole := flag(a.get("checkpoint_activations"))) is not None:
             # Megatron-DeepSpeed and Megatron-LM before 2022 have no granularity:
