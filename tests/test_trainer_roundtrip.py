@@ -292,6 +292,19 @@ def test_torchtitan_ep2_mesh_line_is_stored_with_ep_2(tmp_path):
     trace = build_trace(run, path, LogOptions(system="frontier", model="tiny-moe",
                                               layout={"micro_batch": 1, "global_batch": 8}))
     assert trace["status"] == "completed" and trace["layout"]["ep"] == 2
+    # And through flm collect --from-logs into the store (SQLite), as the run was not.
+    import sqlite3
+
+    from frontier_llm.cli import main
+
+    db = tmp_path / "flm.db"
+    assert main(["collect", "--from-logs", str(path), "--trainer", "torchtitan", "--system",
+                 "frontier", "--model", "tiny-moe", "--layout", "micro_batch=1,global_batch=8",
+                 "--db", f"sqlite:///{db}", "--traces", str(tmp_path / "t"), "--quiet"]) == 0
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("select r.status, l.ep from flm_runs r join flm_layouts l "
+                            "on l.id = r.layout_id").fetchall()
+    assert rows == [("completed", 2)]
 
 
 def test_torchtitan_experts_without_tp_under_tp_are_refused_with_the_reason(tmp_path):
