@@ -195,3 +195,15 @@ def test_deepspeed_zero3_moe_export_says_to_mark_the_leaf_modules():
     assert not any("set_z3_leaf_modules" in n for n in ds.notes(MIXTRAL, zero1))
     dense = load_model("tiny-llama")
     assert not any("set_z3_leaf_modules" in n for n in ds.notes(dense, zero3))
+
+
+def test_a_torchtitan_flavor_is_its_shape_and_its_rope_base():
+    """torchtitan's llama3 flavors all have rope_theta 500000 (llama3/__init__.py v0.2.2): Llama
+    3 8B is "8B"; the same shape at another RoPE base is no flavor of it and is registered with
+    its own rope_theta."""
+    from frontier_llm.trainers.torchtitan import flavor, registration
+
+    llama = load_model("llama3-8b")
+    assert flavor(llama) == "8B"
+    other = dataclasses.replace(llama, name="llama3-8b-rope10k", rope_base=10000.0)
+    assert flavor(other) is None and registration(other).endswith("rope_theta=10000)")

@@ -48,6 +48,9 @@ FLAVORS = {
     "405B": (16384, 126, 128, 8, 1.2, 4096),
 }
 FLAVOR_VOCAB = 128256
+# Every llama3 flavor's rope_theta (llama3/__init__.py v0.2.2): a model of the same shape with
+# another RoPE base is not that flavor, and gets a registration line of its own.
+FLAVOR_ROPE_THETA = 500000
 LLAMA_STYLE = ("swiglu", "rmsnorm", "rope")
 
 
@@ -68,7 +71,7 @@ def _llama_style(model: ModelSpec) -> bool:
 def flavor(model: ModelSpec) -> str | None:
     """The llama3 flavor torchtitan registers with the model's shape, or None (an MoE model
     is none of them)."""
-    if not _llama_style(model) or model.is_moe:
+    if not _llama_style(model) or model.is_moe or model.rope_base != FLAVOR_ROPE_THETA:
         return None
     for name, (dim, layers, heads, kv, mult, multiple) in FLAVORS.items():
         if (model.hidden, model.layers, model.heads, model.kv_heads, model.vocab,
