@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from frontier_llm.costmodel.flops import hardware_flops, model_flops
-from frontier_llm.costmodel.fp8 import compute_dtype
+from frontier_llm.costmodel.fp8 import check_fp8, compute_dtype
 from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks, from_configs
 from frontier_llm.costmodel.memory import _check_engine, peak_memory
 from frontier_llm.costmodel.steptime import step_time
@@ -75,6 +75,7 @@ def predict(model: ModelSpec, system: SystemSpec, layout: Layout,
     ``engine`` (optional, for callers that name it) must agree with ``layout.engine``."""
     _check_engine(layout, engine)
     layout.check_model(model)
+    check_fp8(system, layout.dtype, layout.fp8_recipe, layout.engine)
     row = {k: v[0].item()
            for k, v in evaluate(model, system, from_configs([layout])).items()}
     return {
