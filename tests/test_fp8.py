@@ -179,3 +179,11 @@ def test_systems_listing_has_fp8_columns(capsys):
     assert rows["dgx-a100"]["peak_fp8_tflops"] is None or np.isnan(
         rows["dgx-a100"]["peak_fp8_tflops"])
     assert all(rows[n]["rests_on"] for n in NEW)
+
+
+def test_bench_refuses_fp8_on_a_cpu(capsys):
+    """flm bench runs fp8 through torchao's float8 linears on a GPU (bench/float8.py, untestable
+    here); on this machine's CPU it refuses in one line before any rank starts."""
+    assert main(["bench", "--model", "tiny-gpt", "--dtype", "fp8", "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs a GPU with FP8 tensor cores" in err[0], err
