@@ -96,6 +96,10 @@ class MegatronLM(Trainer):
             # The distributed optimizer shards optimizer states over the DP ranks: ZeRO-1. With
             # cp those are dp x cp (its data-parallel group "with context parallel", as flm's).
             argv.append("--use-distributed-optimizer")
+            if layout.dtype == DType.FP8:
+                # FP8 parameters, all-gathered in FP8 (the cost model's assumption,
+                # costmodel/fp8.py); arguments.py asserts the distributed optimizer for it.
+                argv.append("--fp8-param-gather")
         argv += dtype_args(layout)
         if bucket_mb is not None:
             # --ddp-bucket-size counts parameters (DistributedDataParallelConfig.bucket_size,
