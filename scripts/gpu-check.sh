@@ -103,6 +103,8 @@ step mfu 110
 step memory 150
 step calibrate 45
 step deepspeed 100
+# Last: fp8 (torchao float8 beside bf16) takes what the budget has left, skipped when none.
+step fp8 90
 
 left=$((budget - (SECONDS - start)))
 ((left < 10)) && left=10

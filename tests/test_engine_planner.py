@@ -93,6 +93,9 @@ SCENARIOS = [
     ("mixtral-8x7b", "dgx-h100", 32, 64, SearchSpace(engine=ENGINES, micro_batch=(1,),
                                                      pp=(1, 2), ep=(1, 2, 3, 16))),
     ("gpt3-125m", "frontier", 16, 32, SearchSpace(engine=ENGINES, micro_batch=(1,), ep=(1, 2))),
+    # fp8 (issue 52): DeepSpeed has no fp8 precision of its own.
+    ("llama3-8b", "dgx-h100", 16, 32, SearchSpace(engine=ENGINES, micro_batch=(1,),
+                                                  dtype="fp8")),
 ]
 
 

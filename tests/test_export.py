@@ -87,6 +87,23 @@ CASES = [
      "--tp 2 --cp 2 --dp 2 --global-batch 8 --sequence-parallel --zero 3",
      {MEGATRON_LM: "Megatron-FSDP", MEGATRON_DEEPSPEED: "has no context "
       "parallelism", TORCHTITAN: None, DEEPSPEED: "no sequence parallelism"}),
+    # FP8 (issue 52): torchtitan's float8 converter with float8 FSDP all-gather; Megatron-LM's
+    # --fp8-format hybrid / --fp8-recipe / --fp8-param-gather; Megatron-DeepSpeed and
+    # DeepSpeed say what they support.
+    ("llama-fp8-fsdp-tensorwise", "llama3-8b",
+     "--dp 8 --global-batch 8 --zero 3 --recompute selective-op --dtype fp8",
+     {MEGATRON_LM: "shards optimizer states only (ZeRO-1)",
+      MEGATRON_DEEPSPEED: "supports FP8 only as --transformer-impl transformer_engine",
+      TORCHTITAN: None, DEEPSPEED: "no fp8 precision of its own"}),
+    ("llama-fp8-tp2-zero1-blockwise", "llama3-8b",
+     "--tp 2 --dp 4 --global-batch 8 --zero 1 --sequence-parallel --dtype fp8 "
+     "--fp8-recipe blockwise",
+     {MEGATRON_LM: None, MEGATRON_DEEPSPEED: "supports FP8 only as",
+      TORCHTITAN: "scaling is TransformerEngine's", DEEPSPEED: "does not train in fp8"}),
+    ("llama-fp8-mxfp8-fsdp", "tiny-llama", "--dp 4 --global-batch 4 --zero 3 --dtype fp8 "
+     "--fp8-recipe mxfp8", {MEGATRON_LM: "shards optimizer states only", TORCHTITAN: None,
+                            MEGATRON_DEEPSPEED: "supports FP8 only as",
+                            DEEPSPEED: "does not train in fp8"}),
 ]
 
 
@@ -151,7 +168,11 @@ MEGATRON_LM_FLAGS = {**_COMMON, "--group-query-attention": None, "--num-query-gr
                      "--rotary-base": int, "--overlap-grad-reduce": None,
                      "--overlap-param-gather": None,
                      # AttnBackend in megatron/core/transformer/enums.py
-                     "--attention-backend": ("flash", "fused", "unfused", "local", "auto")}
+                     "--attention-backend": ("flash", "fused", "unfused", "local", "auto"),
+                     # _add_transformer_engine_args (core_v0.15.3 arguments.py)
+                     "--fp8-format": ("e4m3", "hybrid"),
+                     "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise"),
+                     "--fp8-param-gather": None}
 MEGATRON_DEEPSPEED_FLAGS = {**_COMMON, "--num-key-value-heads": int,
                             "--use-rotary-position-embeddings": None,
                             "--no-position-embedding": None,
@@ -197,7 +218,12 @@ def test_megatron_flags_parse_with_the_trainers_names(trainer, names):
         assert ns.sequence_parallel == layout.sequence_parallel
         if trainer == MEGATRON_LM:  # its argparse default is 1
             assert (ns.context_parallel_size or 1) == layout.cp
-        assert (ns.bf16, ns.fp16) == (layout.dtype == "bf16", layout.dtype == "fp16")
+        # fp8 is bf16 training with FP8 linears (--fp8-format hybrid on top of --bf16).
+        assert (ns.bf16, ns.fp16) == (layout.dtype in ("bf16", "fp8"), layout.dtype == "fp16")
+        if trainer == MEGATRON_LM and layout.dtype == "fp8":
+            assert (ns.fp8_format, ns.fp8_recipe) == ("hybrid", str(layout.fp8_recipe))
+            # arguments.py asserts the distributed optimizer for --fp8-param-gather.
+            assert ns.fp8_param_gather and ns.use_distributed_optimizer
         # Full recomputation one block at a time: what GPTModelPipe also reads with pp > 1.
         assert ns.recompute_granularity == {"none": None, "selective": "selective",
                                             "full": "full"}[layout.recompute]
@@ -242,6 +268,18 @@ TORCHTITAN_KEYS = {
                     "pipeline_parallel_microbatch_size": int, "module_fqns_per_model_part": list,
                     "context_parallel_degree": int, "context_parallel_rotate_method": str},
     "activation_checkpoint": {"mode": str, "selective_ac_option": str},
+    # fp8: Model.converters, Compile, and [quantize.linear.float8] / [quantize.linear.mx]
+    # (Float8Linear, MXLinear; test_torchtitan_fp8_sections checks their keys).
+    "compile": {"enable": bool, "components": list},
+    "quantize": {"linear": dict},
+}
+TORCHTITAN_KEYS["model"]["converters"] = list
+# job_config.py v0.2.2: Float8Linear's and MXLinear's fields and types.
+TORCHTITAN_QUANTIZE = {
+    "float8": {"enable_fsdp_float8_all_gather": bool,
+               "precompute_float8_dynamic_scale_for_fsdp": bool, "recipe_name": str,
+               "filter_fqns": list, "emulate": bool},
+    "mx": {"mxfp8_dim1_cast_kernel_choice": str, "recipe_name": str, "filter_fqns": list},
 }
 TORCHTITAN_LITERALS = {"fsdp_reshard_after_forward": ("default", "always", "never"),
                        "mixed_precision_param": ("bfloat16", "float32"),
@@ -273,6 +311,27 @@ def test_torchtitan_toml_has_only_job_config_keys_and_consistent_degrees():
             assert sum(len([m for m in p if m.startswith("layers.")]) for p in parts) \
                 == model.layers
             assert tr["local_batch_size"] % par["pipeline_parallel_microbatch_size"] == 0
+
+
+def test_torchtitan_fp8_sections():
+    """The converter the TOML names has its section, with Float8Linear's / MXLinear's keys;
+    tensorwise under FSDP gathers in float8 (the cost model's FP8 all-gather)."""
+    seen = set()
+    for _cid, model_name, flags, t in GOLDEN_CASES:
+        if t != TORCHTITAN or "--dtype fp8" not in flags:
+            continue
+        model, layout = load_model(model_name), layout_of(flags, TORCHTITAN)
+        doc = tomllib.loads(export(TORCHTITAN, model, layout))
+        (kind, keys), = doc["quantize"]["linear"].items()
+        assert doc["model"]["converters"] == [f"quantize.linear.{kind}"]
+        for key, value in keys.items():
+            assert isinstance(value, TORCHTITAN_QUANTIZE[kind][key]), (kind, key)
+        assert keys["filter_fqns"] == ["output"] and doc["compile"]["enable"] is True
+        if kind == "float8":
+            assert keys["recipe_name"] in ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+            assert keys["enable_fsdp_float8_all_gather"] is True
+        seen.add(kind)
+    assert seen == {"float8", "mx"}
 
 
 def test_torchtitan_hsdp_degrees():

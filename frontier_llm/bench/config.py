@@ -118,6 +118,10 @@ def build_config(args: Any) -> BenchConfig:
         fault=args.fault, fault_step=args.fault_step, bucket_mb=args.bucket_mb,
         model_ref=str(model_name), system_ref=str(system_ref),
     )
+    if layout.dtype == "fp8":
+        from frontier_llm.bench.float8 import check_device
+
+        check_device(system.name, "fp8" in system.peak_flops)
     if cfg.bucket_mb is not None and cfg.bucket_mb <= 0:
         raise UserError("--bucket-mb must be above 0")
     if cfg.steps < 1 or cfg.warmup < 0:
@@ -144,8 +148,10 @@ def default_system(device_files: tuple[str, ...] = GPU_DEVICE_FILES) -> str:
     if not torch.cuda.is_available():
         return "cpu-local"
     name = torch.cuda.get_device_name(0)
-    for key, system in (("H100", "dgx-h100"), ("H200", "dgx-h100"), ("A100", "dgx-a100"),
-                        ("MI250", "frontier")):
+    # "GB200" before "B200", which it contains.
+    for key, system in (("H100", "dgx-h100"), ("H200", "dgx-h200"), ("A100", "dgx-a100"),
+                        ("MI250", "frontier"), ("GB200", "gb200-nvl72"), ("B200", "dgx-b200"),
+                        ("MI300X", "mi300x"), ("MI325X", "mi325x"), ("MI355X", "mi355x")):
         if key in name:
             return system
     raise UserError(f"no catalog system for GPU {name!r}: pass --system")

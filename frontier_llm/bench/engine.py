@@ -36,7 +36,7 @@ from frontier_llm.bench.moe import (
 from frontier_llm.bench.optim import LocalAdam, allreduce_mean
 from frontier_llm.bench.pipeline import build_schedule, stage_io
 from frontier_llm.bench.trace_moe import step_record
-from frontier_llm.specs.layout import Layout
+from frontier_llm.specs.layout import DType, Layout
 from frontier_llm.specs.model import ModelSpec
 
 LR = 1e-3
@@ -94,6 +94,11 @@ class NativeEngine:
                 recompute=layout.recompute,
                 experts=ep_experts(spec.num_experts, layout.ep, self.coords["ep"]),
             )
+            if layout.dtype == DType.FP8:
+                # torchao's float8 linears, before TP and FSDP wrap them (torchtitan's order).
+                from frontier_llm.bench.float8 import apply_float8
+
+                apply_float8(m, str(layout.fp8_recipe), fsdp=shard_mesh is not None)
             if self.cpc is not None:
                 apply_cp(m, self.cpc)
             if self.ep_ctx is not None:
@@ -326,6 +331,11 @@ class NativeEngine:
         loss = self.gradients(step, measure_activations)
         self.optimizer.step()
         self.optimizer.zero_grad()
+        if self.layout.dtype == DType.FP8:
+            from frontier_llm.bench.float8 import precompute_scales
+
+            precompute_scales(self.modules, str(self.layout.fp8_recipe),
+                              self.dims.data_parallel in ("fsdp", "hsdp"))
         self._measure_params()
         return loss
 

@@ -30,7 +30,9 @@ from frontier_llm.specs.layout import DType, Recompute
 from frontier_llm.specs.model import ModelSpec
 
 INIT_STD = 0.02
-DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
+# fp8: the model is bf16; its linears multiply in float8 (bench/float8.py, torchao).
+DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16,
+          DType.FP8: torch.bfloat16}
 
 
 class _RMSNormFn(torch.autograd.Function):

@@ -401,7 +401,7 @@ def predict_lines(extra: dict) -> list[str]:
 
 def add_report_arguments(q: argparse.ArgumentParser) -> None:
     """flm report plan's flags."""
-    from frontier_llm.specs.layout import Engine
+    from frontier_llm.specs.layout import DType, Engine, FP8Recipe
 
     q.add_argument("--model", required=True, help="catalog name or YAML path")
     q.add_argument("--system", required=True, help="catalog name or YAML path")
@@ -434,6 +434,11 @@ def add_report_arguments(q: argparse.ArgumentParser) -> None:
         choices=Engine.words(),
         help="the training engine to plan for (default native)",
     )
+    q.add_argument("--dtype", choices=DType.words(), default="bf16",
+                   help="training precision (default bf16); fp8 only on GPUs with FP8 tensor "
+                        "cores (docs/costmodel.md 'FP8')")
+    q.add_argument("--fp8-recipe", choices=FP8Recipe.words(), default="tensorwise",
+                   help="FP8 scaling with --dtype fp8 (default tensorwise)")
     q.add_argument(
         "--confidence",
         type=fraction,
@@ -457,7 +462,8 @@ def run_report_plan(args: argparse.Namespace) -> int:
                         "(NAME.csv, .md, .png, .pdf) into a folder; give a folder")
     model, system = load_model(args.model), load_system(args.system)
     counts = curve_counts(args, system)
-    space = SearchSpace(engine=(args.engine,))
+    space = SearchSpace(engine=(args.engine,), dtype=args.dtype,
+                        **({"fp8_recipe": (args.fp8_recipe,)} if args.dtype == "fp8" else {}))
     with Progress(f"planning {len(counts)} GPU counts") as bar:
         cur = alloc.allocation_curve(
             model,
@@ -476,7 +482,9 @@ def run_report_plan(args: argparse.Namespace) -> int:
     bases = [b for b in cur["interval_basis"].astype(str) if b and b != "nan"]
     notes = [
         f"{model.name} ({model.num_params():.3g} parameters) on {system.name}, "
-        f"{args.tokens:.3g} tokens: 6ND = {flops:.3g} FLOPs; engine {args.engine}; at each GPU "
+        f"{args.tokens:.3g} tokens: 6ND = {flops:.3g} FLOPs; engine {args.engine}"
+        f"{'' if args.dtype == 'bf16' else f', {args.dtype}'}"
+        f"{f' ({args.fp8_recipe} scaling)' if args.dtype == 'fp8' else ''}; at each GPU "
         "count the planner's fastest layout that fits",
         alloc.batch_note(cur, model.seq_len, grown=False),
         alloc.rests_on(system),

@@ -38,8 +38,18 @@ def systems_frame() -> pd.DataFrame:
             "name": name, "gpu": s.gpu, "gpus_per_node": s.gpus_per_node,
             "memory_gb": s.memory_bytes / 1e9,
             "peak_bf16_tflops": s.peak_flops.get("bf16", float("nan")) / 1e12,
+            # FP8 and the microscaled formats (costmodel/fp8.py): NaN where the GPU has none.
+            "peak_fp8_tflops": s.peak_flops.get("fp8", float("nan")) / 1e12,
+            "peak_mxfp8_tflops": s.peak_flops.get("mxfp8", float("nan")) / 1e12,
+            "peak_mxfp4_tflops": s.peak_flops.get("mxfp4", float("nan")) / 1e12,
+            "matmul_eff": s.eff("matmul", float("nan")),
+            "matmul_fp8_eff": (s.eff("matmul_fp8", s.eff("matmul", float("nan")))
+                               if "fp8" in s.peak_flops else float("nan")),
             "node_gb_s": s.links["node"].bandwidth / 1e9,
+            "nvlink_domain_gpus": s.scale_up_domain,
             "network_gb_s_per_gpu": s.links["network"].bandwidth / 1e9,
+            "rests_on": s.rests_on,
+            "sources": "; ".join(f"{k}: {v}" for k, v in s.sources.items()),
         })
     return pd.DataFrame(rows)
 
@@ -55,8 +65,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda a: emit_frame(models_frame(), a.format))
     p = add_command(
         sub, "systems", "list the catalog's systems",
-        "List the built-in systems: GPU, GPUs per node, memory, peak and link bandwidths. Any "
-        "command that takes --system also takes a path to a system YAML file.",
+        "List the built-in systems: GPU, GPUs per node, memory, dense peaks (bf16, fp8 and the "
+        "microscaled MXFP8/MXFP4 where the GPU has them), the achievable matmul fractions the "
+        "cost model uses (bf16 and fp8), link bandwidths, the NVLink domain (GPUs a group can "
+        "span at the node link's speed: 72 on a GB200 NVL72), a line saying what the figures "
+        "rest on, and their sources. Any command that takes --system also takes a path to a "
+        "system YAML file.",
         ["flm systems", "flm systems --format json"],
     )
     add_format(p)

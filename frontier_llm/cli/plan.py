@@ -21,9 +21,11 @@ from frontier_llm.cli.layout_args import (
 )
 from frontier_llm.cli.numbers import MAX_GPUS, count, gpus
 from frontier_llm.costmodel import predict
+from frontier_llm.errors import UserError
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.allocation import format_tokens
 from frontier_llm.planner.explain import explain
+from frontier_llm.planner.plan import in_dtype
 from frontier_llm.specs.forms import display_layouts, label
 from frontier_llm.specs.layout import DType
 from frontier_llm.specs.model import MAX_DIMENSION, ModelSpec
@@ -42,7 +44,11 @@ def _display(df: pd.DataFrame) -> pd.DataFrame:
     df["peak_memory_gb"] = df["peak_memory_bytes"] / 1e9
     out = pd.concat([df[["rank"]], display_layouts(df),
                      df[list(TABLE_FIGURES)].rename(columns=TABLE_FIGURES)], axis=1)
-    return out.round({"step_s": 3, "tokens/s": 0, "TFLOP/s/gpu": 1, "MFU": 3, "mem_GB": 1})
+    # --fp8-speedup's columns: the same layout in the other precision.
+    extra = [c for c in ("bf16_step_s", "fp8_step_s", "fp8_speedup") if c in df]
+    out = pd.concat([out, df[extra]], axis=1)
+    return out.round({"step_s": 3, "tokens/s": 0, "TFLOP/s/gpu": 1, "MFU": 3, "mem_GB": 1,
+                      "bf16_step_s": 3, "fp8_step_s": 3, "fp8_speedup": 2})
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
@@ -85,6 +91,8 @@ def run_plan(args: argparse.Namespace) -> int:
     ranked = result.ranked(None if args.risk_aware else args.top,
                            fits_only=not args.include_oom, frontier=not args.all)
     ranked = alloc_cli.annotate(ranked, model, system, args, args.top)
+    if args.fp8_speedup:
+        ranked = _with_speedup(ranked, result, model, system, args)
     shown = "" if args.all else (
         f", {len(result.ranked_indices(None, frontier=True)):,} not dominated (no other is as "
         "fast with less memory; --all shows every one)")
@@ -118,6 +126,29 @@ def run_plan(args: argparse.Namespace) -> int:
               "--include-oom to see the closest, or a smaller global batch", file=sys.stderr)
         return 1
     return 0
+
+
+def _with_speedup(ranked: pd.DataFrame, result, model: ModelSpec, system, args
+                  ) -> pd.DataFrame:
+    """``ranked`` with the same layouts' step time in the other precision (bf16 for an fp8
+    plan, fp8 for a bf16 one) and the fp8 speed-up over bf16 (bf16 step / fp8 step)."""
+    if args.dtype not in ("bf16", "fp8"):
+        raise UserError("--fp8-speedup compares bf16 with fp8: plan with --dtype bf16 or fp8")
+    other = "bf16" if args.dtype == "fp8" else "fp8"
+    idx = result.ranked_indices(None if args.risk_aware else args.top,
+                                fits_only=not args.include_oom, frontier=not args.all)
+    fig = in_dtype(model, system, result.layouts.take(idx), other, args.eager,
+                   args.deepspeed_overlap_comm == "on")
+    mine = result.figures["step_time_s"][idx]
+    out = ranked.copy()
+    # annotate() may drop or reorder rows (--risk-aware): align on the rank the plan gave.
+    by_rank = dict(zip(range(1, len(idx) + 1), fig["step_time_s"], strict=True))
+    mine_by_rank = dict(zip(range(1, len(idx) + 1), mine, strict=True))
+    out[f"{other}_step_s"] = out["rank"].map(by_rank)
+    bf16 = out[f"{other}_step_s"] if other == "bf16" else out["rank"].map(mine_by_rank)
+    fp8 = out["rank"].map(mine_by_rank) if other == "bf16" else out[f"{other}_step_s"]
+    out["fp8_speedup"] = bf16 / fp8
+    return out
 
 
 def run_predict(args: argparse.Namespace) -> int:
@@ -208,7 +239,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "given is searched over its default list")
     add_space_args(g)
     g.add_argument("--dtype", choices=DType.words(), default="bf16",
-                   help="training precision (default bf16)")
+                   help="training precision (default bf16); fp8: bf16 training whose linear "
+                        "layers multiply in FP8 (--fp8-recipe; docs/costmodel.md 'FP8'), on "
+                        "GPUs with FP8 tensor cores only (not A100 or MI250X)")
+    p.add_argument("--fp8-speedup", action="store_true",
+                   help="with --dtype fp8 (or bf16): also predict each ranked layout in the "
+                        "other precision and show the fp8 speed-up over bf16 for the same "
+                        "layout (columns bf16_step_s or fp8_step_s, and fp8_speedup)")
     alloc_cli.add_arguments(p)
     add_format(p)
     p.set_defaults(func=run_plan)

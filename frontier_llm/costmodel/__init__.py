@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from frontier_llm.costmodel.flops import hardware_flops, model_flops
+from frontier_llm.costmodel.fp8 import check_fp8, compute_dtype
 from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks, from_configs
 from frontier_llm.costmodel.memory import _check_engine, peak_memory
 from frontier_llm.costmodel.steptime import step_time
@@ -43,7 +44,9 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
     mem = peak_memory(model, system, table, reduce_fp32)
     tokens = table.global_batch * model.seq_len
     gpus = table.world_size
-    peak = dtype_peaks(system)[table.dtype]
+    # MFU and HFU of an fp8 layout are counted against the bf16 peak, as its sources count them
+    # (torchtitan's and Megatron-LM's logs; costmodel/fp8.py).
+    peak = dtype_peaks(system)[compute_dtype(table)]
     hw = np.array([[hardware_flops(model, 1.0, r, flash) for flash in (False, True)]
                    for r in Recompute.words()])
     model_f = model_flops(model, tokens.astype(float))
@@ -62,6 +65,7 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
     }
     out.update({f"time_{k}_s": times[k] for k in TIME_PARTS})
     out.update({f"mem_{k}_bytes": mem[k] for k in MEMORY_PARTS})
+    out["mem_fp8_bytes"] = mem["fp8"]  # FP8 weight copies (costmodel/fp8.py), 0 otherwise
     return out
 
 
@@ -71,6 +75,7 @@ def predict(model: ModelSpec, system: SystemSpec, layout: Layout,
     ``engine`` (optional, for callers that name it) must agree with ``layout.engine``."""
     _check_engine(layout, engine)
     layout.check_model(model)
+    check_fp8(system, layout.dtype, layout.fp8_recipe, layout.engine)
     row = {k: v[0].item()
            for k, v in evaluate(model, system, from_configs([layout])).items()}
     return {

@@ -34,7 +34,8 @@ def link_for_span(system: SystemSpec, span, stride=None) -> tuple[np.ndarray, np
     pkg, node, net = system.link("package"), system.link("node"), system.link("network")
     eff = system.eff("collective")
     in_pkg = span <= system.gpus_per_package
-    in_node = span <= system.gpus_per_node
+    # A rack-scale NVLink domain (GB200 NVL72) is one node for the link a group uses.
+    in_node = span <= system.scale_up_domain
     rails = 1
     if stride is not None:
         stride = np.maximum(np.asarray(stride), 1)

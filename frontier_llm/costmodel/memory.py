@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from frontier_llm.costmodel import moe
+from frontier_llm.costmodel import fp8, moe
 from frontier_llm.costmodel.behaviour import behaviour
 from frontier_llm.costmodel.checkpoint_policy import kept_bytes_per_token
 from frontier_llm.costmodel.deepspeed_buffers import (
@@ -55,9 +55,11 @@ from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
 # Bytes per parameter for (parameters, gradients, optimizer states), indexed by DType code.
+# FP8 training keeps bf16 training's states and activations; its FP8 copies are costmodel/fp8.py's.
 STATE_BYTES = np.array([{DType.FP32: [4, 4, 8], DType.BF16: [2, 4, 12],
-                         DType.FP16: [2, 4, 12]}[d] for d in DType])
-ACT_BYTES = np.array([{DType.FP32: 4, DType.BF16: 2, DType.FP16: 2}[d] for d in DType])
+                         DType.FP16: [2, 4, 12], DType.FP8: [2, 4, 12]}[d] for d in DType])
+ACT_BYTES = np.array([{DType.FP32: 4, DType.BF16: 2, DType.FP16: 2, DType.FP8: 2}[d]
+                      for d in DType])
 MASK_BYTES = 1  # dropout masks are bytes (Korthikanti et al. 2022 §4.1)
 
 
@@ -279,6 +281,7 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
         "loss": np.where(np.asarray(pp_rank) == t.pp - 1, loss_bytes(model, t), 0),
         "buffers": buffer_bytes(model, t, pp_rank, held, reduce_fp32),
         "reserved": np.full(len(t), system.memory_reserved_bytes, dtype=float),
+        "fp8": fp8.extra_bytes(model, t, held),
     }
     out["peak"] = sum(np.asarray(v, dtype=float) for v in out.values())
     return out

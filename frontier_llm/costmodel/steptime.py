@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from frontier_llm.costmodel import comm, gemm, moe
+from frontier_llm.costmodel import comm, fp8, gemm, moe
 from frontier_llm.costmodel.behaviour import behaviour
 from frontier_llm.costmodel.checkpoint_policy import kept_dense_fraction
 from frontier_llm.costmodel.flops import (
@@ -68,16 +68,18 @@ from frontier_llm.specs.system import SystemSpec
 # Bytes an Adam step moves per parameter: read parameter, gradient, master weight and two
 # moments, write all but the gradient (fp32 training has no separate master copy).
 OPTIMIZER_TRAFFIC = np.array([{DType.FP32: 4 + 4 + 8 + 4 + 8, DType.BF16: 2 + 4 + 12 + 2 + 12,
-                               DType.FP16: 2 + 4 + 12 + 2 + 12}[d] for d in DType])
+                               DType.FP16: 2 + 4 + 12 + 2 + 12,
+                               DType.FP8: 2 + 4 + 12 + 2 + 12}[d] for d in DType])
 
 
 @dataclass
 class _Rates:
     """What the system delivers to one rank of these layouts."""
 
-    flops: np.ndarray  # achievable matmul FLOP/s
+    flops: np.ndarray  # achievable matmul FLOP/s (16/32-bit: attention, head)
     memory: float  # achievable HBM bytes/s
     act_bytes: np.ndarray  # bytes per activation element
+    linear: np.ndarray | None = None  # a block's linear GEMMs' FLOP/s (fp8: costmodel/fp8.py)
 
 
 @dataclass
@@ -124,9 +126,10 @@ EAGER_BYTES_PER_TOKEN = (359.0, 27.0, 29.0)
 
 
 def _rates(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> _Rates:
-    flops = (dtype_peaks(system)[t.dtype] * system.eff("matmul")
+    flops = (dtype_peaks(system)[fp8.compute_dtype(t)] * system.eff("matmul")
              * gemm.block_factor(model, t.tp, system.matmul_half_hidden))
-    return _Rates(flops, system.memory_bandwidth * system.eff("memory"), ACT_BYTES[t.dtype])
+    return _Rates(flops, system.memory_bandwidth * system.eff("memory"), ACT_BYTES[t.dtype],
+                  flops * fp8.linear_speedup(system, t))
 
 
 def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
@@ -144,10 +147,10 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     rep = np.where(t.sequence_parallel, 1.0 / tp, 1.0)
     heads = model.heads / tp
     dense, attn = layer_forward_flops_per_token(model)
-    f_dense = dense * tokens / tp / r.flops
+    f_dense = dense * tokens / tp / r.linear
     ep_comm = 0.0
     if model.is_moe:  # the slowest EP rank's expert GEMMs and the all-to-alls (costmodel/moe.py)
-        routed = moe.routed_flops_per_token(model) * tokens / tp / r.flops
+        routed = moe.routed_flops_per_token(model) * tokens / tp / r.linear
         f_dense = f_dense + moe.routed_gemm_extra(model, t, routed, system.matmul_half_hidden)
         ep_comm = moe.all_to_all_times(model, system, t, e)
     f_attn = attn * tokens / tp / r.flops
@@ -168,6 +171,9 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
         a, b, c = EAGER_BYTES_PER_TOKEN
         eager_bytes = tokens * (a * h * rep + (b * model.kv_dim + c * f) / tp) * e / 2
         f_elem = np.where(behaviour(t, "fused_elementwise"), f_elem, eager_bytes / 3 / r.memory)
+    # FP8's casts of each linear's operands (forward and backward; a third charged here, as
+    # the block's compute is three forwards).
+    f_elem = f_elem + fp8.cast_bytes_per_microbatch(model, t, tokens) / 3 / r.memory
     f_softmax = np.where(t.flash_attention, 0.0, score_bytes / r.memory)
     f_fixed = system.layer_overhead_s
     fwd = f_dense + f_attn + f_elem + f_softmax + f_fixed
@@ -294,7 +300,7 @@ def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     (exposed). Group shape and per-message start-up come from :mod:`.comm` (a group inside a
     node uses the node link)."""
     kp = t.degree("params")
-    e = ACT_BYTES[t.dtype]
+    e = fp8.param_gather_bytes(t, ACT_BYTES[t.dtype])
     g = reduce_bytes(t, reduce_fp32)
     n_layer = table_layer_params(model, t)
     n_rest = np.maximum(n_stage - layers * n_layer, 0)
@@ -355,7 +361,7 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
         stage_params_per_rank(model, tp, pp, ranks["mid"], ranks["mid_held"], n_layer),
         stage_params_per_rank(model, tp, pp, pp - 1, ranks["last"], n_layer)])
     grad_bytes = n_stage * reduce_bytes(t, reduce_fp32)
-    param_bytes = n_stage * STATE_BYTES[t.dtype][:, 0]
+    param_bytes = n_stage * fp8.param_gather_bytes(t, STATE_BYTES[t.dtype][:, 0])
     kp, kg, ko = t.degree("params"), t.degree("grads"), t.degree("optim")
     shard = np.maximum(kg, ko)
     # Gradients once per step: reduce-scatter inside a sharding group and all-reduce of the shard

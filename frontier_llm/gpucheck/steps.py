@@ -11,6 +11,7 @@ prediction with its breakdown (bench/run.py). The figures here are read off thos
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -415,5 +416,53 @@ def calibrate(mode: Mode, work: Path, limit_s: float) -> int:
     return 0
 
 
+def fp8(mode: Mode, work: Path, limit_s: float) -> int:
+    """flm bench --dtype fp8 (torchao's float8 linears) beside the same layout in bf16: the
+    measured speed-up against the cost model's (costmodel/fp8.py). The tiny mode's CPU has no
+    FP8 tensor cores: there the step checks that flm bench refuses fp8 in one line."""
+    import importlib.util
+
+    from frontier_llm.catalog import load_model, load_system
+    from frontier_llm.costmodel import predict
+
+    budget = Budget(limit_s)
+    system_ref = _system(mode)
+    doc: dict[str, Any] = {"step": "fp8", "system": system_ref, "model": mode.model, "runs": []}
+    layout = layout_for(mode, FP8_MICRO_BATCH if mode.gpu else 1)
+    fp8_layout = dataclasses.replace(layout, dtype="fp8")
+    if not mode.gpu:
+        rec = bench(mode, work, system_ref, fp8_layout, "gpucheck-fp8-refused", 1, 0,
+                    min(mode.run_timeout_s, budget.left()), "fp8")
+        refused = rec["exit_code"] == 2 and "FP8 tensor cores" in (rec.get("error") or "")
+        doc["refusal"] = {"exit_code": rec["exit_code"], "error": rec.get("error"),
+                          "as_expected": refused}
+        if not refused:
+            doc["error"] = f"flm bench --dtype fp8 on a CPU did not refuse: {rec.get('error')}"
+        save(work, "fp8", doc)
+        return 0 if refused else 1
+    if importlib.util.find_spec("torchao") is None:
+        doc["error"] = ("torchao is not installed: carry its wheel in gpu-wheels/ (torchao "
+                        "matching the image's torch; docs/gpu.md)")
+        save(work, "fp8", doc)
+        return 1
+    model, system = load_model(mode.model), load_system(system_ref)
+    for lay, name in ((layout, "bf16"), (fp8_layout, "fp8")):
+        rec = bench(mode, work, system_ref, lay, f"gpucheck-fp8-{name}", mode.mfu_steps,
+                    mode.mfu_warmup, min(mode.run_timeout_s, budget.left()), "fp8")
+        rec["predicted_step_time_s"] = predict(model, system, lay)["step_time_s"]
+        doc["runs"].append(rec)
+        save(work, "fp8", doc)
+    base, f8 = doc["runs"]
+    if base.get("step_time_s") and f8.get("step_time_s"):
+        doc["speedup"] = {"measured": base["step_time_s"] / f8["step_time_s"],
+                          "predicted": base["predicted_step_time_s"]
+                          / f8["predicted_step_time_s"]}
+    save(work, "fp8", doc)
+    return 0 if all(r["status"] == RunStatus.COMPLETED for r in doc["runs"]) else 1
+
+
+# The fp8 step's micro-batch on a GPU: gpt3-1.3b's GEMMs at 8 x 2048 tokens, as the mfu step's.
+FP8_MICRO_BATCH = 8
+
 STEPS = {"preflight": preflight, "mfu": mfu, "memory": memory, "calibrate": calibrate,
-         "deepspeed": deepspeed}
+         "deepspeed": deepspeed, "fp8": fp8}

@@ -25,7 +25,7 @@ from frontier_llm.specs.vocab import RunStatus
 
 MAX_FILES = 8
 LOG_TAIL_BYTES = 2**20
-STEP_ORDER = ("preflight", "mfu", "memory", "calibrate", "deepspeed")
+STEP_ORDER = ("preflight", "mfu", "memory", "calibrate", "deepspeed", "fp8")
 SKIPPED = 125  # scripts/gpu-check.sh: a step the budget had no time left for
 ERROR_LINE = re.compile(r"^\s*([\w.]*(Error|Exception|Interrupt)\b.*|flm bench: .*|.*error: .*)$")
 DOES_NOT_FIT = "does-not-fit"  # a run left out because flm predict says it cannot fit
@@ -141,6 +141,8 @@ def build(mode: Mode, work: Path, total_limit_s: float | None = None) -> dict:
         "deepspeed": {"version": (docs["deepspeed"] or {}).get("deepspeed"),
                       "runs": (docs["deepspeed"] or {}).get("runs", [])},
         "calibration": cal,
+        # flm bench --dtype fp8 beside bf16 (steps.py fp8): the speed-up measured and predicted.
+        "fp8": {k: (docs["fp8"] or {}).get(k) for k in ("runs", "speedup", "refusal")},
         "step_time_error": errors,
         "failures": failures,
     }
@@ -227,6 +229,16 @@ def markdown(doc: dict) -> str:
                          f" | {_pct(r.get('after_error'))} |")
         lines.append(f"| **MAPE** | | {_pct(err['mape'].get('before'))} | "
                      f"{_pct(err['mape'].get('after'))} |")
+    f8 = doc.get("fp8") or {}
+    lines += ["", "## FP8 (flm bench --dtype fp8, torchao float8, beside bf16)", ""]
+    if f8.get("speedup"):
+        lines.append(f"speed-up measured {f8['speedup']['measured']:.3f}, predicted "
+                     f"{f8['speedup']['predicted']:.3f}")
+    elif f8.get("refusal"):
+        lines.append(f"refused on this CPU as expected: {f8['refusal'].get('as_expected')} "
+                     f"({f8['refusal'].get('error')})")
+    else:
+        lines.append("not measured (see the failures)")
     lines += ["", "## Failures", ""]
     lines += [f"- {f['step']}: {f.get('what')}: {f.get('error')}" for f in doc["failures"]] \
         or ["none"]

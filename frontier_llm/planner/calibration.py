@@ -46,7 +46,10 @@ _STAGES_PER_RANK = re.compile(r"(\d+)\s+(?:virtual\s+)?stages\s+per\s+rank", re.
 # machine that names its maker's GPU (an H100) must come before the GPU's default system.
 # "gcp a3": Google Cloud's A3 (MaxText's configs/a3, "h100-80gb-8"), the 2023 machine Google
 # now calls A3 High; A3 Mega, Ultra or Edge rows would need their own systems ahead of it.
+# "gb200" before "b200", which it contains.
 GPU_SYSTEMS = {"hbm2e": "grand-teton-h100", "gcp a3": "gcp-a3-high", "lumi": "lumi-g",
+               "gb200": "gb200-nvl72", "b200": "dgx-b200", "h200": "dgx-h200",
+               "mi300x": "mi300x", "mi325x": "mi325x", "mi355x": "mi355x",
                "a100": "dgx-a100", "h100": "dgx-h100", "mi250x": "frontier"}
 DATA = Path(__file__).with_name("data")
 CALIBRATION_FILES = (DATA / "calibration_runs.csv", DATA / "calibration_runs_sharded.csv")
@@ -346,6 +349,10 @@ def row_space(row: pd.Series, gpus_per_node: int = 8) -> SearchSpace:
     if "fp16" in _text(row, "engine"):
         # The engine column names the training precision where it is not bf16.
         kw["dtype"] = "fp16"
+    if _text(row, "dtype") == "fp8":
+        # calibration_runs_fp8.csv states the precision and the FP8 recipe in columns.
+        kw["dtype"] = "fp8"
+        kw["fp8_recipe"] = (_text(row, "fp8_recipe") or "tensorwise",)
     if "flash" in _text(row, "engine"):
         # The engine column names the attention kernel the run used (FlashAttention-2,
         # flash-attn, cuDNN flash): it ran whatever the recompute.

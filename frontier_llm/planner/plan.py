@@ -9,10 +9,19 @@ import numpy as np
 import pandas as pd
 
 from frontier_llm.costmodel import evaluate
+from frontier_llm.costmodel.fp8 import check_fp8
 from frontier_llm.costmodel.layouts import LayoutTable
 from frontier_llm.errors import UserError
 from frontier_llm.planner.space import OOM, REASONS, SearchSpace, enumerate_layouts
-from frontier_llm.specs.layout import MAX_GPUS, Layout, Sharding, Vocabulary, layout_types
+from frontier_llm.specs.layout import (
+    MAX_GPUS,
+    DType,
+    Layout,
+    Sharding,
+    Vocabulary,
+    layout_fields,
+    layout_types,
+)
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
@@ -161,6 +170,38 @@ def _sharding_labels(t: LayoutTable) -> pd.Categorical:
     return pd.Categorical.from_codes(inverse.ravel(), labels)
 
 
+def check_space_fp8(system: SystemSpec, space) -> None:
+    """Refuse an fp8 plan in one line where the system, a recipe or an engine of the space
+    cannot run it (costmodel/fp8.py check_fp8): MI250X and A100 have no FP8 tensor cores."""
+    if space.dtype != "fp8":
+        return
+    recipes = space.fp8_recipe or layout_field_search("fp8_recipe")
+    # DeepSpeed's layouts are rejected row by row (its rule: no fp8 dtype); the other engines
+    # must run every recipe asked for, which the planner does not check row by row.
+    engines = [e for e in space.engine or layout_field_search("engine") if e != "deepspeed"]
+    for recipe in recipes:
+        check_fp8(system, space.dtype, recipe)
+        for engine in engines:
+            check_fp8(system, space.dtype, recipe, engine)
+
+
+def in_dtype(model: ModelSpec, system: SystemSpec, layouts: LayoutTable, dtype: str,
+             eager: bool = False, overlap_comm: bool = True) -> dict[str, np.ndarray]:
+    """The cost model's figures for the same layouts trained in ``dtype`` (``flm plan
+    --fp8-speedup``: an fp8 plan's layouts in bf16, or a bf16 plan's in fp8)."""
+    if dtype == "fp8":
+        check_fp8(system, dtype)
+    cols = layouts.columns()
+    cols["dtype"] = np.full(len(layouts), DType(dtype).code, dtype=cols["dtype"].dtype)
+    return evaluate(model, system, LayoutTable(**cols), eager, overlap_comm)
+
+
+def layout_field_search(name: str) -> tuple:
+    """The values a space that leaves ``name`` open searches (its field's ``search``)."""
+    field_ = next(f for f in layout_fields() if f.name == name)
+    return tuple(field_.metadata.get("search") or ())
+
+
 def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | None = None,
          space: SearchSpace | None = None, eager: bool = False,
          overlap_comm: bool = True, reduce_fp32: bool | None = None) -> Plan:
@@ -175,6 +216,7 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
     if not 1 <= gpus <= MAX_GPUS:
         raise UserError(f"the GPU count must be between 1 and {MAX_GPUS:,} (got {gpus})")
     gb = global_batch or default_global_batch(model, gpus)
+    check_space_fp8(system, space or SearchSpace())
     layouts, reason = enumerate_layouts(model, system, gpus, gb, space or SearchSpace())
     # The cost model runs on the layouts no rule rejected; the others get NaN figures.
     ok = np.flatnonzero(reason == 0)

@@ -239,7 +239,8 @@ RULES: dict[Engine, EngineRules] = {
         engine=Engine.NATIVE, title="PyTorch native (FSDP2, DTensor TP, pipelining)",
         schedules=(Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED),
         shardings=None, pipeline_shardings=None, partial_sharding=True,
-        sequence_parallel=True, dtypes=(DType.FP32, DType.BF16),
+        # fp8: torchao's float8 linears (``convert_to_float8_training``), torchtitan's path.
+        sequence_parallel=True, dtypes=(DType.FP32, DType.BF16, DType.FP8),
         dtype_reason="; fp16 needs loss scaling, which flm bench's native engine does not do",
         # torch.utils.checkpoint: whole blocks, the attention core, or op by op with a policy
         # (create_selective_checkpoint_contexts; costmodel/checkpoint_policy.py).
@@ -262,7 +263,8 @@ RULES: dict[Engine, EngineRules] = {
         schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED),
         shardings=(zero_preset(0), zero_preset(1)), pipeline_shardings=None,
         partial_sharding=False, sequence_parallel=True,
-        dtypes=(DType.FP32, DType.BF16, DType.FP16), dtype_reason="",
+        # fp8: ``--fp8-format hybrid`` with TransformerEngine's linears (``--fp8-recipe``).
+        dtypes=(DType.FP32, DType.BF16, DType.FP16, DType.FP8), dtype_reason="",
         # ``--recompute-granularity selective|full``: the attention core or whole blocks.
         recomputes=_BLOCK_RECOMPUTES,
         # ``--tp-comm-overlap``, ``--overlap-grad-reduce`` / ``--overlap-param-gather`` (bucketed
@@ -281,7 +283,12 @@ RULES: dict[Engine, EngineRules] = {
         schedules=(Schedule.ONE_F_ONE_B,),
         shardings=tuple(zero_preset(s) for s in range(4)),
         pipeline_shardings=(zero_preset(0), zero_preset(1)), partial_sharding=True,
-        sequence_parallel=False, dtypes=(DType.FP32, DType.BF16, DType.FP16), dtype_reason="",
+        sequence_parallel=False, dtypes=(DType.FP32, DType.BF16, DType.FP16),
+        # DeepSpeed's config has bf16 / fp16 sections and no fp8 one (deepspeed/runtime/
+        # precision_config.py); FP8 there means the model's own TransformerEngine layers, which
+        # neither flm's DeepSpeed engine nor Megatron-DeepSpeed's GPT model use.
+        dtype_reason=("; DeepSpeed has no fp8 precision of its own (its config: fp32, bf16, fp16): "
+                      "train fp8 with --engine megatron or native"),
         # Its activation checkpointing (``deepspeed.checkpointing``) checkpoints functions the
         # model wraps: whole blocks or the attention core, not op by op.
         recomputes=_BLOCK_RECOMPUTES,

@@ -26,10 +26,19 @@ from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.pipeline_split import min_chunk_layers
 from frontier_llm.specs.pipeline_split import stage_layers as split_layers
 from frontier_llm.specs.sharding import COMPONENTS, Placement, Sharding, zero_preset
-from frontier_llm.specs.vocab import DType, Engine, PlacementKind, Recompute, Schedule, Vocabulary
+from frontier_llm.specs.vocab import (
+    DType,
+    Engine,
+    FP8Recipe,
+    PlacementKind,
+    Recompute,
+    Schedule,
+    Vocabulary,
+)
 
-__all__ = ["COMPONENTS", "MAX_COUNT", "MAX_GPUS", "DType", "Engine", "Layout", "ParallelConfig",
-           "Placement", "PlacementKind", "Recompute", "Schedule", "Sharding", "Vocabulary",
+__all__ = ["COMPONENTS", "MAX_COUNT", "MAX_GPUS", "DType", "Engine", "FP8Recipe", "Layout",
+           "ParallelConfig", "Placement", "PlacementKind", "Recompute", "Schedule", "Sharding",
+           "Vocabulary",
            "complete_layout", "given_options", "layout_argv", "layout_fields",
            "layout_json_schema", "layout_types", "merge_schedule", "parse_schedule_label",
            "row_schedule", "schedule_label", "zero_preset"]
@@ -111,6 +120,12 @@ class Layout:
         "free sharded parameters after each layer's forward and gather them again in its "
         "backward (FSDP's reshard_after_forward); off keeps them: more memory, less "
         "communication", new_knob=True, search=(True,)))
+    # FP8 scaling (specs/vocab.py FP8Recipe), read only with dtype fp8: which recipes an engine
+    # and a GPU run is checked where the system is known (costmodel/fp8.py check_fp8).
+    fp8_recipe: FP8Recipe = field(default=FP8Recipe.TENSORWISE, metadata=_knob(
+        "FP8 scaling with --dtype fp8: tensorwise (current per-tensor scale), delayed "
+        "(amax history), blockwise (1x128 / 128x128, DeepSeek-V3), mxfp8 (Blackwell, MI355X)",
+        new_knob=True, argv_quiet=True, search=("tensorwise",)))
 
     def __post_init__(self) -> None:
         if not isinstance(self.sharding, Sharding):

@@ -44,7 +44,7 @@ class LinkTier:
 
 
 # Efficiencies that scale a rate: zero would mean an infinite time.
-RATE_EFFICIENCIES = ("matmul", "memory", "collective")
+RATE_EFFICIENCIES = ("matmul", "matmul_fp8", "memory", "collective")
 
 
 @dataclass(frozen=True)
@@ -141,6 +141,13 @@ class SystemSpec:
     matmul_half_hidden: float = 0.0
     description: str = ""
     sources: dict[str, str] = field(default_factory=dict)
+    # One line: what the system's figures rest on (datasheets, a published measurement, a fit
+    # to calibration rows, or assumptions), shown by ``flm systems``.
+    rests_on: str = ""
+    # GPUs joined by the ``node`` link tier (an NVLink switch domain) when it spans several
+    # scheduler nodes: a GB200 NVL72 rack's 72 GPUs over its 18 four-GPU trays. 0: one node.
+    # Collective groups inside it are priced at the node link's speed (costmodel/comm.py).
+    scale_up_gpus: int = 0
     # What the centre requires of a batch job (partition, launcher, binding, modules, limits);
     # None: a plain SLURM cluster with no site rules (docs/sites.md).
     site: Site | None = None
@@ -172,6 +179,10 @@ class SystemSpec:
         for needed in ("node", "network"):
             if needed not in self.links:
                 raise SpecError(f"links needs a '{needed}' tier", "links")
+        if self.scale_up_gpus and (self.scale_up_gpus < self.gpus_per_node
+                                   or self.scale_up_gpus % self.gpus_per_node):
+            raise SpecError(f"scale_up_gpus ({self.scale_up_gpus}) must be a multiple of "
+                            f"gpus_per_node ({self.gpus_per_node})", "scale_up_gpus")
         for rate in RATE_EFFICIENCIES:
             if rate in self.efficiency and self.efficiency[rate].value <= 0:
                 raise SpecError(f"efficiency.{rate} must be above 0", "efficiency")
@@ -191,6 +202,11 @@ class SystemSpec:
             f"(it has {', '.join(sorted(self.peak_flops))})",
             "dtype",
         )
+
+    @property
+    def scale_up_domain(self) -> int:
+        """GPUs reachable over the ``node`` link: the NVLink domain, else one node."""
+        return self.scale_up_gpus or self.gpus_per_node
 
     def eff(self, name: str, default: float = 1.0) -> float:
         e = self.efficiency.get(name)

@@ -80,6 +80,28 @@ class DType(Vocabulary):
     FP32 = "fp32"
     BF16 = "bf16"
     FP16 = "fp16"
+    # 16-bit training whose linear layers' GEMMs run in 8-bit floats (E4M3 forward, E5M2
+    # gradients: Micikevicius et al. 2022, "FP8 Formats for Deep Learning"), scaled as the
+    # layout's ``fp8_recipe`` says; everything else (attention, norms, router, loss, optimizer)
+    # stays bf16/fp32 (costmodel/fp8.py).
+    FP8 = "fp8"
+
+
+class FP8Recipe(Vocabulary):
+    """How FP8 tensors are scaled (read only with dtype fp8; costmodel/fp8.py):
+    ``tensorwise``: one scale per tensor from its current amax (torchao's default
+    ``tensorwise`` recipe; TransformerEngine's ``Float8CurrentScaling``; Megatron-LM
+    ``--fp8-recipe tensorwise``); ``delayed``: one scale per tensor from an amax history
+    (TransformerEngine's ``DelayedScaling``, Megatron-LM's default ``delayed``);
+    ``blockwise``: 1x128 tiles of activations and gradients, 128x128 blocks of weights
+    (DeepSeek-V3 §3.3, arXiv 2412.19437; TransformerEngine's ``Float8BlockScaling``,
+    Megatron-LM ``--fp8-recipe blockwise``); ``mxfp8``: OCP microscaling, one E8M0 scale per 32
+    elements, in the tensor cores of Blackwell and CDNA4 (MI355X) only."""
+
+    TENSORWISE = "tensorwise"
+    DELAYED = "delayed"
+    BLOCKWISE = "blockwise"
+    MXFP8 = "mxfp8"
 
 
 class Engine(Vocabulary):

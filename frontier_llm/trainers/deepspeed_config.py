@@ -80,7 +80,8 @@ def zero_settings(layout: Layout) -> tuple[int, int]:
 
 def bucket_elements(bucket_mb: float | None, dtype: DType) -> int:
     """A bucket of ``bucket_mb`` MiB in elements of the gradients' dtype."""
-    size = {DType.FP32: 4, DType.BF16: 2, DType.FP16: 2}[DType(dtype)]
+    # fp8 training keeps bf16 gradients (its GEMMs alone are 8-bit: costmodel/fp8.py).
+    size = {DType.FP32: 4, DType.BF16: 2, DType.FP16: 2, DType.FP8: 2}[DType(dtype)]
     return int((bucket_mb or DEFAULT_BUCKET_MB) * 2**20) // size
 
 

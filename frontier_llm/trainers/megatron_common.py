@@ -143,6 +143,12 @@ def recompute_args(layout: Layout) -> list[str]:
 
 
 def dtype_args(layout: Layout) -> list[str]:
+    """The precision flags. fp8 is bf16 training with TransformerEngine's FP8 linears:
+    ``--fp8-format hybrid`` (E4M3 forward, E5M2 gradients) and ``--fp8-recipe`` (choices
+    tensorwise, delayed, mxfp8, blockwise: Megatron-LM core_v0.15.3
+    megatron/training/arguments.py, _add_transformer_engine_args)."""
+    if layout.dtype == DType.FP8:
+        return ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", str(layout.fp8_recipe)]
     return {DType.BF16: ["--bf16"], DType.FP16: ["--fp16"], DType.FP32: []}[layout.dtype]
 
 

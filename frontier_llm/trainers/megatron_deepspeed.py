@@ -5,7 +5,7 @@ check and the signal handler were read at f4157be, whose lines are the same."""
 
 from __future__ import annotations
 
-from frontier_llm.specs.layout import Engine, Layout, Schedule
+from frontier_llm.specs.layout import DType, Engine, Layout, Schedule
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 from frontier_llm.trainers.base import EnvVar, Trainer
@@ -61,6 +61,17 @@ class MegatronDeepSpeed(Trainer):
                          "not write Megatron-DeepSpeed's DeepSpeed-MoE flags (--num-experts "
                          "per layer group, --expert-interval, --moe-expert-parallel-size): use "
                          "--to megatron-lm")
+        if layout.dtype == DType.FP8:
+            # Its FP8 is TransformerEngine's whole TransformerLayer in place of its own
+            # (megatron/arguments.py 4efb479, _add_transformer_engine_args: --transformer-impl
+            # transformer_engine with --fp8-hybrid or --fp8-e4m3, delayed scaling from an amax
+            # history; megatron/model/transformer.py), under DeepSpeed's engine, whose
+            # precision section is bf16 / fp16: a path flm neither models nor has run.
+            raise refuse(self.name, "fp8: Megatron-DeepSpeed supports FP8 only as "
+                         "--transformer-impl transformer_engine --fp8-hybrid (TransformerEngine's "
+                         "layer, delayed scaling; its arguments.py at 4efb479), which flm does "
+                         "not model: use --to megatron-lm (--fp8-format hybrid --fp8-recipe) or "
+                         "--to torchtitan (torchao float8)")
         if layout.pp > 1 and layout.schedule == Schedule.INTERLEAVED:
             raise refuse(self.name, "interleaving: with --deepspeed its pipeline is DeepSpeed's "
                          "PipelineModule (GPTModelPipe), whose TrainSchedule is 1F1B only "

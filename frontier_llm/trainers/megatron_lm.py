@@ -40,8 +40,9 @@ OVERLAP_PARAM_GATHER_FLAG = "--overlap-param-gather"
 
 
 def _reduce_dtype(layout: Layout) -> DType:
-    """The dtype its data-parallel reduction runs in: fp32 for bf16 (main gradients)."""
-    return DType.FP32 if layout.dtype == DType.BF16 else layout.dtype
+    """The dtype its data-parallel reduction runs in: fp32 main gradients for bf16, and for fp8,
+    whose parameters and main gradients stay bf16/fp32 (only the GEMMs run in FP8)."""
+    return DType.FP32 if layout.dtype in (DType.BF16, DType.FP8) else layout.dtype
 
 
 class MegatronLM(Trainer):
@@ -119,6 +120,10 @@ class MegatronLM(Trainer):
             # Its parameter all-gather overlaps the next forward (validate_args allows it only
             # with the distributed optimizer and --overlap-grad-reduce).
             argv += [DISTRIBUTED_OPTIMIZER_FLAG, OVERLAP_PARAM_GATHER_FLAG]
+            if layout.dtype == DType.FP8:
+                # FP8 parameters, all-gathered in FP8 (the cost model's assumption,
+                # costmodel/fp8.py); arguments.py asserts the distributed optimizer for it.
+                argv.append("--fp8-param-gather")
         argv += dtype_args(layout)
         if bucket_mb is not None:
             # --ddp-bucket-size counts parameters (DistributedDataParallelConfig.bucket_size,

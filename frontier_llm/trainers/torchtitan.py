@@ -168,7 +168,13 @@ def check_moe(model: ModelSpec) -> None:
 # torch.distributed.pipelining's schedule names (get_schedule_class), which torchtitan passes on.
 SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
              Schedule.INTERLEAVED: "Interleaved1F1B"}
-PRECISION = {DType.BF16: "bfloat16", DType.FP32: "float32"}
+# fp8 trains bf16 parameters whose linears multiply in float8 (its converter, :func:`fp8_sections`).
+PRECISION = {DType.BF16: "bfloat16", DType.FP32: "float32", DType.FP8: "bfloat16"}
+# flm's FP8 recipe -> torchtitan v0.2.2's converter and its section (job_config.py:
+# Model.converters, Float8Linear / MXLinear under [quantize.linear];
+# components/quantization/float8.py and mx.py register "quantize.linear.float8" and
+# "quantize.linear.mx").
+FP8_CONVERTERS = {"tensorwise": "quantize.linear.float8", "mxfp8": "quantize.linear.mx"}
 
 
 def data_parallel_degrees(layout: Layout) -> tuple[int, int]:
@@ -211,6 +217,11 @@ def data_parallel_degrees(layout: Layout) -> tuple[int, int]:
 
 def _check(model: ModelSpec, layout: Layout, implied_sp: bool = True) -> Layout:
     layout = check_engine_rules(TORCHTITAN, Engine.NATIVE, layout, model)
+    if layout.dtype == DType.FP8 and str(layout.fp8_recipe) not in FP8_CONVERTERS:
+        raise refuse(TORCHTITAN, f"its float8 converter scales tensorwise or rowwise and its MX "
+                     f"converter runs mxfp8 (job_config.py v0.2.2 Float8Linear.recipe_name, "
+                     f"MXLinear); {layout.fp8_recipe} scaling is TransformerEngine's: use "
+                     "--to megatron-lm")
     if layout.recompute == Recompute.SELECTIVE:
         raise refuse(TORCHTITAN, "its selective activation checkpointing is every Nth block "
                      "(selective_ac_option = N) or op by op ('op': flm's selective-op); it has "
@@ -296,10 +307,30 @@ def job_config(model: ModelSpec, layout: Layout,
     ac: dict[str, Any] = {"mode": AC_MODES[layout.recompute]}
     if layout.recompute == Recompute.SELECTIVE_OP:
         ac["selective_ac_option"] = SELECTIVE_OPTION
-    return {"model": {"name": "llama4" if model.is_moe else "llama3",
-                      "flavor": flavor(model) or model.name},
-            "training": training,
-            "parallelism": parallelism, "activation_checkpoint": ac}
+    out = {"model": {"name": "llama4" if model.is_moe else "llama3",
+                     "flavor": flavor(model) or model.name},
+           "training": training,
+           "parallelism": parallelism, "activation_checkpoint": ac}
+    if layout.dtype == DType.FP8:
+        out["model"]["converters"] = [FP8_CONVERTERS[str(layout.fp8_recipe)]]
+        out.update(fp8_sections(layout, fsdp=shard > 1 or layout.cp > 1))
+    return out
+
+
+def fp8_sections(layout: Layout, fsdp: bool) -> dict[str, dict[str, Any]]:
+    """The float8 / MX converter's section (job_config.py v0.2.2 Float8Linear, MXLinear) and
+    torch.compile, which fuses its scaling and casting kernels (torchao: "enable torch.compile
+    to generate fused kernels for float8 scaling and casting"). Tensorwise under FSDP gathers
+    weights in float8 with the scales precomputed once per step, as the cost model prices it;
+    the output head stays bf16 (``filter_fqns``)."""
+    if str(layout.fp8_recipe) == "tensorwise":
+        section = {"recipe_name": "tensorwise", "enable_fsdp_float8_all_gather": fsdp,
+                   "precompute_float8_dynamic_scale_for_fsdp": fsdp, "filter_fqns": ["output"]}
+        name = "quantize.linear.float8"
+    else:
+        section = {"recipe_name": "mxfp8_cublas", "filter_fqns": ["output"]}
+        name = "quantize.linear.mx"
+    return {name: section, "compile": {"enable": True, "components": ["model", "loss"]}}
 
 
 def module_fqns(model: ModelSpec, layout: Layout) -> list[list[str]]:

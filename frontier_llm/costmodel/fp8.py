@@ -1,0 +1,154 @@
+"""FP8 training: what runs in 8 bits, what it costs beside the GEMMs, what it holds.
+
+A layout with ``dtype`` fp8 trains as bf16 does, except that every linear layer of a block (QKV,
+attention output, the MLP's matrices, a routed expert's) multiplies in FP8 (torchao's
+``Float8Linear``, torchtitan's path; TransformerEngine's linears under Megatron-LM's
+``--fp8-format hybrid``). Attention's score and value products, the softmax, norms, the MoE
+router, the output head and the loss stay in bf16 (torchtitan filters the ``output`` layer out
+of the conversion; TransformerEngine converts only its own linear modules), so they keep the bf16
+rate. Docs: docs/costmodel.md, "FP8".
+
+- **Rate.** An FP8 GEMM runs at the system's FP8 peak (``mxfp8`` where the recipe is MXFP8) times
+  its ``matmul_fp8`` efficiency, a published achievable-matmul measurement where one exists
+  (the system file says which), the same size law as bf16 (costmodel/gemm.py).
+- **Casts.** Before each GEMM its bf16 operands are scaled and cast to FP8, a memory-bound pass:
+  each linear's input in forward and its output gradient in backward, each read in bf16 and
+  written in FP8 twice (the row-major copy and the transposed or column-scaled one the weight
+  gradient multiplies with: TransformerEngine's ``cast_transpose``, torchao's cast of the
+  transposed tensor), 4 bytes per element; current tensorwise scaling first reads the tensor
+  once more for its amax (6). Delayed scaling takes its scale from an amax history and fuses
+  the amax into the cast; blockwise and MXFP8 scales are per tile, computed inside the cast
+  kernel. Each weight is cast the same way once per micro-batch. No fusion with the norm before
+  the linear is credited (an upper bound for TransformerEngine's ``LayerNormLinear``).
+- **Communication.** Parameters are all-gathered in FP8 where the engine does it: torchao's
+  ``enable_fsdp_float8_all_gather`` (tensorwise only) under FSDP2, and Megatron-LM's
+  ``--fp8-param-gather`` (which flm's export sets): one byte per parameter on the wire.
+  Gradients are reduced as in bf16; TP and CP traffic stays bf16.
+- **Memory** (:func:`extra_bytes`, added beside the bf16 terms): Megatron-LM /
+  TransformerEngine keep an FP8 copy of each weight and its transpose for the step (2 bytes per
+  linear parameter the rank holds); torchao casts each weight when its layer runs, so it holds
+  two layers' FP8 weights at a time (the running one and the next, gathered ahead; 1 byte a
+  parameter). Master weights, gradients and optimizer states are bf16 training's. Saved
+  activations are bf16 training's: torchao saves its bf16 inputs and casts again in
+  backward; TransformerEngine's FP8-saved linear inputs (1 byte instead of 2) are not
+  credited (an upper bound).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from frontier_llm.costmodel.layouts import LayoutTable
+from frontier_llm.costmodel.params import kv_width_per_rank, layer_params_per_rank
+from frontier_llm.errors import SpecError
+from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.system import SystemSpec
+from frontier_llm.specs.vocab import DType, Engine, FP8Recipe
+
+# Bytes moved per element cast, by recipe (module docstring): read bf16 (2), write the FP8
+# tensor and its transposed / column-scaled copy (1 + 1); current tensorwise scaling reads the
+# tensor once more for its amax.
+CAST_BYTES = {FP8Recipe.TENSORWISE: 6.0, FP8Recipe.DELAYED: 4.0, FP8Recipe.BLOCKWISE: 4.0,
+              FP8Recipe.MXFP8: 4.0}
+_CAST = np.array([CAST_BYTES[r] for r in FP8Recipe])
+
+# The recipes each engine runs. torchao: tensorwise (and rowwise, which flm does not model) in
+# torchao.float8, MXFP8 in torchao.prototype.mx_formats; no delayed scaling since torchao 0.9
+# removed it, no 1x128 blockwise training recipe. Megatron-LM: ``--fp8-recipe`` choices
+# tensorwise, delayed, mxfp8, blockwise (megatron/training/arguments.py).
+ENGINE_RECIPES = {
+    Engine.NATIVE: (FP8Recipe.TENSORWISE, FP8Recipe.MXFP8),
+    Engine.MEGATRON: tuple(FP8Recipe),
+    Engine.DEEPSPEED: (),
+}
+
+
+def recipe_peak_key(recipe: FP8Recipe | str) -> str:
+    """The system's ``peak_flops`` entry a recipe's GEMMs run at."""
+    return "mxfp8" if FP8Recipe(recipe) == FP8Recipe.MXFP8 else "fp8"
+
+
+def check_fp8(system: SystemSpec, dtype: str, recipe: str = "tensorwise",
+              engine: str | None = None) -> None:
+    """Refuse, in one line, FP8 where the GPU has no FP8 tensor cores (MI250X, A100), a recipe
+    its tensor cores lack (MXFP8 before Blackwell / CDNA4) or an engine that does not run it."""
+    if DType(dtype) != DType.FP8:
+        return
+    if "fp8" not in system.peak_flops:
+        raise SpecError(
+            f"system {system.name} ({system.gpu}) has no FP8 tensor cores (no fp8 peak); "
+            "train it in bf16, or plan fp8 on an H100/H200, B200/GB200 or MI300X-class system",
+            "dtype")
+    key = recipe_peak_key(recipe)
+    if key not in system.peak_flops:
+        raise SpecError(
+            f"system {system.name} ({system.gpu}) has no {recipe} tensor cores (MXFP8 needs "
+            "Blackwell or CDNA4); use --fp8-recipe tensorwise, delayed or blockwise", "fp8_recipe")
+    if engine is not None:
+        runs = ENGINE_RECIPES[Engine(engine)]
+        if FP8Recipe(recipe) not in runs:
+            raise SpecError(
+                f"engine {engine} does not run the {recipe} FP8 recipe (it runs "
+                f"{', '.join(runs) or 'no fp8'})", "fp8_recipe")
+
+
+def is_fp8(t: LayoutTable) -> np.ndarray:
+    return t.dtype == DType.FP8.code
+
+
+def compute_dtype(t: LayoutTable) -> np.ndarray:
+    """The dtype code of everything but the linear GEMMs: bf16 for fp8 rows."""
+    return np.where(is_fp8(t), DType.BF16.code, t.dtype)
+
+
+def linear_speedup(system: SystemSpec, t: LayoutTable) -> np.ndarray:
+    """How much faster a linear GEMM runs than at the bf16 rate (1 for other rows): the FP8
+    peak (per recipe) times ``matmul_fp8`` over the bf16 peak times ``matmul``."""
+    fp8 = is_fp8(t)
+    if not fp8.any():
+        return np.ones(len(t))
+    bf16 = system.peak("bf16") * system.eff("matmul")
+    rates = np.array([system.peak_flops.get(recipe_peak_key(r), np.nan)
+                      for r in FP8Recipe]) * system.eff("matmul_fp8", system.eff("matmul"))
+    return np.where(fp8, rates[t.fp8_recipe] / bf16, 1.0)
+
+
+def cast_bytes_per_microbatch(model: ModelSpec, t: LayoutTable, tokens) -> np.ndarray:
+    """Bytes one block's FP8 casts move per micro-batch, forward and backward, on one rank
+    (0 for other rows): each linear's input (forward) and output gradient (backward) over the
+    rank's ``tokens``, and its weight."""
+    h, f, tp = model.hidden, model.ffn_hidden, t.tp
+    kv = kv_width_per_rank(model, tp)
+    mlp_in = (model.mlp_matrices - 1) * f / tp
+    # Inputs: QKV and the MLP's first matrices read the whole (gathered) hidden state, the two
+    # row-parallel layers their TP shard; output gradients: each layer's output width.
+    inputs = h + h / tp + h + f / tp
+    grads = (h / tp + 2 * kv) + h + mlp_in + h
+    weights = layer_params_per_rank(model, tp)
+    per_elem = _CAST[t.fp8_recipe]
+    # A Mixture-of-Experts block's routed experts are cast as the dense MLP above is counted
+    # (its widths), not per expert: their GEMMs run at the FP8 rate, their casts are the dense
+    # block's (not modelled further: no MoE FP8 run is in the corpus).
+    total = per_elem * (tokens * (inputs + grads) + weights)
+    return np.where(is_fp8(t), total, 0.0)
+
+
+def param_gather_bytes(t: LayoutTable, default) -> np.ndarray:
+    """Bytes per parameter of a parameter all-gather: 1 where the engine gathers FP8 weights
+    (torchao's FSDP2 float8 all-gather, tensorwise only; Megatron-LM's ``--fp8-param-gather``),
+    else ``default``."""
+    fp8_gather = is_fp8(t) & (
+        (t.engine == Engine.MEGATRON.code)
+        | ((t.engine == Engine.NATIVE.code) & (t.fp8_recipe == FP8Recipe.TENSORWISE.code)))
+    return np.where(fp8_gather, 1, default)
+
+
+def extra_bytes(model: ModelSpec, t: LayoutTable, held) -> np.ndarray:
+    """Memory FP8 training holds beyond bf16 training's on a rank holding ``held`` blocks
+    (module docstring): TransformerEngine's FP8 weight copies and transposes for the step, or
+    torchao's two layers of FP8 weights in flight."""
+    linear = layer_params_per_rank(model, t.tp)
+    te = 2 * np.asarray(held) * linear
+    torchao = np.minimum(np.asarray(held), 2) * linear
+    out = np.where(t.engine == Engine.MEGATRON.code, te, torchao)
+    return np.where(is_fp8(t), out, 0.0)

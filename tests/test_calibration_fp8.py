@@ -1,0 +1,70 @@
+"""The FP8 and new-GPU published runs (planner/data/calibration_runs_fp8.csv), predicted with
+nothing fitted to them: leave-one-source-out by construction (analysis/fp8_loso.py; the tables
+of docs/costmodel.md "FP8"). Targets from issue 52: <= 12 % mean error on the FP8 family,
+<= 15 % on each new GPU with 3 rows or more; the ones not met are xfail with the figure."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
+from fp8_loso import FP8_RUNS, family_errors, predicted_runs, speedups
+
+NEW_GPUS = ("dgx-h200", "dgx-b200", "gb200-nvl72", "mi300x", "mi325x", "mi355x")
+
+
+@pytest.fixture(scope="module")
+def table() -> pd.DataFrame:
+    return predicted_runs()
+
+
+def test_every_row_states_its_source_quote_precision_and_confidence():
+    runs = pd.read_csv(FP8_RUNS)
+    base = pd.read_csv(FP8_RUNS.with_name("calibration_runs_sharded.csv"), nrows=0)
+    assert list(runs.columns[:len(base.columns)]) == list(base.columns)
+    assert {"dtype", "fp8_recipe", "derived"} <= set(runs.columns)
+    assert runs["dtype"].isin(["bf16", "fp8"]).all()
+    assert runs.loc[runs["dtype"] == "fp8", "fp8_recipe"].notna().all()
+    assert runs["confidence"].isin(["high", "medium", "low"]).all()
+    # Every row quotes its source (the exact words in single quotes) in its notes.
+    assert runs["notes"].str.contains("'").all()
+
+
+def test_every_row_is_predicted(table):
+    assert table["predicted"].notna().all()
+    assert set(table["system"]) <= {"grand-teton-h100", "dgx-h100", *NEW_GPUS}
+
+
+def test_the_fp8_speedup_on_h100_is_within_2_percent(table):
+    """Where the bf16 baseline's error cancels (same layout, same source), the fp8 speed-up the
+    model predicts is the measured one: 1.250 and 1.248 measured, 1.251 predicted."""
+    s = speedups(table)
+    h100 = s[s["gpu"].str.contains("H100")]
+    assert len(h100) == 2
+    assert h100["error"].abs().max() <= 0.02, h100
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "not met: the FP8 x NVIDIA family (2 H100 rows, two sources) is 17 % fast, and all of it is "
+    "the bf16 baseline's error on compiled torchtitan (the same runs in bf16: 13 % and 21 % "
+    "fast); the fp8 speed-up itself is within 0.3 %. FP8 x AMD (1 MI300X row) is 57 % fast: the "
+    "MAMF-transferred bf16 knob (32 % fast in bf16) and the assumed FP8 knob (1.36x predicted "
+    "against 1.15x measured)"))
+def test_fp8_family_error(table):
+    fam = family_errors(table).set_index("family")
+    fp8 = fam[fam.index.str.startswith("fp8")]
+    assert (fp8["mape"] <= 0.12).all(), fam
+
+
+def test_new_gpus_with_three_confident_rows(table):
+    """The per-GPU target applies to GPUs with >= 3 confident rows: none yet (MI300X has 2; the
+    B200 rows are 'power limited' with the limit unstated, confidence low). This asserts the
+    count, so that a row added later makes the target bite."""
+    per = family_errors(table, "system").set_index("system")
+    eligible = per[(per["rows"] >= 3) & per.index.isin(NEW_GPUS)]
+    assert eligible.empty or (eligible["mape"] <= 0.15).all(), eligible
+    assert per.loc["mi300x", "rows"] == 2
