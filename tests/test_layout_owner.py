@@ -256,6 +256,13 @@ def _factors(node: ast.AST) -> list[ast.AST]:
     return [node]
 
 
+def _chain(node: ast.AST) -> list[ast.AST]:
+    """The multiplications one chain of factors is made of (``a * b * c`` is two BinOps)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return [node, *_chain(node.left), *_chain(node.right)]
+    return []
+
+
 def _degree_products(root: Path | None = None) -> list[tuple[str, int, str]]:
     """(file, line, 'tp*pp*dp') of every product of two or more degrees in the package
     outside specs/ (a chain of multiplications is one product)."""
@@ -271,7 +278,9 @@ def _degree_products(root: Path | None = None) -> list[tuple[str, int, str]]:
                     or id(node) in inner:
                 continue
             factors = _factors(node)
-            inner.update(id(n) for n in ast.walk(node) if n is not node)
+            # Only the chain's own multiplications are this product; a product inside one of its
+            # factors (a call's argument: ``x * f(tp * pp)``) is a product of its own.
+            inner.update(id(n) for n in _chain(node) if n is not node)
             names = [d for d in map(_degree, factors) if d]
             if len(names) >= 2:
                 found.append((rel, node.lineno, "*".join(names)))
@@ -297,11 +306,14 @@ def test_the_scan_finds_a_product_of_degrees(tmp_path):
         "    a = layout.tp * layout.cp * layout.pp * layout.dp\n"
         "    b = df['dp'] * df['cp']\n"
         "    c = tokens * tp\n"
-        "    return a, b, c, 2 * tp * pp\n")
+        "    return a, b, c, 2 * tp * pp\n"
+        "def g(layout, n):\n"
+        "    return n * max(1, layout.tp * layout.ep)\n")
     assert _degree_products(tmp_path / "frontier_llm") == [
         ("frontier_llm/report/world.py", 2, "tp*cp*pp*dp"),
         ("frontier_llm/report/world.py", 3, "dp*cp"),
-        ("frontier_llm/report/world.py", 5, "tp*pp")]
+        ("frontier_llm/report/world.py", 5, "tp*pp"),
+        ("frontier_llm/report/world.py", 7, "tp*ep")]
 
 
 # The consumers a degree must reach with no edit: budgets and curves, flm bench's traces, the
@@ -354,6 +366,21 @@ _MESH_LAYOUTS = [
            sharding=Sharding.parse("p=partial:8,g=partial:8,o=partial:8")),
     Layout(tp=4, pp=3, dp=2, global_batch=6),
 ]
+
+
+@pytest.mark.parametrize("layout", _MESH_LAYOUTS, ids=label)
+def test_a_rank_and_the_rank_one_stride_on_are_neighbours_along_that_axis(layout):
+    """rank_stride is the distance the cost model prices a pipeline hop over: the rank that far
+    on differs from this one in that axis's index alone, by one."""
+    for axis in axes.MESH_ORDER:
+        stride = axes.rank_stride(layout, axis)
+        here = axes.coords(0, layout)
+        if axes.degree(layout, axis) > 1:
+            there = axes.coords(stride, layout)
+            # ep re-folds the dp x cp index, so it may move with them.
+            moved = {k for k in here if here[k] != there[k]} - {str(axes.Axis.EP)}
+            assert moved == {str(axis)}, (axis, here, there)
+            assert there[str(axis)] == here[str(axis)] + 1
 
 
 @pytest.mark.parametrize("layout", _MESH_LAYOUTS, ids=label)

@@ -61,6 +61,7 @@ from frontier_llm.costmodel.params import (
     table_layer_params,
 )
 from frontier_llm.costmodel.split import pipeline_ranks
+from frontier_llm.specs import axes
 from frontier_llm.specs.layout import DType, Engine, Recompute
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
@@ -254,7 +255,7 @@ def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     rank sets the pace, the mean the bubble. Ranks hold the layers the engine's split gives them
     (costmodel/split.py): ``l/p`` each when even."""
     h, V = model.hidden, model.vocab
-    tp, pp, dp, v = t.tp, t.pp, t.dp, t.virtual_stages
+    tp, pp, v = t.tp, t.pp, t.virtual_stages
     tokens = t.micro_batch * t.local_seq(model.seq_len)  # the rank's share of each sequence
     ranks = pipeline_ranks(model, t)
     head_flops = logits_forward_flops_per_token(model) * tokens / tp
@@ -262,7 +263,7 @@ def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     last_extra = 3 * head_flops / r.flops + loss_bytes / r.memory
     last_extra = last_extra + comm.all_reduce(system, tp, 1, tokens * 4 * 3)  # CE statistics
     # Pipeline neighbours are tp·cp·dp ranks apart (pp is outermost in the rank order).
-    p2p = np.where(pp > 1, 2 * v * comm.send_recv(system, tp * t.cp * dp,
+    p2p = np.where(pp > 1, 2 * v * comm.send_recv(system, axes.rank_stride(t, axes.Axis.PP),
                                                   tokens * h * r.act_bytes / tp), 0.0)
     per_layer = blk.compute + blk.comm + blk.cp_comm + blk.ep_comm
     others = ranks["most_but_last"] * per_layer

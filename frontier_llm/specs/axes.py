@@ -49,6 +49,7 @@ __all__ = [
     "rank_field",
     "rank_fields",
     "rank_of",
+    "rank_stride",
     "sequence_split",
     "shard_ranks",
     "world_size",
@@ -133,6 +134,13 @@ def _product(holder: Any, axes: tuple[Axis, ...]) -> Any:
 def world_size(holder: Any) -> Any:
     """GPUs (ranks) of a layout: the product of every world degree (ep re-folds them)."""
     return _product(holder, WORLD_AXES)
+
+
+def rank_stride(holder: Any, axis: Axis | str) -> Any:
+    """How many ranks apart two neighbours along ``axis`` are: the product of the degrees
+    numbered inside it (MESH_ORDER). Pipeline neighbours are tp x cp x dp ranks apart."""
+    inner = MESH_ORDER[MESH_ORDER.index(Axis(axis)) + 1:]
+    return _product(holder, inner)
 
 
 def model_parallel_size(holder: Any) -> Any:
