@@ -65,6 +65,11 @@ def _best_layout(path: str) -> tuple[Layout, float | None]:
     doc = load_yaml(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("layout"), dict):
         raise UserError(f"{path}: not a 'flm tune best' document (no 'layout' mapping)")
+    if not doc["layout"]:
+        # An empty layout reads as every default (1 GPU, batch 1, no sharding): what an older
+        # flm tune best wrote for a told trial. Never export it as if it were the winner.
+        raise UserError(f"{path}: its layout is empty (an older flm tune best's told trial); "
+                        "run flm tune best again")
     layout = dict(doc["layout"])
     settings = {**(layout.pop("bench_args", None) or {}), **(doc.get("bench_args") or {})}
     bucket = settings.get("bucket_mb")
