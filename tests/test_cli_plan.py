@@ -189,3 +189,22 @@ def test_deepspeed_overlap_comm_off_exposes_zero1_and_zero2_reductions(capsys):
     assert gap2 > 1.5 * gap1  # two exposed reductions a step against one
     for engine, zero in (("deepspeed", "3"), ("megatron", "1"), ("native", "3")):
         assert step(engine, zero)[0] == step(engine, zero, "--deepspeed-overlap-comm", "off")[0]
+
+
+def test_nodes_plans_whole_nodes_and_must_agree_with_gpus(capsys):
+    """Frontier users count nodes: --nodes N is N x gpus_per_node GPUs; both given must agree."""
+    assert main(["plan", "--nodes", "16", "--model", "gpt-22b", "--top", "1"]) == 0
+    assert "gpt-22b on 128 x AMD MI250X GCD (frontier)" in capsys.readouterr().err
+    assert main(["plan", "--nodes", "16", "--gpus", "120", "--model", "gpt-22b"]) == 2
+    assert "--nodes 16 is 128 GPUs of frontier (8 a node), --gpus says 120" in (
+        capsys.readouterr().err)
+
+
+def test_a_partial_node_count_is_planned_with_a_warning(capsys):
+    """1020 GCDs is 127.5 Frontier nodes: the scheduler gives 128, 4 GCDs idle and billed."""
+    assert main(["plan", "--gpus", "1020", "--model", "gpt-22b", "--top", "1"]) == 0
+    err = capsys.readouterr().err
+    assert ("1,020 GPUs is 127.50 nodes of frontier (8 GPUs each): a job gets whole nodes, so "
+            "4 GPUs would idle and be billed; --nodes 128 (1,024 GPUs) or --gpus 1016") in err
+    assert main(["plan", "--gpus", "6", "--model", "gpt3-1.3b", "--top", "1"]) == 0
+    assert "warning" not in capsys.readouterr().err  # within one node: a sub-node job

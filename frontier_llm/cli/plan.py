@@ -67,9 +67,37 @@ def _add_seq_len(p: argparse.ArgumentParser) -> None:
                         "context parallelism, --cp, splits it)")
 
 
+def resolve_gpus(args: argparse.Namespace, system, command: str = "flm plan") -> str | None:
+    """Set ``args.gpus`` from ``--nodes`` (whole nodes of the system) or ``--gpus`` (default
+    :data:`DEFAULT_GPUS`); the refusal when they disagree, else None. A count past one node
+    that is not whole nodes is planned with a warning on stderr: the scheduler gives whole nodes
+    (Frontier and LUMI's standard-g are allocated by node), so the rest idle and are billed."""
+    per_node = system.gpus_per_node
+    nodes = getattr(args, "nodes", None)
+    if nodes is not None:
+        if args.gpus is not None and args.gpus != nodes * per_node:
+            return (f"--nodes {nodes} is {nodes * per_node:,} GPUs of {system.name} "
+                    f"({per_node} a node), --gpus says {args.gpus:,}: give one of them")
+        args.gpus = nodes * per_node
+    elif args.gpus is None:
+        args.gpus = DEFAULT_GPUS
+    if args.gpus > per_node and args.gpus % per_node:
+        whole = -(-args.gpus // per_node)
+        print(f"{command}: warning: {args.gpus:,} GPUs is {args.gpus / per_node:,.2f} nodes of "
+              f"{system.name} ({per_node} GPUs each): a job gets whole nodes, so "
+              f"{whole * per_node - args.gpus} GPUs would idle and be billed; --nodes {whole} "
+              f"({whole * per_node:,} GPUs) or --gpus {(whole - 1) * per_node} plans whole "
+              "nodes", file=sys.stderr)
+    return None
+
+
 def run_plan(args: argparse.Namespace) -> int:
     model, system = model_from_args(args), load_system(args.system)
     space = SearchSpace(dtype=args.dtype, **space_from_args(args))
+    wrong = resolve_gpus(args, system)
+    if wrong:
+        print(f"flm plan: {wrong}", file=sys.stderr)
+        return 2
     refused = alloc_cli.check(args)
     if refused:
         print(f"flm plan: {refused}", file=sys.stderr)
@@ -177,9 +205,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--system", default=DEFAULT_SYSTEM,
                    help=f"catalog name or YAML path (default {DEFAULT_SYSTEM}; see flm systems)")
     _add_seq_len(p)
-    p.add_argument("--gpus", type=gpus, default=DEFAULT_GPUS,
+    p.add_argument("--gpus", type=gpus, default=None,
                    help=f"number of GPUs (Frontier: GCDs) (default {DEFAULT_GPUS}; at most "
-                        f"{MAX_GPUS:,})")
+                        f"{MAX_GPUS:,}); past one node, not whole nodes is planned with a "
+                        "warning")
+    p.add_argument("--nodes", type=count(1, MAX_GPUS, "the node count"), default=None,
+                   help="number of whole nodes instead of --gpus (x the system's "
+                        "gpus_per_node: 128 Frontier nodes are 1,024 GCDs)")
     p.add_argument("--global-batch", type=count(1), default=None,
                    help="sequences per iteration (default: the smallest multiple of --gpus "
                         "holding 4M tokens)")
