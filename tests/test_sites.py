@@ -268,7 +268,12 @@ FRONTIER_NODES = 9408  # Frontier's compute nodes (OLCF Frontier user guide, sys
 
 
 def _golden(name: str, text: str) -> None:
-    """``text`` against tests/golden/sites/NAME (FLM_UPDATE_GOLDEN=1 rewrites it)."""
+    """``text`` against tests/golden/sites/NAME (FLM_UPDATE_GOLDEN=1 rewrites it), with the
+    rendering installation's bin folder (child.installation_bin) as one fixed path."""
+    from frontier_llm.child import installation_bin
+
+    if installation_bin():
+        text = text.replace(installation_bin(), "/home/user/venv/bin")
     path = GOLDEN_SITES / name
     if os.environ.get("FLM_UPDATE_GOLDEN"):
         path.parent.mkdir(exist_ok=True)

@@ -154,6 +154,9 @@ class JobScript:
     setup: tuple[str, ...] = ()
     options: Mapping[str, str | None] = field(default_factory=dict)
     command: tuple[str, ...] = ("flm", "bench")  # what runs each rank, before the task's args
+    # The bin folder of the installation that rendered the script, put on PATH when the job's
+    # environment has no ``flm`` (child.installation_bin); None leaves PATH as the job sets it.
+    flm_bin: str | None = None
     site: Site = field(default_factory=Site)
     # Packed allocations: packs[i] lists the task indices array task i runs, in order, one srun
     # step each. Empty: one task per array index (task index = array index).

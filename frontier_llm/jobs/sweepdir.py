@@ -31,6 +31,7 @@ from typing import Any
 
 from frontier_llm import __version__
 from frontier_llm.atomic import write_text_atomic
+from frontier_llm.child import installation_bin
 from frontier_llm.errors import UserError
 from frontier_llm.jobs import signal_lead, site_policy, unsafe, walltime
 from frontier_llm.jobs.render import JobScript, Resources, Task, render, signal_seconds
@@ -296,6 +297,7 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
             command=rank_command(sweep.spec.workload, _workload_command(sweep, directory)[0],
                                  sweep.site)
             if sweep.spec.workload_command else tuple(sweep.spec.command or ("flm", "bench")),
+            flm_bin=installation_bin(),
             site=sweep.site,
             trainer_signal=None if sweep.spec.workload == FLM_BENCH
             else exit_signal(sweep.spec.workload),

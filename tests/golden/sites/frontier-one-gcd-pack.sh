@@ -22,6 +22,9 @@ module load rocm/7.1.1
 module load rccl-net-plugin
 module load craype-accel-amd-gfx90a
 export LD_LIBRARY_PATH="$CRAY_LD_LIBRARY_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# flm as the environment above provides it; without one, the installation that rendered this
+# script (flm called by its path from an environment that was not activated).
+command -v flm >/dev/null || export PATH=/home/user/venv/bin":$PATH"
 export NCCL_CROSS_NIC=1
 export NCCL_NET_GDR_LEVEL=PHB
 export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3
