@@ -245,7 +245,7 @@ def test_every_catalog_site_cites_its_sources():
         # debug QoS's anchor), and every issue-39 key a site sets has a source
         assert all(rule.source for _, rule in site.queues), name
         for key in ("parallel_fs", "shared_partitions", "threads_per_core", "numa_binding",
-                    "sbatch_gpus", "mem"):
+                    "sbatch_gpus", "mem", "sub_node_mem_per_gpu"):
             if key in {f for f, _ in site.sources} or getattr(site, key) not in (None, (), True):
                 assert key in given, f"{name}: site.{key} has no source"
 
@@ -494,3 +494,52 @@ def test_docs_agree_on_kill_on_bad_exit():
         text = docs.joinpath(page).read_text()
         assert "--kill-on-bad-exit=0" in text, page
         assert "--kill-on-bad-exit=1" not in text and "--kill-on-bad-exit " not in text, page
+
+
+@pytest.mark.parametrize("partition, ranks, masks, mem", [
+    ("small-g", 1, False, "--mem-per-gpu=60G"), ("dev-g", 4, False, "--mem-per-gpu=60G"),
+    ("small-g", 8, True, "--mem=0"), ("standard-g", 8, True, "--mem=0")])
+def test_lumi_jobs_smaller_than_a_node_get_no_node_masks_and_memory_per_gcd(
+        tmp_path, partition, ranks, masks, mem):
+    """A 1-GCD small-g job got the whole node's CPU masks (Slurm: "CPU binding outside of job
+    step allocation"; LUMI: binding applies to full-node allocations only) and --mem=0, the
+    node's whole memory, which LUMI bills as 8 GCDs. Now such a job asks --mem-per-gpu=60G (the
+    LUMI AI guide's small-g scripts) and no mask; a full node keeps both."""
+    text = (f"name: lm\nmodel: tiny-gpt\nsystem: lumi-g\nglobal_batch: 8\n"
+            f"resources: {{time: '00:30:00', account: project_1, partition: {partition}}}\n"
+            f"layouts:\n  - {{dp: {ranks}, micro_batch: 1}}\n")
+    _, texts = _render_text(tmp_path, text)
+    script = texts[0]
+    assert ("mask_cpu:" in script) == masks
+    assert f"#SBATCH {mem}\n" in script
+    if not masks:
+        assert "--mem=0" not in script and f"--gpus-per-node={ranks}" in script
+
+
+BIG_OOM = """\
+name: oomy
+model: gpt-175b
+system: frontier
+global_batch: {gb}
+resources: {{time: "02:00:00", account: ABC123}}
+layouts:
+  - {{tp: 8, pp: 1, dp: {dp}, micro_batch: 1}}
+"""
+
+
+@pytest.mark.parametrize("dp", [1, 9408])
+def test_a_layout_predicted_over_memory_is_refused_at_render_at_any_scale(tmp_path, dp):
+    """gpt-175b with tp 8 and no pipeline needs 430 GB a 64 GiB (69 GB) GCD: listed in
+    ``layouts:`` it rendered silently, on 9,408 nodes hundreds of node-hours an attempt.
+    Refused in one line naming it; --allow-oom (flm sweep render) writes it."""
+    from frontier_llm.cli import main
+    from frontier_llm.errors import UserError
+
+    path = tmp_path / "oomy.yaml"
+    path.write_text(BIG_OOM.format(gb=dp * 8, dp=dp))
+    with pytest.raises(UserError, match=r"1 of its 1 layouts are predicted not to fit in a "
+                                        r"GPU's 69 GB, the worst .* GB \(" + str(dp) + " nodes"):
+        render_sweep(load_sweep(path), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert main(["sweep", "render", str(path), "--out", str(tmp_path / "o2"),
+                 "--allow-oom", "--allow-overtime"]) == 0

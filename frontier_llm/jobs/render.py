@@ -462,10 +462,11 @@ def render(job: JobScript) -> str:
                         "template_options")
     site, r = job.site, job.resources
     trainer = any(t.after for t in job.tasks)
+    whole = r.exclusive or r.partition not in site.shared_partitions
     launcher = launcher_for(LaunchJob(
         nodes=r.nodes, ranks_per_node=r.ntasks_per_node, gpus_per_node=r.gpus_per_node,
         cpus_per_task=r.cpus_per_task, command=job.command, site=site, overcommit=r.overcommit,
-        tail=TRAINER_TAIL if trainer else RANK_TAIL))
+        tail=TRAINER_TAIL if trainer else RANK_TAIL, whole_node=whole))
     shape = launcher.sbatch_shape()
     launch = launcher.command()
     if job.step_ranks_per_node:
@@ -473,7 +474,7 @@ def render(job: JobScript) -> str:
         launch = launcher_for(LaunchJob(
             nodes=r.nodes, ranks_per_node=step, gpus_per_node=step if r.gpus_per_node else None,
             cpus_per_task=r.cpus_per_task, command=job.command, site=site,
-            overcommit=r.overcommit, exact=True)).command()
+            overcommit=r.overcommit, exact=True, whole_node=whole)).command()
     extra = r.extra
     if site.sbatch_network and not any(o.startswith("--network") for o in extra):
         extra = (f"--network={site.sbatch_network}", *extra)

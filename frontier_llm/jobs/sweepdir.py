@@ -191,15 +191,24 @@ def _resources(sweep: Sweep, group: Group) -> Resources:
     # A job filling a node's GPUs in a partition whose nodes are shared (LUMI small-g, dev-g)
     # asks for the node whole: its binding and memory then are its own (site.shared_partitions).
     fills = site.gpus and ranks >= sweep.system.gpus_per_node
+    exclusive = r.exclusive or site.exclusive or (fills and partition in site.shared_partitions)
+    mem, extra = pick(r.mem, site.mem), tuple(r.extra_sbatch or ())
+    if site.gpus and partition in site.shared_partitions and not exclusive and r.mem is None:
+        # Smaller than a node where nodes are shared (LUMI small-g, dev-g): the site's --mem=0
+        # is the node's whole memory, and LUMI bills those partitions by the largest of GCDs,
+        # 8-core and 64 GB slices (lumi-userguide docs/runjobs/lumi_env/billing.md, "GPU
+        # billing"): a 1-GCD job paid 8 and held the node. Memory per GPU instead, as the LUMI
+        # AI guide's small-g scripts ask it (01-quickstart/run.sh: --mem-per-gpu=60G).
+        mem = None
+        if site.sub_node_mem_per_gpu and not any(o.startswith("--mem") for o in extra):
+            extra = (f"--mem-per-gpu={site.sub_node_mem_per_gpu}", *extra)
     return Resources(
         nodes=group.nodes, ntasks_per_node=ranks,
         cpus_per_task=pick(r.cpus_per_task, site.cpus_per_task),
         gpus_per_node=ranks if site.gpus else None, time=group.time,
         account=r.account, partition=partition,
-        qos=pick(r.qos, site.qos), constraint=r.constraint, mem=pick(r.mem, site.mem),
-        exclusive=r.exclusive or site.exclusive or (fills and partition in site.shared_partitions),
-        overcommit=site.overcommit,
-        extra=tuple(r.extra_sbatch or ()),
+        qos=pick(r.qos, site.qos), constraint=r.constraint, mem=mem,
+        exclusive=exclusive, overcommit=site.overcommit, extra=extra,
     )
 
 
@@ -354,11 +363,15 @@ def with_resources(sweep: Sweep, **overrides: str | None) -> Sweep:
     return dataclasses.replace(sweep, spec=spec, jobs=jobs)
 
 
-def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = False) -> Manifest:
+def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = False,
+                 allow_oom: bool = False) -> Manifest:
     """Write scripts, manifest and the sweep file into ``directory``; return the manifest.
-    ``allow_overtime``: write jobs whose predicted runtime is over their time limit too."""
+    ``allow_overtime``: write jobs whose predicted runtime is over their time limit too;
+    ``allow_oom``: jobs the cost model predicts not to fit in memory too."""
     directory = Path(directory).resolve()
     _refuse_other_sweep(directory, sweep.name)
+    if not allow_oom:
+        refuse_predicted_oom(sweep)
     scripts = job_scripts(sweep, directory)
     # The site's rules first: a refused sweep leaves nothing written (docs/sites.md).
     site_policy.check(sweep.system.name, sweep.site,
@@ -390,6 +403,26 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
     with staged(directory) as stage:
         data = _write_sweep(sweep, directory, stage, scripts, texts, needs, leads)
     return Manifest(directory, data)
+
+
+def refuse_predicted_oom(sweep: Sweep) -> None:
+    """A UserError naming the sweep's jobs predicted not to fit in a GPU's memory, at any node
+    count: a ``layouts:`` entry at 380 GB a 64 GB GCD rendered silently and would die at its
+    first step, on 9,408 nodes 700-3,000 node-hours an attempt. A ``space:`` with
+    ``fits_only: false`` asks for such layouts, and ``--allow-oom`` lets them through."""
+    space = sweep.spec.space  # the sweep file's mapping (sweepspec builds its SweepSpace)
+    if isinstance(space, dict) and space.get("fits_only") is False:
+        return
+    over = [j for j in sweep.jobs if j.prediction.get("fits") is False]
+    if not over:
+        return
+    worst = max(over, key=lambda j: float(j.prediction.get("peak_memory_bytes") or 0.0))
+    peak = float(worst.prediction.get("peak_memory_bytes") or 0.0)
+    raise UserError(
+        f"sweep {sweep.name}: {len(over)} of its {len(sweep.jobs)} layouts are predicted not to "
+        f"fit in a GPU's {sweep.system.memory_bytes / 1e9:.0f} GB, the worst {worst.key} at "
+        f"{peak / 1e9:,.0f} GB ({worst.nodes} nodes; flm predict shows the breakdown): each "
+        "would fail at its first step. Remove them, or render with --allow-oom to measure them")
 
 
 def _write_sweep(sweep: Sweep, directory: Path, stage: Path, scripts, texts: list[str],
