@@ -208,3 +208,31 @@ def test_a_partial_node_count_is_planned_with_a_warning(capsys):
             "4 GPUs would idle and be billed; --nodes 128 (1,024 GPUs) or --gpus 1016") in err
     assert main(["plan", "--gpus", "6", "--model", "gpt3-1.3b", "--top", "1"]) == 0
     assert "warning" not in capsys.readouterr().err  # within one node: a sub-node job
+
+
+def test_global_batch_help_states_the_default_it_uses(capsys):
+    """The help said "the smallest multiple of --gpus holding 4M tokens": 4,096 sequences of
+    gpt-175b on 4,096 GPUs, where the default is 2,048 (the largest divisor of the count up to
+    2,048 sequences). It now states the rule default_global_batch applies, with figures."""
+    from frontier_llm.catalog import load_model
+    from frontier_llm.planner import default_global_batch
+
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "smallest multiple of --gpus" not in help_text
+    assert "2,048 of gpt-175b on 1,024 or 4,096 GPUs, 3,060 on 1,020" in help_text
+    model = load_model("gpt-175b")
+    assert [default_global_batch(model, n) for n in (1024, 4096, 1020)] == [2048, 2048, 3060]
+
+
+def test_a_layout_without_a_pipeline_shows_no_schedule(capsys):
+    """``gpipe`` was printed for pp 1, where no schedule runs; now ``-``, and a pipelined row
+    keeps its schedule."""
+    assert main(["plan", "--model", "gpt-22b", "--gpus", "64", "--top", "4"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    pp1 = [r for r in rows if r[2] == "1"]
+    pipelined = [r for r in rows if r[2] != "1"]
+    assert pp1 and pipelined
+    assert all(r[5] == "-" for r in pp1)
+    assert all(r[5] in ("1f1b", "gpipe") or r[5].startswith("interleaved:") for r in pipelined)

@@ -213,8 +213,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="number of whole nodes instead of --gpus (x the system's "
                         "gpus_per_node: 128 Frontier nodes are 1,024 GCDs)")
     p.add_argument("--global-batch", type=count(1), default=None,
-                   help="sequences per iteration (default: the smallest multiple of --gpus "
-                        "holding 4M tokens)")
+                   help="sequences per iteration (default: 4M tokens in whole sequences, "
+                        "rounded up to a multiple of the largest divisor of the GPU count that "
+                        "is at most that many sequences: 2,048 of gpt-175b on 1,024 or 4,096 "
+                        "GPUs, 3,060 on 1,020)")
     p.add_argument("--top", type=count(1), default=20, help="rows to print (default 20)")
     p.add_argument("--explain", action="store_true",
                    help="say why the winner wins and how many layouts each rule rejected")
