@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from frontier_llm.cli.common import emit_frame, emit_json
-from frontier_llm.cli.numbers import MAX_GPUS, days, fraction, positive_float, tokens
+from frontier_llm.cli.numbers import MAX_GPUS, count, days, fraction, positive_float, tokens
 from frontier_llm.cli.progress import Progress
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner import allocation as alloc
@@ -481,6 +481,14 @@ def add_report_arguments(q: argparse.ArgumentParser) -> None:
         help="the training engine to plan for (default native)",
     )
     q.add_argument(
+        "--global-batch",
+        type=count(1),
+        default=None,
+        metavar="N",
+        help="sequences per iteration at every count, as flm plan --global-batch (default: "
+        "4M tokens in whole sequences, splittable over the largest count)",
+    )
+    q.add_argument(
         "--confidence",
         type=fraction,
         default=DEFAULT_CONFIDENCE,
@@ -513,6 +521,7 @@ def run_report_plan(args: argparse.Namespace) -> int:
             args.confidence,
             space,
             on_count=lambda i: bar.update(i, len(counts)),
+            global_batch=args.global_batch,
         )
     selection = alloc.select_deadline(cur, args.deadline) if args.deadline else None
     batches = cur["batch_tokens"].dropna()
@@ -524,7 +533,10 @@ def run_report_plan(args: argparse.Namespace) -> int:
         f"{model.name} ({model.num_params():.3g} parameters) on {system.name}, "
         f"{args.tokens:.3g} tokens: 6ND = {flops:.3g} FLOPs; engine {args.engine}; at each GPU "
         "count the planner's fastest layout that fits",
-        alloc.batch_note(cur, model.seq_len, grown=False),
+        alloc.batch_note(cur, model.seq_len, grown=False) if args.global_batch is None else
+        f"global batch: {args.global_batch:,} sequences = "
+        f"{args.global_batch * model.seq_len / 1e6:.3g}M tokens at every GPU count "
+        "(--global-batch)",
         alloc.rests_on(system),
         f"bands: {args.confidence:.0%} intervals from the cost model's out-of-sample error "
         f"({bases[0] if bases else 'no layout fits at any count'})",
