@@ -16,6 +16,7 @@ from frontier_llm.specs.model import ModelSpec
 from frontier_llm.trainers import NAMES, get
 
 TRAINER_CHOICES = NAMES
+SKIPPED_SHOWN = 5  # --from-plan: the skipped ranks named one a line, the rest counted
 
 
 def _plan_layout(args: argparse.Namespace, model: ModelSpec, system) -> tuple[Layout, ModelSpec]:
@@ -42,15 +43,28 @@ def _plan_layout(args: argparse.Namespace, model: ModelSpec, system) -> tuple[La
         space["engine"] = tuple(e.value for e in trainer.engines)
     result = plan(model, system, ns.gpus, ns.global_batch, SearchSpace(dtype=ns.dtype, **space))
     ranked = result.ranked_indices(None, fits_only=not ns.include_oom, frontier=not ns.all)
-    runnable = []
-    for index in ranked:
+    from frontier_llm.specs.forms import label
+
+    runnable, skipped = [], []
+    for place, index in enumerate(ranked, 1):
         layout = result.layout(int(index))
         try:
             trainer.check(model, layout)
-        except UserError:
+        except UserError as why:
+            # Said, not skipped in silence: the plan's #1 may be a layout the trainer cannot
+            # express (AMSP partial sharding, say), and the user compares with flm plan.
+            skipped.append(f"plan rank {place} ({label(layout)}): {why}")
             continue
         runnable.append(layout)
         if len(runnable) == args.rank:
+            for line in skipped[:SKIPPED_SHOWN]:
+                print(f"flm export: skipped {line}", file=sys.stderr)
+            if len(skipped) > SKIPPED_SHOWN:
+                print(f"flm export: ... and {len(skipped) - SKIPPED_SHOWN} more skipped",
+                      file=sys.stderr)
+            if skipped:
+                print(f"flm export: writing plan rank {place} ({label(layout)}), rank "
+                      f"{args.rank} among the layouts {trainer.name} runs", file=sys.stderr)
             return layout, model
     raise UserError(f"flm plan ranks {len(ranked)} layouts of {model.name} on {args.gpus} GPUs "
                     f"of {system.name}, {len(runnable)} of them runnable by {trainer.name}; "

@@ -67,6 +67,31 @@ def _add_seq_len(p: argparse.ArgumentParser) -> None:
                         "context parallelism, --cp, splits it)")
 
 
+def _first_runs_where(model: ModelSpec, ranked: pd.DataFrame) -> str | None:
+    """A line when the ranking's #1 is a layout no trainer flm exports to can run (AMSP's
+    partial sharding under the native engine, say): flm bench measures it, but a user who
+    takes #1 to Megatron-LM or torchtitan would be refused (flm export --from-plan skips it)."""
+    from frontier_llm.errors import UserError
+    from frontier_llm.specs.forms import layout_from_row
+    from frontier_llm.trainers import NAMES, get
+
+    if ranked.empty:
+        return None
+    layout = layout_from_row(ranked.iloc[0])
+    runs = []
+    for name in NAMES:
+        try:
+            get(name).check(model, layout)
+        except UserError:
+            continue
+        runs.append(name)
+    if runs:
+        return None
+    return (f"# rank 1 ({label(layout)}) runs under flm bench only: none of "
+            f"{', '.join(NAMES)} expresses it (flm export --from-plan names what it skips "
+            "and takes the next one each trainer runs)")
+
+
 def resolve_gpus(args: argparse.Namespace, system, command: str = "flm plan") -> str | None:
     """Set ``args.gpus`` from ``--nodes`` (whole nodes of the system) or ``--gpus`` (default
     :data:`DEFAULT_GPUS`); the refusal when they disagree, else None. A count past one node
@@ -129,6 +154,9 @@ def run_plan(args: argparse.Namespace) -> int:
     )
     for line in alloc_cli.summary_lines(model, system, ranked, args):
         print(line, file=sys.stderr)
+    note = _first_runs_where(model, ranked)
+    if note:
+        print(note, file=sys.stderr)
     if args.format == "table":
         emit_frame(alloc_cli.display_columns(_display(ranked), ranked, args), "table")
     elif args.format == "csv":
