@@ -240,6 +240,7 @@ TORCHTITAN_KEYS = {
                     "pipeline_parallel_microbatch_size": int, "module_fqns_per_model_part": list,
                     "context_parallel_degree": int, "context_parallel_rotate_method": str},
     "activation_checkpoint": {"mode": str, "selective_ac_option": str},
+    "compile": {"enable": bool},
 }
 TORCHTITAN_LITERALS = {"fsdp_reshard_after_forward": ("default", "always", "never"),
                        "mixed_precision_param": ("bfloat16", "float32"),
@@ -441,3 +442,13 @@ def test_from_best_reads_the_tune_best_document(capsys, tmp_path, fmt):
                                  "--from-best", str(path)])
     assert rc == 0, err
     assert out == export(TORCHTITAN, model, layout)
+
+
+def test_torchtitan_compiles_what_the_plan_priced_fused():
+    """flm plan prices element-wise work fused (torch.compile) unless --eager; torchtitan runs
+    eager unless [compile] enable = true (Compile.enable defaults to false, job_config.py
+    v0.2.2). The TOML had no [compile]: the run was not the layout that was ranked."""
+    model = load_model("llama3-8b")
+    layout = layout_of("--tp 2 --dp 4 --zero 3 --global-batch 64", TORCHTITAN)
+    assert tomllib.loads(export(TORCHTITAN, model, layout))["compile"] == {"enable": True}
+    assert "compile" not in tomllib.loads(export(TORCHTITAN, model, layout, compiled=False))

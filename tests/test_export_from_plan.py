@@ -28,3 +28,16 @@ def test_plan_flags_a_first_rank_no_trainer_runs(capsys):
     assert main(["plan", "--model", "llama3-70b", "--gpus", "256", "--top", "2",
                  "--sharding", "zero3"]) == 0
     assert "runs under flm bench only" not in capsys.readouterr().err
+
+
+def test_from_plan_compiles_unless_the_plan_was_eager(tmp_path, capsys):
+    """The plan's ranking priced fused kernels: torchtitan's TOML turns compilation on; a plan
+    priced --eager (its --plan-args) is exported without it, ranked as eager."""
+    import tomllib
+
+    fused, eager = tmp_path / "f.toml", tmp_path / "e.toml"
+    base = ["export", "--to", "torchtitan", "--model", "llama3-8b", "--from-plan", "--gpus", "8"]
+    assert main([*base, "--out", str(fused)]) == 0
+    assert main([*base, "--plan-args=--eager", "--out", str(eager)]) == 0
+    assert tomllib.loads(fused.read_text())["compile"] == {"enable": True}
+    assert "compile" not in tomllib.loads(eager.read_text())

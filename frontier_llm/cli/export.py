@@ -41,7 +41,9 @@ def _plan_layout(args: argparse.Namespace, model: ModelSpec, system) -> tuple[La
     space = space_from_args(ns)
     if space.get("engine") is None:
         space["engine"] = tuple(e.value for e in trainer.engines)
-    result = plan(model, system, ns.gpus, ns.global_batch, SearchSpace(dtype=ns.dtype, **space))
+    args.plan_eager = bool(ns.eager)  # priced eager: the export leaves compilation off
+    result = plan(model, system, ns.gpus, ns.global_batch, SearchSpace(dtype=ns.dtype, **space),
+                  eager=ns.eager)
     ranked = result.ranked_indices(None, fits_only=not ns.include_oom, frontier=not ns.all)
     from frontier_llm.specs.forms import label
 
@@ -127,7 +129,7 @@ def run_export(args: argparse.Namespace) -> int:
         layout = layout_for(args.to, {"dtype": "bf16", **flags})  # flm predict's default dtype
     trainer = get(args.to)
     text = export(trainer.name, model, layout, system, ds_config_path=args.ds_config,
-                  bucket_mb=bucket_mb)
+                  bucket_mb=bucket_mb, compiled=not getattr(args, "plan_eager", False))
     for note in trainer.notes(model, layout, bucket_mb=bucket_mb):
         print(f"flm export: {note}", file=sys.stderr)
     if trainer.argv_names_files and args.ds_config_given:
