@@ -543,3 +543,17 @@ def test_a_layout_predicted_over_memory_is_refused_at_render_at_any_scale(tmp_pa
     assert not (tmp_path / "out").exists()
     assert main(["sweep", "render", str(path), "--out", str(tmp_path / "o2"),
                  "--allow-oom", "--allow-overtime"]) == 0
+
+
+def test_job_dir_placeholder_is_not_warned_as_a_missing_file():
+    """flm recommends ``--save {job_dir}/checkpoints``; the path check warned that
+    ``{job_dir}/checkpoints`` was in neither --out nor beside the sweep file. A word holding
+    the placeholder is a path the job makes, so it is left as it is; a real missing one still
+    warns."""
+    from frontier_llm.jobs.render_warnings import command_paths
+
+    words, warnings = command_paths(
+        ("python", "/abs/train.py", "--save", "{job_dir}/checkpoints", "data/missing.bin"),
+        Path("/nonexistent/out"), Path("/nonexistent/sweeps"))
+    assert "{job_dir}/checkpoints" in words
+    assert len(warnings) == 1 and "data/missing.bin" in warnings[0]

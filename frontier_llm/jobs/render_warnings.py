@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from frontier_llm.jobs.workload import JOB_DIR
+
 
 def pack_warnings(pack: int, mode: str, groups: Iterable[tuple[str, int, int, int]]
                   ) -> list[str]:
@@ -57,7 +59,9 @@ def out_warning(directory: Path, parallel_fs: Sequence[str], site_name: str,
 
 
 def _looks_like_path(word: str) -> bool:
-    return not word.startswith("-") and "=" not in word and (
+    # A word holding {job_dir} (workload.JOB_DIR, replaced in each rank's shell) names a path
+    # the job makes, not one to find here.
+    return not word.startswith("-") and "=" not in word and JOB_DIR not in word and (
         "/" in word or word.endswith((".py", ".sh")))
 
 
