@@ -557,3 +557,35 @@ def test_job_dir_placeholder_is_not_warned_as_a_missing_file():
         Path("/nonexistent/out"), Path("/nonexistent/sweeps"))
     assert "{job_dir}/checkpoints" in words
     assert len(warnings) == 1 and "data/missing.bin" in warnings[0]
+
+
+def test_a_trainer_jobs_early_signal_leaves_the_miopen_cache(tmp_path):
+    """A trainer job's --signal=TERM@N reaches every step before the limit, the cache keeper
+    among them, which removed the MIOpen cache while the trainer was still saving. The keeper's
+    own shell, run here for real: the first SIGTERM leaves the cache, the second (the job's
+    end) removes it; and when the batch shell removes the cache after the trainer (its
+    after-trainer step), the keeper leaves by itself."""
+    path = tmp_path / "t.yaml"
+    path.write_text(TRAINER_175B.replace('"2000"', '"1"').replace("00:30:00", "02:00:00"))
+    text = render_sweep(load_sweep(path), tmp_path / "out")
+    script = text.path(text.groups[0]["script"]).read_text()
+    assert "#SBATCH --signal=TERM@" in script
+    keeper = next(ln for ln in script.splitlines() if "--overlap bash -c" in ln)
+    after = script.index('--overlap rm -rf "$MIOPEN_USER_DB_PATH"')
+    assert script.index("rc=\"${PIPESTATUS[0]}\"") < after < script.index('"${after[@]}"')
+    body = shlex.split(keeper.rstrip(" &"))
+    inner = body[body.index("-c") + 1]
+    cache = tmp_path / "miopen-cache"
+    cache.mkdir()
+    proc = subprocess.Popen(["bash", "-c", inner, "flm", str(cache)])
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)  # the trainer's early signal
+    time.sleep(1)
+    assert proc.poll() is None and cache.exists()
+    proc.send_signal(signal.SIGTERM)  # the job's end
+    assert proc.wait(timeout=10) == 0 and not cache.exists()
+    cache.mkdir()
+    proc = subprocess.Popen(["bash", "-c", inner, "flm", str(cache)])
+    time.sleep(0.5)
+    cache.rmdir()  # the batch shell's step after the trainer
+    assert proc.wait(timeout=15) == 0
