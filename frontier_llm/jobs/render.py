@@ -502,6 +502,8 @@ def render(job: JobScript) -> str:
             launch=launch,
             concurrent=job.step_ranks_per_node is not None,
             rank_cpus=r.cpus_per_task,
+            # A node's CPUs, for a one-task-per-node set-up step (the staged untar).
+            node_cpus=(sbatch.cpus_per_task or 1) * sbatch.ntasks_per_node,
             version=__version__,
             trainer=trainer,
             trainer_log=TRAINER_LOG,
