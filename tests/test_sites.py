@@ -589,3 +589,24 @@ def test_a_trainer_jobs_early_signal_leaves_the_miopen_cache(tmp_path):
     time.sleep(0.5)
     cache.rmdir()  # the batch shell's step after the trainer
     assert proc.wait(timeout=15) == 0
+
+
+def test_a_large_sweep_without_staging_is_told_what_a_start_costs(tmp_path):
+    """Node-local staging was opt-in with no word at scale: at 9,408 Frontier nodes a start from
+    Lustre is predicted at 204 s against 97 s staged, about 280 node-hours each time. Such a
+    sweep now gets a warning; a staged one, a small one, or a site without node-local storage
+    does not."""
+    from frontier_llm.jobs.render_warnings import staging_warning
+
+    line = staging_warning([("a", 16), ("b", FRONTIER_NODES)], "/mnt/bb", False, "frontier")
+    assert line is not None and "layout b (9,408 nodes)" in line
+    assert "204 s, 97 s staged" in line and ": 280 node-hours every start" in line
+    assert staging_warning([("b", FRONTIER_NODES)], "/mnt/bb", True, "frontier") is None
+    assert staging_warning([("a", 64)], "/mnt/bb", False, "frontier") is None
+    assert staging_warning([("b", FRONTIER_NODES)], None, False, "lumi-g") is None
+    text = BIG_OOM.format(gb=2048, dp=1).replace("gpt-175b", "gpt-22b").replace(
+        "{tp: 8, pp: 1, dp: 1, micro_batch: 1}", "{tp: 8, pp: 1, dp: 2048, micro_batch: 1}")
+    path = tmp_path / "big.yaml"
+    path.write_text(text)
+    manifest = render_sweep(load_sweep(path), tmp_path / "out", allow_overtime=True)
+    assert any(w.startswith("start-up: layout") for w in manifest.data["warnings"])

@@ -35,7 +35,12 @@ from frontier_llm.child import installation_bin
 from frontier_llm.errors import UserError
 from frontier_llm.jobs import signal_lead, site_policy, unsafe, walltime
 from frontier_llm.jobs.render import JobScript, Resources, Task, render, signal_seconds
-from frontier_llm.jobs.render_warnings import command_paths, out_warning, pack_warnings
+from frontier_llm.jobs.render_warnings import (
+    command_paths,
+    out_warning,
+    pack_warnings,
+    staging_warning,
+)
 from frontier_llm.jobs.sweepspec import Sweep, SweepJob
 from frontier_llm.jobs.workload import (
     FLM_BENCH,
@@ -477,6 +482,10 @@ def _write_sweep(sweep: Sweep, directory: Path, stage: Path, scripts, texts: lis
     off_fs = out_warning(directory, sweep.site.parallel_fs, sweep.system.name,
                          sweep.site.source("parallel_fs"))
     warnings += [off_fs] if off_fs else []
+    stage_hint = staging_warning([(j.key, j.nodes) for j in sweep.jobs], sweep.site.stage_dir,
+                                 bool((sweep.spec.template_options or {}).get("stage_env")),
+                                 sweep.system.name)
+    warnings += [stage_hint] if stage_hint else []
     by_key_lead = [signal_lead.cap_warning(j.key, j.nodes, j.time, leads[j.key])
                    for j in sweep.jobs if j.key in leads]
     warnings += [w for w in by_key_lead if w]
