@@ -236,3 +236,22 @@ def test_a_layout_without_a_pipeline_shows_no_schedule(capsys):
     assert pp1 and pipelined
     assert all(r[5] == "-" for r in pp1)
     assert all(r[5] in ("1f1b", "gpipe") or r[5].startswith("interleaved:") for r in pipelined)
+
+
+def test_the_plan_table_prints_mfu_in_percent_as_every_other_table(capsys):
+    """MFU was a fraction in flm plan's table (0.381) and a percentage in flm results, flm
+    predict and --explain (38.1 %); the table now prints MFU_% as flm results does. The CSV
+    keeps the fraction, as every frame of the API."""
+    import io
+
+    import pandas as pd
+
+    assert main(["plan", "--model", "gpt-22b", "--gpus", "64", "--top", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[0].split()
+    assert "MFU_%" in header and "MFU" not in header
+    assert main(["plan", "--model", "gpt-22b", "--gpus", "64", "--top", "2",
+                 "--format", "csv"]) == 0
+    frame = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    shown = float(lines[1].split()[header.index("MFU_%")])
+    assert 0 < frame["mfu"].iloc[0] < 1 and shown == round(frame["mfu"].iloc[0] * 100, 1)

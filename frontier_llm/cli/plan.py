@@ -32,17 +32,20 @@ DEFAULT_MODEL, DEFAULT_SYSTEM, DEFAULT_GPUS = "gpt-175b", "frontier", 1024
 
 # The figures the table shows beside the layout columns that differ between its rows (the CSV
 # and JSON formats carry every column).
+# MFU in percent, as flm results, flm predict and --explain print it (the CSV and JSON keep
+# the fraction, ``mfu``, as every frame of the API does).
 TABLE_FIGURES = {"step_time_s": "step_s", "tokens_per_s": "tokens/s",
-                 "model_tflops_per_gpu": "TFLOP/s/gpu", "mfu": "MFU",
+                 "model_tflops_per_gpu": "TFLOP/s/gpu", "mfu_pct": "MFU_%",
                  "peak_memory_gb": "mem_GB", "fits": "fits"}
 
 
 def _display(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     df["peak_memory_gb"] = df["peak_memory_bytes"] / 1e9
+    df["mfu_pct"] = df["mfu"] * 100
     out = pd.concat([df[["rank"]], display_layouts(df),
                      df[list(TABLE_FIGURES)].rename(columns=TABLE_FIGURES)], axis=1)
-    return out.round({"step_s": 3, "tokens/s": 0, "TFLOP/s/gpu": 1, "MFU": 3, "mem_GB": 1})
+    return out.round({"step_s": 3, "tokens/s": 0, "TFLOP/s/gpu": 1, "MFU_%": 1, "mem_GB": 1})
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
