@@ -255,3 +255,27 @@ def test_the_plan_table_prints_mfu_in_percent_as_every_other_table(capsys):
     frame = pd.read_csv(io.StringIO(capsys.readouterr().out))
     shown = float(lines[1].split()[header.index("MFU_%")])
     assert 0 < frame["mfu"].iloc[0] < 1 and shown == round(frame["mfu"].iloc[0] * 100, 1)
+
+
+def test_systems_compare_in_one_table(capsys):
+    """Systems could not be compared in one table: --system A,B ranks each as flm plan does
+    alone and prints their top rows together, with system and GPU columns (--nodes: the same
+    node count of each)."""
+    import io
+
+    import pandas as pd
+
+    assert main(["plan", "--model", "llama3-70b", "--system", "frontier,dgx-h100",
+                 "--nodes", "32", "--top", "2", "--format", "csv"]) == 0
+    both = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert both["system"].tolist() == ["frontier", "frontier", "dgx-h100", "dgx-h100"]
+    assert set(both["gpus"]) == {256}
+    assert main(["plan", "--model", "llama3-70b", "--system", "dgx-h100", "--nodes", "32",
+                 "--top", "2", "--format", "csv"]) == 0
+    alone = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    h100 = both[both["system"] == "dgx-h100"].reset_index(drop=True)
+    assert h100["step_time_s"].tolist() == alone["step_time_s"].tolist()
+    assert main(["plan", "--model", "llama3-70b", "--system", "frontier,dgx-h100",
+                 "--nodes", "32", "--top", "1"]) == 0
+    out = capsys.readouterr()
+    assert out.out.split()[:2] == ["system", "gpus"] and "# dgx-h100: 256 x" in out.err

@@ -119,7 +119,54 @@ def resolve_gpus(args: argparse.Namespace, system, command: str = "flm plan") ->
     return None
 
 
+def _compare_systems(args: argparse.Namespace) -> int:
+    """``--system A,B``: each system's ranking, its top ``--top`` rows, in one table with a
+    ``system`` column (and ``gpus``, which ``--nodes`` makes differ): one proposal's candidate
+    machines side by side, each planned exactly as ``flm plan --system NAME`` plans it."""
+    import copy
+
+    if args.min_gpus or alloc_cli.wants_curve(args):
+        print("flm plan: several --system values compare the rankings; --min-gpus and the "
+              "curve take one system", file=sys.stderr)
+        return 2
+    model = model_from_args(args)
+    frames = []
+    for name in [n.strip() for n in args.system.split(",") if n.strip()]:
+        one = copy.copy(args)
+        one.system = name
+        system = load_system(name)
+        wrong = resolve_gpus(one, system)
+        if wrong:
+            print(f"flm plan: {wrong}", file=sys.stderr)
+            return 2
+        space = SearchSpace(dtype=args.dtype, **space_from_args(args))
+        result = plan(model, system, one.gpus, args.global_batch, space, eager=args.eager,
+                      overlap_comm=args.deepspeed_overlap_comm == "on")
+        ranked = result.ranked(args.top, fits_only=not args.include_oom, frontier=not args.all)
+        ranked = alloc_cli.annotate(ranked, model, system, one, args.top)
+        nodes = -(-one.gpus // system.gpus_per_node)
+        print(f"# {system.name}: {one.gpus:,} x {system.gpu} ({nodes:,} nodes), global batch "
+              f"{result.global_batch:,}, {int(np.sum(result.valid)):,} layouts valid and fit",
+              file=sys.stderr)
+        frames.append(ranked.assign(system=system.name, gpus=one.gpus))
+    both = pd.concat(frames, ignore_index=True)
+    if args.format == "table":
+        shown = alloc_cli.display_columns(_display(both), both, args)
+        front = ["system", "gpus"]
+        shown.insert(0, "gpus", both["gpus"].to_numpy())
+        shown.insert(0, "system", both["system"].to_numpy())
+        emit_frame(shown[front + [c for c in shown.columns if c not in front]], "table")
+    elif args.format == "csv":
+        emit_frame(both, "csv")
+    else:
+        emit_json({"model": model.name, "systems": sorted(set(both["system"])),
+                   "layouts": both.to_dict(orient="records")})
+    return 0
+
+
 def run_plan(args: argparse.Namespace) -> int:
+    if "," in args.system:
+        return _compare_systems(args)
     model, system = model_from_args(args), load_system(args.system)
     space = SearchSpace(dtype=args.dtype, **space_from_args(args))
     wrong = resolve_gpus(args, system)
@@ -234,7 +281,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"catalog name or YAML path (default {DEFAULT_MODEL}; see flm models)")
     p.add_argument("--system", default=DEFAULT_SYSTEM,
-                   help=f"catalog name or YAML path (default {DEFAULT_SYSTEM}; see flm systems)")
+                   help=f"catalog name or YAML path (default {DEFAULT_SYSTEM}; see flm systems)"
+                        "; several, comma-separated, compare their rankings in one table "
+                        "(--nodes N: the same node count of each)")
     _add_seq_len(p)
     p.add_argument("--gpus", type=gpus, default=None,
                    help=f"number of GPUs (Frontier: GCDs) (default {DEFAULT_GPUS}; at most "
