@@ -3,6 +3,9 @@ render`` and ``submit`` (and kept in the manifest's ``warnings``), never a refus
 
 * ``pack:`` above 1 that packed nothing: every layout still takes an allocation of its own
   (a site that charges whole nodes bills 7/8 of each node idle for one-GCD layouts).
+* one-node layouts smaller than a node, several of them, without ``pack:`` on a site that
+  bills whole nodes: each takes a node of its own (Frontier charges nodes requested x time,
+  whatever the job uses of them: OLCF Frontier user guide, "Node-Hour Calculation").
 * the sweep folder (``--out``: logs, traces, the model files every rank reads) outside the
   site's parallel file system: on Frontier the home and project folders are NFS, and the OLCF
   guide "strongly recommend[s]" running jobs from Lustre Orion instead (Frontier user guide,
@@ -39,6 +42,33 @@ def pack_warnings(pack: int, mode: str, groups: Iterable[tuple[str, int, int, in
             why = "its layouts do not fit side by side on one node"
         out.append(f"pack: {pack} packed nothing in {name} ({size} layout(s), one allocation "
                    f"each): {why}")
+    return out
+
+
+def sub_node_warnings(pack: int, groups: Iterable[tuple[str, int, int, int, int, bool]],
+                      node_gpus: int, concurrent_ok: bool, site_name: str) -> list[str]:
+    """``groups``: (name, layouts, nodes, ranks per node, time limit in s, billed whole) of
+    each script. One line per group of two or more one-node layouts that leave GPUs of their
+    node idle, on a node billed whole, when the sweep sets no ``pack:``: the node-hours at
+    their time limits, against those of the packed sweep, and the lines to add. Packing is
+    not done for the user: side-by-side steps share an allocation's fate (a cancel or a node
+    failure ends them all) and its time bin, which a sweep should choose (docs/sweeps.md)."""
+    if pack > 1:
+        return []
+    out = []
+    for name, size, nodes, rpn, seconds, whole in groups:
+        if not whole or nodes != 1 or size < 2 or rpn >= node_gpus:
+            continue
+        per = node_gpus // rpn
+        now, packed = size * seconds / 3600, -(-size // per) * seconds / 3600
+        how = (f"add `pack: {per}` and `pack_mode: concurrent` to the sweep file to run {per} "
+               f"side by side a node: {packed:,.1f} node-hours" if concurrent_ok else
+               "pack_mode concurrent is refused here (launcher or binding), so use a "
+               "partition that shares nodes, if the site has one")
+        out.append(f"{name}: {size} one-node layouts of {rpn} of a node's {node_gpus} GPUs "
+                   f"take {size} whole {site_name} nodes (billed per node, whatever the job "
+                   f"uses): up to {now:,.1f} node-hours at their time limit, "
+                   f"{now - packed:,.1f} of them on idle GPUs; {how}")
     return out
 
 

@@ -40,6 +40,7 @@ from frontier_llm.jobs.render_warnings import (
     out_warning,
     pack_warnings,
     staging_warning,
+    sub_node_warnings,
 )
 from frontier_llm.jobs.sweepspec import Sweep, SweepJob
 from frontier_llm.jobs.workload import (
@@ -479,6 +480,15 @@ def _write_sweep(sweep: Sweep, directory: Path, stage: Path, scripts, texts: lis
     at(inside(directory, "traces")).mkdir(exist_ok=True)
     warnings = pack_warnings(sweep.spec.pack, sweep.spec.pack_mode,
                              [(g.name, len(g.keys), g.pack, g.nodes) for g, _ in scripts])
+    # A node is billed whole unless its partition shares nodes and the job did not ask for
+    # it exclusively (LUMI small-g bills the share: docs/sites.md).
+    warnings += sub_node_warnings(
+        sweep.spec.pack,
+        [(g.name, len(g.keys), g.nodes, g.ranks_per_node, time_seconds(g.time),
+          js.resources.exclusive or js.resources.partition not in sweep.site.shared_partitions)
+         for g, js in scripts] if sweep.site.gpus else [],
+        sweep.system.gpus_per_node,
+        sweep.site.launcher == "srun" and sweep.site.binding != "cpu-masks", sweep.system.name)
     off_fs = out_warning(directory, sweep.site.parallel_fs, sweep.system.name,
                          sweep.site.source("parallel_fs"))
     warnings += [off_fs] if off_fs else []
