@@ -610,3 +610,37 @@ def test_a_large_sweep_without_staging_is_told_what_a_start_costs(tmp_path):
     path.write_text(text)
     manifest = render_sweep(load_sweep(path), tmp_path / "out", allow_overtime=True)
     assert any(w.startswith("start-up: layout") for w in manifest.data["warnings"])
+
+
+# --- issue 54: the ROCm prerequisites of flash attention, stated where the job asks for it ------
+
+def _attention_sweep(system: str, flash: bool) -> str:
+    account = "project_465000000" if system == "lumi-g" else "abc123"
+    return f"""\
+name: attn
+model: tiny-gpt
+system: {system}
+global_batch: 8
+resources: {{time: "00:30:00", account: {account}}}
+layouts:
+  - {{dp: 8, micro_batch: 1, flash_attention: {str(flash).lower()}}}
+"""
+
+
+@pytest.mark.parametrize("system,needs", [
+    ("frontier", ["rocm/7.1.1", "craype-accel-amd-gfx90a",
+                  "ROCm/flash-attention at v2.8.4.1-cktile", "--use-flash-attn-v2",
+                  "--attention-backend flash", "pytorch_frontier.rst at commit 2745903"]),
+    ("lumi-g", ["lumi-multitorch-full-*", "/appl/local/laifs/containers/", "--use-flash-attn-v2",
+                "LUMI-AI-Guide at commit a7e3387"])])
+def test_flash_attention_scripts_state_the_sites_rocm_prerequisites(tmp_path, system, needs):
+    """A Frontier or LUMI script whose layouts use flash attention says, as comments, what the
+    site's documentation says it needs installed (ROCm torch, the ROCm flash-attn build) and
+    where that is written; a layout without flash attention gets no such lines."""
+    _, (text,) = _render_text(tmp_path, _attention_sweep(system, True))
+    comments = " ".join(line[2:] for line in text.splitlines() if line.startswith("# "))
+    assert f"Flash attention on {system}:" in comments
+    for word in needs:
+        assert word in comments, word
+    _, (plain,) = _render_text(tmp_path, _attention_sweep(system, False), "plain", "p.yaml")
+    assert "Flash attention on" not in plain

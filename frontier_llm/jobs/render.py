@@ -167,6 +167,8 @@ class JobScript:
     # A trainer job: the signal its trainer saves a checkpoint and stops on (jobs/workload.py
     # exit_signal), sent to the ranks before the time limit instead of USR1 to the batch shell.
     trainer_signal: str | None = None
+    # Lines said as comments at the top of the script (what the job needs installed).
+    notes: tuple[str, ...] = ()
     # A trainer job's lead (jobs/signal_lead.py: long enough to save its checkpoint), in place
     # of the site's; None keeps the site's.
     signal_lead_s: int | None = None

@@ -22,8 +22,9 @@ import os
 import secrets
 import shutil
 import socket
+import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -279,6 +280,19 @@ def signal_leads(sweep: Sweep) -> dict[str, signal_lead.Lead]:
     return out
 
 
+def _attention_notes(sweep: Sweep, jobs: Sequence[SweepJob]) -> tuple[str, ...]:
+    """The site's flash-attention prerequisites, for a script whose layouts ask for flash
+    attention (the trainers' flash flags and flm bench's SDPA kernel need them installed)."""
+    prereq = sweep.site.flash_attention_prereq
+    if not prereq or not any(j.layout.flash_attention for j in jobs):
+        return ()
+    source = sweep.site.source("flash_attention_prereq")
+    text = (f"Flash attention on {sweep.system.name}: {prereq}"
+            + (f" (source: {source})" if source else ""))
+    # Comment lines of a readable width; a URL is never broken.
+    return tuple(textwrap.wrap(text, 96, break_long_words=False, break_on_hyphens=False))
+
+
 def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
     """The JobScript of every group (pure: no file is touched)."""
     directory = directory.resolve()
@@ -316,6 +330,7 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
             site=sweep.site,
             trainer_signal=None if sweep.spec.workload == FLM_BENCH
             else exit_signal(sweep.spec.workload),
+            notes=_attention_notes(sweep, [by_key[k] for k in group.keys]),
             # One signal per allocation: a pack's is its largest checkpoint's.
             signal_lead_s=max((leads[k].seconds for k in group.keys if k in leads),
                               default=None),
