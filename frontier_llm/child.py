@@ -12,8 +12,10 @@ so the child imports the installation that ``sys.executable`` belongs to and not
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 # -P: the working directory is not put on sys.path (see the module's docstring).
 SAFE_PATH = "-P"
@@ -29,3 +31,12 @@ def python_module(module: str, args: Sequence[str] = (), python: str | None = No
 def flm(args: Sequence[str] = ()) -> list[str]:
     """``flm ARGS`` as a child of this process: :func:`python_module` of ``frontier_llm.cli``."""
     return python_module("frontier_llm.cli", args)
+
+
+def installation_bin() -> str | None:
+    """The folder of this installation's ``flm`` script (the interpreter's own ``bin``), or None
+    when it has none there. A job script puts it on PATH when ``flm`` is not found by name, so a
+    sweep rendered by ``/path/to/venv/bin/flm`` with that environment not activated still runs
+    ``flm`` on its nodes (the job's shell found no ``flm``: ``execve(): flm: No such file``)."""
+    folder = Path(sys.executable).absolute().parent
+    return str(folder) if os.access(folder / "flm", os.X_OK) else None

@@ -479,3 +479,16 @@ def test_report_plans_markdown_labels_layouts_in_whole_numbers_with_the_batch(tm
     assert ".0 " not in " ".join(r.split("|")[3] for r in rows)  # the layout cells
     assert "| 32 |" in md  # 175B does not fit on 32 GCDs: the count stays, blank
     assert "batch (tokens)" in md and "rests on: frontier is anchored on one published" in md
+
+
+def test_report_plan_takes_the_global_batch(tmp_path, capsys):
+    """flm report plan had no --global-batch: a proposal planned at its own batch in flm plan
+    could not be drawn at it. Each count is planned at the given batch, and the notes say so."""
+    assert main(["report", "plan", "--model", "gpt-175b", "--system", "frontier", "--tokens",
+                 "1T", "--curve", "64-128", "--global-batch", "1024", "--out",
+                 str(tmp_path)]) == 0
+    capsys.readouterr()
+    md = (tmp_path / "gpt-175b-frontier-plan.md").read_text()
+    rows = [r for r in md.splitlines() if r.startswith("| 64 ") or r.startswith("| 128 ")]
+    assert len(rows) == 2 and all(" gb1024 " in r and " 2.1M " in r for r in rows), rows
+    assert "global batch: 1,024 sequences = 2.1M tokens at every GPU count (--global-batch)" in md

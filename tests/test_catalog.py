@@ -91,3 +91,17 @@ def test_error_inside_a_nested_section_names_its_own_line(tmp_path):
     message = str(err.value)
     assert message.startswith(f"{path}:10: unknown field 'colour'")
     assert message.count(str(path)) == 1
+
+
+@pytest.mark.parametrize("asked, first", [("h100", "dgx-h100"), ("H100", "dgx-h100"),
+                                          ("a100", "dgx-a100"), ("mi250x", "frontier")])
+def test_a_system_asked_by_its_chip_suggests_whole_nodes_first(asked, first):
+    """``--system h100`` suggested ``h100-sxm``, a one-GPU-per-node machine (a plan on it
+    prices every GPU as a node of its own); the suggestion keeps the node shape, and the
+    one-GPU system is still named, as such."""
+    with pytest.raises(UserError) as err:
+        load_system(asked)
+    message = str(err.value)
+    assert f"Did you mean '{first}' (8 GPUs per node)?" in message
+    if asked.lower() == "h100":
+        assert "h100-sxm (one GPU alone)" in message and "grand-teton-h100 (8 per node)" in message

@@ -33,12 +33,15 @@ def home(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_the_folder_breaks_a_plain_python_dash_m(home):
-    """The failure the fix is for, so that the tests below test something: without -P the
-    child imports the clone's folder."""
+def test_a_plain_python_dash_m_imports_the_installation_too(home):
+    """Without -P the child has the folder first on its path. Under setuptools' finder-based
+    editable install it imported the clone's folder and died on ``__version__``; setup.cfg's
+    ``package_dir`` gives a plain .pth install, under which the regular package wins. flm's own
+    children keep -P (a wheel or another installer may still differ)."""
     proc = subprocess.run([sys.executable, "-m", "frontier_llm.cli", "--version"],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "__version__" in proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("frontier_llm ")
 
 
 def test_flm_child_imports_the_installation(home):
@@ -93,3 +96,26 @@ def test_no_module_starts_python_dash_m_by_hand():
             if '"-m"' in code or "'-m'" in code:
                 offenders.append(f"{path.relative_to(ROOT)}:{n}")
     assert not offenders, offenders
+
+
+def test_a_notebook_kernel_started_in_the_clones_parent_uses_the_api(home):
+    """A Jupyter kernel started in the clone's parent (a notebook kept in ``~``): the real
+    ipykernel, started by nbclient as Jupyter starts it, puts that folder first on its import
+    path, with no ``-P``. The package's API must be the installation's, not the clone's folder
+    imported as an empty namespace package (``frontier_llm.plan`` raised AttributeError)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "import os, frontier_llm as flm\n"
+        "print('cwd', os.getcwd())\n"
+        "print('file', flm.__file__)\n"
+        "p = flm.plan(model='gpt-22b', system='frontier', gpus=64, top=1)\n"
+        "print('rows', len(p))"))
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(home)}}).execute()
+    text = "".join(o.get("text", "") for o in nb.cells[0].outputs)
+    assert f"cwd {home}" in text
+    assert f"file {ROOT / 'frontier_llm' / '__init__.py'}" in text
+    assert "rows 1" in text

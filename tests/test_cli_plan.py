@@ -189,3 +189,93 @@ def test_deepspeed_overlap_comm_off_exposes_zero1_and_zero2_reductions(capsys):
     assert gap2 > 1.5 * gap1  # two exposed reductions a step against one
     for engine, zero in (("deepspeed", "3"), ("megatron", "1"), ("native", "3")):
         assert step(engine, zero)[0] == step(engine, zero, "--deepspeed-overlap-comm", "off")[0]
+
+
+def test_nodes_plans_whole_nodes_and_must_agree_with_gpus(capsys):
+    """Frontier users count nodes: --nodes N is N x gpus_per_node GPUs; both given must agree."""
+    assert main(["plan", "--nodes", "16", "--model", "gpt-22b", "--top", "1"]) == 0
+    assert "gpt-22b on 128 x AMD MI250X GCD (frontier)" in capsys.readouterr().err
+    assert main(["plan", "--nodes", "16", "--gpus", "120", "--model", "gpt-22b"]) == 2
+    assert "--nodes 16 is 128 GPUs of frontier (8 a node), --gpus says 120" in (
+        capsys.readouterr().err)
+
+
+def test_a_partial_node_count_is_planned_with_a_warning(capsys):
+    """1020 GCDs is 127.5 Frontier nodes: the scheduler gives 128, 4 GCDs idle and billed."""
+    assert main(["plan", "--gpus", "1020", "--model", "gpt-22b", "--top", "1"]) == 0
+    err = capsys.readouterr().err
+    assert ("1,020 GPUs is 127.50 nodes of frontier (8 GPUs each): a job gets whole nodes, so "
+            "4 GPUs would idle and be billed; --nodes 128 (1,024 GPUs) or --gpus 1016") in err
+    assert main(["plan", "--gpus", "6", "--model", "gpt3-1.3b", "--top", "1"]) == 0
+    assert "warning" not in capsys.readouterr().err  # within one node: a sub-node job
+
+
+def test_global_batch_help_states_the_default_it_uses(capsys):
+    """The help said "the smallest multiple of --gpus holding 4M tokens": 4,096 sequences of
+    gpt-175b on 4,096 GPUs, where the default is 2,048 (the largest divisor of the count up to
+    2,048 sequences). It now states the rule default_global_batch applies, with figures."""
+    from frontier_llm.catalog import load_model
+    from frontier_llm.planner import default_global_batch
+
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "smallest multiple of --gpus" not in help_text
+    assert "2,048 of gpt-175b on 1,024 or 4,096 GPUs, 3,060 on 1,020" in help_text
+    model = load_model("gpt-175b")
+    assert [default_global_batch(model, n) for n in (1024, 4096, 1020)] == [2048, 2048, 3060]
+
+
+def test_a_layout_without_a_pipeline_shows_no_schedule(capsys):
+    """``gpipe`` was printed for pp 1, where no schedule runs; now ``-``, and a pipelined row
+    keeps its schedule."""
+    assert main(["plan", "--model", "gpt-22b", "--gpus", "64", "--top", "4"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    pp1 = [r for r in rows if r[2] == "1"]
+    pipelined = [r for r in rows if r[2] != "1"]
+    assert pp1 and pipelined
+    assert all(r[5] == "-" for r in pp1)
+    assert all(r[5] in ("1f1b", "gpipe") or r[5].startswith("interleaved:") for r in pipelined)
+
+
+def test_the_plan_table_prints_mfu_in_percent_as_every_other_table(capsys):
+    """MFU was a fraction in flm plan's table (0.381) and a percentage in flm results, flm
+    predict and --explain (38.1 %); the table now prints MFU_% as flm results does. The CSV
+    keeps the fraction, as every frame of the API."""
+    import io
+
+    import pandas as pd
+
+    assert main(["plan", "--model", "gpt-22b", "--gpus", "64", "--top", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[0].split()
+    assert "MFU_%" in header and "MFU" not in header
+    assert main(["plan", "--model", "gpt-22b", "--gpus", "64", "--top", "2",
+                 "--format", "csv"]) == 0
+    frame = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    shown = float(lines[1].split()[header.index("MFU_%")])
+    assert 0 < frame["mfu"].iloc[0] < 1 and shown == round(frame["mfu"].iloc[0] * 100, 1)
+
+
+def test_systems_compare_in_one_table(capsys):
+    """Systems could not be compared in one table: --system A,B ranks each as flm plan does
+    alone and prints their top rows together, with system and GPU columns (--nodes: the same
+    node count of each)."""
+    import io
+
+    import pandas as pd
+
+    assert main(["plan", "--model", "llama3-70b", "--system", "frontier,dgx-h100",
+                 "--nodes", "32", "--top", "2", "--format", "csv"]) == 0
+    both = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert both["system"].tolist() == ["frontier", "frontier", "dgx-h100", "dgx-h100"]
+    assert set(both["gpus"]) == {256}
+    assert main(["plan", "--model", "llama3-70b", "--system", "dgx-h100", "--nodes", "32",
+                 "--top", "2", "--format", "csv"]) == 0
+    alone = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    h100 = both[both["system"] == "dgx-h100"].reset_index(drop=True)
+    assert h100["step_time_s"].tolist() == alone["step_time_s"].tolist()
+    assert main(["plan", "--model", "llama3-70b", "--system", "frontier,dgx-h100",
+                 "--nodes", "32", "--top", "1"]) == 0
+    out = capsys.readouterr()
+    assert out.out.split()[:2] == ["system", "gpus"] and "# dgx-h100: 256 x" in out.err

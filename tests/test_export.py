@@ -502,3 +502,13 @@ def test_from_best_reads_the_tune_best_document(capsys, tmp_path, fmt):
                                  "--from-best", str(path)])
     assert rc == 0, err
     assert out == export(TORCHTITAN, model, layout)
+
+
+def test_torchtitan_compiles_what_the_plan_priced_fused():
+    """flm plan prices element-wise work fused (torch.compile) unless --eager; torchtitan runs
+    eager unless [compile] enable = true (Compile.enable defaults to false, job_config.py
+    v0.2.2). The TOML had no [compile]: the run was not the layout that was ranked."""
+    model = load_model("llama3-8b")
+    layout = layout_of("--tp 2 --dp 4 --zero 3 --global-batch 64", TORCHTITAN)
+    assert tomllib.loads(export(TORCHTITAN, model, layout))["compile"] == {"enable": True}
+    assert "compile" not in tomllib.loads(export(TORCHTITAN, model, layout, compiled=False))

@@ -278,3 +278,52 @@ layouts:
     assert ("srun --nodes=1 --ntasks=2 --ntasks-per-node=2 --cpus-per-task=7 --gpus-per-task=1 "
             "--gpu-bind=closest --exact") in script
     assert 'pids+=("$!")\n    # OLCF' in script and "    sleep 1\n" in script
+
+
+ONE_GCD = """\
+name: onegcd
+model: tiny-gpt
+system: {system}
+global_batch: 1
+{pack}resources: {{time: "00:30:00", account: {account}{partition}}}
+layouts:
+"""
+LAYOUTS_30 = "".join(f"  - {{dp: 1, micro_batch: 1, name: l{i}}}\n" for i in range(30))
+
+
+def _one_gcd(system: str, pack: str = "", partition: str = "") -> str:
+    account = "project_465000000" if system == "lumi-g" else "abc123"
+    return ONE_GCD.format(system=system, pack=pack, account=account,
+                          partition=partition) + LAYOUTS_30
+
+
+def test_one_gcd_layouts_unpacked_on_whole_nodes_are_warned(tmp_path):
+    """Issue 54: 30 one-GCD layouts on Frontier without pack: take 30 whole nodes, billed per
+    node; render says the node-hours and the lines that pack them 8 a node."""
+    manifest = render_sweep(_sweep(tmp_path, _one_gcd("frontier")), tmp_path / "run")
+    lines = [w for w in manifest.data["warnings"] if "whole frontier nodes" in w]
+    assert len(lines) == 1, manifest.data["warnings"]
+    # 30 x 0.5 h = 15 node-hours; packed 8 a node: 4 allocations x 0.5 h = 2, so 13 idle.
+    assert "30 one-node layouts of 1 of a node's 8 GPUs take 30 whole" in lines[0]
+    assert "up to 15.0 node-hours at their time limit, 13.0 of them on idle GPUs" in lines[0]
+    assert "add `pack: 8` and `pack_mode: concurrent`" in lines[0]
+    assert "2.0 node-hours" in lines[0]
+    # The lines it names, added, pack them and silence it.
+    packed = render_sweep(_sweep(tmp_path, _one_gcd(
+        system="frontier", pack="pack: 8\npack_mode: concurrent\n", partition=""), "p.yaml"),
+        tmp_path / "packed")
+    assert len(packed.groups) == 1 and packed.groups[0]["pack"] == 8
+    assert not any("whole frontier nodes" in w for w in packed.data["warnings"])
+
+
+def test_sub_node_layouts_on_shared_nodes_are_not_warned(tmp_path):
+    """LUMI small-g shares nodes and bills the share (docs/sites.md): nothing to warn; on
+    standard-g (whole nodes) the warning names no concurrent pack, which LUMI refuses."""
+    small = render_sweep(_sweep(tmp_path, _one_gcd(
+        system="lumi-g", pack="", partition=", partition: small-g")), tmp_path / "small")
+    assert not any("whole lumi-g nodes" in w for w in small.data["warnings"])
+    whole = render_sweep(_sweep(tmp_path, _one_gcd(
+        system="lumi-g", pack="", partition=", partition: standard-g"), "w.yaml"),
+        tmp_path / "whole")
+    line = next(w for w in whole.data["warnings"] if "whole lumi-g nodes" in w)
+    assert "pack_mode concurrent is refused here" in line and "pack: 8" not in line

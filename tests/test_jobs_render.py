@@ -267,3 +267,35 @@ def test_frontier_script_has_the_frontier_recipe():
         assert needle in text, needle
     assert "rocm/5" not in text
     assert re.search(r"MIOPEN_USER_DB_PATH=.*SLURM_JOB_ID", text)
+
+
+def test_the_staged_environment_is_unpacked_in_one_step_with_the_nodes_cores(tmp_path):
+    """Staging ran three blocking srun steps (mkdir, a single-threaded tar -xzf, conda-unpack),
+    each waiting on every node. Now one step per node with the node's 56 cores and pigz (the
+    OLCF sbcast guide's -c56 tar --use-compress-program=pigz). Its shell is run here for real
+    on a packed folder: made, untarred, and its conda-unpack run from the activated copy."""
+    import shlex
+    import tarfile
+
+    text = render(_examples()["frontier-staged"])
+    start = text.index("sbcast -pf")
+    steps = [ln for ln in text[start:text.index('export FLM_VENV="$stage"')].splitlines()
+             if ln.startswith("srun ")]
+    assert len(steps) == 1 and "--ntasks-per-node=1 --cpus-per-task=56 bash -c" in steps[0]
+    assert "pigz" in steps[0]
+    packed = tmp_path / "src"
+    (packed / "bin").mkdir(parents=True)
+    (packed / "bin" / "activate").write_text(f'PATH="{tmp_path}/stage/bin:$PATH"\n')
+    unpack = packed / "bin" / "conda-unpack"
+    unpack.write_text('#!/bin/bash\ntouch "$(dirname "$0")/../unpacked"\n')
+    unpack.chmod(0o755)
+    stage = tmp_path / "stage"
+    with tarfile.open(f"{stage}.tar.gz", "w:gz") as tar:
+        for p in packed.rglob("*"):
+            tar.add(p, arcname=str(p.relative_to(packed)), recursive=False)
+    body = shlex.split(steps[0])
+    inner = body[body.index("-c") + 1]
+    done = subprocess.run(["bash", "-c", inner, "flm", str(stage)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (stage / "unpacked").exists() and (stage / "bin" / "activate").exists()

@@ -135,3 +135,19 @@ def test_the_default_ranking_holds_only_non_dominated_layouts(frontier_22b):
         assert np.any((tps[shown] >= tps[j]) & (mem[shown] <= mem[j]))
     # The frontier keeps the ranking's order: fastest first, memory falling.
     assert (np.diff(tps[shown]) <= 0).all() and (np.diff(mem[shown]) < 0).all()
+
+
+def test_tp_groups_that_cross_a_node_are_refused_not_priced_in_node():
+    """tp 3 on 8-GCD nodes: past one node, some tp groups straddle two nodes, which the cost
+    model would price at in-node speed (a span of 3 fits in a node). Such layouts are refused
+    with their own reason; within one node (6 GCDs) tp 3 stays valid."""
+    model, system = load_model("gpt-175b"), load_system("frontier")
+    p = plan(model, system, 1020, None, SearchSpace(engine=("megatron",)))
+    reason = REASONS.index(
+        "a tp x cp group crosses a node (its size does not divide gpus_per_node)")
+    tp3 = p.table.tp == 3
+    assert tp3.any() and (p.reason[tp3] == reason).sum() > 0
+    assert not (p.valid & tp3).any()
+    assert p.rejections()[REASONS[reason]] > 0
+    small = plan(model, system, 6, None, SearchSpace(engine=("megatron",), tp=(3,)))
+    assert len(small.reason) and not (small.reason == reason).any()

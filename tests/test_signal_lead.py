@@ -115,3 +115,29 @@ def test_a_bandwidth_that_is_not_a_positive_number_is_refused_in_one_line():
     from frontier_llm.specs.site import site_from_mapping
     with pytest.raises(SpecError, match=r"^site.node_write_gbps must be a positive number"):
         site_from_mapping({"node_write_gbps": 0})
+
+
+@pytest.mark.parametrize("system, nodes_word", [("lumi-g", "project_465000000"),
+                                                ("dgx-h100", None)])
+def test_trainer_jobs_on_sites_without_a_stated_lead_are_signalled(tmp_path, system,
+                                                                   nodes_word):
+    """LUMI and the DGX systems state no pre-deadline lead, so a trainer job there got no
+    signal at all and was killed mid-step at its limit, its last checkpoint lost. The lead is
+    now the checkpoint's own (write time x SAFETY + one step + exit), from the site's write
+    bandwidth."""
+    text = SWEEP.format(model="gpt-22b", time="02:00:00", dp=1).replace(
+        "system: frontier", f"system: {system}").replace(
+        "tp: 8, pp: 16,", "tp: 8, pp: 1,").replace("global_batch: 1024", "global_batch: 64")
+    text = text.replace("/lustre/orion/proj/", "/scratch/p/")
+    text = text.replace("account: ABC123", f"account: {nodes_word}" if nodes_word
+                        else "partition: gpu")
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    sweep = load_sweep(path)
+    manifest = render_sweep(sweep, tmp_path / "out")
+    script = manifest.path(manifest.groups[0]["script"]).read_text()
+    lead = _signal(script)
+    job = sweep.jobs[0]
+    found = signal_lead.lead(None, sweep.site, job.model, job.layout, job.nodes,
+                             job.prediction.get("step_time_s"), 7200)
+    assert found is not None and lead == found.seconds >= signal_lead.EXIT_S

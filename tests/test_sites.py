@@ -245,7 +245,7 @@ def test_every_catalog_site_cites_its_sources():
         # debug QoS's anchor), and every issue-39 key a site sets has a source
         assert all(rule.source for _, rule in site.queues), name
         for key in ("parallel_fs", "shared_partitions", "threads_per_core", "numa_binding",
-                    "sbatch_gpus", "mem"):
+                    "sbatch_gpus", "mem", "sub_node_mem_per_gpu"):
             if key in {f for f, _ in site.sources} or getattr(site, key) not in (None, (), True):
                 assert key in given, f"{name}: site.{key} has no source"
 
@@ -268,7 +268,12 @@ FRONTIER_NODES = 9408  # Frontier's compute nodes (OLCF Frontier user guide, sys
 
 
 def _golden(name: str, text: str) -> None:
-    """``text`` against tests/golden/sites/NAME (FLM_UPDATE_GOLDEN=1 rewrites it)."""
+    """``text`` against tests/golden/sites/NAME (FLM_UPDATE_GOLDEN=1 rewrites it), with the
+    rendering installation's bin folder (child.installation_bin) as one fixed path."""
+    from frontier_llm.child import installation_bin
+
+    if installation_bin():
+        text = text.replace(installation_bin(), "/home/user/venv/bin")
     path = GOLDEN_SITES / name
     if os.environ.get("FLM_UPDATE_GOLDEN"):
         path.parent.mkdir(exist_ok=True)
@@ -489,3 +494,153 @@ def test_docs_agree_on_kill_on_bad_exit():
         text = docs.joinpath(page).read_text()
         assert "--kill-on-bad-exit=0" in text, page
         assert "--kill-on-bad-exit=1" not in text and "--kill-on-bad-exit " not in text, page
+
+
+@pytest.mark.parametrize("partition, ranks, masks, mem", [
+    ("small-g", 1, False, "--mem-per-gpu=60G"), ("dev-g", 4, False, "--mem-per-gpu=60G"),
+    ("small-g", 8, True, "--mem=0"), ("standard-g", 8, True, "--mem=0")])
+def test_lumi_jobs_smaller_than_a_node_get_no_node_masks_and_memory_per_gcd(
+        tmp_path, partition, ranks, masks, mem):
+    """A 1-GCD small-g job got the whole node's CPU masks (Slurm: "CPU binding outside of job
+    step allocation"; LUMI: binding applies to full-node allocations only) and --mem=0, the
+    node's whole memory, which LUMI bills as 8 GCDs. Now such a job asks --mem-per-gpu=60G (the
+    LUMI AI guide's small-g scripts) and no mask; a full node keeps both."""
+    text = (f"name: lm\nmodel: tiny-gpt\nsystem: lumi-g\nglobal_batch: 8\n"
+            f"resources: {{time: '00:30:00', account: project_1, partition: {partition}}}\n"
+            f"layouts:\n  - {{dp: {ranks}, micro_batch: 1}}\n")
+    _, texts = _render_text(tmp_path, text)
+    script = texts[0]
+    assert ("mask_cpu:" in script) == masks
+    assert f"#SBATCH {mem}\n" in script
+    if not masks:
+        assert "--mem=0" not in script and f"--gpus-per-node={ranks}" in script
+
+
+BIG_OOM = """\
+name: oomy
+model: gpt-175b
+system: frontier
+global_batch: {gb}
+resources: {{time: "02:00:00", account: ABC123}}
+layouts:
+  - {{tp: 8, pp: 1, dp: {dp}, micro_batch: 1}}
+"""
+
+
+@pytest.mark.parametrize("dp", [1, 9408])
+def test_a_layout_predicted_over_memory_is_refused_at_render_at_any_scale(tmp_path, dp):
+    """gpt-175b with tp 8 and no pipeline needs 430 GB a 64 GiB (69 GB) GCD: listed in
+    ``layouts:`` it rendered silently, on 9,408 nodes hundreds of node-hours an attempt.
+    Refused in one line naming it; --allow-oom (flm sweep render) writes it."""
+    from frontier_llm.cli import main
+    from frontier_llm.errors import UserError
+
+    path = tmp_path / "oomy.yaml"
+    path.write_text(BIG_OOM.format(gb=dp * 8, dp=dp))
+    with pytest.raises(UserError, match=r"1 of its 1 layouts are predicted not to fit in a "
+                                        r"GPU's 69 GB, the worst .* GB \(" + str(dp) + " nodes"):
+        render_sweep(load_sweep(path), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert main(["sweep", "render", str(path), "--out", str(tmp_path / "o2"),
+                 "--allow-oom", "--allow-overtime"]) == 0
+
+
+def test_job_dir_placeholder_is_not_warned_as_a_missing_file():
+    """flm recommends ``--save {job_dir}/checkpoints``; the path check warned that
+    ``{job_dir}/checkpoints`` was in neither --out nor beside the sweep file. A word holding
+    the placeholder is a path the job makes, so it is left as it is; a real missing one still
+    warns."""
+    from frontier_llm.jobs.render_warnings import command_paths
+
+    words, warnings = command_paths(
+        ("python", "/abs/train.py", "--save", "{job_dir}/checkpoints", "data/missing.bin"),
+        Path("/nonexistent/out"), Path("/nonexistent/sweeps"))
+    assert "{job_dir}/checkpoints" in words
+    assert len(warnings) == 1 and "data/missing.bin" in warnings[0]
+
+
+def test_a_trainer_jobs_early_signal_leaves_the_miopen_cache(tmp_path):
+    """A trainer job's --signal=TERM@N reaches every step before the limit, the cache keeper
+    among them, which removed the MIOpen cache while the trainer was still saving. The keeper's
+    own shell, run here for real: the first SIGTERM leaves the cache, the second (the job's
+    end) removes it; and when the batch shell removes the cache after the trainer (its
+    after-trainer step), the keeper leaves by itself."""
+    path = tmp_path / "t.yaml"
+    path.write_text(TRAINER_175B.replace('"2000"', '"1"').replace("00:30:00", "02:00:00"))
+    text = render_sweep(load_sweep(path), tmp_path / "out")
+    script = text.path(text.groups[0]["script"]).read_text()
+    assert "#SBATCH --signal=TERM@" in script
+    keeper = next(ln for ln in script.splitlines() if "--overlap bash -c" in ln)
+    after = script.index('--overlap rm -rf "$MIOPEN_USER_DB_PATH"')
+    assert script.index("rc=\"${PIPESTATUS[0]}\"") < after < script.index('"${after[@]}"')
+    body = shlex.split(keeper.rstrip(" &"))
+    inner = body[body.index("-c") + 1]
+    cache = tmp_path / "miopen-cache"
+    cache.mkdir()
+    proc = subprocess.Popen(["bash", "-c", inner, "flm", str(cache)])
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)  # the trainer's early signal
+    time.sleep(1)
+    assert proc.poll() is None and cache.exists()
+    proc.send_signal(signal.SIGTERM)  # the job's end
+    assert proc.wait(timeout=10) == 0 and not cache.exists()
+    cache.mkdir()
+    proc = subprocess.Popen(["bash", "-c", inner, "flm", str(cache)])
+    time.sleep(0.5)
+    cache.rmdir()  # the batch shell's step after the trainer
+    assert proc.wait(timeout=15) == 0
+
+
+def test_a_large_sweep_without_staging_is_told_what_a_start_costs(tmp_path):
+    """Node-local staging was opt-in with no word at scale: at 9,408 Frontier nodes a start from
+    Lustre is predicted at 204 s against 97 s staged, about 280 node-hours each time. Such a
+    sweep now gets a warning; a staged one, a small one, or a site without node-local storage
+    does not."""
+    from frontier_llm.jobs.render_warnings import staging_warning
+
+    line = staging_warning([("a", 16), ("b", FRONTIER_NODES)], "/mnt/bb", False, "frontier")
+    assert line is not None and "layout b (9,408 nodes)" in line
+    assert "204 s, 97 s staged" in line and ": 280 node-hours every start" in line
+    assert staging_warning([("b", FRONTIER_NODES)], "/mnt/bb", True, "frontier") is None
+    assert staging_warning([("a", 64)], "/mnt/bb", False, "frontier") is None
+    assert staging_warning([("b", FRONTIER_NODES)], None, False, "lumi-g") is None
+    text = BIG_OOM.format(gb=2048, dp=1).replace("gpt-175b", "gpt-22b").replace(
+        "{tp: 8, pp: 1, dp: 1, micro_batch: 1}", "{tp: 8, pp: 1, dp: 2048, micro_batch: 1}")
+    path = tmp_path / "big.yaml"
+    path.write_text(text)
+    manifest = render_sweep(load_sweep(path), tmp_path / "out", allow_overtime=True)
+    assert any(w.startswith("start-up: layout") for w in manifest.data["warnings"])
+
+
+# --- issue 54: the ROCm prerequisites of flash attention, stated where the job asks for it ------
+
+def _attention_sweep(system: str, flash: bool) -> str:
+    account = "project_465000000" if system == "lumi-g" else "abc123"
+    return f"""\
+name: attn
+model: tiny-gpt
+system: {system}
+global_batch: 8
+resources: {{time: "00:30:00", account: {account}}}
+layouts:
+  - {{dp: 8, micro_batch: 1, flash_attention: {str(flash).lower()}}}
+"""
+
+
+@pytest.mark.parametrize("system,needs", [
+    ("frontier", ["rocm/7.1.1", "craype-accel-amd-gfx90a",
+                  "ROCm/flash-attention at v2.8.4.1-cktile", "--use-flash-attn-v2",
+                  "--attention-backend flash", "pytorch_frontier.rst at commit 2745903"]),
+    ("lumi-g", ["lumi-multitorch-full-*", "/appl/local/laifs/containers/", "--use-flash-attn-v2",
+                "LUMI-AI-Guide at commit a7e3387"])])
+def test_flash_attention_scripts_state_the_sites_rocm_prerequisites(tmp_path, system, needs):
+    """A Frontier or LUMI script whose layouts use flash attention says, as comments, what the
+    site's documentation says it needs installed (ROCm torch, the ROCm flash-attn build) and
+    where that is written; a layout without flash attention gets no such lines."""
+    _, (text,) = _render_text(tmp_path, _attention_sweep(system, True))
+    comments = " ".join(line[2:] for line in text.splitlines() if line.startswith("# "))
+    assert f"Flash attention on {system}:" in comments
+    for word in needs:
+        assert word in comments, word
+    _, (plain,) = _render_text(tmp_path, _attention_sweep(system, False), "plain", "p.yaml")
+    assert "Flash attention on" not in plain

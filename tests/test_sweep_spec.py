@@ -199,3 +199,21 @@ def test_top_level_engine_native_still_loads_any_other_is_refused(tmp_path):
     msg = str(info.value)
     assert msg.startswith(f"{bad}:4: the engine is a layout knob") and "\n" not in msg
     assert "space (engine: [native, deepspeed])" in msg
+
+
+def test_a_space_copied_from_a_plans_sp_row_says_why_it_found_nothing(tmp_path):
+    """flm plan's tp 2 rows run sequence parallelism (it searches it off and on); a sweep's
+    space leaves it off unless listed, so the copied layout may not fit and the sweep expanded
+    to none with no word on why. The refusal now names the knob; listed, the layout renders."""
+    from frontier_llm.errors import SpecError
+
+    text = ("name: sp\nmodel: gpt-175b\nsystem: frontier\nnodes: [128]\n"
+            "resources: {time: '02:00:00', account: ABC123}\n"
+            "space:\n  tp: [2]\n  pp: [1]\n  micro_batch: [1]\n  recompute: [selective]\n"
+            "  zero: [3]\n")
+    path = tmp_path / "sp.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match="sequence_parallel is off unless the space lists it"):
+        load_sweep(path)
+    path.write_text(text + "  sequence_parallel: [true]\n")
+    assert [j.layout.sequence_parallel for j in load_sweep(path).jobs] == [True]

@@ -325,7 +325,7 @@ def test_a_hostile_name_stays_in_its_toml_string_and_comment():
                                                                  "global_batch": 2, "zero": 3}))
     doc = tomllib.loads(text)
     assert doc["model"]["flavor"] == HOSTILE
-    assert set(doc) == {"model", "training", "parallelism", "activation_checkpoint"}
+    assert set(doc) == {"model", "training", "parallelism", "activation_checkpoint", "compile"}
     for line in text.splitlines():
         assert not line.startswith("--") and "\u2028" not in line
 

@@ -256,3 +256,69 @@ def test_step_resumes_what_a_killed_driver_left(tmp_path):
     drive(path, url, tmp_path / "runs")
     rows = job_rows(url, "res")
     assert len(rows) == 2 and all(r["attempts"] == 1 for r in rows)
+
+
+def test_a_told_trial_that_wins_carries_its_layout_into_tune_best(tmp_path):
+    """A sweep's completed run told to the study (Tuner.tell_sweep_runs, as the quickstart does)
+    can be the best trial: ``flm tune best`` must give its layout and flm bench line, not
+    ``layout: {}`` and a 1-GPU default, and ``flm export --from-best`` must not write that.
+    The run is a real 4-rank flm bench of the study's first feasible layout, collected with
+    flm collect under the sweep's label."""
+    import yaml
+
+    from frontier_llm.child import flm
+    from frontier_llm.cli import main
+    from frontier_llm.specs.forms import bench_command
+    from frontier_llm.tune import report
+
+    url = f"sqlite:///{tmp_path / 'flm.db'}"
+    spec = load_study(study_file(tmp_path, name="told", trials=1))
+    cand = next(iter(spec.candidates.feasible()))
+    traces = tmp_path / "traces"
+    argv = [*flm(["bench"]), "--model", "tiny-gpt", "--dtype", "fp32", "--steps", "2",
+            "--warmup", "1", *bench_command(cand.layout, dict(cand.run)).split(),
+            "--trace-dir", str(traces), "--label", "sweep=measured-before"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert main(["collect", str(traces), "--db", url, "--quiet"]) == 0
+    store = open_store(url)
+    tuner = Tuner(spec, store, url, out=tmp_path / "out")
+    assert tuner.tell_sweep_runs("measured-before") == 1
+    store.close()
+    study = optuna.load_study(study_name="told", storage=url)
+    doc = report.best_document(study)
+    assert doc["layout"]["tp"] == cand.layout.tp and doc["layout"]["dp"] == cand.layout.dp
+    assert doc["layout"]["micro_batch"] == cand.layout.micro_batch
+    assert f"--dp {cand.layout.dp}" in doc["flm_bench"]
+    best = tmp_path / "best.yaml"
+    best.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "job.yaml"
+    assert main(["export", "--to", "megatron-deepspeed", "--model", "tiny-gpt",
+                 "--from-best", str(best), "--out", str(out)]) == 0
+
+
+def test_tune_best_refuses_a_winner_without_a_layout(tmp_path):
+    """A study told before trials carried their layout (an older flm): its winner has none, and
+    flm tune best says so instead of printing ``layout: {}`` and a 1-GPU command line."""
+    from frontier_llm.errors import UserError
+    from frontier_llm.tune import report
+
+    study = optuna.create_study(study_name="old", direction="maximize")
+    t = optuna.trial.create_trial(value=5.0, user_attrs={osx.A_OUTCOME: "measured"})
+    study.add_trial(t)
+    with pytest.raises(UserError, match="no layout"):
+        report.best_document(study)
+
+
+def test_export_from_best_refuses_an_empty_layout(tmp_path, capsys):
+    """What an older flm tune best wrote for a told winner (``layout: {}``) is refused, not
+    exported as a 1-GPU, batch-1 config."""
+    from frontier_llm.cli import main
+
+    best = tmp_path / "best.yaml"
+    best.write_text("study: s\nlayout: {}\nbench_args: {}\n")
+    code = main(["export", "--to", "megatron-deepspeed", "--model", "tiny-gpt",
+                 "--from-best", str(best), "--out", str(tmp_path / "x")])
+    assert code != 0 and not (tmp_path / "x").exists()
+    assert "layout is empty" in capsys.readouterr().err

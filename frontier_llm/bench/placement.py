@@ -115,6 +115,24 @@ COLLECTIVE_TIMEOUT_ANCHOR_RANKS = 8
 COLLECTIVE_TIMEOUT_CAP_S = 600.0
 
 
+# The first rendezvous (every rank connected to rank 0's store) is bounded apart from the hang
+# bound: the ranks arrive as fast as they import their environment, which at scale from a
+# parallel file system takes minutes (jobs/walltime.py: 204 s predicted at 9,408 Frontier nodes,
+# with spread between ranks), and a rank still importing is not hung. PyTorch's own default
+# for a non-NCCL process group, 30 minutes (the page cited above), bounds a rank that never
+# comes; a rank that died at start is caught sooner by srun --wait (jobs/launchers.py).
+RENDEZVOUS_TIMEOUT_S = 1800.0
+
+
+def rendezvous_timeout_s(world_size: int, env: Mapping[str, str]) -> float:
+    """Seconds the ranks wait for each other at start-up: ``FLM_RENDEZVOUS_TIMEOUT`` when set,
+    else :data:`RENDEZVOUS_TIMEOUT_S`, never below the collective timeout."""
+    given = env.get("FLM_RENDEZVOUS_TIMEOUT")
+    if given:
+        return float(given)
+    return max(RENDEZVOUS_TIMEOUT_S, collective_timeout_s(world_size, env))
+
+
 def collective_timeout_s(world_size: int, env: Mapping[str, str]) -> float:
     """Seconds a collective waits for a peer: ``FLM_COLLECTIVE_TIMEOUT`` when set, else 30 s
     plus 30 s per doubling of the ranks past 8, at most 600 s (constants above)."""

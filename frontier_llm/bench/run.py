@@ -244,6 +244,21 @@ def _setup(cfg: BenchConfig, renv: RankEnv, started: str) -> _Rank:
     return _Rank(cfg, renv, cuda, device, backend, nccl_log, nodes, trace)
 
 
+def _rendezvous(addr: str, port: int, rank: int, world: int):
+    """Rank 0's TCP store with every rank arrived, each waiting up to the rendezvous bound
+    (placement.rendezvous_timeout_s), not the hang bound: a rank slow to import at scale is
+    still coming. The last to arrive sets the key the others wait on."""
+    import torch.distributed as dist
+
+    wait = timedelta(seconds=placement.rendezvous_timeout_s(world, os.environ))
+    store = dist.TCPStore(addr, int(port), world, is_master=rank == 0, timeout=wait,
+                          wait_for_workers=False)
+    if store.add("flm/arrived", 1) == world:
+        store.set("flm/all-arrived", "1")
+    store.wait(["flm/all-arrived"], wait)
+    return store
+
+
 def _start_engine(me: _Rank) -> None:
     """Join the process group (collectives time out: a dead peer fails this rank too), apply
     the memory limit and build the model on this rank."""
@@ -253,9 +268,11 @@ def _start_engine(me: _Rank) -> None:
     from frontier_llm.bench.memlimit import apply_limit
 
     cfg, renv = me.cfg, me.renv
+    hang = timedelta(seconds=collective_timeout_s(me.world))
+    store = _rendezvous(renv.master_addr, renv.master_port, me.rank, me.world)
+    store.set_timeout(hang)  # from here on a missing peer is a hang
     dist.init_process_group(
-        me.backend, init_method=f"tcp://{renv.master_addr}:{renv.master_port}", rank=me.rank,
-        world_size=me.world, timeout=timedelta(seconds=collective_timeout_s(me.world)),
+        me.backend, store=store, rank=me.rank, world_size=me.world, timeout=hang,
         device_id=me.device if me.cuda else None,
     )
     if cfg.memory_limit:

@@ -39,12 +39,39 @@ def _resolve(name: str, folder: Path, kind: str, names: list[str]) -> Path:
     path = folder / f"{name}.yaml"
     if path.is_file():
         return path
-    close = difflib.get_close_matches(name, names, n=1)
-    hint = f" Did you mean '{close[0]}'?" if close else ""
+    hint = _system_hint(name, names) if kind == "system" else ""
+    if not hint:
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
     raise UserError(
         f"unknown {kind} '{name}'.{hint} Valid {kind}s: {', '.join(names)} "
         f"(or a path to a {kind} YAML file)"
     )
+
+
+def _system_hint(name: str, names: list[str]) -> str:
+    """The suggestion for a system asked by its chip (``h100``, ``mi250x``): the catalog's
+    systems whose name or ``gpu:`` names it, whole multi-GPU nodes first. Spelling alone
+    suggested ``h100-sxm``, a one-GPU machine, for ``h100``: a plan on it prices 1,024 GPUs as
+    1,024 nodes over the network, ten times the node-hours of ``dgx-h100``. Empty when no
+    system names the chip (a misspelling: difflib's suggestion then)."""
+    key = name.strip().lower()
+    if len(key) < 3:
+        return ""
+    shape: dict[str, int] = {}
+    for n in names:
+        raw = load_yaml(SYSTEMS_DIR / f"{n}.yaml")
+        if key in f"{n} {raw.get('gpu', '')}".lower():
+            shape[n] = int(raw.get("gpus_per_node") or 1)
+    if not shape:
+        return ""
+    # Most GPUs per node first, then a system named for the chip, then by name.
+    ranked = sorted(shape, key=lambda n: (-shape[n], key not in n, n))
+    first, rest = ranked[0], ranked[1:]
+    others = ", ".join(f"{n} ({shape[n]} per node)" if shape[n] > 1 else f"{n} (one GPU alone)"
+                       for n in rest)
+    return (f" Did you mean '{first}' ({shape[first]} GPUs per node)?"
+            + (f" Also with that chip: {others}." if others else ""))
 
 
 def _mapping(data: object, path: Path, kind: str) -> LineMap:

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from frontier_llm.cli.common import emit_frame, emit_json
-from frontier_llm.cli.numbers import MAX_GPUS, days, fraction, positive_float, tokens
+from frontier_llm.cli.numbers import MAX_GPUS, count, days, fraction, positive_float, tokens
 from frontier_llm.cli.progress import Progress
 from frontier_llm.planner import SearchSpace, annotations, plan
 from frontier_llm.planner import allocation as alloc
@@ -440,6 +440,14 @@ def add_report_arguments(q: argparse.ArgumentParser) -> None:
     q.add_argument("--fp8-recipe", choices=FP8Recipe.words(), default="tensorwise",
                    help="FP8 scaling with --dtype fp8 (default tensorwise)")
     q.add_argument(
+        "--global-batch",
+        type=count(1),
+        default=None,
+        metavar="N",
+        help="sequences per iteration at every count, as flm plan --global-batch (default: "
+        "4M tokens in whole sequences, splittable over the largest count)",
+    )
+    q.add_argument(
         "--confidence",
         type=fraction,
         default=DEFAULT_CONFIDENCE,
@@ -473,6 +481,7 @@ def run_report_plan(args: argparse.Namespace) -> int:
             args.confidence,
             space,
             on_count=lambda i: bar.update(i, len(counts)),
+            global_batch=args.global_batch,
         )
     selection = alloc.select_deadline(cur, args.deadline) if args.deadline else None
     batches = cur["batch_tokens"].dropna()
@@ -486,7 +495,10 @@ def run_report_plan(args: argparse.Namespace) -> int:
         f"{'' if args.dtype == 'bf16' else f', {args.dtype}'}"
         f"{f' ({args.fp8_recipe} scaling)' if args.dtype == 'fp8' else ''}; at each GPU "
         "count the planner's fastest layout that fits",
-        alloc.batch_note(cur, model.seq_len, grown=False),
+        alloc.batch_note(cur, model.seq_len, grown=False) if args.global_batch is None else
+        f"global batch: {args.global_batch:,} sequences = "
+        f"{args.global_batch * model.seq_len / 1e6:.3g}M tokens at every GPU count "
+        "(--global-batch)",
         alloc.rests_on(system),
         f"bands: {args.confidence:.0%} intervals from the cost model's out-of-sample error "
         f"({bases[0] if bases else 'no layout fits at any count'})",

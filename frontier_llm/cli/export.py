@@ -16,6 +16,7 @@ from frontier_llm.specs.model import ModelSpec
 from frontier_llm.trainers import NAMES, get
 
 TRAINER_CHOICES = NAMES
+SKIPPED_SHOWN = 5  # --from-plan: the skipped ranks named one a line, the rest counted
 
 
 def _plan_layout(args: argparse.Namespace, model: ModelSpec, system) -> tuple[Layout, ModelSpec]:
@@ -40,17 +41,32 @@ def _plan_layout(args: argparse.Namespace, model: ModelSpec, system) -> tuple[La
     space = space_from_args(ns)
     if space.get("engine") is None:
         space["engine"] = tuple(e.value for e in trainer.engines)
-    result = plan(model, system, ns.gpus, ns.global_batch, SearchSpace(dtype=ns.dtype, **space))
+    args.plan_eager = bool(ns.eager)  # priced eager: the export leaves compilation off
+    result = plan(model, system, ns.gpus, ns.global_batch, SearchSpace(dtype=ns.dtype, **space),
+                  eager=ns.eager)
     ranked = result.ranked_indices(None, fits_only=not ns.include_oom, frontier=not ns.all)
-    runnable = []
-    for index in ranked:
+    from frontier_llm.specs.forms import label
+
+    runnable, skipped = [], []
+    for place, index in enumerate(ranked, 1):
         layout = result.layout(int(index))
         try:
             trainer.check(model, layout)
-        except UserError:
+        except UserError as why:
+            # Said, not skipped in silence: the plan's #1 may be a layout the trainer cannot
+            # express (AMSP partial sharding, say), and the user compares with flm plan.
+            skipped.append(f"plan rank {place} ({label(layout)}): {why}")
             continue
         runnable.append(layout)
         if len(runnable) == args.rank:
+            for line in skipped[:SKIPPED_SHOWN]:
+                print(f"flm export: skipped {line}", file=sys.stderr)
+            if len(skipped) > SKIPPED_SHOWN:
+                print(f"flm export: ... and {len(skipped) - SKIPPED_SHOWN} more skipped",
+                      file=sys.stderr)
+            if skipped:
+                print(f"flm export: writing plan rank {place} ({label(layout)}), rank "
+                      f"{args.rank} among the layouts {trainer.name} runs", file=sys.stderr)
             return layout, model
     raise UserError(f"flm plan ranks {len(ranked)} layouts of {model.name} on {args.gpus} GPUs "
                     f"of {system.name}, {len(runnable)} of them runnable by {trainer.name}; "
@@ -65,6 +81,11 @@ def _best_layout(path: str) -> tuple[Layout, float | None]:
     doc = load_yaml(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("layout"), dict):
         raise UserError(f"{path}: not a 'flm tune best' document (no 'layout' mapping)")
+    if not doc["layout"]:
+        # An empty layout reads as every default (1 GPU, batch 1, no sharding): what an older
+        # flm tune best wrote for a told trial. Never export it as if it were the winner.
+        raise UserError(f"{path}: its layout is empty (an older flm tune best's told trial); "
+                        "run flm tune best again")
     layout = dict(doc["layout"])
     settings = {**(layout.pop("bench_args", None) or {}), **(doc.get("bench_args") or {})}
     bucket = settings.get("bucket_mb")
@@ -108,7 +129,7 @@ def run_export(args: argparse.Namespace) -> int:
         layout = layout_for(args.to, {"dtype": "bf16", **flags})  # flm predict's default dtype
     trainer = get(args.to)
     text = export(trainer.name, model, layout, system, ds_config_path=args.ds_config,
-                  bucket_mb=bucket_mb)
+                  bucket_mb=bucket_mb, compiled=not getattr(args, "plan_eager", False))
     for note in trainer.notes(model, layout, bucket_mb=bucket_mb):
         print(f"flm export: {note}", file=sys.stderr)
     if trainer.argv_names_files and args.ds_config_given:

@@ -34,20 +34,23 @@ DEFAULT_MODEL, DEFAULT_SYSTEM, DEFAULT_GPUS = "gpt-175b", "frontier", 1024
 
 # The figures the table shows beside the layout columns that differ between its rows (the CSV
 # and JSON formats carry every column).
+# MFU in percent, as flm results, flm predict and --explain print it (the CSV and JSON keep
+# the fraction, ``mfu``, as every frame of the API does).
 TABLE_FIGURES = {"step_time_s": "step_s", "tokens_per_s": "tokens/s",
-                 "model_tflops_per_gpu": "TFLOP/s/gpu", "mfu": "MFU",
+                 "model_tflops_per_gpu": "TFLOP/s/gpu", "mfu_pct": "MFU_%",
                  "peak_memory_gb": "mem_GB", "fits": "fits"}
 
 
 def _display(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     df["peak_memory_gb"] = df["peak_memory_bytes"] / 1e9
+    df["mfu_pct"] = df["mfu"] * 100
     out = pd.concat([df[["rank"]], display_layouts(df),
                      df[list(TABLE_FIGURES)].rename(columns=TABLE_FIGURES)], axis=1)
     # --fp8-speedup's columns: the same layout in the other precision.
     extra = [c for c in ("bf16_step_s", "fp8_step_s", "fp8_speedup") if c in df]
     out = pd.concat([out, df[extra]], axis=1)
-    return out.round({"step_s": 3, "tokens/s": 0, "TFLOP/s/gpu": 1, "MFU": 3, "mem_GB": 1,
+    return out.round({"step_s": 3, "tokens/s": 0, "TFLOP/s/gpu": 1, "MFU_%": 1, "mem_GB": 1,
                       "bf16_step_s": 3, "fp8_step_s": 3, "fp8_speedup": 2})
 
 
@@ -73,9 +76,109 @@ def _add_seq_len(p: argparse.ArgumentParser) -> None:
                         "context parallelism, --cp, splits it)")
 
 
+def _first_runs_where(model: ModelSpec, ranked: pd.DataFrame) -> str | None:
+    """A line when the ranking's #1 is a layout no trainer flm exports to can run (AMSP's
+    partial sharding under the native engine, say): flm bench measures it, but a user who
+    takes #1 to Megatron-LM or torchtitan would be refused (flm export --from-plan skips it)."""
+    from frontier_llm.errors import UserError
+    from frontier_llm.specs.forms import layout_from_row
+    from frontier_llm.trainers import NAMES, get
+
+    if ranked.empty:
+        return None
+    layout = layout_from_row(ranked.iloc[0])
+    runs = []
+    for name in NAMES:
+        try:
+            get(name).check(model, layout)
+        except UserError:
+            continue
+        runs.append(name)
+    if runs:
+        return None
+    return (f"# rank 1 ({label(layout)}) runs under flm bench only: none of "
+            f"{', '.join(NAMES)} expresses it (flm export --from-plan names what it skips "
+            "and takes the next one each trainer runs)")
+
+
+def resolve_gpus(args: argparse.Namespace, system, command: str = "flm plan") -> str | None:
+    """Set ``args.gpus`` from ``--nodes`` (whole nodes of the system) or ``--gpus`` (default
+    :data:`DEFAULT_GPUS`); the refusal when they disagree, else None. A count past one node
+    that is not whole nodes is planned with a warning on stderr: the scheduler gives whole nodes
+    (Frontier and LUMI's standard-g are allocated by node), so the rest idle and are billed."""
+    per_node = system.gpus_per_node
+    nodes = getattr(args, "nodes", None)
+    if nodes is not None:
+        if args.gpus is not None and args.gpus != nodes * per_node:
+            return (f"--nodes {nodes} is {nodes * per_node:,} GPUs of {system.name} "
+                    f"({per_node} a node), --gpus says {args.gpus:,}: give one of them")
+        args.gpus = nodes * per_node
+    elif args.gpus is None:
+        args.gpus = DEFAULT_GPUS
+    if args.gpus > per_node and args.gpus % per_node:
+        whole = -(-args.gpus // per_node)
+        print(f"{command}: warning: {args.gpus:,} GPUs is {args.gpus / per_node:,.2f} nodes of "
+              f"{system.name} ({per_node} GPUs each): a job gets whole nodes, so "
+              f"{whole * per_node - args.gpus} GPUs would idle and be billed; --nodes {whole} "
+              f"({whole * per_node:,} GPUs) or --gpus {(whole - 1) * per_node} plans whole "
+              "nodes", file=sys.stderr)
+    return None
+
+
+def _compare_systems(args: argparse.Namespace) -> int:
+    """``--system A,B``: each system's ranking, its top ``--top`` rows, in one table with a
+    ``system`` column (and ``gpus``, which ``--nodes`` makes differ): one proposal's candidate
+    machines side by side, each planned exactly as ``flm plan --system NAME`` plans it."""
+    import copy
+
+    if args.min_gpus or alloc_cli.wants_curve(args):
+        print("flm plan: several --system values compare the rankings; --min-gpus and the "
+              "curve take one system", file=sys.stderr)
+        return 2
+    model = model_from_args(args)
+    frames = []
+    for name in [n.strip() for n in args.system.split(",") if n.strip()]:
+        one = copy.copy(args)
+        one.system = name
+        system = load_system(name)
+        wrong = resolve_gpus(one, system)
+        if wrong:
+            print(f"flm plan: {wrong}", file=sys.stderr)
+            return 2
+        space = SearchSpace(dtype=args.dtype, **space_from_args(args))
+        result = plan(model, system, one.gpus, args.global_batch, space, eager=args.eager,
+                      overlap_comm=args.deepspeed_overlap_comm == "on")
+        ranked = result.ranked(args.top, fits_only=not args.include_oom, frontier=not args.all)
+        ranked = alloc_cli.annotate(ranked, model, system, one, args.top)
+        nodes = -(-one.gpus // system.gpus_per_node)
+        print(f"# {system.name}: {one.gpus:,} x {system.gpu} ({nodes:,} nodes), global batch "
+              f"{result.global_batch:,}, {int(np.sum(result.valid)):,} layouts valid and fit",
+              file=sys.stderr)
+        frames.append(ranked.assign(system=system.name, gpus=one.gpus))
+    both = pd.concat(frames, ignore_index=True)
+    if args.format == "table":
+        shown = alloc_cli.display_columns(_display(both), both, args)
+        front = ["system", "gpus"]
+        shown.insert(0, "gpus", both["gpus"].to_numpy())
+        shown.insert(0, "system", both["system"].to_numpy())
+        emit_frame(shown[front + [c for c in shown.columns if c not in front]], "table")
+    elif args.format == "csv":
+        emit_frame(both, "csv")
+    else:
+        emit_json({"model": model.name, "systems": sorted(set(both["system"])),
+                   "layouts": both.to_dict(orient="records")})
+    return 0
+
+
 def run_plan(args: argparse.Namespace) -> int:
+    if "," in args.system:
+        return _compare_systems(args)
     model, system = model_from_args(args), load_system(args.system)
     space = SearchSpace(dtype=args.dtype, **space_from_args(args))
+    wrong = resolve_gpus(args, system)
+    if wrong:
+        print(f"flm plan: {wrong}", file=sys.stderr)
+        return 2
     refused = alloc_cli.check(args)
     if refused:
         print(f"flm plan: {refused}", file=sys.stderr)
@@ -109,6 +212,9 @@ def run_plan(args: argparse.Namespace) -> int:
     )
     for line in alloc_cli.summary_lines(model, system, ranked, args):
         print(line, file=sys.stderr)
+    note = _first_runs_where(model, ranked)
+    if note:
+        print(note, file=sys.stderr)
     if args.format == "table":
         emit_frame(alloc_cli.display_columns(_display(ranked), ranked, args), "table")
     elif args.format == "csv":
@@ -206,14 +312,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"catalog name or YAML path (default {DEFAULT_MODEL}; see flm models)")
     p.add_argument("--system", default=DEFAULT_SYSTEM,
-                   help=f"catalog name or YAML path (default {DEFAULT_SYSTEM}; see flm systems)")
+                   help=f"catalog name or YAML path (default {DEFAULT_SYSTEM}; see flm systems)"
+                        "; several, comma-separated, compare their rankings in one table "
+                        "(--nodes N: the same node count of each)")
     _add_seq_len(p)
-    p.add_argument("--gpus", type=gpus, default=DEFAULT_GPUS,
+    p.add_argument("--gpus", type=gpus, default=None,
                    help=f"number of GPUs (Frontier: GCDs) (default {DEFAULT_GPUS}; at most "
-                        f"{MAX_GPUS:,})")
+                        f"{MAX_GPUS:,}); past one node, not whole nodes is planned with a "
+                        "warning")
+    p.add_argument("--nodes", type=count(1, MAX_GPUS, "the node count"), default=None,
+                   help="number of whole nodes instead of --gpus (x the system's "
+                        "gpus_per_node: 128 Frontier nodes are 1,024 GCDs)")
     p.add_argument("--global-batch", type=count(1), default=None,
-                   help="sequences per iteration (default: the smallest multiple of --gpus "
-                        "holding 4M tokens)")
+                   help="sequences per iteration (default: 4M tokens in whole sequences, "
+                        "rounded up to a multiple of the largest divisor of the GPU count that "
+                        "is at most that many sequences: 2,048 of gpt-175b on 1,024 or 4,096 "
+                        "GPUs, 3,060 on 1,020)")
     p.add_argument("--top", type=count(1), default=20, help="rows to print (default 20)")
     p.add_argument("--explain", action="store_true",
                    help="say why the winner wins and how many layouts each rule rejected")

@@ -46,6 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         g.add_argument("--allow-overtime", action="store_true",
                        help="write and submit jobs whose predicted runtime (start-up + steps x "
                             "predicted step time + margin) is over their --time")
+        g.add_argument("--allow-oom", action="store_true",
+                       help="write and submit layouts the cost model predicts not to fit in "
+                            "a GPU's memory (refused by default: each would fail at its "
+                            "first step; a space: with fits_only: false asks for them)")
 
     r = add_command(actions, "render", "write the job scripts and a manifest (no submission)",
                     "Expand the sweep and write DIR/scripts/*.sh (one per job array), "
@@ -161,7 +165,7 @@ def _render(args) -> int:
     from frontier_llm.jobs.sweepdir import render_sweep
 
     sweep = sweep_with_overrides(args.sweep, **_overrides(args))
-    manifest = render_sweep(sweep, args.out, args.allow_overtime)
+    manifest = render_sweep(sweep, args.out, args.allow_overtime, args.allow_oom)
     packed = ""
     if any(g.get("pack", 1) > 1 for g in manifest.groups):
         allocations = sum(_array_tasks(g) for g in manifest.groups)
@@ -207,7 +211,7 @@ def _submit(args) -> int:
     runner.require_passed(sweep.spec.environment.pass_env or (),
                           runner.make_executor(args.executor or sweep.spec.executor))
     if args.dry_run:
-        manifest = render_sweep(sweep, out, args.allow_overtime)
+        manifest = render_sweep(sweep, out, args.allow_overtime, args.allow_oom)
         executor = args.executor or sweep.spec.executor
         print(f"dry run: {len(manifest.jobs)} jobs in {len(manifest.groups)} arrays, "
               f"executor {executor}, folder {manifest.directory}")
@@ -233,7 +237,8 @@ def _submit(args) -> int:
     store = _store(args)
     try:
         session = runner.prepare(sweep, out, store, executor=args.executor,
-                                 allow_overtime=args.allow_overtime)
+                                 allow_overtime=args.allow_overtime,
+                                 allow_oom=args.allow_oom)
         with _job_progress(session, "submit"):
             counts = runner.submit(session, max_in_flight=args.max_in_flight, hold=args.hold)
         rows = session.state.rows()

@@ -60,11 +60,13 @@ def header(trainer: str, model: ModelSpec, layout: Layout,
 
 
 def export(trainer: str, model: ModelSpec, layout: Layout, system: SystemSpec | None = None,
-           ds_config_path: str = DEFAULT_DS_CONFIG, bucket_mb: float | None = None) -> str:
+           ds_config_path: str = DEFAULT_DS_CONFIG, bucket_mb: float | None = None,
+           compiled: bool = True) -> str:
     """The trainer's text for ``layout``: flags, TOML or JSON (JSON has no comments).
-    ``bucket_mb``: a tuned gradient bucket (flm tune best), where the trainer takes one."""
+    ``bucket_mb``: a tuned gradient bucket (flm tune best), where the trainer takes one;
+    ``compiled`` False: the layout was priced eager (flm plan --eager; torchtitan's [compile])."""
     return _trainer(trainer).export_text(model, layout, system, ds_config_path=ds_config_path,
-                                         bucket_mb=bucket_mb)
+                                         bucket_mb=bucket_mb, compiled=compiled)
 
 
 def megatron_lm_argv(model: ModelSpec, layout: Layout) -> list[str]:

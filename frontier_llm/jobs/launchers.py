@@ -62,6 +62,9 @@ class LaunchJob:
     # CPUs and GPUs it asks for, so the steps do not wait for each other (srun man page).
     exact: bool = False
     tail: str = RANK_TAIL  # what follows the rank command (TRAINER_TAIL for a trainer)
+    # The allocation holds its nodes whole (False: a share of a node, LUMI small-g/dev-g without
+    # --exclusive): the site's per-node CPU masks name cores it may not have.
+    whole_node: bool = True
 
 
 def _q(words) -> str:
@@ -141,6 +144,13 @@ class SrunLauncher(Launcher):
             # Each rank gets one GPU, the one on its L3 region, relabelled 0 (OLCF: srun
             # --gpus-per-task=1 --gpu-bind=closest).
             return ["--gpus-per-task=1", "--gpu-bind=closest"]
+        if site.binding == "cpu-masks" and not j.whole_node:
+            # LUMI: "Binding only applies if you have a full-node allocation" (lumi-userguide
+            # docs/runjobs/scheduled-jobs/lumig-job.md, "GPU Binding"); a mask outside the
+            # job's share of the node fails the step ("CPU binding outside of job step
+            # allocation"). The GPUs it was given are its own, numbered from 0, as in the
+            # LUMI AI guide's small-g script (01-quickstart/run.sh: no binding).
+            return [f"--gpus-per-node={j.gpus_per_node}"]
         if site.binding == "cpu-masks":
             masks = site.cpu_masks
             if len(masks) < j.ranks_per_node:

@@ -154,6 +154,9 @@ class JobScript:
     setup: tuple[str, ...] = ()
     options: Mapping[str, str | None] = field(default_factory=dict)
     command: tuple[str, ...] = ("flm", "bench")  # what runs each rank, before the task's args
+    # The bin folder of the installation that rendered the script, put on PATH when the job's
+    # environment has no ``flm`` (child.installation_bin); None leaves PATH as the job sets it.
+    flm_bin: str | None = None
     site: Site = field(default_factory=Site)
     # Packed allocations: packs[i] lists the task indices array task i runs, in order, one srun
     # step each. Empty: one task per array index (task index = array index).
@@ -164,6 +167,8 @@ class JobScript:
     # A trainer job: the signal its trainer saves a checkpoint and stops on (jobs/workload.py
     # exit_signal), sent to the ranks before the time limit instead of USR1 to the batch shell.
     trainer_signal: str | None = None
+    # Lines said as comments at the top of the script (what the job needs installed).
+    notes: tuple[str, ...] = ()
     # A trainer job's lead (jobs/signal_lead.py: long enough to save its checkpoint), in place
     # of the site's; None keeps the site's.
     signal_lead_s: int | None = None
@@ -459,10 +464,11 @@ def render(job: JobScript) -> str:
                         "template_options")
     site, r = job.site, job.resources
     trainer = any(t.after for t in job.tasks)
+    whole = r.exclusive or r.partition not in site.shared_partitions
     launcher = launcher_for(LaunchJob(
         nodes=r.nodes, ranks_per_node=r.ntasks_per_node, gpus_per_node=r.gpus_per_node,
         cpus_per_task=r.cpus_per_task, command=job.command, site=site, overcommit=r.overcommit,
-        tail=TRAINER_TAIL if trainer else RANK_TAIL))
+        tail=TRAINER_TAIL if trainer else RANK_TAIL, whole_node=whole))
     shape = launcher.sbatch_shape()
     launch = launcher.command()
     if job.step_ranks_per_node:
@@ -470,7 +476,7 @@ def render(job: JobScript) -> str:
         launch = launcher_for(LaunchJob(
             nodes=r.nodes, ranks_per_node=step, gpus_per_node=step if r.gpus_per_node else None,
             cpus_per_task=r.cpus_per_task, command=job.command, site=site,
-            overcommit=r.overcommit, exact=True)).command()
+            overcommit=r.overcommit, exact=True, whole_node=whole)).command()
     extra = r.extra
     if site.sbatch_network and not any(o.startswith("--network") for o in extra):
         extra = (f"--network={site.sbatch_network}", *extra)
@@ -498,6 +504,8 @@ def render(job: JobScript) -> str:
             launch=launch,
             concurrent=job.step_ranks_per_node is not None,
             rank_cpus=r.cpus_per_task,
+            # A node's CPUs, for a one-task-per-node set-up step (the staged untar).
+            node_cpus=(sbatch.cpus_per_task or 1) * sbatch.ntasks_per_node,
             version=__version__,
             trainer=trainer,
             trainer_log=TRAINER_LOG,

@@ -83,13 +83,13 @@ def default_out(name: str) -> Path:
 
 def prepare(sweep: Sweep, out: str | Path | None, store: Store,
             client: SlurmClient | None = None, executor: str | None = None,
-            allow_overtime: bool = False) -> Session:
+            allow_overtime: bool = False, allow_oom: bool = False) -> Session:
     """Render ``sweep`` into its folder and open (or create) its rows in the database.
     A pass_env variable missing from the jobs' environment stops it before anything is
     written."""
     chosen = make_executor(executor or sweep.spec.executor, client)
     require_passed(sweep.spec.environment.pass_env or (), chosen)
-    manifest = render_sweep(sweep, out or default_out(sweep.name), allow_overtime)
+    manifest = render_sweep(sweep, out or default_out(sweep.name), allow_overtime, allow_oom)
     state = SweepJobs.open(store, manifest, sweep.text)
     return Session(manifest, state, chosen)
 

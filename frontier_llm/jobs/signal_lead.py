@@ -83,13 +83,15 @@ class Lead:
 
 def lead(site_lead_s: int | None, site: Site, model: ModelSpec, layout: Layout, nodes: int,
          step_time_s: float | None, limit_s: int | None) -> Lead | None:
-    """The lead of a trainer job (None: no signal at all, as the site asks for none).
-    ``site_lead_s`` is the site's own lead for this walltime; ``limit_s`` None is UNLIMITED."""
-    if not site_lead_s:
-        return None
+    """The lead of a trainer job (None: no signal at all: the site states no lead and no
+    write bandwidth to size one on). ``site_lead_s`` is the site's own lead for this walltime
+    (None where it states none, as LUMI and the DGX systems: the checkpoint's own lead is then
+    the whole lead, since Slurm sends --signal on any site, sbatch man page, --signal);
+    ``limit_s`` None is UNLIMITED."""
     bandwidth = write_bandwidth(site, nodes)
     if bandwidth is None:
-        return Lead(site_lead_s)
+        return Lead(site_lead_s) if site_lead_s else None
+    site_lead_s = site_lead_s or 0
     size = checkpoint_bytes(model, layout)
     ckpt_s = size / bandwidth
     wanted = ckpt_s * SAFETY + (step_time_s or 0.0) + EXIT_S

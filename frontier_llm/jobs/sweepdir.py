@@ -22,8 +22,9 @@ import os
 import secrets
 import shutil
 import socket
+import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,10 +32,17 @@ from typing import Any
 
 from frontier_llm import __version__
 from frontier_llm.atomic import write_text_atomic
+from frontier_llm.child import installation_bin
 from frontier_llm.errors import UserError
 from frontier_llm.jobs import signal_lead, site_policy, unsafe, walltime
 from frontier_llm.jobs.render import JobScript, Resources, Task, render, signal_seconds
-from frontier_llm.jobs.render_warnings import command_paths, out_warning, pack_warnings
+from frontier_llm.jobs.render_warnings import (
+    command_paths,
+    out_warning,
+    pack_warnings,
+    staging_warning,
+    sub_node_warnings,
+)
 from frontier_llm.jobs.sweepspec import Sweep, SweepJob
 from frontier_llm.jobs.workload import (
     FLM_BENCH,
@@ -190,15 +198,24 @@ def _resources(sweep: Sweep, group: Group) -> Resources:
     # A job filling a node's GPUs in a partition whose nodes are shared (LUMI small-g, dev-g)
     # asks for the node whole: its binding and memory then are its own (site.shared_partitions).
     fills = site.gpus and ranks >= sweep.system.gpus_per_node
+    exclusive = r.exclusive or site.exclusive or (fills and partition in site.shared_partitions)
+    mem, extra = pick(r.mem, site.mem), tuple(r.extra_sbatch or ())
+    if site.gpus and partition in site.shared_partitions and not exclusive and r.mem is None:
+        # Smaller than a node where nodes are shared (LUMI small-g, dev-g): the site's --mem=0
+        # is the node's whole memory, and LUMI bills those partitions by the largest of GCDs,
+        # 8-core and 64 GB slices (lumi-userguide docs/runjobs/lumi_env/billing.md, "GPU
+        # billing"): a 1-GCD job paid 8 and held the node. Memory per GPU instead, as the LUMI
+        # AI guide's small-g scripts ask it (01-quickstart/run.sh: --mem-per-gpu=60G).
+        mem = None
+        if site.sub_node_mem_per_gpu and not any(o.startswith("--mem") for o in extra):
+            extra = (f"--mem-per-gpu={site.sub_node_mem_per_gpu}", *extra)
     return Resources(
         nodes=group.nodes, ntasks_per_node=ranks,
         cpus_per_task=pick(r.cpus_per_task, site.cpus_per_task),
         gpus_per_node=ranks if site.gpus else None, time=group.time,
         account=r.account, partition=partition,
-        qos=pick(r.qos, site.qos), constraint=r.constraint, mem=pick(r.mem, site.mem),
-        exclusive=r.exclusive or site.exclusive or (fills and partition in site.shared_partitions),
-        overcommit=site.overcommit,
-        extra=tuple(r.extra_sbatch or ()),
+        qos=pick(r.qos, site.qos), constraint=r.constraint, mem=mem,
+        exclusive=exclusive, overcommit=site.overcommit, extra=extra,
     )
 
 
@@ -263,6 +280,19 @@ def signal_leads(sweep: Sweep) -> dict[str, signal_lead.Lead]:
     return out
 
 
+def _attention_notes(sweep: Sweep, jobs: Sequence[SweepJob]) -> tuple[str, ...]:
+    """The site's flash-attention prerequisites, for a script whose layouts ask for flash
+    attention (the trainers' flash flags and flm bench's SDPA kernel need them installed)."""
+    prereq = sweep.site.flash_attention_prereq
+    if not prereq or not any(j.layout.flash_attention for j in jobs):
+        return ()
+    source = sweep.site.source("flash_attention_prereq")
+    text = (f"Flash attention on {sweep.system.name}: {prereq}"
+            + (f" (source: {source})" if source else ""))
+    # Comment lines of a readable width; a URL is never broken.
+    return tuple(textwrap.wrap(text, 96, break_long_words=False, break_on_hyphens=False))
+
+
 def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
     """The JobScript of every group (pure: no file is touched)."""
     directory = directory.resolve()
@@ -296,9 +326,11 @@ def job_scripts(sweep: Sweep, directory: Path) -> list[tuple[Group, JobScript]]:
             command=rank_command(sweep.spec.workload, _workload_command(sweep, directory)[0],
                                  sweep.site)
             if sweep.spec.workload_command else tuple(sweep.spec.command or ("flm", "bench")),
+            flm_bin=installation_bin(),
             site=sweep.site,
             trainer_signal=None if sweep.spec.workload == FLM_BENCH
             else exit_signal(sweep.spec.workload),
+            notes=_attention_notes(sweep, [by_key[k] for k in group.keys]),
             # One signal per allocation: a pack's is its largest checkpoint's.
             signal_lead_s=max((leads[k].seconds for k in group.keys if k in leads),
                               default=None),
@@ -352,11 +384,15 @@ def with_resources(sweep: Sweep, **overrides: str | None) -> Sweep:
     return dataclasses.replace(sweep, spec=spec, jobs=jobs)
 
 
-def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = False) -> Manifest:
+def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = False,
+                 allow_oom: bool = False) -> Manifest:
     """Write scripts, manifest and the sweep file into ``directory``; return the manifest.
-    ``allow_overtime``: write jobs whose predicted runtime is over their time limit too."""
+    ``allow_overtime``: write jobs whose predicted runtime is over their time limit too;
+    ``allow_oom``: jobs the cost model predicts not to fit in memory too."""
     directory = Path(directory).resolve()
     _refuse_other_sweep(directory, sweep.name)
+    if not allow_oom:
+        refuse_predicted_oom(sweep)
     scripts = job_scripts(sweep, directory)
     # The site's rules first: a refused sweep leaves nothing written (docs/sites.md).
     site_policy.check(sweep.system.name, sweep.site,
@@ -388,6 +424,26 @@ def render_sweep(sweep: Sweep, directory: str | Path, allow_overtime: bool = Fal
     with staged(directory) as stage:
         data = _write_sweep(sweep, directory, stage, scripts, texts, needs, leads)
     return Manifest(directory, data)
+
+
+def refuse_predicted_oom(sweep: Sweep) -> None:
+    """A UserError naming the sweep's jobs predicted not to fit in a GPU's memory, at any node
+    count: a ``layouts:`` entry at 380 GB a 64 GB GCD rendered silently and would die at its
+    first step, on 9,408 nodes 700-3,000 node-hours an attempt. A ``space:`` with
+    ``fits_only: false`` asks for such layouts, and ``--allow-oom`` lets them through."""
+    space = sweep.spec.space  # the sweep file's mapping (sweepspec builds its SweepSpace)
+    if isinstance(space, dict) and space.get("fits_only") is False:
+        return
+    over = [j for j in sweep.jobs if j.prediction.get("fits") is False]
+    if not over:
+        return
+    worst = max(over, key=lambda j: float(j.prediction.get("peak_memory_bytes") or 0.0))
+    peak = float(worst.prediction.get("peak_memory_bytes") or 0.0)
+    raise UserError(
+        f"sweep {sweep.name}: {len(over)} of its {len(sweep.jobs)} layouts are predicted not to "
+        f"fit in a GPU's {sweep.system.memory_bytes / 1e9:.0f} GB, the worst {worst.key} at "
+        f"{peak / 1e9:,.0f} GB ({worst.nodes} nodes; flm predict shows the breakdown): each "
+        "would fail at its first step. Remove them, or render with --allow-oom to measure them")
 
 
 def _write_sweep(sweep: Sweep, directory: Path, stage: Path, scripts, texts: list[str],
@@ -439,9 +495,22 @@ def _write_sweep(sweep: Sweep, directory: Path, stage: Path, scripts, texts: lis
     at(inside(directory, "traces")).mkdir(exist_ok=True)
     warnings = pack_warnings(sweep.spec.pack, sweep.spec.pack_mode,
                              [(g.name, len(g.keys), g.pack, g.nodes) for g, _ in scripts])
+    # A node is billed whole unless its partition shares nodes and the job did not ask for
+    # it exclusively (LUMI small-g bills the share: docs/sites.md).
+    warnings += sub_node_warnings(
+        sweep.spec.pack,
+        [(g.name, len(g.keys), g.nodes, g.ranks_per_node, time_seconds(g.time),
+          js.resources.exclusive or js.resources.partition not in sweep.site.shared_partitions)
+         for g, js in scripts] if sweep.site.gpus else [],
+        sweep.system.gpus_per_node,
+        sweep.site.launcher == "srun" and sweep.site.binding != "cpu-masks", sweep.system.name)
     off_fs = out_warning(directory, sweep.site.parallel_fs, sweep.system.name,
                          sweep.site.source("parallel_fs"))
     warnings += [off_fs] if off_fs else []
+    stage_hint = staging_warning([(j.key, j.nodes) for j in sweep.jobs], sweep.site.stage_dir,
+                                 bool((sweep.spec.template_options or {}).get("stage_env")),
+                                 sweep.system.name)
+    warnings += [stage_hint] if stage_hint else []
     by_key_lead = [signal_lead.cap_warning(j.key, j.nodes, j.time, leads[j.key])
                    for j in sweep.jobs if j.key in leads]
     warnings += [w for w in by_key_lead if w]

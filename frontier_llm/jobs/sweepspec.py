@@ -475,6 +475,18 @@ def _explicit_jobs(spec: SweepFile, entries: list, models: list[tuple[str, Model
     return jobs
 
 
+def _sp_hint(space: Any, skipped: Counter) -> str:
+    """Where a ``space:`` with tp > 1 and no ``sequence_parallel`` found nothing that fits: a
+    space copied from flm plan's layouts (which searches it off and on, and lists tp 2 sp as
+    tp 2) runs them without it, and those may not fit."""
+    if (not isinstance(space, Mapping) or "sequence_parallel" in space
+            or not any(int(t) > 1 for t in (space.get("tp") or ()))
+            or not skipped.get("does not fit in memory")):
+        return ""
+    return ("; sequence_parallel is off unless the space lists it (flm plan searches it off "
+            "and on): add sequence_parallel: [true] for layouts copied from flm plan's sp rows")
+
+
 def _ref(name: str, source: Path) -> str:
     """A catalog name stays a name; a YAML path is made absolute (jobs run elsewhere)."""
     p = Path(name)
@@ -612,8 +624,8 @@ def load_sweep(path: str | Path, text: str | None = None) -> Sweep:
                         f"the key {dups[0]!r}; give each layout its own name", "layouts")
     if not jobs:
         why = "; ".join(f"{r}: {c}" for r, c in skipped.most_common(3))
-        raise SpecError(f"{path}: the sweep expands to no valid layout ({why or 'empty'})",
-                        "space")
+        raise SpecError(f"{path}: the sweep expands to no valid layout ({why or 'empty'})"
+                        + _sp_hint(spec.space, skipped), "space")
     return Sweep(spec=spec, source=str(path), text=path.read_text() if text is None else text,
                  system=system,
                  system_ref=system_ref, template=template, jobs=tuple(jobs),

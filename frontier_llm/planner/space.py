@@ -59,6 +59,15 @@ _MODEL_REASONS = (
     "seq_len / cp not divisible by tp (sequence parallel)",
 )
 
+# Against the system's node: the cost model prices a group of ranks by its span, at the node's
+# links when the span fits in a node. A span that does not divide the node (tp 3 on 8 GCDs) puts
+# some groups across two nodes once the job has more than one, and a synchronous step waits for
+# the slowest group: such a layout is refused rather than priced at in-node speed.
+NODE_REASONS = (
+    "a tp x cp group crosses a node (its size does not divide gpus_per_node)",
+    "an expert-parallel group crosses a node (ep x tp does not divide gpus_per_node)",
+)
+
 
 def _engine_reasons(rules: tuple[str, ...]) -> tuple[tuple[Engine, str], ...]:
     return tuple((e, r) for e in Engine for r in rules if RULES[e].has_rule(r))
@@ -72,6 +81,7 @@ REASONS = (
     *(RULES[e].reason(r) for e, r in _ENGINE_LAYOUT),
     *_MODEL_REASONS,
     *(RULES[e].reason(r) for e, r in _ENGINE_MODEL),
+    *NODE_REASONS,
     "does not fit in memory",
 )
 OOM = REASONS.index("does not fit in memory")
@@ -253,7 +263,8 @@ def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_ba
     sharding_id, engine_model = cols.pop("_sharding_id"), cols.pop("_engine_model")
     table = LayoutTable(**cols)
     engine_layout = _engine_layout_codes(table, sharding_id, list(registry))
-    return table, _reasons(model, table, engine_layout, engine_model)
+    reason = _reasons(model, table, engine_layout, engine_model)
+    return table, _node_reasons(reason, table, system.gpus_per_node, gpus)
 
 
 def _schedules(model: ModelSpec, pp: int, space: SearchSpace) -> list[tuple[int, int]]:
@@ -416,6 +427,19 @@ def _first_engine_rule(eng, multi, few, schedule, dtype, sp, recompute, sharding
     for mask, codes in reversed(broken):  # the first rule broken wins
         out[mask] = codes[eng[mask]]
     return out
+
+
+def _node_reasons(reason: np.ndarray, t: LayoutTable, per_node: int, gpus: int) -> np.ndarray:
+    """``reason`` with the node rules (:data:`NODE_REASONS`) set on the layouts that break
+    no earlier rule. A job within one node keeps every group inside it."""
+    if gpus <= per_node:
+        return reason
+    reason = reason.copy()
+    # A group of span s <= per_node starts at multiples of s: inside a node iff s divides it.
+    for span, text in ((t.tp * t.cp, NODE_REASONS[0]), (t.tp * t.ep, NODE_REASONS[1])):
+        crosses = (span < per_node) & (per_node % np.maximum(span, 1) != 0) & (reason == 0)
+        reason[crosses] = REASONS.index(text)
+    return reason
 
 
 def _reasons(model: ModelSpec, t: LayoutTable, engine_layout: np.ndarray,

@@ -27,7 +27,7 @@ SHOWN = {
     "global_batch": "batch (seqs)",
     "batch_tokens": "batch (tokens)",
     "step_time_s": "step s",
-    "mfu": "MFU",
+    "mfu_pct": "MFU %",  # percent, as every table flm prints (the CSV keeps the fraction)
     "memory_verdict": "memory",
     "train_days": "days",
     "train_days_low": "days low",
@@ -47,6 +47,8 @@ def allocation_table(cur: pd.DataFrame) -> pd.DataFrame:
     cur = cur.copy()
     if "energy_kwh" in cur:
         cur["energy_mwh"] = cur["energy_kwh"] / 1e3
+    if "mfu" in cur:
+        cur["mfu_pct"] = (cur["mfu"].astype(float) * 100).round(1)
     for col in _WHOLE:
         if col in cur:
             cur[col] = pd.array(cur[col].to_numpy(float), dtype="Int64")

@@ -104,9 +104,16 @@ def display_layouts(frame: Any, always: Iterable[str] = ALWAYS_SHOWN) -> Any:
     out = frame[cols].copy()
     for part, whole in _WRITTEN_WITH.items():
         if part in out or whole in out:
-            out[whole] = [row_schedule(r) for _, r in frame.iterrows()]
+            # Without a pipeline no schedule runs: "-", not the field's value (gpipe read as
+            # a choice the layout made).
+            out[whole] = [row_schedule(r) if _pipelined(r) else "-" for _, r in frame.iterrows()]
             out = out.drop(columns=[part], errors="ignore")
     return out
+
+
+def _pipelined(row: Any) -> bool:
+    pp = row.get("pp", 2) if hasattr(row, "get") else 2
+    return _missing(pp) or int(pp) > 1
 
 
 def field_defaults() -> dict[str, Any]:

@@ -129,6 +129,14 @@ class Site:
     # Partitions whose nodes are shared between jobs (LUMI small-g, dev-g): a job there that
     # fills a node's GPUs asks for --exclusive, so the node's binding and memory are its own.
     shared_partitions: tuple[str, ...] = ()
+    # A job smaller than a node in one of those partitions asks memory per GPU (sbatch
+    # --mem-per-gpu), not the site's ``mem``: --mem=0 grants the node's whole memory, billed as
+    # if the job held every GPU (LUMI: docs/sites.md "LUMI-G jobs smaller than a node").
+    sub_node_mem_per_gpu: str | None = None
+    # What a layout's flash attention needs installed on this site (ROCm: a ROCm build of PyTorch,
+    # the flash-attn package built for the GPU), written as a comment into the scripts of jobs
+    # whose layouts use it, with its source (docs/sites.md).
+    flash_attention_prereq: str | None = None
     sbatch_network: str | None = None  # sbatch --network=...
     module_reset: bool = False
     module_paths: tuple[str, ...] = ()  # `module use` before the loads (LUMI AI factory modules)
@@ -248,7 +256,8 @@ def split_sources(raw: Mapping) -> tuple[dict[str, Any], dict[str, str]]:
 
 _STRINGS = ("partition", "qos", "mem", "sbatch_network", "container_image", "container_mounts",
             "account_pattern", "distribution", "cpu_bind", "singularity_image", "stage_dir",
-            "stage_constraint", "numa_binding")
+            "stage_constraint", "numa_binding", "sub_node_mem_per_gpu",
+            "flash_attention_prereq")
 _FIELDS = {f.name for f in dataclasses.fields(Site)} - {"sources"}
 
 

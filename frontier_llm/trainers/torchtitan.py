@@ -260,11 +260,15 @@ def check_model(model: ModelSpec) -> None:
         registration(model)  # refused here when no FeedForward arguments give the width
 
 
-def job_config(model: ModelSpec, layout: Layout,
-               implied_sp: bool = True) -> dict[str, dict[str, Any]]:
+def job_config(model: ModelSpec, layout: Layout, implied_sp: bool = True,
+               compiled: bool = True) -> dict[str, dict[str, Any]]:
     """The job config's sections as a dict (ExportRefused where torchtitan cannot run it).
     ``implied_sp``: tp > 1 without sequence parallelism is exported as torchtitan runs it (with
-    it); a sweep job refuses it instead, so that its trace states what ran."""
+    it); a sweep job refuses it instead, so that its trace states what ran. ``compiled``: the
+    layout was priced with fused element-wise kernels (flm plan's default; False after
+    ``--eager``), which torchtitan runs only with ``[compile] enable = true`` (Compile.enable,
+    default false, job_config.py v0.2.2): without it the run is the eager one, about 4x the
+    element-wise traffic (docs/costmodel.md section 5)."""
     layout = _check(model, layout, implied_sp)
     shard, replicate = data_parallel_degrees(layout)
     # Last: a layout refusal above holds for any model; this one is of the model alone.
@@ -312,8 +316,11 @@ def job_config(model: ModelSpec, layout: Layout,
            "training": training,
            "parallelism": parallelism, "activation_checkpoint": ac}
     if layout.dtype == DType.FP8:
+        # The fp8 sections turn torch.compile on themselves (it fuses the casts).
         out["model"]["converters"] = [FP8_CONVERTERS[str(layout.fp8_recipe)]]
         out.update(fp8_sections(layout, fsdp=shard > 1 or layout.cp > 1))
+    elif compiled:
+        out["compile"] = {"enable": True}  # components: its default, ["model", "loss"]
     return out
 
 
@@ -373,9 +380,9 @@ def model_comment(model: ModelSpec) -> list[str]:
 
 
 def job_config_text(model: ModelSpec, layout: Layout, header: list[str],
-                    implied_sp: bool = True) -> str:
+                    implied_sp: bool = True, compiled: bool = True) -> str:
     """The TOML: comment lines, then each section (trainers/text.py writes every value)."""
-    sections = job_config(model, layout, implied_sp)
+    sections = job_config(model, layout, implied_sp, compiled)
     out = [comment_lines(header + model_comment(model)).rstrip("\n")]
     for name, keys in sections.items():
         out += ["", f"[{name}]"] + [f"{k} = {toml_value(v)}" for k, v in keys.items()]
@@ -411,7 +418,8 @@ class Torchtitan(Trainer):
 
     def export_text(self, model: ModelSpec, layout: Layout, system: SystemSpec | None = None,
                     **options: object) -> str:
-        return job_config_text(model, layout, self.header(model, layout, system))
+        return job_config_text(model, layout, self.header(model, layout, system),
+                               compiled=bool(options.get("compiled", True)))
 
     def notes(self, model: ModelSpec, layout: Layout, **options: object) -> list[str]:
         out = super().notes(model, layout, **options)

@@ -139,7 +139,10 @@ class Tuner:
                     params={k: cand.params[k] for k in dists})
                 tid = self.storage.create_new_trial(study._study_id, template_trial=template)
                 number = self.storage.get_trial_number_from_id(tid)
-                for key, value in ((osx.A_KEY, cand.key), ("flm_run_id", run["run_id"]),
+                # The layout too, as a submitted trial has it: a told trial can be the best,
+                # and flm tune best writes the winner's layout (it was {} without it).
+                for key, value in ((osx.A_KEY, cand.key), (osx.A_LAYOUT, cand.layout_entry()),
+                                   ("flm_run_id", run["run_id"]),
                                    ("flm_run_row", run["id"]), ("flm_from_sweep", sweep),
                                    (osx.A_PREDICTION, dict(cand.prediction)),
                                    ("flm_measured", {"throughput_per_gpu": tput,

@@ -106,6 +106,11 @@ def best_document(study: optuna.Study) -> dict[str, Any]:
     if t is None:
         raise UserError(f"study {study.study_name} has no measured trial yet")
     w = winner(t)
+    if not w["layout"]:
+        # A trial told by an older flm carried no layout; an empty one would read as 1 GPU.
+        raise UserError(f"study {study.study_name}: its best trial {t.number} has no layout "
+                        "recorded (told by an older flm); a study of a new name tells the "
+                        "sweep's runs with their layouts")
     layout = dict(w["layout"])
     bench_args = layout.pop("bench_args", {}) or {}
     return {"study": study.study_name, "trial": w["trial"],

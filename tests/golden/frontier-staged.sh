@@ -25,14 +25,17 @@ module load craype-accel-amd-gfx90a
 # The packed Python environment, staged to each node's local storage (template_options.stage_env):
 # every rank then imports from there, not from the parallel file system (OLCF sbcast guide).
 stage=/mnt/bb"/${USER:-flm}/flm-env-${SLURM_JOB_ID:-0}"
-srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 mkdir -p "$stage"
-# A failed sbcast may leave partial files that later fail in confusing ways: stop here.
+# Into the user's folder of the node-local storage, which the job has (the OLCF guide sbcasts
+# straight to /mnt/bb/$USER). A failed sbcast may leave partial files that later fail in
+# confusing ways: stop here.
 sbcast -pf /lustre/orion/proj/flm-env.tar.gz "$stage.tar.gz" || { echo "flm: sbcast of the environment failed" >&2; exit 1; }
-srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 tar -xzf "$stage.tar.gz" -C "$stage"
-# conda-unpack rewrites the packed environment's prefixes for its new place, on every node
-# ($1 expands in each node's bash, not here):
+# Then one step per node: make the folder, untar with pigz on the node's cores (the OLCF
+# guide's "srun ... -c56 tar --use-compress-program=pigz"; gzip where a node has no pigz) and
+# conda-unpack, which rewrites the environment's prefixes for its new place. One step, not the
+# guide's three: each srun start waits on every node of the job, seconds at thousands of nodes.
+# ($1 expands in each node's bash, not here.)
 # shellcheck disable=SC2016
-srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 bash -c 'source "$1/bin/activate" && conda-unpack' flm "$stage"
+srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 --cpus-per-task=56 bash -c 'mkdir -p "$1" && tar --use-compress-program="$(command -v pigz || echo gzip)" -xf "$1.tar.gz" -C "$1" && source "$1/bin/activate" && conda-unpack' flm "$stage"
 export FLM_VENV="$stage"
 export LD_LIBRARY_PATH="$CRAY_LD_LIBRARY_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 source "$FLM_VENV/bin/activate"

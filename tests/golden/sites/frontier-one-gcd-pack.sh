@@ -14,6 +14,18 @@
 #SBATCH --output=/lustre/orion/proj/out/logs/g000-n1x1/%a-%A.out
 #SBATCH --open-mode=append
 set -eo pipefail
+# Flash attention on frontier: PyTorch's own flash attention (flm bench's
+# scaled_dot_product_attention) needs a ROCm wheel of torch (OLCF recommends torch 2.10.0 for ROCm
+# 7.1.1 with modules PrgEnv-gnu/8.7.0, cpe/26.03, rocm/7.1.1, craype-accel-amd-gfx90a); a
+# trainer's --use-flash-attn-v2 (Megatron-DeepSpeed) or --attention-backend flash (Megatron-LM)
+# imports flash_attn, which is not in the torch wheel: build it in the job's environment from
+# github.com/ROCm/flash-attention at v2.8.4.1-cktile under those modules
+# (FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE for the Triton backend, FALSE for Composable Kernel)
+# (source: https://docs.olcf.ornl.gov/software/analytics/pytorch_frontier.html (Installing
+# PyTorch: torch 2.10.0 with ROCm 7.1.1 'capable of supporting PyTorch, PyTorch Geometric, and
+# Flash Attention within the same virtual environment and ROCm version'; Flash Attention: the
+# standalone ROCm/flash-attention build), olcf-user-docs software/analytics/pytorch_frontier.rst
+# at commit 2745903, 2026-07-22)
 
 # --- environment ---
 module load PrgEnv-gnu/8.7.0
@@ -22,6 +34,9 @@ module load rocm/7.1.1
 module load rccl-net-plugin
 module load craype-accel-amd-gfx90a
 export LD_LIBRARY_PATH="$CRAY_LD_LIBRARY_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# flm as the environment above provides it; without one, the installation that rendered this
+# script (flm called by its path from an environment that was not activated).
+command -v flm >/dev/null || export PATH=/home/user/venv/bin":$PATH"
 export NCCL_CROSS_NIC=1
 export NCCL_NET_GDR_LEVEL=PHB
 export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3

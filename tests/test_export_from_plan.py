@@ -1,0 +1,43 @@
+"""flm export --from-plan says what it skips of flm plan's ranking and why, and flm plan flags a
+#1 that no exported trainer runs (the default plan's #1 was skipped in silence)."""
+
+from __future__ import annotations
+
+from frontier_llm.cli import main
+
+
+def test_from_plan_names_each_skipped_rank_and_its_reason(tmp_path, capsys):
+    """llama3-70b on 256 Frontier GCDs: the plan's #1 shards parameters partially (AMSP), which
+    FSDP2 cannot; torchtitan gets #2, and stderr says so."""
+    out = tmp_path / "job.toml"
+    assert main(["export", "--to", "torchtitan", "--model", "llama3-70b", "--system", "frontier",
+                 "--from-plan", "--gpus", "256", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "flm export: skipped plan rank 1 (" in err
+    assert "p=partial:4,g=full,o=full): torchtitan cannot run this layout" in err
+    assert "flm export: writing plan rank 2 (" in err
+    assert "rank 1 among the layouts torchtitan" in err
+    assert "data_parallel_shard_degree" in out.read_text()
+
+
+def test_plan_flags_a_first_rank_no_trainer_runs(capsys):
+    assert main(["plan", "--model", "llama3-70b", "--gpus", "256", "--top", "2"]) == 0
+    err = capsys.readouterr().err
+    assert ("# rank 1 (tp2 cp2 pp1 dp64 mb1 gb512 sp rc-selective-op p=partial:4,g=full,o=full) "
+            "runs under flm bench only") in err
+    assert main(["plan", "--model", "llama3-70b", "--gpus", "256", "--top", "2",
+                 "--sharding", "zero3"]) == 0
+    assert "runs under flm bench only" not in capsys.readouterr().err
+
+
+def test_from_plan_compiles_unless_the_plan_was_eager(tmp_path, capsys):
+    """The plan's ranking priced fused kernels: torchtitan's TOML turns compilation on; a plan
+    priced --eager (its --plan-args) is exported without it, ranked as eager."""
+    import tomllib
+
+    fused, eager = tmp_path / "f.toml", tmp_path / "e.toml"
+    base = ["export", "--to", "torchtitan", "--model", "llama3-8b", "--from-plan", "--gpus", "8"]
+    assert main([*base, "--out", str(fused)]) == 0
+    assert main([*base, "--plan-args=--eager", "--out", str(eager)]) == 0
+    assert tomllib.loads(fused.read_text())["compile"] == {"enable": True}
+    assert "compile" not in tomllib.loads(eager.read_text())
