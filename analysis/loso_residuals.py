@@ -114,7 +114,7 @@ def residual_rows(runs: pd.DataFrame, source: str) -> list[dict]:
         out.append({
             "file": row["file"], "row": int(row["row"]), "source": source,
             "model": row["model"], "system": pred["system"], "engine": pred["engine"],
-            "family": pred.get("family"), "gpus": int(row["num_gpus"]),
+            "family": pred.get("family"), "gpus": pred["gpus"],
             "confidence": row.get("confidence") if pd.notna(row.get("confidence")) else "high",
             "metric": pred["metric"], "measured": pred["measured"],
             "predicted": pred["predicted"], "layout": pred["layout"],

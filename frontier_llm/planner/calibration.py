@@ -29,7 +29,7 @@ import pandas as pd
 from frontier_llm.catalog import load_system
 from frontier_llm.costmodel.flops import narayanan_eq3
 from frontier_llm.errors import UserError
-from frontier_llm.planner.intervals import family
+from frontier_llm.planner.intervals import family, vendor
 from frontier_llm.planner.plan import plan
 from frontier_llm.planner.space import SearchSpace
 from frontier_llm.specs.engine_rules import rules_for
@@ -48,8 +48,14 @@ _STAGES_PER_RANK = re.compile(r"(\d+)\s+(?:virtual\s+)?stages\s+per\s+rank", re.
 # now calls A3 High; A3 Mega, Ultra or Edge rows would need their own systems ahead of it.
 GPU_SYSTEMS = {"hbm2e": "grand-teton-h100", "gcp a3": "gcp-a3-high", "lumi": "lumi-g",
                "a100": "dgx-a100", "h100": "dgx-h100", "mi250x": "frontier"}
+# The catalog systems a corpus row's ``system_hint`` may name.
+SYSTEM_HINTS = frozenset(GPU_SYSTEMS.values())
 DATA = Path(__file__).with_name("data")
-CALIBRATION_FILES = (DATA / "calibration_runs.csv", DATA / "calibration_runs_sharded.csv")
+# Every table of the corpus: ``calibration_runs.csv`` (the one the system knobs are fitted to:
+# it sorts first) and each ``calibration_runs_*.csv`` beside it (the sharded table, the
+# published runs brought in from ../shared/data, fp8 rows ...). Columns a table adds beyond
+# the first's are carried along; one a table lacks is empty for its rows.
+CALIBRATION_FILES = tuple(sorted(DATA.glob("calibration_runs*.csv")))
 # What a row must state for its model to be built (an empty cell is never guessed).
 ARCHITECTURE = ("layers", "hidden", "heads", "seq_len", "vocab")
 # "400 Gbps inter-node" in a row's gpu_type: the network bandwidth its cluster had per node.
@@ -220,6 +226,12 @@ def load_calibration(paths=CALIBRATION_FILES) -> pd.DataFrame:
     return out
 
 
+def unused_reason(row: pd.Series) -> str | None:
+    """Why a corpus row is kept but not predicted (its ``unused`` cell: a duplicate of another
+    row, a layout or architecture its source does not state ...); None for a row in use."""
+    return str(row["unused"]) if _given(row.get("unused")) else None
+
+
 def row_model(row: pd.Series) -> ModelSpec:
     shape = dict(name=str(row["model"]), layers=int(row["layers"]), hidden=int(row["hidden"]),
                  heads=int(row["heads"]), seq_len=int(row["seq_len"]), vocab=int(row["vocab"]))
@@ -232,7 +244,11 @@ def row_model(row: pd.Series) -> ModelSpec:
                          ffn_hidden=int(ffn.group(1)) if ffn else None, activation="swiglu",
                          norm="rmsnorm", position="rope", bias=False, tied_embeddings=False,
                          dropout=0.0)
-    return ModelSpec(**shape, tied_embeddings=True, dropout=0.1)
+    # Multi-query attention (Shazeer 2019; BigCode's --attention-head-type multiquery): one
+    # key/value head shared by all query heads.
+    multiquery = re.search(r"multi-?query", _text(row, "model", "engine", "notes"))
+    return ModelSpec(**shape, kv_heads=1 if multiquery else None, tied_embeddings=True,
+                     dropout=0.1)
 
 
 def row_system(row: pd.Series, systems: dict[str, SystemSpec] | None = None) -> SystemSpec:
@@ -241,6 +257,12 @@ def row_system(row: pd.Series, systems: dict[str, SystemSpec] | None = None) -> 
     per-GPU network link (a DGX has one NIC per GPU; the PyTorch FSDP blog's A100 cluster had
     400 Gbit/s per node)."""
     gpu = str(row["gpu_type"]).lower()
+    hint = str(row.get("system_hint") or "").strip()
+    if hint in SYSTEM_HINTS:
+        # The corpus names the catalog system of a row whose GPU text names only its family
+        # ("NVIDIA Ampere GPUs") or its site.
+        system = (systems or {}).get(hint) or load_system(hint)
+        return with_stated_network(system, str(row["gpu_type"]))
     for key, name in GPU_SYSTEMS.items():
         if key in gpu:
             system = (systems or {}).get(name) or load_system(name)
@@ -350,7 +372,8 @@ def row_space(row: pd.Series, gpus_per_node: int = 8) -> SearchSpace:
         # The engine column names the attention kernel the run used (FlashAttention-2,
         # flash-attn, cuDNN flash): it ran whatever the recompute.
         kw["flash_attention"] = (True,)
-    notes = str(row.get("notes") or "")
+    # The schedule, where stated, is in the notes (or the engine column of the later tables).
+    notes = " ".join(str(row.get(c) or "") for c in ("notes", "engine"))
     if "interleaved" in notes:
         depth = _STAGES_PER_RANK.search(notes)
         # "interleaved, 4 stages per rank" is the schedule interleaved:4; without a depth the
@@ -457,6 +480,10 @@ def _blend(row: pd.Series, model: ModelSpec, system: SystemSpec, share: float):
 
 def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) -> dict:
     """The best layout's figures for one published row, beside the published figure."""
+    reason = unused_reason(row)
+    if reason is not None:
+        return {"metric": None, "measured": None, "predicted": None, "error": math.nan,
+                "layout": f"not used: {reason}", "engine": row_engine(row)}
     missing = unstated_architecture(row)
     if missing:
         return {"metric": None, "measured": None, "predicted": None, "error": math.nan,
@@ -502,7 +529,7 @@ def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) ->
         "metric": metric, "measured": float(measured), "predicted": predicted,
         "error": (predicted - measured) / measured, "flops_counted": counted,
         "engine": str(cfg.engine),
-        "family": family(str(cfg.engine), cfg.sharding.describe()),
+        "family": family(str(cfg.engine), cfg.sharding.describe(), vendor(system)),
         "layout": label(cfg) + (f" + full recompute of {share:.0%} of blocks" if blended
                                 else ""),
         "peak_memory_gb": fig["peak_memory_bytes"] / 1e9,
@@ -520,7 +547,8 @@ def validate_runs(runs: pd.DataFrame, systems: dict[str, SystemSpec] | None = No
         out = predict_row(row, systems)
         rows.append({"source": source_key(row["source"]), "model": row["model"],
                      "gpu": row["gpu_type"], "system": row_system(row, systems).name,
-                     "gpus": int(row["num_gpus"]), **out})
+                     "gpus": int(row["num_gpus"]) if _given(row.get("num_gpus")) else None,
+                     **out})
     return pd.DataFrame(rows)
 
 

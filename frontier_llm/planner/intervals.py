@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from frontier_llm.catalog import load_system
 from frontier_llm.errors import UserError
 from frontier_llm.specs.system import SystemSpec
 
@@ -62,9 +63,32 @@ def params_sharded(sharding: str | None) -> bool:
     return text == "zero3" or text.startswith(("p=full", "p=partial"))
 
 
-def family(engine: str, sharding: str | None = None) -> str:
-    """The error family of a layout: its engine, ``+sharded`` when it shards parameters."""
-    return f"{engine}+sharded" if params_sharded(sharding) else str(engine)
+def vendor(system: SystemSpec) -> str:
+    """The maker of a system's GPU (``nvidia``, ``amd``; ``other`` for a CPU process): the
+    same engine runs other kernels (cuBLAS/NCCL vs rocBLAS/RCCL) on each, so its error is
+    measured per vendor."""
+    gpu = system.gpu.lower()
+    for maker, words in (("amd", ("amd", "mi250", "mi300", "instinct")),
+                         ("nvidia", ("nvidia", "a100", "h100", "h200", "b200"))):
+        if any(w in gpu for w in words):
+            return maker
+    return "other"
+
+
+def family(engine: str, sharding: str | None = None, maker: str | None = None) -> str:
+    """The error family of a layout: its engine, ``+sharded`` when it shards parameters, and
+    ``@vendor`` where the GPU's maker is given (:func:`vendor`)."""
+    base = f"{engine}+sharded" if params_sharded(sharding) else str(engine)
+    return f"{base}@{maker}" if maker else base
+
+
+@lru_cache(maxsize=64)
+def gpu_of(system: str) -> str:
+    """The GPU of a catalog system by name (the name itself for one the catalog lacks)."""
+    try:
+        return load_system(system).gpu
+    except UserError:
+        return system
 
 
 @lru_cache(maxsize=4)
@@ -148,13 +172,16 @@ def family_width(residuals: pd.DataFrame, fam: str, system: str, gpus: float | N
         return Width(q, f"{fam}: no calibration row of this family: the all-family quantile "
                         f"of {len(pool)} rows, leave-one-source-out")
     beyond = []
-    if system not in set(rows["system"]):
-        beyond.append(f"system {system} (the family ran on "
-                      f"{', '.join(sorted(set(rows['system'])))})")
+    ran_on = sorted(set(rows["system"]))
+    if system not in ran_on and gpu_of(system) not in {gpu_of(s) for s in ran_on}:
+        # Another system with the same GPU (Frontier and LUMI-G: MI250X GCDs on Slingshot 11)
+        # runs the same kernels: within the family's rows, not beyond them.
+        beyond.append(f"system {system} (the family ran on {', '.join(ran_on)})")
     top = float(rows["gpus"].max())
     if gpus is not None and np.isfinite(gpus) and gpus > SCALE_REACH * top:
         beyond.append(f"scale ({gpus:.0f} GPUs > {SCALE_REACH:g} x {top:.0f})")
-    basis = (f"{fam}: {len(rows)} rows of {rows['source'].nunique()} sources, "
+    basis = (f"{fam}: {len(rows)} rows of {rows['source'].nunique()} sources "
+             f"({', '.join(sorted(rows['source'].unique()))}; on {', '.join(ran_on)}), "
              "leave-one-source-out")
     if not math.isfinite(residual_quantile(group, confidence)):
         basis += f"; too few for {confidence:.0%}: at least the all-family quantile"
@@ -187,7 +214,8 @@ def step_width(
             f"({system.prediction_error.method or 'flm calibrate --from-runs'})",
         )
     res = load_residuals() if residuals is None else residuals
-    return family_width(res, family(engine, sharding), system.name, gpus, confidence)
+    return family_width(res, family(engine, sharding, vendor(system)), system.name, gpus,
+                        confidence)
 
 
 def memory_width(
