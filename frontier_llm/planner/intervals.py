@@ -342,22 +342,41 @@ def loso_coverage(
     return pd.DataFrame(rows)
 
 
+def family_numbers(residuals: pd.DataFrame, confidence: float = DEFAULT_CONFIDENCE
+                   ) -> pd.DataFrame:
+    """:func:`family_table` as numbers (fractions, rounded to 1e-4): per family and ``all``,
+    ``rows``, ``sources``, ``mean_error`` and ``max_error`` (``|predicted/measured − 1|`` of
+    the step time), ``bias`` (the mean signed error: negative predicts too fast),
+    ``coverage`` of the ``confidence`` interval built without each row's source and
+    ``median_half_width`` (a ratio − 1). The drift guard's golden (tests/test_drift_guard.py)."""
+    cov = loso_coverage(confidence, residuals)
+    use = usable(residuals)
+    groups = [(f, use[use["family"] == f], cov[cov["family"] == f])
+              for f in sorted(use["family"].unique())]
+    groups.append(("all", use, cov))
+    out = []
+    for name, rows, c in groups:
+        signed = np.exp(rows["loso_log_residual"].to_numpy(float)) - 1
+        out.append({"family": name, "rows": len(rows), "sources": rows["source"].nunique(),
+                    "mean_error": round(float(np.mean(np.abs(signed))), 4),
+                    "max_error": round(float(np.max(np.abs(signed))), 4),
+                    "bias": round(float(np.mean(signed)), 4),
+                    "coverage": round(float(c["covered"].mean()), 4),
+                    "median_half_width": round(float(np.exp(np.median(c["half_width"])) - 1),
+                                               4)})
+    return pd.DataFrame(out)
+
+
 def family_table(residuals: pd.DataFrame, confidence: float = DEFAULT_CONFIDENCE
                  ) -> pd.DataFrame:
     """Per family and over all: rows, sources, the leave-one-source-out step-time error (mean
     and largest ``|predicted/measured − 1|``), the coverage of the ``confidence`` interval built
     without each row's source and its median half-width (as a ratio − 1): docs/costmodel.md's
-    table (``python analysis/loso_residuals.py --table``)."""
-    cov = loso_coverage(confidence, residuals)
-    use = usable(residuals)
+    table (``python analysis/loso_residuals.py --table``), with the bias (mean signed error)."""
     out = []
-    groups = [(f, use[use["family"] == f], cov[cov["family"] == f])
-              for f in sorted(use["family"].unique())]
-    groups.append(("all", use, cov))
-    for name, rows, c in groups:
-        err = np.abs(np.exp(rows["loso_log_residual"].to_numpy(float)) - 1)
-        out.append({"family": name, "rows": len(rows), "sources": rows["source"].nunique(),
-                    "mean error": f"{np.mean(err):.1%}", "max error": f"{np.max(err):.1%}",
-                    f"{confidence:.0%} coverage": f"{c['covered'].mean():.0%}",
-                    "median half-width": f"{np.exp(np.median(c['half_width'])) - 1:.1%}"})
+    for r in family_numbers(residuals, confidence).itertuples():
+        out.append({"family": r.family, "rows": r.rows, "sources": r.sources,
+                    "mean error": f"{r.mean_error:.1%}", "max error": f"{r.max_error:.1%}",
+                    "bias": f"{r.bias:+.1%}", f"{confidence:.0%} coverage": f"{r.coverage:.0%}",
+                    "median half-width": f"{r.median_half_width:.1%}"})
     return pd.DataFrame(out)
