@@ -55,7 +55,12 @@ DATA = Path(__file__).with_name("data")
 # it sorts first) and each ``calibration_runs_*.csv`` beside it (the sharded table, the
 # published runs brought in from ../shared/data, fp8 rows ...). Columns a table adds beyond
 # the first's are carried along; one a table lacks is empty for its rows.
-CALIBRATION_FILES = tuple(sorted(DATA.glob("calibration_runs*.csv")))
+def corpus_files(folder: Path = DATA) -> tuple[Path, ...]:
+    """The corpus tables in ``folder``, ``calibration_runs.csv`` first."""
+    return tuple(sorted(Path(folder).glob("calibration_runs*.csv")))
+
+
+CALIBRATION_FILES = corpus_files()
 # What a row must state for its model to be built (an empty cell is never guessed).
 ARCHITECTURE = ("layers", "hidden", "heads", "seq_len", "vocab")
 # "400 Gbps inter-node" in a row's gpu_type: the network bandwidth its cluster had per node.
