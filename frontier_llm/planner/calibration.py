@@ -85,6 +85,10 @@ _YEAR = re.compile(r"((?:19|20)\d\d)")
 # Flash attention (Dao et al., arXiv 2205.14135, May 2022): a source dated before it ran the
 # unfused attention kernel.
 FLASH_ATTENTION_YEAR = 2022
+# Sequence parallelism and selective activation recomputation entered Megatron-LM with
+# Korthikanti et al. (arXiv 2205.05198, May 2022; Megatron-LM v3.0): a source dated before
+# them ran full recompute or none, and TP without sequence parallelism.
+SEQUENCE_PARALLEL_YEAR = 2022
 
 
 def _text(row: pd.Series, *cols: str) -> str:
@@ -338,6 +342,10 @@ def row_space(row: pd.Series, gpus_per_node: int = 8) -> SearchSpace:
     year = _YEAR.search(str(row.get("source") or ""))
     if year and int(year.group(1)) < FLASH_ATTENTION_YEAR:
         kw["flash_attention"] = (False,)
+    before_sp = bool(year and int(year.group(1)) < SEQUENCE_PARALLEL_YEAR)
+    if before_sp:
+        kw["sequence_parallel"] = (False,)
+        kw["recompute"] = ("none", "full")
     recompute = str(row.get("act_recompute") or "")
     lowered = recompute.lower()
     if _given(row.get("act_recompute")):
