@@ -198,3 +198,14 @@ def _analysis(*names: str) -> list:
         return [importlib.import_module(n) for n in names]
     finally:
         sys.path.remove(str(ANALYSIS))
+
+
+def test_the_plan_says_which_rows_a_frontier_prediction_rests_on():
+    """Frontier has no usable row of its own; its line names the MI250X rows (LUMI-G's, by
+    source) its intervals rest on."""
+    from frontier_llm.planner.allocation import rests_on
+
+    line = rests_on(load_system("frontier"))
+    assert "no published run of its own" in line
+    assert "same GPU's" in line and "on lumi-g" in line and "spyysalo/lumi-llm-scaling" in line
+    assert "same GPU's" not in rests_on(load_system("dgx-a100"))
