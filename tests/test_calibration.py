@@ -86,12 +86,6 @@ def test_mean_error_over_all_rows(table):
     assert error_summary(table)["mape"] <= 0.05, error_summary(table)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not met: Megatron-LM's GPT 32B on 384 H100 (TP 8, the GEMMs' split side 896) is predicted "
-    "15 % slow: one size law per GPU, fitted over sides 768 to 12,288, prices it below "
-    "its neighbours at TP 4 and at wider TP-8 sides; Narayanan et al. 2021's ZeRO-3 run on 384 "
-    "GPUs is next at 9 % slow (DeepSpeed's gathers beyond its 5e7-parameter prefetch bucket "
-    "exposed, which fits 768 and 1536 GPUs within 3 %) (docs/costmodel.md §6)"))
 def test_max_error_over_all_rows(table):
     assert error_summary(table)["max"] <= 0.10, error_summary(table)
 
