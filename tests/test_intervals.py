@@ -47,7 +47,8 @@ def test_loso_coverage_of_the_80_percent_interval():
     median = float(np.median(table["half_width"]))
     print(f"\nLOSO coverage at 80 %: {coverage:.1%} of {len(table)} rows from "
           f"{table['source'].nunique()} sources; median half-width x{math.exp(median):.3f}")
-    assert len(table) == 93 and table["source"].nunique() == 13
+    # The corpus as this test last saw it: 93 usable rows of 13 sources (more as tables join it).
+    assert len(table) >= 93 and table["source"].nunique() >= 13
     assert 0.70 <= coverage <= 0.90
 
 
@@ -104,7 +105,10 @@ def test_a_frontier_interval_rests_on_the_mi250x_rows():
 def test_low_confidence_rows_carry_no_weight():
     res = intervals.load_residuals()
     low = res["confidence"].astype(str).str.split().str[0] == "low"
-    assert low.sum() == 3  # henkdr's DP 8 row, Korthikanti's text figure, the Crusher log
+    # henkdr's DP 8 row, Korthikanti's text figure, the Crusher log (at least)
+    assert low.sum() >= 3
+    crusher = res["source"] == "sajal-vt/Megatron-DeepSpeed-ORNL"
+    assert (low & crusher).sum() == 1 and res[crusher]["loso_log_residual"].notna().all()
     assert not intervals.usable(res).index.isin(res.index[low]).any()
 
 
@@ -167,7 +171,7 @@ def test_stored_residuals_match_the_cost_model():
     (loso_residuals,) = _analysis("loso_residuals")
     runs = load_calibration()
     stored = intervals.load_residuals()
-    assert len(stored) == len(runs) == 126
+    assert len(stored) == len(runs) >= 126
     sharded = runs["file"] == "calibration_runs_sharded.csv"
     now = validate_runs(runs[sharded])
     for (_, row), (_, pred) in zip(stored[sharded.to_numpy()].iterrows(), now.iterrows(),
