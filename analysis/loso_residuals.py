@@ -1,4 +1,5 @@
-"""Write the cost model's leave-one-SOURCE-out residuals on both calibration tables, the data the
+"""Write the cost model's leave-one-SOURCE-out residuals on the calibration corpus (every
+``planner/data/calibration_runs*.csv``), the data the
 planner's intervals are built from (frontier_llm/planner/intervals.py, docs/planner.md
 "Reading an interval") and the per-family error table of docs/costmodel.md.
 
@@ -11,8 +12,11 @@ source, every row of it is predicted with the knobs fitted without it:
   GEMMs of two sizes or more; else it is the other GPU's); a system left without rows takes
   the fitted knobs of another (TRANSFER), ``matmul`` as the same share of its GPU's maximum
   achievable matmul rate (fit_efficiency.MAMF), as Frontier's and LUMI-G's are carried over;
-- nothing is fitted to ``calibration_runs_sharded.csv``, so its rows are predicted with the
-  catalog as it stands: out of sample already.
+- nothing is fitted to the other tables (``calibration_runs_sharded.csv``,
+  ``calibration_runs_published.csv`` ...), so their rows are predicted with the catalog as it
+  stands: out of sample already (LUMI-G's and Frontier's ``matmul`` is anchored on Dash et
+  al.'s figure, which the MI250X rows' own fit reproduces; the DGX H100's ``tp_overlap`` is
+  its runs' stated overlap, held, not fitted).
 
 Per row: ``log(predicted / measured step time)`` (a throughput figure turned into its step
 time: the ratio inverts), the family (engine, and whether parameters are sharded), the system,

@@ -2,16 +2,18 @@
 
 Method (docs/planner.md, "Reading an interval"):
 
-- The residuals are ``log(predicted / measured step time)`` of the rows of both calibration
-  tables (``planner/data/calibration_runs.csv`` and ``calibration_runs_sharded.csv``), each
+- The residuals are ``log(predicted / measured step time)`` of the rows of the calibration
+  corpus (every ``planner/data/calibration_runs*.csv``), each
   predicted **leave-one-source-out**: with the knobs fitted without any row of its paper,
   repository or blog (``analysis/loso_residuals.py`` writes them to
   ``planner/data/calibration_residuals.csv``). A new user's run is a new source, not a new row
   of a known one, so this is the error that transfers. Rows whose ``confidence`` is ``low`` are
   left out (the tables' README: the doubtful LUMI DP 8 row); rows the model cannot build (an
   unstated architecture) have no residual.
-- A layout's **family** is its engine, and whether it shards parameters (ZeRO-3, FSDP, HSDP):
-  ``megatron``, ``deepspeed``, ``deepspeed+sharded``, ``native+sharded`` ... The half-width at
+- A layout's **family** is its engine, whether it shards parameters (ZeRO-3, FSDP, HSDP), and
+  its GPU's maker: ``megatron@nvidia``, ``deepspeed@amd``, ``native+sharded@nvidia`` ... A
+  system whose GPU is another system's (Frontier's and LUMI-G's MI250X GCDs) is within that
+  system's rows, not beyond them. The half-width at
   confidence ``c`` is the empirical quantile of the family's absolute residuals: the
   ``ceil(n·c)``-th smallest of ``n`` (:func:`residual_quantile`; split-conformal's
   ``ceil((n + 1)·c)``-th, Vovk et al. 2005, Lei et al. 2018, over-covered the left-out
