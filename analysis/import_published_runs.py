@@ -96,6 +96,13 @@ def _bloom(out: dict, i: int) -> None:
     out["engine"] = "Megatron-DeepSpeed (BigScience fork: BF16_Optimizer, ZeRO-1)"
     out["flops_kind"] = "hardware TFLOP/s (Megatron-DeepSpeed's count, recompute included)"
     out["act_recompute"] = "full (stated: activation checkpointing)"
+    # Jean Zay is no DGX: its nodes reach each other through 4 Omni-Path links (the tr11
+    # README's Hardware section: "8 GPUs per node Using NVLink 4 inter-gpu connects, 4
+    # OmniPath links"; "Inter-node connect: Omni-Path Architecture (OPA)"), 100 Gbit/s each
+    # (OPA 100 series), a quarter of a DGX A100's eight 200 Gbit/s HDR ports.
+    out["gpu_type"] = "A100 80GB (Jean Zay: 4 x 100 Gbps Omni-Path, 400 Gbps inter-node)"
+    out["derived"].append("gpu_type's network: the tr11 README's 4 OmniPath links per node, "
+                          "100 Gbit/s each (Omni-Path Architecture 100 series)")
     seconds = _SECONDS.search(str(out["notes"]))
     if seconds:
         out["iteration_time_s"] = float(seconds.group(1))

@@ -354,9 +354,19 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
         stage_params_per_rank(model, tp, pp, 0, ranks["first"], n_layer),
         stage_params_per_rank(model, tp, pp, ranks["mid"], ranks["mid_held"], n_layer),
         stage_params_per_rank(model, tp, pp, pp - 1, ranks["last"], n_layer)])
-    grad_bytes = n_stage * reduce_bytes(t, reduce_fp32)
-    param_bytes = n_stage * STATE_BYTES[t.dtype][:, 0]
+    # DeepSpeed's PipelineEngine (pp > 1) turns the engine's backward-hook reduction off
+    # (``enable_backward_allreduce = False``, deepspeed/runtime/pipe/engine.py) and reduces as
+    # the schedule's last instructions, after the pipeline has drained (TrainSchedule's
+    # ReduceTiedGrads, ReduceGrads, OptimizerStep: runtime/pipe/schedule.py): nothing hides
+    # behind a backward. In bf16 (ZeRO 0/1) the engine picks BF16_Optimizer for a pipeline
+    # (runtime/engine.py ``_do_optimizer_sanity_check``), which all-reduces its fp32 gradient
+    # buffers (``_bf16_reduce_grads`` -> ``get_grads_for_reduction``) and the tied
+    # embedding's fp32 ``_hp_grad`` between the first and last stage.
     kp, kg, ko = t.degree("params"), t.degree("grads"), t.degree("optim")
+    pipe = (t.engine == Engine.DEEPSPEED.code) & (pp > 1)
+    pipe_fp32 = pipe & (t.dtype == DType.BF16.code) & (kp == 1)
+    grad_bytes = n_stage * np.where(pipe_fp32, 4, reduce_bytes(t, reduce_fp32))
+    param_bytes = n_stage * STATE_BYTES[t.dtype][:, 0]
     shard = np.maximum(kg, ko)
     # Gradients once per step: reduce-scatter inside a sharding group and all-reduce of the shard
     # across groups (HSDP's replication; a plain all-reduce when nothing is sharded). With
@@ -392,6 +402,7 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     if not overlap_comm:
         bucketing = bucketing & ~((t.engine == Engine.DEEPSPEED.code) & (kp == 1))
     grad_hidden = bucketing & np.where(shard > 1, True, behaviour(t, "replicated_grad_overlap"))
+    grad_hidden = grad_hidden & ~pipe
     grad_exposed = np.where(grad_hidden, np.maximum(0.0, grad_sync * (1 - last) - bwd_mb)
                             + grad_sync * last, grad_sync)
     # Sharded gradients reduced after every micro-batch (DeepSpeed ZeRO-2), each behind that
@@ -401,7 +412,14 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     gather_hidden = bucketing & behaviour(t, "param_gather_overlap")
     gather_exposed = np.where(gather_hidden, np.maximum(0.0, param_gather * (1 - last) - fwd_mb)
                               + param_gather * last, param_gather)
-    dp_exposed = grad_exposed + gather_exposed
+    # The tied embedding's gradient, all-reduced over its two holders (first and last stage,
+    # (pp - 1)·tp·cp·dp ranks apart), exposed, by DeepSpeed's pipeline (above); Megatron's
+    # embedding all-reduce is its own small step too, but no row prices it yet.
+    tied = comm.all_reduce(system, 2, (pp - 1) * tp * t.cp * t.dp,
+                           model.vocab * model.hidden / tp * np.where(pipe_fp32, 4,
+                                                                      reduce_bytes(t)))
+    tied_exposed = np.where(pipe & model.tied_embeddings, tied, 0.0)
+    dp_exposed = grad_exposed + gather_exposed + tied_exposed
     fsdp_exposed = m * sharded_param_times(model, system, t, blk, layers, n_stage, reduce_fp32)
     optimizer = np.ceil(n_stage / ko) * OPTIMIZER_TRAFFIC[t.dtype] / r.memory
     return {"dp_comm": dp_exposed + fsdp_exposed, "optimizer": optimizer}
