@@ -70,6 +70,10 @@ from frontier_llm.specs.system import SystemSpec
 OPTIMIZER_TRAFFIC = np.array([{DType.FP32: 4 + 4 + 8 + 4 + 8, DType.BF16: 2 + 4 + 12 + 2 + 12,
                                DType.FP16: 2 + 4 + 12 + 2 + 12}[d] for d in DType])
 
+# Bytes per parameter BF16_Optimizer moves after each micro-batch under a DeepSpeed pipeline
+# (:func:`data_parallel_times`).
+HP_GRAD_ACCUMULATE_BYTES = 2 + 4 + 4 + 4 + 4 + 2
+
 
 @dataclass
 class _Rates:
@@ -358,14 +362,16 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     # (``enable_backward_allreduce = False``, deepspeed/runtime/pipe/engine.py) and reduces as
     # the schedule's last instructions, after the pipeline has drained (TrainSchedule's
     # ReduceTiedGrads, ReduceGrads, OptimizerStep: runtime/pipe/schedule.py): nothing hides
-    # behind a backward. In bf16 (ZeRO 0/1) the engine picks BF16_Optimizer for a pipeline
-    # (runtime/engine.py ``_do_optimizer_sanity_check``), which all-reduces its fp32 gradient
-    # buffers (``_bf16_reduce_grads`` -> ``get_grads_for_reduction``) and the tied
-    # embedding's fp32 ``_hp_grad`` between the first and last stage.
+    # behind a backward. A bf16 pipeline whose gradients are reduced in fp32 (``reduce_fp32``
+    # True: a run that states BF16_Optimizer, the engine's choice for bf16 with a pipeline at
+    # ZeRO stage 0 or with fp32 gradient accumulation, runtime/engine.py
+    # ``_do_optimizer_sanity_check``) all-reduces its fp32 gradient buffers
+    # (``_bf16_reduce_grads`` -> ``get_grads_for_reduction``) and the tied embedding's fp32
+    # ``_hp_grad`` between the first and last stage.
     kp, kg, ko = t.degree("params"), t.degree("grads"), t.degree("optim")
     pipe = (t.engine == Engine.DEEPSPEED.code) & (pp > 1)
-    pipe_fp32 = pipe & (t.dtype == DType.BF16.code) & (kp == 1)
-    grad_bytes = n_stage * np.where(pipe_fp32, 4, reduce_bytes(t, reduce_fp32))
+    pipe_fp32 = pipe & (t.dtype == DType.BF16.code) & (kp == 1) & bool(reduce_fp32)
+    grad_bytes = n_stage * reduce_bytes(t, reduce_fp32)
     param_bytes = n_stage * STATE_BYTES[t.dtype][:, 0]
     shard = np.maximum(kg, ko)
     # Gradients once per step: reduce-scatter inside a sharding group and all-reduce of the shard
@@ -416,12 +422,20 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     # (pp - 1)·tp·cp·dp ranks apart), exposed, by DeepSpeed's pipeline (above); Megatron's
     # embedding all-reduce is its own small step too, but no row prices it yet.
     tied = comm.all_reduce(system, 2, (pp - 1) * tp * t.cp * t.dp,
-                           model.vocab * model.hidden / tp * np.where(pipe_fp32, 4,
-                                                                      reduce_bytes(t)))
+                           model.vocab * model.hidden / tp * reduce_bytes(t, reduce_fp32))
     tied_exposed = np.where(pipe & model.tied_embeddings, tied, 0.0)
     dp_exposed = grad_exposed + gather_exposed + tied_exposed
     fsdp_exposed = m * sharded_param_times(model, system, t, blk, layers, n_stage, reduce_fp32)
     optimizer = np.ceil(n_stage / ko) * OPTIMIZER_TRAFFIC[t.dtype] / r.memory
+    # BF16_Optimizer under DeepSpeed's pipeline (PR #1801, "bf16+pipeline parallelism", the
+    # branch BLOOM trained on): after every micro-batch's backward the stage's 16-bit gradients
+    # are added into its fp32 ones, parameter by parameter (``update_hp_grads``:
+    # ``hp_grad.add_(lp.grad.to(fp32))``: read 2, write and read a 4-byte copy, read and write
+    # 4) and zeroed before the next (``clear_lp_grads``: write 2): 20 bytes per parameter per
+    # micro-batch, on every backward of the critical path (m + p - 1 of them).
+    accumulate = np.where(pipe_fp32, (m + pp - 1) * n_stage * HP_GRAD_ACCUMULATE_BYTES
+                          / r.memory, 0.0)
+    optimizer = optimizer + accumulate
     return {"dp_comm": dp_exposed + fsdp_exposed, "optimizer": optimizer}
 
 

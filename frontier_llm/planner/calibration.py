@@ -161,7 +161,12 @@ def row_reduce_fp32(row: pd.Series) -> bool | None:
     ``param_dtype``; fms-fsdp, the code of the PyTorch blog's and fms-fsdp's rows, sets both to
     bf16 (its ``bfSixteen`` policy, foundation-model-stack/fms-fsdp@0d319983
     fms_fsdp/policies/mixed_precision.py, chosen by ``mixed_precision=True``, the default), where
-    torchtitan's FSDP2 reduces in fp32."""
+    torchtitan's FSDP2 reduces in fp32. A DeepSpeed run that states BF16_Optimizer (BLOOM's
+    BigScience fork) reduces its fp32 gradient copies (deepspeed/runtime/bf16_optimizer.py
+    ``get_grads_for_reduction``), where DeepSpeed's ZeRO optimizer reduces in the training
+    dtype."""
+    if "bf16_optimizer" in _engine_text(row):
+        return True
     return False if "fsdp1" in _engine_text(row) else None
 
 
