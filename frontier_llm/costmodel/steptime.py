@@ -134,10 +134,14 @@ def _rates(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> _Rates:
 
 
 def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
-                eager: bool = False) -> BlockTimes:
+                eager: bool = False, tp_comm_overlap: bool = False) -> BlockTimes:
     """One block's compute, element-wise, recompute and TP communication time. ``eager``: the
     run executes PyTorch's ops one kernel each (no torch.compile), so its element-wise work is
-    :data:`EAGER_BYTES_PER_TOKEN`, not the fused count."""
+    :data:`EAGER_BYTES_PER_TOKEN`, not the fused count. ``tp_comm_overlap``: the run turns on
+    the TP overlap its engine can do (Megatron-LM's ``--tp-comm-overlap``); off, as flm's
+    Megatron-LM command renders it and NVIDIA's bf16 GPT-3 175B recipe runs it
+    (NeMo-Framework-Launcher conf/training/gpt3/175b.yaml: ``ub_tp_comm_overlap: False``),
+    every TP collective is exposed."""
     s, h, f = model.seq_len, model.hidden, model.ffn_hidden
     tp, e = t.tp, r.act_bytes
     # The rank's tokens: seq_len/cp of each sequence (context parallelism). Attention work per
@@ -191,7 +195,8 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     recompute_comm = np.where(full, fwd_comm, 0.0)
     # Overlapped TP communication (Megatron's tp-comm-overlap) hides behind the GEMMs it is
     # pipelined with, never more than they last.
-    overlap = np.where(behaviour(t, "tp_comm_overlap"), system.eff("tp_overlap", 0.0), 0.0)
+    overlap = np.where(behaviour(t, "tp_comm_overlap") & tp_comm_overlap,
+                       system.eff("tp_overlap", 0.0), 0.0)
     hidden_by = overlap * (3 * f_dense + np.where(full, f_dense, 0))
     block_comm = np.maximum(0.0, fwd_comm + bwd_comm + recompute_comm - hidden_by)
     cp_comm = cp_exchange_times(model, system, t, e, f_attn)
@@ -440,14 +445,15 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
 
 
 def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable, eager: bool = False,
-              overlap_comm: bool = True,
-              reduce_fp32: bool | None = None) -> dict[str, np.ndarray]:
+              overlap_comm: bool = True, reduce_fp32: bool | None = None,
+              tp_comm_overlap: bool = False) -> dict[str, np.ndarray]:
     """Seconds per iteration and its parts (seconds, summed over the iteration, on the slowest
     pipeline stage), for every layout of ``t``: per block, per stage, data parallel. ``eager``:
     the run is un-compiled PyTorch (:func:`block_times`); ``overlap_comm``: DeepSpeed's, for
-    its ZeRO-1/2 layouts (:func:`data_parallel_times`); ``reduce_fp32``: :func:`reduce_bytes`."""
+    its ZeRO-1/2 layouts (:func:`data_parallel_times`); ``reduce_fp32``: :func:`reduce_bytes`;
+    ``tp_comm_overlap``: :func:`block_times`."""
     r = _rates(model, system, t)
-    blk = block_times(model, system, t, r, eager)
+    blk = block_times(model, system, t, r, eager, tp_comm_overlap)
     stage = stage_times(model, system, t, r, blk)
     dp = data_parallel_times(model, system, t, r, blk, stage, overlap_comm, reduce_fp32)
     m = t.num_microbatches

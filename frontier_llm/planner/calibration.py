@@ -154,6 +154,21 @@ def row_overlap_comm(row: pd.Series) -> bool:
     return "megatron-deepspeed" not in _engine_text(row)
 
 
+# Sources whose text states --tp-comm-overlap for every run they report, the rows whose notes
+# do not repeat it included: the Megatron-LM README's experiments ("We perform fine-grained
+# overlapping of data-parallel (--overlap-grad-reduce --overlap-param-gather), tensor-parallel
+# (--tp-comm-overlap) and pipeline-parallel communication", above its weak- and strong-scaling
+# results).
+TP_OVERLAP_SOURCES = ("MegatronLM-README-2024",)
+
+
+def row_tp_comm_overlap(row: pd.Series) -> bool:
+    """Whether the row's Megatron-LM ran with ``--tp-comm-overlap`` (its notes or its source
+    say so); the others, as flm's Megatron-LM command, without."""
+    return ("--tp-comm-overlap" in _text(row, "notes", "engine")
+            or source_key(str(row.get("source") or "")) in TP_OVERLAP_SOURCES)
+
+
 def row_reduce_fp32(row: pd.Series) -> bool | None:
     """Whether the row's gradients were reduced in fp32, where its framework says otherwise
     than the engine's rule (None: the rule; costmodel/steptime.py ``reduce_bytes``). PyTorch
@@ -454,7 +469,8 @@ def _best(row: pd.Series, model: ModelSpec, system: SystemSpec, recompute: str |
         space = dataclasses.replace(space, recompute=(recompute,))
     for batch in row_batches(row):
         result = plan(model, system, int(row["num_gpus"]), batch, space, eager=row_eager(row),
-                      overlap_comm=row_overlap_comm(row), reduce_fp32=row_reduce_fp32(row))
+                      overlap_comm=row_overlap_comm(row), reduce_fp32=row_reduce_fp32(row),
+                      tp_comm_overlap=row_tp_comm_overlap(row))
         # A published run ran: when none of its layouts is predicted to fit, the fastest is
         # predicted anyway (after those that fit) and the table says it was predicted not to fit.
         order = result.ranked_indices(fits_only=False)
