@@ -209,7 +209,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "all-gathers/reduce-scatters with the GEMMs; sequence parallelism). "
                         "off (default): the command flm renders, every TP collective exposed; "
                         "on: a run that sets it, as the Megatron-LM README's H100 runs did "
-                        "(docs/costmodel.md 'Tensor-parallel communication')")
+                        "(docs/costmodel.md section 5 and 'The corpus')")
     p.add_argument("--all", action="store_true",
                    help="rank every layout; by default a layout is left out when another is at "
                         "least as fast with no more memory (it is dominated)")
