@@ -424,9 +424,9 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     gather_exposed = np.where(gather_hidden, np.maximum(0.0, param_gather * (1 - last) - fwd_mb)
                               + param_gather * last, param_gather)
     # The tied embedding's gradient, all-reduced over its two holders (first and last stage,
-    # (pp - 1)·tp·cp·dp ranks apart), exposed, by DeepSpeed's pipeline (above); Megatron's
-    # embedding all-reduce is its own small step too, but no row prices it yet.
-    tied = comm.all_reduce(system, 2, (pp - 1) * tp * t.cp * t.dp,
+    # (pp - 1) stages of world_size / pp ranks apart), exposed, by DeepSpeed's pipeline (above);
+    # Megatron's embedding all-reduce is its own small step too, but no row prices it yet.
+    tied = comm.all_reduce(system, 2, (pp - 1) * (t.world_size // pp),
                            model.vocab * model.hidden / tp * reduce_bytes(t, reduce_fp32))
     tied_exposed = np.where(pipe & model.tied_embeddings, tied, 0.0)
     dp_exposed = grad_exposed + gather_exposed + tied_exposed
