@@ -473,6 +473,7 @@ def allocation_curve(
     grow_batch: bool = False,
     eager: bool = False,
     overlap_comm: bool = True,
+    tp_comm_overlap: bool = False,
 ) -> pd.DataFrame:
     """The best layout at each GPU count of ``counts`` with its intervals (``confidence``,
     default :data:`~frontier_llm.planner.intervals.DEFAULT_CONFIDENCE`) and, with ``tokens``,
@@ -482,8 +483,9 @@ def allocation_curve(
     :func:`curve_global_batch`; ``grow_batch``: each count's :func:`growing_global_batch`
     instead (weak scaling; :data:`CRITICAL_BATCH_CAVEAT`). Each row carries its
     ``global_batch`` and ``batch_tokens``. ``eager``: element-wise work priced as un-compiled
-    PyTorch runs it, ``overlap_comm`` False DeepSpeed's ZeRO-1/2 reductions not overlapped
-    (:func:`~frontier_llm.planner.plan.plan`)."""
+    PyTorch runs it, ``overlap_comm`` False DeepSpeed's ZeRO-1/2 reductions not overlapped,
+    ``tp_comm_overlap`` Megatron-LM's ``--tp-comm-overlap`` (:func:`~frontier_llm.planner.plan.
+    plan`)."""
     from frontier_llm.planner import intervals
     from frontier_llm.planner.plan import plan
 
@@ -492,7 +494,8 @@ def allocation_curve(
     plans = []
     for i, n in enumerate(counts):
         plans.append(plan(model, system, n, fixed or growing_global_batch(model, n), space,
-                          eager=eager, overlap_comm=overlap_comm))
+                          eager=eager, overlap_comm=overlap_comm,
+                          tp_comm_overlap=tp_comm_overlap))
         if on_count:
             on_count(i + 1)
     cur = curve(plans)
