@@ -1,4 +1,5 @@
-"""Write the cost model's leave-one-SOURCE-out residuals on both calibration tables, the data the
+"""Write the cost model's leave-one-SOURCE-out residuals on the calibration corpus (every
+``planner/data/calibration_runs*.csv``), the data the
 planner's intervals are built from (frontier_llm/planner/intervals.py, docs/planner.md
 "Reading an interval") and the per-family error table of docs/costmodel.md.
 
@@ -11,16 +12,24 @@ source, every row of it is predicted with the knobs fitted without it:
   GEMMs of two sizes or more; else it is the other GPU's); a system left without rows takes
   the fitted knobs of another (TRANSFER), ``matmul`` as the same share of its GPU's maximum
   achievable matmul rate (fit_efficiency.MAMF), as Frontier's and LUMI-G's are carried over;
-- nothing is fitted to ``calibration_runs_sharded.csv``, so its rows are predicted with the
-  catalog as it stands: out of sample already.
+- nothing is fitted to the other tables (``calibration_runs_sharded.csv``,
+  ``calibration_runs_published.csv`` ...), so their rows are predicted with the catalog as it
+  stands: out of sample already (LUMI-G's and Frontier's ``matmul`` is anchored on Dash et
+  al.'s figure, which the MI250X rows' own fit reproduces; the DGX H100's ``tp_overlap`` is
+  its runs' stated overlap, held, not fitted).
 
 Per row: ``log(predicted / measured step time)`` (a throughput figure turned into its step
 time: the ratio inverts), the family (engine, and whether parameters are sharded), the system,
 the GPU count and the row's ``confidence``; a stated peak memory gives
 ``log(predicted / measured peak)``.
 
-    python analysis/loso_residuals.py           # a few minutes; writes the CSV below
+    python analysis/loso_residuals.py           # seconds; writes the CSV and the goldens
     python analysis/loso_residuals.py --table   # print the per-family table from the CSV
+
+It also writes the drift guard's goldens (tests/test_drift_guard.py): the per-family table
+(:data:`FAMILIES_GOLDEN`) and the fastest layout the planner predicts for each row's stated
+shape with the catalog's knobs (:data:`FASTEST_GOLDEN`). A change that moves them fails the
+suite until this command is rerun and the commit says why the move is worth it.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import argparse
 import dataclasses
 import math
 import time
+from pathlib import Path
 
 import pandas as pd
 from fit_efficiency import fit, matmul_ceiling, with_eff
@@ -40,14 +50,20 @@ from frontier_llm.planner.calibration import (
     row_system,
     validate_runs,
 )
-from frontier_llm.planner.intervals import RESIDUALS, family_table
+from frontier_llm.planner.intervals import RESIDUALS, family_numbers, family_table
 from frontier_llm.report.tables import markdown
+
+GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden"
+FAMILIES_GOLDEN = GOLDEN / "loso_families.csv"
+FASTEST_GOLDEN = GOLDEN / "calibration_fastest.csv"
 
 # Per system with rows in calibration_runs.csv: the knobs fitted to them, the ones held at a
 # value, and where the search starts (docs/costmodel.md §6).
 FITS = {
     "dgx-a100": (("matmul", "collective", "matmul_half_hidden"), {"memory": 0.8}, {}),
-    "dgx-h100": (("matmul", "collective", "matmul_half_hidden", "tp_overlap"), {"memory": 0.8}, {}),
+    # tp_overlap is the H100 runs' stated overlap (the catalog's dgx-h100.yaml), not fitted.
+    "dgx-h100": (("matmul", "collective", "matmul_half_hidden"),
+                 {"memory": 0.8, "tp_overlap": 1.0}, {}),
     "grand-teton-h100": (("matmul",), {}, {"matmul": 0.73}),
 }
 # Whose fitted knobs stand in for a system's own when no other source has rows on it.
@@ -114,7 +130,7 @@ def residual_rows(runs: pd.DataFrame, source: str) -> list[dict]:
         out.append({
             "file": row["file"], "row": int(row["row"]), "source": source,
             "model": row["model"], "system": pred["system"], "engine": pred["engine"],
-            "family": pred.get("family"), "gpus": int(row["num_gpus"]),
+            "family": pred.get("family"), "gpus": pred["gpus"],
             "confidence": row.get("confidence") if pd.notna(row.get("confidence")) else "high",
             "metric": pred["metric"], "measured": pred["measured"],
             "predicted": pred["predicted"], "layout": pred["layout"],
@@ -128,6 +144,25 @@ def residual_rows(runs: pd.DataFrame, source: str) -> list[dict]:
     return out
 
 
+def all_residuals(runs: pd.DataFrame, log=None) -> pd.DataFrame:
+    """Every corpus row's leave-one-source-out residual, source by source."""
+    out = []
+    for source in dict.fromkeys(runs["source_key"]):
+        t0 = time.perf_counter()
+        out += residual_rows(runs, source)
+        if log:
+            log(f"{source:<32} {out[-1]['knobs']} ({time.perf_counter() - t0:.0f} s)")
+    return pd.DataFrame(out)
+
+
+def fastest_layouts(runs: pd.DataFrame) -> pd.DataFrame:
+    """The layout the planner ranks first for each row's stated shape, with the catalog's
+    knobs (what a user is told): the rank-order half of the drift guard."""
+    table = validate_runs(runs)
+    return pd.DataFrame({"file": runs["file"].to_numpy(), "row": runs["row"].to_numpy(),
+                         "model": runs["model"].to_numpy(), "layout": table["layout"]})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -139,15 +174,14 @@ def main() -> None:
         print(markdown(family_table(pd.read_csv(args.out))))
         return
     runs = load_calibration()
-    out = []
-    for source in dict.fromkeys(runs["source_key"]):
-        t0 = time.perf_counter()
-        out += residual_rows(runs, source)
-        print(f"{source:<32} {out[-1]['knobs']} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    frame = pd.DataFrame(out)
+    frame = all_residuals(runs, log=lambda line: print(line, flush=True))
     frame.to_csv(args.out, index=False)
     print(markdown(family_table(frame)))
     print(f"wrote {args.out}")
+    if args.out == str(RESIDUALS):
+        family_numbers(frame).to_csv(FAMILIES_GOLDEN, index=False)
+        fastest_layouts(runs).to_csv(FASTEST_GOLDEN, index=False)
+        print(f"wrote {FAMILIES_GOLDEN} and {FASTEST_GOLDEN}")
 
 
 if __name__ == "__main__":

@@ -66,8 +66,10 @@ def test_the_published_runs_ship_with_the_package():
     """The runs the accuracy claim is measured on are package data, with a README that cites
     their sources."""
     data = ROOT / "frontier_llm" / "planner" / "data"
-    for name in ("calibration_runs.csv", "calibration_runs_sharded.csv"):
+    for name in ("calibration_runs.csv", "calibration_runs_sharded.csv",
+                 "calibration_runs_published.csv"):
         assert (data / name).stat().st_size > 1000, name
     readme = (data / "README.md").read_text()
     assert "Korthikanti" in readme and "arXiv 2205.05198" in readme
-    assert "frontier_llm/planner/data/calibration_runs.csv" in (ROOT / "README.md").read_text()
+    assert "frontier_llm/planner/data/calibration_runs*.csv" in (ROOT / "README.md").read_text()
+    assert "published_runs_a.csv" in readme and "calibration_runs_published.csv" in readme

@@ -23,6 +23,14 @@ from frontier_llm.planner.calibration import load_calibration, validate_runs
 ANALYSIS = Path(__file__).resolve().parents[1] / "analysis"
 
 
+def test_family_is_engine_sharding_and_vendor():
+    assert intervals.family("megatron", "zero1", "amd") == "megatron@amd"
+    assert intervals.vendor(load_system("frontier")) == "amd"
+    assert intervals.vendor(load_system("lumi-g")) == "amd"
+    assert intervals.vendor(load_system("dgx-a100")) == "nvidia"
+    assert intervals.vendor(load_system("grand-teton-h100")) == "nvidia"
+
+
 def test_family_is_engine_and_whether_parameters_are_sharded():
     assert intervals.family("megatron", "zero1") == "megatron"
     assert intervals.family("native", "zero3") == "native+sharded"
@@ -39,7 +47,8 @@ def test_loso_coverage_of_the_80_percent_interval():
     median = float(np.median(table["half_width"]))
     print(f"\nLOSO coverage at 80 %: {coverage:.1%} of {len(table)} rows from "
           f"{table['source'].nunique()} sources; median half-width x{math.exp(median):.3f}")
-    assert len(table) == 46 and table["source"].nunique() == 9
+    # The corpus as this test last saw it: 93 usable rows of 13 sources (more as tables join it).
+    assert len(table) >= 93 and table["source"].nunique() >= 13
     assert 0.70 <= coverage <= 0.90
 
 
@@ -67,21 +76,39 @@ def test_beyond_the_family_the_interval_widens_and_says_so():
     inside = intervals.step_width(load_system("dgx-h100"), "megatron", 0.8, res,
                                   sharding="zero1", gpus=1024)
     assert "beyond" not in inside.basis and "leave-one-source-out" in inside.basis
-    other = intervals.step_width(load_system("frontier"), "megatron", 0.8, res,
-                                 sharding="zero1", gpus=1024)
-    assert "system frontier" in other.basis and other.q >= pool
+    # DeepSpeed's ZeRO-1 rows on NVIDIA GPUs ran on A100s only: an H100 is beyond them.
+    other = intervals.step_width(load_system("dgx-h100"), "deepspeed", 0.8, res,
+                                 sharding="zero1", gpus=384)
+    assert "system dgx-h100" in other.basis and other.q >= pool
     bigger = intervals.step_width(load_system("dgx-h100"), "megatron", 0.8, res,
-                                  sharding="zero1", gpus=20000)
+                                  sharding="zero1", gpus=30000)
     assert "scale" in bigger.basis and bigger.q >= pool
     none = intervals.step_width(load_system("dgx-h100"), "native", 0.8, res, sharding="zero0",
                                 gpus=8)
     assert "no calibration row of this family" in none.basis and none.q >= pool
 
 
+def test_a_frontier_interval_rests_on_the_mi250x_rows():
+    """Frontier has no row of its own with a stated layout; its MI250X GCDs are LUMI-G's, so a
+    DeepSpeed layout on Frontier takes the AMD family's residuals (LUMI-G's rows), not the
+    NVIDIA rows' nor the all-family widening, and the basis names the rows' sources."""
+    res = intervals.load_residuals()
+    w = intervals.step_width(load_system("frontier"), "deepspeed", 0.8, res, sharding="zero1",
+                             gpus=512)
+    assert w.basis.startswith("deepspeed@amd") and "beyond" not in w.basis
+    assert "spyysalo/lumi-llm-scaling" in w.basis and "on lumi-g" in w.basis
+    amd = intervals.usable(res)
+    amd = amd[amd["family"] == "deepspeed@amd"]["loso_log_residual"]
+    assert w.q == intervals.residual_quantile(amd, 0.8)
+
+
 def test_low_confidence_rows_carry_no_weight():
     res = intervals.load_residuals()
     low = res["confidence"].astype(str).str.split().str[0] == "low"
-    assert low.sum() == 1
+    # henkdr's DP 8 row, Korthikanti's text figure, the Crusher log (at least)
+    assert low.sum() >= 3
+    crusher = res["source"] == "sajal-vt/Megatron-DeepSpeed-ORNL"
+    assert (low & crusher).sum() == 1 and res[crusher]["loso_log_residual"].notna().all()
     assert not intervals.usable(res).index.isin(res.index[low]).any()
 
 
@@ -97,11 +124,11 @@ def test_add_intervals_gives_the_margin_and_the_basis():
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "not met: leave-one-source-out step-time error (mean |predicted/measured - 1|) is 4.6 % "
-    "for deepspeed+sharded, 5.6 % for megatron and 9.4 % for deepspeed but 10.5 % for "
-    "native+sharded (eager PyTorch FSDP on the blog's H100s, SKU unstated, predicted 14-20 % "
-    "fast; fms-fsdp's 13B at micro-batch 1 20 % fast; MaxText's multi-node rows on Google "
-    "Cloud A3 High 9-20 % fast); docs/costmodel.md 'Leave-one-source-out'"))
+    "not met: leave-one-source-out step-time error (mean |predicted/measured - 1|) is within "
+    "10 % in every family of 3 rows or more but deepspeed@nvidia, 19.2 %: Megatron-DeepSpeed on "
+    "A100 (BLOOM-176B 7 % fast at its steady state, 17-20 % in its two batch ramp-up rows; "
+    "MT-NLG 530B 23-26 % fast) while Megatron-LM's own 529.6B run on the same machine and "
+    "layout is within 8 %; docs/costmodel.md 'The corpus'"))
 def test_loso_step_time_error_per_family_at_most_ten_percent():
     res = intervals.usable(intervals.load_residuals())
     over = {}
@@ -128,8 +155,10 @@ def test_no_refit_puts_matmul_above_the_gpus_best_gemm():
     assert a100.matmul_half_hidden == load_system("dgx-h100").matmul_half_hidden
     assert 0.80 <= a100.eff("matmul") <= fit_efficiency.matmul_ceiling(a100) < 0.87
     stored = intervals.load_residuals()
-    stored = stored[stored["source"] == "Korthikanti2022"]["loso_log_residual"].to_numpy()
-    now = [r["loso_log_residual"] for r in loso_residuals.residual_rows(runs, "Korthikanti2022")]
+    stored = stored[(stored["source"] == "Korthikanti2022")
+                    & (stored["file"] == "calibration_runs.csv")]["loso_log_residual"].to_numpy()
+    now = [r["loso_log_residual"] for r in loso_residuals.residual_rows(runs, "Korthikanti2022")
+           if r["file"] == "calibration_runs.csv"]
     assert now == pytest.approx(list(stored), abs=1e-4)
     assert np.abs(np.exp(stored) - 1).mean() < 0.06
 
@@ -142,7 +171,7 @@ def test_stored_residuals_match_the_cost_model():
     (loso_residuals,) = _analysis("loso_residuals")
     runs = load_calibration()
     stored = intervals.load_residuals()
-    assert len(stored) == len(runs) == 49
+    assert len(stored) == len(runs) >= 126
     sharded = runs["file"] == "calibration_runs_sharded.csv"
     now = validate_runs(runs[sharded])
     for (_, row), (_, pred) in zip(stored[sharded.to_numpy()].iterrows(), now.iterrows(),
@@ -173,3 +202,14 @@ def _analysis(*names: str) -> list:
         return [importlib.import_module(n) for n in names]
     finally:
         sys.path.remove(str(ANALYSIS))
+
+
+def test_the_plan_says_which_rows_a_frontier_prediction_rests_on():
+    """Frontier has no usable row of its own; its line names the MI250X rows (LUMI-G's, by
+    source) its intervals rest on."""
+    from frontier_llm.planner.allocation import rests_on
+
+    line = rests_on(load_system("frontier"))
+    assert "no published run of its own" in line
+    assert "same GPU's" in line and "on lumi-g" in line and "spyysalo/lumi-llm-scaling" in line
+    assert "same GPU's" not in rests_on(load_system("dgx-a100"))

@@ -233,6 +233,7 @@ def run_curve(
             grow_batch=args.grow_batch,
             eager=args.eager,
             overlap_comm=args.deepspeed_overlap_comm == "on",
+            tp_comm_overlap=getattr(args, "tp_comm_overlap", "off") == "on",
         )
     selection = None
     if args.deadline is not None:

@@ -189,7 +189,8 @@ def run_plan(args: argparse.Namespace) -> int:
         return alloc_cli.run_curve(args, model, system, space)
     start = time.perf_counter()
     result = plan(model, system, args.gpus, args.global_batch, space, eager=args.eager,
-                  overlap_comm=args.deepspeed_overlap_comm == "on")
+                  overlap_comm=args.deepspeed_overlap_comm == "on",
+                  tp_comm_overlap=args.tp_comm_overlap == "on")
     seconds = time.perf_counter() - start
     ranked = result.ranked(None if args.risk_aware else args.top,
                            fits_only=not args.include_oom, frontier=not args.all)
@@ -205,7 +206,8 @@ def run_plan(args: argparse.Namespace) -> int:
         f"{format_tokens(result.global_batch * model.seq_len)} tokens"
         f"{'' if args.global_batch else ' (the default: 4M tokens in whole sequences)'}"
         f"{', element-wise work priced eager (--eager)' if args.eager else ''}"
-        f"{NO_OVERLAP_NOTE if args.deepspeed_overlap_comm == 'off' else ''}: "
+        f"{NO_OVERLAP_NOTE if args.deepspeed_overlap_comm == 'off' else ''}"
+        f"{TP_OVERLAP_NOTE if args.tp_comm_overlap == 'on' else ''}: "
         f"{len(result.reason):,} layouts evaluated in {seconds:.2f} s, "
         f"{int(np.sum(result.valid)):,} valid and fit{shown}",
         file=sys.stderr,
@@ -291,6 +293,7 @@ def run_predict(args: argparse.Namespace) -> int:
 
 
 NO_OVERLAP_NOTE = ", DeepSpeed ZeRO-1/2 without overlap_comm (--deepspeed-overlap-comm off)"
+TP_OVERLAP_NOTE = ", Megatron-LM with --tp-comm-overlap (--tp-comm-overlap on)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -346,6 +349,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "key unset (DeepSpeed's default below stage 3, as Megatron-DeepSpeed's "
                         "example recipes do), reductions on the compute stream, exposed. "
                         "ZeRO-3 keeps its default, on (docs/costmodel.md 'DeepSpeed')")
+    p.add_argument("--tp-comm-overlap", choices=("on", "off"), default="off",
+                   help="Megatron-LM's --tp-comm-overlap (TransformerEngine pipelines its TP "
+                        "all-gathers/reduce-scatters with the GEMMs; sequence parallelism). "
+                        "off (default): the command flm renders, every TP collective exposed; "
+                        "on: a run that sets it, as the Megatron-LM README's H100 runs did "
+                        "(docs/costmodel.md section 5 and 'The corpus')")
     p.add_argument("--all", action="store_true",
                    help="rank every layout; by default a layout is left out when another is at "
                         "least as fast with no more memory (it is dominated)")

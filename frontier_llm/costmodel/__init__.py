@@ -32,15 +32,18 @@ MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "loss", "buffers"
 
 def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
              eager: bool = False, overlap_comm: bool = True,
-             reduce_fp32: bool | None = None) -> dict[str, np.ndarray]:
+             reduce_fp32: bool | None = None,
+             tp_comm_overlap: bool = False) -> dict[str, np.ndarray]:
     """Every figure of the model for every layout in ``table`` (numpy columns). Each layout's
     engine (its ``engine`` column) decides how its work is scheduled and what it keeps
     (specs/engine_rules.py). ``eager``: un-compiled PyTorch element-wise kernels
     (:func:`~frontier_llm.costmodel.steptime.block_times`); ``overlap_comm`` False: DeepSpeed's
     ZeRO-1/2 reductions not overlapped (:func:`~frontier_llm.costmodel.steptime.
     data_parallel_times`); ``reduce_fp32``: gradients reduced in fp32 or not (None: each
-    engine's rule; False: an FSDP policy whose ``reduce_dtype`` is the training dtype)."""
-    times = step_time(model, system, table, eager, overlap_comm, reduce_fp32)
+    engine's rule; False: an FSDP policy whose ``reduce_dtype`` is the training dtype);
+    ``tp_comm_overlap``: the run turns on its engine's TP overlap (Megatron-LM's
+    ``--tp-comm-overlap``; :func:`~frontier_llm.costmodel.steptime.block_times`)."""
+    times = step_time(model, system, table, eager, overlap_comm, reduce_fp32, tp_comm_overlap)
     mem = peak_memory(model, system, table, reduce_fp32)
     tokens = table.global_batch * model.seq_len
     gpus = table.world_size

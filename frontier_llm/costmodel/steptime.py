@@ -72,6 +72,10 @@ OPTIMIZER_TRAFFIC = np.array([{DType.FP32: 4 + 4 + 8 + 4 + 8, DType.BF16: 2 + 4 
                                DType.FP16: 2 + 4 + 12 + 2 + 12,
                                DType.FP8: 2 + 4 + 12 + 2 + 12}[d] for d in DType])
 
+# Bytes per parameter BF16_Optimizer moves after each micro-batch under a DeepSpeed pipeline
+# (:func:`data_parallel_times`).
+HP_GRAD_ACCUMULATE_BYTES = 2 + 4 + 4 + 4 + 4 + 2
+
 
 @dataclass
 class _Rates:
@@ -134,10 +138,14 @@ def _rates(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> _Rates:
 
 
 def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
-                eager: bool = False) -> BlockTimes:
+                eager: bool = False, tp_comm_overlap: bool = False) -> BlockTimes:
     """One block's compute, element-wise, recompute and TP communication time. ``eager``: the
     run executes PyTorch's ops one kernel each (no torch.compile), so its element-wise work is
-    :data:`EAGER_BYTES_PER_TOKEN`, not the fused count."""
+    :data:`EAGER_BYTES_PER_TOKEN`, not the fused count. ``tp_comm_overlap``: the run turns on
+    the TP overlap its engine can do (Megatron-LM's ``--tp-comm-overlap``); off, as flm's
+    Megatron-LM command renders it and NVIDIA's bf16 GPT-3 175B recipe runs it
+    (NeMo-Framework-Launcher conf/training/gpt3/175b.yaml: ``ub_tp_comm_overlap: False``),
+    every TP collective is exposed."""
     s, h, f = model.seq_len, model.hidden, model.ffn_hidden
     tp, e = t.tp, r.act_bytes
     # The rank's tokens: seq_len/cp of each sequence (context parallelism). Attention work per
@@ -194,7 +202,8 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     recompute_comm = np.where(full, fwd_comm, 0.0)
     # Overlapped TP communication (Megatron's tp-comm-overlap) hides behind the GEMMs it is
     # pipelined with, never more than they last.
-    overlap = np.where(behaviour(t, "tp_comm_overlap"), system.eff("tp_overlap", 0.0), 0.0)
+    overlap = np.where(behaviour(t, "tp_comm_overlap") & tp_comm_overlap,
+                       system.eff("tp_overlap", 0.0), 0.0)
     hidden_by = overlap * (3 * f_dense + np.where(full, f_dense, 0))
     block_comm = np.maximum(0.0, fwd_comm + bwd_comm + recompute_comm - hidden_by)
     cp_comm = cp_exchange_times(model, system, t, e, f_attn)
@@ -361,9 +370,21 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
         stage_params_per_rank(model, tp, pp, 0, ranks["first"], n_layer),
         stage_params_per_rank(model, tp, pp, ranks["mid"], ranks["mid_held"], n_layer),
         stage_params_per_rank(model, tp, pp, pp - 1, ranks["last"], n_layer)])
+    # DeepSpeed's PipelineEngine (pp > 1) turns the engine's backward-hook reduction off
+    # (``enable_backward_allreduce = False``, deepspeed/runtime/pipe/engine.py) and reduces as
+    # the schedule's last instructions, after the pipeline has drained (TrainSchedule's
+    # ReduceTiedGrads, ReduceGrads, OptimizerStep: runtime/pipe/schedule.py): nothing hides
+    # behind a backward. A bf16 pipeline whose gradients are reduced in fp32 (``reduce_fp32``
+    # True: a run that states BF16_Optimizer, the engine's choice for bf16 with a pipeline at
+    # ZeRO stage 0 or with fp32 gradient accumulation, runtime/engine.py
+    # ``_do_optimizer_sanity_check``) all-reduces its fp32 gradient buffers
+    # (``_bf16_reduce_grads`` -> ``get_grads_for_reduction``) and the tied embedding's fp32
+    # ``_hp_grad`` between the first and last stage.
+    kp, kg, ko = t.degree("params"), t.degree("grads"), t.degree("optim")
+    pipe = (t.engine == Engine.DEEPSPEED.code) & (pp > 1)
+    pipe_fp32 = pipe & (t.dtype == DType.BF16.code) & (kp == 1) & bool(reduce_fp32)
     grad_bytes = n_stage * reduce_bytes(t, reduce_fp32)
     param_bytes = n_stage * fp8.param_gather_bytes(t, STATE_BYTES[t.dtype][:, 0])
-    kp, kg, ko = t.degree("params"), t.degree("grads"), t.degree("optim")
     shard = np.maximum(kg, ko)
     # Gradients once per step: reduce-scatter inside a sharding group and all-reduce of the shard
     # across groups (HSDP's replication; a plain all-reduce when nothing is sharded). With
@@ -399,6 +420,7 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     if not overlap_comm:
         bucketing = bucketing & ~((t.engine == Engine.DEEPSPEED.code) & (kp == 1))
     grad_hidden = bucketing & np.where(shard > 1, True, behaviour(t, "replicated_grad_overlap"))
+    grad_hidden = grad_hidden & ~pipe
     grad_exposed = np.where(grad_hidden, np.maximum(0.0, grad_sync * (1 - last) - bwd_mb)
                             + grad_sync * last, grad_sync)
     # Sharded gradients reduced after every micro-batch (DeepSpeed ZeRO-2), each behind that
@@ -408,21 +430,37 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     gather_hidden = bucketing & behaviour(t, "param_gather_overlap")
     gather_exposed = np.where(gather_hidden, np.maximum(0.0, param_gather * (1 - last) - fwd_mb)
                               + param_gather * last, param_gather)
-    dp_exposed = grad_exposed + gather_exposed
+    # The tied embedding's gradient, all-reduced over its two holders (first and last stage,
+    # (pp - 1) stages of world_size / pp ranks apart), exposed, by DeepSpeed's pipeline (above);
+    # Megatron's embedding all-reduce is its own small step too, but no row prices it yet.
+    tied = comm.all_reduce(system, 2, (pp - 1) * (t.world_size // pp),
+                           model.vocab * model.hidden / tp * reduce_bytes(t, reduce_fp32))
+    tied_exposed = np.where(pipe & model.tied_embeddings, tied, 0.0)
+    dp_exposed = grad_exposed + gather_exposed + tied_exposed
     fsdp_exposed = m * sharded_param_times(model, system, t, blk, layers, n_stage, reduce_fp32)
     optimizer = np.ceil(n_stage / ko) * OPTIMIZER_TRAFFIC[t.dtype] / r.memory
+    # BF16_Optimizer under DeepSpeed's pipeline (PR #1801, "bf16+pipeline parallelism", the
+    # branch BLOOM trained on): after every micro-batch's backward the stage's 16-bit gradients
+    # are added into its fp32 ones, parameter by parameter (``update_hp_grads``:
+    # ``hp_grad.add_(lp.grad.to(fp32))``: read 2, write and read a 4-byte copy, read and write
+    # 4) and zeroed before the next (``clear_lp_grads``: write 2): 20 bytes per parameter per
+    # micro-batch, on every backward of the critical path (m + p - 1 of them).
+    accumulate = np.where(pipe_fp32, (m + pp - 1) * n_stage * HP_GRAD_ACCUMULATE_BYTES
+                          / r.memory, 0.0)
+    optimizer = optimizer + accumulate
     return {"dp_comm": dp_exposed + fsdp_exposed, "optimizer": optimizer}
 
 
 def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable, eager: bool = False,
-              overlap_comm: bool = True,
-              reduce_fp32: bool | None = None) -> dict[str, np.ndarray]:
+              overlap_comm: bool = True, reduce_fp32: bool | None = None,
+              tp_comm_overlap: bool = False) -> dict[str, np.ndarray]:
     """Seconds per iteration and its parts (seconds, summed over the iteration, on the slowest
     pipeline stage), for every layout of ``t``: per block, per stage, data parallel. ``eager``:
     the run is un-compiled PyTorch (:func:`block_times`); ``overlap_comm``: DeepSpeed's, for
-    its ZeRO-1/2 layouts (:func:`data_parallel_times`); ``reduce_fp32``: :func:`reduce_bytes`."""
+    its ZeRO-1/2 layouts (:func:`data_parallel_times`); ``reduce_fp32``: :func:`reduce_bytes`;
+    ``tp_comm_overlap``: :func:`block_times`."""
     r = _rates(model, system, t)
-    blk = block_times(model, system, t, r, eager)
+    blk = block_times(model, system, t, r, eager, tp_comm_overlap)
     stage = stage_times(model, system, t, r, blk)
     dp = data_parallel_times(model, system, t, r, blk, stage, overlap_comm, reduce_fp32)
     m = t.num_microbatches

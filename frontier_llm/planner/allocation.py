@@ -404,7 +404,7 @@ def rests_on(system: SystemSpec) -> str:
     own the calibration holds, which knobs are fitted, anchored on a published figure or
     assumed (read from the sources its YAML gives each knob), and where its interval's width
     comes from."""
-    from frontier_llm.planner.intervals import load_residuals, system_class
+    from frontier_llm.planner.intervals import load_residuals, system_class, usable
 
     cls = system_class(system)
     kinds: dict[str, list[str]] = {}
@@ -419,7 +419,7 @@ def rests_on(system: SystemSpec) -> str:
             f"rests on: {system.name} calibrated on measured runs (flm calibrate --from-runs; "
             f"its interval from {n} held-out runs){tail}"
         )
-    runs = int((load_residuals()["system"] == system.name).sum())
+    runs = int((usable(load_residuals())["system"] == system.name).sum())
     if cls == "fitted":
         return (
             f"rests on: {system.name} fitted to its {runs} published runs in "
@@ -434,13 +434,31 @@ def rests_on(system: SystemSpec) -> str:
     count = {1: "one published figure", 0: "no published figure"}.get(
         len(anchored), f"{len(anchored)} published figures")
     own = "no published run of its own" if runs == 0 else f"{runs} published run(s) of its own"
+    head = (f"rests on: {system.name} is anchored on {count}"
+            + (f" ({'; '.join(anchored)})" if anchored else "")
+            + f" and has {own} in the calibration set{tail}")
+    kin = same_gpu_rows(system)
+    if len(kin):
+        # Another system with this GPU has calibration rows (Frontier: LUMI-G's MI250X GCDs):
+        # the interval of a layout of their family rests on their residuals.
+        where = ", ".join(f"{n} on {s}" for s, n in kin.groupby("system").size().items())
+        return (head + f"; its intervals rest on the same GPU's {len(kin)} published runs "
+                f"({where}; {', '.join(sorted(kin['source'].unique()))}), left out source by "
+                "source: measure runs and refit (flm calibrate --from-runs)")
     return (
-        f"rests on: {system.name} is anchored on {count}"
-        + (f" ({'; '.join(anchored)})" if anchored else "")
-        + f" and has {own} in the calibration set{tail}; its interval is at least the error "
+        head + "; its interval is at least the error "
         "on sources left out of the fit across engines and systems, which may understate it "
         "here: measure runs and refit (flm calibrate --from-runs)"
     )
+
+
+def same_gpu_rows(system: SystemSpec):
+    """The usable calibration rows that ran on another system with ``system``'s GPU."""
+    from frontier_llm.planner.intervals import gpu_of, load_residuals, usable
+
+    rows = usable(load_residuals())
+    kin = [s != system.name and gpu_of(s) == system.gpu for s in rows["system"]]
+    return rows[kin]
 
 
 def allocation_curve(
@@ -455,6 +473,7 @@ def allocation_curve(
     grow_batch: bool = False,
     eager: bool = False,
     overlap_comm: bool = True,
+    tp_comm_overlap: bool = False,
 ) -> pd.DataFrame:
     """The best layout at each GPU count of ``counts`` with its intervals (``confidence``,
     default :data:`~frontier_llm.planner.intervals.DEFAULT_CONFIDENCE`) and, with ``tokens``,
@@ -464,8 +483,9 @@ def allocation_curve(
     :func:`curve_global_batch`; ``grow_batch``: each count's :func:`growing_global_batch`
     instead (weak scaling; :data:`CRITICAL_BATCH_CAVEAT`). Each row carries its
     ``global_batch`` and ``batch_tokens``. ``eager``: element-wise work priced as un-compiled
-    PyTorch runs it, ``overlap_comm`` False DeepSpeed's ZeRO-1/2 reductions not overlapped
-    (:func:`~frontier_llm.planner.plan.plan`)."""
+    PyTorch runs it, ``overlap_comm`` False DeepSpeed's ZeRO-1/2 reductions not overlapped,
+    ``tp_comm_overlap`` Megatron-LM's ``--tp-comm-overlap`` (:func:`~frontier_llm.planner.plan.
+    plan`)."""
     from frontier_llm.planner import intervals
     from frontier_llm.planner.plan import plan
 
@@ -474,7 +494,8 @@ def allocation_curve(
     plans = []
     for i, n in enumerate(counts):
         plans.append(plan(model, system, n, fixed or growing_global_batch(model, n), space,
-                          eager=eager, overlap_comm=overlap_comm))
+                          eager=eager, overlap_comm=overlap_comm,
+                          tp_comm_overlap=tp_comm_overlap))
         if on_count:
             on_count(i + 1)
     cur = curve(plans)

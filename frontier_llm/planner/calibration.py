@@ -29,7 +29,7 @@ import pandas as pd
 from frontier_llm.catalog import load_system
 from frontier_llm.costmodel.flops import narayanan_eq3
 from frontier_llm.errors import UserError
-from frontier_llm.planner.intervals import family
+from frontier_llm.planner.intervals import family, vendor
 from frontier_llm.planner.plan import plan
 from frontier_llm.planner.space import SearchSpace
 from frontier_llm.specs.engine_rules import rules_for
@@ -51,8 +51,19 @@ GPU_SYSTEMS = {"hbm2e": "grand-teton-h100", "gcp a3": "gcp-a3-high", "lumi": "lu
                "gb200": "gb200-nvl72", "b200": "dgx-b200", "h200": "dgx-h200",
                "mi300x": "mi300x", "mi325x": "mi325x", "mi355x": "mi355x",
                "a100": "dgx-a100", "h100": "dgx-h100", "mi250x": "frontier"}
+# The catalog systems a corpus row's ``system_hint`` may name.
+SYSTEM_HINTS = frozenset(GPU_SYSTEMS.values())
 DATA = Path(__file__).with_name("data")
-CALIBRATION_FILES = (DATA / "calibration_runs.csv", DATA / "calibration_runs_sharded.csv")
+# Every table of the corpus: ``calibration_runs.csv`` (the one the system knobs are fitted to:
+# it sorts first) and each ``calibration_runs_*.csv`` beside it (the sharded table, the
+# published runs brought in from ../shared/data, fp8 rows ...). Columns a table adds beyond
+# the first's are carried along; one a table lacks is empty for its rows.
+def corpus_files(folder: Path = DATA) -> tuple[Path, ...]:
+    """The corpus tables in ``folder``, ``calibration_runs.csv`` first."""
+    return tuple(sorted(Path(folder).glob("calibration_runs*.csv")))
+
+
+CALIBRATION_FILES = corpus_files()
 # What a row must state for its model to be built (an empty cell is never guessed).
 ARCHITECTURE = ("layers", "hidden", "heads", "seq_len", "vocab")
 # "400 Gbps inter-node" in a row's gpu_type: the network bandwidth its cluster had per node.
@@ -77,6 +88,10 @@ _YEAR = re.compile(r"((?:19|20)\d\d)")
 # Flash attention (Dao et al., arXiv 2205.14135, May 2022): a source dated before it ran the
 # unfused attention kernel.
 FLASH_ATTENTION_YEAR = 2022
+# Sequence parallelism and selective activation recomputation entered Megatron-LM with
+# Korthikanti et al. (arXiv 2205.05198, May 2022; Megatron-LM v3.0): a source dated before
+# them ran full recompute or none, and TP without sequence parallelism.
+SEQUENCE_PARALLEL_YEAR = 2022
 
 
 def _text(row: pd.Series, *cols: str) -> str:
@@ -142,6 +157,21 @@ def row_overlap_comm(row: pd.Series) -> bool:
     return "megatron-deepspeed" not in _engine_text(row)
 
 
+# Sources whose text states --tp-comm-overlap for every run they report, the rows whose notes
+# do not repeat it included: the Megatron-LM README's experiments ("We perform fine-grained
+# overlapping of data-parallel (--overlap-grad-reduce --overlap-param-gather), tensor-parallel
+# (--tp-comm-overlap) and pipeline-parallel communication", above its weak- and strong-scaling
+# results).
+TP_OVERLAP_SOURCES = ("MegatronLM-README-2024",)
+
+
+def row_tp_comm_overlap(row: pd.Series) -> bool:
+    """Whether the row's Megatron-LM ran with ``--tp-comm-overlap`` (its notes or its source
+    say so); the others, as flm's Megatron-LM command, without."""
+    return ("--tp-comm-overlap" in _text(row, "notes", "engine")
+            or source_key(str(row.get("source") or "")) in TP_OVERLAP_SOURCES)
+
+
 def row_reduce_fp32(row: pd.Series) -> bool | None:
     """Whether the row's gradients were reduced in fp32, where its framework says otherwise
     than the engine's rule (None: the rule; costmodel/steptime.py ``reduce_bytes``). PyTorch
@@ -149,7 +179,12 @@ def row_reduce_fp32(row: pd.Series) -> bool | None:
     ``param_dtype``; fms-fsdp, the code of the PyTorch blog's and fms-fsdp's rows, sets both to
     bf16 (its ``bfSixteen`` policy, foundation-model-stack/fms-fsdp@0d319983
     fms_fsdp/policies/mixed_precision.py, chosen by ``mixed_precision=True``, the default), where
-    torchtitan's FSDP2 reduces in fp32."""
+    torchtitan's FSDP2 reduces in fp32. A DeepSpeed run that states BF16_Optimizer (BLOOM's
+    BigScience fork) reduces its fp32 gradient copies (deepspeed/runtime/bf16_optimizer.py
+    ``get_grads_for_reduction``), where DeepSpeed's ZeRO optimizer reduces in the training
+    dtype."""
+    if "bf16_optimizer" in _engine_text(row):
+        return True
     return False if "fsdp1" in _engine_text(row) else None
 
 
@@ -223,6 +258,12 @@ def load_calibration(paths=CALIBRATION_FILES) -> pd.DataFrame:
     return out
 
 
+def unused_reason(row: pd.Series) -> str | None:
+    """Why a corpus row is kept but not predicted (its ``unused`` cell: a duplicate of another
+    row, a layout or architecture its source does not state ...); None for a row in use."""
+    return str(row["unused"]) if _given(row.get("unused")) else None
+
+
 def row_model(row: pd.Series) -> ModelSpec:
     shape = dict(name=str(row["model"]), layers=int(row["layers"]), hidden=int(row["hidden"]),
                  heads=int(row["heads"]), seq_len=int(row["seq_len"]), vocab=int(row["vocab"]))
@@ -235,7 +276,11 @@ def row_model(row: pd.Series) -> ModelSpec:
                          ffn_hidden=int(ffn.group(1)) if ffn else None, activation="swiglu",
                          norm="rmsnorm", position="rope", bias=False, tied_embeddings=False,
                          dropout=0.0)
-    return ModelSpec(**shape, tied_embeddings=True, dropout=0.1)
+    # Multi-query attention (Shazeer 2019; BigCode's --attention-head-type multiquery): one
+    # key/value head shared by all query heads.
+    multiquery = re.search(r"multi-?query", _text(row, "model", "engine", "notes"))
+    return ModelSpec(**shape, kv_heads=1 if multiquery else None, tied_embeddings=True,
+                     dropout=0.1)
 
 
 def row_system(row: pd.Series, systems: dict[str, SystemSpec] | None = None) -> SystemSpec:
@@ -244,6 +289,12 @@ def row_system(row: pd.Series, systems: dict[str, SystemSpec] | None = None) -> 
     per-GPU network link (a DGX has one NIC per GPU; the PyTorch FSDP blog's A100 cluster had
     400 Gbit/s per node)."""
     gpu = str(row["gpu_type"]).lower()
+    hint = str(row.get("system_hint") or "").strip()
+    if hint in SYSTEM_HINTS:
+        # The corpus names the catalog system of a row whose GPU text names only its family
+        # ("NVIDIA Ampere GPUs") or its site.
+        system = (systems or {}).get(hint) or load_system(hint)
+        return with_stated_network(system, str(row["gpu_type"]))
     for key, name in GPU_SYSTEMS.items():
         if key in gpu:
             system = (systems or {}).get(name) or load_system(name)
@@ -314,6 +365,10 @@ def row_space(row: pd.Series, gpus_per_node: int = 8) -> SearchSpace:
     year = _YEAR.search(str(row.get("source") or ""))
     if year and int(year.group(1)) < FLASH_ATTENTION_YEAR:
         kw["flash_attention"] = (False,)
+    before_sp = bool(year and int(year.group(1)) < SEQUENCE_PARALLEL_YEAR)
+    if before_sp:
+        kw["sequence_parallel"] = (False,)
+        kw["recompute"] = ("none", "full")
     recompute = str(row.get("act_recompute") or "")
     lowered = recompute.lower()
     if _given(row.get("act_recompute")):
@@ -357,7 +412,8 @@ def row_space(row: pd.Series, gpus_per_node: int = 8) -> SearchSpace:
         # The engine column names the attention kernel the run used (FlashAttention-2,
         # flash-attn, cuDNN flash): it ran whatever the recompute.
         kw["flash_attention"] = (True,)
-    notes = str(row.get("notes") or "")
+    # The schedule, where stated, is in the notes (or the engine column of the later tables).
+    notes = " ".join(str(row.get(c) or "") for c in ("notes", "engine"))
     if "interleaved" in notes:
         depth = _STAGES_PER_RANK.search(notes)
         # "interleaved, 4 stages per rank" is the schedule interleaved:4; without a depth the
@@ -420,7 +476,8 @@ def _best(row: pd.Series, model: ModelSpec, system: SystemSpec, recompute: str |
         space = dataclasses.replace(space, recompute=(recompute,))
     for batch in row_batches(row):
         result = plan(model, system, int(row["num_gpus"]), batch, space, eager=row_eager(row),
-                      overlap_comm=row_overlap_comm(row), reduce_fp32=row_reduce_fp32(row))
+                      overlap_comm=row_overlap_comm(row), reduce_fp32=row_reduce_fp32(row),
+                      tp_comm_overlap=row_tp_comm_overlap(row))
         # A published run ran: when none of its layouts is predicted to fit, the fastest is
         # predicted anyway (after those that fit) and the table says it was predicted not to fit.
         order = result.ranked_indices(fits_only=False)
@@ -464,6 +521,10 @@ def _blend(row: pd.Series, model: ModelSpec, system: SystemSpec, share: float):
 
 def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) -> dict:
     """The best layout's figures for one published row, beside the published figure."""
+    reason = unused_reason(row)
+    if reason is not None:
+        return {"metric": None, "measured": None, "predicted": None, "error": math.nan,
+                "layout": f"not used: {reason}", "engine": row_engine(row)}
     missing = unstated_architecture(row)
     if missing:
         return {"metric": None, "measured": None, "predicted": None, "error": math.nan,
@@ -509,7 +570,7 @@ def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) ->
         "metric": metric, "measured": float(measured), "predicted": predicted,
         "error": (predicted - measured) / measured, "flops_counted": counted,
         "engine": str(cfg.engine),
-        "family": family(str(cfg.engine), cfg.sharding.describe()),
+        "family": family(str(cfg.engine), cfg.sharding.describe(), vendor(system)),
         "layout": label(cfg) + (f" + full recompute of {share:.0%} of blocks" if blended
                                 else ""),
         "peak_memory_gb": fig["peak_memory_bytes"] / 1e9,
@@ -527,7 +588,8 @@ def validate_runs(runs: pd.DataFrame, systems: dict[str, SystemSpec] | None = No
         out = predict_row(row, systems)
         rows.append({"source": source_key(row["source"]), "model": row["model"],
                      "gpu": row["gpu_type"], "system": row_system(row, systems).name,
-                     "gpus": int(row["num_gpus"]), **out})
+                     "gpus": int(row["num_gpus"]) if _given(row.get("num_gpus")) else None,
+                     **out})
     return pd.DataFrame(rows)
 
 

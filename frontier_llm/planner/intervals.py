@@ -2,16 +2,18 @@
 
 Method (docs/planner.md, "Reading an interval"):
 
-- The residuals are ``log(predicted / measured step time)`` of the rows of both calibration
-  tables (``planner/data/calibration_runs.csv`` and ``calibration_runs_sharded.csv``), each
+- The residuals are ``log(predicted / measured step time)`` of the rows of the calibration
+  corpus (every ``planner/data/calibration_runs*.csv``), each
   predicted **leave-one-source-out**: with the knobs fitted without any row of its paper,
   repository or blog (``analysis/loso_residuals.py`` writes them to
   ``planner/data/calibration_residuals.csv``). A new user's run is a new source, not a new row
   of a known one, so this is the error that transfers. Rows whose ``confidence`` is ``low`` are
   left out (the tables' README: the doubtful LUMI DP 8 row); rows the model cannot build (an
   unstated architecture) have no residual.
-- A layout's **family** is its engine, and whether it shards parameters (ZeRO-3, FSDP, HSDP):
-  ``megatron``, ``deepspeed``, ``deepspeed+sharded``, ``native+sharded`` ... The half-width at
+- A layout's **family** is its engine, whether it shards parameters (ZeRO-3, FSDP, HSDP), and
+  its GPU's maker: ``megatron@nvidia``, ``deepspeed@amd``, ``native+sharded@nvidia`` ... A
+  system whose GPU is another system's (Frontier's and LUMI-G's MI250X GCDs) is within that
+  system's rows, not beyond them. The half-width at
   confidence ``c`` is the empirical quantile of the family's absolute residuals: the
   ``ceil(n·c)``-th smallest of ``n`` (:func:`residual_quantile`; split-conformal's
   ``ceil((n + 1)·c)``-th, Vovk et al. 2005, Lei et al. 2018, over-covered the left-out
@@ -45,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from frontier_llm.catalog import load_system
 from frontier_llm.errors import UserError
 from frontier_llm.specs.system import SystemSpec
 
@@ -62,9 +65,32 @@ def params_sharded(sharding: str | None) -> bool:
     return text == "zero3" or text.startswith(("p=full", "p=partial"))
 
 
-def family(engine: str, sharding: str | None = None) -> str:
-    """The error family of a layout: its engine, ``+sharded`` when it shards parameters."""
-    return f"{engine}+sharded" if params_sharded(sharding) else str(engine)
+def vendor(system: SystemSpec) -> str:
+    """The maker of a system's GPU (``nvidia``, ``amd``; ``other`` for a CPU process): the
+    same engine runs other kernels (cuBLAS/NCCL vs rocBLAS/RCCL) on each, so its error is
+    measured per vendor."""
+    gpu = system.gpu.lower()
+    for maker, words in (("amd", ("amd", "mi250", "mi300", "instinct")),
+                         ("nvidia", ("nvidia", "a100", "h100", "h200", "b200"))):
+        if any(w in gpu for w in words):
+            return maker
+    return "other"
+
+
+def family(engine: str, sharding: str | None = None, maker: str | None = None) -> str:
+    """The error family of a layout: its engine, ``+sharded`` when it shards parameters, and
+    ``@vendor`` where the GPU's maker is given (:func:`vendor`)."""
+    base = f"{engine}+sharded" if params_sharded(sharding) else str(engine)
+    return f"{base}@{maker}" if maker else base
+
+
+@lru_cache(maxsize=64)
+def gpu_of(system: str) -> str:
+    """The GPU of a catalog system by name (the name itself for one the catalog lacks)."""
+    try:
+        return load_system(system).gpu
+    except UserError:
+        return system
 
 
 @lru_cache(maxsize=4)
@@ -148,13 +174,16 @@ def family_width(residuals: pd.DataFrame, fam: str, system: str, gpus: float | N
         return Width(q, f"{fam}: no calibration row of this family: the all-family quantile "
                         f"of {len(pool)} rows, leave-one-source-out")
     beyond = []
-    if system not in set(rows["system"]):
-        beyond.append(f"system {system} (the family ran on "
-                      f"{', '.join(sorted(set(rows['system'])))})")
+    ran_on = sorted(set(rows["system"]))
+    if system not in ran_on and gpu_of(system) not in {gpu_of(s) for s in ran_on}:
+        # Another system with the same GPU (Frontier and LUMI-G: MI250X GCDs on Slingshot 11)
+        # runs the same kernels: within the family's rows, not beyond them.
+        beyond.append(f"system {system} (the family ran on {', '.join(ran_on)})")
     top = float(rows["gpus"].max())
     if gpus is not None and np.isfinite(gpus) and gpus > SCALE_REACH * top:
         beyond.append(f"scale ({gpus:.0f} GPUs > {SCALE_REACH:g} x {top:.0f})")
-    basis = (f"{fam}: {len(rows)} rows of {rows['source'].nunique()} sources, "
+    basis = (f"{fam}: {len(rows)} rows of {rows['source'].nunique()} sources "
+             f"({', '.join(sorted(rows['source'].unique()))}; on {', '.join(ran_on)}), "
              "leave-one-source-out")
     if not math.isfinite(residual_quantile(group, confidence)):
         basis += f"; too few for {confidence:.0%}: at least the all-family quantile"
@@ -187,7 +216,8 @@ def step_width(
             f"({system.prediction_error.method or 'flm calibrate --from-runs'})",
         )
     res = load_residuals() if residuals is None else residuals
-    return family_width(res, family(engine, sharding), system.name, gpus, confidence)
+    return family_width(res, family(engine, sharding, vendor(system)), system.name, gpus,
+                        confidence)
 
 
 def memory_width(
@@ -314,22 +344,41 @@ def loso_coverage(
     return pd.DataFrame(rows)
 
 
+def family_numbers(residuals: pd.DataFrame, confidence: float = DEFAULT_CONFIDENCE
+                   ) -> pd.DataFrame:
+    """:func:`family_table` as numbers (fractions, rounded to 1e-4): per family and ``all``,
+    ``rows``, ``sources``, ``mean_error`` and ``max_error`` (``|predicted/measured − 1|`` of
+    the step time), ``bias`` (the mean signed error: negative predicts too fast),
+    ``coverage`` of the ``confidence`` interval built without each row's source and
+    ``median_half_width`` (a ratio − 1). The drift guard's golden (tests/test_drift_guard.py)."""
+    cov = loso_coverage(confidence, residuals)
+    use = usable(residuals)
+    groups = [(f, use[use["family"] == f], cov[cov["family"] == f])
+              for f in sorted(use["family"].unique())]
+    groups.append(("all", use, cov))
+    out = []
+    for name, rows, c in groups:
+        signed = np.exp(rows["loso_log_residual"].to_numpy(float)) - 1
+        out.append({"family": name, "rows": len(rows), "sources": rows["source"].nunique(),
+                    "mean_error": round(float(np.mean(np.abs(signed))), 4),
+                    "max_error": round(float(np.max(np.abs(signed))), 4),
+                    "bias": round(float(np.mean(signed)), 4),
+                    "coverage": round(float(c["covered"].mean()), 4),
+                    "median_half_width": round(float(np.exp(np.median(c["half_width"])) - 1),
+                                               4)})
+    return pd.DataFrame(out)
+
+
 def family_table(residuals: pd.DataFrame, confidence: float = DEFAULT_CONFIDENCE
                  ) -> pd.DataFrame:
     """Per family and over all: rows, sources, the leave-one-source-out step-time error (mean
     and largest ``|predicted/measured − 1|``), the coverage of the ``confidence`` interval built
     without each row's source and its median half-width (as a ratio − 1): docs/costmodel.md's
-    table (``python analysis/loso_residuals.py --table``)."""
-    cov = loso_coverage(confidence, residuals)
-    use = usable(residuals)
+    table (``python analysis/loso_residuals.py --table``), with the bias (mean signed error)."""
     out = []
-    groups = [(f, use[use["family"] == f], cov[cov["family"] == f])
-              for f in sorted(use["family"].unique())]
-    groups.append(("all", use, cov))
-    for name, rows, c in groups:
-        err = np.abs(np.exp(rows["loso_log_residual"].to_numpy(float)) - 1)
-        out.append({"family": name, "rows": len(rows), "sources": rows["source"].nunique(),
-                    "mean error": f"{np.mean(err):.1%}", "max error": f"{np.max(err):.1%}",
-                    f"{confidence:.0%} coverage": f"{c['covered'].mean():.0%}",
-                    "median half-width": f"{np.exp(np.median(c['half_width'])) - 1:.1%}"})
+    for r in family_numbers(residuals, confidence).itertuples():
+        out.append({"family": r.family, "rows": r.rows, "sources": r.sources,
+                    "mean error": f"{r.mean_error:.1%}", "max error": f"{r.max_error:.1%}",
+                    "bias": f"{r.bias:+.1%}", f"{confidence:.0%} coverage": f"{r.coverage:.0%}",
+                    "median half-width": f"{r.median_half_width:.1%}"})
     return pd.DataFrame(out)
