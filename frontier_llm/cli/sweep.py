@@ -161,6 +161,7 @@ def _render(args) -> int:
     from frontier_llm.jobs.sweepdir import render_sweep
 
     sweep = sweep_with_overrides(args.sweep, **_overrides(args))
+    _say_unsafe(sweep)
     manifest = render_sweep(sweep, args.out, args.allow_overtime)
     packed = ""
     if any(g.get("pack", 1) > 1 for g in manifest.groups):
@@ -171,6 +172,15 @@ def _render(args) -> int:
     _print_skipped(sweep.skipped)
     _print_warnings(manifest)
     return 0
+
+
+def _say_unsafe(sweep) -> None:
+    """A sweep's opt-in to settings that load code, on the terminal of whoever renders or
+    submits it (the scripts and the manifest record it too; docs/security.md)."""
+    from frontier_llm.jobs.unsafe import terminal_note
+
+    if sweep.spec.allow_unsafe:
+        _say(terminal_note(sweep.name, sweep.spec.allow_unsafe))
 
 
 def _print_warnings(manifest) -> None:
@@ -203,6 +213,7 @@ def _submit(args) -> int:
         raise UserError("--max-in-flight must be at least 1")
     sweep = runner.sweep_with_overrides(args.sweep, **_overrides(args))
     out = args.out or runner.default_out(sweep.name)
+    _say_unsafe(sweep)
     # Before anything is written (the folder, the database): a dry run says it too.
     runner.require_passed(sweep.spec.environment.pass_env or (),
                           runner.make_executor(args.executor or sweep.spec.executor))

@@ -66,8 +66,8 @@ TEMPLATE_OPTIONS: dict[str, dict[str, str | None]] = {
     "local": dict(_COMMON_OPTIONS),
 }
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+_ENV_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")  # whole string: not "NAME\n"
+_SAFE_NAME = re.compile(r"\A[A-Za-z0-9._-]+\Z")
 
 
 @dataclass(frozen=True)

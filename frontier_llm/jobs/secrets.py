@@ -40,7 +40,7 @@ _SPACED = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@:'\"]+:[^@/\n]*[\s'\"][^@
 # NAME=value in a setup line (``export HF_TOKEN=abc``); a value that starts with $ is a
 # reference to another variable, not a secret written out.
 _ASSIGN = re.compile(r"(?:^|[\s;&|(])(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")  # whole string: not "NAME\n"
 # ``printf -v NAME FORMAT ARGS``: bash's builtin assigns the formatted text to NAME (bash(1),
 # SHELL BUILTIN COMMANDS, printf), another way to write a value out.
 _PRINTF_V = re.compile(r"(?:^|[\s;&|(])printf\s+-v\s*([A-Za-z_][A-Za-z0-9_]*)(.*)$")

@@ -1,0 +1,138 @@
+"""Hostile and careless input, fourth pass (issue 55), item 1: allow-lists where the set of bad
+names is open. A sweep (or a system file of its own) may export the variables of a few
+documented families and pass sbatch options by their full names; anything else only through
+``allow_unsafe``, which the terminal shows at render and submit. Each case below passed the
+deny-list of the pass before (jobs/unsafe.py) and was obeyed by srun, Python or sbatch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sweep_texts import local_sweep
+
+from frontier_llm.cli import main
+
+CPU_LOCAL = Path(__file__).parent.parent / "frontier_llm/catalog/systems/cpu-local.yaml"
+
+
+def _sweep(tmp_path: Path, extra: str, name: str = "hostile") -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(local_sweep(name, ["{dp: 1, micro_batch: 2, name: one}"], extra))
+    return path
+
+
+def _render(tmp_path: Path, path: Path) -> list[str]:
+    return ["sweep", "render", str(path), "--out", str(tmp_path / "run")]
+
+
+def _refused(capsys, argv: list[str], words: str) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert words in err, err
+    return err
+
+
+@pytest.mark.parametrize(("name", "words"), [
+    # srun runs SLURM_TASK_PROLOG before each task and exports SRUN_EXPORT_ENV's names (srun(1)).
+    ("SLURM_TASK_PROLOG", "srun runs this program"),
+    ("SRUN_EXPORT_ENV", "srun exports"),
+    # Python loaded a forged .pyc from this folder in a local job (python(1)).
+    ("PYTHONPYCACHEPREFIX", "compiled bytecode"),
+    # The GPU runtimes' injection libraries, inside families a sweep may otherwise set.
+    ("HSA_TOOLS_LIB", "names a file or folder"),
+    ("CUDA_INJECTION64_PATH", "names a file or folder"),
+    ("NCCL_NET_PLUGIN", "names a file or folder"),
+    ("OMP_TOOL_LIBRARIES", "names a file or folder"),
+    # A name no list knows.
+    ("SINGULARITYENV_LD_PRELOAD", "is not in the families a sweep may set"),
+])
+def test_a_variable_outside_the_allow_list_is_refused(tmp_path, capsys, name, words):
+    err = _refused(capsys, _render(tmp_path, _sweep(
+        tmp_path, f"environment:\n  env: {{{name}: /tmp/x}}\n")), words)
+    assert f"environment.env.{name}" in err and f"allow_unsafe: [{name}]" in err
+    assert "/tmp/x" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_families_pass_without_an_opt_in(tmp_path, capsys):
+    path = _sweep(tmp_path, "environment:\n  env: {NCCL_DEBUG: INFO, FI_CXI_RX_MATCH_MODE: "
+                  "hybrid, OMP_NUM_THREADS: 7, SWEEP_COUNTER: /tmp/c, MIOPEN_USER_DB_PATH: /t}\n")
+    assert main(_render(tmp_path, path)) == 0
+    assert "allow_unsafe" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("option", "words"), [
+    ("--ch=/tmp", "'--ch': not an sbatch option"),
+    ("--er=/etc/cron.d/x", "'--er': not an sbatch option"),
+    ("--inp=/home/me/.ssh/id_rsa", "'--inp': not an sbatch option"),
+    ("--export-f=/tmp/env", "'--export-f': not an sbatch option"),
+    ("--nodefile=/tmp/x", "'--nodefile': not an sbatch option"),
+])
+def test_an_sbatch_option_is_matched_whole_not_by_prefix(tmp_path, capsys, option, words):
+    """sbatch, like getopt_long(3), obeys an unambiguous prefix: ``--ch=`` is ``--chdir=``."""
+    err = _refused(capsys, _render(tmp_path, _sweep(
+        tmp_path, f"resources:\n  extra_sbatch: [{json.dumps(option)}]\n")), words)
+    assert "full long name" in err
+
+
+def test_an_export_of_a_variable_outside_the_list_is_refused(tmp_path, capsys):
+    _refused(capsys, _render(tmp_path, _sweep(
+        tmp_path, 'resources:\n  extra_sbatch: ["--export=ALL,SLURM_TASK_PROLOG=/tmp/x"]\n')),
+        "extra_sbatch --export sets SLURM_TASK_PROLOG")
+
+
+def test_a_variable_name_ending_in_a_newline_is_refused(tmp_path, capsys):
+    """``$`` matches before a final newline: ``export NAME`` and ``=VALUE`` split in two lines
+    and the job ran ``./=VALUE``."""
+    _refused(capsys, _render(tmp_path, _sweep(
+        tmp_path, 'environment:\n  env: {"SWEEP_X\\n": "1"}\n')), "is not a valid variable name")
+
+
+def test_an_opt_in_is_shown_on_the_terminal_at_render_and_submit(tmp_path, capsys):
+    path = _sweep(tmp_path, "allow_unsafe: [PYTHONPYCACHEPREFIX]\n"
+                  "environment:\n  env: {PYTHONPYCACHEPREFIX: /tmp/pyc}\n")
+    note = "flm: sweep hostile opts in to allow_unsafe: PYTHONPYCACHEPREFIX"
+    assert main(_render(tmp_path, path)) == 0
+    assert note in capsys.readouterr().err
+    assert main(["sweep", "submit", str(path), "--dry-run", "--out",
+                 str(tmp_path / "run2")]) == 0
+    assert note in capsys.readouterr().err
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["allow_unsafe"] == ["PYTHONPYCACHEPREFIX"]
+
+
+def test_an_opt_in_the_sweep_does_not_use_is_a_mistake(tmp_path, capsys):
+    _refused(capsys, _render(tmp_path, _sweep(tmp_path, "allow_unsafe: [LD_PRELAOD]\n")),
+             "allow_unsafe: 'LD_PRELAOD' is not set by this sweep")
+
+
+def test_an_opt_in_for_a_name_on_the_list_is_a_mistake(tmp_path, capsys):
+    _refused(capsys, _render(tmp_path, _sweep(
+        tmp_path, "allow_unsafe: [NCCL_DEBUG]\nenvironment:\n  env: {NCCL_DEBUG: INFO}\n")),
+        "NCCL_DEBUG needs no opt-in")
+
+
+def _custom_system(tmp_path: Path, env: str) -> Path:
+    text = CPU_LOCAL.read_text()
+    assert "\nsite:\n" in text
+    system = tmp_path / "mysys.yaml"
+    system.write_text(text.replace("\nsite:\n", f"\nsite:\n  env: {env}\n", 1))
+    return system
+
+
+@pytest.mark.parametrize(("env", "words"), [
+    ("{LD_PRELOAD: /tmp/evil.so}", "site.env.LD_PRELOAD: ld.so"),
+    ("{HF_TOKEN: hf_abcdefabcdef}", "site.env.HF_TOKEN is named like a secret"),
+])
+def test_a_system_file_beside_the_sweep_is_checked_like_the_sweep(tmp_path, capsys, env, words):
+    """A shipped system's site is the centre's; a file beside the sweep is the sweep's author's:
+    its ``site.env`` set LD_PRELOAD, and its secrets were written into every job script."""
+    system = _custom_system(tmp_path, env)
+    path = tmp_path / "s.yaml"
+    path.write_text(local_sweep("hostile", ["{dp: 1, micro_batch: 2, name: one}"])
+                    .replace("system: cpu-local", f"system: {system}"))
+    err = _refused(capsys, _render(tmp_path, path), words)
+    assert "hf_abc" not in err and "evil.so" not in err
