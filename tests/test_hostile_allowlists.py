@@ -7,6 +7,8 @@ deny-list of the pass before (jobs/unsafe.py) and was obeyed by srun, Python or 
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -136,3 +138,56 @@ def test_a_system_file_beside_the_sweep_is_checked_like_the_sweep(tmp_path, caps
                     .replace("system: cpu-local", f"system: {system}"))
     err = _refused(capsys, _render(tmp_path, path), words)
     assert "hf_abc" not in err and "evil.so" not in err
+
+
+# --- item 2: one opening per file --------------------------------------------------------------
+
+TITAN = Path(__file__).parent / "data" / "trainer_logs" / "torchtitan_1437_flex_debug.log"
+TITAN_ARGS = ["--trainer", "torchtitan", "--system", "h100-sxm", "--model", "tiny-llama",
+              "--layout", "tp=1,pp=1,dp=1,micro_batch=8,global_batch=8"]
+
+
+def test_a_log_swapped_for_a_link_after_listing_is_not_followed(tmp_path, capsys, monkeypatch):
+    """collect --from-logs listed a folder (links checked) and opened each file by name later:
+    a log replaced by a link to a private file in between was followed, and the private file's
+    last line reached the database as the run's error. The swap is made here between the
+    listing and the reading, with real files and a real link."""
+    from frontier_llm.logs import traces
+
+    private = tmp_path / "private.txt"
+    private.write_text(TITAN.read_text() + "RuntimeError: token=hunter2-private\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.log").write_text(TITAN.read_text())
+    (logs / "b.log").write_text(TITAN.read_text())
+    real = traces.log_files
+
+    def listed_then_swapped(paths, any_owner=False):
+        out = real(paths, any_owner)
+        (logs / "b.log").unlink()
+        (logs / "b.log").symlink_to(private)  # what another user does between the two
+        return out
+
+    monkeypatch.setattr(traces, "log_files", listed_then_swapped)
+    db = tmp_path / "flm.db"
+    assert main(["collect", "--from-logs", str(logs), *TITAN_ARGS,
+                 "--db", f"sqlite:///{db}", "--traces", str(tmp_path / "t"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "b.log: became a link after the folder was listed; not followed" in err, err
+    with sqlite3.connect(db) as conn:
+        stored = conn.execute("select error, labels_json from flm_runs").fetchall()
+    assert len(stored) == 1 and "hunter2" not in str(stored)
+
+
+def test_a_log_replaced_by_another_file_after_listing_is_not_read(tmp_path):
+    from frontier_llm.logs.common import LogError
+    from frontier_llm.logs.traces import log_files, parse_log
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.log").write_text(TITAN.read_text())
+    (listed,), _ = log_files([logs])
+    (tmp_path / "other.log").write_text(TITAN.read_text())
+    os.replace(tmp_path / "other.log", logs / "a.log")  # same name, another file
+    with pytest.raises(LogError, match="replaced after the folder was listed"):
+        parse_log(listed.target, "torchtitan", listed.identity)

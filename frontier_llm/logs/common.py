@@ -9,7 +9,10 @@ into runs and counts the lines that look like the trainer's step lines but canno
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,11 +156,11 @@ class LogLines:
     ``head`` keeps the first HEAD_BYTES of text, to say which other trainer wrote a log.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, identity: tuple[int, int] | None = None) -> None:
         self.path = path
         self.long_lines = 0
         self.head = ""
-        self._file = _open_log(path)
+        self._file = open_log(path, identity)
         try:
             _check_text(path, self._file.read(HEAD_BYTES))
             self._file.seek(0)
@@ -181,22 +184,42 @@ class LogLines:
                 yield line
 
 
-def read_lines(path: Path) -> LogLines:
+def read_lines(path: Path, identity: tuple[int, int] | None = None) -> LogLines:
     """The log's lines, streamed; LogError (one line) for a folder, a binary file or a file
-    larger than MAX_LOG_BYTES."""
-    return LogLines(path)
+    larger than MAX_LOG_BYTES (``identity``: see :func:`open_log`)."""
+    return LogLines(path, identity)
 
 
-def _open_log(path: Path):
-    if not path.is_file():
-        raise LogError(f"{path}: not a file")
-    size = path.stat().st_size
-    if size > MAX_LOG_BYTES:
-        raise LogError(f"{path}: larger than {MAX_LOG_BYTES >> 20} MiB; not a training log")
+def open_log(path: Path, identity: tuple[int, int] | None = None):
+    """The log opened once, its checks made on the open descriptor (fstat), never on the path
+    again: a file checked and then opened by name can be swapped for a link in between.
+
+    ``identity`` (device, inode), for a file found below a folder: the file must still be the
+    one listed, and its last component is not followed if it became a link (O_NOFOLLOW); a
+    folder of the path swapped for a link leads to another inode and is refused too."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: a FIFO does not hang
+    if identity is not None:
+        flags |= os.O_NOFOLLOW
     try:
-        return open(path, "rb")
+        fd = os.open(path, flags)
     except OSError as exc:
+        if exc.errno == errno.ELOOP and identity is not None:
+            raise LogError(f"{path}: became a link after the folder was listed; not "
+                           "followed") from None
         raise LogError(f"{path}: cannot be read ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise LogError(f"{path}: not a file")
+        if identity is not None and (st.st_dev, st.st_ino) != identity:
+            raise LogError(f"{path}: replaced after the folder was listed; not read")
+        if st.st_size > MAX_LOG_BYTES:
+            raise LogError(f"{path}: larger than {MAX_LOG_BYTES >> 20} MiB; not a training log")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _check_text(path: Path, head: bytes) -> None:
