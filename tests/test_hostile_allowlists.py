@@ -191,3 +191,98 @@ def test_a_log_replaced_by_another_file_after_listing_is_not_read(tmp_path):
     os.replace(tmp_path / "other.log", logs / "a.log")  # same name, another file
     with pytest.raises(LogError, match="replaced after the folder was listed"):
         parse_log(listed.target, "torchtitan", listed.identity)
+
+
+# --- item 3: numbers are numbers ---------------------------------------------------------------
+
+MODEL = "name: m\nlayers: 4\nhidden: 64\nheads: 4\nseq_len: 32\nvocab: 256\n"
+
+
+@pytest.mark.parametrize(("line", "words"), [
+    ("layers: .nan", "layers must be an integer, not nan"),
+    ("layers: .inf", "layers must be an integer, not inf"),
+    ("layers: 16777216", "layers must be at most 16,384"),
+    ("num_experts: .nan", "num_experts must be an integer, not nan"),
+    ("top_k: -.inf", "top_k must be an integer, not -inf"),
+])
+def test_nan_and_infinity_in_an_integer_field_of_yaml_are_one_line(tmp_path, capsys, line,
+                                                                   words):
+    """``int(float("nan"))`` was a ValueError traceback for any integer field of any YAML
+    file; 16.7 million layers, the old bound, ran flm plan for 109 s in 8.5 GB."""
+    key = line.split(":")[0]
+    text = "\n".join(x for x in MODEL.splitlines() if not x.startswith(key + ":"))
+    model = tmp_path / "m.yaml"
+    model.write_text(text + "\n" + line + "\n")
+    _refused(capsys, ["plan", "--model", str(model), "--system", "cpu-local", "--gpus", "4"],
+             words)
+
+
+def test_nan_in_a_layouts_ep_is_one_line(tmp_path, capsys):
+    _refused(capsys, _render(tmp_path, _layout_sweep(tmp_path, "ep: .nan")),
+             "ep must be an integer, not nan")
+
+
+def _layout_sweep(tmp_path: Path, knob: str) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(local_sweep("hostile", [f"{{dp: 1, micro_batch: 2, name: one, {knob}}}"]))
+    return path
+
+
+DATA = Path(__file__).parent / "data" / "trainer_logs"
+MIXTRAL_LOG = DATA / "megatron_lm_756_mixtral_truncated.log"
+
+
+def _megatron_args(values: dict[str, object]) -> str:
+    from test_logs_moe import BASE, _arguments
+
+    return _arguments({**BASE, **values}) + MIXTRAL_LOG.read_text()
+
+
+def test_a_62_kb_moe_layer_freq_line_is_read_in_linear_time(tmp_path):
+    """Trying every period against the whole list was quadratic: one 62 KB line, over 120 s.
+    Counted by its answer, not timed (the time is in the report: 0.1 s)."""
+    from frontier_llm.logs.traces import parse_log
+
+    def read(pattern: list[int]) -> dict:
+        path = tmp_path / "moe.log"
+        path.write_text(_megatron_args({"num_experts": 8, "moe_router_topk": 2,
+                                        "moe_layer_freq": pattern}))
+        return parse_log(path, "megatron").runs[0].model
+
+    every_third = [int(i % 3 == 0) for i in range(20_600)]  # 62 KB printed
+    assert (read(every_third)["moe_layer_freq"], read(every_third)["dense_layers"]) == (3, 0)
+    # No period fits (the last block is MoE out of turn): every period was tried in full.
+    assert "moe_layer_freq" not in read([*every_third[:-1], 1])
+
+
+DEEPSPEED_LOG = DATA / "deepspeed_1825_zero2.log"
+TITAN_MODEL_LOG = DATA / "torchtitan_1625_ranks_model.log"
+
+
+@pytest.mark.parametrize(("trainer", "good", "bad", "words"), [
+    ("megatron", lambda: _megatron_args({}), lambda: _megatron_args({"num_experts": "inf"}),
+     "must be an integer, not inf"),
+    ("megatron", lambda: _megatron_args({}), lambda: _megatron_args({"num_layers": "nan"}),
+     "must be an integer, not nan"),
+    ("deepspeed", DEEPSPEED_LOG.read_text, lambda: DEEPSPEED_LOG.read_text().replace(
+        "zero_optimization_stage ...... 2", "zero_optimization_stage ...... inf"),
+     "must be an integer, not inf"),
+    ("torchtitan", TITAN.read_text, lambda: TITAN_MODEL_LOG.read_text().replace(
+        "n_layers=32", "n_layers=nan"), "model n_layers must be an integer, not nan"),
+])
+def test_inf_or_nan_in_a_logs_integer_refuses_that_file_only(tmp_path, trainer, good, bad,
+                                                             words):
+    """``int(float("inf"))`` in a parser was an OverflowError that stopped the whole folder;
+    now the file is refused in one line and its neighbour becomes a trace."""
+    from frontier_llm.logs.traces import LogOptions, logs_to_traces, parse_layout_option
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "bad.log").write_text(bad())
+    (logs / "good.log").write_text(good())
+    options = LogOptions("h100-sxm", "tiny-llama",
+                         parse_layout_option("tp=1,pp=1,dp=1,micro_batch=8,global_batch=8"))
+    report = logs_to_traces([logs], trainer, options, tmp_path / "t")
+    refused = [r for r in report.refused if "bad.log" in r]
+    assert len(refused) == 1 and words in refused[0] and "\n" not in refused[0], report.refused
+    assert report.runs >= 1  # good.log was read: the folder goes on past the bad file

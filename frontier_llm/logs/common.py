@@ -17,7 +17,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from frontier_llm.errors import UserError
+from frontier_llm.errors import SpecError, UserError
+from frontier_llm.specs.numbers import parse_integer, parse_real
 
 # The warm-up rule (docs/trainer-logs.md): the first logged step of a run, and every step whose
 # number is at most WARMUP_STEPS, are warm-up. The first steps of any trainer pay for memory
@@ -276,9 +277,26 @@ def _other_trainer(text: str, trainer: Trainer) -> str:
     return ""
 
 
-def number(text: str) -> float:
-    """A printed number: ``10,050`` (torchtitan's thousands), ``1.8E+00``, ``243.6``."""
-    return float(text.replace(",", ""))
+class BadNumber(LogError, ValueError):
+    """A number of a log that is none (``inf``, ``nan``, 40 digits, a negative count): a step
+    line that holds one is unreadable (the parsers catch ValueError), an argument refuses the
+    file (LogError), in one line either way (specs/numbers.py)."""
+
+
+def number(text: str, field: str = "a number of the log") -> float:
+    """A printed number: ``10,050`` (torchtitan's thousands), ``1.8E+00``, ``243.6``; NaN, an
+    infinity or a magnitude beyond any run's refused (specs/numbers.py)."""
+    try:
+        return parse_real(text, field)
+    except SpecError as exc:
+        raise BadNumber(str(exc)) from None
+
+
+def loss_number(text: str) -> float:
+    """A printed loss: ``nan`` and ``inf`` are kept, a diverged run's real measurement."""
+    if text.strip().lower() in ("nan", "inf", "-inf", "+inf"):
+        return float(text.strip())
+    return number(text, "a loss")
 
 
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|HIP out of memory|out of memory\b", re.I)
@@ -320,10 +338,15 @@ def flag(text: str | None) -> bool | None:
     return text.strip().lower() in ("true", "1", "yes")
 
 
-def integer(text: str | None) -> int | None:
+def integer(text: str | None, field: str = "a count of the log") -> int | None:
+    """A printed count (``1,024``, ``8``), or None when not printed; NaN, an infinity, a
+    fraction, a negative or a count beyond int32 refused (specs/numbers.py)."""
     if text is None or text.strip() in ("None", ""):
         return None
-    return int(number(text))
+    try:
+        return parse_integer(text, field)
+    except SpecError as exc:
+        raise BadNumber(str(exc)) from None
 
 
 _REPORT = re.compile(r"\(?after \d+ iterations\)? memory \(MB\).*\| max allocated: ([\d.]+)")

@@ -21,6 +21,7 @@ from frontier_llm.logs.common import (
     Trainer,
     flag,
     integer,
+    loss_number,
     number,
     read_memory_report,
     read_outcome,
@@ -56,7 +57,8 @@ class DeepSpeed(Trainer):
             return True
         if m := _PIPE.search(text):  # the pipeline engine prints the step time itself
             try:
-                run.add_step(Step(int(m.group(1)), number(m.group(3)), loss=number(m.group(2))))
+                run.add_step(Step(int(m.group(1)), number(m.group(3)),
+                                  loss=loss_number(m.group(2))))
             except ValueError:
                 return False
             return True

@@ -16,7 +16,15 @@ from __future__ import annotations
 
 import re
 
-from frontier_llm.logs.common import ParsedRun, Step, Trainer, number, read_outcome
+from frontier_llm.logs.common import (
+    ParsedRun,
+    Step,
+    Trainer,
+    integer,
+    loss_number,
+    number,
+    read_outcome,
+)
 
 _STEP = re.compile(r"\bstep:\s*(\d+)\s+loss:\s*(\S+)(.*)")
 _FIELD = re.compile(r"(memory|tps|wps|tflops|mfu):\s*([\d.,]+)\s*(GiB)?")
@@ -57,7 +65,7 @@ class Torchtitan(Trainer):
             return self._step(run, m)
         if m := _MESH.search(text):
             names = [n.strip(" '\"") for n in m.group(2).split(",")]
-            sizes = [int(s) for s in m.group(3).split(",") if s.strip()]
+            sizes = [integer(s, "a mesh size") for s in m.group(3).split(",") if s.strip()]
             run.args["mesh"] = ",".join(f"{n}={s}" for n, s in zip(names, sizes, strict=False))
             return True
         if m := _MESH_DEGREES.search(text):
@@ -95,7 +103,7 @@ class Torchtitan(Trainer):
             if tps is None:
                 return False
             tokens = number(tps[0])
-            step = Step(int(m.group(1)), 0.0, loss=number(m.group(2)), tokens_per_s=tokens)
+            step = Step(int(m.group(1)), 0.0, loss=loss_number(m.group(2)), tokens_per_s=tokens)
             if "tflops" in fields:
                 step.tflops = number(fields["tflops"][0])
             if "mfu" in fields:
@@ -112,15 +120,15 @@ class Torchtitan(Trainer):
         for pair in filter(None, run.args.get("mesh", "").split(",")):
             name, _, size = pair.partition("=")
             field = _mesh_field(name)
-            if field is None and int(size) == 1:
+            if field is None and integer(size, f"mesh {name}") == 1:
                 continue  # v0.2.2 names every degree: ep=1, etp=1 on a dense model
             if field is None:
                 run.status, run.error = "refused", (
                     f"mesh dimension {name} (size {size}) has no flm layout field")
                 continue
-            degrees[field] = degrees.get(field, 1) * int(size)
+            degrees[field] = degrees.get(field, 1) * integer(size, f"mesh {name}")
         if "cp" not in degrees and (cp := run.args.get("config.context_parallel_degree")):
-            degrees["cp"] = int(cp)
+            degrees["cp"] = integer(cp, "context_parallel_degree")
         if run.args.get("mesh"):
             # The mesh line states the whole mesh: a degree it does not name is 1 (the older
             # form lists only the dimensions above 1).
@@ -135,6 +143,6 @@ class Torchtitan(Trainer):
         for key, name in _MODEL_ARGS.items():
             value = run.args.get(f"model.{key}")
             if value not in (None, "None"):
-                run.model[name] = int(value)
+                run.model[name] = integer(value, f"model {key}")
         if "heads" in run.model and "kv_heads" not in run.model:
             run.model["kv_heads"] = run.model["heads"]

@@ -29,6 +29,7 @@ from frontier_llm.logs import TRAINERS
 from frontier_llm.logs.common import (
     MAX_LINE_BYTES,
     WARMUP_STEPS,
+    BadNumber,
     LogError,
     ParsedLog,
     ParsedRun,
@@ -394,8 +395,14 @@ def logs_to_traces(paths: list[str | Path], trainer: str, options: LogOptions,
         try:
             log = parse_log(listed.target, trainer, listed.identity)
             log.path = path
+        except BadNumber as exc:  # raised inside a parser, which does not know the file
+            report.refused.append(f"{path}: {exc}")
+            continue
         except LogError as exc:
             report.refused.append(str(exc))
+            continue
+        except (UserError, ValueError, OverflowError) as exc:  # this file's problem only
+            report.refused.append(f"{path}: {exc}")
             continue
         report.lines += log.lines
         report.unreadable += log.unreadable
