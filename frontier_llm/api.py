@@ -28,6 +28,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from frontier_llm.errors import UserError
+
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
@@ -69,7 +71,11 @@ def load_model(model: str | ModelSpec, seq_len: int | None = None) -> ModelSpec:
     from frontier_llm.catalog import load_model as catalog_model
     from frontier_llm.specs.model import ModelSpec
 
-    spec = model if isinstance(model, ModelSpec) else catalog_model(model)
+    _check_numbers(seq_len=seq_len)
+    if not isinstance(model, ModelSpec | str | Path):
+        raise UserError(f"model must be a name, a YAML file's path or a ModelSpec (got "
+                        f"{type(model).__name__})")
+    spec = model if isinstance(model, ModelSpec) else catalog_model(str(model))
     return dataclasses.replace(spec, seq_len=seq_len) if seq_len else spec
 
 
@@ -79,7 +85,10 @@ def load_system(system: str | SystemSpec) -> SystemSpec:
     from frontier_llm.catalog import load_system as catalog_system
     from frontier_llm.specs.system import SystemSpec
 
-    return system if isinstance(system, SystemSpec) else catalog_system(system)
+    if not isinstance(system, SystemSpec | str | Path):
+        raise UserError(f"system must be a name, a YAML file's path or a SystemSpec (got "
+                        f"{type(system).__name__})")
+    return system if isinstance(system, SystemSpec) else catalog_system(str(system))
 
 
 def layout(**fields: Any) -> Layout:
@@ -101,6 +110,31 @@ def _layout(fields: dict[str, Any]) -> Layout:
 
 # --- plan and predict (flm plan, flm predict) ------------------------------------------------
 
+def _check_numbers(**given: Any) -> None:
+    """Each number of a call through the converter of the flm plan flag it stands for
+    (cli/numbers.py): NaN, an infinity, a negative, a fraction where a count is meant or a value
+    out of range is the flag's one-line message as a UserError naming the keyword, never a
+    TypeError or a ValueError from deep inside, nor a NaN budget answered."""
+    from frontier_llm.cli import numbers as n
+    from frontier_llm.specs.model import MAX_DIMENSION
+
+    converters = {
+        "gpus": n.gpus, "global_batch": n.count(1, what="the global batch"),
+        "seq_len": n.count(1, MAX_DIMENSION, "the sequence length"),
+        "top": n.count(1, what="top"), "tokens": n.tokens, "confidence": n.fraction,
+        "deadline_days": n.days, "max_node_hours": n.positive_float(),
+    }
+    for name, value in given.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UserError(f"{name} must be a number (got {type(value).__name__})")
+        try:
+            converters[name](str(value))
+        except argparse.ArgumentTypeError as exc:
+            raise UserError(f"{name}: {exc}") from None
+
+
 def _plan_args(**given: Any) -> argparse.Namespace:
     """flm plan's options with their command-line defaults, ``given`` on top: the planner's
     annotations read them as the command does, so both answer from the same settings."""
@@ -116,7 +150,6 @@ def _space(dtype: str, restrict: dict[str, Any]):
     """The planner's SearchSpace from the restrict keywords (one value or a list per knob), as
     flm plan's restrict flags give it; a knob or value the flags would refuse is refused here in
     one line (UserError), not deep in the planner."""
-    from frontier_llm.errors import UserError
     from frontier_llm.planner import SearchSpace
     from frontier_llm.specs.layout import Sharding, Vocabulary, zero_preset
     from frontier_llm.specs.space import space_knobs
@@ -156,6 +189,7 @@ def _space(dtype: str, restrict: dict[str, Any]):
 def _planned(model, system, gpus, global_batch, seq_len, dtype, restrict):
     from frontier_llm.planner import plan as run_plan
 
+    _check_numbers(gpus=gpus, global_batch=global_batch, seq_len=seq_len)
     m, s = load_model(model, seq_len), load_system(system)
     return m, s, run_plan(m, s, gpus, global_batch, _space(dtype, restrict))
 
@@ -182,6 +216,7 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
     """
     from frontier_llm.cli import allocation as alloc_cli
 
+    _check_numbers(top=top, tokens=tokens, confidence=confidence)
     args = _plan_args(gpus=gpus, global_batch=global_batch, top=top, tokens=tokens,
                       risk_aware=risk_aware, include_oom=include_oom, all=all_layouts,
                       **({"confidence": confidence} if confidence is not None else {}))
@@ -216,6 +251,7 @@ def plan_memory(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = 
     from frontier_llm.report import memory_breakdown
     from frontier_llm.report.frames import plan_rows
 
+    _check_numbers(top=top)
     result = _planned(model, system, gpus, global_batch, seq_len, dtype, restrict)[2]
     return memory_breakdown(plan_rows(result, top=top))
 
@@ -241,9 +277,15 @@ def allocation(model: str | ModelSpec, system: str | SystemSpec = "frontier", *,
     no count qualifies).
     """
     from frontier_llm.cli import allocation as alloc_cli
-    from frontier_llm.errors import UserError
     from frontier_llm.planner import allocation as alloc
 
+    _check_numbers(tokens=tokens, deadline_days=deadline_days, max_node_hours=max_node_hours,
+                   global_batch=global_batch, seq_len=seq_len, confidence=confidence)
+    if gpus is not None:
+        if not isinstance(gpus, tuple | list) or len(gpus) != 2:
+            raise UserError("gpus must be a (lowest, highest) pair of GPU counts")
+        _check_numbers(gpus=gpus[0])
+        _check_numbers(gpus=gpus[1])
     curve = f"{gpus[0]}-{gpus[1]}" if gpus else alloc_cli.DEFAULT_CURVE
     args = _plan_args(tokens=tokens, deadline=deadline_days, max_node_hours=max_node_hours,
                       global_batch=global_batch, risk_aware=risk_aware, grow_batch=grow_batch,
@@ -286,10 +328,11 @@ def predict(model: str | ModelSpec, system: str | SystemSpec, layout: Layout | N
     from frontier_llm.cli import allocation as alloc_cli
     from frontier_llm.costmodel import predict as cost
 
+    _check_numbers(seq_len=seq_len, tokens=tokens, confidence=confidence)
     if layout is None:
         layout = _layout(fields)
     elif fields:
-        raise TypeError("give a Layout or its fields, not both")
+        raise UserError("give a Layout or its fields, not both")
     m, s = load_model(model, seq_len), load_system(system)
     out = {"model": m.name, "system": s.name, "layout": layout.to_dict(), **cost(m, s, layout)}
     args = _plan_args(tokens=tokens,

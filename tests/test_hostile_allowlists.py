@@ -286,3 +286,32 @@ def test_inf_or_nan_in_a_logs_integer_refuses_that_file_only(tmp_path, trainer, 
     refused = [r for r in report.refused if "bad.log" in r]
     assert len(refused) == 1 and words in refused[0] and "\n" not in refused[0], report.refused
     assert report.runs >= 1  # good.log was read: the folder goes on past the bad file
+
+
+# --- item 6: the Python API raises the project's own errors -----------------------------------
+
+@pytest.mark.parametrize(("call", "words"), [
+    (lambda flm: flm.plan("tiny-gpt", "cpu-local", 4, tokens=float("nan")), "tokens: expected"),
+    (lambda flm: flm.plan("tiny-gpt", "cpu-local", 4, tokens=-1e9), "tokens: expected"),
+    (lambda flm: flm.predict("tiny-gpt", "cpu-local", dp=4, micro_batch=1, tokens=-1.0),
+     "tokens: expected"),
+    (lambda flm: flm.allocation("tiny-gpt", "cpu-local", tokens=float("nan")),
+     "tokens: expected"),
+    (lambda flm: flm.allocation("tiny-gpt", "cpu-local", tokens=1e9,
+                                deadline_days=float("nan")), "deadline_days: expected"),
+    (lambda flm: flm.plan("tiny-gpt", "cpu-local", 4, seq_len=float("nan")), "seq_len"),
+    (lambda flm: flm.plan("tiny-gpt", "cpu-local", "8"), "gpus must be a number"),
+    (lambda flm: flm.plan("tiny-gpt", "cpu-local", 4, top=-1), "top must be between 1"),
+    (lambda flm: flm.predict("tiny-gpt", "cpu-local", flm.layout(dp=4, micro_batch=1), tp=1),
+     "give a Layout or its fields, not both"),
+    (lambda flm: flm.load_model(3), "model must be a name"),
+])
+def test_the_api_refuses_bad_numbers_with_its_own_error(call, words):
+    """A NaN or negative token budget was answered (NaN days); a NaN seq_len or deadline was a
+    ValueError, a str GPU count a TypeError from deep inside."""
+    import frontier_llm.api as flm
+    from frontier_llm.errors import UserError
+
+    with pytest.raises(UserError) as err:
+        call(flm)
+    assert words in str(err.value) and "\n" not in str(err.value)
