@@ -315,3 +315,56 @@ def test_the_api_refuses_bad_numbers_with_its_own_error(call, words):
     with pytest.raises(UserError) as err:
         call(flm)
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+# --- item 4: names that become paths or cells --------------------------------------------------
+
+@pytest.mark.parametrize("name", ["../../escaped", "/tmp/flm-abs-escaped"])
+def test_report_plan_file_names_stay_inside_out(tmp_path, capsys, name):
+    """The files were named after the model: ``../..`` or an absolute name wrote outside."""
+    model = tmp_path / "m.yaml"
+    model.write_text(MODEL.replace("name: m", f"name: {json.dumps(name)}"))
+    out = tmp_path / "a" / "b" / "out"
+    assert main(["report", "plan", "--model", str(model), "--system", "cpu-local", "--tokens",
+                 "1e9", "--curve", "4-8", "--out", str(out)]) == 0
+    written = [Path(line.split(" ", 1)[1]) for line in capsys.readouterr().out.splitlines()
+               if line.startswith("wrote ")]
+    assert len(written) == 4
+    for path in written:
+        assert path.resolve().parent == out.resolve(), path
+    assert not list(tmp_path.glob("a/*.csv")) and not Path("/tmp/flm-abs-escaped-cpu-local-"
+                                                           "plan.csv").exists()
+
+
+def test_csv_cells_that_start_like_a_formula_are_neutralised(tmp_path, capsys):
+    """A run's error line (a log's, any text) ``=HYPERLINK(...)`` landed verbatim in ``flm
+    results --format csv``, where a spreadsheet runs it."""
+    import csv
+
+    from store_fixtures import make_trace
+
+    trace = make_trace("r1", status="failed")
+    trace["error"] = '=HYPERLINK("http://x","y")'
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    (folder / "a.trace.json").write_text(json.dumps(trace))
+    db = f"sqlite:///{tmp_path}/flm.db"
+    assert main(["collect", str(folder), "--db", db]) == 0
+    capsys.readouterr()
+    assert main(["results", "--db", db, "--format", "csv"]) == 0
+    rows = list(csv.reader(capsys.readouterr().out.splitlines()))
+    cells = [c for row in rows for c in row]
+    assert not any(c.startswith(("=", "+", "@")) for c in cells), cells
+    assert any(c.startswith("'=HYPERLINK") for c in cells), cells
+
+
+def test_spreadsheet_safe_quotes_text_not_numbers():
+    import pandas as pd
+
+    from frontier_llm.report.tables import spreadsheet_safe
+
+    df = pd.DataFrame({"name": ["=1+1", "+x", "-cmd", "@SUM(A1)", "plain"], "x": [-1.5, 2, 3,
+                                                                                  4, 5]})
+    out = spreadsheet_safe(df)
+    assert list(out["name"]) == ["'=1+1", "'+x", "'-cmd", "'@SUM(A1)", "plain"]
+    assert list(out["x"]) == [-1.5, 2, 3, 4, 5]
