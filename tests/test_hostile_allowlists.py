@@ -368,3 +368,27 @@ def test_spreadsheet_safe_quotes_text_not_numbers():
     out = spreadsheet_safe(df)
     assert list(out["name"]) == ["'=1+1", "'+x", "'-cmd", "'@SUM(A1)", "plain"]
     assert list(out["x"]) == [-1.5, 2, 3, 4, 5]
+
+
+# --- item 5: secrets ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("url", [
+    "postgresql://me@127.0.0.1:1/flm?sslpassword=hunter2secret&sslmode=require",
+    "postgresql://me:hunter2secret@127.0.0.1:1/flm?sslkey=/k&sslpassword=hunter2secret",
+])
+def test_sslpassword_is_never_printed(capsys, url):
+    """libpq's sslpassword (the client key's passphrase) was printed in every connection
+    error; SQLAlchemy's rendering hides only the credentials' password."""
+    from frontier_llm.store.url import parse_url, redact, redact_text
+
+    assert "hunter2" not in redact(url) and "hunter2" not in redact(parse_url(url))
+    assert "hunter2" not in redact_text(f"failed for {url}: x")
+    assert main(["db", "version", "--db", url]) == 2
+    err = capsys.readouterr().err
+    assert "hunter2" not in err and "sslpassword=***" in err, err
+
+
+def test_pairs_that_are_no_secret_stay_readable():
+    from frontier_llm.store.url import redact_text
+
+    assert redact_text("max_tokens=4096 sslmode=require") == "max_tokens=4096 sslmode=require"
