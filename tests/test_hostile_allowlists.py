@@ -392,3 +392,33 @@ def test_pairs_that_are_no_secret_stay_readable():
     from frontier_llm.store.url import redact_text
 
     assert redact_text("max_tokens=4096 sslmode=require") == "max_tokens=4096 sslmode=require"
+
+
+# --- left from before --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("line", [
+    'export "HF_TOKEN=hf_literal"',
+    "export HF_TOKEN=$'hf_literal'",
+    "HF_TOKEN+=hf_literal",
+    "declare -x HF_TOKEN=hf_literal",
+    "read -r HF_TOKEN <<< hf_literal",
+])
+def test_secret_setup_lines_in_other_shapes_are_refused(tmp_path, capsys, line):
+    extra = "environment:\n  setup:\n    - " + json.dumps(line) + "\n"
+    err = _refused(capsys, _render(tmp_path, _sweep(tmp_path, extra)), "named like a secret")
+    assert "hf_literal" not in err
+
+
+@pytest.mark.parametrize("line", ['read -r HF_TOKEN < "$HOME/.hf_token"',
+                                  'export HF_TOKEN="$(cat "$HOME/.hf_token")"',
+                                  "read -r HF_TOKEN <<< \"$HF_SOURCE\""])
+def test_secret_lines_that_read_from_elsewhere_pass(tmp_path, capsys, line):
+    extra = "environment:\n  setup:\n    - " + json.dumps(line) + "\n"
+    assert main(_render(tmp_path, _sweep(tmp_path, extra))) == 0
+
+
+def test_a_nul_in_command_is_refused_at_load(tmp_path, capsys):
+    """execve(2) takes C strings: a local submit was a ValueError traceback."""
+    path = _sweep(tmp_path, 'command: ["echo", "a\\0b"]\n')
+    _refused(capsys, ["sweep", "submit", str(path), "--out", str(tmp_path / "run"), "--db",
+                      f"sqlite:///{tmp_path}/flm.db"], "command: a NUL character")

@@ -204,6 +204,11 @@ class SweepFile:
             raise SpecError("warmup must be 0 or more", "warmup")
         _str_list(self.command, "command")
         _str_list(self.workload_command, "workload_command")
+        for name, words in (("command", self.command),
+                            ("workload_command", self.workload_command)):
+            if any("\0" in w for w in words or ()):
+                # execve(2) takes C strings: a local submit failed with a traceback.
+                raise SpecError(f"{name}: a NUL character cannot be in a command", name)
         check_workload(self.workload, self.workload_command, self.command, self.executor,
                        self.pack, self.bench_args)
         for name in ("template_options", "labels", "bench_args", "site"):
