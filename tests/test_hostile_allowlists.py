@@ -422,3 +422,11 @@ def test_a_nul_in_command_is_refused_at_load(tmp_path, capsys):
     path = _sweep(tmp_path, 'command: ["echo", "a\\0b"]\n')
     _refused(capsys, ["sweep", "submit", str(path), "--out", str(tmp_path / "run"), "--db",
                       f"sqlite:///{tmp_path}/flm.db"], "command: a NUL character")
+
+
+@pytest.mark.parametrize("argv", [["sweep", "status", "nosuch"], ["sweep", "cancel", "nosuch"],
+                                  ["sweep", "retry", "nosuch"], ["db", "upgrade"]])
+def test_a_mistyped_database_path_is_not_created(tmp_path, capsys, argv):
+    db = tmp_path / "typo.db"
+    _refused(capsys, [*argv, "--db", f"sqlite:///{db}"], "no database at")
+    assert not db.exists()

@@ -286,7 +286,7 @@ def _validate_by_engine(args: argparse.Namespace) -> int:
 
 def _db(args: argparse.Namespace) -> int:
     if args.action == "upgrade":
-        store = open_store(args.db, check=False)
+        store = open_existing(args.db, check=False)  # a mistyped path creates nothing
         try:
             before = store.schema_version()
             ran = store.upgrade()

@@ -199,10 +199,12 @@ def _print_skipped(skipped: dict) -> None:
         print(f"  skipped {count} layouts: {reason}", file=sys.stderr)
 
 
-def _store(args):
-    from frontier_llm.store import open_store
+def _store(args, *, existing: bool = False):
+    """The database; ``existing``: status, cancel and retry read a sweep's rows, so a missing
+    SQLite file is a mistyped path, said in one line, never a new empty database."""
+    from frontier_llm.store import open_existing, open_store
 
-    return open_store(args.db)
+    return (open_existing if existing else open_store)(args.db)
 
 
 def _submit(args) -> int:
@@ -283,7 +285,7 @@ def _job_progress(session, verb: str):
 def _status(args) -> int:
     from frontier_llm.jobs import runner
 
-    store = _store(args)
+    store = _store(args, existing=True)
     try:
         session = runner.resolve(args.sweep, args.out, store)
         session.say, session.outage_limit_s = _say, args.outage_limit
@@ -336,7 +338,7 @@ def _status(args) -> int:
 def _cancel(args) -> int:
     from frontier_llm.jobs import runner
 
-    store = _store(args)
+    store = _store(args, existing=True)
     try:
         session = runner.resolve(args.sweep, args.out, store)
         session.say, session.outage_limit_s = _say, args.outage_limit
@@ -351,7 +353,7 @@ def _cancel(args) -> int:
 def _retry(args) -> int:
     from frontier_llm.jobs import runner
 
-    store = _store(args)
+    store = _store(args, existing=True)
     try:
         session = runner.resolve(args.sweep, args.out, store)
         session.say, session.outage_limit_s = _say, args.outage_limit
