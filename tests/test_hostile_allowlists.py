@@ -430,3 +430,14 @@ def test_a_mistyped_database_path_is_not_created(tmp_path, capsys, argv):
     db = tmp_path / "typo.db"
     _refused(capsys, [*argv, "--db", f"sqlite:///{db}"], "no database at")
     assert not db.exists()
+
+
+def test_from_logs_errors_escape_control_characters(tmp_path, capsys):
+    """A log named with an ESC sequence was printed raw in the refusal line."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a\x1b[2Jb.log").write_text("not a training log\n")
+    assert main(["collect", "--from-logs", str(logs), *TITAN_ARGS, "--db",
+                 f"sqlite:///{tmp_path}/flm.db", "--traces", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "a\\x1b[2Jb.log" in err, err

@@ -59,7 +59,9 @@ MEASURED_MFU = (
 
 
 def _err(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    """One line on stderr, its control and bidi characters escaped (a file name or a log's
+    text may hold them)."""
+    print(printable_path(line), file=sys.stderr, flush=True)
 
 
 def _logs_to_traces(args: argparse.Namespace) -> tuple[str, list]:

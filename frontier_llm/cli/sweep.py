@@ -13,6 +13,7 @@ import pandas as pd
 from frontier_llm.cli import numbers
 from frontier_llm.cli.common import add_command, add_format, db_parent, emit_frame
 from frontier_llm.errors import ExitCode, UserError
+from frontier_llm.specs.values import printable, printable_path
 
 # Jobs a local dry run lists (the rest are in the manifest).
 DRY_RUN_SHOWN = 20
@@ -304,7 +305,8 @@ def _status(args) -> int:
             rows = session.state.rows()
             print(report.summary(store.url_redacted), file=sys.stderr)
             for path, reason in report.quarantined:
-                print(f"flm sweep status: quarantined {path}: {reason}", file=sys.stderr)
+                print(f"flm sweep status: quarantined {printable_path(path)}: "
+                      f"{printable(reason)}", file=sys.stderr)
         earlier = session.state.earlier_attempts()
     finally:
         store.close()
@@ -315,13 +317,17 @@ def _status(args) -> int:
                         for k in frame["job_key"]]
     if args.format == "table":
         frame = frame.astype(object).where(frame.notna(), "")
+    if args.format != "json":  # JSON escapes control characters itself
+        # A reason is a scheduler's or a job's text: an ESC or U+202E in it would drive the
+        # terminal or reorder what is read.
+        frame = frame.map(lambda v: printable(v) if isinstance(v, str) else v)
     emit_frame(frame, args.format)
     print(runner.summary(rows), file=sys.stderr)
     for key, attempts in earlier.items():
         for a in attempts:
             if a["state"] in ("NODE_FAIL", "PREEMPTED", "LOST"):
-                print(f"  {key}: attempt {a['attempt']} {a['state']} ({a['reason']}), "
-                      f"log {a['log_path']}", file=sys.stderr)
+                print(printable(f"  {key}: attempt {a['attempt']} {a['state']} "
+                                f"({a['reason']}), log {a['log_path']}"), file=sys.stderr)
     if session.outage:
         print(f"flm: {session.outage}; gave up after --outage-limit {args.outage_limit:g} s "
               "or --timeout: the states above are as last seen", file=sys.stderr)
