@@ -441,3 +441,9 @@ def test_from_logs_errors_escape_control_characters(tmp_path, capsys):
                  f"sqlite:///{tmp_path}/flm.db", "--traces", str(tmp_path / "t")]) == 2
     err = capsys.readouterr().err
     assert "\x1b" not in err and "a\\x1b[2Jb.log" in err, err
+
+
+def test_a_cp_that_does_not_divide_the_gpus_is_named(capsys):
+    err = _refused(capsys, ["plan", "--model", "tiny-gpt", "--system", "cpu-local", "--gpus",
+                            "4", "--cp", "3"], "not a multiple of cp 3")
+    assert "tp x cp x pp x dp" in err
