@@ -66,9 +66,18 @@ def _in_range(value: Any, field: str, lo: float | None, hi: float | None, reason
         return value
     why = f" ({reason})" if reason else ""
     if lo is not None and value < lo:
-        limit = "must not be negative" if lo == 0 else f"must be at least {lo:,g}"
-        raise SpecError(f"{field} {limit} (got {value:g}){why}", field)
-    raise SpecError(f"{field} must be at most {hi:,g} (got {value:g}){why}", field)
+        limit = "must not be negative" if lo == 0 else f"must be at least {_fmt(lo)}"
+        raise SpecError(f"{field} {limit} (got {_fmt(value)}){why}", field)
+    raise SpecError(f"{field} must be at most {_fmt(hi)} (got {_fmt(value)}){why}", field)
+
+
+def _fmt(value: float) -> str:
+    """A limit as a reader writes it: 1,048,576 and 2,147,483,647 whole, 1e+08 and 0.5 short."""
+    if float(value).is_integer() and abs(value) < 1e7:
+        return f"{int(value):,}"
+    if isinstance(value, int) and abs(value) < 1e12:
+        return f"{value:,}"
+    return f"{value:g}"
 
 
 def _parse(text: str, field: str) -> float:
