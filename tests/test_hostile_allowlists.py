@@ -464,3 +464,18 @@ def test_absurdly_small_system_rates_are_refused_with_the_reason(tmp_path, capsy
     system.write_text(text.replace(old, new, 1))
     _refused(capsys, ["plan", "--model", "tiny-gpt", "--system", str(system), "--gpus", "4"],
              words)
+
+
+def test_nested_template_loops_are_bounded_together(tmp_path, capsys):
+    """Each loop stayed under the sandbox's range bound (100,000), but two nested ran 10**10
+    times and were never stopped; all loops of a render now count together. Counted, not
+    timed: it stops at the 1,000,001st iteration."""
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "nest.sh.j2").write_text(
+        '{% extends "local.sh.j2" %}{% block system_env %}{% for i in range(100000) %}'
+        "{% for j in range(100000) %}{% endfor %}{% endfor %}{% endblock %}\n")
+    path = folder / "sweep.yaml"
+    path.write_text(local_sweep("tpl", ["{dp: 1, micro_batch: 2, name: one}"],
+                                "template: nest.sh.j2\n"))
+    _refused(capsys, _render(tmp_path, path), "loops that run more than 1,000,000 times")
