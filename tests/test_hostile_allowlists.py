@@ -479,3 +479,13 @@ def test_nested_template_loops_are_bounded_together(tmp_path, capsys):
     path.write_text(local_sweep("tpl", ["{dp: 1, micro_batch: 2, name: one}"],
                                 "template: nest.sh.j2\n"))
     _refused(capsys, _render(tmp_path, path), "loops that run more than 1,000,000 times")
+
+
+def test_a_huge_automatic_space_is_refused_before_its_jobs_are_built(tmp_path, capsys):
+    """An open space of 35,120 jobs was built whole (about a minute) before anything said so;
+    the count is checked as each GPU count is planned."""
+    path = tmp_path / "big.yaml"
+    path.write_text("name: big\nmodel: gpt3-1.3b\nsystem: dgx-h100\ngpus: [1024, 2048]\n"
+                    "space:\n  auto: true\n  fits_only: false\n")
+    _refused(capsys, _render(tmp_path, path), "the space expands to more than 10,000 jobs")
+    assert not (tmp_path / "run").exists()

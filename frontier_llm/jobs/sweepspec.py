@@ -385,6 +385,11 @@ def _placement(ranks: int, per_node: int) -> tuple[int, int]:
     return ranks // per_node, per_node
 
 
+# The most jobs a sweep may expand to: the controller's default MaxJobCount (slurm.conf(5)),
+# beyond which it accepts no more jobs; a larger space is one left open by mistake.
+MAX_SWEEP_JOBS = 10_000
+
+
 def _space_jobs(spec: SweepFile, raw_space: Any, models: list[tuple[str, ModelSpec]],
                 system: SystemSpec, system_ref: str, per_node: int, skipped: Counter
                 ) -> list[SweepJob]:
@@ -426,7 +431,15 @@ def _space_jobs(spec: SweepFile, raw_space: Any, models: list[tuple[str, ModelSp
             for reason, count in result.rejections().items():
                 if reason != "does not fit in memory" or space.fits_only:
                     skipped[reason] += count
-            for i in result.ranked_indices(top=space.top, fits_only=space.fits_only):
+            ranked = result.ranked_indices(top=space.top, fits_only=space.fits_only)
+            if len(jobs) + len(ranked) > MAX_SWEEP_JOBS:
+                # Said before a job is built: 35,000 jobs took most of a minute to build first.
+                raise SpecError(f"the space expands to more than {MAX_SWEEP_JOBS:,} jobs "
+                                f"({len(jobs) + len(ranked):,} by {gpus} GPUs of {model.name}; "
+                                "SLURM's MaxJobCount is 10,000 by default, slurm.conf(5)): "
+                                "give top: N, keep fits_only: true or list fewer values",
+                                "space")
+            for i in ranked:
                 layout = result.layout(i)
                 n, rpn = _placement(layout.world_size, per_node)
                 key = _layout_key(model.name, n, layout)
