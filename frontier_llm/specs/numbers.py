@@ -47,9 +47,10 @@ def integer(value: Any, field: str, *, lo: int | None = 0, hi: int | None = MAX_
     return _in_range(int(value), field, lo, hi, reason)
 
 
-def real(value: Any, field: str, *, lo: float = -MAX_REAL, hi: float = MAX_REAL,
+def real(value: Any, field: str, *, lo: float | None = -MAX_REAL, hi: float | None = MAX_REAL,
          reason: str = "") -> float:
-    """``value`` as a finite float in [lo, hi] (an int too large for a float is refused too)."""
+    """``value`` as a finite float in [lo, hi] (None: no bound on that side); an int too large
+    for a float is refused too."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SpecError(f"{field} must be a number (got {type(value).__name__})", field)
     try:
