@@ -452,7 +452,7 @@ def test_a_cp_that_does_not_divide_the_gpus_is_named(capsys):
 @pytest.mark.parametrize(("old", "new", "words"), [
     ("fp32: 50.0e+9", "fp32: 50.0", "peak_flops.fp32 must be at least 1e+08"),
     ("bandwidth: 2.0e+9", "bandwidth: 2.0", "links.node.bandwidth must be at least 1,000,000"),
-    ("latency: 50.0e-6", "latency: 50.0", "links.node.latency must be at most 1"),
+    ("latency: 50.0e-6", "latency: 5.0e+6", "links.node.latency must be at most 3,600"),
     ("memory_bytes: 4.0e+9", "memory_bytes: 4.0", "memory_bytes must be at least 1,048,576"),
 ])
 def test_absurdly_small_system_rates_are_refused_with_the_reason(tmp_path, capsys, old, new,
