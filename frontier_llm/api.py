@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from frontier_llm.errors import UserError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -68,7 +71,11 @@ def load_model(model: str | ModelSpec, seq_len: int | None = None) -> ModelSpec:
     from frontier_llm.catalog import load_model as catalog_model
     from frontier_llm.specs.model import ModelSpec
 
-    spec = model if isinstance(model, ModelSpec) else catalog_model(model)
+    _check_numbers(seq_len=seq_len)
+    if not isinstance(model, ModelSpec | str | Path):
+        raise UserError(f"model must be a name, a YAML file's path or a ModelSpec (got "
+                        f"{type(model).__name__})")
+    spec = model if isinstance(model, ModelSpec) else catalog_model(str(model))
     return dataclasses.replace(spec, seq_len=seq_len) if seq_len else spec
 
 
@@ -78,7 +85,10 @@ def load_system(system: str | SystemSpec) -> SystemSpec:
     from frontier_llm.catalog import load_system as catalog_system
     from frontier_llm.specs.system import SystemSpec
 
-    return system if isinstance(system, SystemSpec) else catalog_system(system)
+    if not isinstance(system, SystemSpec | str | Path):
+        raise UserError(f"system must be a name, a YAML file's path or a SystemSpec (got "
+                        f"{type(system).__name__})")
+    return system if isinstance(system, SystemSpec) else catalog_system(str(system))
 
 
 def layout(**fields: Any) -> Layout:
@@ -100,6 +110,38 @@ def _layout(fields: dict[str, Any]) -> Layout:
 
 # --- plan and predict (flm plan, flm predict) ------------------------------------------------
 
+def _check_numbers(**given: Any) -> None:
+    """Each number of a call checked as its flm plan flag is: NaN, an infinity, a negative, a
+    fraction where a count is meant or a value out of range is one line, a UserError naming the
+    keyword, never a TypeError or a ValueError from deep inside, nor a NaN budget answered.
+    Token budgets and deadlines go through the parsers the flags use (planner.allocation)."""
+    from frontier_llm.errors import UserError
+    from frontier_llm.planner.allocation import parse_days, parse_tokens
+    from frontier_llm.specs.layout import MAX_COUNT, MAX_GPUS
+    from frontier_llm.specs.model import MAX_DIMENSION
+
+    counts = {"gpus": MAX_GPUS, "global_batch": MAX_COUNT, "seq_len": MAX_DIMENSION,
+              "top": MAX_COUNT}
+    for name, value in given.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UserError(f"{name} must be a number (got {type(value).__name__})")
+        if name in counts:
+            if isinstance(value, float) and not value.is_integer():
+                raise UserError(f"{name} must be a whole number (got {value})")
+            if not 1 <= value <= counts[name]:
+                raise UserError(f"{name} must be between 1 and {counts[name]:,} (got {value})")
+        elif name in ("tokens", "deadline_days"):
+            parse = parse_tokens if name == "tokens" else parse_days
+            try:
+                parse(str(value))
+            except ValueError as exc:
+                raise UserError(f"{name}: {exc}") from None
+        elif not math.isfinite(value) or value <= 0:
+            raise UserError(f"{name} must be a finite number above 0 (got {value})")
+
+
 def _confidence(confidence: float | None) -> float:
     """The intervals' confidence: flm plan's and flm predict's default, 0.8, unless given."""
     from frontier_llm.errors import UserError
@@ -116,7 +158,6 @@ def _space(dtype: str, restrict: dict[str, Any]):
     """The planner's SearchSpace from the restrict keywords (one value or a list per knob), as
     flm plan's restrict flags give it; a knob or value the flags would refuse is refused here in
     one line (UserError), not deep in the planner."""
-    from frontier_llm.errors import UserError
     from frontier_llm.planner import SearchSpace
     from frontier_llm.specs.layout import Sharding, Vocabulary, zero_preset
     from frontier_llm.specs.space import space_knobs
@@ -156,6 +197,7 @@ def _space(dtype: str, restrict: dict[str, Any]):
 def _planned(model, system, gpus, global_batch, seq_len, dtype, restrict):
     from frontier_llm.planner import plan as run_plan
 
+    _check_numbers(gpus=gpus, global_batch=global_batch, seq_len=seq_len)
     m, s = load_model(model, seq_len), load_system(system)
     return m, s, run_plan(m, s, gpus, global_batch, _space(dtype, restrict))
 
@@ -182,6 +224,8 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
     """
     from frontier_llm.planner.annotations import annotate
 
+    _check_numbers(gpus=gpus, global_batch=global_batch, seq_len=seq_len, top=top,
+                   tokens=tokens)
     confidence = _confidence(confidence)
     m, s, result = _planned(model, system, gpus, global_batch, seq_len, dtype, restrict)
     ranked = result.ranked(None if risk_aware else top, fits_only=not include_oom,
@@ -215,6 +259,7 @@ def plan_memory(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = 
     from frontier_llm.report import memory_breakdown
     from frontier_llm.report.frames import plan_rows
 
+    _check_numbers(top=top)
     result = _planned(model, system, gpus, global_batch, seq_len, dtype, restrict)[2]
     return memory_breakdown(plan_rows(result, top=top))
 
@@ -244,6 +289,13 @@ def allocation(model: str | ModelSpec, system: str | SystemSpec = "frontier", *,
     from frontier_llm.planner.annotations import allocation_refusal, curve_counts
     from frontier_llm.specs.layout import MAX_GPUS
 
+    _check_numbers(tokens=tokens, deadline_days=deadline_days, max_node_hours=max_node_hours,
+                   global_batch=global_batch, seq_len=seq_len)
+    if gpus is not None:
+        if not isinstance(gpus, tuple | list) or len(gpus) != 2:
+            raise UserError("gpus must be a (lowest, highest) pair of GPU counts")
+        _check_numbers(gpus=gpus[0])
+        _check_numbers(gpus=gpus[1])
     confidence = _confidence(confidence)
     if gpus is not None and not 1 <= gpus[0] <= gpus[1] <= MAX_GPUS:
         raise UserError(f"gpus needs 1 <= lo <= hi <= {MAX_GPUS:,} (got {gpus})")
@@ -286,10 +338,11 @@ def predict(model: str | ModelSpec, system: str | SystemSpec, layout: Layout | N
     from frontier_llm.costmodel import predict as cost
     from frontier_llm.planner.annotations import predict_extras
 
+    _check_numbers(seq_len=seq_len, tokens=tokens, confidence=confidence)
     if layout is None:
         layout = _layout(fields)
     elif fields:
-        raise TypeError("give a Layout or its fields, not both")
+        raise UserError("give a Layout or its fields, not both")
     m, s = load_model(model, seq_len), load_system(system)
     out = {"model": m.name, "system": s.name, "layout": layout.to_dict(), **cost(m, s, layout)}
     out.update(predict_extras(out, layout, m, s, confidence=_confidence(confidence),

@@ -117,7 +117,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, words):
 FILE_CASES = [
     ("model-layers", "m.yaml", "name: m\nlayers: 99999999999999999999\nhidden: 64\nheads: 4\n"
      "seq_len: 32\nvocab: 256\n", ["plan", "--gpus", "8", "--model", "{file}"],
-     "layers must be at most 16,777,216"),
+     "layers must be at most 16,384"),
     ("model-vocab", "m.yaml", "name: m\nlayers: 4\nhidden: 64\nheads: 4\nseq_len: 32\n"
      f"vocab: {HUGE}\n", ["predict", "--model", "{file}", "--system", "frontier", "--tp", "1"],
      "vocab must be at most"),

@@ -20,6 +20,7 @@ from frontier_llm.catalog import load_model, load_system
 from frontier_llm.cli import main
 from frontier_llm.costmodel.flops import layer_forward_flops_per_token
 from frontier_llm.errors import UserError
+from frontier_llm.store import open_store
 
 TRUE = {"node": (20e-6, 50e9), "network": (3e-6 * 1000, 12.5e9)}  # (alpha s, beta B/s)
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
@@ -186,7 +187,7 @@ def test_fit_cli_refuses_bad_tables_and_writes_nothing(tmp_path, capsys, damage)
 
 def test_from_runs_on_an_empty_sweep_is_refused(tmp_path, capsys):
     db = f"sqlite:///{tmp_path}/flm.db"
-    assert main(["db", "upgrade", "--db", db]) == 0  # creates the (empty) database
+    open_store(db).close()  # an empty database (flm db upgrade no longer creates one)
     capsys.readouterr()
     out = tmp_path / "fit.yaml"
     code = main(["calibrate", "--from-runs", "--sweep", "nothing", "--db", db,
@@ -204,7 +205,7 @@ def test_from_runs_on_an_empty_sweep_is_refused(tmp_path, capsys):
 def test_calibrate_usage_errors_are_one_line(tmp_path, capsys, argv, words):
     db = f"sqlite:///{tmp_path}/flm.db"
     if "--sweep" in argv:
-        assert main(["db", "upgrade", "--db", db]) == 0
+        open_store(db).close()
         capsys.readouterr()
         argv = [*argv, "--db", db]
     assert main(["calibrate", *argv]) == 2

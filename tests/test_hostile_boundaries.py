@@ -125,7 +125,7 @@ def test_2_an_opt_in_is_recorded_in_every_script_and_the_manifest(tmp_path, caps
 
 def test_2_an_opt_in_for_a_name_never_refused_is_a_mistake(tmp_path, capsys):
     _one_line(capsys, _render(tmp_path, _sweep(tmp_path, "allow_unsafe: [LD_PRELAOD]\n")),
-              "allow_unsafe: 'LD_PRELAOD' is not a variable or sbatch option flm refuses")
+              "allow_unsafe: 'LD_PRELAOD' is not set by this sweep")
 
 
 # --- item 4: secrets written out in setup lines -----------------------------------------------

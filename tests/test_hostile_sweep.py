@@ -33,13 +33,13 @@ def _counting_sweep(tmp_path: Path, name: str, sleep_s: float, jobs: int = 2) ->
     """A local sweep whose jobs append their key to ``tmp_path/runs.txt`` and sleep."""
     counter = tmp_path / "runs.txt"
     code = (
-        "import os, time; f = open(os.environ['COUNTER'], 'a'); "
+        "import os, time; f = open(os.environ['SWEEP_COUNTER'], 'a'); "
         "f.write(os.environ['FLM_JOB_KEY'] + '\\n'); f.close(); "
         f"time.sleep({sleep_s})"
     )
     extra = (
         f"command: [{json.dumps(sys.executable)}, -c, {json.dumps(code)}]\n"
-        f"environment:\n  env: {{COUNTER: {json.dumps(str(counter))}}}\n"
+        f"environment:\n  env: {{SWEEP_COUNTER: {json.dumps(str(counter))}}}\n"
     )
     layouts = [f"{{dp: 1, micro_batch: 2, name: j{i}}}" for i in range(jobs)]
     path = tmp_path / f"{name}.yaml"

@@ -93,7 +93,7 @@ def test_pass_env_that_cannot_work_is_refused(tmp_path, capsys, extra, words):
 
 
 def test_export_all_with_names_keeps_pass_env_working(tmp_path):
-    path = _sweep(tmp_path, 'resources:\n  extra_sbatch: ["--export=ALL,X=1"]\n'
+    path = _sweep(tmp_path, 'resources:\n  extra_sbatch: ["--export=ALL,SWEEP_X=1"]\n'
                             "environment:\n  pass_env: [HF_TOKEN]\n")
     assert main(["sweep", "render", str(path), "--out", str(tmp_path / "run")]) == 0
 

@@ -93,7 +93,11 @@ def _main(argv: list[str] | None) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
-        print(f"flm: error: {exc}", file=sys.stderr)
+        from frontier_llm.specs.values import printable_path
+
+        # A message may quote a file name or a log's text: escapes escaped, lines kept.
+        text = "\n".join(printable_path(line) for line in str(exc).split("\n"))
+        print(f"flm: error: {text}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("flm: interrupted", file=sys.stderr)

@@ -464,6 +464,7 @@ def run_report_plan(args: argparse.Namespace) -> int:
     from frontier_llm.catalog import load_model, load_system
     from frontier_llm.errors import UserError
     from frontier_llm.report.allocation import allocation_report
+    from frontier_llm.report.tables import file_word
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         # Before the planning: mkdir's "File exists" came after it, and said nothing useful.
@@ -487,7 +488,8 @@ def run_report_plan(args: argparse.Namespace) -> int:
     selection = alloc.select_deadline(cur, args.deadline) if args.deadline else None
     batches = cur["batch_tokens"].dropna()
     label = "GCDs" if "GCD" in system.gpu else "GPUs"
-    name = f"{model.name}-{system.name}-plan"
+    # The names come from YAML files: as one file name, ``../..`` or ``/x`` stays in --out.
+    name = file_word(f"{model.name}-{system.name}-plan")
     flops = alloc.training_flops(model.num_params(), args.tokens)
     bases = [b for b in cur["interval_basis"].astype(str) if b and b != "nan"]
     notes = [

@@ -55,7 +55,9 @@ def emit_frame(df: pd.DataFrame, fmt: str, out=None) -> None:
 
     out = out or sys.stdout
     if fmt == "csv":
-        df.to_csv(out, index=False)
+        from frontier_llm.report.tables import spreadsheet_safe
+
+        spreadsheet_safe(df).to_csv(out, index=False)
     elif fmt == "json":
         # Dates as ISO 8601 text, as the CSV and table forms print them (not epoch milliseconds).
         out.write(df.to_json(orient="records", indent=1, date_format="iso") + "\n")

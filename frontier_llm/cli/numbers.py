@@ -10,10 +10,11 @@ documented in docs/planner.md ("Bad input"): :data:`~frontier_llm.specs.layout.M
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 
+from frontier_llm.errors import SpecError
 from frontier_llm.specs.layout import MAX_COUNT, MAX_GPUS
+from frontier_llm.specs.numbers import real
 
 # A week: longer waits, polls and timeouts are typing mistakes.
 MAX_SECONDS = 7 * 24 * 3600.0
@@ -79,13 +80,16 @@ def count_list(lo: int = 1, hi: int = MAX_COUNT) -> Callable[[str], tuple[int, .
 
 
 def _finite(text: str) -> float:
+    """A number of the command line through the one number layer (specs/numbers.py): NaN, an
+    infinity and a magnitude beyond any run's are refused as a file's are."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
+    try:
+        return real(value, "value", lo=None, hi=None)  # each flag keeps its own range
+    except SpecError:
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}") from None
 
 
 def seconds(text: str) -> float:

@@ -59,7 +59,9 @@ MEASURED_MFU = (
 
 
 def _err(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    """One line on stderr, its control and bidi characters escaped (a file name or a log's
+    text may hold them)."""
+    print(printable_path(line), file=sys.stderr, flush=True)
 
 
 def _logs_to_traces(args: argparse.Namespace) -> tuple[str, list]:
@@ -286,7 +288,7 @@ def _validate_by_engine(args: argparse.Namespace) -> int:
 
 def _db(args: argparse.Namespace) -> int:
     if args.action == "upgrade":
-        store = open_store(args.db, check=False)
+        store = open_existing(args.db, check=False)  # a mistyped path creates nothing
         try:
             before = store.schema_version()
             ran = store.upgrade()

@@ -13,6 +13,7 @@ import pandas as pd
 from frontier_llm.cli import numbers
 from frontier_llm.cli.common import add_command, add_format, db_parent, emit_frame
 from frontier_llm.errors import ExitCode, UserError
+from frontier_llm.specs.values import printable, printable_path
 
 # Jobs a local dry run lists (the rest are in the manifest).
 DRY_RUN_SHOWN = 20
@@ -165,6 +166,7 @@ def _render(args) -> int:
     from frontier_llm.jobs.sweepdir import render_sweep
 
     sweep = sweep_with_overrides(args.sweep, **_overrides(args))
+    _say_unsafe(sweep)
     manifest = render_sweep(sweep, args.out, args.allow_overtime, args.allow_oom)
     packed = ""
     if any(g.get("pack", 1) > 1 for g in manifest.groups):
@@ -175,6 +177,15 @@ def _render(args) -> int:
     _print_skipped(sweep.skipped)
     _print_warnings(manifest)
     return 0
+
+
+def _say_unsafe(sweep) -> None:
+    """A sweep's opt-in to settings that load code, on the terminal of whoever renders or
+    submits it (the scripts and the manifest record it too; docs/security.md)."""
+    from frontier_llm.jobs.unsafe import terminal_note
+
+    if sweep.spec.allow_unsafe:
+        _say(terminal_note(sweep.name, sweep.spec.allow_unsafe))
 
 
 def _print_warnings(manifest) -> None:
@@ -193,10 +204,12 @@ def _print_skipped(skipped: dict) -> None:
         print(f"  skipped {count} layouts: {reason}", file=sys.stderr)
 
 
-def _store(args):
-    from frontier_llm.store import open_store
+def _store(args, *, existing: bool = False):
+    """The database; ``existing``: status, cancel and retry read a sweep's rows, so a missing
+    SQLite file is a mistyped path, said in one line, never a new empty database."""
+    from frontier_llm.store import open_existing, open_store
 
-    return open_store(args.db)
+    return (open_existing if existing else open_store)(args.db)
 
 
 def _submit(args) -> int:
@@ -207,6 +220,7 @@ def _submit(args) -> int:
         raise UserError("--max-in-flight must be at least 1")
     sweep = runner.sweep_with_overrides(args.sweep, **_overrides(args))
     out = args.out or runner.default_out(sweep.name)
+    _say_unsafe(sweep)
     # Before anything is written (the folder, the database): a dry run says it too.
     runner.require_passed(sweep.spec.environment.pass_env or (),
                           runner.make_executor(args.executor or sweep.spec.executor))
@@ -277,7 +291,7 @@ def _job_progress(session, verb: str):
 def _status(args) -> int:
     from frontier_llm.jobs import runner
 
-    store = _store(args)
+    store = _store(args, existing=True)
     try:
         session = runner.resolve(args.sweep, args.out, store)
         session.say, session.outage_limit_s = _say, args.outage_limit
@@ -296,7 +310,8 @@ def _status(args) -> int:
             rows = session.state.rows()
             print(report.summary(store.url_redacted), file=sys.stderr)
             for path, reason in report.quarantined:
-                print(f"flm sweep status: quarantined {path}: {reason}", file=sys.stderr)
+                print(f"flm sweep status: quarantined {printable_path(path)}: "
+                      f"{printable(reason)}", file=sys.stderr)
         earlier = session.state.earlier_attempts()
     finally:
         store.close()
@@ -307,13 +322,17 @@ def _status(args) -> int:
                         for k in frame["job_key"]]
     if args.format == "table":
         frame = frame.astype(object).where(frame.notna(), "")
+    if args.format != "json":  # JSON escapes control characters itself
+        # A reason is a scheduler's or a job's text: an ESC or U+202E in it would drive the
+        # terminal or reorder what is read.
+        frame = frame.map(lambda v: printable(v) if isinstance(v, str) else v)
     emit_frame(frame, args.format)
     print(runner.summary(rows), file=sys.stderr)
     for key, attempts in earlier.items():
         for a in attempts:
             if a["state"] in ("NODE_FAIL", "PREEMPTED", "LOST"):
-                print(f"  {key}: attempt {a['attempt']} {a['state']} ({a['reason']}), "
-                      f"log {a['log_path']}", file=sys.stderr)
+                print(printable(f"  {key}: attempt {a['attempt']} {a['state']} "
+                                f"({a['reason']}), log {a['log_path']}"), file=sys.stderr)
     if session.outage:
         print(f"flm: {session.outage}; gave up after --outage-limit {args.outage_limit:g} s "
               "or --timeout: the states above are as last seen", file=sys.stderr)
@@ -330,7 +349,7 @@ def _status(args) -> int:
 def _cancel(args) -> int:
     from frontier_llm.jobs import runner
 
-    store = _store(args)
+    store = _store(args, existing=True)
     try:
         session = runner.resolve(args.sweep, args.out, store)
         session.say, session.outage_limit_s = _say, args.outage_limit
@@ -345,7 +364,7 @@ def _cancel(args) -> int:
 def _retry(args) -> int:
     from frontier_llm.jobs import runner
 
-    store = _store(args)
+    store = _store(args, existing=True)
     try:
         session = runner.resolve(args.sweep, args.out, store)
         session.say, session.outage_limit_s = _say, args.outage_limit

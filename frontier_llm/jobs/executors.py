@@ -199,7 +199,7 @@ class SlurmExecutor(Executor):
         return found
 
 
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_TIME = re.compile(r"\A(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?\Z")
 
 
 def time_limit_s(text: str) -> float:

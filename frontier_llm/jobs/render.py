@@ -20,6 +20,7 @@ import dataclasses
 import re
 import shlex
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -66,8 +67,8 @@ TEMPLATE_OPTIONS: dict[str, dict[str, str | None]] = {
     "local": dict(_COMMON_OPTIONS),
 }
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+_ENV_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")  # whole string: not "NAME\n"
+_SAFE_NAME = re.compile(r"\A[A-Za-z0-9._-]+\Z")
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,26 @@ _MAX_POWER_BITS = 4096
 _HUGE_WIDTH = re.compile(r"%[-#0 +]*\d{8,}|\{[^{}]*:[^{}]*?\d{8,}[^{}]*\}")
 
 
+# The most loop iterations one render may run, all loops together: the shipped templates run a
+# few hundred (one per rank or pack); each loop within the sandbox's range bound of 100,000
+# could nest in another, and two of them ran 10**10 times, never stopped.
+MAX_ITERATIONS = 1_000_000
+_ITERATIONS: ContextVar[list[int] | None] = ContextVar("flm_template_iterations", default=None)
+_COUNTED = "flm_counted_loop"  # the global every {% for %} iterates through (see _parse)
+
+
+def _counted(iterable):
+    """``iterable``, each item counted against the render's :data:`MAX_ITERATIONS`."""
+    box = _ITERATIONS.get()
+    for item in iterable:
+        if box is not None:
+            box[0] += 1
+            if box[0] > MAX_ITERATIONS:
+                raise SecurityError(f"loops that run more than {MAX_ITERATIONS:,} times in "
+                                    "all (nested loops multiply)")
+        yield item
+
+
 def _too_big(what: str, size: int) -> SecurityError:
     return SecurityError(f"{what} would make {size:,} characters, more than a batch script "
                          f"may hold ({MAX_SCRIPT_CHARS:,}; slurm.conf max_script_size)")
@@ -283,6 +304,14 @@ class _BoundedSandbox(SandboxedEnvironment):
     template whose output passes :data:`MAX_SCRIPT_CHARS` (a loop of large pieces)."""
 
     intercepted_binops = frozenset({"*", "**", "%"})
+
+    def _parse(self, source, name, filename):
+        # Every loop iterates through _counted, so loops that nest are bounded together.
+        tree = super()._parse(source, name, filename)
+        for loop in tree.find_all(nodes.For):
+            loop.iter = nodes.Call(nodes.Name(_COUNTED, "load"), [loop.iter], [], None, None,
+                                   lineno=loop.lineno)
+        return tree
 
     def call_binop(self, context, operator: str, left, right):
         if operator == "*":
@@ -353,6 +382,7 @@ def _environment(folder: str | None) -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["q"] = shell_quote
+    env.globals[_COUNTED] = _counted
     for name in ("center", "indent"):  # their width argument pads: bounded like str.center
         env.filters[name] = _bounded_filter(env.filters[name])
     return env
@@ -489,6 +519,7 @@ def render(job: JobScript) -> str:
     # NCCL_NET=OFI only when the job spans nodes: on one node the network plugin does not
     # initialize (OLCF PyTorch guide), so the choice is made here, where the node count is known.
     site_env = site.env + (site.env_multi_node if r.nodes > 1 else site.env_single_node)
+    counter = _ITERATIONS.set([0])
     try:
         return _bounded_text(template.generate(
             job=job,
@@ -531,6 +562,8 @@ def render(job: JobScript) -> str:
         # An include or macro that calls itself: one line, not a thousand frames.
         raise SpecError(f"template {job.template} includes or calls itself without end (a "
                         "cycle)", "template") from None
+    finally:
+        _ITERATIONS.reset(counter)
 
 
 def _bounded_text(pieces, name: str) -> str:

@@ -37,10 +37,15 @@ _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]*")
 # then "@" and a host. ("/" is left out so that https://host:8080/x me@example.org is no
 # password.)
 _SPACED = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@:'\"]+:[^@/\n]*[\s'\"][^@/\n]*@\w")
-# NAME=value in a setup line (``export HF_TOKEN=abc``); a value that starts with $ is a
-# reference to another variable, not a secret written out.
-_ASSIGN = re.compile(r"(?:^|[\s;&|(])(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# NAME=value in a setup line (``export HF_TOKEN=abc``), also quoted whole (``export
+# "HF_TOKEN=abc"``), appended to (``+=``) or set by bash's declare/typeset/local/readonly
+# (bash(1), SHELL BUILTIN COMMANDS); a value that starts with $ is a reference to another
+# variable, not a secret written out (but ``$'...'`` is bash's ANSI-C quoting: a literal).
+_ASSIGN = re.compile(r"(?:^|[\s;&|(])(?:(?:export|declare|typeset|local|readonly)"
+                     r"(?:\s+-\w+)*\s+)?[\"']?([A-Za-z_][A-Za-z0-9_]*)\+?=(\S*)")
+# ``read NAME <<< value``: bash's read assigns a here-string's text (bash(1), read, Here Strings).
+_READ = re.compile(r"(?:^|[\s;&|(])read\s+(?:-\w+\s+)*([A-Za-z_][A-Za-z0-9_]*)[^<]*<<<\s*(\S+)")
+_ENV_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")  # whole string: not "NAME\n"
 # ``printf -v NAME FORMAT ARGS``: bash's builtin assigns the formatted text to NAME (bash(1),
 # SHELL BUILTIN COMMANDS, printf), another way to write a value out.
 _PRINTF_V = re.compile(r"(?:^|[\s;&|(])printf\s+-v\s*([A-Za-z_][A-Za-z0-9_]*)(.*)$")
@@ -54,7 +59,7 @@ def _literal(value: str) -> bool:
     bash(1), QUOTING); ``$X``, ``"$X"``, ``"${X}"`` and ``$(...)`` refer to something else."""
     if not value or value in ("''", '""'):
         return False
-    if value.startswith("'"):
+    if value.startswith(("'", "$'", '$"')):
         return True
     return not value.lstrip('"').startswith("$")
 
@@ -145,6 +150,10 @@ def _check_setup_line(line: str, where: str, what: str) -> None:
     for m in _ASSIGN.finditer(line):
         if secret_name(m.group(1)) and _literal(m.group(2)):
             raise _refuse(where, what, f"sets {m.group(1)}, named like a secret, to a value")
+    for m in _READ.finditer(line):
+        if secret_name(m.group(1)) and _literal(m.group(2)):
+            raise _refuse(where, what, f"sets {m.group(1)}, named like a secret, to a value "
+                          "(read <<<)")
     for m in _PRINTF_V.finditer(line):
         if secret_name(m.group(1)) and _printf_literal(m.group(2)):
             raise _refuse(where, what,

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from frontier_llm.bench.config import bench_argv as bench_config_argv
-from frontier_llm.catalog import load_model, load_system
+from frontier_llm.catalog import SYSTEMS_DIR, load_model, load_system
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.jobs import unsafe
 from frontier_llm.jobs.render import TEMPLATES, template_options, template_path
 from frontier_llm.jobs.sbatch_options import long_form
-from frontier_llm.jobs.secrets import check_pass_env, check_sweep_file
+from frontier_llm.jobs.secrets import check_pass_env, check_sweep_file, password_url, secret_name
 from frontier_llm.jobs.workload import (
     FLM_BENCH,
     after_argv,
@@ -40,7 +40,7 @@ from frontier_llm.specs import (
 from frontier_llm.specs.build import build
 from frontier_llm.specs.forms import label
 from frontier_llm.specs.layout import MAX_COUNT, MAX_GPUS, complete_layout
-from frontier_llm.specs.site import Site, merge
+from frontier_llm.specs.site import SITE_ENV_GROUPS, Site, merge
 from frontier_llm.specs.space import check_space, grid_values, space_fields, space_knobs
 from frontier_llm.specs.values import SAFE_NAME, check_name, check_text
 from frontier_llm.specs.yamlio import LineMap, load_yaml, loads_yaml
@@ -65,7 +65,7 @@ class ResourcesSpec:
     extra_sbatch: list | None = None
 
     def __post_init__(self) -> None:
-        if not re.match(r"^(\d+-)?\d+(:\d+){0,2}$", self.time):
+        if not re.fullmatch(r"(\d+-)?\d+(:\d+){0,2}", self.time):
             raise SpecError(f"time must be a SLURM time limit such as 00:30:00 or 1-00:00:00 "
                             f"(got {self.time!r})", "time")
         _str_list(self.extra_sbatch, "extra_sbatch")
@@ -94,7 +94,7 @@ class EnvironmentSpec:
             if not isinstance(self.env, Mapping):
                 raise SpecError("env must be a mapping of NAME: value", "env")
             for k, v in self.env.items():
-                if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(k)):
+                if not unsafe.ENV_NAME.fullmatch(str(k)):
                     raise SpecError(f"env name {k!r} is not a valid variable name", "env")
                 if not isinstance(v, str | int | float | bool):
                     raise SpecError(f"env {k} must be a string or number", "env")
@@ -204,6 +204,11 @@ class SweepFile:
             raise SpecError("warmup must be 0 or more", "warmup")
         _str_list(self.command, "command")
         _str_list(self.workload_command, "workload_command")
+        for name, words in (("command", self.command),
+                            ("workload_command", self.workload_command)):
+            if any("\0" in w for w in words or ()):
+                # execve(2) takes C strings: a local submit failed with a traceback.
+                raise SpecError(f"{name}: a NUL character cannot be in a command", name)
         check_workload(self.workload, self.workload_command, self.command, self.executor,
                        self.pack, self.bench_args)
         for name in ("template_options", "labels", "bench_args", "site"):
@@ -273,14 +278,28 @@ def _check_labels(labels: Mapping | None) -> None:
         check_text(str(v), f"labels.{k}")
 
 
-def _check_unsafe(spec: SweepFile, data: LineMap) -> None:
-    """Refuse the sweep's own variables (``environment.env``, its ``site.env*`` overrides) and
-    ``extra_sbatch`` options that load code or move the job's files, unless it opts in."""
+def _check_unsafe(spec: SweepFile, data: LineMap, system: SystemSpec | None = None,
+                  system_ref: str = "") -> None:
+    """Refuse the sweep's own variables (``environment.env``, its ``site.env*`` overrides, and
+    the ``site.env*`` of a system file that is not a shipped one) and ``extra_sbatch`` options
+    that no allow-list admits (jobs/unsafe.py), unless it opts in."""
     env = [("environment.env", str(k)) for k in spec.environment.env or {}]
     for key, value in (spec.site or {}).items():
         if str(key).startswith("env") and isinstance(value, Mapping):
             env.extend((f"site.{key}", str(k)) for k in value)
     where = {}
+    if system is not None and _custom_system(system_ref):
+        for group in SITE_ENV_GROUPS:
+            for name, value in getattr(system.site, group):
+                section = f"system file's site.{group}"
+                where[section] = f"{system_ref}: "
+                env.append((section, name))
+                if secret_name(name) or password_url(str(value)):
+                    raise SpecError(f"{system_ref}: site.{group}.{name} is named like a secret "
+                                    "or holds a URL with a password (the value is not repeated "
+                                    "here); site.env is written into every job script: list "
+                                    "the name under the sweep's environment.pass_env instead",
+                                    "site")
     for section in ("environment", "site"):
         raw = data.get(section)
         if isinstance(raw, LineMap):
@@ -290,6 +309,14 @@ def _check_unsafe(spec: SweepFile, data: LineMap) -> None:
         where["extra_sbatch"] = resources.where("extra_sbatch") + ": "
     options = [long_form(o) for o in spec.resources.extra_sbatch or ()]
     unsafe.check(env, options, spec.allow_unsafe or (), where=where)
+
+
+def _custom_system(ref: str) -> bool:
+    """Whether the sweep's system is a file of its own, not a shipped one (whose ``site:`` is
+    the centre's and trusted; docs/security.md)."""
+    if Path(ref).suffix not in (".yaml", ".yml"):
+        return False
+    return Path(ref).resolve().parent != SYSTEMS_DIR.resolve()
 
 
 def _str_list(value: Any, name: str) -> None:
@@ -358,6 +385,11 @@ def _placement(ranks: int, per_node: int) -> tuple[int, int]:
     return ranks // per_node, per_node
 
 
+# The most jobs a sweep may expand to: the controller's default MaxJobCount (slurm.conf(5)),
+# beyond which it accepts no more jobs; a larger space is one left open by mistake.
+MAX_SWEEP_JOBS = 10_000
+
+
 def _space_jobs(spec: SweepFile, raw_space: Any, models: list[tuple[str, ModelSpec]],
                 system: SystemSpec, system_ref: str, per_node: int, skipped: Counter
                 ) -> list[SweepJob]:
@@ -399,7 +431,15 @@ def _space_jobs(spec: SweepFile, raw_space: Any, models: list[tuple[str, ModelSp
             for reason, count in result.rejections().items():
                 if reason != "does not fit in memory" or space.fits_only:
                     skipped[reason] += count
-            for i in result.ranked_indices(top=space.top, fits_only=space.fits_only):
+            ranked = result.ranked_indices(top=space.top, fits_only=space.fits_only)
+            if len(jobs) + len(ranked) > MAX_SWEEP_JOBS:
+                # Said before a job is built: 35,000 jobs took most of a minute to build first.
+                raise SpecError(f"the space expands to more than {MAX_SWEEP_JOBS:,} jobs "
+                                f"({len(jobs) + len(ranked):,} by {gpus} GPUs of {model.name}; "
+                                "SLURM's MaxJobCount is 10,000 by default, slurm.conf(5)): "
+                                "give top: N, keep fits_only: true or list fewer values",
+                                "space")
+            for i in ranked:
                 layout = result.layout(i)
                 n, rpn = _placement(layout.world_size, per_node)
                 key = _layout_key(model.name, n, layout)
@@ -553,7 +593,6 @@ def load_sweep(path: str | Path, text: str | None = None) -> Sweep:
     spec = build(SweepFile, top)
     if nested:
         spec = dataclasses.replace(spec, **nested)
-    _check_unsafe(spec, data)
     why = check_pass_env(spec.environment.pass_env, None, spec.resources.extra_sbatch)
     if why:
         raise SpecError(f"{data['resources'].where('extra_sbatch')}: {why}", "extra_sbatch")
@@ -563,6 +602,7 @@ def load_sweep(path: str | Path, text: str | None = None) -> Sweep:
         system = load_system(system_ref)
     except UserError as exc:
         raise SpecError(f"{data.where('system')}: {exc}", "system") from None
+    _check_unsafe(spec, data, system, system_ref)
     try:
         site = merge(system.site, spec.site)
     except SpecError as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import stat
 import statistics
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,6 +33,7 @@ from frontier_llm.trainers import LOG_READERS, log_reader
 from frontier_llm.trainers.log_reader import (
     MAX_LINE_BYTES,
     WARMUP_STEPS,
+    BadNumber,
     LogError,
     ParsedLog,
     ParsedRun,
@@ -96,13 +98,15 @@ def parse_layout_option(text: str) -> dict[str, object]:
     return out
 
 
-def parse_log(path: str | Path, trainer: str) -> ParsedLog:
+def parse_log(path: str | Path, trainer: str,
+              identity: tuple[int, int] | None = None) -> ParsedLog:
     """Read one log with the reader of the named trainer (any spelling, or a log format:
-    ``megatron``); LogError (one line) for a refused file."""
+    ``megatron``); LogError (one line) for a refused file (``identity``: the (device, inode)
+    :func:`log_files` listed; log_reader.open_log)."""
     reader = log_reader(trainer)
     path = Path(path)
     others = [r for r in LOG_READERS.values() if r is not reader]
-    return parse_text(reader, read_lines(path), path, others)
+    return parse_text(reader, read_lines(path, identity), path, others)
 
 
 def run_id(path: Path, index: int) -> str:
@@ -371,12 +375,20 @@ def logs_to_traces(paths: list[str | Path], trainer: str, options: LogOptions,
     trace per run."""
     report = LogsReport()
     files, report.skipped = log_files(paths, any_owner)
-    for path in files:
+    for listed in files:
+        path = listed.path
         report.files += 1
         try:
-            log = parse_log(path, trainer)
+            log = parse_log(listed.target, trainer, listed.identity)
+            log.path = path
+        except BadNumber as exc:  # raised inside a parser, which does not know the file
+            report.refused.append(f"{path}: {exc}")
+            continue
         except LogError as exc:
             report.refused.append(str(exc))
+            continue
+        except (UserError, ValueError, OverflowError) as exc:  # this file's problem only
+            report.refused.append(f"{path}: {exc}")
             continue
         report.lines += log.lines
         report.unreadable += log.unreadable
@@ -397,7 +409,19 @@ def logs_to_traces(paths: list[str | Path], trainer: str, options: LogOptions,
     return report
 
 
-def log_files(paths: list[str | Path], any_owner: bool = False) -> tuple[list[Path], list[str]]:
+@dataclass(frozen=True)
+class ListedLog:
+    """A log to read: its name, the file it leads to (a link below a folder: its target), and
+    for a file found below a folder the (device, inode) listed, which the one opening must find
+    again (common.open_log)."""
+
+    path: Path
+    target: Path
+    identity: tuple[int, int] | None = None
+
+
+def log_files(paths: list[str | Path],
+              any_owner: bool = False) -> tuple[list[ListedLog], list[str]]:
     """The files to read, and one line for each file of a folder that is not read.
 
     A file named on the command line is read: the user asked for it. Below a folder, a
@@ -406,7 +430,7 @@ def log_files(paths: list[str | Path], any_owner: bool = False) -> tuple[list[Pa
     file owned by another user is read only with ``any_owner`` (``--any-owner``): whoever
     collects a shared folder decides to store other people's logs, it does not happen by
     accident."""
-    out: list[Path] = []
+    out: list[ListedLog] = []
     skipped: list[str] = []
     me = os.geteuid()
     for p in map(Path, paths):
@@ -417,28 +441,33 @@ def log_files(paths: list[str | Path], any_owner: bool = False) -> tuple[list[Pa
                 for name in sorted(filenames) + [d for d in dirnames
                                                  if Path(dirpath, d).is_symlink()]:
                     f = Path(dirpath, name)
-                    if why := _not_read(f, root, me, any_owner):
-                        skipped.append(f"{f}: {why}")
-                    elif f.is_file():
-                        out.append(f)
+                    listed = _listed(f, root, me, any_owner)
+                    if isinstance(listed, str):
+                        skipped.append(f"{f}: {listed}")
+                    elif listed is not None:
+                        out.append(listed)
         elif p.exists():
-            out.append(p)
+            out.append(ListedLog(p, p))
         else:
             raise UserError(f"collect --from-logs: {p} does not exist")
     return out, skipped
 
 
-def _not_read(f: Path, root: Path, me: int, any_owner: bool) -> str | None:
-    """Why a file found below ``root`` is not read (None: it is read)."""
+def _listed(f: Path, root: Path, me: int, any_owner: bool) -> ListedLog | str | None:
+    """The file found below ``root`` to read, why it is not read, or None (not a file: a
+    FIFO, a socket). Its (device, inode) binds the check made here to the one opening."""
     target = f.resolve()
-    if f.is_symlink() and not target.is_relative_to(root):
+    link = f.is_symlink()
+    if link and not target.is_relative_to(root):
         return "a link out of the folder, not followed"
-    if f.is_symlink() and target.is_dir():
-        return "a link to a folder, not followed"
     try:
-        owner = target.stat().st_uid
+        st = os.lstat(target)
     except OSError:
         return "cannot be read"
-    if owner != me and not any_owner:
-        return f"owned by another user (uid {owner}): --any-owner reads it"
-    return None
+    if link and stat.S_ISDIR(st.st_mode):
+        return "a link to a folder, not followed"
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    if st.st_uid != me and not any_owner:
+        return f"owned by another user (uid {st.st_uid}): --any-owner reads it"
+    return ListedLog(f, target if link else f, (st.st_dev, st.st_ino))

@@ -91,6 +91,17 @@ ENGINE_REASON = {key: REASONS.index(RULES[key[0]].reason(key[1]))
 _EMPTY_CHUNK = REASONS.index("a pipeline chunk without layers")
 
 
+def _no_layout(space: SearchSpace, gpus: int) -> str:
+    """Why no layout of ``gpus`` GPUs fits the requested degrees, naming each one asked for
+    (a --cp of 3 on 4 GPUs was reported as a tp x pp x dp problem)."""
+    asked = {k: v for k in ("tp", "cp", "pp", "ep") if (v := getattr(space, k, None))}
+    shown = ", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in asked.items())
+    bad = [f"{k} {d}" for k, v in asked.items() if k != "ep" for d in v if gpus % d]
+    why = f"; {gpus} is not a multiple of {', '.join(bad)}" if bad else ""
+    return (f"no tp x cp x pp x dp layout of {gpus} GPUs matches the requested degrees"
+            + (f" ({shown}{why})" if shown else ""))
+
+
 def divisors(n: int) -> list[int]:
     """The divisors of ``n`` in increasing order, by trial division up to sqrt(n) (n is at most
     MAX_GPUS, so this stays below a thousand steps)."""
@@ -253,7 +264,7 @@ def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_ba
                     if block is not None:
                         blocks.append(block)
     if not blocks:
-        raise UserError(f"no tp x cp x pp x dp layout of {gpus} GPUs matches the requested degrees")
+        raise UserError(_no_layout(space, gpus))
     sizes = np.array([b.pop("_n") for b in blocks])
     cols = {k: np.repeat(np.array([b[k] for b in blocks]), sizes)
             if isinstance(blocks[0][k], _Const) else np.concatenate([b[k] for b in blocks])

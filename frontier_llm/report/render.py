@@ -19,7 +19,7 @@ from frontier_llm.report.layouts import (
     memory_breakdown,
 )
 from frontier_llm.report.scaling import scaling_table, summary
-from frontier_llm.report.tables import write_table
+from frontier_llm.report.tables import spreadsheet_safe, write_table
 from frontier_llm.specs.forms import key_columns
 
 
@@ -81,6 +81,6 @@ def errors_report(validation: pd.DataFrame, out: str | Path, name: str = "errors
                          "(positive: predicted too slow / too much memory)",
                          "throughput_rank_corr = rank (Spearman) correlation of predicted and "
                          "measured throughput per GPU over the group's runs"])
-    validation.to_csv(Path(out) / f"{name}-runs.csv", index=False)
+    spreadsheet_safe(validation).to_csv(Path(out) / f"{name}-runs.csv", index=False)
     paths.append(Path(out) / f"{name}-runs.csv")
     return table, paths + style.save(fig, out, name)

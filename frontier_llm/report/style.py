@@ -24,6 +24,8 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.transforms import offset_copy
 
+from frontier_llm.report.tables import inside
+
 # Colour-blind safe (Okabe-Ito).
 MEASURED = {"color": "#0072B2", "marker": "o", "linestyle": "-", "label": "measured"}
 PREDICTED = {"color": "#E69F00", "marker": "s", "linestyle": "--", "label": "predicted"}
@@ -107,7 +109,7 @@ def save(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
     """Write ``name``.png and ``name``.pdf into ``out_dir``; returns both paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{name}.png", out / f"{name}.pdf"]
+    paths = [inside(out, name, ".png"), inside(out, name, ".pdf")]
     for p in paths:
         fig.savefig(p)
     plt.close(fig)

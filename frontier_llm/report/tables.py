@@ -4,9 +4,48 @@ columns a reader wants, rounded, with missing values written as an en dash."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
+
+from frontier_llm.errors import UserError
+
+# What a spreadsheet reads as the start of a formula: =, +, -, @, and a tab or carriage return
+# before one (OWASP, "CSV Injection": prefix such a cell with a single quote, which the
+# spreadsheet shows as text). A name from a file (a model's, a label) reaches these cells.
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+_NOT_FILE_CHAR = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def spreadsheet_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with each text cell that starts like a formula prefixed by ``'`` (numbers, which
+    may be negative, are left alone: only text cells can hold a formula)."""
+    text = [c for c in df.columns
+            if df[c].dtype == object or pd.api.types.is_string_dtype(df[c].dtype)]
+    if not text:
+        return df
+    out = df.copy()
+    for c in text:
+        out[c] = out[c].map(lambda v: "'" + v if isinstance(v, str) and v.startswith(_FORMULA)
+                            else v)
+    return out
+
+
+def file_word(text: str) -> str:
+    """``text`` (a model's or system's name) as one file name: each character outside the
+    portable file name set becomes ``_`` and leading dots go, so ``../..`` or ``/etc/x``
+    cannot lead out of the folder it is written in."""
+    return _NOT_FILE_CHAR.sub("_", text).lstrip(".") or "_"
+
+
+def inside(out_dir: str | Path, name: str, suffix: str) -> Path:
+    """``out_dir/name+suffix``, refused (UserError) unless it is a file name of its own inside
+    ``out_dir``."""
+    if name != file_word(name):
+        raise UserError(f"report name {name!r} is not a file name (letters, digits, '.', '_', "
+                        "'-'; it would be written outside --out)")
+    return Path(out_dir) / f"{name}{suffix}"
 
 
 def _cell(value) -> str:
@@ -39,8 +78,8 @@ def write_table(full: pd.DataFrame, shown: pd.DataFrame, out_dir: str | Path, na
     """``name``.csv (``full``) and ``name``.md (a title, ``shown`` and notes)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    csv, md = out / f"{name}.csv", out / f"{name}.md"
-    full.to_csv(csv, index=False)
+    csv, md = inside(out, name, ".csv"), inside(out, name, ".md")
+    spreadsheet_safe(full).to_csv(csv, index=False)
     text = f"# {title}\n\n" + markdown(shown)
     if notes:
         text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"

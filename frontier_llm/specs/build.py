@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from frontier_llm.errors import SpecError
+from frontier_llm.specs.numbers import integer
 from frontier_llm.specs.values import finite
 from frontier_llm.specs.yamlio import LineMap
 
@@ -55,9 +56,11 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
             return value
         raise SpecError(f"{name} must be true or false (got {value!r})", name)
     if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+        if isinstance(value, bool) or not isinstance(value, int | float):
             raise SpecError(f"{name} must be an integer (got {value!r})", name)
-        return int(value)
+        # .nan, .inf and 1.5 (YAML floats) are refused in the one number layer; each field's
+        # own range is its dataclass's check.
+        return integer(value, name, lo=None, hi=None)
     if hint is float:
         if isinstance(value, str):
             # PyYAML reads 1.5e12 (no sign in the exponent) as a string; accept it as a number.

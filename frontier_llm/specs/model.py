@@ -13,6 +13,11 @@ from frontier_llm.specs.values import check_name
 # thousand, contexts a few million tokens): above it a model file holds a typing mistake, and the
 # bound keeps every product of dimensions inside int64 and every enumeration over them short.
 MAX_DIMENSION = 2**24
+# The most layers: 16 times the deepest transformer trained (DeepNet, Wang et al. 2022,
+# arXiv:2203.00555: 1,000 layers; the deepest published LLMs have about 120). The cost model's
+# work grows with the layers (a pipeline split, a per-layer memory walk), so a typing mistake of
+# 16.7 million layers ran flm plan for 109 s in 8.5 GB before this bound.
+MAX_LAYERS = 16_384
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,9 @@ class ModelSpec:
                 continue
             if value < 1:
                 raise SpecError(f"{name} must be at least 1 (got {value})", name)
+            if name == "layers" and value > MAX_LAYERS:
+                raise SpecError(f"layers must be at most {MAX_LAYERS:,} (got {value}; 16 times "
+                                "DeepNet's 1,000, the deepest transformer trained)", name)
             if value > MAX_DIMENSION:
                 raise SpecError(f"{name} must be at most {MAX_DIMENSION:,} (got {value})", name)
         if self.kv_heads is None:

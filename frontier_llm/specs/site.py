@@ -23,8 +23,11 @@ Launcher = Literal["srun", "torchrun", "mpiexec"]
 Binding = Literal["closest", "cpu-masks", "none"]
 TEMPLATE_FAMILIES = ("frontier", "nvidia", "local")
 
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TIME = re.compile(r"\A(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?\Z")
+# The whole string (``\Z``: ``$`` also matches before a final newline).
+_ENV_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
+# The site's groups of variables (docs/sites.md "env").
+SITE_ENV_GROUPS = ("env", "env_multi_node", "env_single_node", "env_without_fsdp")
 
 
 def time_seconds(text: str) -> int:
@@ -188,7 +191,7 @@ class Site:
             except re.error as exc:
                 raise SpecError(f"site.account_pattern is not a regular expression: {exc}",
                                 "account_pattern") from None
-        for group in ("env", "env_multi_node", "env_single_node", "env_without_fsdp"):
+        for group in SITE_ENV_GROUPS:
             for k, _ in getattr(self, group):
                 if not _ENV_NAME.match(k):
                     raise SpecError(f"site.{group}: {k!r} is not a valid variable name", group)

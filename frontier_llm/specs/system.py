@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from frontier_llm.errors import SpecError
+from frontier_llm.specs.numbers import real
 from frontier_llm.specs.site import Site
 from frontier_llm.specs.values import check_name, finite
 
@@ -20,6 +21,17 @@ LinkScope = Literal["package", "node", "network"]
 # room for a decade of denser nodes, while a typing mistake (80000) is refused instead of
 # ranking plans no node can run.
 MAX_GPUS_PER_NODE = 64
+# Rates a device or link can have, with room both ways: below them a unit slipped (TFLOP/s or
+# GB/s written as FLOP/s or B/s), and the cost model answered with step times of centuries.
+# The slowest shipped device is cpu-local's 5e10 FLOP/s (a few CPU cores), its slowest link
+# gloo over TCP at 1e9 B/s; the fastest an H100's 9.9e14 FLOP/s and NVLink's 4.5e11 B/s.
+MIN_PEAK_FLOPS, MAX_PEAK_FLOPS = 1e8, 1e18
+MIN_BANDWIDTH, MAX_BANDWIDTH = 1e6, 1e15
+# A message start-up of an hour is no interconnect's; a fit on a busy machine gives seconds
+# (flm quickstart's refit on a loaded 2-core host: 1.5 s), which must still load.
+MAX_LATENCY_S = 3600.0
+MIN_MEMORY_BYTES = 2**20  # a device of less than a MiB holds no layer of any model
+_UNIT = "below it a unit slipped (TFLOP/s or GB/s written as FLOP/s or B/s)"
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,10 @@ class LinkTier:
             raise SpecError(f"links.{self.scope}.bandwidth must be positive", "bandwidth")
         if self.latency < 0:
             raise SpecError(f"links.{self.scope}.latency must not be negative", "latency")
+        real(self.bandwidth, f"links.{self.scope}.bandwidth", lo=MIN_BANDWIDTH,
+             hi=MAX_BANDWIDTH, reason=f"bytes/s; {_UNIT}")
+        real(self.latency, f"links.{self.scope}.latency", lo=0, hi=MAX_LATENCY_S,
+             reason="seconds per message")
 
 
 # Efficiencies that scale a rate: zero would mean an infinite time.
@@ -170,12 +186,19 @@ class SystemSpec:
             )
         if self.memory_bytes <= 0:
             raise SpecError("memory_bytes must be positive", "memory_bytes")
+        real(self.memory_bytes, "memory_bytes", lo=MIN_MEMORY_BYTES,
+             reason="bytes per device: a MiB holds no layer of any model")
+        if self.memory_bandwidth:  # 0: not stated
+            real(self.memory_bandwidth, "memory_bandwidth", lo=MIN_BANDWIDTH, hi=MAX_BANDWIDTH,
+                 reason=f"bytes/s per device; {_UNIT}")
         if not self.peak_flops:
             raise SpecError("peak_flops needs at least one dtype", "peak_flops")
         for dtype, value in self.peak_flops.items():
             finite(value, f"peak_flops.{dtype}")
             if value <= 0:
                 raise SpecError(f"peak_flops.{dtype} must be positive", "peak_flops")
+            real(value, f"peak_flops.{dtype}", lo=MIN_PEAK_FLOPS, hi=MAX_PEAK_FLOPS,
+                 reason=f"FLOP/s per device; {_UNIT}")
         for needed in ("node", "network"):
             if needed not in self.links:
                 raise SpecError(f"links needs a '{needed}' tier", "links")

@@ -18,11 +18,15 @@ DEFAULT_FILE = "flm.db"
 # PostgreSQL driver this package depends on (pyproject.toml).
 DRIVERS = ("sqlite", "sqlite+pysqlite", "postgresql+psycopg")
 
-# A password given as a key=value pair: in a URL's query string (?password=..&) or in a libpq
-# keyword string (host=db password='it s' dbname=flm). The value runs to the next & or blank,
-# or is a quoted string (libpq's quoting: '...' with \' inside).
+# A secret given as a key=value pair: in a URL's query string (?password=..&) or in a libpq
+# keyword string (host=db password='it s' dbname=flm). Any key that ends in pass, password,
+# passwd, passphrase, secret or token: libpq's password and sslpassword (the client key's
+# passphrase; libpq docs, "Parameter Key Words"), and whatever a driver adds (max_tokens= is
+# no secret). The value runs to the next & or blank, or is a quoted string (libpq's quoting:
+# '...' with \' inside).
+_SECRET_KEY = r"[A-Za-z_]*(?:pass(?:word|wd|phrase)?|secret|token)"
 _PASSWORD_PAIR = re.compile(
-    r"(?P<key>(?:^|(?<=[\s?&;]))(?:password|passwd|pass)\s*=\s*)"
+    rf"(?P<key>(?:^|(?<=[\s?&;])){_SECRET_KEY}\s*=\s*)"
     r"(?P<value>'(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|[^\s&]*)",
     re.IGNORECASE)
 # The start of a libpq keyword string: a word, then "=" (``host=db dbname=flm``).
@@ -95,8 +99,10 @@ def redact(url: str | URL) -> str:
     string (``host=db password='a b'``). Text with none of these comes back as it is.
     """
     if isinstance(url, URL):
-        # SQLAlchemy hides the credentials' password but prints the query string as it is.
-        return _redact_pairs(url.render_as_string(hide_password=True))
+        # SQLAlchemy's rendering hides the credentials' password but prints the query string
+        # as it is: its secret parameters (sslpassword=) are replaced before it renders.
+        query = {k: ("***" if _is_secret_key(k) else v) for k, v in url.query.items()}
+        return _redact_pairs(url.set(query=query).render_as_string(hide_password=True))
     scheme, sep, rest = url.partition("://")
     cred, at, host = _split_credentials(rest)
     if not at:
@@ -124,12 +130,16 @@ def _redact_pairs(text: str) -> str:
     return _PASSWORD_PAIR.sub(lambda m: f"{m.group('key')}***", text)
 
 
+def _is_secret_key(key: str) -> bool:
+    return re.fullmatch(_SECRET_KEY, key, re.IGNORECASE) is not None
+
+
 def url_password(url: URL) -> str | None:
-    """The password a parsed URL carries (credentials or query string), to scrub it from a
-    driver's messages."""
+    """The password a parsed URL carries (credentials or query string: password=,
+    sslpassword=...), to scrub it from a driver's messages."""
     if url.password:
         return str(url.password)
-    value = next((v for k, v in url.query.items() if k.lower() in ("password", "passwd")), None)
+    value = next((v for k, v in url.query.items() if _is_secret_key(k)), None)
     if isinstance(value, tuple):
         value = value[0] if value else None
     return value or None

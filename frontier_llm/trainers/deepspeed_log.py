@@ -24,6 +24,7 @@ from frontier_llm.trainers.log_reader import (
     Step,
     flag,
     integer,
+    loss_number,
     number,
     read_memory_report,
     read_outcome,
@@ -63,7 +64,8 @@ class DeepSpeedLog(LogReader):
             return True
         if m := _PIPE.search(text):  # the pipeline engine prints the step time itself
             try:
-                run.add_step(Step(int(m.group(1)), number(m.group(3)), loss=number(m.group(2))))
+                run.add_step(Step(int(m.group(1)), number(m.group(3)),
+                                  loss=loss_number(m.group(2))))
             except ValueError:
                 return False
             return True

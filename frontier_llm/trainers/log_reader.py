@@ -11,17 +11,21 @@ into runs and counts the lines that look like the trainer's step lines but canno
 
 from __future__ import annotations
 
+import errno
 import gzip
+import os
 import re
+import stat
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from frontier_llm.errors import UserError
+from frontier_llm.errors import SpecError, UserError
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
+from frontier_llm.specs.numbers import parse_integer, parse_real
 
 # The warm-up rule (docs/trainer-logs.md): the first logged step of a run, and every step whose
 # number is at most WARMUP_STEPS, are warm-up. The first steps of any trainer pay for memory
@@ -166,11 +170,11 @@ class LogLines:
     ``head`` keeps the first HEAD_BYTES of text, to say which other trainer wrote a log.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, identity: tuple[int, int] | None = None) -> None:
         self.path = path
         self.long_lines = 0
         self.head = ""
-        self._file = _gunzipped(_open_log(path))
+        self._file = _gunzipped(open_log(path, identity))
         try:
             _check_text(path, self._file.read(HEAD_BYTES))
             self._file.seek(0)
@@ -197,22 +201,42 @@ class LogLines:
                 yield line
 
 
-def read_lines(path: Path) -> LogLines:
+def read_lines(path: Path, identity: tuple[int, int] | None = None) -> LogLines:
     """The log's lines, streamed; LogError (one line) for a folder, a binary file or a file
-    larger than MAX_LOG_BYTES."""
-    return LogLines(path)
+    larger than MAX_LOG_BYTES (``identity``: see :func:`open_log`)."""
+    return LogLines(path, identity)
 
 
-def _open_log(path: Path):
-    if not path.is_file():
-        raise LogError(f"{path}: not a file")
-    size = path.stat().st_size
-    if size > MAX_LOG_BYTES:
-        raise LogError(f"{path}: larger than {MAX_LOG_BYTES >> 20} MiB; not a training log")
+def open_log(path: Path, identity: tuple[int, int] | None = None):
+    """The log opened once, its checks made on the open descriptor (fstat), never on the path
+    again: a file checked and then opened by name can be swapped for a link in between.
+
+    ``identity`` (device, inode), for a file found below a folder: the file must still be the
+    one listed, and its last component is not followed if it became a link (O_NOFOLLOW); a
+    folder of the path swapped for a link leads to another inode and is refused too."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: a FIFO does not hang
+    if identity is not None:
+        flags |= os.O_NOFOLLOW
     try:
-        return open(path, "rb")
+        fd = os.open(path, flags)
     except OSError as exc:
+        if exc.errno == errno.ELOOP and identity is not None:
+            raise LogError(f"{path}: became a link after the folder was listed; not "
+                           "followed") from None
         raise LogError(f"{path}: cannot be read ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise LogError(f"{path}: not a file")
+        if identity is not None and (st.st_dev, st.st_ino) != identity:
+            raise LogError(f"{path}: replaced after the folder was listed; not read")
+        if st.st_size > MAX_LOG_BYTES:
+            raise LogError(f"{path}: larger than {MAX_LOG_BYTES >> 20} MiB; not a training log")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 # Logs are often kept gzipped (log rotation, archived job folders): read through, as text.
@@ -299,9 +323,26 @@ def _other_trainer(text: str, trainer: LogReader, others: Iterable[LogReader]) -
     return ""
 
 
-def number(text: str) -> float:
-    """A printed number: ``10,050`` (torchtitan's thousands), ``1.8E+00``, ``243.6``."""
-    return float(text.replace(",", ""))
+class BadNumber(LogError, ValueError):
+    """A number of a log that is none (``inf``, ``nan``, 40 digits, a negative count): a step
+    line that holds one is unreadable (the parsers catch ValueError), an argument refuses the
+    file (LogError), in one line either way (specs/numbers.py)."""
+
+
+def number(text: str, field: str = "a number of the log") -> float:
+    """A printed number: ``10,050`` (torchtitan's thousands), ``1.8E+00``, ``243.6``; NaN, an
+    infinity or a magnitude beyond any run's refused (specs/numbers.py)."""
+    try:
+        return parse_real(text, field)
+    except SpecError as exc:
+        raise BadNumber(str(exc)) from None
+
+
+def loss_number(text: str) -> float:
+    """A printed loss: ``nan`` and ``inf`` are kept, a diverged run's real measurement."""
+    if text.strip().lower() in ("nan", "inf", "-inf", "+inf"):
+        return float(text.strip())
+    return number(text, "a loss")
 
 
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|HIP out of memory|out of memory\b", re.I)
@@ -343,10 +384,15 @@ def flag(text: str | None) -> bool | None:
     return text.strip().lower() in ("true", "1", "yes")
 
 
-def integer(text: str | None) -> int | None:
+def integer(text: str | None, field: str = "a count of the log") -> int | None:
+    """A printed count (``1,024``, ``8``), or None when not printed; NaN, an infinity, a
+    fraction, a negative or a count beyond int32 refused (specs/numbers.py)."""
     if text is None or text.strip() in ("None", ""):
         return None
-    return int(number(text))
+    try:
+        return parse_integer(text, field)
+    except SpecError as exc:
+        raise BadNumber(str(exc)) from None
 
 
 _REPORT = re.compile(r"\(?after \d+ iterations\)? memory \(MB\).*\| max allocated: ([\d.]+)")

@@ -30,6 +30,7 @@ from frontier_llm.trainers.log_reader import (
     flag,
     integer,
     keep_batch,
+    loss_number,
     number,
     read_dotted,
     read_memory_report,
@@ -93,12 +94,12 @@ class MegatronLog(LogReader):
         if "elapsed time per iteration" in text:
             return False  # an iteration line cut short (a truncated file's last line)
         if m := _WORLD.search(text):
-            run.world_size = int(m.group(1))
+            run.world_size = integer(m.group(1), "world size")
             for kind, value in _DEGREE.findall(text):
-                run.layout.setdefault(_DEGREE_FIELD[kind], int(value))
+                run.layout.setdefault(_DEGREE_FIELD[kind], integer(value, kind))
             return True
         if m := _PADDED.search(text):
-            run.model["vocab"] = int(m.group(1))
+            run.model["vocab"] = integer(m.group(1), "padded vocab")
             return True
         if m := _DS_VERSION.search(text):
             run.version = run.version or f"deepspeed {m.group(1) or m.group(2)}"
@@ -127,7 +128,7 @@ class MegatronLog(LogReader):
             if (batch := fields.get("global batch size")) is not None:
                 step.global_batch = int(number(batch))
             if (loss := fields.get("lm loss")) is not None:
-                step.loss = number(loss)
+                step.loss = loss_number(loss)
             if (balance := fields.get("load_balancing_loss")) is not None:
                 step.load_balancing_loss = number(balance)
             tflops = fields.get("throughput per GPU (TFLOP/s/GPU)") or fields.get("TFLOPs")
@@ -229,15 +230,18 @@ def _experts(run: ParsedRun) -> None:
         run.model["shared_experts"] = shared // width
     freq = (a.get("moe_layer_freq") or "").strip()
     if freq.isdigit():
-        run.model["moe_layer_freq"] = int(freq)
+        run.model["moe_layer_freq"] = integer(freq, "moe_layer_freq")
     elif freq.startswith("["):
         # The printed list, one 0/1 per block: the spec's form is k leading dense blocks,
         # then an MoE block every N-th from the first; another pattern is left unread.
-        pattern = [int(x) for x in re.findall(r"\d+", freq)]
+        # Linear in the list's length: trying each period against the whole list took over
+        # 120 s for one 62 KB line.
+        pattern = [int(x.strip("0") != "") for x in re.findall(r"\d+", freq)]
         dense = next((i for i, x in enumerate(pattern) if x), len(pattern))
         rest = pattern[dense:]
-        step = next((n for n in range(1, len(rest) + 1)
-                     if rest == [int(i % n == 0) for i in range(len(rest))]), None)
+        ones = [i for i, x in enumerate(rest) if x]
+        n = ones[1] if len(ones) > 1 else max(len(rest), 1)
+        step = n if rest == [int(i % n == 0) for i in range(len(rest))] else None
         if rest and step is not None:
             run.model["dense_layers"] = dense
             run.model["moe_layer_freq"] = step

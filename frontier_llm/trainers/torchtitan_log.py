@@ -19,7 +19,15 @@ import re
 from frontier_llm.specs import axes
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
-from frontier_llm.trainers.log_reader import LogReader, ParsedRun, Step, number, read_outcome
+from frontier_llm.trainers.log_reader import (
+    LogReader,
+    ParsedRun,
+    Step,
+    integer,
+    loss_number,
+    number,
+    read_outcome,
+)
 from frontier_llm.trainers.torchtitan_names import (
     DATA_PARALLEL,
     mesh_layout,
@@ -60,7 +68,7 @@ class TorchtitanLog(LogReader):
             return self._step(run, m)
         if m := _MESH.search(text):
             names = [n.strip(" '\"") for n in m.group(2).split(",")]
-            sizes = [int(s) for s in m.group(3).split(",") if s.strip()]
+            sizes = [integer(s, "a mesh size") for s in m.group(3).split(",") if s.strip()]
             run.args["mesh"] = ",".join(f"{n}={s}" for n, s in zip(names, sizes, strict=False))
             return True
         if m := _MESH_DEGREES.search(text):
@@ -101,7 +109,7 @@ class TorchtitanLog(LogReader):
             if tps is None:
                 return False
             tokens = number(tps[0])
-            step = Step(int(m.group(1)), 0.0, loss=number(m.group(2)), tokens_per_s=tokens)
+            step = Step(int(m.group(1)), 0.0, loss=loss_number(m.group(2)), tokens_per_s=tokens)
             if "tflops" in fields:
                 step.tflops = number(fields["tflops"][0])
             if "mfu" in fields:
@@ -117,9 +125,9 @@ class TorchtitanLog(LogReader):
         mesh: dict[str, int] = {}
         for pair in filter(None, run.args.get("mesh", "").split(",")):
             name, _, size = pair.partition("=")
-            mesh[name] = mesh.get(name, 1) * int(size)
+            mesh[name] = mesh.get(name, 1) * integer(size, f"mesh {name}")
         if "cp" not in mesh and (cp := run.args.get("config.context_parallel_degree")):
-            mesh["cp"] = int(cp)
+            mesh["cp"] = integer(cp, "context_parallel_degree")
         if mesh:
             degrees, refusal = mesh_layout(mesh)
             if refusal is not None:
@@ -139,7 +147,7 @@ class TorchtitanLog(LogReader):
         for key, name in _MODEL_ARGS.items():
             value = run.args.get(f"model.{key}")
             if value not in (None, "None"):
-                run.model[name] = int(value)
+                run.model[name] = integer(value, f"model {key}")
         if "heads" in run.model and "kv_heads" not in run.model:
             run.model["kv_heads"] = run.model["heads"]
 

@@ -286,7 +286,7 @@ def _with(study: StudyFile, **changes: Any) -> StudyFile:
     return dataclasses.replace(study, **changes)
 
 
-_TRIAL = re.compile(r"^(?P<study>.+)\.t(?P<number>\d{4,})$")
+_TRIAL = re.compile(r"\A(?P<study>.+)\.t(?P<number>\d{4,})\Z")
 
 
 def parse_trial_name(sweep_name: str) -> tuple[str, int] | None:
