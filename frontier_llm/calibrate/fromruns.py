@@ -194,9 +194,12 @@ def with_knobs(system: SystemSpec, values: dict[str, float], dtype: str,
     if "matmul" in values:
         rate = values["matmul"]
         peak = system.peak(dtype)
-        if rate > peak:  # the stated peak was too low; raise every dtype's alike
-            scale = rate / peak
-            peaks = {k: v * scale for k, v in peaks.items()}
+        if rate > peak:
+            # The stated peak was too low for the dtype measured: the achieved rate is its best
+            # lower bound (as calibrate/system_file.py sets it). Other dtypes' peaks say nothing
+            # of it (fp8 is no fixed multiple of bf16 across GPUs), and scaled alike they left
+            # a CPU-fitted file's fp8 peak beyond any device's.
+            peaks[dtype] = rate
             peak = rate
         eff["matmul"] = Efficiency(min(1.0, rate / peak), source)
         changes["peak_flops"] = peaks
