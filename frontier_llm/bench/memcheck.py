@@ -1,0 +1,291 @@
+"""One rank's training step at full size, measured by PyTorch's own memory tracker, no GPU.
+
+``flm memcheck`` builds :class:`~frontier_llm.bench.engine.NativeEngine` for one rank of the
+layout (its tp / cp / pipeline-stage / FSDP2 shards, its recompute, micro-batch and loss) at the
+real model's shapes, under PyTorch's ``FakeTensorMode`` (tensors with shapes, dtypes and
+storage sizes, no data) and a fake process group of the full world size (PyTorch's ``fake``
+backend: every collective returns at once). It runs one optimizer step, every micro-batch,
+under :class:`torch.distributed._tools.mem_tracker.MemTracker` (``FSDPMemTracker`` when FSDP2
+shards the stage), which sees every storage the step creates and frees at the dispatcher, as
+the caching allocator would be asked for it, and records the peak and the breakdown at the
+peak. torchtitan estimates memory the same way (``scripts/estimate/estimation.py``).
+
+What it is: the bytes the allocator is asked for (``torch.cuda.max_memory_allocated``), not
+what it reserves (block rounding and fragmentation, the reserve's job) and not the CUDA/HIP
+context or the communication library's own buffers. What it cannot trace: engines whose step is
+not flm bench's native one (DeepSpeed's engine, Megatron-LM): those are refused by name.
+
+With ``device="cuda"`` the same step runs for real on one GPU with a fake process group (the
+rank's shards at full size: it must fit) and reads ``torch.cuda.max_memory_allocated`` and
+``max_memory_reserved``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from frontier_llm.bench.engine import NativeEngine
+from frontier_llm.bench.mesh import check_layout
+from frontier_llm.errors import UserError
+from frontier_llm.specs.layout import Engine, Layout, Schedule
+from frontier_llm.specs.model import ModelSpec
+
+# MemTracker's categories (torch/distributed/_tools/mem_tracker.py, fsdp2_mem_tracker.py) ->
+# the cost model's terms (costmodel/memory.py). Optimizer states are created before the
+# tracker enters (LocalAdam is not a torch.optim optimizer): their storages are added to the
+# peak, which they are part of wherever it falls.
+CATEGORY_TERMS = {
+    "Parameter": "params", "Sharded Param": "params", "Buffer": "params",
+    "Gradient": "grads", "Sharded Grad": "grads",
+    "Optstate": "optimizer", "OptState": "optimizer",
+    "Activation": "activations", "Inputs": "activations",
+    "Temp": "temporaries",
+    "Unsharded Param": "buffers", "Unsharded Grad": "buffers",
+    "All Gather": "buffers", "Reduce Scatter": "buffers",
+}
+TERMS = ("params", "grads", "optimizer", "activations", "temporaries", "buffers")
+
+
+@dataclass
+class Measurement:
+    """One rank's measured peak: ``peak_bytes`` and its breakdown by term at the peak
+    (``at_peak``), each term's own largest value over the step (``largest``), and the rank."""
+
+    peak_bytes: int
+    at_peak: dict[str, int]
+    largest: dict[str, int]
+    rank: int
+    pp_rank: int
+    device: str = "fake"
+    reserved_bytes: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _fold(snapshot: dict[str, int]) -> dict[str, int]:
+    out = dict.fromkeys(TERMS, 0)
+    for name, value in snapshot.items():
+        term = CATEGORY_TERMS.get(str(getattr(name, "value", name)))
+        if term is not None:
+            out[term] += int(value)
+    return out
+
+
+@contextlib.contextmanager
+def fake_world(rank: int, world_size: int) -> Iterator[None]:
+    """A fake process group of ``world_size`` ranks, this process being ``rank``."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise UserError("flm memcheck needs a process with no process group")
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _real_meshes() -> Iterator[None]:
+    """Device meshes built from real tensors inside fake mode: a mesh reads its rank layout
+    back (``tolist``), which a fake tensor has no data for."""
+    import torch.distributed.device_mesh as dm
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    original, build = dm.DeviceMesh.__init__, dm.init_device_mesh
+
+    def init(self, *args, **kwargs):
+        with unset_fake_temporarily():
+            original(self, *args, **kwargs)
+
+    def init_device_mesh(*args, **kwargs):
+        with unset_fake_temporarily():
+            return build(*args, **kwargs)
+
+    dm.DeviceMesh.__init__, dm.init_device_mesh = init, init_device_mesh
+    try:
+        yield
+    finally:
+        dm.DeviceMesh.__init__, dm.init_device_mesh = original, build
+
+
+def peak_rank(model: ModelSpec, layout: Layout) -> tuple[int, int]:
+    """(global rank, pipeline rank) of the rank the cost model predicts fullest: the first
+    rank of that pipeline stage (every tp / dp / cp rank of a stage holds the same)."""
+    from frontier_llm.bench.mesh import mesh_dims
+    from frontier_llm.costmodel import predict
+
+    stage = int(predict(model_for_layout(model), _cpu_system(), layout)["breakdown"]
+                ["peak_memory_stage"])
+    return mesh_dims(layout).rank_of(stage, 0, 0, 0, 0), stage
+
+
+def model_for_layout(model: ModelSpec) -> ModelSpec:
+    return model
+
+
+def _cpu_system():
+    from frontier_llm.catalog import load_system
+
+    return load_system("cpu-local")
+
+
+def _step(eng: NativeEngine, tracker, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    """Forward and backward of every micro-batch, the reductions and the optimizer step: what
+    ``NativeEngine.step`` runs, without reading a loss value (fake tensors have none)."""
+    lay = eng.layout
+    n = lay.num_microbatches
+    parallel = contextlib.nullcontext()
+    if lay.tp > 1:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        parallel = loss_parallel()
+    with parallel:
+        if eng.schedule is None:
+            model = eng.modules[0]
+            fsdp = hasattr(model, "set_requires_gradient_sync")
+            for i, (x, y) in enumerate(zip(inputs.split(lay.micro_batch),
+                                           targets.split(lay.micro_batch), strict=True)):
+                if tracker is not None:
+                    tracker.reset_mod_stats()  # one root call per micro-batch
+                if fsdp:
+                    model.set_requires_gradient_sync(i == n - 1)
+                loss = eng.loss_fn(model(x), y) / n
+                loss.backward()
+                del loss
+        else:
+            _pipeline_step(eng, tracker, inputs, targets)
+    eng.reduce_gradients()
+    eng.optimizer.step()
+    eng.optimizer.zero_grad()
+
+
+def _pipeline_order(schedule: str, m: int, p: int, r: int) -> list[tuple[str, int]]:
+    """The forwards (``F``) and backwards (``B``) stage ``r`` of ``p`` runs over ``m``
+    micro-batches: GPipe all forwards then all backwards; 1F1B (torch's ``Schedule1F1B``)
+    ``p - r - 1`` warm-up forwards, then one forward and one backward in turn, then the
+    remaining backwards."""
+    if schedule == Schedule.GPIPE:
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warm = min(m, p - r - 1)
+    order = [("F", i) for i in range(warm)]
+    for i in range(warm, m):
+        order += [("F", i), ("B", i - warm)]
+    return order + [("B", i) for i in range(m - warm, m)]
+
+
+def _pipeline_step(eng: NativeEngine, tracker, inputs: torch.Tensor,
+                   targets: torch.Tensor) -> None:
+    """One stage's share of a pipelined step, run in its schedule's order: the fake process
+    group carries no activations between stages, so each stage's input is a new tensor of the
+    shape the previous stage sends (what the receive buffer holds) and each backward starts
+    from a gradient of the shape the next stage sends back."""
+    lay = eng.layout
+    m, p, r = lay.num_microbatches, lay.pp, eng.coords["pp"]
+    model = eng.modules[0]
+    io_in, io_out = eng.stage_shapes[0]
+    xs = inputs.split(lay.micro_batch)
+    ys = targets.split(lay.micro_batch)
+    outputs: dict[int, torch.Tensor] = {}
+    for kind, i in _pipeline_order(lay.schedule, m, p, r):
+        if kind == "F":
+            if tracker is not None:
+                tracker.reset_mod_stats()
+            x = (xs[i] if eng.has_first
+                 else torch.zeros(io_in.shape, dtype=io_in.dtype, requires_grad=True))
+            out = model(x)
+            outputs[i] = eng.loss_fn(out, ys[i]) / m if eng.has_last else out
+            del out, x
+        else:
+            out = outputs.pop(i)
+            if eng.has_last:
+                out.backward()
+            else:
+                out.backward(torch.ones(io_out.shape, dtype=io_out.dtype))
+            del out
+
+
+def _batch(model: ModelSpec, layout: Layout, device: torch.device
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rank's token ids and targets: its dp share of the global batch, its cp share of
+    each sequence (shapes only matter)."""
+    rows = layout.global_batch // layout.dp
+    seq = model.seq_len // layout.cp
+    ids = torch.zeros(rows, seq, dtype=torch.long, device=device)
+    return ids, ids.clone()
+
+
+def measure(model: ModelSpec, layout: Layout, rank: int | None = None,
+            device: str = "fake") -> Measurement:
+    """One training step of ``rank`` (default: the rank the cost model predicts fullest) of
+    ``layout``, measured (module docstring)."""
+    if layout.engine != Engine.NATIVE:
+        raise UserError(
+            f"flm memcheck traces flm bench's native engine only: engine {layout.engine} runs "
+            "its own step (DeepSpeed's engine allocates its flat buffers inside its own C++ "
+            "and Python code; Megatron-LM is not in this process), which this measurement "
+            "cannot see: compare its terms with flm predict")
+    check_layout(model, layout)
+    world = int(layout.world_size)
+    pp_rank = None
+    if rank is None:
+        rank, pp_rank = peak_rank(model, layout)
+    if not 0 <= rank < world:
+        raise UserError(f"rank {rank} is outside the layout's {world} ranks")
+    if device == "cuda":
+        return _measure_cuda(model, layout, rank)
+    if device != "fake":
+        raise UserError(f"device must be fake or cuda (got {device!r})")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
+    with fake_world(rank, world), _real_meshes(), FakeTensorMode(allow_non_fake_inputs=True):
+        eng = NativeEngine(model, layout, rank=rank, world_size=world,
+                           device=torch.device("cpu"))
+        fsdp = eng.dims.data_parallel in ("fsdp", "hsdp") and eng.dims.shard_ranks > 1
+        tracker = (FSDPMemTracker(eng.modules[0], None) if fsdp and len(eng.modules) == 1
+                   else MemTracker())
+        for m in eng.modules:
+            tracker.track_external(m)
+        inputs, targets = _batch(model, layout, torch.device("cpu"))
+        largest = dict.fromkeys(TERMS, 0)
+        with tracker:
+            _step(eng, tracker, inputs, targets)
+        snap = next(iter(tracker.get_tracker_snapshot("peak").values()), {})
+        at_peak = _fold(snap)
+        # Held from before the step to after it: at the peak whenever it falls.
+        optimizer = eng.optimizer.state_bytes()
+        at_peak["optimizer"] += optimizer
+        peak = int(snap.get("Total", sum(at_peak.values()))) + optimizer
+        for k, v in at_peak.items():
+            largest[k] = max(largest[k], v)
+    torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
+    coords = eng.coords
+    return Measurement(peak_bytes=peak, at_peak=at_peak, largest=largest, rank=rank,
+                       pp_rank=coords["pp"] if pp_rank is None else pp_rank)
+
+
+def _measure_cuda(model: ModelSpec, layout: Layout, rank: int) -> Measurement:
+    """The same step on a real GPU (the rank's shards must fit): the allocator's own peaks."""
+    if not torch.cuda.is_available():
+        raise UserError("--device cuda: no GPU is visible to this process")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with fake_world(rank, int(layout.world_size)):
+        eng = NativeEngine(model, layout, rank=rank, world_size=int(layout.world_size),
+                           device=dev)
+        inputs, targets = _batch(model, layout, dev)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(dev)
+        _step(eng, None, inputs, targets)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated(dev)
+        reserved = torch.cuda.max_memory_reserved(dev)
+    return Measurement(peak_bytes=int(peak), at_peak={}, largest={}, rank=rank,
+                       pp_rank=eng.coords["pp"], device="cuda", reserved_bytes=int(reserved),
+                       notes=["the allocator's own peaks; no breakdown on a GPU"])
