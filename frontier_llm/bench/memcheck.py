@@ -113,6 +113,40 @@ def _real_meshes() -> Iterator[None]:
         dm.DeviceMesh.__init__, dm.init_device_mesh = original, build
 
 
+@contextlib.contextmanager
+def _untracked_propagation(tracker) -> Iterator[None]:
+    """DTensor's shape propagation unseen by ``tracker``. To learn an output's metadata DTensor
+    runs each op once on the *global* shapes (torch/distributed/tensor/_sharding_prop.py
+    ``_propagate_tensor_meta_non_cached``, in ``detect_fake_mode() or FakeTensorMode()``), and
+    so do loss parallelism's cross-entropy handlers (torch/distributed/tensor/parallel/loss.py
+    ``_propagate_tensor_meta``). On a GPU that is a fake mode of its own, which MemTracker skips;
+    inside flm memcheck's fake mode it *is* the step's mode, and the tracker would count
+    global-shape tensors no rank holds (measured on the vocabulary-parallel loss: with real
+    tensors 1 fp32 log-probability shard saved and 3 in backward; under fake mode without this,
+    up to 2·tp)."""
+    from torch.distributed.tensor import _sharding_prop
+    from torch.distributed.tensor.parallel import loss
+
+    def quiet(original):
+        def call(*args, **kwargs):
+            seen = tracker._fake_mode_on_entry
+            tracker._fake_mode_on_entry = object()  # no mode is this one: nothing is tracked
+            try:
+                return original(*args, **kwargs)
+            finally:
+                tracker._fake_mode_on_entry = seen
+        return call
+
+    prop = _sharding_prop.ShardingPropagator
+    originals = (loss._propagate_tensor_meta, prop._propagate_tensor_meta_non_cached)
+    loss._propagate_tensor_meta = quiet(originals[0])
+    prop._propagate_tensor_meta_non_cached = quiet(originals[1])
+    try:
+        yield
+    finally:
+        loss._propagate_tensor_meta, prop._propagate_tensor_meta_non_cached = originals
+
+
 def peak_rank(model: ModelSpec, layout: Layout) -> tuple[int, int]:
     """(global rank, pipeline rank) of the rank the cost model predicts fullest: the first
     rank of that pipeline stage (every tp / dp / cp rank of a stage holds the same)."""
@@ -255,7 +289,7 @@ def measure(model: ModelSpec, layout: Layout, rank: int | None = None,
             tracker.track_external(m)
         inputs, targets = _batch(model, layout, torch.device("cpu"))
         largest = dict.fromkeys(TERMS, 0)
-        with tracker:
+        with tracker, _untracked_propagation(tracker):
             _step(eng, tracker, inputs, targets)
         snap = next(iter(tracker.get_tracker_snapshot("peak").values()), {})
         at_peak = _fold(snap)
