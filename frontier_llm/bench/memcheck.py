@@ -49,27 +49,39 @@ CATEGORY_TERMS = {
     "All Gather": "buffers", "Reduce Scatter": "buffers",
 }
 TERMS = ("params", "grads", "optimizer", "activations", "temporaries", "buffers")
+# The optimizer step's: what it creates (fp32 copies of 16-bit gradients, Adam's denominators,
+# ZeRO-1's flat buffers) is its ``temporaries``; the gradients are registered with
+# ``track_external`` and filed under ``Other``.
+STEP_TERMS = {"Parameter": "params", "Buffer": "params", "Other": "grads",
+              "Activation": "temporaries", "Temp": "temporaries", "Optstate": "temporaries"}
 
 
 @dataclass
 class Measurement:
-    """One rank's measured peak: ``peak_bytes`` and its breakdown by term at the peak
-    (``at_peak``), each term's own largest value over the step (``largest``), and the rank."""
+    """One rank's measured step: the peak of its forward and backward (``backward``: bytes by
+    term at that peak) and of its gradient reduction and optimizer step (``step``), the larger
+    being the step's ``peak_bytes``; the rank measured and its pipeline stage."""
 
     peak_bytes: int
-    at_peak: dict[str, int]
-    largest: dict[str, int]
+    backward: dict[str, int]
+    step: dict[str, int]
     rank: int
     pp_rank: int
     device: str = "fake"
     reserved_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def phase(self) -> str:
+        """Where the peak falls: ``backward`` or ``step``."""
+        return "step" if sum(self.step.values()) > sum(self.backward.values()) else "backward"
 
-def _fold(snapshot: dict[str, int]) -> dict[str, int]:
-    out = dict.fromkeys(TERMS, 0)
+
+def _fold(snapshot: dict[str, int], terms: dict[str, str] = CATEGORY_TERMS
+          ) -> dict[str, int]:
+    out = dict.fromkeys(dict.fromkeys(terms.values()), 0)
     for name, value in snapshot.items():
-        term = CATEGORY_TERMS.get(str(getattr(name, "value", name)))
+        term = terms.get(str(getattr(name, "value", name)))
         if term is not None:
             out[term] += int(value)
     return out
@@ -168,9 +180,10 @@ def _cpu_system():
     return load_system("cpu-local")
 
 
-def _step(eng: NativeEngine, tracker, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-    """Forward and backward of every micro-batch, the reductions and the optimizer step: what
-    ``NativeEngine.step`` runs, without reading a loss value (fake tensors have none)."""
+def _forward_backward(eng: NativeEngine, tracker, inputs: torch.Tensor,
+                      targets: torch.Tensor) -> None:
+    """Forward and backward of every micro-batch, as ``NativeEngine`` runs them, without
+    reading a loss value (fake tensors have none)."""
     lay = eng.layout
     n = lay.num_microbatches
     parallel = contextlib.nullcontext()
@@ -179,20 +192,30 @@ def _step(eng: NativeEngine, tracker, inputs: torch.Tensor, targets: torch.Tenso
 
         parallel = loss_parallel()
     with parallel:
-        if eng.schedule is None:
-            model = eng.modules[0]
-            fsdp = hasattr(model, "set_requires_gradient_sync")
-            for i, (x, y) in enumerate(zip(inputs.split(lay.micro_batch),
-                                           targets.split(lay.micro_batch), strict=True)):
-                if tracker is not None:
-                    tracker.reset_mod_stats()  # one root call per micro-batch
-                if fsdp:
-                    model.set_requires_gradient_sync(i == n - 1)
-                loss = eng.loss_fn(model(x), y) / n
-                loss.backward()
-                del loss
-        else:
+        if eng.schedule is not None:
             _pipeline_step(eng, tracker, inputs, targets)
+            return
+        model = eng.modules[0]
+        fsdp = hasattr(model, "set_requires_gradient_sync")
+        for i, (x, y) in enumerate(zip(inputs.split(lay.micro_batch),
+                                       targets.split(lay.micro_batch), strict=True)):
+            if tracker is not None:
+                tracker.reset_mod_stats()  # one root call per micro-batch
+            if fsdp:
+                model.set_requires_gradient_sync(i == n - 1)
+            loss = eng.loss_fn(model(x), y) / n
+            loss.backward()
+            del loss
+
+
+def _peak(tracker) -> dict:
+    """The tracker's breakdown at its peak (one device: the fake CPU)."""
+    snap = next(iter(tracker.get_tracker_snapshot("peak").values()), {})
+    return {k: v for k, v in snap.items() if str(getattr(k, "value", k)) != "Total"}
+
+
+def _optimizer_step(eng: NativeEngine) -> None:
+    """The gradients reduced where they belong, the optimizer step, the gradients freed."""
     eng.reduce_gradients()
     eng.optimizer.step()
     eng.optimizer.zero_grad()
@@ -265,9 +288,8 @@ def measure(model: ModelSpec, layout: Layout, rank: int | None = None,
             "cannot see: compare its terms with flm predict")
     check_layout(model, layout)
     world = int(layout.world_size)
-    pp_rank = None
     if rank is None:
-        rank, pp_rank = peak_rank(model, layout)
+        rank = peak_rank(model, layout)[0]
     if not 0 <= rank < world:
         raise UserError(f"rank {rank} is outside the layout's {world} ranks")
     if device == "cuda":
@@ -288,21 +310,23 @@ def measure(model: ModelSpec, layout: Layout, rank: int | None = None,
         for m in eng.modules:
             tracker.track_external(m)
         inputs, targets = _batch(model, layout, torch.device("cpu"))
-        largest = dict.fromkeys(TERMS, 0)
         with tracker, _untracked_propagation(tracker):
-            _step(eng, tracker, inputs, targets)
-        snap = next(iter(tracker.get_tracker_snapshot("peak").values()), {})
-        at_peak = _fold(snap)
-        # Held from before the step to after it: at the peak whenever it falls.
+            _forward_backward(eng, tracker, inputs, targets)
+        # Held from before the step to after it: at both peaks.
         optimizer = eng.optimizer.state_bytes()
-        at_peak["optimizer"] += optimizer
-        peak = int(snap.get("Total", sum(at_peak.values()))) + optimizer
-        for k, v in at_peak.items():
-            largest[k] = max(largest[k], v)
-    torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
-    coords = eng.coords
-    return Measurement(peak_bytes=peak, at_peak=at_peak, largest=largest, rank=rank,
-                       pp_rank=coords["pp"] if pp_rank is None else pp_rank)
+        backward = _fold(_peak(tracker))
+        backward["optimizer"] += optimizer
+        stepper = MemTracker()
+        for m in eng.modules:
+            stepper.track_external(m)
+        stepper.track_external(*[p.grad for p in eng.parameters() if p.grad is not None])
+        with stepper, _untracked_propagation(stepper):
+            _optimizer_step(eng)
+        step = _fold(_peak(stepper), STEP_TERMS)
+        step["optimizer"] = optimizer
+        torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
+    return Measurement(peak_bytes=max(sum(backward.values()), sum(step.values())),
+                       backward=backward, step=step, rank=rank, pp_rank=eng.coords["pp"])
 
 
 def _measure_cuda(model: ModelSpec, layout: Layout, rank: int) -> Measurement:
@@ -316,10 +340,11 @@ def _measure_cuda(model: ModelSpec, layout: Layout, rank: int) -> Measurement:
         inputs, targets = _batch(model, layout, dev)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(dev)
-        _step(eng, None, inputs, targets)
+        _forward_backward(eng, None, inputs, targets)
+        _optimizer_step(eng)
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated(dev)
         reserved = torch.cuda.max_memory_reserved(dev)
-    return Measurement(peak_bytes=int(peak), at_peak={}, largest={}, rank=rank,
+    return Measurement(peak_bytes=int(peak), backward={}, step={}, rank=rank,
                        pp_rank=eng.coords["pp"], device="cuda", reserved_bytes=int(reserved),
                        notes=["the allocator's own peaks; no breakdown on a GPU"])

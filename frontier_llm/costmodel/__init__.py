@@ -26,7 +26,8 @@ COSTMODEL_VERSION = "2.2"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
               "pp_bubble", "head", "dp_comm", "optimizer")
-MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "loss", "buffers", "reserved")
+MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "loss", "buffers", "step",
+                "reserved")
 
 
 def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,

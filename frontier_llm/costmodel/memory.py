@@ -50,7 +50,7 @@ from frontier_llm.costmodel.params import (
     table_layer_params,
 )
 from frontier_llm.costmodel.split import pipeline_ranks, rank_layers
-from frontier_llm.specs.layout import DType, Engine, Layout, Recompute, Schedule
+from frontier_llm.specs.layout import DType, Engine, Layout, PlacementKind, Recompute, Schedule
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
@@ -88,11 +88,22 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None
         # Routed experts shard over expert-dp at most (costmodel/moe.py).
         return moe.sharded_count(n, routed, t, comp)
 
+    native = t.engine == Engine.NATIVE.code
+    # The native engine (flm bench, FSDP2) stores a parameter shard wherever gradients are
+    # sharded (ZeRO-2 is ``fully_shard(reshard_after_forward=False)``: its whole parameters are
+    # a gathered copy, in ``buffers``), and keeps gradients in the parameters' dtype (autograd's;
+    # FSDP2 without a MixedPrecisionPolicy reduces in it too); its fp32 master weights are the
+    # optimizer's (bench/optim.py ``LocalAdam``). Measured by flm memcheck
+    # (tests/test_memcheck_grid.py).
+    params_n = np.where(native, shard("grads"), shard("params"))
+    grad_bytes = np.where(native, per[:, 0], grad_bytes_per_param(t, per[:, 1]))
     return {
-        "params": shard("params") * per[:, 0] + extra_param_bytes(t, n, per[:, 0]),
-        "grads": shard("grads") * grad_bytes_per_param(t, per[:, 1]),
+        "params": params_n * per[:, 0] + extra_param_bytes(t, n, per[:, 0]),
+        "grads": shard("grads") * grad_bytes,
         # DeepSpeed's fp32 master partition (costmodel/deepspeed_buffers.py).
         "optimizer": shard("optim") * per[:, 2] + extra_optimizer_bytes(t, n),
+        "count": n,
+        "local": shard("grads"),
     }
 
 
@@ -249,7 +260,12 @@ def loss_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
     then allocates the fp32 gradient of the log-probabilities and the fp32 gradient of its input
     (8 bytes) while they are alive; Megatron's vocab-parallel cross-entropy computes the gradient
     in place in the saved softmax and casts it to the training dtype (``e`` bytes)."""
-    per_vocab = np.where(t.engine == Engine.NATIVE.code, 8, ACT_BYTES[t.dtype])
+    # Under tp > 1 the native engine's loss is PyTorch's ``loss_parallel``: its backward
+    # (torch/distributed/tensor/parallel/loss.py ``_nll_loss_and_log_softmax_backward``) builds
+    # ``zeros_like(x)``, ``exp(x)`` and their sum before scaling: three fp32 shards (measured
+    # with real tensors and by flm memcheck).
+    native = t.engine == Engine.NATIVE.code
+    per_vocab = np.where(native, np.where(t.tp > 1, 12, 8), ACT_BYTES[t.dtype])
     return t.local_seq(model.seq_len) * t.micro_batch * _cdiv(model.vocab, t.tp) * per_vocab
 
 
@@ -264,20 +280,73 @@ def buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None,
     return gathered_bytes(model, t, pp_rank, held, reduce_fp32) + sp
 
 
+def native_buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank, states: dict
+                        ) -> np.ndarray:
+    """The native engine's (FSDP2's) unsharded copies at its backward peak: with
+    ``reshard_after_forward`` off every parameter of the stage stays gathered from forward to
+    backward; with more than one micro-batch the gradients accumulate unsharded until the last
+    one (flm bench syncs them once, ``set_requires_gradient_sync``); on a stage without the
+    loss, the layer in backward holds its gathered parameters and their gradient. The last
+    stage's peak is its loss's backward, when every layer is resharded (the root too: flm bench
+    passes ``reshard_after_forward`` to it)."""
+    e = ACT_BYTES[t.dtype]
+    r = np.asarray(pp_rank)
+    sharded = t.degree("grads") > 1
+    n = states["count"]
+    kept = (t.params_kind == PlacementKind.REPLICATE.code) | ~t.reshard_after_forward
+    whole = np.where(kept, n * e, 0)
+    accumulated = np.where(t.num_microbatches > 1, n * e, 0)
+    layer = np.where(r == t.pp - 1, 0, 2 * e * table_layer_params(model, t))
+    return np.where(sharded, whole + accumulated + layer, 0)
+
+
+def native_step_bytes(t: LayoutTable, states: dict) -> np.ndarray:
+    """What the native engine's optimizer step (bench/optim.py ``LocalAdam``) allocates beyond
+    the model states: an fp32 copy of 16-bit gradients and Adam's fp32 denominator
+    (``_foreach_sqrt``) per local parameter; under ZeRO-1 the fp32 flat gradient of every local
+    parameter and the fp32 all-gather of the updated ones instead (8 bytes per parameter)."""
+    e = ACT_BYTES[t.dtype]
+    local = states["local"]
+    zero1 = (t.optim_kind != PlacementKind.REPLICATE.code) & (t.degree("grads") == 1)
+    return np.where(zero1, 8 * states["count"], local * (np.where(e < 4, 4, 0) + 4))
+
+
 def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, held=None,
                 chunk=None, reduce_fp32: bool | None = None) -> dict:
     """Every memory term of one rank of stage ``pp_rank`` (holding ``held`` layers, its fullest
-    chunk ``chunk``; default: from the engine's split), and their total ``peak``."""
+    chunk ``chunk``; default: from the engine's split), and their total ``peak``.
+
+    The terms are those at the rank's peak. Megatron-LM and DeepSpeed keep their gradient
+    buffers from the start (both allocate them with the model), so their peak is the start of
+    backward with every term. The native engine (autograd, FSDP2) creates gradients in backward
+    and frees them after the step, so its peak is the larger of two moments: the backward of
+    the loss (gradients held only when an earlier micro-batch left them) and the optimizer
+    step (gradients and the step's temporaries, ``step``; no activation then). flm memcheck
+    measures both (docs/costmodel.md, "Memory as the allocator sees it")."""
     if held is None or chunk is None:
         held, chunk = rank_layers(model, t, pp_rank)
     states = state_bytes(model, t, pp_rank, held)
+    native = t.engine == Engine.NATIVE.code
+    sharded = t.degree("grads") > 1
+    activations = activation_bytes(model, t, pp_rank, chunk)
+    loss = np.where(np.asarray(pp_rank) == t.pp - 1, loss_bytes(model, t), 0)
+    buffers = np.where(native, native_buffer_bytes(model, t, pp_rank, states)
+                       + buffer_bytes(model, t, pp_rank, held, reduce_fp32)
+                       - gathered_bytes(model, t, pp_rank, held, reduce_fp32),
+                       buffer_bytes(model, t, pp_rank, held, reduce_fp32))
+    grads_back = np.where(native & (sharded | (t.num_microbatches == 1)), 0, states["grads"])
+    step = np.where(native, native_step_bytes(t, states), 0)
+    backward = grads_back + activations + loss + buffers
+    at_step = native & (states["grads"] + step > backward)
+    zero = np.zeros(len(t))
     out = {
         "params": states["params"],
-        "grads": states["grads"],
+        "grads": np.where(at_step, states["grads"], grads_back),
         "optimizer": states["optimizer"],
-        "activations": activation_bytes(model, t, pp_rank, chunk),
-        "loss": np.where(np.asarray(pp_rank) == t.pp - 1, loss_bytes(model, t), 0),
-        "buffers": buffer_bytes(model, t, pp_rank, held, reduce_fp32),
+        "activations": np.where(at_step, zero, activations),
+        "loss": np.where(at_step, zero, loss),
+        "buffers": np.where(at_step, zero, buffers),
+        "step": np.where(at_step, step, zero),
         "reserved": np.full(len(t), system.memory_reserved_bytes, dtype=float),
     }
     out["peak"] = sum(np.asarray(v, dtype=float) for v in out.values())
