@@ -159,6 +159,69 @@ def _untracked_propagation(tracker) -> Iterator[None]:
         loss._propagate_tensor_meta, prop._propagate_tensor_meta_non_cached = originals
 
 
+def _balanced_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """An MoE block's forward (bench/moe.py ``MoE.forward``) with every expert receiving the
+    mean number of assignments, ``tokens·top_k / experts``: a fake tensor has no router output
+    to count, and the balanced load is the one the cost model prices for memory. The router,
+    its top-k and renormalised weights, the gather of token rows, the all-to-all exchanges
+    over the ep group, every local expert's MLP, the weighted scatter back and the shared
+    experts run as in flm bench; the router's auxiliary loss (a scalar) does not."""
+    from torch.nn import functional as F
+
+    from frontier_llm.bench.moe import _Exchange
+
+    spec, shape = self.spec, x.shape
+    tokens = x.reshape(-1, shape[-1])
+    probs = self.router(tokens).float().softmax(dim=-1)
+    top_p, _ = probs.topk(spec.top_k, dim=-1)
+    weights = top_p / top_p.sum(-1, keepdim=True)
+    n, experts = tokens.shape[0] * spec.top_k, spec.num_experts
+    # Assignment j (slot-major, as ``route``) goes to expert j mod E, sorted by expert.
+    order = torch.argsort(torch.arange(n) % experts, stable=True)
+    token = (torch.arange(n) % tokens.shape[0])[order]
+    weight = weights.t().reshape(-1)[order]
+    rows = tokens[token]
+    ep = 1 if self.ep is None else self.ep.ep
+    local = experts // ep
+    if self.ep is None:
+        y = _run_balanced(self, rows, ep, local, n // experts)
+    else:
+        split = [local * (n // experts)] * ep
+        moved = _Exchange.apply(rows, split, split, self.ep.group, self.stats, "dispatch")
+        y = _Exchange.apply(_run_balanced(self, moved, ep, local, n // experts), split, split,
+                            self.ep.group, self.stats, "combine")
+    out = torch.zeros_like(tokens).index_add(0, token, y * weight.to(y.dtype)[:, None])
+    for mlp in self.shared.values():
+        out = out + mlp(tokens)
+    return F.dropout(out.view(shape), p=self.dropout, training=self.training)
+
+
+def _run_balanced(self, rows: torch.Tensor, sources: int, local: int, each: int
+                  ) -> torch.Tensor:
+    """``MoE._run_local`` with ``each`` rows from every source for every local expert (the
+    sizes known numbers, which ``_run_local`` reads from a tensor)."""
+    chunks = list(rows.split([each] * (sources * local)))
+    for j, e in enumerate(self.local_experts):
+        mine = list(range(j, len(chunks), local))
+        y = self.experts[str(e)](torch.cat([chunks[i] for i in mine]))
+        for i, part in zip(mine, y.split([each] * len(mine)), strict=True):
+            chunks[i] = part
+    return torch.cat(chunks)
+
+
+@contextlib.contextmanager
+def _balanced_experts() -> Iterator[None]:
+    """flm bench's MoE blocks routed by :func:`_balanced_forward` for the measurement."""
+    from frontier_llm.bench.moe import MoE
+
+    original = MoE.forward
+    MoE.forward = _balanced_forward
+    try:
+        yield
+    finally:
+        MoE.forward = original
+
+
 def peak_rank(model: ModelSpec, layout: Layout) -> tuple[int, int]:
     """(global rank, pipeline rank) of the rank the cost model predicts fullest: the first
     rank of that pipeline stage (every tp / dp / cp rank of a stage holds the same)."""
@@ -259,6 +322,14 @@ def _pipeline_step(eng: NativeEngine, tracker, inputs: torch.Tensor,
             del out, x
         else:
             out = outputs.pop(i)
+            if hasattr(model, "set_requires_gradient_sync"):
+                # As torch's PipelineStage runs an FSDP2 stage (pipelining/stage.py
+                # ``backward_maybe_with_nosync``): no reduction and no resharding until the
+                # last backward, whose hooks then reduce (``perform_reduce_grad``).
+                last = not outputs and i == m - 1
+                model.set_is_last_backward(last)
+                model.set_reshard_after_backward(last)
+                model.set_requires_gradient_sync(last)
             if eng.has_last:
                 out.backward()
             else:
@@ -301,7 +372,8 @@ def measure(model: ModelSpec, layout: Layout, rank: int | None = None,
     from torch.distributed._tools.mem_tracker import MemTracker
 
     overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
-    with fake_world(rank, world), _real_meshes(), FakeTensorMode(allow_non_fake_inputs=True):
+    with (fake_world(rank, world), _real_meshes(), _balanced_experts(),
+          FakeTensorMode(allow_non_fake_inputs=True)):
         eng = NativeEngine(model, layout, rank=rank, world_size=world,
                            device=torch.device("cpu"))
         fsdp = eng.dims.data_parallel in ("fsdp", "hsdp") and eng.dims.shard_ranks > 1

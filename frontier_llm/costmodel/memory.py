@@ -228,7 +228,19 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None) -> n
         0,
     )
     # The head's tensors (logits) are freed by its backward before any layer is rebuilt.
-    return layers * per_layer + first + np.maximum(transient, last)
+    return layers * per_layer + first + np.maximum(transient, last) + cp_mask_bytes(model, t)
+
+
+def cp_mask_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
+    """The native engine's context-parallel attention masks: one ``(s/cp) x s`` table of
+    which global keys each local query may see, kept for the whole step and shared by every
+    layer (bench/context_parallel.py ``CPContext``): the boolean table, and the additive one in
+    the training dtype that the fused kernel takes (the unfused path: its boolean complement).
+    At 131,072 tokens over cp 8 that is 6 GiB in bf16, measured by flm memcheck."""
+    e = ACT_BYTES[t.dtype]
+    native = (t.engine == Engine.NATIVE.code) & (t.cp > 1)
+    per_entry = 1 + np.where(t.flash_attention, e, 1)
+    return np.where(native, per_entry * t.local_seq(model.seq_len) * model.seq_len, 0)
 
 
 def gathered_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None,
@@ -293,11 +305,52 @@ def native_buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank, states: dict
     r = np.asarray(pp_rank)
     sharded = t.degree("grads") > 1
     n = states["count"]
-    kept = (t.params_kind == PlacementKind.REPLICATE.code) | ~t.reshard_after_forward
+    earlier = _earlier_backward(t, r)
+    # torch's PipelineStage neither reduces nor reshards an FSDP2 stage until its last backward
+    # (torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``).
+    kept = ((t.params_kind == PlacementKind.REPLICATE.code) | ~t.reshard_after_forward
+            | ((t.pp > 1) & earlier))
     whole = np.where(kept, n * e, 0)
-    accumulated = np.where(t.num_microbatches > 1, n * e, 0)
-    layer = np.where(r == t.pp - 1, 0, 2 * e * table_layer_params(model, t))
-    return np.where(sharded, whole + accumulated + layer, 0)
+    accumulated = np.where(earlier, n * e, 0)
+    return np.where(sharded, whole + accumulated, 0)
+
+
+def _earlier_backward(t: LayoutTable, pp_rank) -> np.ndarray:
+    """Whether a micro-batch's backward has run before the rank's backward peak: the peak is
+    the first backward after the most micro-batches in flight (all of them under GPipe,
+    ``p - r`` under 1F1B, one without a pipeline), and later ones return to that many only
+    if more micro-batches follow."""
+    m = t.num_microbatches
+    flight = np.where(t.pp == 1, 1, _in_flight_micro_batches(t, pp_rank))
+    return m > flight
+
+
+def _in_flight_micro_batches(t: LayoutTable, pp_rank) -> np.ndarray:
+    chunks = _in_flight_chunks(t, pp_rank)
+    return np.where(t.schedule == Schedule.INTERLEAVED.code,
+                    _cdiv(chunks, t.virtual_stages), chunks)
+
+
+def native_backward_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> np.ndarray:
+    """The native engine's backward temporaries on a stage without the loss: one block's
+    MLP backward holds the gradients of its ``f/t``-wide intermediates (SwiGLU's gate, up and
+    product; GELU's input and output), measured by flm memcheck; on the last stage the loss's
+    temporaries (:func:`loss_bytes`) are larger and come first."""
+    e = ACT_BYTES[t.dtype]
+    wide = 3 if model.activation == "swiglu" else 2
+    f = model.expert_ffn_hidden * model.top_k if model.is_moe else model.ffn_hidden
+    return np.where(np.asarray(pp_rank) == t.pp - 1, 0,
+                    wide * t.local_seq(model.seq_len) * t.micro_batch * (f // t.tp) * e)
+
+
+def native_embedding_grad_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> np.ndarray:
+    """Under tp > 1 the native engine's vocabulary-parallel embedding (DTensor's
+    ``RowwiseParallel``) leaves its gradient replicated, every vocabulary row on every tp rank,
+    until the step keeps the rank's rows (bench/engine.py ``_settle_grads``): the rows beyond
+    the rank's share, on the first stage."""
+    e = ACT_BYTES[t.dtype]
+    rows = model.vocab - _cdiv(model.vocab, t.tp)
+    return np.where((np.asarray(pp_rank) == 0) & (t.tp > 1), rows * model.hidden * e, 0)
 
 
 def native_step_bytes(t: LayoutTable, states: dict) -> np.ndarray:
@@ -312,7 +365,8 @@ def native_step_bytes(t: LayoutTable, states: dict) -> np.ndarray:
 
 
 def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, held=None,
-                chunk=None, reduce_fp32: bool | None = None) -> dict:
+                chunk=None, reduce_fp32: bool | None = None, phase: str | None = None
+                ) -> dict:
     """Every memory term of one rank of stage ``pp_rank`` (holding ``held`` layers, its fullest
     chunk ``chunk``; default: from the engine's split), and their total ``peak``.
 
@@ -322,7 +376,8 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
     and frees them after the step, so its peak is the larger of two moments: the backward of
     the loss (gradients held only when an earlier micro-batch left them) and the optimizer
     step (gradients and the step's temporaries, ``step``; no activation then). flm memcheck
-    measures both (docs/costmodel.md, "Memory as the allocator sees it")."""
+    measures both (docs/costmodel.md, "Memory as the allocator sees it"). ``phase``
+    (``backward`` or ``step``) gives that moment's terms instead of the larger's."""
     if held is None or chunk is None:
         held, chunk = rank_layers(model, t, pp_rank)
     states = state_bytes(model, t, pp_rank, held)
@@ -330,14 +385,20 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
     sharded = t.degree("grads") > 1
     activations = activation_bytes(model, t, pp_rank, chunk)
     loss = np.where(np.asarray(pp_rank) == t.pp - 1, loss_bytes(model, t), 0)
-    buffers = np.where(native, native_buffer_bytes(model, t, pp_rank, states)
-                       + buffer_bytes(model, t, pp_rank, held, reduce_fp32)
-                       - gathered_bytes(model, t, pp_rank, held, reduce_fp32),
+    # The native engine's sequence-parallel all-gather output is the linear's saved input
+    # (DTensor keeps the gathered one: in the activations), not a buffer of its own.
+    buffers = np.where(native, native_buffer_bytes(model, t, pp_rank, states),
                        buffer_bytes(model, t, pp_rank, held, reduce_fp32))
-    grads_back = np.where(native & (sharded | (t.num_microbatches == 1)), 0, states["grads"])
+    r = np.asarray(pp_rank)
+    grads_back = np.where(native & (sharded | ~_earlier_backward(t, r)), 0,
+                          states["grads"] + np.where(native, native_embedding_grad_bytes(
+                              model, t, r), 0))
+    loss = np.where(native, np.maximum(loss, native_backward_bytes(model, t, r)), loss)
     step = np.where(native, native_step_bytes(t, states), 0)
     backward = grads_back + activations + loss + buffers
     at_step = native & (states["grads"] + step > backward)
+    if phase is not None:
+        at_step = np.full(len(t), phase == "step") & native
     zero = np.zeros(len(t))
     out = {
         "params": states["params"],
