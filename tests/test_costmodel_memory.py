@@ -130,13 +130,31 @@ def test_tensor_parallel_ranks_hold_the_split_plus_replicated_parts():
 )
 def test_zero_stages_divide_the_right_states(zero, divided):
     m = load_model("gpt-22b")
-    base = rank_state_bytes(m, ParallelConfig(dp=8, global_batch=8, sharding=0), 0)
-    got = rank_state_bytes(m, ParallelConfig(dp=8, global_batch=8, sharding=zero), 0)
+    # DeepSpeed runs every ZeRO stage and keeps the ZeRO paper's fp32 gradients in bf16.
+    base = rank_state_bytes(m, ParallelConfig(dp=8, global_batch=8, sharding=0,
+                                              engine="deepspeed"), 0)
+    got = rank_state_bytes(m, ParallelConfig(dp=8, global_batch=8, sharding=zero,
+                                             engine="deepspeed"), 0)
     for part in ("params", "grads", "optimizer"):
         factor = 8 if part in divided else 1
         assert got[f"{part}_bytes"] == pytest.approx(base[f"{part}_bytes"] / factor, rel=1e-6)
     assert base["params_bytes"] + base["grads_bytes"] + base["optimizer_bytes"] == \
-        18 * m.num_params()  # Megatron bf16: 2 + 4 + 12 bytes per parameter
+        18 * m.num_params()  # bf16: 2 + 4 + 12 bytes per parameter
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_native_states_are_what_flm_bench_holds(zero):
+    """flm bench's native engine keeps gradients in the parameters' dtype (2 + 2 + 12 bytes
+    per parameter in bf16) and, from ZeRO-2 on, stores FSDP2's parameter shard (ZeRO-2's whole
+    parameters are a gathered copy, a buffer): what flm memcheck measures
+    (tests/test_memcheck_grid.py)."""
+    m = load_model("gpt-22b")
+    got = rank_state_bytes(m, ParallelConfig(dp=8, global_batch=8, sharding=zero), 0)
+    n = m.num_params()
+    shard = 8 if zero >= 2 else 1
+    assert got["params_bytes"] == pytest.approx(2 * n / shard, rel=1e-6)
+    assert got["grads_bytes"] == pytest.approx(2 * n / shard, rel=1e-6)
+    assert got["optimizer_bytes"] == pytest.approx(12 * n / (8 if zero >= 1 else 1), rel=1e-6)
 
 
 def test_partial_sharding_divides_by_the_group():
@@ -145,7 +163,9 @@ def test_partial_sharding_divides_by_the_group():
                          sharding=Sharding.parse({"optim": "partial:4", "grads": "partial:4"}))
     got = rank_state_bytes(m, cfg, 0)
     assert got["optimizer_bytes"] == pytest.approx(12 * m.num_params() / 4, rel=1e-6)
-    assert got["params_bytes"] == 2 * m.num_params()
+    # FSDP2 (the native engine) stores the parameter shard of its gradients' group; the whole
+    # parameters it gathers are a buffer.
+    assert got["params_bytes"] == pytest.approx(2 * m.num_params() / 4, rel=1e-6)
 
 
 def test_peak_memory_fits_flag_against_capacity():
