@@ -329,7 +329,7 @@ def test_fsdp1_rows_reduce_in_their_policys_dtype(engine, fp32):
 
 def test_reducing_in_bf16_halves_the_bytes_and_drops_the_fp32_copy():
     """A run whose FSDP policy reduces in bf16 moves half the gradient bytes of torchtitan's fp32
-    reduction and holds no fp32 copy of a layer's gradient."""
+    reduction."""
     from frontier_llm.catalog import load_model
     from frontier_llm.costmodel import evaluate
     from frontier_llm.costmodel.layouts import from_configs
@@ -341,5 +341,8 @@ def test_reducing_in_bf16_halves_the_bytes_and_drops_the_fp32_copy():
     assert reduce_bytes(t)[0] == 4 and reduce_bytes(t, False)[0] == 2
     m, s = load_model("gpt3-6.7b"), load_system("dgx-a100")
     rule, bf16 = evaluate(m, s, t), evaluate(m, s, t, reduce_fp32=False)
-    assert bf16["mem_buffers_bytes"][0] < rule["mem_buffers_bytes"][0]
+    # flm bench's FSDP2 has no MixedPrecisionPolicy: it holds no fp32 copy of a gradient
+    # whichever dtype the cost model reduces in (measured by flm memcheck), so memory is the
+    # same and only the reduction's bytes change.
+    assert bf16["mem_buffers_bytes"][0] == rule["mem_buffers_bytes"][0]
     assert bf16["time_dp_comm_s"][0] <= rule["time_dp_comm_s"][0]
