@@ -23,6 +23,7 @@ rank's shards at full size: it must fit) and reads ``torch.cuda.max_memory_alloc
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -224,23 +225,15 @@ def _balanced_experts() -> Iterator[None]:
 
 def peak_rank(model: ModelSpec, layout: Layout) -> tuple[int, int]:
     """(global rank, pipeline rank) of the rank the cost model predicts fullest: the first
-    rank of that pipeline stage (every tp / dp / cp rank of a stage holds the same)."""
+    rank of that pipeline stage (every tp / dp / cp rank of a stage holds the same). The
+    system does not move which stage is fullest (only the fixed reserve is the system's)."""
     from frontier_llm.bench.mesh import mesh_dims
+    from frontier_llm.catalog import load_system
     from frontier_llm.costmodel import predict
 
-    stage = int(predict(model_for_layout(model), _cpu_system(), layout)["breakdown"]
+    stage = int(predict(model, load_system("cpu-local"), layout)["breakdown"]
                 ["peak_memory_stage"])
     return mesh_dims(layout).rank_of(stage, 0, 0, 0, 0), stage
-
-
-def model_for_layout(model: ModelSpec) -> ModelSpec:
-    return model
-
-
-def _cpu_system():
-    from frontier_llm.catalog import load_system
-
-    return load_system("cpu-local")
 
 
 def _forward_backward(eng: NativeEngine, tracker, inputs: torch.Tensor,
@@ -367,11 +360,19 @@ def measure(model: ModelSpec, layout: Layout, rank: int | None = None,
         return _measure_cuda(model, layout, rank)
     if device != "fake":
         raise UserError(f"device must be fake or cuda (got {device!r})")
+    with warnings.catch_warnings():
+        # FSDP2's view-output and FakeTensor's data-pointer notices concern real runs' in-place
+        # ops and pointers; the measurement reads neither.
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+        return _measure_fake(model, layout, rank, world)
+
+
+def _measure_fake(model: ModelSpec, layout: Layout, rank: int, world: int) -> Measurement:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
     with (fake_world(rank, world), _real_meshes(), _balanced_experts(),
           FakeTensorMode(allow_non_fake_inputs=True)):
         eng = NativeEngine(model, layout, rank=rank, world_size=world,
@@ -396,8 +397,7 @@ def measure(model: ModelSpec, layout: Layout, rank: int | None = None,
             _optimizer_step(eng)
         step = _fold(_peak(stepper), STEP_TERMS)
         step["optimizer"] = optimizer
-        torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
-    return Measurement(peak_bytes=max(sum(backward.values()), sum(step.values())),
+        return Measurement(peak_bytes=max(sum(backward.values()), sum(step.values())),
                        backward=backward, step=step, rank=rank, pp_rank=eng.coords["pp"])
 
 

@@ -220,6 +220,11 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None) -> n
                                _cdiv(chunks, t.virtual_stages), chunks)
     drop = MASK_BYTES if model.dropout > 0 else 0
     first = np.where(r == 0, micro_in_flight * sb * (8 + drop * h * rep), 0)
+    # The native engine's later stages keep each in-flight micro-batch's received input (the
+    # receive buffer is the graph's input until its backward), as flm memcheck measures.
+    received = np.where((r > 0) & (t.engine == Engine.NATIVE.code),
+                        micro_in_flight * sb * h * e * rep, 0)
+    first = first + received
     stats = 8 if model.norm == "layernorm" else 4
     logits_mb = np.where(t.schedule == Schedule.GPIPE.code, t.num_microbatches, 1)
     last = np.where(
@@ -306,10 +311,11 @@ def native_buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank, states: dict
     sharded = t.degree("grads") > 1
     n = states["count"]
     earlier = _earlier_backward(t, r)
-    # torch's PipelineStage neither reduces nor reshards an FSDP2 stage until its last backward
-    # (torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``).
-    kept = ((t.params_kind == PlacementKind.REPLICATE.code) | ~t.reshard_after_forward
-            | ((t.pp > 1) & earlier))
+    # torch's PipelineStage neither reduces nor reshards an FSDP2 stage after a backward until
+    # its last one (torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``): the
+    # gradients accumulate unsharded as without a pipeline; the parameters a backward left
+    # gathered are resharded again after the next forward, before the peak.
+    kept = (t.params_kind == PlacementKind.REPLICATE.code) | ~t.reshard_after_forward
     whole = np.where(kept, n * e, 0)
     accumulated = np.where(earlier, n * e, 0)
     return np.where(sharded, whole + accumulated, 0)
