@@ -15,6 +15,8 @@ import pytest
 
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.costmodel import predict
+from frontier_llm.costmodel.layouts import from_configs
+from frontier_llm.costmodel.memory import rank_memory
 from frontier_llm.costmodel.params import stage_params_per_rank
 from frontier_llm.errors import SpecError
 from frontier_llm.planner import SearchSpace, plan
@@ -96,4 +98,11 @@ def test_the_native_engine_keeps_them(tmp_path):
     predicted = off["prediction"]["peak_memory_bytes"] - on["prediction"]["peak_memory_bytes"]
     print(f"keeping gathered parameters: predicted +{predicted / 1e6:.1f} MB per rank at the "
           f"backward's start; resident set +{(rss[1] - rss[0]) / 1e6:.1f} MB")
-    assert predicted == pytest.approx(whole, rel=0.05)  # the whole stage, gathered
+    # The whole stage stays gathered at the backward's peak; on this small model the optimizer
+    # step's peak (its fp32 temporaries) is the larger moment, so the peaks differ by less.
+    model = load_model(str(tmp_path / "m.yaml"))
+    layouts = [Layout.from_dict(t["layout"]) for t in (on, off)]
+    back = [float(rank_memory(model, load_system("cpu-local"), from_configs([lay]), 0,
+                              phase="backward")["buffers"][0]) for lay in layouts]
+    assert back[1] - back[0] == pytest.approx(whole, rel=0.05)
+    assert 0 <= predicted <= back[1] - back[0]
