@@ -43,3 +43,11 @@ def test_deepspeed_is_refused_with_the_reason(capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "native engine only" in err or "cannot see" in err
+
+
+def test_interleaved_stages_are_refused_not_guessed(capsys):
+    argv = ["memcheck", "--model", "tiny-gpt-8l", "--system", "cpu-local", "--tp", "1", "--pp",
+            "2", "--dp", "1", "--global-batch", "4", "--schedule", "interleaved",
+            "--virtual-stages", "2"]
+    assert main(argv) == 2
+    assert "interleaved" in capsys.readouterr().err
