@@ -98,9 +98,11 @@ def test_schedules_keep_the_micro_batches_the_papers_say():
         per_stage[name] = [activation_bytes(m, t, r)[0] for r in range(4)]
     layer = layer_activation_bytes(m, from_configs([ParallelConfig(**base)]))[0]
     stage_layers = m.layers // 4
-    # Stage 1 has neither embeddings nor logits: 1F1B keeps p - r = 3 micro-batches, GPipe all 16.
-    assert per_stage["1f1b"][1] == pytest.approx(3 * stage_layers * layer)
-    assert per_stage["gpipe"][1] == pytest.approx(16 * stage_layers * layer)
+    # Stage 1 has neither embeddings nor logits: 1F1B keeps p - r = 3 micro-batches, GPipe all 16,
+    # each with the input the stage received (the native engine's, measured by flm memcheck).
+    received = m.seq_len * m.hidden * 2  # one bf16 micro-batch of hidden states
+    assert per_stage["1f1b"][1] == pytest.approx(3 * (stage_layers * layer + received))
+    assert per_stage["gpipe"][1] == pytest.approx(16 * (stage_layers * layer + received))
     # Interleaving on the first stage: p·(1 + (p−1)/(p·v)) micro-batches of a whole stage.
     first_il = per_stage["il2"][0] - (per_stage["1f1b"][0] - 4 * stage_layers * layer)
     # (up to the token ids and embedding dropout masks of the micro-batches in flight: 0.1 %)
