@@ -74,7 +74,8 @@ def test_plan_and_predict_work_for_every_catalog_model(system, engine, capsys):
         pred = json.loads(capsys.readouterr().out)
         if doc["layouts"]:
             assert pred["step_time_s"] == pytest.approx(best["step_time_s"], rel=1e-9)
-            assert pred["fits"] is True
+            # The winner fits, or is tight (kept, ranked after any that fit).
+            assert pred["fits"] is True or best["memory_tight"], (model, best)
 
 
 def test_predict_json_has_the_promised_keys(capsys):

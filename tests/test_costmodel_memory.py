@@ -98,9 +98,11 @@ def test_schedules_keep_the_micro_batches_the_papers_say():
         per_stage[name] = [activation_bytes(m, t, r)[0] for r in range(4)]
     layer = layer_activation_bytes(m, from_configs([ParallelConfig(**base)]))[0]
     stage_layers = m.layers // 4
-    # Stage 1 has neither embeddings nor logits: 1F1B keeps p - r = 3 micro-batches, GPipe all 16.
-    assert per_stage["1f1b"][1] == pytest.approx(3 * stage_layers * layer)
-    assert per_stage["gpipe"][1] == pytest.approx(16 * stage_layers * layer)
+    # Stage 1 has neither embeddings nor logits: 1F1B keeps p - r = 3 micro-batches, GPipe all 16,
+    # each with the input the stage received (the native engine's, measured by flm memcheck).
+    received = m.seq_len * m.hidden * 2  # one bf16 micro-batch of hidden states
+    assert per_stage["1f1b"][1] == pytest.approx(3 * (stage_layers * layer + received))
+    assert per_stage["gpipe"][1] == pytest.approx(16 * (stage_layers * layer + received))
     # Interleaving on the first stage: p·(1 + (p−1)/(p·v)) micro-batches of a whole stage.
     first_il = per_stage["il2"][0] - (per_stage["1f1b"][0] - 4 * stage_layers * layer)
     # (up to the token ids and embedding dropout masks of the micro-batches in flight: 0.1 %)
@@ -130,13 +132,31 @@ def test_tensor_parallel_ranks_hold_the_split_plus_replicated_parts():
 )
 def test_zero_stages_divide_the_right_states(zero, divided):
     m = load_model("gpt-22b")
-    base = rank_state_bytes(m, ParallelConfig(dp=8, global_batch=8, sharding=0), 0)
-    got = rank_state_bytes(m, ParallelConfig(dp=8, global_batch=8, sharding=zero), 0)
+    # DeepSpeed runs every ZeRO stage and keeps the ZeRO paper's fp32 gradients in bf16.
+    base = rank_state_bytes(m, ParallelConfig(dp=8, global_batch=8, sharding=0,
+                                              engine="deepspeed"), 0)
+    got = rank_state_bytes(m, ParallelConfig(dp=8, global_batch=8, sharding=zero,
+                                             engine="deepspeed"), 0)
     for part in ("params", "grads", "optimizer"):
         factor = 8 if part in divided else 1
         assert got[f"{part}_bytes"] == pytest.approx(base[f"{part}_bytes"] / factor, rel=1e-6)
     assert base["params_bytes"] + base["grads_bytes"] + base["optimizer_bytes"] == \
-        18 * m.num_params()  # Megatron bf16: 2 + 4 + 12 bytes per parameter
+        18 * m.num_params()  # bf16: 2 + 4 + 12 bytes per parameter
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_native_states_are_what_flm_bench_holds(zero):
+    """flm bench's native engine keeps gradients in the parameters' dtype (2 + 2 + 12 bytes
+    per parameter in bf16) and, from ZeRO-2 on, stores FSDP2's parameter shard (ZeRO-2's whole
+    parameters are a gathered copy, a buffer): what flm memcheck measures
+    (tests/test_memcheck_grid.py)."""
+    m = load_model("gpt-22b")
+    got = rank_state_bytes(m, ParallelConfig(dp=8, global_batch=8, sharding=zero), 0)
+    n = m.num_params()
+    shard = 8 if zero >= 2 else 1
+    assert got["params_bytes"] == pytest.approx(2 * n / shard, rel=1e-6)
+    assert got["grads_bytes"] == pytest.approx(2 * n / shard, rel=1e-6)
+    assert got["optimizer_bytes"] == pytest.approx(12 * n / (8 if zero >= 1 else 1), rel=1e-6)
 
 
 def test_partial_sharding_divides_by_the_group():
@@ -145,7 +165,9 @@ def test_partial_sharding_divides_by_the_group():
                          sharding=Sharding.parse({"optim": "partial:4", "grads": "partial:4"}))
     got = rank_state_bytes(m, cfg, 0)
     assert got["optimizer_bytes"] == pytest.approx(12 * m.num_params() / 4, rel=1e-6)
-    assert got["params_bytes"] == 2 * m.num_params()
+    # FSDP2 (the native engine) stores the parameter shard of its gradients' group; the whole
+    # parameters it gathers are a buffer.
+    assert got["params_bytes"] == pytest.approx(2 * m.num_params() / 4, rel=1e-6)
 
 
 def test_peak_memory_fits_flag_against_capacity():

@@ -9,7 +9,7 @@ import pytest
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.errors import SpecError, UserError
 from frontier_llm.planner import REASONS, SearchSpace, default_global_batch, plan
-from frontier_llm.planner.plan import non_dominated
+from frontier_llm.planner.plan import memory_bounds, non_dominated
 from frontier_llm.specs.forms import layout_from_row
 from frontier_llm.specs.parallel import ParallelConfig
 
@@ -74,8 +74,15 @@ def test_oom_layouts_are_rejected_with_their_reason():
     assert counts["does not fit in memory"] > 0
     oom = p.reason == REASONS.index("does not fit in memory")
     capacity = load_system("frontier").memory_bytes
-    assert (p.figures["peak_memory_bytes"][oom] > capacity).all()
-    assert (p.figures["peak_memory_bytes"][p.valid] <= capacity).all()
+    # Rejected: even the low end of the memory interval exceeds the device (``exceeds``).
+    low, high = memory_bounds(p.figures["peak_memory_bytes"])
+    assert (low[oom] > capacity).all()
+    assert (low[p.valid] <= capacity).all()
+    # Kept: those that fit, then the tight ones (the interval straddles the capacity).
+    tight = p.figures["memory_tight"]
+    assert (high[p.valid & ~tight] <= capacity).all() and tight[p.valid].any()
+    order = p.order()
+    assert not np.any(np.diff(tight[order].astype(int)) < 0)  # no fit after a tight one
 
 
 def test_rejection_counts_add_up(frontier_22b):

@@ -16,7 +16,8 @@ import pytest
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.costmodel import predict
 from frontier_llm.costmodel.layouts import from_configs
-from frontier_llm.costmodel.params import table_layer_params
+from frontier_llm.costmodel.memory import rank_memory
+from frontier_llm.costmodel.params import stage_params_per_rank
 from frontier_llm.errors import SpecError
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.specs.layout import Layout, zero_preset
@@ -27,15 +28,16 @@ def _layout(**kw) -> Layout:
 
 
 def test_keeping_parameters_trades_memory_for_one_gather_per_layer():
-    """Off keeps every layer of the stage gathered from its forward to its backward: the
-    buffers grow by the stage's other layers' unsharded parameters (the layer in use and the one
-    prefetched were held either way), and the backward's second all-gather goes."""
+    """Off keeps every layer of the stage gathered from its forward to its backward: at the
+    loss's backward, when the native engine has resharded everything (its root too), the
+    buffers grow by the stage's whole unsharded parameters (flm memcheck measures it:
+    tests/test_memcheck_grid.py), and the backward's second all-gather goes."""
     model, system = load_model("gpt-22b"), load_system("frontier")
     on, off = predict(model, system, _layout()), predict(model, system, _layout(
         reshard_after_forward=False))
-    layer = float(table_layer_params(model, from_configs([_layout()]))[0])
+    stage = float(stage_params_per_rank(model, 2, 1, 0))
     extra = off["breakdown"]["memory_bytes"]["buffers"] - on["breakdown"]["memory_bytes"]["buffers"]
-    assert extra == pytest.approx((model.layers - 2) * layer * 2, rel=1e-6)  # bf16
+    assert extra == pytest.approx(stage * 2, rel=1e-6)  # bf16
     assert off["breakdown"]["time_s"]["dp_comm"] < on["breakdown"]["time_s"]["dp_comm"]
     # Without sharded parameters there is nothing to keep: the same prediction.
     z1 = Layout(tp=2, dp=8, global_batch=64, sharding=zero_preset(1))
@@ -96,4 +98,11 @@ def test_the_native_engine_keeps_them(tmp_path):
     predicted = off["prediction"]["peak_memory_bytes"] - on["prediction"]["peak_memory_bytes"]
     print(f"keeping gathered parameters: predicted +{predicted / 1e6:.1f} MB per rank at the "
           f"backward's start; resident set +{(rss[1] - rss[0]) / 1e6:.1f} MB")
-    assert predicted == pytest.approx((8 - 2) * whole / 8, rel=0.05)  # six layers' worth
+    # The whole stage stays gathered at the backward's peak; on this small model the optimizer
+    # step's peak (its fp32 temporaries) is the larger moment, so the peaks differ by less.
+    model = load_model(str(tmp_path / "m.yaml"))
+    layouts = [Layout.from_dict(t["layout"]) for t in (on, off)]
+    back = [float(rank_memory(model, load_system("cpu-local"), from_configs([lay]), 0,
+                              phase="backward")["buffers"][0]) for lay in layouts]
+    assert back[1] - back[0] == pytest.approx(whole, rel=0.05)
+    assert 0 <= predicted <= back[1] - back[0]

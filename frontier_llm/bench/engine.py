@@ -125,13 +125,15 @@ class NativeEngine:
         # them between stages. Every stage uses the same cp split.
         seq_cp = spec.seq_len // d.cp
         seq_local = seq_cp // layout.tp if layout.sequence_parallel else seq_cp
+        # Each chunk's (input, output) of one micro-batch, as meta tensors.
+        self.stage_shapes = [stage_io(g, num_stages, layout.micro_batch, seq_local, spec,
+                                      DTYPES[layout.dtype], layout.tp, seq_tokens=seq_cp)
+                             for g in self.stage_indices]
         if layout.pp > 1:
             self.schedule = build_schedule(
                 layout.schedule, self.modules, self.stage_indices, num_stages,
                 layout.num_microbatches, self.loss_fn, device, self.mesh["pp"].get_group(),
-                io=[stage_io(g, num_stages, layout.micro_batch, seq_local, spec,
-                             DTYPES[layout.dtype], layout.tp, seq_tokens=seq_cp)
-                    for g in self.stage_indices],
+                io=self.stage_shapes,
             )
         # Replicated parameters (DDP / ZeRO-1): gradients averaged over dp x cp.
         self.dp_group = (self._flat(d.reduce_dims).get_group()
@@ -296,6 +298,12 @@ class NativeEngine:
         """Forward and backward over this rank's slice of global batch ``step`` with every
         gradient reduced where it belongs: what the optimizer step then applies."""
         loss = run_batch(self, step, measure_activations, self._forward_backward)
+        self.reduce_gradients()
+        return loss
+
+    def reduce_gradients(self) -> None:
+        """Every gradient reduced where it belongs, after forward and backward (flm memcheck
+        runs its own forward and backward, then this)."""
         grads = self._settle_grads()
         if self.dp_group is not None:
             kw = {"bucket_bytes": self.bucket_bytes} if self.bucket_bytes else {}
@@ -314,7 +322,6 @@ class NativeEngine:
         self.grads_bytes = max(self.grads_bytes, local_bytes(grads))
         if self.spec.is_moe:
             self.moe_steps.append(step_record(take_stats(self.modules)))
-        return loss
 
     def _reduce_expert_grads(self, kw: dict) -> None:
         """A routed expert's gradient already sums what every rank of its ep group sent it

@@ -347,10 +347,19 @@ def build_model(spec: ModelSpec, *, seed: int, dtype: str = "fp32",
     """A model (or stage) with deterministic weights, in ``dtype`` on ``device``; ``experts``:
     the routed experts its MoE blocks hold (default all; an ep rank's share, bench/moe.py
     ``ep_experts``), each with the weights it has in the whole model."""
-    model = GPT(spec, layer_ids=layer_ids, first=first, last=last, flash=flash,
-                recompute=recompute, experts=experts)
+    # Built in its dtype on its device rather than converted with ``Module.to``: the values are
+    # the same (init_weights rounds each fp32 draw once), and fake tensors (flm memcheck) cannot
+    # be swapped by ``Module.to``.
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(DTYPES[dtype])
+    try:
+        with torch.device(device):
+            model = GPT(spec, layer_ids=layer_ids, first=first, last=last, flash=flash,
+                        recompute=recompute, experts=experts)
+    finally:
+        torch.set_default_dtype(previous)
     init_weights(model, seed)
-    return model.to(device=torch.device(device), dtype=DTYPES[dtype])
+    return model
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -98,10 +98,13 @@ class LocalAdam:
             offset += t.numel()
         return flat
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The optimizer state this rank holds: master copy, exp_avg, exp_avg_sq."""
+        return [*self.exp_avg, *self.exp_avg_sq, *(self.master or [])]
+
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds (master copy, exp_avg, exp_avg_sq)."""
-        tensors = [*self.exp_avg, *self.exp_avg_sq, *(self.master or [])]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in self.state_tensors())
 
     def zero_grad(self) -> None:
         for p in self.params:

@@ -19,6 +19,7 @@ from frontier_llm.errors import UserError
 COMMAND_MODULES = (
     "catalog",  # flm models, flm systems
     "plan",  # flm plan, flm predict
+    "memcheck",  # flm memcheck
     "bench",  # flm bench
     "store",  # flm collect, flm results, flm validate, flm db
     "sweep",  # flm sweep render|submit|status|cancel|retry
@@ -31,6 +32,7 @@ COMMAND_MODULES = (
 # Which module registers each command, so that dispatching one imports only its module.
 COMMAND_MODULE = {
     "models": "catalog", "systems": "catalog", "plan": "plan", "predict": "plan",
+    "memcheck": "memcheck",
     "bench": "bench", "collect": "store", "results": "store", "validate": "store", "db": "store",
     "sweep": "sweep", "calibrate": "calibrate", "tune": "tune", "report": "report",
     "quickstart": "quickstart", "export": "export",

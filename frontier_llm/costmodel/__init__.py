@@ -22,12 +22,14 @@ from frontier_llm.specs.system import SystemSpec
 # Bump when a formula or a default changes what the model predicts; stored beside every
 # prediction so that old predictions are never compared with new ones unknowingly.
 # 2.1: context parallelism (cp > 1 priced; cp 1 unchanged). 2.2: DeepSpeed's ZeRO-0/1/2
-# reductions as the engine issues them (specs/engine_rules.py); no other engine moves.
-COSTMODEL_VERSION = "2.2"
+# reductions as the engine issues them (specs/engine_rules.py); no other engine moves. 2.3: the
+# native engine's memory as flm memcheck measures it (costmodel/memory.py rank_memory).
+COSTMODEL_VERSION = "2.3"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
               "pp_bubble", "head", "dp_comm", "optimizer")
-MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "loss", "buffers", "reserved")
+MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "loss", "buffers", "step",
+                "reserved")
 
 
 def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,

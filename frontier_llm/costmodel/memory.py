@@ -50,7 +50,7 @@ from frontier_llm.costmodel.params import (
     table_layer_params,
 )
 from frontier_llm.costmodel.split import pipeline_ranks, rank_layers
-from frontier_llm.specs.layout import DType, Engine, Layout, Recompute, Schedule
+from frontier_llm.specs.layout import DType, Engine, Layout, PlacementKind, Recompute, Schedule
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
@@ -90,11 +90,22 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None
         # Routed experts shard over expert-dp at most (costmodel/moe.py).
         return moe.sharded_count(n, routed, t, comp)
 
+    native = t.engine == Engine.NATIVE.code
+    # The native engine (flm bench, FSDP2) stores a parameter shard wherever gradients are
+    # sharded (ZeRO-2 is ``fully_shard(reshard_after_forward=False)``: its whole parameters are
+    # a gathered copy, in ``buffers``), and keeps gradients in the parameters' dtype (autograd's;
+    # FSDP2 without a MixedPrecisionPolicy reduces in it too); its fp32 master weights are the
+    # optimizer's (bench/optim.py ``LocalAdam``). Measured by flm memcheck
+    # (tests/test_memcheck_grid.py).
+    params_n = np.where(native, shard("grads"), shard("params"))
+    grad_bytes = np.where(native, per[:, 0], grad_bytes_per_param(t, per[:, 1]))
     return {
-        "params": shard("params") * per[:, 0] + extra_param_bytes(t, n, per[:, 0]),
-        "grads": shard("grads") * grad_bytes_per_param(t, per[:, 1]),
+        "params": params_n * per[:, 0] + extra_param_bytes(t, n, per[:, 0]),
+        "grads": shard("grads") * grad_bytes,
         # DeepSpeed's fp32 master partition (costmodel/deepspeed_buffers.py).
         "optimizer": shard("optim") * per[:, 2] + extra_optimizer_bytes(t, n),
+        "count": n,
+        "local": shard("grads"),
     }
 
 
@@ -211,6 +222,11 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None) -> n
                                _cdiv(chunks, t.virtual_stages), chunks)
     drop = MASK_BYTES if model.dropout > 0 else 0
     first = np.where(r == 0, micro_in_flight * sb * (8 + drop * h * rep), 0)
+    # The native engine's later stages keep each in-flight micro-batch's received input (the
+    # receive buffer is the graph's input until its backward), as flm memcheck measures.
+    received = np.where((r > 0) & (t.engine == Engine.NATIVE.code),
+                        micro_in_flight * sb * h * e * rep, 0)
+    first = first + received
     stats = 8 if model.norm == "layernorm" else 4
     logits_mb = np.where(t.schedule == Schedule.GPIPE.code, t.num_microbatches, 1)
     last = np.where(
@@ -219,7 +235,19 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None) -> n
         0,
     )
     # The head's tensors (logits) are freed by its backward before any layer is rebuilt.
-    return layers * per_layer + first + np.maximum(transient, last)
+    return layers * per_layer + first + np.maximum(transient, last) + cp_mask_bytes(model, t)
+
+
+def cp_mask_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
+    """The native engine's context-parallel attention masks: one ``(s/cp) x s`` table of
+    which global keys each local query may see, kept for the whole step and shared by every
+    layer (bench/context_parallel.py ``CPContext``): the boolean table, and the additive one in
+    the training dtype that the fused kernel takes (the unfused path: its boolean complement).
+    At 131,072 tokens over cp 8 that is 6 GiB in bf16, measured by flm memcheck."""
+    e = ACT_BYTES[t.dtype]
+    native = (t.engine == Engine.NATIVE.code) & (t.cp > 1)
+    per_entry = 1 + np.where(t.flash_attention, e, 1)
+    return np.where(native, per_entry * t.local_seq(model.seq_len) * model.seq_len, 0)
 
 
 def gathered_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None,
@@ -251,7 +279,12 @@ def loss_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
     then allocates the fp32 gradient of the log-probabilities and the fp32 gradient of its input
     (8 bytes) while they are alive; Megatron's vocab-parallel cross-entropy computes the gradient
     in place in the saved softmax and casts it to the training dtype (``e`` bytes)."""
-    per_vocab = np.where(t.engine == Engine.NATIVE.code, 8, ACT_BYTES[t.dtype])
+    # Under tp > 1 the native engine's loss is PyTorch's ``loss_parallel``: its backward
+    # (torch/distributed/tensor/parallel/loss.py ``_nll_loss_and_log_softmax_backward``) builds
+    # ``zeros_like(x)``, ``exp(x)`` and their sum before scaling: three fp32 shards (measured
+    # with real tensors and by flm memcheck).
+    native = t.engine == Engine.NATIVE.code
+    per_vocab = np.where(native, np.where(t.tp > 1, 12, 8), ACT_BYTES[t.dtype])
     return t.local_seq(model.seq_len) * t.micro_batch * _cdiv(model.vocab, t.tp) * per_vocab
 
 
@@ -266,20 +299,123 @@ def buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None,
     return gathered_bytes(model, t, pp_rank, held, reduce_fp32) + sp
 
 
+def native_buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank, states: dict
+                        ) -> np.ndarray:
+    """The native engine's (FSDP2's) unsharded copies at its backward peak: with
+    ``reshard_after_forward`` off every parameter of the stage stays gathered from forward to
+    backward; with more than one micro-batch the gradients accumulate unsharded until the last
+    one (flm bench syncs them once, ``set_requires_gradient_sync``); on a stage without the
+    loss, the layer in backward holds its gathered parameters and their gradient. The last
+    stage's peak is its loss's backward, when every layer is resharded (the root too: flm bench
+    passes ``reshard_after_forward`` to it)."""
+    e = ACT_BYTES[t.dtype]
+    r = np.asarray(pp_rank)
+    sharded = t.degree("grads") > 1
+    n = states["count"]
+    earlier = _earlier_backward(t, r)
+    # torch's PipelineStage neither reduces nor reshards an FSDP2 stage after a backward until
+    # its last one (torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``): the
+    # gradients accumulate unsharded as without a pipeline; the parameters a backward left
+    # gathered are resharded again after the next forward, before the peak.
+    kept = (t.params_kind == PlacementKind.REPLICATE.code) | ~t.reshard_after_forward
+    whole = np.where(kept, n * e, 0)
+    accumulated = np.where(earlier, n * e, 0)
+    return np.where(sharded, whole + accumulated, 0)
+
+
+def _earlier_backward(t: LayoutTable, pp_rank) -> np.ndarray:
+    """Whether a micro-batch's backward has run before the rank's backward peak: the peak is
+    the first backward after the most micro-batches in flight (all of them under GPipe,
+    ``p - r`` under 1F1B, one without a pipeline), and later ones return to that many only
+    if more micro-batches follow."""
+    m = t.num_microbatches
+    flight = np.where(t.pp == 1, 1, _in_flight_micro_batches(t, pp_rank))
+    return m > flight
+
+
+def _in_flight_micro_batches(t: LayoutTable, pp_rank) -> np.ndarray:
+    chunks = _in_flight_chunks(t, pp_rank)
+    return np.where(t.schedule == Schedule.INTERLEAVED.code,
+                    _cdiv(chunks, t.virtual_stages), chunks)
+
+
+def native_backward_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> np.ndarray:
+    """The native engine's backward temporaries on a stage without the loss: one block's
+    MLP backward holds the gradients of its ``f/t``-wide intermediates (SwiGLU's gate, up and
+    product; GELU's input and output), measured by flm memcheck; on the last stage the loss's
+    temporaries (:func:`loss_bytes`) are larger and come first."""
+    e = ACT_BYTES[t.dtype]
+    wide = 3 if model.activation == "swiglu" else 2
+    f = model.expert_ffn_hidden * model.top_k if model.is_moe else model.ffn_hidden
+    return np.where(np.asarray(pp_rank) == t.pp - 1, 0,
+                    wide * t.local_seq(model.seq_len) * t.micro_batch * (f // t.tp) * e)
+
+
+def native_embedding_grad_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> np.ndarray:
+    """Under tp > 1 the native engine's vocabulary-parallel embedding (DTensor's
+    ``RowwiseParallel``) leaves its gradient replicated, every vocabulary row on every tp rank,
+    until the step keeps the rank's rows (bench/engine.py ``_settle_grads``): the rows beyond
+    the rank's share, on the first stage."""
+    e = ACT_BYTES[t.dtype]
+    rows = model.vocab - _cdiv(model.vocab, t.tp)
+    return np.where((np.asarray(pp_rank) == 0) & (t.tp > 1), rows * model.hidden * e, 0)
+
+
+def native_step_bytes(t: LayoutTable, states: dict) -> np.ndarray:
+    """What the native engine's optimizer step (bench/optim.py ``LocalAdam``) allocates beyond
+    the model states: an fp32 copy of 16-bit gradients and Adam's fp32 denominator
+    (``_foreach_sqrt``) per local parameter; under ZeRO-1 the fp32 flat gradient of every local
+    parameter and the fp32 all-gather of the updated ones instead (8 bytes per parameter)."""
+    e = ACT_BYTES[t.dtype]
+    local = states["local"]
+    zero1 = (t.optim_kind != PlacementKind.REPLICATE.code) & (t.degree("grads") == 1)
+    return np.where(zero1, 8 * states["count"], local * (np.where(e < 4, 4, 0) + 4))
+
+
 def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, held=None,
-                chunk=None, reduce_fp32: bool | None = None) -> dict:
+                chunk=None, reduce_fp32: bool | None = None, phase: str | None = None
+                ) -> dict:
     """Every memory term of one rank of stage ``pp_rank`` (holding ``held`` layers, its fullest
-    chunk ``chunk``; default: from the engine's split), and their total ``peak``."""
+    chunk ``chunk``; default: from the engine's split), and their total ``peak``.
+
+    The terms are those at the rank's peak. Megatron-LM and DeepSpeed keep their gradient
+    buffers from the start (both allocate them with the model), so their peak is the start of
+    backward with every term. The native engine (autograd, FSDP2) creates gradients in backward
+    and frees them after the step, so its peak is the larger of two moments: the backward of
+    the loss (gradients held only when an earlier micro-batch left them) and the optimizer
+    step (gradients and the step's temporaries, ``step``; no activation then). flm memcheck
+    measures both (docs/costmodel.md, "Memory as the allocator sees it"). ``phase``
+    (``backward`` or ``step``) gives that moment's terms instead of the larger's."""
     if held is None or chunk is None:
         held, chunk = rank_layers(model, t, pp_rank)
     states = state_bytes(model, t, pp_rank, held)
+    native = t.engine == Engine.NATIVE.code
+    sharded = t.degree("grads") > 1
+    activations = activation_bytes(model, t, pp_rank, chunk)
+    loss = np.where(np.asarray(pp_rank) == t.pp - 1, loss_bytes(model, t), 0)
+    # The native engine's sequence-parallel all-gather output is the linear's saved input
+    # (DTensor keeps the gathered one: in the activations), not a buffer of its own.
+    buffers = np.where(native, native_buffer_bytes(model, t, pp_rank, states),
+                       buffer_bytes(model, t, pp_rank, held, reduce_fp32))
+    r = np.asarray(pp_rank)
+    grads_back = np.where(native & (sharded | ~_earlier_backward(t, r)), 0,
+                          states["grads"] + np.where(native, native_embedding_grad_bytes(
+                              model, t, r), 0))
+    loss = np.where(native, np.maximum(loss, native_backward_bytes(model, t, r)), loss)
+    step = np.where(native, native_step_bytes(t, states), 0)
+    backward = grads_back + activations + loss + buffers
+    at_step = native & (states["grads"] + step > backward)
+    if phase is not None:
+        at_step = np.full(len(t), phase == "step") & native
+    zero = np.zeros(len(t))
     out = {
         "params": states["params"],
-        "grads": states["grads"],
+        "grads": np.where(at_step, states["grads"], grads_back),
         "optimizer": states["optimizer"],
-        "activations": activation_bytes(model, t, pp_rank, chunk),
-        "loss": np.where(np.asarray(pp_rank) == t.pp - 1, loss_bytes(model, t), 0),
-        "buffers": buffer_bytes(model, t, pp_rank, held, reduce_fp32),
+        "activations": np.where(at_step, zero, activations),
+        "loss": np.where(at_step, zero, loss),
+        "buffers": np.where(at_step, zero, buffers),
+        "step": np.where(at_step, step, zero),
         "reserved": np.full(len(t), system.memory_reserved_bytes, dtype=float),
         "fp8": fp8.extra_bytes(model, t, held),
     }

@@ -29,8 +29,8 @@ import pandas as pd
 from frontier_llm.catalog import load_system
 from frontier_llm.costmodel.flops import narayanan_eq3
 from frontier_llm.errors import UserError
-from frontier_llm.planner.intervals import family, vendor
-from frontier_llm.planner.plan import plan
+from frontier_llm.planner.intervals import family, memory_verdict, vendor
+from frontier_llm.planner.plan import memory_bounds, plan
 from frontier_llm.planner.space import SearchSpace
 from frontier_llm.specs.engine_rules import rules_for
 from frontier_llm.specs.forms import label
@@ -483,6 +483,12 @@ def _best(row: pd.Series, model: ModelSpec, system: SystemSpec, recompute: str |
         order = result.ranked_indices(fits_only=False)
         if _given(row.get("dp")):
             order = order[result.layouts.dp[order] == int(row["dp"])]
+        # The run ran: the fastest layout whose point estimate fits, whatever its verdict (the
+        # planner ranks tight layouts after those that fit; a published layout is not
+        # reconstructed by that caution).
+        f = result.figures
+        order = order[np.lexsort((f["peak_memory_bytes"][order], -f["tokens_per_s"][order],
+                                  ~f["fits"][order]))]
         if len(order):
             i = int(order[0])
             found.append((not result.figures["fits"][i],
@@ -576,8 +582,16 @@ def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) ->
         "peak_memory_gb": fig["peak_memory_bytes"] / 1e9,
         "capacity_gb": system.memory_bytes / 1e9,
         "mfu_predicted": fig["mfu"], "fits": bool(fig["fits"]),
+        "memory_verdict": verdict(fig["peak_memory_bytes"], system.memory_bytes),
         **memory,
     }
+
+
+def verdict(peak: float, capacity: float) -> str:
+    """``fits`` / ``tight`` / ``exceeds`` of one peak (planner/intervals.py's rule, over the
+    memory interval of :func:`~frontier_llm.planner.plan.memory_bounds`)."""
+    low, high = memory_bounds(np.array([peak]))
+    return str(memory_verdict(low, high, capacity)[0])
 
 
 def validate_runs(runs: pd.DataFrame, systems: dict[str, SystemSpec] | None = None

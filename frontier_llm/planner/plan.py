@@ -12,6 +12,7 @@ from frontier_llm.costmodel import evaluate
 from frontier_llm.costmodel.fp8 import check_fp8
 from frontier_llm.costmodel.layouts import LayoutTable
 from frontier_llm.errors import UserError
+from frontier_llm.planner.intervals import memory_width
 from frontier_llm.planner.space import OOM, REASONS, SearchSpace, enumerate_layouts
 from frontier_llm.specs.layout import (
     MAX_GPUS,
@@ -27,7 +28,7 @@ from frontier_llm.specs.system import SystemSpec
 
 # The predicted figures a plan's rows carry, beside the layout's columns.
 PREDICTION_COLUMNS = ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu",
-                      "peak_memory_bytes", "fits")
+                      "peak_memory_bytes", "fits", "memory_tight")
 # Tokens per iteration the default global batch aims for: GPT-3 175B trained with 3.2M-token
 # batches (Brown et al. 2020); 4M rounds that up.
 DEFAULT_BATCH_TOKENS = 4 * 1024 * 1024
@@ -68,10 +69,14 @@ class Plan:
         return self.reason == 0
 
     def order(self) -> np.ndarray:
-        """Indices of valid layouts, fastest first (ties: less memory first)."""
+        """Indices of valid layouts, those that fit first, then the tight ones; fastest first
+        within each (ties: less memory first)."""
         if self._order is None:
             idx = np.flatnonzero(self.valid)
-            keys = (self.figures["peak_memory_bytes"][idx], -self.figures["tokens_per_s"][idx])
+            # Tight layouts (their memory interval straddles the device) after those that fit.
+            tight = self.figures.get("memory_tight", np.zeros(len(self.reason), dtype=bool))
+            keys = (self.figures["peak_memory_bytes"][idx], -self.figures["tokens_per_s"][idx],
+                    tight[idx])
             self._order = idx[np.lexsort(keys)]
         return self._order
 
@@ -239,5 +244,20 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
         if values.dtype == bool:
             figures[key] = np.zeros(len(reason), dtype=bool)
             figures[key][ok] = values
-    reason[ok[~sub["fits"]]] = OOM
+    # The verdict (docs/planner.md, "Will it fit?"): a layout is rejected only when even the
+    # low end of its memory interval exceeds the device (``exceeds``); one whose interval
+    # straddles the capacity is ``tight``: kept, ranked after every layout that fits.
+    low, high = memory_bounds(sub["peak_memory_bytes"])
+    exceeds = low > system.memory_bytes
+    figures["memory_tight"] = np.zeros(len(reason), dtype=bool)
+    figures["memory_tight"][ok] = ~exceeds & (high > system.memory_bytes)
+    reason[ok[exceeds]] = OOM
     return Plan(model, system, gpus, gb, layouts, figures, reason)
+
+
+def memory_bounds(peak: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The low and high ends of the peak-memory interval (planner/intervals.py's width: the
+    calibration rows that state a measured peak)."""
+    q = memory_width().q
+    peak = np.asarray(peak, dtype=float)
+    return peak * np.exp(-q), peak * np.exp(q)

@@ -37,6 +37,7 @@ MISSING = {"color": "#999999", "marker": "o", "linestyle": "none", "markersize":
 PUBLISHED = {"color": "#009E73", "marker": "D", "linestyle": "none", "label": "published"}
 MEMORY_PARTS = {"params": "#0072B2", "grads": "#56B4E9", "optimizer": "#009E73",
                 "activations": "#E69F00", "loss": "#D55E00", "buffers": "#CC79A7",
+                "step": "#F0E442",
                 "reserved": "#999999"}
 # Bars of a prediction (every bar chart): white diagonal lines over the bar's colour.
 PREDICTED_HATCH = {"hatch": "//", "edgecolor": "white", "linewidth": 0}
