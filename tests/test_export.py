@@ -512,3 +512,24 @@ def test_torchtitan_compiles_what_the_plan_priced_fused():
     layout = layout_of("--tp 2 --dp 4 --zero 3 --global-batch 64", TORCHTITAN)
     assert tomllib.loads(export(TORCHTITAN, model, layout))["compile"] == {"enable": True}
     assert "compile" not in tomllib.loads(export(TORCHTITAN, model, layout, compiled=False))
+
+
+@pytest.mark.parametrize(("trainer", "words"), [
+    (MEGATRON_LM, "its distributed optimizer (--use-distributed-optimizer) shards optimizer "
+                  "states only"),
+    (TORCHTITAN, "torchtitan's llama3"),
+])
+def test_a_pipeline_without_a_global_batch_is_refused_for_the_trainers_reason(trainer, words):
+    """Unstated, the global batch was micro_batch x dp: one micro-batch for a pipeline, which no
+    schedule runs, so pp 2 was refused by that engine rule ('needs at least one micro-batch per
+    stage', 'engine megatron does not run sharding zero3') before the trainer's own reason."""
+    with pytest.raises(ExportRefused) as exc:
+        export(trainer, load_model("gpt-22b"), layout_of("--pp 2 --dp 4 --zero 3", trainer))
+    assert words in str(exc.value), str(exc.value)
+
+
+def test_a_pipeline_without_a_global_batch_gets_one_micro_batch_per_stage():
+    layout = layout_of("--pp 4 --dp 2 --micro-batch 2", MEGATRON_LM)
+    assert layout.global_batch == 2 * 2 * 4
+    stated = layout_of("--pp 4 --dp 2 --global-batch 64", MEGATRON_LM)
+    assert stated.global_batch == 64

@@ -40,6 +40,13 @@ def layout_for(trainer: str, values: dict) -> Layout:
     """A layout from flm's layout options (``given_options``); one that names no engine gets the
     trainer's, and a layout no engine builds is refused with the trainer's engine's rule."""
     t = _trainer(trainer)
+    if values.get("global_batch") is None and values.get("pp", 1) > 1:
+        # Unstated, the global batch is one micro-batch per data-parallel rank (complete_layout),
+        # which leaves a pipeline a single micro-batch: no schedule runs that, so every layout
+        # with pp > 1 was refused by that engine rule before the trainer could say what it
+        # lacks. One micro-batch per stage is the least every schedule takes.
+        values = {**values, "global_batch": values.get("micro_batch", 1) * values.get("dp", 1)
+                  * values["pp"]}
     if values.get("engine") is not None:
         return Layout.from_dict(complete_layout(values))
     first: SpecError | None = None
