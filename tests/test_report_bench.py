@@ -126,7 +126,8 @@ def test_planner_tour_notebook(tmp_path, monkeypatch):
     printed = [t for t in outputs if t != "<png>"]
     assert printed == shipped, (
         "notebooks/planner_tour.ipynb's saved outputs are stale: run it again with "
-        "'jupyter execute --inplace planner_tour.ipynb' in notebooks/ (nbclient's command; the dev extra has no nbconvert)")
+        "'jupyter execute --inplace planner_tour.ipynb' in notebooks/ (nbclient's command; "
+        "the dev extra has no nbconvert)")
     out = "\n".join(outputs)
     assert out.count("Winner: ") == 3 and "=== gpt-1t ===" in out
     assert "params_gb" in out and "activations_gb" in out  # the memory breakdown table
