@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from frontier_llm.catalog import load_system, system_names
@@ -483,8 +484,13 @@ def test_dgx_ranks_count_cores_and_torchrun_workers_are_bound():
 
 
 def test_the_1t_weak_sweep_submits_no_predicted_oom_layout():
+    """No job's memory interval lies wholly above the GCD (the planner's ``exceeds``); a
+    ``tight`` one is kept, as the planner keeps it."""
+    from frontier_llm.planner.plan import memory_bounds
+
     sweep = load_sweep(SWEEPS / "frontier-1t-weak.yaml")
-    assert sweep.jobs and all(j.prediction["fits"] for j in sweep.jobs)
+    low, _ = memory_bounds(np.array([j.prediction["peak_memory_bytes"] for j in sweep.jobs]))
+    assert sweep.jobs and (low <= sweep.system.memory_bytes).all()
 
 
 def test_docs_agree_on_kill_on_bad_exit():
@@ -538,7 +544,8 @@ def test_a_layout_predicted_over_memory_is_refused_at_render_at_any_scale(tmp_pa
     path = tmp_path / "oomy.yaml"
     path.write_text(BIG_OOM.format(gb=dp * 8, dp=dp))
     with pytest.raises(UserError, match=r"1 of its 1 layouts are predicted not to fit in a "
-                                        r"GPU's 69 GB, the worst .* GB \(" + str(dp) + " nodes"):
+                                        r"GPU's 69 GB, the worst .* GB, even at the low end of its "
+                                        r"memory interval \(" + str(dp) + " nodes"):
         render_sweep(load_sweep(path), tmp_path / "out")
     assert not (tmp_path / "out").exists()
     assert main(["sweep", "render", str(path), "--out", str(tmp_path / "o2"),

@@ -202,14 +202,16 @@ def test_top_level_engine_native_still_loads_any_other_is_refused(tmp_path):
 
 
 def test_a_space_copied_from_a_plans_sp_row_says_why_it_found_nothing(tmp_path):
-    """flm plan's tp 2 rows run sequence parallelism (it searches it off and on); a sweep's
+    """flm plan's tp > 1 rows run sequence parallelism (it searches it off and on); a sweep's
     space leaves it off unless listed, so the copied layout may not fit and the sweep expanded
     to none with no word on why. The refusal now names the knob; listed, the layout renders."""
     from frontier_llm.errors import SpecError
 
-    text = ("name: sp\nmodel: gpt-175b\nsystem: frontier\nnodes: [128]\n"
+    # One micro-batch a step (global batch = dp x micro_batch), so no gradient accumulates
+    # unsharded (cost model 2.3): what decides the fit is the activations sp divides.
+    text = ("name: sp\nmodel: gpt-175b\nsystem: frontier\nnodes: [16]\nglobal_batch: 64\n"
             "resources: {time: '02:00:00', account: ABC123}\n"
-            "space:\n  tp: [2]\n  pp: [1]\n  micro_batch: [1]\n  recompute: [selective]\n"
+            "space:\n  tp: [4]\n  pp: [1]\n  micro_batch: [2]\n  recompute: [selective]\n"
             "  zero: [3]\n")
     path = tmp_path / "sp.yaml"
     path.write_text(text)

@@ -30,6 +30,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from frontier_llm import __version__
 from frontier_llm.atomic import write_text_atomic
 from frontier_llm.child import installation_bin
@@ -434,16 +436,24 @@ def refuse_predicted_oom(sweep: Sweep) -> None:
     space = sweep.spec.space  # the sweep file's mapping (sweepspec builds its SweepSpace)
     if isinstance(space, dict) and space.get("fits_only") is False:
         return
-    over = [j for j in sweep.jobs if j.prediction.get("fits") is False]
+    from frontier_llm.planner.plan import memory_bounds
+
+    # The planner's verdict (docs/planner.md, "Will it fit?"): only a layout whose memory
+    # interval lies wholly above the device is refused; a ``tight`` one (the interval straddles
+    # it) is what published runs train with, and a sweep is how to find out.
+    peaks = {j.key: float(j.prediction.get("peak_memory_bytes") or 0.0) for j in sweep.jobs}
+    low, _ = memory_bounds(np.array(list(peaks.values()) or [0.0]))
+    lows = dict(zip(peaks, low, strict=False))
+    over = [j for j in sweep.jobs if lows[j.key] > sweep.system.memory_bytes]
     if not over:
         return
-    worst = max(over, key=lambda j: float(j.prediction.get("peak_memory_bytes") or 0.0))
-    peak = float(worst.prediction.get("peak_memory_bytes") or 0.0)
+    worst = max(over, key=lambda j: peaks[j.key])
     raise UserError(
         f"sweep {sweep.name}: {len(over)} of its {len(sweep.jobs)} layouts are predicted not to "
         f"fit in a GPU's {sweep.system.memory_bytes / 1e9:.0f} GB, the worst {worst.key} at "
-        f"{peak / 1e9:,.0f} GB ({worst.nodes} nodes; flm predict shows the breakdown): each "
-        "would fail at its first step. Remove them, or render with --allow-oom to measure them")
+        f"{peaks[worst.key] / 1e9:,.0f} GB, even at the low end of its memory interval "
+        f"({worst.nodes} nodes; flm predict shows the breakdown): each would fail at its first "
+        "step. Remove them, or render with --allow-oom to measure them")
 
 
 def _write_sweep(sweep: Sweep, directory: Path, stage: Path, scripts, texts: list[str],
