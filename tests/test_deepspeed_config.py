@@ -190,7 +190,8 @@ def test_hpz_keeps_the_primary_shard_in_the_cost_model():
     spec = load_model("tiny-gpt")
     got = rank_state_bytes(spec, ds(dp=4, global_batch=4, dtype="fp32",
                                     sharding="p=partial:2,g=full,o=full"), 0)
-    assert got == {"params_bytes": 704640, "grads_bytes": 234880, "optimizer_bytes": 704640}
+    want = {"params_bytes": 704640, "grads_bytes": 234880, "optimizer_bytes": 704640}
+    assert {k: got[k] for k in want} == want
 
 
 def test_pipeline_tp_has_no_autotp_vocabulary_term():

@@ -140,8 +140,12 @@ def test_the_default_ranking_holds_only_non_dominated_layouts(frontier_22b):
         assert not np.any((tps[others] > tps[i]) & (mem[others] <= mem[i]))
     for j in np.setdiff1d(every, shown):  # every layout left out is dominated by one shown
         assert np.any((tps[shown] >= tps[j]) & (mem[shown] <= mem[j]))
-    # The frontier keeps the ranking's order: fastest first, memory falling.
-    assert (np.diff(tps[shown]) <= 0).all() and (np.diff(mem[shown]) < 0).all()
+    # The frontier keeps the ranking's order: those that fit, then the tight ones (cost model
+    # 2.3's verdict), each fastest first with memory falling.
+    tight = frontier_22b.figures["memory_tight"][shown]
+    assert (np.diff(tight.astype(int)) >= 0).all()
+    for group in (shown[~tight], shown[tight]):
+        assert (np.diff(tps[group]) <= 0).all() and (np.diff(mem[group]) < 0).all()
 
 
 def test_tp_groups_that_cross_a_node_are_refused_not_priced_in_node():

@@ -113,7 +113,7 @@ class Plan:
         """The rows of :meth:`ranked`, as indices for :meth:`layout` and :meth:`prediction`."""
         idx = self.order()
         if frontier:
-            idx = idx[non_dominated(self.figures["peak_memory_bytes"][idx])]
+            idx = self._frontier(idx)
         if not fits_only:
             oom = np.flatnonzero(self.reason == OOM)
             oom = oom[np.lexsort((self.figures["peak_memory_bytes"][oom],
@@ -122,6 +122,19 @@ class Plan:
                 oom = oom[non_dominated(self.figures["peak_memory_bytes"][oom])]
             idx = np.concatenate([idx, oom])
         return idx if top is None else idx[:top]
+
+    def _frontier(self, idx: np.ndarray) -> np.ndarray:
+        """The non-dominated layouts of ``order()``: those that fit, then the tight ones that
+        are faster than every layout that fits (a tight layout always needs more memory than
+        one that fits, so a slower one is dominated), each group fastest first."""
+        tight = self.figures.get("memory_tight", np.zeros(len(self.reason), dtype=bool))[idx]
+        mem, tps = self.figures["peak_memory_bytes"], self.figures["tokens_per_s"]
+        fits = idx[~tight]
+        fits = fits[non_dominated(mem[fits])]
+        over = idx[tight]
+        if len(fits):
+            over = over[tps[over] > tps[fits].max()]
+        return np.concatenate([fits, over[non_dominated(mem[over])]])
 
     def layout(self, i: int) -> Layout:
         """Row ``i`` as a Layout object (what the sweep turns into a job)."""
