@@ -179,9 +179,14 @@ def figures(trace: dict) -> dict:
     }
     if alloc is None:
         # No device allocator (CPU): what bench measured, states and saved activations, against
-        # the same terms of the prediction.
-        terms = sum(breakdown.get(k) or 0 for k in ("params", "grads", "optimizer",
-                                                    "activations"))
+        # the same terms of the prediction: the rank's own (bench/record.py), not the peak's
+        # breakdown, which since cost model 2.3 may be the optimizer step's, when no
+        # activation is held.
+        terms = (sum(per_rank.get(f"{k}_bytes") or 0 for k in ("params", "grads", "optimizer",
+                                                               "activations"))
+                 if per_rank else
+                 sum(breakdown.get(k) or 0 for k in ("params", "grads", "optimizer",
+                                                     "activations")))
         out["memory"]["ratio_states_and_activations"] = _ratio(held, terms or None)
     return out
 
