@@ -128,3 +128,15 @@ def test_megatron_log_reads_head_dim_and_mla_back(tmp_path):
         {"q_lora_rank": 0, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
          "qk_rope_head_dim": 64, "v_head_dim": 128}
     assert "head_dim" not in mla
+
+
+def test_plan_does_not_send_an_mla_model_to_flm_bench(capsys):
+    """A first rank no trainer expresses runs under flm bench for other models; flm bench
+    builds no MLA, so for DeepSeek-V3 the line says so rather than point at it."""
+    from frontier_llm.cli import main
+
+    assert main(["plan", "--model", "deepseek-v3", "--system", "dgx-h100", "--gpus", "1024",
+                 "--top", "1"]) == 0
+    line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("# rank 1 ("))
+    assert "flm bench builds no multi-head latent attention" in line
+    assert "flm bench only" not in line
