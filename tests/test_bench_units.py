@@ -201,9 +201,14 @@ def test_bf16_keeps_an_fp32_master_copy():
     assert LocalAdam([p]).state_bytes() == 12 * 100  # master + exp_avg + exp_avg_sq
 
 
-@pytest.mark.parametrize("name", ["tiny-gpt", "tiny-llama", "gpt3-1.3b", "llama3-8b"])
+@pytest.mark.parametrize("name", ["tiny-gpt", "tiny-llama", "gpt3-1.3b", "llama3-8b",
+                                  "tiny-llama@head_dim"])
 def test_model_has_the_specs_parameter_count(name):
-    spec = load_model(name)
+    if name.endswith("@head_dim"):  # Q and the output projection wider than hidden (Qwen3's way)
+        spec = dataclasses.replace(load_model(name.split("@")[0]), name=name,
+                                   head_dim=2 * load_model(name.split("@")[0]).head_dim)
+    else:
+        spec = load_model(name)
     with torch.device("meta"):
         model = GPT(spec)
     assert sum(p.numel() for p in model.parameters()) == spec.num_params()
@@ -400,3 +405,24 @@ def test_a_rank_that_shards_nothing_never_imports_dtensor():
         return tuple(out.stdout.split())
 
     assert loaded("Layout(global_batch=2, micro_batch=1)") == ("True", "False")
+
+
+def test_a_head_dim_apart_trains_and_mla_is_refused_before_any_rank_starts():
+    """flm bench builds Q and the output projection heads x head_dim wide (Qwen3's and
+    gpt-oss's way): one forward and backward on CPU give a finite loss and a gradient on every
+    weight. Multi-head latent attention it does not build: refused when the config is read."""
+    spec = dataclasses.replace(load_model("tiny-llama"), name="tiny-llama-wide-heads",
+                               head_dim=32)
+    torch.manual_seed(0)
+    model = GPT(spec)
+    attention = next(iter(model.layers.values())).attention
+    assert attention.wq.weight.shape == (128, 64) and attention.wo.weight.shape == (64, 128)
+    logits = model(torch.randint(0, spec.vocab, (2, spec.seq_len)))
+    assert logits.shape == (2, spec.seq_len, spec.vocab)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
+                                             torch.randint(0, spec.vocab, (2 * spec.seq_len,)))
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    with pytest.raises(UserError, match="no multi-head latent attention: deepseek-v3"):
+        build_config(parse("--model", "deepseek-v3"))

@@ -83,3 +83,21 @@ def test_flm_plan_says_why_a_dense_model_has_no_ep_layout(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("flm plan: no layout fits; rejected:")
     assert "'ep > 1 needs a Mixture-of-Experts model'" in err[-1]
+
+
+def test_plan_tokens_prints_6nd_on_active_parameters(capsys):
+    """6·N·D with N the parameters a token passes through: Mixtral 8x22B's 39B active, not its
+    141B total (which gave 3.6x the FLOPs beside days computed on the active ones); a dense
+    model's line is as before."""
+    model = load_model("mixtral-8x22b")
+    assert main(["plan", "--model", "mixtral-8x22b", "--system", "dgx-h100", "--gpus", "256",
+                 "--tokens", "1T", "--top", "1"]) == 0
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if "6ND" in x)
+    assert f"{model.active_params():.3g} active parameters (of {model.num_params():.3g})" in line
+    assert f"6ND = {6 * model.active_params() * 1e12:.3g} FLOPs" in line
+    assert "6ND = 2.35e+23" in line  # 6 x 39.2e9 x 1e12
+    assert main(["plan", "--model", "gpt-22b", "--system", "dgx-h100", "--gpus", "64",
+                 "--tokens", "1T", "--top", "1"]) == 0
+    dense = next(x for x in capsys.readouterr().err.splitlines() if "6ND" in x)
+    assert "active" not in dense and "x 2.21e+10 parameters:" in dense

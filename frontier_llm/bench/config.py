@@ -88,6 +88,10 @@ def build_config(args: Any) -> BenchConfig:
     if not model_name:
         raise UserError("--model is required (or a 'model' key in --config)")
     model = load_model(model_name)
+    if model.is_mla:
+        # bench/model.py builds grouped-query attention only; pricing MLA is the planner's.
+        raise UserError(f"flm bench has no multi-head latent attention: {model.name} sets "
+                        "kv_lora_rank (plan and export it; bench a model without MLA)")
     system_ref = args.system or bench.get("system") or default_system()
     system = load_system(system_ref)
     given = given_options(args)

@@ -157,10 +157,10 @@ class Attention(nn.Module):
         self.selective = selective_recompute
         self.dropout = spec.dropout
         # Separate Q, K, V projections: column-parallel sharding then splits whole heads.
-        self.wq = nn.Linear(h, h, bias=spec.bias)
+        self.wq = nn.Linear(h, spec.q_dim, bias=spec.bias)
         self.wk = nn.Linear(h, kv, bias=spec.bias)
         self.wv = nn.Linear(h, kv, bias=spec.bias)
-        self.wo = nn.Linear(h, h, bias=spec.bias)
+        self.wo = nn.Linear(spec.q_dim, h, bias=spec.bias)
         # Context parallelism (bench/context_parallel.py apply_cp): set on cp > 1 only.
         self.cp: CPContext | None = None
 

@@ -207,12 +207,21 @@ def summary_lines(
             f"from {frame['memory_interval_basis'].iloc[0]}"
         )
     if args.tokens is not None:
-        flops = alloc.training_flops(model.num_params(), args.tokens)
-        lines.append(
-            f"# {args.tokens:.3g} tokens x {model.num_params():.3g} parameters: "
-            f"6ND = {flops:.3g} FLOPs; {alloc.power_note(system)}"
-        )
+        flops, params = six_nd(model, args.tokens)
+        lines.append(f"# {args.tokens:.3g} tokens x {params}: 6ND = {flops:.3g} FLOPs; "
+                     f"{alloc.power_note(system)}")
     return lines
+
+
+def six_nd(model: ModelSpec, tokens: float) -> tuple[float, str]:
+    """6·N·D over the parameters a token passes through, and N in words: an MoE model's
+    active ones (its top_k and shared experts; the compute the cost model prices), named
+    so beside its total."""
+    active = model.active_params()
+    words = f"{active:.3g} parameters"
+    if model.is_moe:
+        words = f"{active:.3g} active parameters (of {model.num_params():.3g})"
+    return alloc.training_flops(active, tokens), words
 
 
 def run_curve(
@@ -490,10 +499,10 @@ def run_report_plan(args: argparse.Namespace) -> int:
     label = "GCDs" if "GCD" in system.gpu else "GPUs"
     # The names come from YAML files: as one file name, ``../..`` or ``/x`` stays in --out.
     name = file_word(f"{model.name}-{system.name}-plan")
-    flops = alloc.training_flops(model.num_params(), args.tokens)
+    flops, params = six_nd(model, args.tokens)
     bases = [b for b in cur["interval_basis"].astype(str) if b and b != "nan"]
     notes = [
-        f"{model.name} ({model.num_params():.3g} parameters) on {system.name}, "
+        f"{model.name} ({params}) on {system.name}, "
         f"{args.tokens:.3g} tokens: 6ND = {flops:.3g} FLOPs; engine {args.engine}"
         f"{'' if args.dtype == 'bf16' else f', {args.dtype}'}"
         f"{f' ({args.fp8_recipe} scaling)' if args.dtype == 'fp8' else ''}; at each GPU "

@@ -96,7 +96,9 @@ def _first_runs_where(model: ModelSpec, ranked: pd.DataFrame) -> str | None:
         runs.append(name)
     if runs:
         return None
-    return (f"# rank 1 ({label(layout)}) runs under flm bench only: none of "
+    where = ("flm bench only" if not model.is_mla else
+             "no tool flm drives (flm bench builds no multi-head latent attention)")
+    return (f"# rank 1 ({label(layout)}) runs under {where}: none of "
             f"{', '.join(NAMES)} expresses it (flm export --from-plan names what it skips "
             "and takes the next one each trainer runs)")
 

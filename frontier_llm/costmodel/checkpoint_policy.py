@@ -30,8 +30,12 @@ def block_matmuls(model: ModelSpec, tp=1) -> list[tuple[str, object, object]]:
     a row-parallel output is whole before its reduction)."""
     tp = np.asarray(tp)
     h, f = model.hidden, model.ffn_hidden
-    q, kv, f_rank = h // tp, kv_width_per_rank(model, tp), f // tp
+    q, kv, f_rank = model.q_dim // tp, kv_width_per_rank(model, tp), f // tp
     mlp = [("w1", h, f_rank)] + ([("w3", h, f_rank)] if model.mlp_matrices == 3 else [])
+    if model.is_mla:  # column outputs and row inputs split over tp, the down-projections whole
+        attention = [(name, i // tp if split == "row" else i, o // tp if split == "column" else o)
+                     for name, i, o, split in model.attention_matrices()]
+        return [*attention, *mlp, ("w2", f_rank, h)]
     return [("wq", h, q), ("wk", h, kv), ("wv", h, kv), ("wo", q, h), *mlp, ("w2", f_rank, h)]
 
 
@@ -48,7 +52,7 @@ def kept_bytes_per_token(model: ModelSpec, tp, act_bytes, flash) -> np.ndarray:
     them kept)."""
     tp = np.asarray(tp)
     out = sum(width for _, _, width in kept_matmuls(model, tp)) * act_bytes
-    attention = (model.hidden // tp) * act_bytes + 4 * (model.heads // tp)
+    attention = (model.out_dim // tp) * act_bytes + 4 * (model.heads // tp)
     return out + np.where(flash, attention, 0)
 
 

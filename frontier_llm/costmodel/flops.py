@@ -28,14 +28,19 @@ def layer_forward_flops_per_token(model: ModelSpec) -> tuple[float, float]:
     """(dense, attention) forward FLOPs per token of one transformer block (of the mean block
     of an MoE model, its active experts only: costmodel/moe.py).
 
-    ``dense`` is the weight matmuls (QKV, output projection, MLP); ``attention`` is Q·Kᵀ and
-    scores·V, which grow with the sequence length (causal masking is not discounted, as in eq. 3).
+    ``dense`` is the weight matmuls (the attention projections of
+    :meth:`ModelSpec.attention_matrices`: QKV and output, or MLA's down- and up-projections;
+    the MLP); ``attention`` is Q·Kᵀ over ``heads x head_dim`` and scores·V over the V width,
+    which grow with the sequence length (causal masking is not discounted, as in eq. 3). MLA
+    is counted as it trains, K and V rebuilt per head (DeepSeek-V2 §2.1.2; absorbing the
+    up-projections is an inference trick).
     """
-    h, f, kv, s = model.hidden, model.ffn_hidden, model.kv_dim, model.seq_len
-    dense = 2.0 * (h * (h + 2 * kv) + h * h + model.mlp_matrices * h * f)
+    h, f, s = model.hidden, model.ffn_hidden, model.seq_len
+    projections = 2.0 * sum(i * o for _, i, o, _ in model.attention_matrices())
+    dense = projections + 2.0 * model.mlp_matrices * h * f
     if model.is_moe:  # the mean block's active MLP: router + top_k (+ shared) experts
-        dense = 2.0 * (h * (h + 2 * kv) + h * h) + moe.mlp_flops_per_token(model)
-    attention = 2.0 * 2.0 * s * h
+        dense = projections + moe.mlp_flops_per_token(model)
+    attention = 2.0 * s * model.q_dim + 2.0 * s * model.out_dim
     return dense, attention
 
 

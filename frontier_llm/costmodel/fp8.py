@@ -122,8 +122,8 @@ def cast_bytes_per_microbatch(model: ModelSpec, t: LayoutTable, tokens) -> np.nd
     mlp_in = (model.mlp_matrices - 1) * f / tp
     # Inputs: QKV and the MLP's first matrices read the whole (gathered) hidden state, the two
     # row-parallel layers their TP shard; output gradients: each layer's output width.
-    inputs = h + h / tp + h + f / tp
-    grads = (h / tp + 2 * kv) + h + mlp_in + h
+    inputs = h + model.out_dim / tp + h + f / tp
+    grads = (model.q_dim / tp + 2 * kv) + h + mlp_in + h
     weights = layer_params_per_rank(model, tp)
     per_elem = _CAST[t.fp8_recipe]
     # A Mixture-of-Experts block's routed experts are cast as the dense MLP above is counted

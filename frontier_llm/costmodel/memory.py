@@ -130,7 +130,10 @@ def _layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> tuple[np.ndarra
     # token-proportional tensor is divided by cp (docs/costmodel.md, "Context parallelism").
     sb = t.local_seq(s) * b
     rep = np.where(t.sequence_parallel, 1.0 / tp, 1.0)  # the parts TP alone leaves whole
-    q, kv, f_rank, heads = h / tp, kv_width_per_rank(model, tp), f / tp, model.heads / tp
+    q, kv, f_rank, heads = model.q_dim / tp, kv_width_per_rank(model, tp), f / tp, model.heads / tp
+    # The attention output's width; V's is kv's scaled by v_dim/kv_dim (both 1 but under MLA,
+    # whose per-head V is narrower than its K; its small latents are not counted).
+    out, v_scale = model.out_dim / tp, model.v_dim / model.kv_dim
     drop = MASK_BYTES if model.dropout > 0 else 0
     stats = 8 if model.norm == "layernorm" else 4  # fp32 mean and rstd (or rstd) per token
     # Two norm inputs, the QKV and MLP inputs (norm outputs), two residual dropout masks.
@@ -144,7 +147,8 @@ def _layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> tuple[np.ndarra
     # (flm bench's and Megatron's unfused attention repeat them); flash attention and the
     # attention-core checkpoint (selective) keep them unexpanded.
     kv_saved = np.where(~t.flash_attention & (t.recompute != Recompute.SELECTIVE.code), q, kv)
-    split = sb * e * ((q + kv_saved) + kv_saved + q + mlp_saved * f_rank)  # Q,K|V|proj in|MLP
+    # Q, K | V | projection input | MLP
+    split = sb * e * ((q + kv_saved) + kv_saved * v_scale + out + mlp_saved * f_rank)
     split = split + gathered_kv_bytes(model, t, kv_saved)
     if model.is_moe:  # router logits, permuted tokens, expert intermediates (costmodel/moe.py)
         split = split + sb * moe.activation_extra(model, t, e, f_rank)

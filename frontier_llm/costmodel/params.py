@@ -33,8 +33,10 @@ def layer_params_per_rank(model: ModelSpec, tp):
     """Parameters of one transformer block on one TP rank."""
     tp = np.asarray(tp)
     h, f = model.hidden, model.ffn_hidden
+    if model.is_mla:
+        return _mla_params_per_rank(model, tp) + moe.mlp_params_per_rank(model, f, tp)
     kv = kv_width_per_rank(model, tp)
-    q = h // tp
+    q = model.q_dim // tp
     column = h * (q + 2 * kv) + (model.mlp_matrices - 1) * h * (f // tp)
     row = q * h + (f // tp) * h
     norms = 2 * (2 * h if model.norm == "layernorm" else h)
@@ -42,6 +44,22 @@ def layer_params_per_rank(model: ModelSpec, tp):
     if model.bias:
         bias = (q + 2 * kv) + (model.mlp_matrices - 1) * (f // tp) + 2 * h  # 2 row biases whole
     return column + row + norms + bias
+
+
+def _mla_params_per_rank(model: ModelSpec, tp):
+    """MLA's attention on one TP rank: the up-projections split by columns (whole heads), the
+    output projection by rows, the down-projections and the latents' norms on every rank
+    (Megatron-Core's MLA duplicates its down-projections), with the block's two norms."""
+    h = model.hidden
+    total = 2 * (2 * h if model.norm == "layernorm" else h) + model.mla_norm_params()
+    for _, i, o, split in model.attention_matrices():
+        if split == "whole":
+            total = total + i * o + (o if model.bias else 0)
+        elif split == "column":
+            total = total + i * (o // tp) + ((o // tp) if model.bias else 0)
+        else:
+            total = total + (i // tp) * o + (o if model.bias else 0)
+    return total
 
 
 def embedding_params_per_rank(model: ModelSpec, tp):

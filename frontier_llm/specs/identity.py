@@ -10,7 +10,7 @@ import hashlib
 import json
 
 from frontier_llm.specs.layout import Layout, layout_fields
-from frontier_llm.specs.model import ModelSpec, dense_expert_fields
+from frontier_llm.specs.model import MLA_FIELDS, ModelSpec, dense_expert_fields
 
 _IGNORED = {"description", "sources", "source"}
 # Layout fields whose metadata says ``new_knob=True`` (docs/layout.md).
@@ -19,7 +19,7 @@ _DEFAULTS = Layout().to_dict()
 # Model fields added after the first stored layouts (the Mixture-of-Experts ones), with a dense
 # model's values: like a new knob, one takes part only when it is not at that value, so every
 # dense layout stored before them keeps its hash and a trace that omits them names the same row.
-_NEW_MODEL_FIELDS = dense_expert_fields()
+_NEW_MODEL_FIELDS = {**dense_expert_fields(), **dict.fromkeys(MLA_FIELDS, 0)}
 
 
 def _strip(obj):
@@ -42,6 +42,8 @@ def layout_hash(model: ModelSpec | dict, system_name: str, layout: Layout | dict
     for name, dense in _NEW_MODEL_FIELDS.items():
         if name in m and m[name] == dense:
             del m[name]
+    if m.get("head_dim") in (None, m["hidden"] // m["heads"]) and not m.get("kv_lora_rank"):
+        m.pop("head_dim", None)  # hidden / heads, as before head_dim was a field: hashes stay
     m.pop("name", None)  # two names for one shape are one layout
     m.pop("rope_base", None)  # prices nothing (the same shapes and FLOPs): every hash stays
     blob = json.dumps(

@@ -70,12 +70,29 @@ class ModelSpec:
     # The router's load-balancing loss coefficient (Switch Transformers eq. 4; Megatron-LM
     # --moe-aux-loss-coeff); 0 trains without it.
     router_aux_loss: float = 0.0
+    # Attention widths. ``head_dim`` is each head's width (Hugging Face config.json head_dim,
+    # Megatron-LM --kv-channels); None: hidden / heads. Qwen3 and gpt-oss set it apart from
+    # hidden / heads (Qwen3-235B-A22B: 64 heads of 128 on a 4096 hidden), so Q is then
+    # heads x head_dim wide, not hidden.
+    head_dim: int | None = None
+    # Multi-head latent attention (DeepSeek-AI 2024, DeepSeek-V2, arXiv 2405.04434 §2.1; their
+    # config.json names): a kv_lora_rank above 0 makes every block MLA. Keys and values are
+    # rebuilt per head from one latent of kv_lora_rank (plus one shared rope key of
+    # qk_rope_head_dim); queries from a latent of q_lora_rank (0: a full-rank query
+    # projection, DeepSeek-V2-Lite). Each head's Q·K width is qk_nope_head_dim +
+    # qk_rope_head_dim (head_dim then), its V width v_head_dim.
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
     description: str = ""
 
     def __post_init__(self) -> None:
         # The name reaches exported flag files, TOML and script comments: one printable line.
         check_name(self.name, "name")
-        for name in ("layers", "hidden", "heads", "seq_len", "vocab", "kv_heads", "ffn_hidden"):
+        for name in ("layers", "hidden", "heads", "seq_len", "vocab", "kv_heads", "ffn_hidden",
+                     "head_dim"):
             value = getattr(self, name)
             if value is None:
                 continue
@@ -90,10 +107,13 @@ class ModelSpec:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn_hidden is None:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
-        if self.hidden % self.heads:
-            raise SpecError(
-                f"hidden ({self.hidden}) is not divisible by heads ({self.heads})", "hidden"
-            )
+        self._check_mla()
+        if self.head_dim is None:
+            if self.hidden % self.heads:
+                raise SpecError(f"hidden ({self.hidden}) is not divisible by heads "
+                                f"({self.heads}); give head_dim when heads x head_dim is not "
+                                "the hidden size", "hidden")
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
         if self.kv_heads < 1 or self.heads % self.kv_heads:
             raise SpecError(
                 f"heads ({self.heads}) is not divisible by kv_heads ({self.kv_heads})", "kv_heads"
@@ -103,6 +123,31 @@ class ModelSpec:
         if self.ffn_hidden < 1:
             raise SpecError(f"ffn_hidden must be at least 1 (got {self.ffn_hidden})", "ffn_hidden")
         self._check_experts()
+
+    def _check_mla(self) -> None:
+        for name in MLA_FIELDS:
+            value = getattr(self, name)
+            if not 0 <= value <= MAX_DIMENSION:
+                raise SpecError(f"{name} must be in [0, {MAX_DIMENSION:,}] (got {value})", name)
+        if not self.kv_lora_rank:
+            for name in MLA_FIELDS:
+                if getattr(self, name):
+                    raise SpecError(f"{name} is set but kv_lora_rank is 0; give kv_lora_rank "
+                                    "for multi-head latent attention", name)
+            return
+        qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+        if qk < 1 or self.v_head_dim < 1:
+            raise SpecError("multi-head latent attention needs qk_nope_head_dim + "
+                            "qk_rope_head_dim and v_head_dim of at least 1", "v_head_dim")
+        if self.kv_heads != self.heads:
+            raise SpecError(f"multi-head latent attention rebuilds K and V for every head: "
+                            f"kv_heads ({self.kv_heads}) must equal heads ({self.heads})",
+                            "kv_heads")
+        if self.head_dim is not None and self.head_dim != qk:
+            raise SpecError(f"head_dim ({self.head_dim}) must be qk_nope_head_dim + "
+                            f"qk_rope_head_dim ({qk}) under multi-head latent attention",
+                            "head_dim")
+        object.__setattr__(self, "head_dim", qk)
 
     def _check_experts(self) -> None:
         for name in ("num_experts", "top_k", "shared_experts", "dense_layers"):
@@ -141,13 +186,51 @@ class ModelSpec:
                             "router_aux_loss")
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def is_mla(self) -> bool:
+        """Whether attention is multi-head latent attention (DeepSeek-V2/V3, Kimi K2)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def q_dim(self) -> int:
+        """Width of Q: heads * head_dim (hidden unless head_dim is set apart)."""
+        return self.heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
-        """Width of K (and of V): kv_heads * head_dim."""
+        """Width of K: kv_heads * head_dim (of V too, but under MLA: :attr:`v_dim`)."""
         return self.kv_heads * self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Width of V, which is also the attention output projection's input."""
+        return self.heads * self.v_head_dim if self.is_mla else self.kv_dim
+
+    @property
+    def out_dim(self) -> int:
+        """Width of the attention core's output: the output projection's input."""
+        return self.heads * self.v_head_dim if self.is_mla else self.q_dim
+
+    def attention_matrices(self) -> list[tuple[str, int, int, str]]:
+        """(name, input width, output width, tensor-parallel split) of each attention weight
+        matrix of one block. The split is ``column`` (outputs over tp), ``row`` (inputs over
+        tp) or ``whole`` (every rank holds it: MLA's down-projections, as Megatron-Core's
+        MLA duplicates them)."""
+        h = self.hidden
+        if not self.is_mla:
+            return [("wq", h, self.q_dim, "column"), ("wk", h, self.kv_dim, "column"),
+                    ("wv", h, self.kv_dim, "column"), ("wo", self.q_dim, h, "row")]
+        qk = self.heads * self.head_dim
+        if self.q_lora_rank:
+            q = [("wq_a", h, self.q_lora_rank, "whole"), ("wq_b", self.q_lora_rank, qk, "column")]
+        else:
+            q = [("wq", h, qk, "column")]
+        kv_b = self.heads * (self.qk_nope_head_dim + self.v_head_dim)
+        return [*q, ("wkv_a", h, self.kv_lora_rank + self.qk_rope_head_dim, "whole"),
+                ("wkv_b", self.kv_lora_rank, kv_b, "column"), ("wo", self.out_dim, h, "row")]
+
+    def mla_norm_params(self) -> int:
+        """The RMSNorms MLA applies to its query and key-value latents."""
+        return self.q_lora_rank + self.kv_lora_rank
 
     @property
     def mlp_matrices(self) -> int:
@@ -176,10 +259,11 @@ class ModelSpec:
     # Parameter counts, split the way pipeline stages and tensor parallelism split them.
     def attention_params(self) -> int:
         """Attention weights and biases of one block plus its two norms."""
-        h, kv = self.hidden, self.kv_dim
-        norm = 2 * (2 * h if self.norm == "layernorm" else h)
-        bias = (h + 2 * kv + h) if self.bias else 0
-        return h * (h + 2 * kv) + h * h + norm + bias
+        h = self.hidden
+        norm = 2 * (2 * h if self.norm == "layernorm" else h) + self.mla_norm_params()
+        matrices = self.attention_matrices()
+        bias = sum(out for _, _, out, _ in matrices) if self.bias else 0
+        return sum(i * o for _, i, o, _ in matrices) + norm + bias
 
     def mlp_params(self, width: int) -> int:
         """One MLP (a dense block's, or one expert) of hidden width ``width``."""
@@ -240,6 +324,11 @@ class ModelSpec:
 # The Mixture-of-Experts fields (ModelSpec above).
 EXPERT_FIELDS = ("num_experts", "top_k", "expert_ffn_hidden", "shared_experts", "dense_layers",
                  "moe_layer_freq", "capacity_factor", "router_aux_loss")
+
+
+# The multi-head latent attention fields (ModelSpec above); 0 on every other model.
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+              "v_head_dim")
 
 
 def dense_expert_fields() -> dict[str, object]:

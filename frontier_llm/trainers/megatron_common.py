@@ -49,9 +49,15 @@ def model_args(model: ModelSpec, deepspeed: bool) -> list[str]:
     argv = ["--num-layers", str(model.layers), "--hidden-size", str(model.hidden),
             "--ffn-hidden-size", str(model.ffn_hidden),
             "--num-attention-heads", str(model.heads)]
-    if model.kv_heads != model.heads:
+    if model.is_mla:
+        argv += mla_args(model, deepspeed)
+    elif model.kv_heads != model.heads:
         argv += (["--num-key-value-heads", str(model.kv_heads)] if deepspeed else
                  ["--group-query-attention", "--num-query-groups", str(model.kv_heads)])
+    if not model.is_mla and model.head_dim * model.heads != model.hidden:
+        # Both default kv_channels to hidden / heads (validate_args); Qwen3's and gpt-oss's
+        # heads are wider or narrower than that.
+        argv += [KV_CHANNELS_FLAG, str(model.head_dim)]
     argv += ["--seq-length", str(model.seq_len), "--max-position-embeddings", str(model.seq_len),
              "--vocab-size", str(model.vocab)]
     if model.position == "rope":
@@ -78,6 +84,34 @@ def model_args(model: ModelSpec, deepspeed: bool) -> list[str]:
 
 
 ROPE_BASE_FLAG = {False: "--rotary-base", True: "--rotary-position-embeddings-theta"}
+# Each head's width: Megatron-LM's and Megatron-DeepSpeed's --kv-channels (both arguments.py,
+# "_add_network_size_args"; default hidden_size // num_attention_heads).
+KV_CHANNELS_FLAG = "--kv-channels"
+# Megatron-LM's multi-head latent attention (core_v0.15.3, megatron/training/arguments.py:
+# --multi-latent-attention in _add_network_size_args, the rest in _add_mla_args): field -> flag.
+# Its --qk-head-dim is the per-head Q·K width without RoPE ("q_head_dim = qk_head_dim +
+# qk_pos_emb_head_dim"), flm's qk_nope_head_dim; --q-lora-rank's default None is a full-rank
+# query projection, flm's 0.
+MLA_FLAG = "--multi-latent-attention"
+MLA_FLAGS = {"q_lora_rank": "--q-lora-rank", "kv_lora_rank": "--kv-lora-rank",
+             "qk_nope_head_dim": "--qk-head-dim", "qk_rope_head_dim": "--qk-pos-emb-head-dim",
+             "v_head_dim": "--v-head-dim"}
+
+
+def mla_args(model: ModelSpec, deepspeed: bool) -> list[str]:
+    """Megatron-LM's MLA flags; Megatron-DeepSpeed has no MLA (refused)."""
+    if deepspeed:
+        raise refuse("megatron-deepspeed", f"{model.name} uses multi-head latent attention, "
+                     "which Megatron-DeepSpeed does not implement; use --to megatron-lm "
+                     "(--multi-latent-attention)")
+    argv = [MLA_FLAG]
+    for field, flag in MLA_FLAGS.items():
+        if field == "q_lora_rank" and not model.q_lora_rank:
+            continue  # None: the full-rank query projection
+        argv += [flag, str(getattr(model, field))]
+    # MLA takes YaRN RoPE by default (--rope-type help; MLATransformerConfig.rope_type "yarn"):
+    # flm's model is plain RoPE (its rope_base), as pre-training runs before context extension.
+    return [*argv, "--rope-type", "rope"]
 
 
 def rope_base(model: ModelSpec, deepspeed: bool) -> str:

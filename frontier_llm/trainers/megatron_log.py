@@ -40,6 +40,9 @@ from frontier_llm.trainers.megatron_common import (
     DEGREE_FLAGS,
     DISTRIBUTED_OPTIMIZER_FLAG,
     FLAG,
+    KV_CHANNELS_FLAG,
+    MLA_FLAG,
+    MLA_FLAGS,
     PRINTED,
     RECOMPUTE_FLAG,
     ROPE_BASE_FLAG,
@@ -194,6 +197,15 @@ class MegatronLog(LogReader):
             groups = integer(a.get("num_query_groups"))
             gqa = flag(a.get("group_query_attention"))
             run.model["kv_heads"] = groups if gqa and groups else run.model["heads"]
+        if flag(a.get(dest(MLA_FLAG))):
+            for name, mla_flag in MLA_FLAGS.items():
+                run.model[name] = integer(a.get(dest(mla_flag))) or 0  # q_lora_rank None: 0
+        elif {"hidden", "heads"} <= run.model.keys():
+            # kv_channels is printed always (validate_args sets hidden / heads): a head_dim
+            # only where it is another width.
+            width = integer(a.get(dest(KV_CHANNELS_FLAG)))
+            if width and width * run.model["heads"] != run.model["hidden"]:
+                run.model["head_dim"] = width
         if "swiglu" in a:
             run.model["activation"] = "swiglu" if flag(a["swiglu"]) else "gelu"
         if a.get("normalization"):

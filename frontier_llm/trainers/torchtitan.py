@@ -145,14 +145,13 @@ def check_moe(model: ModelSpec) -> None:
     """Refuse the MoE models llama4's blocks cannot be (one line each)."""
     if model.dense_layers and model.moe_layer_freq == 1:
         # DeepSeek's form (first k dense, then MoE in every block) is torchtitan's deepseek_v3
-        # (models/deepseek_v3, n_dense_layers), whose attention is multi-head latent attention:
-        # flm's spec prices multi-head attention, so no deepseek_v3 flavor is this model.
+        # (models/deepseek_v3, n_dense_layers), whose attention is multi-head latent attention
+        # only: this model's (grouped-query) attention is no deepseek_v3 flavor.
         raise refuse(TORCHTITAN, f"{model.name}'s first {model.dense_layers} dense block(s) "
                      "then experts in every block: llama4 has no first-k dense blocks, and "
                      "torchtitan's deepseek_v3 (n_dense_layers) attends with multi-head latent "
-                     "attention (MLA), which flm's model spec does not describe (it prices "
-                     "multi-head attention of the same width); register a deepseek_v3 flavor "
-                     "yourself, or use --to megatron-lm (--moe-layer-freq)")
+                     "attention (MLA) only, which this model does not use; use --to "
+                     "megatron-lm (--moe-layer-freq)")
     if model.dense_layers or model.moe_layer_freq != 1:
         raise refuse(TORCHTITAN, f"{model.name}'s dense blocks (dense_layers "
                      f"{model.dense_layers}, moe_layer_freq {model.moe_layer_freq}): llama4 "
@@ -248,6 +247,19 @@ def _check(model: ModelSpec, layout: Layout, implied_sp: bool = True) -> Layout:
 
 def check_model(model: ModelSpec) -> None:
     """The model as a flavor of torchtitan's llama3: registered, registrable, or refused."""
+    if model.is_mla:
+        # torchtitan's MLA model is deepseek_v3 (DeepSeekV3ModelArgs q_lora_rank, kv_lora_rank,
+        # qk_nope_head_dim, qk_rope_head_dim, v_head_dim; models/deepseek_v3, v0.2.2), another
+        # model.name with its own parallelize plan and module names: flm does not write it.
+        raise refuse(TORCHTITAN, f"{model.name} uses multi-head latent attention: torchtitan "
+                     "runs it as its deepseek_v3 model (DeepSeekV3ModelArgs), which flm does "
+                     "not export (it writes llama3 and llama4 flavors); use --to megatron-lm "
+                     "(--multi-latent-attention)")
+    if model.head_dim * model.heads != model.hidden:
+        raise refuse(TORCHTITAN, f"{model.name}'s heads are {model.head_dim} wide, not dim / "
+                     f"n_heads = {model.hidden / model.heads:g}: torchtitan's llama3 and llama4 "
+                     "take each head's width as dim // n_heads (model/model.py, v0.2.2), so no "
+                     "flavor of them is this model; use --to megatron-lm (--kv-channels)")
     if not _llama_style(model):
         raise refuse(TORCHTITAN, f"{model.name} is {model.activation}/{model.norm}/"
                      f"{model.position}{' with biases' if model.bias else ''}"
