@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from frontier_llm.errors import SpecError
+from frontier_llm.specs.values import finite
 
 # The largest count flm keeps (a degree, a batch, a step number, a dimension): int32's range,
 # so every product of two counts stays inside int64 and the store's INTEGER columns.
@@ -50,16 +51,8 @@ def integer(value: Any, field: str, *, lo: int | None = 0, hi: int | None = MAX_
 def real(value: Any, field: str, *, lo: float | None = -MAX_REAL, hi: float | None = MAX_REAL,
          reason: str = "") -> float:
     """``value`` as a finite float in [lo, hi] (None: no bound on that side); an int too large
-    for a float is refused too."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SpecError(f"{field} must be a number (got {type(value).__name__})", field)
-    try:
-        out = float(value)
-    except OverflowError:
-        raise SpecError(f"{field} is too large (above {MAX_REAL:g})", field) from None
-    if not math.isfinite(out):
-        raise SpecError(f"{field} must be a finite number, not {out}", field)
-    return _in_range(out, field, lo, hi, reason)
+    for a float is refused too (values.finite, the check a file's numbers already had)."""
+    return _in_range(finite(value, field), field, lo, hi, reason)
 
 
 def _in_range(value: Any, field: str, lo: float | None, hi: float | None, reason: str) -> Any:
