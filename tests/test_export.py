@@ -184,7 +184,12 @@ MEGATRON_DEEPSPEED_FLAGS = {**_COMMON, "--num-key-value-heads": int,
 
 
 def megatron_parser(names: dict) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(exit_on_error=False)
+    return add_flags(argparse.ArgumentParser(exit_on_error=False), names)
+
+
+def add_flags(p: argparse.ArgumentParser, names: dict) -> argparse.ArgumentParser:
+    """Each flag as the trainer's parser declares it: None a switch, a tuple its choices, else
+    its type."""
     for name, kind in names.items():
         if kind is None:
             p.add_argument(name, action="store_true")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_export import MEGATRON_DEEPSPEED_FLAGS, argv_of, megatron_parser
+from test_export import MEGATRON_DEEPSPEED_FLAGS, add_flags, argv_of, megatron_parser
 from test_export_moe import megatron_lm_moe_parser
 from test_logs_moe import BASE, MIXTRAL_LOG, _arguments
 
@@ -37,15 +37,7 @@ ATTENTION_FLAGS = {"--kv-channels": int, "--multi-latent-attention": None,
 
 
 def lm_parser():
-    p = megatron_lm_moe_parser()
-    for name, kind in ATTENTION_FLAGS.items():
-        if kind is None:
-            p.add_argument(name, action="store_true")
-        elif isinstance(kind, tuple):
-            p.add_argument(name, choices=kind)
-        else:
-            p.add_argument(name, type=kind)
-    return p
+    return add_flags(megatron_lm_moe_parser(), ATTENTION_FLAGS)
 
 
 def _layout(**kw) -> Layout:
