@@ -17,8 +17,9 @@ rank sees depends on how many ranks run at once; the microbenchmark times the GE
 ranks running, like a 2-rank layout. Run: ``python benchmarks/bench_calibrate.py [--keep DIR]``.
 
 ``--quick`` (what tests/test_benchmarks.py runs, under a minute): the same three stages on
-tiny-gpt, messages up to 4 MiB without the MPI baseline (up to 64 KiB the latency of a busy
-machine can hide the bandwidth, and the fit refuses to guess one), three layouts (two to fit,
+tiny-gpt, messages up to 16 MiB without the MPI baseline (up to 64 KiB, and once in four suite
+runs up to 4 MiB, the latency of a busy machine hid the bandwidth, and the fit refuses to guess
+one), three layouts (two to fit,
 one to test), one round of 2 steps each. Its errors say nothing about the model; it shows the
 loop runs.
 """
@@ -73,14 +74,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2,
                     help="times each layout is measured, in alternating order (default 2)")
     ap.add_argument("--quick", action="store_true",
-                    help="tiny-gpt, 3 layouts, 1 round of 2 steps, messages to 4 MiB (under "
+                    help="tiny-gpt, 3 layouts, 1 round of 2 steps, messages to 16 MiB (under "
                          "a minute): what tests/test_benchmarks.py runs")
     args = ap.parse_args()
     model, layouts, micro = "small-gpt", LAYOUTS, []
     if args.quick:
         args.steps, args.rounds = 2, 1
         model, layouts = "tiny-gpt", [LAYOUTS[i] for i in QUICK]
-        micro = ["--model", model, "--max-bytes", "4M", "--no-mpi"]
+        micro = ["--model", model, "--max-bytes", "16M", "--no-mpi"]
     work = Path(args.keep or tempfile.mkdtemp(prefix="flm-bench-calibrate-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
