@@ -115,7 +115,9 @@ def test_all_to_all_costs_more_across_nodes():
 
 def test_all_to_all_volume_by_hand():
     t = from_configs([_layout(ep=4)])
-    want = 4096 * 2 * 4096 * 2 * moe.LOAD_IMBALANCE * 3 / 4  # tokens·top_k·h·e·imb·(ep−1)/ep
+    # tokens·top_k·h·e·imb·(ep−1)/ep; a rank holds 2 of the 8 experts: imb = 1 + 0.72·4/8.
+    imb = 1 + (moe.LOAD_IMBALANCE - 1) * 4 / 8
+    want = 4096 * 2 * 4096 * 2 * imb * 3 / 4
     assert moe.all_to_all_bytes(MIXTRAL, t, 2)[0] == pytest.approx(want, rel=1e-12)
     full = from_configs([_layout(ep=4, recompute="full")])
     a2a = comm.all_to_all(H100, 4, 1, want)

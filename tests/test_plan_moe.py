@@ -36,7 +36,9 @@ def test_the_best_mixtral_layouts_name_their_ep_and_say_no_moe_calibration(capsy
                  "--top", "5", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)["layouts"]
     assert len(rows) == 5 and all(r["fits"] for r in rows)
-    assert all(r["ep"] > 1 for r in rows)  # the experts spread over ranks
+    # Every row names its ep; ep 1 may win: a rank holding every expert computes exactly its
+    # tokens' routed copies, no EP rank's excess (costmodel/moe.py load_imbalance).
+    assert all(r["ep"] in (1, 2, 4, 8) for r in rows)
     assert all("no MoE calibration" in r["interval_basis"] for r in rows)
     assert all(r["step_time_s_low"] < r["step_time_s"] < r["step_time_s_high"] for r in rows)
 

@@ -70,6 +70,16 @@ class ModelSpec:
     # The router's load-balancing loss coefficient (Switch Transformers eq. 4; Megatron-LM
     # --moe-aux-loss-coeff); 0 trains without it.
     router_aux_loss: float = 0.0
+    # How the router keeps the experts' loads even, which sets the slowest EP rank's excess
+    # (costmodel/moe.py load_imbalance): "aux-loss" (a balance loss: GShard, Switch, Megatron-LM's
+    # default), "aux-free" (a per-expert routing bias, Wang et al. 2024, arXiv 2408.15664;
+    # DeepSeek-V3), "forced" (Megatron-LM --moe-router-force-load-balancing, benchmarks only).
+    router_balance: str = "aux-loss"
+    # Group-limited routing (DeepSeek-V3 config.json n_group / topk_group; Megatron-LM
+    # --moe-router-num-groups / --moe-router-group-topk): experts in n_group groups, each token
+    # routed within topk_group of them; 0: unlimited. With a group per node it is node-limited.
+    n_group: int = 0
+    topk_group: int = 0
     # Attention widths. ``head_dim`` is each head's width (Hugging Face config.json head_dim,
     # Megatron-LM --kv-channels); None: hidden / heads. Qwen3 and gpt-oss set it apart from
     # hidden / heads (Qwen3-235B-A22B: 64 heads of 128 on a 4096 hidden), so Q is then
@@ -176,6 +186,14 @@ class ModelSpec:
         if self.dense_layers >= self.layers:
             raise SpecError(f"dense_layers ({self.dense_layers}) leaves no MoE block of "
                             f"{self.layers} layers", "dense_layers")
+        if self.router_balance not in ("aux-loss", "aux-free", "forced"):
+            raise SpecError("router_balance must be aux-loss, aux-free or forced (got "
+                            f"{self.router_balance!r})", "router_balance")
+        if (self.n_group or self.topk_group) and not (
+                1 <= self.topk_group <= self.n_group and self.num_experts % self.n_group == 0):
+            raise SpecError(f"topk_group ({self.topk_group}) must be between 1 and n_group "
+                            f"({self.n_group}), and n_group divide num_experts "
+                            f"({self.num_experts})", "topk_group")
         if self.capacity_factor is not None and not 0.0 < self.capacity_factor <= 1024.0:
             raise SpecError("capacity_factor must be in (0, 1024] or absent for dropless "
                             f"routing (got {self.capacity_factor})", "capacity_factor")
@@ -323,7 +341,8 @@ class ModelSpec:
 
 # The Mixture-of-Experts fields (ModelSpec above).
 EXPERT_FIELDS = ("num_experts", "top_k", "expert_ffn_hidden", "shared_experts", "dense_layers",
-                 "moe_layer_freq", "capacity_factor", "router_aux_loss")
+                 "moe_layer_freq", "capacity_factor", "router_aux_loss", "router_balance",
+                 "n_group", "topk_group")
 
 
 # The multi-head latent attention fields (ModelSpec above); 0 on every other model.
