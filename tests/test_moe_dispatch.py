@@ -5,6 +5,7 @@ as a planning setting, and the router's balance setting."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -123,3 +124,30 @@ def test_group_limited_routing_is_checked():
         dataclasses.replace(DSV3, topk_group=9)
     with pytest.raises(SpecError):
         dataclasses.replace(DSV3, n_group=7)
+
+
+def test_cli_and_api_take_the_moe_settings(capsys):
+    from frontier_llm import api
+    from frontier_llm.cli import main
+
+    args = ["predict", "--model", "deepseek-v3", "--system", "dgx-h100", "--tp", "1", "--pp",
+            "16", "--ep", "64", "--dp", "128", "--micro-batch", "1", "--global-batch", "15360",
+            "--recompute", "none", "--engine", "megatron", "--zero", "1", "--format", "json"]
+    def step(*extra):
+        assert main(args + list(extra)) == 0
+        return json.loads(capsys.readouterr().out)["step_time_s"]
+
+    none = step()
+    assert step("--moe-overlap", "ep-a2a") < none
+    assert step("--moe-overlap", "dualpipe") < step("--moe-overlap", "ep-a2a")
+    assert step("--moe-dispatcher", "flex") < none
+    assert step("--router-balance", "aux-loss") > none  # the model's own is aux-free
+    lay = dict(tp=1, pp=16, ep=64, dp=128, micro_batch=1, global_batch=15360,
+               recompute="none", engine="megatron", zero=1)
+    got = api.predict("deepseek-v3", "dgx-h100", moe_overlap="dualpipe", **lay)
+    assert got["step_time_s"] == pytest.approx(step("--moe-overlap", "dualpipe"))
+    with pytest.raises(Exception, match="moe overlap"):
+        api.predict("deepseek-v3", "dgx-h100", moe_overlap="sometimes", **lay)
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    assert "--moe-overlap" in capsys.readouterr().out
