@@ -151,3 +151,35 @@ def test_cli_and_api_take_the_moe_settings(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
     assert "--moe-overlap" in capsys.readouterr().out
+
+
+def test_moe_corpus_rows_build_their_model_layout_and_run():
+    import pandas as pd
+
+    from frontier_llm.planner.calibration import (
+        load_calibration,
+        row_model,
+        row_moe_run,
+        row_space,
+        unused_reason,
+    )
+
+    corpus = load_calibration()
+    rows = corpus[corpus["file"] == "calibration_runs_moe.csv"]
+    assert len(rows) >= 3 and rows["notes"].str.len().gt(50).all()
+    mixtral = rows[rows["source_key"] == "MegatronLM-MoE-README-2024"].iloc[0]
+    m = row_model(mixtral)
+    assert (m.num_experts, m.top_k, m.expert_ffn_hidden, m.kv_heads) == (8, 2, 14336, 8)
+    assert m.router_balance == "aux-loss" and m.activation == "swiglu"
+    space = row_space(mixtral)
+    assert space.ep == (8,) and space.virtual_stages == (8,)
+    assert row_moe_run(mixtral) == moe.MoeRun()
+    dsv3 = rows[rows["source_key"] == "DeepSeek-V3-report-2024"].iloc[0]
+    assert "uneven pipeline" in unused_reason(dsv3)
+    assert row_moe_run(dsv3).overlap == "dualpipe"
+    assert row_moe_run(pd.Series({"notes": "--overlap-moe-expert-parallel-comm", "engine":
+                                  "Megatron-LM --moe-token-dispatcher-type flex"})) == \
+        moe.MoeRun("ep-a2a", "flex")
+    # A dense row builds a dense model as before.
+    dense = corpus[corpus["file"] == "calibration_runs.csv"].iloc[0]
+    assert not row_model(dense).is_moe
