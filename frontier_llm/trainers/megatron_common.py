@@ -153,6 +153,16 @@ def moe_args(model: ModelSpec, layout: Layout) -> list[str]:
                  "--moe-aux-loss-coeff", f"{model.router_aux_loss:g}"]
     else:
         argv += ["--moe-router-load-balancing-type", "none"]
+    if model.router_balance == "aux-free":
+        # "TopK routing with dynamic per-expert bias in the aux-loss-free load balancing
+        # strategy" (transformer_config.py, NVIDIA/Megatron-LM@d98e8a64).
+        argv += ["--moe-router-enable-expert-bias"]
+    elif model.router_balance == "forced":
+        argv += ["--moe-router-force-load-balancing"]
+    if model.n_group:
+        # Group-limited routing (node-limited with a group per node), same file.
+        argv += ["--moe-router-num-groups", str(model.n_group),
+                 "--moe-router-group-topk", str(model.topk_group)]
     if model.capacity_factor is not None:
         argv += ["--moe-expert-capacity-factor", f"{model.capacity_factor:g}"]
     if layout.ep > 1:
