@@ -183,3 +183,15 @@ def test_moe_corpus_rows_build_their_model_layout_and_run():
     # A dense row builds a dense model as before.
     dense = corpus[corpus["file"] == "calibration_runs.csv"].iloc[0]
     assert not row_model(dense).is_moe
+
+
+def test_ep_a2a_overlap_is_megatron_lm_s_only():
+    lay = dict(tp=2, dp=8, ep=8, pp=4, global_batch=256, micro_batch=1)
+    mega = from_configs([_layout(**lay)])
+    native = from_configs([_layout(**lay, engine="native")])
+    compute = np.array([1e9])
+    run = moe.MoeRun("ep-a2a")
+    assert (moe.all_to_all_times(MIXTRAL, H100, mega, 2, run, compute)[0]
+            < moe.all_to_all_times(MIXTRAL, H100, mega, 2)[0])
+    assert (moe.all_to_all_times(MIXTRAL, H100, native, 2, run, compute)[0]
+            == pytest.approx(moe.all_to_all_times(MIXTRAL, H100, native, 2)[0]))

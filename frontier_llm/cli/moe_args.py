@@ -20,8 +20,8 @@ def add_moe_args(p: argparse.ArgumentParser) -> None:
                         "Megatron-LM's default and torchtitan's): every one exposed; ep-a2a: "
                         "Megatron-LM --overlap-moe-expert-parallel-comm --delay-wgrad-compute, "
                         "hidden behind the paired micro-batch's compute in the 1F1B steady "
-                        "phase; dualpipe: DeepSeek-V3's DualPipe, every micro-batch paired, "
-                        "one copy per node")
+                        "phase (Megatron-LM layouts only); dualpipe: DeepSeek-V3's DualPipe, "
+                        "every micro-batch paired, one copy per node")
     g.add_argument("--moe-dispatcher", choices=MOE_DISPATCHERS, default="alltoall",
                    help="Megatron-LM --moe-token-dispatcher-type: alltoall (default) sends a "
                         "copy per routed expert; flex (DeepEP) sends a token once per "

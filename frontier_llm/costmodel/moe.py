@@ -32,7 +32,7 @@ import numpy as np
 
 from frontier_llm.costmodel import comm, gemm
 from frontier_llm.specs import axes
-from frontier_llm.specs.layout import Recompute
+from frontier_llm.specs.layout import Engine, Recompute
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
@@ -298,7 +298,8 @@ def all_to_all_times(model: ModelSpec, system: SystemSpec, t, act_bytes,
     each micro-batch's blocks with another's, whose compute (``block_compute``, one block's
     forward + backward + recompute) hides the all-to-alls up to its length; under ``ep-a2a``
     the ``min(1, pp/m)`` of the micro-batches in the 1F1B warm-up and cool-down (and, without
-    a pipeline, the first and last) have no partner and stay exposed."""
+    a pipeline, the first and last) have no partner and stay exposed, and only Megatron-LM
+    layouts take it (the flag is Megatron-LM's)."""
     ep = axes.degree(t, "ep")
     one = comm.all_to_all(system, ep, t.tp, all_to_all_bytes(model, t, act_bytes),
                           remote_copy_factor(model, system, t, run))
@@ -310,7 +311,9 @@ def all_to_all_times(model: ModelSpec, system: SystemSpec, t, act_bytes,
     if run.overlap == "dualpipe":
         return paired
     unpaired = np.minimum(1.0, np.asarray(t.pp) / np.maximum(t.num_microbatches, 1))
-    return unpaired * total + (1 - unpaired) * paired
+    # Only Megatron-LM has the flag: other engines' layouts keep every all-to-all exposed.
+    return np.where(t.engine == Engine.MEGATRON.code,
+                    unpaired * total + (1 - unpaired) * paired, total)
 
 
 def activation_extra(model: ModelSpec, t, act_bytes, f_rank):
