@@ -633,7 +633,12 @@ def validate_runs(runs: pd.DataFrame, systems: dict[str, SystemSpec] | None = No
     for _, row in runs.iterrows():
         out = predict_row(row, systems)
         # A row kept but not used may name hardware the catalog lacks (an H800, a TPU).
-        system = "" if unused_reason(row) is not None else row_system(row, systems).name
+        try:
+            system = row_system(row, systems).name
+        except UserError:
+            if unused_reason(row) is None:
+                raise
+            system = ""
         rows.append({"source": source_key(row["source"]), "model": row["model"],
                      "gpu": row["gpu_type"], "system": system,
                      "gpus": int(row["num_gpus"]) if _given(row.get("num_gpus")) else None,
