@@ -19,9 +19,9 @@ Sources:
   no GPipe; its own even split (no ``--decoder-first/last-pipeline-num-layers``) needs the
   layers to divide by pp x vp when interleaved (``get_num_layers_to_build`` asserts
   ``num_layers_per_pipeline_rank % vp_size == 0``); given end stages follow Megatron-Core's
-  uneven rules, interleaved too (specs/pipeline_split.py ``given_ends``); its distributed optimizer (``--use-distributed-optimizer``)
-  shards optimizer states over DP ranks (ZeRO-1), nothing further; sequence parallelism and TP
-  communication overlap.
+  uneven rules, interleaved too (specs/pipeline_split.py ``given_ends``); its distributed
+  optimizer (``--use-distributed-optimizer``) shards optimizer states over DP ranks (ZeRO-1),
+  nothing further; sequence parallelism and TP communication overlap.
 - PyTorch native (FSDP2 ``fully_shard``, DTensor tensor parallel, ``torch.distributed.pipelining``
   with ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``): any AMSP placement
   (HSDP via a 2-D mesh, ``reshard_after_forward=int`` for partial parameter sharding);
