@@ -44,6 +44,32 @@ def _split(model: ModelSpec, pp: int, v: int, engine: int, first: int = 0, last:
     return tuple((sum(chunks[r::pp]), max(chunks[r::pp])) for r in range(pp))
 
 
+@lru_cache(maxsize=4096)
+def _moe_held(model: ModelSpec, pp: int, v: int, engine: int, first: int = 0, last: int = 0
+              ) -> tuple[int, ...]:
+    """MoE blocks each rank holds: the blocks of its chunks (chunk ``k`` holds the layers after
+    chunks ``0..k-1``), so DeepSeek-V3's three dense blocks count on the first stage only."""
+    chunks = chunk_layers(model, pp, v, engine, first, last)
+    starts = np.concatenate([[0], np.cumsum(chunks)])
+    moe_at = np.concatenate([[0], np.cumsum([model.moe_block(i) for i in range(model.layers)])])
+    per_chunk = [int(moe_at[starts[k + 1]] - moe_at[starts[k]]) for k in range(len(chunks))]
+    return tuple(sum(per_chunk[r::pp]) for r in range(pp))
+
+
+def rank_moe_blocks(model: ModelSpec, t: LayoutTable, pp_rank) -> np.ndarray:
+    """MoE blocks rank ``pp_rank`` (an int or a column) holds in every layout (0 for a dense
+    model), by the same split as :func:`rank_layers`."""
+    if not model.is_moe:
+        return np.zeros(len(t), dtype=np.int64)
+    r = np.broadcast_to(np.asarray(pp_rank), (len(t),))
+    keys = np.stack([t.pp, t.virtual_stages, t.engine, t.first_stage_layers,
+                     t.last_stage_layers, r], axis=1).astype(np.int64)
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    vals = np.array([_moe_held(model, *map(int, k[:5]))[int(k[5])] for k in uniq],
+                    dtype=np.int64)
+    return vals[inverse.reshape(-1)]
+
+
 def _gather(model: ModelSpec, t: LayoutTable, fn) -> np.ndarray:
     """``fn(split, pp)`` (a tuple of ints) for each distinct (pp, v, engine, first, last) of
     ``t``, per row."""

@@ -1,0 +1,150 @@
+"""Uneven pipelines as Megatron states them, dense first blocks and multi-token prediction
+(issue 53): the model spec's MTP parameters and FLOPs, where each sits on the pipeline (dense
+blocks on the first stage, MTP on the last), the slowest stage setting the pace, and DeepSeek-V3
+over pp 16 x ep 64 with given end stages through ``flm predict``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from frontier_llm.catalog import load_model, load_system
+from frontier_llm.costmodel import moe, predict
+from frontier_llm.costmodel.flops import (
+    layer_forward_flops_per_token,
+    logits_forward_flops_per_token,
+    model_flops,
+)
+from frontier_llm.costmodel.layouts import from_configs
+from frontier_llm.costmodel.memory import rank_memory
+from frontier_llm.costmodel.params import layer_params_per_rank, stage_params_per_rank
+from frontier_llm.costmodel.split import rank_layers, rank_moe_blocks
+from frontier_llm.errors import SpecError
+from frontier_llm.specs.layout import Layout
+
+DSV3 = load_model("deepseek-v3")
+NO_MTP = dataclasses.replace(DSV3, mtp_layers=0)
+H100 = load_system("dgx-h100")
+
+
+def _ds_layout(first: int = 4, last: int = 1, **kw) -> Layout:
+    """DeepSeek-V3's training layout as its report states it (arXiv 2412.19437 §3.2: 16-way
+    pipeline, 64-way expert parallelism, ZeRO-1 data parallelism, no tensor parallelism, on 2,048
+    GPUs; §4.2: batch 15,360 sequences of 4,096 tokens), with the end stages given."""
+    base = dict(tp=1, pp=16, dp=128, ep=64, micro_batch=1, global_batch=15360,
+                sharding="zero1", engine="megatron", recompute="full",
+                first_stage_layers=first, last_stage_layers=last)
+    return Layout(**{**base, **kw})
+
+
+def test_deepseek_v3_catalog_states_dense_first_blocks_and_one_mtp_module():
+    # config.json: first_k_dense_replace 3, num_nextn_predict_layers 1.
+    assert DSV3.dense_layers == 3 and DSV3.mtp_layers == 1
+    assert [DSV3.moe_block(i) for i in range(4)] == [False, False, False, True]
+    assert load_model("kimi-k2").dense_layers == 1  # its first_k_dense_replace
+    assert load_model("qwen3-235b-a22b").dense_layers == 0  # every block MoE
+
+
+def test_mtp_parameters_are_a_last_kind_block_a_projection_and_three_norms():
+    h = DSV3.hidden
+    assert DSV3.mtp_layer_params() == DSV3.layer_params(60) + 2 * h * h + 3 * h
+    # README_WEIGHTS.md: "11.5B unique parameters (excluding the shared 0.9B Embedding and 0.9B
+    # Output Head)"; the shapes give 11.61B (the eh_proj's 0.10B on the block's 11.51B).
+    assert DSV3.mtp_params() == pytest.approx(11.5e9, rel=0.011)
+    # The published 671B leaves the module out, and so does num_params.
+    assert DSV3.num_params() == NO_MTP.num_params()
+    with pytest.raises(SpecError, match="mtp_layers"):
+        dataclasses.replace(DSV3, mtp_layers=-1)
+
+
+def test_mtp_flops_are_one_block_a_projection_and_another_head_pass():
+    dense, attn = layer_forward_flops_per_token(DSV3)
+    h = DSV3.hidden
+    per_token = dense + attn + 2 * 2 * h * h + logits_forward_flops_per_token(DSV3)
+    assert model_flops(DSV3, 1.0) - model_flops(NO_MTP, 1.0) == pytest.approx(3 * per_token)
+
+
+def test_mtp_sits_on_the_last_stage_with_an_embedding_copy():
+    t = from_configs([_ds_layout()])
+    per_layer = layer_params_per_rank(DSV3, 1)
+    h, v = DSV3.hidden, DSV3.vocab
+    for rank in (0, 7):
+        assert stage_params_per_rank(DSV3, 1, 16, rank, 4, per_layer) == \
+            stage_params_per_rank(NO_MTP, 1, 16, rank, 4, per_layer)
+    extra = (stage_params_per_rank(DSV3, 1, 16, 15, 1, per_layer)
+             - stage_params_per_rank(NO_MTP, 1, 16, 15, 1, per_layer))
+    assert extra == per_layer + 2 * h * h + 3 * h + v * h
+    with_mtp = rank_memory(DSV3, H100, t, 15)
+    without = rank_memory(NO_MTP, H100, t, 15)
+    assert with_mtp["params"][0] > without["params"][0]
+    assert with_mtp["activations"][0] > without["activations"][0]
+    first_with, first_without = rank_memory(DSV3, H100, t, 0), rank_memory(NO_MTP, H100, t, 0)
+    assert first_with["peak"][0] == pytest.approx(first_without["peak"][0])
+
+
+def test_dense_first_blocks_sit_on_the_first_stage():
+    """Rank 0 of 4 + 14 x 4 + 1 holds blocks 0-3 (three dense, one MoE) and the embedding; a
+    middle rank four MoE blocks: each is priced at its own blocks, not at mean blocks. Under
+    ep 64 a dense block (its 18,432-wide MLP whole) outweighs an MoE block's share (4 of 256
+    routed experts and the shared one) on a rank."""
+    t = from_configs([_ds_layout()])
+    assert [int(rank_layers(DSV3, t, r)[0][0]) for r in (0, 1, 15)] == [4, 4, 1]
+    assert [int(rank_moe_blocks(DSV3, t, r)[0]) for r in (0, 1, 15)] == [1, 4, 1]
+    dense_rank = layer_params_per_rank(DSV3, 1)
+    block = {frac: moe.layer_params_per_rank(DSV3, 1, 64, dense_rank, frac)[0]
+             for frac in (0.0, 1.0)}
+    assert block[0.0] > block[1.0]
+    first, middle = rank_memory(DSV3, H100, t, 0), rank_memory(DSV3, H100, t, 1)
+    bf16 = 2
+    assert first["params"][0] == pytest.approx(
+        bf16 * (3 * block[0.0] + block[1.0] + DSV3.embedding_params()))
+    assert middle["params"][0] == pytest.approx(bf16 * 4 * block[1.0])
+
+
+def test_the_slowest_stage_sets_the_pace():
+    """With the end stages given, a last stage of 4 layers plus the MTP module and two head
+    passes is slower than the middle stages' 4 layers, so it paces the pipeline: 1 + 14 x 4 + 4
+    is slower than 4 + 14 x 4 + 1, whose middle stages pace it."""
+    light = predict(DSV3, H100, _ds_layout(4, 1))
+    heavy = predict(DSV3, H100, _ds_layout(1, 4))
+    assert heavy["step_time_s"] > light["step_time_s"]
+    # Without MTP the heavier last stage costs less.
+    plain = predict(NO_MTP, H100, _ds_layout(1, 4))
+    assert plain["step_time_s"] < heavy["step_time_s"]
+
+
+def test_uneven_interleaving_is_priced_by_its_chunks():
+    """94 layers (Qwen3-235B-A22B) over pp 8 x vp 2 with given ends: Megatron runs it (each
+    chunk whole), and the peak memory is a real stage's."""
+    model = load_model("qwen3-235b-a22b")
+    layout = Layout(tp=4, pp=8, dp=8, ep=8, micro_batch=1, global_batch=64,
+                    schedule="interleaved", virtual_stages=2, engine="megatron",
+                    sharding="zero1", recompute="full", first_stage_layers=10,
+                    last_stage_layers=12)
+    out = predict(model, H100, layout)
+    assert np.isfinite(out["step_time_s"]) and out["peak_memory_bytes"] > 0
+
+
+def test_deepseek_v3_pp16_ep64_with_uneven_stages_through_flm_predict(capsys):
+    """The done-when of issue 53: DeepSeek-V3 as its report states the layout (pp 16, ep 64,
+    ZeRO-1 dp, tp 1, 2,048 GPUs, blockwise FP8; H800s, here dgx-h100, the same SXM5 GPU with
+    NVLink cut to 400 GB/s), its 61 layers split 4 + 14 x 4 + 1 (the report gives no per-stage
+    counts; Megatron needs given ends for 61 over 16), through ``flm predict``."""
+    from frontier_llm.cli import main
+
+    argv = ["predict", "--model", "deepseek-v3", "--system", "dgx-h100", "--tp", "1",
+            "--pp", "16", "--dp", "128", "--ep", "64", "--engine", "megatron",
+            "--micro-batch", "1", "--global-batch", "15360", "--zero", "1",
+            "--recompute", "full", "--dtype", "fp8", "--fp8-recipe", "blockwise",
+            "--first-stage-layers", "4", "--last-stage-layers", "1", "--format", "json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["layout"]["first_stage_layers"] == 4 and out["layout"]["last_stage_layers"] == 1
+    assert out["layout"]["pp"] == 16 and out["layout"]["ep"] == 64
+    assert 0 < out["step_time_s"] < 1e4 and out["fits"]
+    # A split Megatron refuses is refused with its rule: 61 = 5 + 15 x 56/15 does not divide.
+    assert main([*argv[:-6], "--first-stage-layers", "5", "--format", "json"]) != 0
+    assert "do not divide evenly over the 15 middle stages" in capsys.readouterr().err
