@@ -148,3 +148,81 @@ def test_deepseek_v3_pp16_ep64_with_uneven_stages_through_flm_predict(capsys):
     # A split Megatron refuses is refused with its rule: 61 = 5 + 15 x 56/15 does not divide.
     assert main([*argv[:-6], "--first-stage-layers", "5", "--format", "json"]) != 0
     assert "do not divide evenly over the 15 middle stages" in capsys.readouterr().err
+
+
+# --- Export: Megatron-LM's flags, the other trainers' refusals, the log read back --------------
+def _mlm_argv(model, layout) -> dict[str, str]:
+    from frontier_llm.trainers import get
+
+    argv = get("megatron-lm").flags(model, layout)
+    out, i = {}, 0
+    while i < len(argv):
+        takes = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        out[argv[i]] = argv[i + 1] if takes else ""
+        i += 1 + takes
+    return out
+
+
+def test_megatron_lm_writes_given_ends_mtp_and_dense_first_blocks():
+    flags = _mlm_argv(DSV3, _ds_layout())
+    assert flags["--decoder-first-pipeline-num-layers"] == "4"
+    assert flags["--decoder-last-pipeline-num-layers"] == "1"
+    assert flags["--mtp-num-layers"] == "1"
+    assert flags["--moe-layer-freq"] == "[" + ",".join(["0"] * 3 + ["1"] * 58) + "]"
+    # Only the first given: Megatron splits the rest over the other 15 stages itself.
+    only_first = _mlm_argv(NO_MTP, _ds_layout(5, 0, pp=8, dp=256))
+    assert only_first["--decoder-first-pipeline-num-layers"] == "5"
+    assert "--decoder-last-pipeline-num-layers" not in only_first
+    assert "--mtp-num-layers" not in only_first
+
+
+def test_megatron_lm_interleaves_uneven_stages_with_virtual_stages_per_rank():
+    model = load_model("qwen3-235b-a22b")
+    layout = Layout(tp=4, pp=8, dp=8, ep=8, micro_batch=1, global_batch=64,
+                    schedule="interleaved", virtual_stages=2, engine="megatron",
+                    sharding="zero1", sequence_parallel=True, first_stage_layers=10,
+                    last_stage_layers=12)
+    flags = _mlm_argv(model, layout)
+    assert flags["--num-virtual-stages-per-pipeline-rank"] == "2"
+    assert "--num-layers-per-virtual-pipeline-stage" not in flags  # validate_args refuses it
+    assert (flags["--decoder-first-pipeline-num-layers"],
+            flags["--decoder-last-pipeline-num-layers"]) == ("10", "12")
+
+
+def test_mtp_is_refused_where_no_trainer_builds_it():
+    from frontier_llm.trainers import get
+    from frontier_llm.trainers.refusals import ExportRefused
+
+    llama = dataclasses.replace(load_model("tiny-llama"), name="tiny-llama-mtp", mtp_layers=1)
+    layout = Layout(dp=2, global_batch=8, sharding="zero3")
+    with pytest.raises(ExportRefused, match=r"torchtitan cannot run.*multi-token-prediction"):
+        get("torchtitan").check(llama, layout)
+    with pytest.raises(ExportRefused, match=r"megatron-deepspeed cannot run.*no MTP module"):
+        get("megatron-deepspeed").check(llama, Layout(dp=2, global_batch=8))
+    with pytest.raises(ExportRefused, match=r"deepspeed cannot run.*multi-token-prediction"):
+        get("deepspeed").check(llama, Layout(dp=2, global_batch=8, engine="deepspeed"))
+    gpt = dataclasses.replace(load_model("tiny-gpt"), name="tiny-gpt-mtp", mtp_layers=1)
+    with pytest.raises(ExportRefused, match="learned positions"):
+        get("megatron-lm").check(gpt, Layout(dp=2, global_batch=8, engine="megatron"))
+
+
+def test_megatron_log_states_the_ends_and_the_mtp_layers(tmp_path):
+    from frontier_llm.logs.traces import parse_log
+
+    args = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 16,
+            "data_parallel_size": 128, "expert_model_parallel_size": 64,
+            "context_parallel_size": 1, "micro_batch_size": 1, "global_batch_size": 15360,
+            "decoder_first_pipeline_num_layers": 4, "decoder_last_pipeline_num_layers": 1,
+            "num_layers": 61, "mtp_num_layers": 1, "virtual_pipeline_model_parallel_size": None,
+            "use_distributed_optimizer": True, "world_size": 2048}
+    lines = ["------------------------ arguments ------------------------"]
+    lines += [f"  {k} {'.' * (48 - len(k))} {v}" for k, v in sorted(args.items())]
+    lines.append("-------------------- end of arguments ---------------------")
+    lines += [f" iteration {i:8d}/{3:8d} | consumed samples: {i * 15360:12d} | elapsed time per "
+              f"iteration (ms): 80000.0 | global batch size: 15360 | lm loss: 9.0E+00 |"
+              for i in (1, 2, 3)]
+    path = tmp_path / "megatron.log"
+    path.write_text("\n".join(lines) + "\n")
+    run = parse_log(path, "megatron-lm").runs[0]
+    assert run.layout["first_stage_layers"] == 4 and run.layout["last_stage_layers"] == 1
+    assert run.model["mtp_layers"] == 1

@@ -43,10 +43,12 @@ from frontier_llm.trainers.megatron_common import (
     KV_CHANNELS_FLAG,
     MLA_FLAG,
     MLA_FLAGS,
+    MTP_FLAG,
     PRINTED,
     RECOMPUTE_FLAG,
     ROPE_BASE_FLAG,
     SEQUENCE_PARALLEL_FLAG,
+    STAGE_LAYER_FLAGS,
     ZERO_STAGE_FLAG,
     dest,
 )
@@ -158,6 +160,10 @@ class MegatronLog(LogReader):
                 run.layout.setdefault(field, 1)
             # validate_args prints None for one model chunk per pipeline rank.
             run.layout.setdefault("virtual_stages", 1)
+            # --decoder-first/last-pipeline-num-layers: None (Megatron-DeepSpeed: absent) is
+            # Megatron's own split, 0 in the layout ("not given").
+            for stage_flag, field in STAGE_LAYER_FLAGS.items():
+                run.layout[field] = integer(a.get(dest(stage_flag))) or 0
         if (sp := flag(a.get(dest(SEQUENCE_PARALLEL_FLAG)))) is not None:
             run.layout["sequence_parallel"] = sp
         if (granularity := a.get(dest(RECOMPUTE_FLAG))) is not None:
@@ -217,6 +223,8 @@ class MegatronLog(LogReader):
             base = next((integer(a[k]) for k in _ROPE_BASE if k in a), None)
             if rope and base:
                 run.model["rope_base"] = float(base)
+        if (mtp := integer(a.get(dest(MTP_FLAG)))) is not None:
+            run.model["mtp_layers"] = mtp  # --mtp-num-layers (None: printed without MTP)
         if (bias := flag(a.get("add_bias_linear"))) is not None:
             run.model["bias"] = bias
         if (untie := flag(a.get("untie_embeddings_and_output_weights"))) is not None:
