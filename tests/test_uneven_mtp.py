@@ -226,3 +226,56 @@ def test_megatron_log_states_the_ends_and_the_mtp_layers(tmp_path):
     run = parse_log(path, "megatron-lm").runs[0]
     assert run.layout["first_stage_layers"] == 4 and run.layout["last_stage_layers"] == 1
     assert run.model["mtp_layers"] == 1
+
+
+# --- The layout's codecs carry the given ends; flm bench splits by them -----------------------
+def test_given_ends_survive_argv_json_and_label():
+    from frontier_llm.cli import build_parser
+    from frontier_llm.cli.layout_args import layout_from_args
+    from frontier_llm.specs.forms import label
+    from frontier_llm.specs.identity import layout_hash
+    from frontier_llm.specs.layout import layout_argv, layout_json_schema
+
+    layout = Layout(pp=4, dp=2, global_batch=8, engine="megatron", first_stage_layers=3,
+                    last_stage_layers=1)
+    argv = layout_argv(layout)
+    assert argv[argv.index("--first-stage-layers") + 1] == "3"
+    args = build_parser("bench").parse_args(["bench", "--model", "tiny-llama", *argv])
+    assert layout_from_args(args) == layout
+    assert Layout.from_dict(json.loads(json.dumps(layout.to_dict()))) == layout
+    assert "first_stage_layers=3" in label(layout) and "last_stage_layers=1" in label(layout)
+    # At their default (0) the job line, the label and the hash are as before the knobs.
+    plain = Layout(pp=4, dp=2, global_batch=8, engine="megatron")
+    assert "--first-stage-layers" not in layout_argv(plain) and "stage_layers" not in label(plain)
+    model = load_model("tiny-llama")
+    assert layout_hash(model, "cpu-local", plain) != layout_hash(model, "cpu-local", layout)
+    schema = layout_json_schema()["properties"]["first_stage_layers"]
+    assert schema == {"type": "integer", "minimum": 0}
+    with pytest.raises(SpecError, match="need pp >= 2"):
+        Layout(first_stage_layers=2)
+    with pytest.raises(SystemExit):  # argparse refuses a negative count
+        build_parser("bench").parse_args(["bench", "--first-stage-layers", "-1"])
+
+
+def test_flm_bench_builds_the_given_split_and_refuses_mtp(tmp_path):
+    """The native engine's pipeline stages are the layout's chunks (Layout.chunk_layer_ids), so
+    given ends reach flm bench as they reach the cost model; a model with MTP is refused."""
+    from frontier_llm.bench.config import build_config
+    from frontier_llm.cli import build_parser
+    from frontier_llm.errors import UserError
+
+    def parse(*argv):
+        return build_parser("bench").parse_args(["bench", *argv])
+
+    cfg = build_config(parse("--model", "tiny-gpt-8l", "--tp", "1", "--pp", "2",
+                             "--global-batch", "2", "--first-stage-layers", "5"))
+    assert cfg.layout.stage_layers(cfg.model) == (5, 3)
+    assert cfg.layout.chunk_layer_ids(cfg.model, 1) == [5, 6, 7]
+    import yaml
+
+    spec = {**dataclasses.asdict(load_model("tiny-llama")), "name": "tiny-llama-mtp",
+            "mtp_layers": 1}
+    path = tmp_path / "tiny-llama-mtp.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(UserError, match="no multi-token prediction: tiny-llama-mtp"):
+        build_config(parse("--model", str(path)))
