@@ -279,3 +279,55 @@ def test_flm_bench_builds_the_given_split_and_refuses_mtp(tmp_path):
     path.write_text(yaml.safe_dump(spec))
     with pytest.raises(UserError, match="no multi-token prediction: tiny-llama-mtp"):
         build_config(parse("--model", str(path)))
+
+
+# --- A Megatron log's --pipeline-model-parallel-layout, as given ends or refused ---------------
+@pytest.mark.parametrize(("text", "pp", "expected"), [
+    ("Ettt|(tttt|)*14,ttmL", 16, (3, 2)),  # 61 layers, MTP and loss on the last stage
+    ("Et*4|(t*4|)*14,tmL", 16, (0, 1)),  # the first stage holds the middle share
+    ("(tttt|)*15,tttt", 16, (0, 0)),  # even: Megatron's own split
+    ("Ettt|tt|tt|t|ttt|tt|tt|tL", 4, (6, 2)),  # pp 4 x vp 2: rank r holds chunks r and 4 + r
+])
+def test_layout_strings_that_are_given_ends(text, pp, expected):
+    from frontier_llm.trainers.megatron_pipeline_layout import given_ends_of
+
+    assert given_ends_of(text, pp) == expected
+
+
+@pytest.mark.parametrize(("text", "pp", "words"), [
+    ("Etttt|tttm|L", 3, "multi-token-prediction layers on a stage other than the last"),
+    ("E|(tttt|)*15,L", 17, "without decoder layers"),
+    ("Etttt|ttt|tttt|tL", 4, "middle stages hold different"),
+    ("Ett|t|t|tL", 2, "chunks hold different"),
+    ("Ett|tt|t", 2, "not a multiple of pp 2"),
+])
+def test_layout_strings_flm_can_not_state(text, pp, words):
+    from frontier_llm.trainers.megatron_pipeline_layout import given_ends_of
+
+    assert words in given_ends_of(text, pp)
+
+
+def _layout_log(tmp_path, text: str):
+    from frontier_llm.logs.traces import parse_log
+
+    args = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 16,
+            "data_parallel_size": 128, "micro_batch_size": 1, "global_batch_size": 15360,
+            "decoder_first_pipeline_num_layers": None, "num_layers": 61,
+            "pipeline_model_parallel_layout": text, "world_size": 2048}
+    lines = ["------------------------ arguments ------------------------"]
+    lines += [f"  {k} {'.' * (48 - len(k))} {v}" for k, v in sorted(args.items())]
+    lines.append("-------------------- end of arguments ---------------------")
+    lines += [f" iteration {i:8d}/{3:8d} | consumed samples: {i * 15360:12d} | elapsed time per "
+              f"iteration (ms): 80000.0 | global batch size: 15360 | lm loss: 9.0E+00 |"
+              for i in (1, 2, 3)]
+    path = tmp_path / "megatron.log"
+    path.write_text("\n".join(lines) + "\n")
+    return parse_log(path, "megatron-lm").runs[0]
+
+
+def test_a_logged_layout_string_is_read_as_given_ends_or_refused(tmp_path):
+    run = _layout_log(tmp_path, "Ettt|(tttt|)*14,ttmL")
+    assert (run.layout["first_stage_layers"], run.layout["last_stage_layers"]) == (3, 2)
+    assert run.status != "refused"
+    run = _layout_log(tmp_path, "E|(tttt|)*14,ttttt|L")
+    assert run.status == "refused" and "--pipeline-model-parallel-layout" in run.error

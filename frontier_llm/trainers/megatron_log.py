@@ -52,6 +52,7 @@ from frontier_llm.trainers.megatron_common import (
     ZERO_STAGE_FLAG,
     dest,
 )
+from frontier_llm.trainers.megatron_pipeline_layout import given_ends_of
 
 _ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)")
 # The step-time field in each unit, with what divides it into seconds.
@@ -164,6 +165,7 @@ class MegatronLog(LogReader):
             # Megatron's own split, 0 in the layout ("not given").
             for stage_flag, field in STAGE_LAYER_FLAGS.items():
                 run.layout[field] = integer(a.get(dest(stage_flag))) or 0
+            _pipeline_layout(run)
         if (sp := flag(a.get(dest(SEQUENCE_PARALLEL_FLAG)))) is not None:
             run.layout["sequence_parallel"] = sp
         if (granularity := a.get(dest(RECOMPUTE_FLAG))) is not None:
@@ -230,6 +232,26 @@ class MegatronLog(LogReader):
         if (untie := flag(a.get("untie_embeddings_and_output_weights"))) is not None:
             run.model["tied_embeddings"] = not untie
         _experts(run)
+
+
+def _pipeline_layout(run: ParsedRun) -> None:
+    """A printed ``pipeline_model_parallel_layout`` string as the given end stages it amounts
+    to (trainers/megatron_pipeline_layout.py), or the run refused with why flm can not state
+    its split (pricing Megatron's own split instead would be another run)."""
+    text = run.args.get("pipeline_model_parallel_layout", "None")
+    pp = integer(run.args.get(dest(FLAG["pp"])))
+    if text in ("None", "") or pp is None:
+        return
+    try:
+        ends = given_ends_of(text, pp)
+    except ValueError as exc:
+        ends = str(exc)
+    if isinstance(ends, str):
+        run.status, run.error = "refused", (
+            f"--pipeline-model-parallel-layout {text!r}: {ends}; flm states a split by its "
+            "first and last stage's layers only (first_stage_layers / last_stage_layers)")
+        return
+    run.layout["first_stage_layers"], run.layout["last_stage_layers"] = ends
 
 
 def _experts(run: ParsedRun) -> None:
