@@ -307,13 +307,13 @@ def test_layout_strings_flm_can_not_state(text, pp, words):
     assert words in given_ends_of(text, pp)
 
 
-def _layout_log(tmp_path, text: str):
+def _layout_log(tmp_path, text: str, **more):
     from frontier_llm.logs.traces import parse_log
 
     args = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 16,
             "data_parallel_size": 128, "micro_batch_size": 1, "global_batch_size": 15360,
             "decoder_first_pipeline_num_layers": None, "num_layers": 61,
-            "pipeline_model_parallel_layout": text, "world_size": 2048}
+            "pipeline_model_parallel_layout": text, "world_size": 2048, **more}
     lines = ["------------------------ arguments ------------------------"]
     lines += [f"  {k} {'.' * (48 - len(k))} {v}" for k, v in sorted(args.items())]
     lines.append("-------------------- end of arguments ---------------------")
@@ -331,3 +331,17 @@ def test_a_logged_layout_string_is_read_as_given_ends_or_refused(tmp_path):
     assert run.status != "refused"
     run = _layout_log(tmp_path, "E|(tttt|)*14,ttttt|L")
     assert run.status == "refused" and "--pipeline-model-parallel-layout" in run.error
+
+
+def test_logged_account_for_embedding_and_loss_are_given_ends(tmp_path):
+    """Megatron's get_num_layers_to_build: (94 + 1 + 1) / 8 = 12 a stage, the first and the
+    last building one fewer for the embedding and the loss."""
+    run = _layout_log(tmp_path, "None", num_layers=94, pipeline_model_parallel_size=8,
+                      account_for_embedding_in_pipeline_split=True,
+                      account_for_loss_in_pipeline_split=True)
+    assert (run.layout["first_stage_layers"], run.layout["last_stage_layers"]) == (11, 11)
+    run = _layout_log(tmp_path, "None", num_layers=94, pipeline_model_parallel_size=8,
+                      account_for_embedding_in_pipeline_split=True,
+                      account_for_loss_in_pipeline_split=True,
+                      virtual_pipeline_model_parallel_size=2)
+    assert run.status == "refused" and "only the first/last chunk" in run.error

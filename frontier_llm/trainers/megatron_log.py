@@ -240,7 +240,10 @@ def _pipeline_layout(run: ParsedRun) -> None:
     its split (pricing Megatron's own split instead would be another run)."""
     text = run.args.get("pipeline_model_parallel_layout", "None")
     pp = integer(run.args.get(dest(FLAG["pp"])))
-    if text in ("None", "") or pp is None:
+    if pp is None:
+        return
+    _accounted_ends(run, pp)
+    if text in ("None", ""):
         return
     try:
         ends = given_ends_of(text, pp)
@@ -252,6 +255,36 @@ def _pipeline_layout(run: ParsedRun) -> None:
             "first and last stage's layers only (first_stage_layers / last_stage_layers)")
         return
     run.layout["first_stage_layers"], run.layout["last_stage_layers"] = ends
+
+
+def _accounted_ends(run: ParsedRun, pp: int) -> None:
+    """``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split``:
+    the embedding (loss) weighs one layer in the split, so the first (last) stage builds one
+    layer fewer than the ``(layers + 1 [+ 1]) / pp`` the others do (get_num_layers_to_build at
+    309ffca). Without interleaving that is a split by given ends; interleaved, only the first
+    (last) chunk loses its layer, which flm can not state, and the run is refused."""
+    a = run.args
+    emb = bool(flag(a.get("account_for_embedding_in_pipeline_split")))
+    loss = bool(flag(a.get("account_for_loss_in_pipeline_split")))
+    layers = integer(a.get("num_layers"))
+    if not (emb or loss) or layers is None:
+        return
+    vp = integer(a.get("virtual_pipeline_model_parallel_size")) or 1
+    share, left = divmod(layers + emb + loss, pp)
+    why = None
+    if left or pp < 2:
+        why = f"{layers} layers + {emb + loss} do not divide over pp {pp}"
+    elif vp > 1:
+        why = "interleaved, only the first/last chunk gives up its layer"
+    elif share - 1 < 1:
+        why = "a stage holding only the embedding or the loss"
+    if why:
+        run.status, run.error = "refused", (
+            f"--account-for-embedding/loss-in-pipeline-split: {why}; flm states a split by its "
+            "first and last stage's layers only (first_stage_layers / last_stage_layers)")
+        return
+    run.layout["first_stage_layers"] = share - 1 if emb else 0
+    run.layout["last_stage_layers"] = share - 1 if loss else 0
 
 
 def _experts(run: ParsedRun) -> None:
