@@ -59,30 +59,42 @@ def _moe_held(model: ModelSpec, pp: int, v: int, engine: int, first: int = 0, la
 def rank_moe_blocks(model: ModelSpec, t: LayoutTable, pp_rank) -> np.ndarray:
     """MoE blocks rank ``pp_rank`` (an int or a column) holds in every layout (0 for a dense
     model), by the same split as :func:`rank_layers`."""
-    if not model.is_moe:
-        return np.zeros(len(t), dtype=np.int64)
-    r = np.broadcast_to(np.asarray(pp_rank), (len(t),))
-    keys = np.stack([t.pp, t.virtual_stages, t.engine, t.first_stage_layers,
-                     t.last_stage_layers, r], axis=1).astype(np.int64)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-    vals = np.array([_moe_held(model, *map(int, k[:5]))[int(k[5])] for k in uniq],
-                    dtype=np.int64)
-    return vals[inverse.reshape(-1)]
+    out = np.zeros(len(t), dtype=np.int64)
+    if not model.is_moe or not len(t):
+        return out
+    r = np.broadcast_to(np.asarray(pp_rank), (len(t),)).astype(np.int64)
+    ends, key, uniq, inverse, (vs, es) = _keys(t)
+    if len(uniq):
+        # Every rank's count per distinct split (a small table: splits x the widest pipeline),
+        # then each row's rank picked from its split's row.
+        table = np.zeros((len(uniq), int(t.pp.max())), dtype=np.int64)
+        for j, k in enumerate(uniq):
+            pp = int(k // es // vs)
+            table[j, :pp] = _moe_held(model, pp, int(k // es % vs), int(k % es))
+        out[~ends] = table[inverse[key[~ends]], r[~ends]]
+    for i in np.flatnonzero(ends):
+        out[i] = _moe_held(model, int(t.pp[i]), int(t.virtual_stages[i]), int(t.engine[i]),
+                           int(t.first_stage_layers[i]), int(t.last_stage_layers[i]))[r[i]]
+    return out
 
 
-def _gather(model: ModelSpec, t: LayoutTable, fn) -> np.ndarray:
-    """``fn(split, pp)`` (a tuple of ints) for each distinct (pp, v, engine, first, last) of
-    ``t``, per row."""
-    # A dense key over the few (pp, v, engine) a table holds: a lookup table instead of a
-    # sort (np.unique) over every row. Given end stages are rare (the planner never searches
-    # them), so rows with them are looked up one distinct combination at a time.
+def _keys(t: LayoutTable):
+    """(rows with given ends, each row's dense split key, the distinct keys of the other rows,
+    key -> index into them, the key's radices). A dense key over the few (pp, v, engine) a table
+    holds: a lookup table instead of a sort (np.unique) over every row. Given end stages are
+    rare (the planner never searches them), so rows with them are looked up one at a time."""
     ends = (t.first_stage_layers > 0) | (t.last_stage_layers > 0)
     vs, es = int(t.virtual_stages.max()) + 1, int(t.engine.max()) + 1
     key = (t.pp.astype(np.int64) * vs + t.virtual_stages) * es + t.engine
     present = np.zeros(int(key.max()) + 1, dtype=bool)
     present[key[~ends]] = True
-    uniq = np.flatnonzero(present)
-    inverse = np.cumsum(present) - 1
+    return ends, key, np.flatnonzero(present), np.cumsum(present) - 1, (vs, es)
+
+
+def _gather(model: ModelSpec, t: LayoutTable, fn) -> np.ndarray:
+    """``fn(split, pp)`` (a tuple of ints) for each distinct (pp, v, engine, first, last) of
+    ``t``, per row."""
+    ends, key, uniq, inverse, (vs, es) = _keys(t)
     rows = [fn(_split(model, int(k // es // vs), int(k // es % vs), int(k % es)),
                int(k // es // vs)) for k in uniq]
     width = len(fn(_split(model, 1, 1, int(t.engine[0])), 1))
