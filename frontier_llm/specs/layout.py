@@ -283,7 +283,8 @@ class Layout:
 
     def stage_layers(self, model: ModelSpec) -> tuple[int, ...]:
         """Layers of each model chunk in pipeline order, split the way this layout's engine
-        splits them (``specs/pipeline_split.py``), after :meth:`check_model`."""
+        splits them, or around its given end stages by Megatron-Core's rules
+        (``specs/pipeline_split.py``), after :meth:`check_model`."""
         self.check_model(model)
         return split_layers(model.layers, self.pp, self.virtual_stages, self.engine, model,
                             *self.given_ends)
