@@ -205,11 +205,12 @@ def test_peak_memory_drops_with_ep():
 
 
 def test_a_stage_of_moe_blocks_holds_their_parameters_not_the_mean_blocks():
-    # Blocks 0, 1 dense, 2, 3 MoE: two blocks of a middle stage (no embedding, no head) are
-    # priced as the fullest two consecutive blocks, both MoE, not two mean blocks.
+    # Blocks 0, 1 dense, 2, 3 MoE over pp 4: each middle stage (no embedding, no head) holds
+    # its own block, rank 1 the dense block 1, rank 2 the MoE block 2, not two mean blocks.
     m = dataclasses.replace(TINY, dense_layers=2, moe_layer_freq=1)
     t = from_configs([_layout(pp=4, dp=1, global_batch=4)])
-    params = state_bytes(m, t, 1, 2)["params"][0]
-    assert params == 2 * (m.layer_params(2) + m.layer_params(3))  # bf16: 2 bytes each
+    assert state_bytes(m, t, 1)["params"][0] == 2 * m.layer_params(1)  # bf16: 2 bytes each
+    assert state_bytes(m, t, 2)["params"][0] == 2 * m.layer_params(2)
+    # The fullest window (stage_moe_share) is what a stage of unknown place is priced at.
     assert list(moe.stage_moe_share(m, np.array([1, 2, 3, 4]))) == [1.0, 1.0, 2 / 3, 0.5]
     assert moe.stage_moe_share(MIXTRAL, np.array([8]))[0] == 1.0

@@ -24,8 +24,11 @@ from frontier_llm.specs.system import SystemSpec
 # prediction so that old predictions are never compared with new ones unknowingly.
 # 2.1: context parallelism (cp > 1 priced; cp 1 unchanged). 2.2: DeepSpeed's ZeRO-0/1/2
 # reductions as the engine issues them (specs/engine_rules.py); no other engine moves. 2.3: the
-# native engine's memory as flm memcheck measures it (costmodel/memory.py rank_memory).
-COSTMODEL_VERSION = "2.3"
+# native engine's memory as flm memcheck measures it (costmodel/memory.py rank_memory). 2.4:
+# multi-token-prediction modules priced on the last stage, an MoE stage's parameters from its
+# own blocks (dense first blocks on the first stage), given end stages (first/last_stage_layers);
+# models without MTP or dense blocks and layouts without given ends are unchanged.
+COSTMODEL_VERSION = "2.4"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
               "pp_bubble", "head", "dp_comm", "optimizer")

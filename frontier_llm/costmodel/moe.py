@@ -167,14 +167,18 @@ def stage_moe_share(model: ModelSpec, held) -> np.ndarray:
     return np.vectorize(lambda n: values[int(n)], otypes=[float])(held)
 
 
-def stage_excess_params(model: ModelSpec, t, held, dense_per_rank):
-    """Parameters the fullest stage's ``held`` blocks hold on one rank beyond ``held`` mean
-    blocks: ``held·(share − φ)`` times an MoE block's excess over a dense one (0 when every
-    block is alike)."""
+def stage_excess_params(model: ModelSpec, t, held, dense_per_rank, moe_held=None):
+    """Parameters a stage's ``held`` blocks hold on one rank beyond ``held`` mean blocks:
+    ``(moe_held − held·φ)`` times an MoE block's excess over a dense one (0 when every block is
+    alike). ``moe_held``: the MoE blocks among them (costmodel/split.py rank_moe_blocks, the
+    stage's own: dense first blocks on the first stage); None: the fullest window of ``held``
+    consecutive blocks (:func:`stage_moe_share`)."""
     ep = axes.degree(t, "ep")
     block_moe = layer_params_per_rank(model, t.tp, ep, dense_per_rank, 1.0)[0]
     block_dense = layer_params_per_rank(model, t.tp, ep, dense_per_rank, 0.0)[0]
-    extra = np.asarray(held) * (stage_moe_share(model, held) - _fraction(model))
+    if moe_held is None:
+        moe_held = np.asarray(held) * stage_moe_share(model, held)
+    extra = np.asarray(moe_held) - np.asarray(held) * _fraction(model)
     return extra * (block_moe - block_dense), extra * layer_params_per_rank(
         model, t.tp, ep, dense_per_rank, 1.0)[1]
 

@@ -278,6 +278,12 @@ def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     p2p = np.where(pp > 1, 2 * v * comm.send_recv(system, axes.rank_stride(t, axes.Axis.PP),
                                                   tokens * h * r.act_bytes / tp), 0.0)
     per_layer = blk.compute + blk.comm + blk.cp_comm + blk.ep_comm
+    # Multi-token prediction (model.mtp_layers) runs on the last stage (Megatron-Core builds
+    # every module there): per module one more block, its 2h -> h projection and another head
+    # pass with its loss.
+    mtp = model.mtp_layers
+    proj = 3 * 2 * (2 * h) * h * tokens / tp / r.flops
+    last_extra = (1 + mtp) * last_extra + mtp * (per_layer + proj)
     others = ranks["most_but_last"] * per_layer
     last = ranks["last"] * per_layer + last_extra
     last_paces = (last >= others) | (pp == 1)

@@ -96,6 +96,17 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # Multi-token prediction (Gloeckle et al. 2024; DeepSeek-AI 2024, DeepSeek-V3 report
+    # arXiv 2412.19437 §2.2; config.json num_nextn_predict_layers; Megatron-LM --mtp-num-layers):
+    # ``mtp_layers`` sequential modules after the last block, each RMSNorms of the hidden state
+    # and of the next token's embedding, a 2h -> h projection (eh_proj, no bias), one
+    # transformer block of the last block's kind and a final norm, sharing the embedding and
+    # the output head (an extra logits pass each). Megatron-Core builds them all on the last
+    # pipeline stage's last chunk, with a copy of the embedding there
+    # (megatron/core/transformer/multi_token_prediction.py get_mtp_num_layers_to_build,
+    # MultiTokenPredictionLayer; models/gpt/gpt_model.py mtp_process; at 309ffca). They train;
+    # :meth:`num_params` (the published count) leaves them out, :meth:`mtp_params` counts them.
+    mtp_layers: int = 0
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -160,6 +171,9 @@ class ModelSpec:
         object.__setattr__(self, "head_dim", qk)
 
     def _check_experts(self) -> None:
+        if not 0 <= self.mtp_layers <= MAX_LAYERS:
+            raise SpecError(f"mtp_layers must be in [0, {MAX_LAYERS:,}] (got {self.mtp_layers})",
+                            "mtp_layers")
         for name in ("num_experts", "top_k", "shared_experts", "dense_layers"):
             value = getattr(self, name)
             if not 0 <= value <= MAX_DIMENSION:
@@ -334,6 +348,21 @@ class ModelSpec:
         every parameter)."""
         return (sum(self.active_layer_params(i) for i in range(self.layers))
                 + self.embedding_params() + self.head_params())
+
+    def norm_params(self) -> int:
+        """One norm over the hidden state: a LayerNorm's weight and bias, an RMSNorm's weight."""
+        return 2 * self.hidden if self.norm == "layernorm" else self.hidden
+
+    def mtp_layer_params(self) -> int:
+        """One multi-token-prediction module: its block (the last block's kind, Megatron-Core's
+        ``get_gpt_mtp_block_spec`` takes ``layer_specs[-1]``), the 2h -> h projection and
+        three norms (enorm, hnorm, final_layernorm); the embedding and head are shared."""
+        return (self.layer_params(self.layers - 1) + 2 * self.hidden * self.hidden
+                + 3 * self.norm_params())
+
+    def mtp_params(self) -> int:
+        """The multi-token-prediction modules' parameters (0 without them)."""
+        return self.mtp_layers * self.mtp_layer_params()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
