@@ -48,15 +48,22 @@ def predicted_runs(path=FP8_RUNS) -> pd.DataFrame:
     table["vendor"] = [vendor(g) for g in runs["gpu_type"]]
     table["family"] = table["dtype"] + " x " + table["vendor"]
     table["source"] = runs["source"].map(source_key).to_numpy()
+    # ``error`` is on the row's own metric (the corpus's convention): positive is a faster
+    # prediction for a rate, a slower one for a step time. ``fast`` puts both one way round:
+    # predicted speed over measured speed, less one.
+    time = table["metric"] == "iteration_time_s"
+    table["fast"] = (table["measured"] / table["predicted"] - 1).where(time, table["error"])
     return table
 
 
 def family_errors(table: pd.DataFrame, by: str = "family") -> pd.DataFrame:
-    """Mean and largest absolute error per group, confident rows only."""
+    """Mean and largest absolute error per group, confident rows only, and the mean signed
+    speed error (``bias``: positive where the model predicts faster than measured)."""
     used = table[table["confidence"] != "low"]
     out = used.groupby(by)["error"].agg(
-        rows="size", mape=lambda e: e.abs().mean(), max=lambda e: e.abs().max(),
-        bias="mean")
+        rows="size", mape=lambda e: e.abs().mean(), max=lambda e: e.abs().max())
+    out["bias"] = used.groupby(by)["fast"].mean()
+    out["sources"] = used.groupby(by)["source"].nunique()
     return out.reset_index()
 
 
@@ -90,13 +97,20 @@ def _error_with(row: pd.DataFrame, knobs: dict[str, float]) -> float:
 
 def _solve(row: pd.DataFrame, key: str, held: dict[str, float]) -> float:
     """The ``key`` knob at which the row is predicted exactly (bisection: a larger matmul
-    fraction only ever predicts a faster step); NaN where no fraction in (0, 1] reaches it."""
+    fraction only ever predicts a faster step, so a larger rate, or a shorter step for a row
+    that states its step time); NaN where no fraction in (0, 1] reaches it."""
+    # The error of a step-time row falls as the knob grows; a rate row's rises.
+    sign = -1.0 if pd.notna(row["iteration_time_s"].iloc[0]) else 1.0
+
+    def err(x: float) -> float:
+        return sign * _error_with(row, {**held, key: x})
+
     lo, hi = 0.02, 1.0
-    if _error_with(row, {**held, key: hi}) < 0 or _error_with(row, {**held, key: lo}) > 0:
+    if err(hi) < 0 or err(lo) > 0:
         return float("nan")
     for _ in range(30):
         mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if _error_with(row, {**held, key: mid}) > 0 else (mid, hi)
+        lo, hi = (lo, mid) if err(mid) > 0 else (mid, hi)
     return (lo + hi) / 2
 
 
@@ -132,8 +146,8 @@ def implied_knobs(path=FP8_RUNS) -> pd.DataFrame:
 def main() -> None:
     table = predicted_runs()
     cols = ["source", "gpu", "system", "dtype", "fp8_recipe", "confidence", "measured",
-            "predicted", "error"]
-    print(markdown(table[cols].round({"measured": 1, "predicted": 1, "error": 3})))
+            "predicted", "error", "fast"]
+    print(markdown(table[cols].round({"measured": 3, "predicted": 3, "error": 3, "fast": 3})))
     print()
     print(markdown(family_errors(table).round(3)))
     print()
