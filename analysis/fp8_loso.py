@@ -26,7 +26,13 @@ import math
 import pandas as pd
 
 from frontier_llm.catalog import load_system
-from frontier_llm.planner.calibration import DATA, load_runs, source_key, validate_runs
+from frontier_llm.planner.calibration import (
+    DATA,
+    load_calibration,
+    load_runs,
+    source_key,
+    validate_runs,
+)
 from frontier_llm.report.tables import markdown
 from frontier_llm.specs.system import Efficiency
 
@@ -38,10 +44,36 @@ def vendor(gpu: str) -> str:
     return "AMD" if any(w in gpu.lower() for w in AMD_WORDS) else "NVIDIA"
 
 
+def systems_left_out(source: str) -> dict:
+    """The systems whose knobs were fitted to ``source``'s bf16 rows, refitted or transferred
+    without them (loso_residuals.systems_without, the drift guard's own rule), with their FP8
+    knob carried along: a fitted system's ``matmul_fp8`` is its ``matmul`` times a measured
+    FP8/bf16 ratio, so it moves with ``matmul``. Empty for a source nothing was fitted to."""
+    from loso_residuals import systems_without
+
+    systems, _ = systems_without(load_calibration(), source)
+    out = {}
+    for name, system in systems.items():
+        catalog = load_system(name)
+        eff = dict(system.efficiency)
+        if "matmul_fp8" in catalog.efficiency:
+            scale = system.eff("matmul") / catalog.eff("matmul")
+            eff["matmul_fp8"] = Efficiency(catalog.eff("matmul_fp8") * scale,
+                                           "moved with matmul (left out of the fit)")
+        out[name] = dataclasses.replace(system, efficiency=eff)
+    return out
+
+
 def predicted_runs(path=FP8_RUNS) -> pd.DataFrame:
-    """Every row of the file predicted, with its precision, recipe, vendor and confidence."""
+    """Every row of the file predicted, with its precision, recipe, vendor and confidence,
+    each source with knobs not fitted to it (:func:`systems_left_out`)."""
     runs = load_runs(path)
-    table = validate_runs(runs)
+    keys = runs["source"].map(source_key)
+    parts = []
+    for k in dict.fromkeys(keys):
+        rows = runs[keys == k]
+        parts.append(validate_runs(rows, systems_left_out(k)).set_axis(rows.index))
+    table = pd.concat(parts).sort_index()
     table["dtype"] = runs["dtype"].fillna("bf16").to_numpy()
     table["fp8_recipe"] = runs["fp8_recipe"].fillna("").to_numpy()
     table["confidence"] = runs["confidence"].to_numpy()
