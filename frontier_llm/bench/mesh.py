@@ -33,7 +33,7 @@ from typing import Literal
 
 from frontier_llm.errors import UserError
 from frontier_llm.specs import axes
-from frontier_llm.specs.layout import Engine, Layout, Recompute
+from frontier_llm.specs.layout import Engine, Layout
 from frontier_llm.specs.model import ModelSpec
 
 DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -151,14 +151,13 @@ def check_layout(model: ModelSpec, layout: Layout, world_size: int | None = None
 
 
 def check_moe(layout: Layout, dims: MeshDims) -> None:
-    """What flm bench's MoE block (bench/moe.py) does not run, each refused with its reason."""
-    if layout.sequence_parallel:
-        # The router and the token exchange work on whole, replicated token sets; under
-        # sequence parallelism each tp rank holds s/tp of them (Megatron-Core then gathers
-        # them in its token dispatcher, which flm bench's MoE block does not).
-        raise UserError("sequence parallelism with a Mixture-of-Experts model: flm bench's "
-                        "native engine routes the tokens every tp rank holds whole (use tp "
-                        "without --sequence-parallel)")
+    """What flm bench's MoE block (bench/moe.py) does not run, each refused with its reason.
+
+    Runs: sequence parallelism (the block gathers the sequence over tp before routing,
+    bench/parallelize.py ``moe_sequence_parallel``), recompute of every kind (a recomputed
+    block replays its routing uncounted, bench/moe.py ``block_runs``) and, with ep > 1,
+    zero0, zero1 and FSDP2 (zero2 / zero3): dense parameters sharded over dp x cp, routed
+    experts over expert-dp."""
     if layout.cp > 1:
         # The router's load-balancing loss is over a micro-batch's tokens; a cp rank holds part
         # of each sequence, and the native engine does not reduce the router's statistics
@@ -166,17 +165,12 @@ def check_moe(layout: Layout, dims: MeshDims) -> None:
         raise UserError(f"cp {layout.cp} with a Mixture-of-Experts model: flm bench's native "
                         "engine takes the router's load-balancing loss over whole sequences "
                         "(use cp 1)")
-    if layout.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
-        # Recomputing an MoE block would repeat its all-to-all exchanges and count its tokens
-        # twice; selective recompute touches the attention core only.
-        raise UserError(f"recompute {layout.recompute} with a Mixture-of-Experts model: flm "
-                        "bench's native engine recomputes no MoE block (use none or selective)")
-    if layout.ep > 1 and dims.data_parallel != "ddp":
-        # ZeRO-1 and FSDP2 shard every parameter over dp x cp as if all were alike; routed
-        # experts differ between the ep ranks and are reduced over expert-dp only.
+    if layout.ep > 1 and dims.data_parallel == "hsdp":
+        # HSDP's 2-D (replicate, shard) mesh has no expert-dp counterpart in the engine: its
+        # experts' FSDP2 units shard over the 1-D expert-dp group.
         raise UserError(f"ep {layout.ep} with sharding {layout.sharding.describe()}: flm "
-                        "bench's native engine runs expert parallelism with replicated "
-                        "parameters only (sharding zero0)")
+                        "bench's native engine shards routed experts over expert-dp with "
+                        "zero1, zero2 or zero3, not HSDP (partial:k)")
 
 
 def expert_groups(layout: Layout) -> tuple[list[list[int]], list[list[int]]]:

@@ -208,6 +208,9 @@ class MoE(nn.Module):
         self.ep: EPContext | None = None
         self.aux_scale = 1.0
         self.stats = MoEStats(tokens=[0] * spec.num_experts)
+        # Set by an activation-checkpointed block around each run of it (:func:`block_runs`):
+        # "forward" for the first, "recompute" for its replay in backward; None outside one.
+        self.phase: str | None = None
 
     @property
     def local_experts(self) -> list[int]:
@@ -225,11 +228,23 @@ class MoE(nn.Module):
         out = torch.zeros_like(tokens).index_add(0, token, y * weight.to(y.dtype)[:, None])
         for mlp in self.shared.values():
             out = out + mlp(tokens)
-        self._record(kept, counts)
-        if spec.router_aux_loss and self.training and torch.is_grad_enabled():
+        # A recompute replays the forward's routing (the same inputs, the generator restored):
+        # its assignments and aux loss were counted once already. Its exchanges do run again
+        # (Megatron-Core's recomputed token dispatcher does too) and their seconds count.
+        first = self.phase != "recompute"
+        if first:
+            self._record(kept, counts)
+        # Reentrant full recompute runs the forward without autograd ("forward" phase) and
+        # starts the aux loss's gradient from the recompute, where the graph is built; the
+        # non-reentrant (selective-op) one keeps the forward's graph, the recompute's copy
+        # never being differentiated. Either way the gradient starts once.
+        if spec.router_aux_loss and self.training and (torch.is_grad_enabled()
+                                                       or self.phase == "forward"):
             aux = spec.router_aux_loss * switch_aux_loss(probs, counts, spec.top_k)
-            self.stats.aux_loss += float(aux.detach()) * self.aux_scale
-            out = _AuxLossGrad.apply(out, aux, self.aux_scale)
+            if first:
+                self.stats.aux_loss += float(aux.detach()) * self.aux_scale
+            if torch.is_grad_enabled():
+                out = _AuxLossGrad.apply(out, aux, self.aux_scale)
         return F.dropout(out.view(shape), p=self.dropout, training=self.training)
 
     def _record(self, kept: torch.Tensor, counts: torch.Tensor) -> None:
@@ -265,6 +280,25 @@ class MoE(nn.Module):
             for i, part in zip(mine, y.split([sizes[i] for i in mine]), strict=True):
                 chunks[i] = part
         return torch.cat(chunks) if chunks else rows
+
+
+def block_runs(fn, module: nn.Module):
+    """``fn`` for an activation checkpoint of a block whose MLP is ``module``: each call marks
+    an MoE ``module`` with its phase, the first call the forward, any later one the recompute
+    in backward (a plain MLP is left alone)."""
+    if not isinstance(module, MoE):
+        return fn
+    calls = [0]
+
+    def run(*args):
+        module.phase = "forward" if calls[0] == 0 else "recompute"
+        calls[0] += 1
+        try:
+            return fn(*args)
+        finally:
+            module.phase = None
+
+    return run
 
 
 def moe_modules(model: nn.Module) -> list[tuple[str, MoE]]:
