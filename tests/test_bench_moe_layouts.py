@@ -153,13 +153,16 @@ def test_a_recomputed_moe_block_counts_its_routing_once(fields, recompute):
 @pytest.mark.slow
 @pytest.mark.parametrize("fields, layout", [
     (TINY_MOE, dict(tp=2, dp=2, ep=2, global_batch=2, sequence_parallel=True)),
-    (FULL_MOE, dict(tp=2, dp=2, ep=2, global_batch=4, sequence_parallel=True)),
+    # expert-dp 1: the experts stay out of FSDP2, the dense parameters shard over dp x tp.
+    (FULL_MOE, dict(tp=2, dp=2, ep=2, global_batch=4, sequence_parallel=True, sharding=3,
+                    recompute="full")),
     (TINY_MOE, dict(dp=4, ep=2, global_batch=4, sharding=1)),
     (TINY_MOE, dict(dp=4, ep=2, global_batch=4, sharding=2, recompute="selective-op")),
     (FULL_MOE, dict(dp=4, ep=2, global_batch=4, sharding=3, recompute="full")),
-    (TINY_MOE, dict(dp=2, ep=2, global_batch=4, micro_batch=1, sharding=3)),
-], ids=["sp-tp2-dp2-ep2", "full-sp-tp2-dp2-ep2", "zero1-dp4-ep2", "zero2-selop-dp4-ep2",
-        "full-zero3-fullrc-dp4-ep2", "zero3-dp2-ep2-edp1"])
+    # Tensor-parallel experts sharded by FSDP2 over expert-dp 2: one world mesh for both.
+    (TINY_MOE, dict(tp=2, dp=4, ep=2, global_batch=4, sharding=2)),
+], ids=["sp-tp2-dp2-ep2", "full-sp-zero3-fullrc-tp2-dp2-ep2", "zero1-dp4-ep2",
+        "zero2-selop-dp4-ep2", "full-zero3-fullrc-dp4-ep2", "zero2-tp2-dp4-ep2"])
 def test_planner_moe_layouts_train_like_one_process(tmp_path, fields, layout):
     """Gradients after the engine's reductions and parameters after its (sharded) Adam step
     equal one process's, every expert's on the rank that holds it."""

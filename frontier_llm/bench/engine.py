@@ -81,6 +81,7 @@ class NativeEngine:
         # Expert parallelism: this rank's ep group (whose experts it splits with) and expert-dp
         # group (the ranks holding the same experts), from specs/axes.py's ep coordinate.
         self.ep_ctx, self.edp_group = self._expert_groups() if layout.ep > 1 else (None, None)
+        expert_mesh = self._expert_mesh() if shard_mesh is not None else None
 
         num_stages = layout.chunks
         self.stage_indices = layout.rank_chunks(self.coords["pp"])
@@ -112,8 +113,7 @@ class NativeEngine:
             if layout.tp > 1:
                 apply_tp(m, self.mesh["tp"], layout.sequence_parallel)
             if shard_mesh is not None:
-                apply_fsdp(m, shard_mesh, d.reshard_after_forward,
-                           expert_mesh=self._expert_mesh())
+                apply_fsdp(m, shard_mesh, d.reshard_after_forward, expert_mesh=expert_mesh)
             m.train()
             if shard_mesh is not None and d.data_parallel == "fsdp" and not d.reshard_after_forward:
                 # ZeRO-2 holds whole parameters from forward to backward: measure them there.
@@ -191,8 +191,17 @@ class NativeEngine:
         shard them over)."""
         if self.ep_ctx is None or self.edp_group is None:
             return None
+        d, ep = self.dims, self.ep_ctx.ep
+        if d.data_parallel == "fsdp" and d.cp == 1 and hasattr(self.mesh, "_unflatten"):
+            # dp_shard split into (expert-dp, ep), ep fastest: the same groups as
+            # expert_groups', cut from the world mesh so that FSDP2 can compose it with a
+            # tensor-parallel expert's tp dimension (it refuses meshes of different roots).
+            # Every rank makes the new dimensions' groups here, together.
+            return self.mesh._unflatten("dp_shard", (d.dp_shard // ep, ep),
+                                        ("edp", "ep_in_dp"))["edp"]
         from torch.distributed.device_mesh import DeviceMesh
 
+        # A mesh of its own (torch without _unflatten): enough where experts are plain tensors.
         return DeviceMesh.from_group(self.edp_group, self.device.type,
                                      mesh_dim_names=("edp",))
 
