@@ -290,6 +290,9 @@ def run_moe_bench(tmp_path: Path, model: Path, layout: ParallelConfig,
              "--warmup", str(warmup)]
     if layout.pp > 1:
         flags += ["--schedule", layout.schedule]
+    if layout.sequence_parallel:
+        flags += ["--sequence-parallel"]
+    flags += ["--recompute", str(layout.recompute)]
     proc, _ = bench(tmp_path, "--model", str(model), *flags, timeout=300)
     path = tmp_path / "run.trace.json"
     assert path.exists(), proc.stderr[-3000:]
@@ -341,7 +344,13 @@ def test_flm_bench_ep2_trains_like_one_process_and_traces_the_all_to_alls(tmp_pa
     (TINY_MOE, dict(dp=2, pp=2, ep=2, global_batch=4, schedule="1f1b")),
     (FULL_MOE, dict(tp=2, dp=2, ep=2, global_batch=4)),  # expert-tp = tp
     (TINY_MOE, dict(dp=2, global_batch=4, sharding=3)),  # ep 1: experts under FSDP2
-], ids=["dp4-ep2", "full-ep2", "pp2-dp2-ep2", "full-tp2-dp2-ep2", "dp2-fsdp-ep1"])
+    # The planner's (flm plan --model tiny-moe --system cpu-local --gpus 4 --engine native):
+    # experts sharded over expert-dp, recomputed blocks counting their tokens once.
+    (TINY_MOE, dict(dp=4, ep=2, global_batch=4, sharding=2, recompute="selective-op")),
+    (TINY_MOE, dict(tp=2, dp=2, ep=2, global_batch=4, sharding=3, sequence_parallel=True,
+                    recompute="full")),
+], ids=["dp4-ep2", "full-ep2", "pp2-dp2-ep2", "full-tp2-dp2-ep2", "dp2-fsdp-ep1",
+        "dp4-ep2-zero2-selop", "tp2-dp2-ep2-sp-zero3-full"])
 def test_more_expert_parallel_layouts_train_like_one_process(tmp_path, fields, lay):
     model = model_file(tmp_path, fields)
     layout = ParallelConfig(dtype="fp32", **lay)
