@@ -161,8 +161,14 @@ def test_a_recomputed_moe_block_counts_its_routing_once(fields, recompute):
     (FULL_MOE, dict(dp=4, ep=2, global_batch=4, sharding=3, recompute="full")),
     # Tensor-parallel experts sharded by FSDP2 over expert-dp 2: one world mesh for both.
     (TINY_MOE, dict(tp=2, dp=4, ep=2, global_batch=4, sharding=2)),
+    # Context parallelism: the aux loss's counts summed over cp; experts FSDP2-sharded over
+    # expert-dp cut from dp x cp.
+    (TINY_MOE, dict(dp=2, cp=2, ep=2, global_batch=2)),
+    (TINY_MOE, dict(dp=2, cp=2, ep=2, global_batch=4, micro_batch=1, sharding=3,
+                    recompute="full")),
 ], ids=["sp-tp2-dp2-ep2", "full-sp-zero3-fullrc-tp2-dp2-ep2", "zero1-dp4-ep2",
-        "zero2-selop-dp4-ep2", "full-zero3-fullrc-dp4-ep2", "zero2-tp2-dp4-ep2"])
+        "zero2-selop-dp4-ep2", "full-zero3-fullrc-dp4-ep2", "zero2-tp2-dp4-ep2",
+        "cp2-dp2-ep2", "cp2-dp2-ep2-zero3-fullrc"])
 def test_planner_moe_layouts_train_like_one_process(tmp_path, fields, layout):
     """Gradients after the engine's reductions and parameters after its (sharded) Adam step
     equal one process's, every expert's on the rank that holds it."""

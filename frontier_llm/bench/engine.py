@@ -192,13 +192,14 @@ class NativeEngine:
         if self.ep_ctx is None or self.edp_group is None:
             return None
         d, ep = self.dims, self.ep_ctx.ep
-        if d.data_parallel == "fsdp" and d.cp == 1 and hasattr(self.mesh, "_unflatten"):
-            # dp_shard split into (expert-dp, ep), ep fastest: the same groups as
-            # expert_groups', cut from the world mesh so that FSDP2 can compose it with a
-            # tensor-parallel expert's tp dimension (it refuses meshes of different roots).
-            # Every rank makes the new dimensions' groups here, together.
-            return self.mesh._unflatten("dp_shard", (d.dp_shard // ep, ep),
-                                        ("edp", "ep_in_dp"))["edp"]
+        if d.data_parallel == "fsdp" and hasattr(self.mesh, "_unflatten"):
+            # The dp x cp ranks (dp_shard, flattened with cp when cp > 1: cp fastest) split
+            # into (expert-dp, ep), ep fastest: the same groups as expert_groups', cut from the
+            # world mesh so that FSDP2 can compose it with a tensor-parallel expert's tp
+            # dimension (it refuses meshes of different roots). Every rank makes the new
+            # dimensions' groups here, together.
+            return self._flat(d.shard_dims)._unflatten(0, (d.shard_ranks // ep, ep),
+                                                       ("edp", "ep_in_dp"))["edp"]
         from torch.distributed.device_mesh import DeviceMesh
 
         # A mesh of its own (torch without _unflatten): enough where experts are plain tensors.

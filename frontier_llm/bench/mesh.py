@@ -146,25 +146,26 @@ def check_layout(model: ModelSpec, layout: Layout, world_size: int | None = None
         )
     dims = mesh_dims(layout)
     if model.is_moe:
-        check_moe(layout, dims)
+        check_moe(model, layout, dims)
     return dims
 
 
-def check_moe(layout: Layout, dims: MeshDims) -> None:
+def check_moe(model: ModelSpec, layout: Layout, dims: MeshDims) -> None:
     """What flm bench's MoE block (bench/moe.py) does not run, each refused with its reason.
 
     Runs: sequence parallelism (the block gathers the sequence over tp before routing,
     bench/parallelize.py ``moe_sequence_parallel``), recompute of every kind (a recomputed
     block replays its routing uncounted, bench/moe.py ``block_runs``) and, with ep > 1,
     zero0, zero1 and FSDP2 (zero2 / zero3): dense parameters sharded over dp x cp, routed
-    experts over expert-dp."""
-    if layout.cp > 1:
-        # The router's load-balancing loss is over a micro-batch's tokens; a cp rank holds part
-        # of each sequence, and the native engine does not reduce the router's statistics
-        # over the cp group as Megatron-Core does.
-        raise UserError(f"cp {layout.cp} with a Mixture-of-Experts model: flm bench's native "
-                        "engine takes the router's load-balancing loss over whole sequences "
-                        "(use cp 1)")
+    experts over expert-dp; and cp (the aux loss's counts summed over the cp group, bench/moe.py
+    ``MoE._aux_loss``)."""
+    if layout.cp > 1 and model.capacity_factor is not None:
+        # Capacity is a share of the tokens an expert sees per micro-batch; a cp rank routes
+        # part of each sequence, so it would drop by its own count and order (Megatron-Core's
+        # too), not by the whole micro-batch's as one process does.
+        raise UserError(f"cp {layout.cp} with capacity_factor {model.capacity_factor}: flm "
+                        "bench's native engine drops tokens at capacity over whole sequences "
+                        "only (use cp 1, or a dropless model)")
     if layout.ep > 1 and dims.data_parallel == "hsdp":
         # HSDP's 2-D (replicate, shard) mesh has no expert-dp counterpart in the engine: its
         # experts' FSDP2 units shard over the 1-D expert-dp group.

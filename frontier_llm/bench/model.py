@@ -309,6 +309,8 @@ def apply_cp(model: nn.Module, cpc: CPContext) -> None:
     for m in model.modules():
         if isinstance(m, Attention | PositionEmbedding):
             m.cp = cpc
+        elif isinstance(m, MoE):  # its aux loss counts the whole sequences' assignments
+            m.cp_group = cpc.group
 
 
 def _param_seed(seed: int, name: str) -> int:

@@ -152,11 +152,13 @@ def capacity(spec: ModelSpec, tokens: int) -> int | None:
     return math.ceil(spec.capacity_factor * tokens * spec.top_k / spec.num_experts)
 
 
-def switch_aux_loss(probs: torch.Tensor, counts: torch.Tensor, top_k: int) -> torch.Tensor:
+def switch_aux_loss(probs: torch.Tensor, counts: torch.Tensor, top_k: int,
+                    tokens: int | None = None) -> torch.Tensor:
     """Switch Transformers eq. 4 without its coefficient: ``E x sum_i f_i P_i`` (``probs``
-    (T, E) router probabilities, ``counts`` (E,) top-k assignments per expert)."""
-    tokens, experts = probs.shape
-    f = counts.to(probs.dtype) / (tokens * top_k)
+    (T, E) router probabilities, ``counts`` (E,) top-k assignments per expert over ``tokens``
+    tokens, default T: under context parallelism the whole sequences', P_i this rank's)."""
+    local, experts = probs.shape
+    f = counts.to(probs.dtype) / ((local if tokens is None else tokens) * top_k)
     return experts * (f * probs.mean(0)).sum()
 
 
@@ -206,6 +208,9 @@ class MoE(nn.Module):
         self.shared = nn.ModuleDict({str(j): expert_mlp(spec, width)
                                      for j in range(spec.shared_experts)})
         self.ep: EPContext | None = None
+        # Context parallelism (model.apply_cp): the cp group whose ranks hold the other parts
+        # of this rank's sequences.
+        self.cp_group: dist.ProcessGroup | None = None
         self.aux_scale = 1.0
         self.stats = MoEStats(tokens=[0] * spec.num_experts)
         # Set by an activation-checkpointed block around each run of it (:func:`block_runs`):
@@ -240,12 +245,26 @@ class MoE(nn.Module):
         # never being differentiated. Either way the gradient starts once.
         if spec.router_aux_loss and self.training and (torch.is_grad_enabled()
                                                        or self.phase == "forward"):
-            aux = spec.router_aux_loss * switch_aux_loss(probs, counts, spec.top_k)
+            aux = spec.router_aux_loss * self._aux_loss(probs, counts)
             if first:
                 self.stats.aux_loss += float(aux.detach()) * self.aux_scale
             if torch.is_grad_enabled():
                 out = _AuxLossGrad.apply(out, aux, self.aux_scale)
         return F.dropout(out.view(shape), p=self.dropout, training=self.training)
+
+    def _aux_loss(self, probs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Switch's loss of this micro-batch. Under context parallelism f_i counts the whole
+        sequences' assignments (summed over the cp group, as Megatron-Core's
+        ``switch_load_balancing_loss_func`` sums them over its ``sequence_partition_group``,
+        megatron/core/transformer/moe/moe_utils.py, core_r0.12.0) and P_i is this rank's mean:
+        the cp ranks' mean of this loss, which their gradient average takes, is then the whole
+        micro-batch's loss, each rank holding the same number of tokens."""
+        if self.cp_group is None:
+            return switch_aux_loss(probs, counts, self.spec.top_k)
+        total = counts.clone()
+        dist.all_reduce(total, group=self.cp_group)
+        cp = dist.get_world_size(self.cp_group)
+        return switch_aux_loss(probs, total, self.spec.top_k, tokens=probs.shape[0] * cp)
 
     def _record(self, kept: torch.Tensor, counts: torch.Tensor) -> None:
         kept_list = kept.tolist()
