@@ -173,3 +173,23 @@ def test_planner_moe_layouts_train_like_one_process(tmp_path, fields, layout):
     """Gradients after the engine's reductions and parameters after its (sharded) Adam step
     equal one process's, every expert's on the rank that holds it."""
     assert_like_one_process(fields, layout, run_ranks(tmp_path, fields, layout))
+
+
+@pytest.mark.parametrize("layout", [
+    dict(dp=4, ep=2, global_batch=4, sharding=2, recompute="selective-op"),
+    dict(tp=2, dp=4, ep=2, global_batch=4, sharding=3, sequence_parallel=True),
+], ids=["zero2-selop-dp4-ep2", "zero3-sp-tp2-dp4-ep2"])
+def test_flm_memcheck_measures_the_sharded_expert_layouts(layout):
+    """flm memcheck builds the same engine in fake mode: the expert-dp mesh cut from the world
+    mesh is built there too, and the rank holds half the routed experts' parameters, sharded
+    over expert-dp 2 (the dense ones over dp 4)."""
+    from frontier_llm.bench.memcheck import measure
+
+    s = spec(TINY_MOE)
+    lay = ParallelConfig(dtype="fp32", **layout)
+    got = measure(s, lay)
+    dense = s.num_params() - s.layers * s.expert_params()
+    experts = s.layers * s.expert_params() // 2  # this ep rank's half
+    # fp32: 4 bytes a parameter, each split over tp, dense over dp 4, experts over expert-dp 2.
+    want = 4 * (dense / 4 + experts / 2) / lay.tp
+    assert got.backward["params"] == pytest.approx(want, rel=0.05), got.backward
