@@ -149,3 +149,18 @@ def test_a_listed_moe_layout_bench_refuses_is_refused_when_the_sweep_loads(tmp_p
         load_sweep(path)
     path.write_text(path.read_text().replace("  - {dp: 2, cp: 2, ep: 2}\n", ""))
     assert [j.layout.ep for j in load_sweep(path).jobs] == [2]
+
+
+def test_a_study_of_an_moe_model_offers_only_layouts_bench_runs(tmp_path):
+    """A study's trials run flm bench: its candidates leave out what bench refuses at its start
+    (MoE on the DeepSpeed engine), under bench's reason, so no trial sweep fails to load."""
+    path = tmp_path / "s.yaml"
+    path.write_text(local_study("moe-engines", "tiny-moe",
+                                ["tp: [1]", "pp: [1]", "ep: [1, 2]",
+                                 "engine: [native, deepspeed]"]))
+    c = load_study(path).candidates
+    refused = c.lookup({"ep": 1, "engine": "deepspeed"})  # the planner allows it at ep 1
+    assert refused.layout is None and refused.reason.startswith("flm bench refuses it: ")
+    assert "DeepSpeed-MoE is not wired in" in refused.reason
+    assert {str(x.layout.engine) for x in c.all() if x.layout is not None} == {"native"}
+    assert c.lookup({"ep": 2, "engine": "native"}).layout is not None
