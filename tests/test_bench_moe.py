@@ -216,8 +216,8 @@ def test_expert_groups_follow_the_ep_coordinate():
 
 @pytest.mark.parametrize("model, fields, words", [
     (FULL_MOE, dict(cp=2, global_batch=2), "drops tokens at capacity over whole sequences"),
-    (TINY_MOE, dict(dp=4, ep=2, global_batch=4, sharding=dict(
-        params="partial:2", grads="partial:2", optim="partial:2")), "not HSDP"),
+    (TINY_MOE, dict(dp=4, ep=4, global_batch=4, sharding=dict(
+        params="partial:2", grads="partial:2", optim="partial:2")), "ep divides the shard"),
 ])
 def test_what_the_native_engine_does_not_run_is_refused(model, fields, words):
     with pytest.raises(UserError, match=words):
@@ -232,6 +232,8 @@ def test_what_the_native_engine_does_not_run_is_refused(model, fields, words):
     dict(dp=2, ep=2, global_batch=2, sharding=2),
     dict(dp=2, ep=2, global_batch=2, sharding=3),
     dict(cp=2, ep=2, global_batch=1),
+    dict(dp=4, ep=2, global_batch=4, sharding=dict(params="partial:2", grads="partial:2",
+                                                   optim="partial:2")),
 ])
 def test_what_the_planner_proposes_for_moe_is_accepted(fields):
     """What tests/test_bench_moe_layouts.py runs against one process is not refused."""

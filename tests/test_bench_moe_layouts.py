@@ -1,7 +1,7 @@
 """The planner's MoE layouts in ``flm bench``'s native engine (issue 53): sequence parallelism,
-selective-op and full recompute of MoE blocks, and ZeRO-1 / FSDP2 sharding with ep > 1 (dense
-parameters over dp x cp, routed experts over expert-dp), each on real gloo ranks against one
-process.
+selective-op and full recompute of MoE blocks, cp, and ZeRO-1 / FSDP2 / HSDP sharding with
+ep > 1 (dense parameters over dp x cp, routed experts over expert-dp), each on real gloo ranks
+against one process.
 
 A worker rank runs one training step of the engine: forward and backward of global batch 0
 with every reduction, then the optimizer step. Rank 0 gathers every rank's gradients (before the
@@ -166,9 +166,14 @@ def test_a_recomputed_moe_block_counts_its_routing_once(fields, recompute):
     (TINY_MOE, dict(dp=2, cp=2, ep=2, global_batch=2)),
     (TINY_MOE, dict(dp=2, cp=2, ep=2, global_batch=4, micro_batch=1, sharding=3,
                     recompute="full")),
+    # HSDP: experts replicated over dp_replicate, sharded over dp_shard / ep (here 1, then 2).
+    (TINY_MOE, dict(dp=4, ep=2, global_batch=4, sharding=dict(
+        params="partial:2", grads="partial:2", optim="partial:2"))),
+    (TINY_MOE, dict(dp=8, ep=2, global_batch=8, sharding=dict(
+        params="partial:4", grads="partial:4", optim="partial:4"))),
 ], ids=["sp-tp2-dp2-ep2", "full-sp-zero3-fullrc-tp2-dp2-ep2", "zero1-dp4-ep2",
         "zero2-selop-dp4-ep2", "full-zero3-fullrc-dp4-ep2", "zero2-tp2-dp4-ep2",
-        "cp2-dp2-ep2", "cp2-dp2-ep2-zero3-fullrc"])
+        "cp2-dp2-ep2", "cp2-dp2-ep2-zero3-fullrc", "hsdp2-dp4-ep2", "hsdp4-dp8-ep2"])
 def test_planner_moe_layouts_train_like_one_process(tmp_path, fields, layout):
     """Gradients after the engine's reductions and parameters after its (sharded) Adam step
     equal one process's, every expert's on the rank that holds it."""

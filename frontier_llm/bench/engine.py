@@ -192,6 +192,14 @@ class NativeEngine:
         if self.ep_ctx is None or self.edp_group is None:
             return None
         d, ep = self.dims, self.ep_ctx.ep
+        if d.data_parallel == "hsdp":
+            # HSDP (mesh.check_moe: cp 1, ep dividing dp_shard): an ep group lies inside one
+            # shard group, so the ranks holding the same experts are a (dp_replicate,
+            # dp_shard / ep) grid: experts replicated over dp_replicate like the dense
+            # parameters, sharded over the rest (torchtitan's dp_replicate x dp_shard_mod_ep).
+            grid = self.mesh._unflatten("dp_shard", (d.dp_shard // ep, ep),
+                                        ("edp_shard", "ep_in_dp"))
+            return grid["dp_replicate", "edp_shard"]
         if d.data_parallel == "fsdp" and hasattr(self.mesh, "_unflatten"):
             # The dp x cp ranks (dp_shard, flattened with cp when cp > 1: cp fastest) split
             # into (expert-dp, ep), ep fastest: the same groups as expert_groups', cut from the

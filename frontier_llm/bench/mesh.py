@@ -166,12 +166,15 @@ def check_moe(model: ModelSpec, layout: Layout, dims: MeshDims) -> None:
         raise UserError(f"cp {layout.cp} with capacity_factor {model.capacity_factor}: flm "
                         "bench's native engine drops tokens at capacity over whole sequences "
                         "only (use cp 1, or a dropless model)")
-    if layout.ep > 1 and dims.data_parallel == "hsdp":
-        # HSDP's 2-D (replicate, shard) mesh has no expert-dp counterpart in the engine: its
-        # experts' FSDP2 units shard over the 1-D expert-dp group.
+    if layout.ep > 1 and dims.data_parallel == "hsdp" and (
+            dims.cp > 1 or dims.dp_shard % layout.ep):
+        # HSDP shards experts over (dp_replicate, dp_shard / ep), the ranks holding the same
+        # experts when each ep group lies inside one shard group (bench/engine.py
+        # _expert_mesh); otherwise expert-dp is no such grid.
         raise UserError(f"ep {layout.ep} with sharding {layout.sharding.describe()}: flm "
-                        "bench's native engine shards routed experts over expert-dp with "
-                        "zero1, zero2 or zero3, not HSDP (partial:k)")
+                        "bench's native engine runs HSDP (partial:k) with expert parallelism "
+                        f"where ep divides the shard group (k {dims.dp_shard * dims.cp}) at cp "
+                        "1 only")
 
 
 def expert_groups(layout: Layout) -> tuple[list[list[int]], list[list[int]]]:
