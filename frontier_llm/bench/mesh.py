@@ -156,9 +156,10 @@ def check_moe(model: ModelSpec, layout: Layout, dims: MeshDims) -> None:
     Runs: sequence parallelism (the block gathers the sequence over tp before routing,
     bench/parallelize.py ``moe_sequence_parallel``), recompute of every kind (a recomputed
     block replays its routing uncounted, bench/moe.py ``block_runs``) and, with ep > 1,
-    zero0, zero1 and FSDP2 (zero2 / zero3): dense parameters sharded over dp x cp, routed
-    experts over expert-dp; and cp (the aux loss's counts summed over the cp group, bench/moe.py
-    ``MoE._aux_loss``)."""
+    zero0, zero1, FSDP2 (zero2 / zero3) and HSDP where ep divides the shard group: dense
+    parameters sharded over dp x cp, routed experts over expert-dp (bench/engine.py
+    ``_expert_mesh``, ``_optimizer``); and cp (the aux loss's counts summed over the cp group,
+    bench/moe.py ``MoE._aux_loss``)."""
     if layout.cp > 1 and model.capacity_factor is not None:
         # Capacity is a share of the tokens an expert sees per micro-batch; a cp rank routes
         # part of each sequence, so it would drop by its own count and order (Megatron-Core's
