@@ -254,11 +254,12 @@ class MoE(nn.Module):
 
     def _aux_loss(self, probs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Switch's loss of this micro-batch. Under context parallelism f_i counts the whole
-        sequences' assignments (summed over the cp group, as Megatron-Core's
-        ``switch_load_balancing_loss_func`` sums them over its ``sequence_partition_group``,
-        megatron/core/transformer/moe/moe_utils.py, core_r0.12.0) and P_i is this rank's mean:
-        the cp ranks' mean of this loss, which their gradient average takes, is then the whole
-        micro-batch's loss, each rank holding the same number of tokens."""
+        sequences' assignments (summed over the cp group) and P_i is this rank's mean, as
+        Megatron-Core does (megatron/core/transformer/moe/moe_utils.py at 00611e6e:
+        ``get_tokens_per_expert_and_token_count`` sums the counts over its tp x cp group,
+        ``switch_load_balancing_loss_func`` keeps the probabilities local): the cp ranks' mean
+        of this loss, which their gradient average takes, is the whole micro-batch's, each rank
+        holding the same number of tokens."""
         if self.cp_group is None:
             return switch_aux_loss(probs, counts, self.spec.top_k)
         total = counts.clone()

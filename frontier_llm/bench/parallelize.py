@@ -90,12 +90,17 @@ def tp_plan(model: GPT, sequence_parallel: bool) -> dict:
 
 def moe_sequence_parallel() -> PrepareModuleInputOutput:
     """An MoE block under sequence parallelism: each tp rank's s/tp tokens are gathered over
-    tp before the router (Megatron-Core's token dispatchers all-gather the sequence-parallel
-    hidden states over tp too: megatron/core/transformer/moe/token_dispatcher.py, core_r0.12.0),
-    so every tp rank routes the whole sequence as without sequence parallelism, and the block's
-    output is cut back to this rank's s/tp. The block works on plain tensors (its router and
-    index arithmetic are not DTensor code); its input gradient arrives whole on every tp rank
-    (the experts' column-parallel inputs all-reduce it), so the gather's backward is a slice."""
+    tp before the router, and the block's output is cut back to this rank's s/tp.
+
+    Megatron-Core routes each rank's s/tp tokens and then gathers the routed tokens over tp
+    (its all-gather dispatcher over tp x ep, its all-to-all one over tp after the ep exchange)
+    and reduce-scatters the experts' output back (megatron/core/transformer/moe/
+    token_dispatcher.py at 0014f137). A token's routing depends on no other token, so gathering
+    first assigns the same experts, keeps one routing per tp group as without sequence
+    parallelism, and takes a capacity over the whole micro-batch as one process does. The block
+    works on plain tensors (its router and index arithmetic are not DTensor code); its input
+    gradient arrives whole on every tp rank (the experts' column-parallel inputs all-reduce
+    it), so the gather's backward is a slice."""
     return PrepareModuleInputOutput(
         input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
         output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True)
