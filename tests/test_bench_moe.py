@@ -214,16 +214,30 @@ def test_expert_groups_follow_the_ep_coordinate():
     assert axes.expert_data_parallel(lay) == 1
 
 
-@pytest.mark.parametrize("fields, words", [
-    (dict(tp=2, sequence_parallel=True, global_batch=1), "routes the tokens every tp rank"),
-    (dict(cp=2, global_batch=1), "load-balancing loss over whole sequences"),
-    (dict(recompute="full", global_batch=1), "recomputes no MoE block"),
-    (dict(dp=2, ep=2, global_batch=2, sharding=1), "replicated parameters only"),
-    (dict(dp=2, ep=2, global_batch=2, sharding=3), "replicated parameters only"),
+@pytest.mark.parametrize("model, fields, words", [
+    (FULL_MOE, dict(cp=2, global_batch=2), "drops tokens at capacity over whole sequences"),
+    (TINY_MOE, dict(dp=4, ep=4, global_batch=4, sharding=dict(
+        params="partial:2", grads="partial:2", optim="partial:2")), "ep divides the shard"),
 ])
-def test_what_the_native_engine_does_not_run_is_refused(fields, words):
+def test_what_the_native_engine_does_not_run_is_refused(model, fields, words):
     with pytest.raises(UserError, match=words):
-        check_layout(spec(TINY_MOE), ParallelConfig(dtype="fp32", **fields))
+        check_layout(spec(model), ParallelConfig(dtype="fp32", **fields))
+
+
+@pytest.mark.parametrize("fields", [
+    dict(tp=2, sequence_parallel=True, global_batch=1),
+    dict(recompute="full", global_batch=1),
+    dict(recompute="selective-op", global_batch=1),
+    dict(dp=2, ep=2, global_batch=2, sharding=1),
+    dict(dp=2, ep=2, global_batch=2, sharding=2),
+    dict(dp=2, ep=2, global_batch=2, sharding=3),
+    dict(cp=2, ep=2, global_batch=1),
+    dict(dp=4, ep=2, global_batch=4, sharding=dict(params="partial:2", grads="partial:2",
+                                                   optim="partial:2")),
+])
+def test_what_the_planner_proposes_for_moe_is_accepted(fields):
+    """What tests/test_bench_moe_layouts.py runs against one process is not refused."""
+    check_layout(spec(TINY_MOE), ParallelConfig(dtype="fp32", **fields))
 
 
 def test_the_deepspeed_engine_refuses_an_moe_model():
@@ -273,12 +287,16 @@ def run_moe_bench(tmp_path: Path, model: Path, layout: ParallelConfig,
                   warmup: int = 0) -> tuple[subprocess.CompletedProcess, dict]:
     s = layout.sharding
     flags = ["--tp", str(layout.tp), "--dp", str(layout.dp), "--pp", str(layout.pp),
+             "--cp", str(layout.cp),
              "--ep", str(layout.ep), "--sharding", f"p={s.params},g={s.grads},o={s.optim}",
              "--global-batch", str(layout.global_batch), "--micro-batch",
              str(layout.micro_batch), "--dtype", "fp32", "--steps", str(STEPS),
              "--warmup", str(warmup)]
     if layout.pp > 1:
         flags += ["--schedule", layout.schedule]
+    if layout.sequence_parallel:
+        flags += ["--sequence-parallel"]
+    flags += ["--recompute", str(layout.recompute)]
     proc, _ = bench(tmp_path, "--model", str(model), *flags, timeout=300)
     path = tmp_path / "run.trace.json"
     assert path.exists(), proc.stderr[-3000:]
@@ -330,7 +348,14 @@ def test_flm_bench_ep2_trains_like_one_process_and_traces_the_all_to_alls(tmp_pa
     (TINY_MOE, dict(dp=2, pp=2, ep=2, global_batch=4, schedule="1f1b")),
     (FULL_MOE, dict(tp=2, dp=2, ep=2, global_batch=4)),  # expert-tp = tp
     (TINY_MOE, dict(dp=2, global_batch=4, sharding=3)),  # ep 1: experts under FSDP2
-], ids=["dp4-ep2", "full-ep2", "pp2-dp2-ep2", "full-tp2-dp2-ep2", "dp2-fsdp-ep1"])
+    # The planner's (flm plan --model tiny-moe --system cpu-local --gpus 4 --engine native):
+    # experts sharded over expert-dp, recomputed blocks counting their tokens once.
+    (TINY_MOE, dict(dp=4, ep=2, global_batch=4, sharding=2, recompute="selective-op")),
+    (TINY_MOE, dict(tp=2, dp=2, ep=2, global_batch=4, sharding=3, sequence_parallel=True,
+                    recompute="full")),
+    (TINY_MOE, dict(dp=2, cp=2, ep=2, global_batch=4, sharding=2)),
+], ids=["dp4-ep2", "full-ep2", "pp2-dp2-ep2", "full-tp2-dp2-ep2", "dp2-fsdp-ep1",
+        "dp4-ep2-zero2-selop", "tp2-dp2-ep2-sp-zero3-full", "cp2-dp2-ep2-zero2"])
 def test_more_expert_parallel_layouts_train_like_one_process(tmp_path, fields, lay):
     model = model_file(tmp_path, fields)
     layout = ParallelConfig(dtype="fp32", **lay)

@@ -33,7 +33,7 @@ from frontier_llm.bench.moe import (
     set_aux_scale,
     take_stats,
 )
-from frontier_llm.bench.optim import LocalAdam, allreduce_mean
+from frontier_llm.bench.optim import AdamGroups, LocalAdam, allreduce_mean
 from frontier_llm.bench.pipeline import build_schedule, stage_io
 from frontier_llm.bench.trace_moe import step_record
 from frontier_llm.specs.layout import DType, Layout
@@ -81,6 +81,7 @@ class NativeEngine:
         # Expert parallelism: this rank's ep group (whose experts it splits with) and expert-dp
         # group (the ranks holding the same experts), from specs/axes.py's ep coordinate.
         self.ep_ctx, self.edp_group = self._expert_groups() if layout.ep > 1 else (None, None)
+        expert_mesh = self._expert_mesh() if shard_mesh is not None else None
 
         num_stages = layout.chunks
         self.stage_indices = layout.rank_chunks(self.coords["pp"])
@@ -112,7 +113,7 @@ class NativeEngine:
             if layout.tp > 1:
                 apply_tp(m, self.mesh["tp"], layout.sequence_parallel)
             if shard_mesh is not None:
-                apply_fsdp(m, shard_mesh, d.reshard_after_forward)
+                apply_fsdp(m, shard_mesh, d.reshard_after_forward, expert_mesh=expert_mesh)
             m.train()
             if shard_mesh is not None and d.data_parallel == "fsdp" and not d.reshard_after_forward:
                 # ZeRO-2 holds whole parameters from forward to backward: measure them there.
@@ -139,14 +140,11 @@ class NativeEngine:
         self.dp_group = (self._flat(d.reduce_dims).get_group()
                          if d.data_parallel in ("ddp", "zero1") and d.shard_ranks > 1 else None)
         self.tied_group = self._tied_group() if spec.tied_embeddings and layout.pp > 1 else None
-        self.optimizer = LocalAdam(
-            self.parameters(), lr=LR,
-            shard_group=self.dp_group if d.data_parallel == "zero1" else None,
-        )
-        self.params_peak = 0
-        self.grads_bytes = 0
         self.expert_ids = {id(p) for m in self.modules for n, p in m.named_parameters()
                            if is_expert_param(n)}
+        self.optimizer = self._optimizer()
+        self.params_peak = 0
+        self.grads_bytes = 0
         # One record per step of what the MoE blocks did (bench/trace_moe.py); empty if dense.
         self.moe_steps: list[dict] = []
 
@@ -186,6 +184,50 @@ class NativeEngine:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Slicing a flattened dim")
             return self.mesh["dp_replicate", shard.mesh_dim_names[0]]
+
+    def _expert_mesh(self):
+        """FSDP2's mesh for routed experts split over ep: the expert-dp ranks, who hold the
+        same experts (None: ep 1, every expert is a dense parameter; or expert-dp 1, nothing to
+        shard them over)."""
+        if self.ep_ctx is None or self.edp_group is None:
+            return None
+        d, ep = self.dims, self.ep_ctx.ep
+        if d.data_parallel == "hsdp":
+            # HSDP (mesh.check_moe: cp 1, ep dividing dp_shard): an ep group lies inside one
+            # shard group, so the ranks holding the same experts are a (dp_replicate,
+            # dp_shard / ep) grid: experts replicated over dp_replicate like the dense
+            # parameters, sharded over the rest (torchtitan's dp_replicate x dp_shard_mod_ep).
+            grid = self.mesh._unflatten("dp_shard", (d.dp_shard // ep, ep),
+                                        ("edp_shard", "ep_in_dp"))
+            return grid["dp_replicate", "edp_shard"]
+        if d.data_parallel == "fsdp" and hasattr(self.mesh, "_unflatten"):
+            # The dp x cp ranks (dp_shard, flattened with cp when cp > 1: cp fastest) split
+            # into (expert-dp, ep), ep fastest: the same groups as expert_groups', cut from the
+            # world mesh so that FSDP2 can compose it with a tensor-parallel expert's tp
+            # dimension (it refuses meshes of different roots). Every rank makes the new
+            # dimensions' groups here, together.
+            return self._flat(d.shard_dims)._unflatten(0, (d.shard_ranks // ep, ep),
+                                                       ("edp", "ep_in_dp"))["edp"]
+        from torch.distributed.device_mesh import DeviceMesh
+
+        # A mesh of its own (torch without _unflatten): enough where experts are plain tensors.
+        return DeviceMesh.from_group(self.edp_group, self.device.type,
+                                     mesh_dim_names=("edp",))
+
+    def _optimizer(self) -> LocalAdam | AdamGroups:
+        """Adam over this rank's parameters; ZeRO-1 shards its state over the ranks holding
+        the same parameters: dp x cp for dense ones, expert-dp for experts split over ep
+        (Megatron-Core's distributed optimizer shards expert parameters over its
+        expert-data-parallel group: megatron/core/optimizer/__init__.py, core_r0.12.0)."""
+        zero1 = self.dims.data_parallel == "zero1"
+        group = self.dp_group if zero1 else None
+        if self.ep_ctx is None:
+            return LocalAdam(self.parameters(), lr=LR, shard_group=group)
+        dense = [p for p in self.parameters() if id(p) not in self.expert_ids]
+        experts = [p for p in self.parameters() if id(p) in self.expert_ids]
+        return AdamGroups([LocalAdam(dense, lr=LR, shard_group=group),
+                           LocalAdam(experts, lr=LR,
+                                     shard_group=self.edp_group if zero1 else None)])
 
     def parameters(self) -> list[nn.Parameter]:
         seen: dict[int, nn.Parameter] = {}
@@ -305,16 +347,17 @@ class NativeEngine:
         """Every gradient reduced where it belongs, after forward and backward (flm memcheck
         runs its own forward and backward, then this)."""
         grads = self._settle_grads()
+        kw = {"bucket_bytes": self.bucket_bytes} if self.bucket_bytes else {}
+        # Routed experts split over ep are reduced over expert-dp below; with ep 1 every
+        # rank holds every expert and they are dense parameters like the rest.
+        split = self.ep_ctx is not None
         if self.dp_group is not None:
-            kw = {"bucket_bytes": self.bucket_bytes} if self.bucket_bytes else {}
-            # Routed experts split over ep are reduced over expert-dp below; with ep 1 every
-            # rank holds every expert and they are dense parameters like the rest.
-            split = self.ep_ctx is not None
             dense = [local(p.grad) for p in self.parameters()
                      if p.grad is not None and not (split and id(p) in self.expert_ids)]
             allreduce_mean(dense, self.dp_group, **kw)
-            if self.ep_ctx is not None:
-                self._reduce_expert_grads(kw)
+        if split:
+            # Under FSDP2 the experts' own units have reduce-scattered them over expert-dp.
+            self._reduce_expert_grads(kw, over_edp=self.dp_group is not None)
         if self.tied_group is not None:
             for p in self._tied_params():
                 if p.grad is not None:
@@ -323,14 +366,15 @@ class NativeEngine:
         if self.spec.is_moe:
             self.moe_steps.append(step_record(take_stats(self.modules)))
 
-    def _reduce_expert_grads(self, kw: dict) -> None:
+    def _reduce_expert_grads(self, kw: dict, over_edp: bool) -> None:
         """A routed expert's gradient already sums what every rank of its ep group sent it
         (the all-to-alls' backward); summed over expert-dp too it covers all dp x cp ranks'
-        losses, whose mean the global loss is: divide by ep here, by expert-dp in the mean."""
+        losses, whose mean the global loss is: divide by ep here, by expert-dp in the mean
+        (``over_edp``: this averages; otherwise FSDP2's reduce-scatter over expert-dp did)."""
         grads = [local(p.grad) for p in self.parameters()
                  if p.grad is not None and id(p) in self.expert_ids]
         torch._foreach_div_(grads, float(self.ep_ctx.ep))
-        if self.edp_group is not None:
+        if over_edp and self.edp_group is not None:
             allreduce_mean(grads, self.edp_group, **kw)
 
     def step(self, step: int, measure_activations: bool = False) -> float | None:

@@ -110,6 +110,9 @@ def _real_meshes() -> Iterator[None]:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     original, build = dm.DeviceMesh.__init__, dm.init_device_mesh
+    # The expert-dp mesh of FSDP2 with ep > 1 is cut out of the world mesh (bench/engine.py
+    # ``_expert_mesh``), which reads the layout back the same way.
+    unflatten = getattr(dm.DeviceMesh, "_unflatten", None)
 
     def init(self, *args, **kwargs):
         with unset_fake_temporarily():
@@ -119,11 +122,19 @@ def _real_meshes() -> Iterator[None]:
         with unset_fake_temporarily():
             return build(*args, **kwargs)
 
+    def real_unflatten(self, *args, **kwargs):
+        with unset_fake_temporarily():
+            return unflatten(self, *args, **kwargs)
+
     dm.DeviceMesh.__init__, dm.init_device_mesh = init, init_device_mesh
+    if unflatten is not None:
+        dm.DeviceMesh._unflatten = real_unflatten
     try:
         yield
     finally:
         dm.DeviceMesh.__init__, dm.init_device_mesh = original, build
+        if unflatten is not None:
+            dm.DeviceMesh._unflatten = unflatten
 
 
 @contextlib.contextmanager

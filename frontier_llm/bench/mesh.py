@@ -33,7 +33,7 @@ from typing import Literal
 
 from frontier_llm.errors import UserError
 from frontier_llm.specs import axes
-from frontier_llm.specs.layout import Engine, Layout, Recompute
+from frontier_llm.specs.layout import Engine, Layout
 from frontier_llm.specs.model import ModelSpec
 
 DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -146,37 +146,36 @@ def check_layout(model: ModelSpec, layout: Layout, world_size: int | None = None
         )
     dims = mesh_dims(layout)
     if model.is_moe:
-        check_moe(layout, dims)
+        check_moe(model, layout, dims)
     return dims
 
 
-def check_moe(layout: Layout, dims: MeshDims) -> None:
-    """What flm bench's MoE block (bench/moe.py) does not run, each refused with its reason."""
-    if layout.sequence_parallel:
-        # The router and the token exchange work on whole, replicated token sets; under
-        # sequence parallelism each tp rank holds s/tp of them (Megatron-Core then gathers
-        # them in its token dispatcher, which flm bench's MoE block does not).
-        raise UserError("sequence parallelism with a Mixture-of-Experts model: flm bench's "
-                        "native engine routes the tokens every tp rank holds whole (use tp "
-                        "without --sequence-parallel)")
-    if layout.cp > 1:
-        # The router's load-balancing loss is over a micro-batch's tokens; a cp rank holds part
-        # of each sequence, and the native engine does not reduce the router's statistics
-        # over the cp group as Megatron-Core does.
-        raise UserError(f"cp {layout.cp} with a Mixture-of-Experts model: flm bench's native "
-                        "engine takes the router's load-balancing loss over whole sequences "
-                        "(use cp 1)")
-    if layout.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
-        # Recomputing an MoE block would repeat its all-to-all exchanges and count its tokens
-        # twice; selective recompute touches the attention core only.
-        raise UserError(f"recompute {layout.recompute} with a Mixture-of-Experts model: flm "
-                        "bench's native engine recomputes no MoE block (use none or selective)")
-    if layout.ep > 1 and dims.data_parallel != "ddp":
-        # ZeRO-1 and FSDP2 shard every parameter over dp x cp as if all were alike; routed
-        # experts differ between the ep ranks and are reduced over expert-dp only.
+def check_moe(model: ModelSpec, layout: Layout, dims: MeshDims) -> None:
+    """What flm bench's MoE block (bench/moe.py) does not run, each refused with its reason.
+
+    Runs: sequence parallelism (the block gathers the sequence over tp before routing,
+    bench/parallelize.py ``moe_sequence_parallel``), recompute of every kind (a recomputed
+    block replays its routing uncounted, bench/moe.py ``block_runs``) and, with ep > 1,
+    zero0, zero1, FSDP2 (zero2 / zero3) and HSDP where ep divides the shard group: dense
+    parameters sharded over dp x cp, routed experts over expert-dp (bench/engine.py
+    ``_expert_mesh``, ``_optimizer``); and cp (the aux loss's counts summed over the cp group,
+    bench/moe.py ``MoE._aux_loss``)."""
+    if layout.cp > 1 and model.capacity_factor is not None:
+        # Capacity is a share of the tokens an expert sees per micro-batch; a cp rank routes
+        # part of each sequence, so it would drop by its own count and order (Megatron-Core's
+        # too), not by the whole micro-batch's as one process does.
+        raise UserError(f"cp {layout.cp} with capacity_factor {model.capacity_factor}: flm "
+                        "bench's native engine drops tokens at capacity over whole sequences "
+                        "only (use cp 1, or a dropless model)")
+    if layout.ep > 1 and dims.data_parallel == "hsdp" and (
+            dims.cp > 1 or dims.dp_shard % layout.ep):
+        # HSDP shards experts over (dp_replicate, dp_shard / ep), the ranks holding the same
+        # experts when each ep group lies inside one shard group (bench/engine.py
+        # _expert_mesh); otherwise expert-dp is no such grid.
         raise UserError(f"ep {layout.ep} with sharding {layout.sharding.describe()}: flm "
-                        "bench's native engine runs expert parallelism with replicated "
-                        "parameters only (sharding zero0)")
+                        "bench's native engine runs HSDP (partial:k) with expert parallelism "
+                        f"where ep divides the shard group (k {dims.dp_shard * dims.cp}) at cp "
+                        "1 only")
 
 
 def expert_groups(layout: Layout) -> tuple[list[list[int]], list[list[int]]]:

@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from frontier_llm.bench.checkpoint_policy import checkpoint_selective_op
 from frontier_llm.bench.context_parallel import CPContext
-from frontier_llm.bench.moe import MoE
+from frontier_llm.bench.moe import MoE, block_runs
 from frontier_llm.specs.layout import DType, Recompute
 from frontier_llm.specs.model import ModelSpec
 
@@ -238,11 +238,12 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.full_recompute and torch.is_grad_enabled():
             # Full recompute keeps only the block input (Korthikanti et al. 2022: 2·s·b·h).
-            return checkpoint(self._forward, x, use_reentrant=True)
+            return checkpoint(block_runs(self._forward, self.feed_forward), x,
+                              use_reentrant=True)
         if self.op_recompute and torch.is_grad_enabled():
             # Op-level selective (torchtitan's policy): keeps the block input, every second
             # matmul's and the attention kernel's outputs.
-            return checkpoint_selective_op(self._forward, x)
+            return checkpoint_selective_op(block_runs(self._forward, self.feed_forward), x)
         return self._forward(x)
 
 
@@ -308,6 +309,8 @@ def apply_cp(model: nn.Module, cpc: CPContext) -> None:
     for m in model.modules():
         if isinstance(m, Attention | PositionEmbedding):
             m.cp = cpc
+        elif isinstance(m, MoE):  # its aux loss counts the whole sequences' assignments
+            m.cp_group = cpc.group
 
 
 def _param_seed(seed: int, name: str) -> int:

@@ -152,11 +152,13 @@ def capacity(spec: ModelSpec, tokens: int) -> int | None:
     return math.ceil(spec.capacity_factor * tokens * spec.top_k / spec.num_experts)
 
 
-def switch_aux_loss(probs: torch.Tensor, counts: torch.Tensor, top_k: int) -> torch.Tensor:
+def switch_aux_loss(probs: torch.Tensor, counts: torch.Tensor, top_k: int,
+                    tokens: int | None = None) -> torch.Tensor:
     """Switch Transformers eq. 4 without its coefficient: ``E x sum_i f_i P_i`` (``probs``
-    (T, E) router probabilities, ``counts`` (E,) top-k assignments per expert)."""
-    tokens, experts = probs.shape
-    f = counts.to(probs.dtype) / (tokens * top_k)
+    (T, E) router probabilities, ``counts`` (E,) top-k assignments per expert over ``tokens``
+    tokens, default T: under context parallelism the whole sequences', P_i this rank's)."""
+    local, experts = probs.shape
+    f = counts.to(probs.dtype) / ((local if tokens is None else tokens) * top_k)
     return experts * (f * probs.mean(0)).sum()
 
 
@@ -206,8 +208,14 @@ class MoE(nn.Module):
         self.shared = nn.ModuleDict({str(j): expert_mlp(spec, width)
                                      for j in range(spec.shared_experts)})
         self.ep: EPContext | None = None
+        # Context parallelism (model.apply_cp): the cp group whose ranks hold the other parts
+        # of this rank's sequences.
+        self.cp_group: dist.ProcessGroup | None = None
         self.aux_scale = 1.0
         self.stats = MoEStats(tokens=[0] * spec.num_experts)
+        # Set by an activation-checkpointed block around each run of it (:func:`block_runs`):
+        # "forward" for the first, "recompute" for its replay in backward; None outside one.
+        self.phase: str | None = None
 
     @property
     def local_experts(self) -> list[int]:
@@ -225,12 +233,39 @@ class MoE(nn.Module):
         out = torch.zeros_like(tokens).index_add(0, token, y * weight.to(y.dtype)[:, None])
         for mlp in self.shared.values():
             out = out + mlp(tokens)
-        self._record(kept, counts)
-        if spec.router_aux_loss and self.training and torch.is_grad_enabled():
-            aux = spec.router_aux_loss * switch_aux_loss(probs, counts, spec.top_k)
-            self.stats.aux_loss += float(aux.detach()) * self.aux_scale
-            out = _AuxLossGrad.apply(out, aux, self.aux_scale)
+        # A recompute replays the forward's routing (the same inputs, the generator restored):
+        # its assignments and aux loss were counted once already. Its exchanges do run again
+        # (Megatron-Core's recomputed token dispatcher does too) and their seconds count.
+        first = self.phase != "recompute"
+        if first:
+            self._record(kept, counts)
+        # Reentrant full recompute runs the forward without autograd ("forward" phase) and
+        # starts the aux loss's gradient from the recompute, where the graph is built; the
+        # non-reentrant (selective-op) one keeps the forward's graph, the recompute's copy
+        # never being differentiated. Either way the gradient starts once.
+        if spec.router_aux_loss and self.training and (torch.is_grad_enabled()
+                                                       or self.phase == "forward"):
+            aux = spec.router_aux_loss * self._aux_loss(probs, counts)
+            if first:
+                self.stats.aux_loss += float(aux.detach()) * self.aux_scale
+            if torch.is_grad_enabled():
+                out = _AuxLossGrad.apply(out, aux, self.aux_scale)
         return F.dropout(out.view(shape), p=self.dropout, training=self.training)
+
+    def _aux_loss(self, probs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Switch's loss of this micro-batch. Under context parallelism f_i counts the whole
+        sequences' assignments (summed over the cp group) and P_i is this rank's mean, as
+        Megatron-Core does (megatron/core/transformer/moe/moe_utils.py at 00611e6e:
+        ``get_tokens_per_expert_and_token_count`` sums the counts over its tp x cp group,
+        ``switch_load_balancing_loss_func`` keeps the probabilities local): the cp ranks' mean
+        of this loss, which their gradient average takes, is the whole micro-batch's, each rank
+        holding the same number of tokens."""
+        if self.cp_group is None:
+            return switch_aux_loss(probs, counts, self.spec.top_k)
+        total = counts.clone()
+        dist.all_reduce(total, group=self.cp_group)
+        cp = dist.get_world_size(self.cp_group)
+        return switch_aux_loss(probs, total, self.spec.top_k, tokens=probs.shape[0] * cp)
 
     def _record(self, kept: torch.Tensor, counts: torch.Tensor) -> None:
         kept_list = kept.tolist()
@@ -265,6 +300,25 @@ class MoE(nn.Module):
             for i, part in zip(mine, y.split([sizes[i] for i in mine]), strict=True):
                 chunks[i] = part
         return torch.cat(chunks) if chunks else rows
+
+
+def block_runs(fn, module: nn.Module):
+    """``fn`` for an activation checkpoint of a block whose MLP is ``module``: each call marks
+    an MoE ``module`` with its phase, the first call the forward, any later one the recompute
+    in backward (a plain MLP is left alone)."""
+    if not isinstance(module, MoE):
+        return fn
+    calls = [0]
+
+    def run(*args):
+        module.phase = "forward" if calls[0] == 0 else "recompute"
+        calls[0] += 1
+        try:
+            return fn(*args)
+        finally:
+            module.phase = None
+
+    return run
 
 
 def moe_modules(model: nn.Module) -> list[tuple[str, MoE]]:

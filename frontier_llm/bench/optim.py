@@ -151,3 +151,25 @@ class LocalAdam:
         for t in locals_:
             t.copy_(gathered[offset:offset + t.numel()].view_as(t))
             offset += t.numel()
+
+
+class AdamGroups:
+    """Several :class:`LocalAdam` as one optimizer: parameters whose ZeRO-1 state is sharded
+    over different groups (dense ones over dp x cp, routed experts over expert-dp)."""
+
+    def __init__(self, parts: Sequence[LocalAdam]) -> None:
+        self.parts = list(parts)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [t for part in self.parts for t in part.state_tensors()]
+
+    def state_bytes(self) -> int:
+        return sum(part.state_bytes() for part in self.parts)
+
+    def zero_grad(self) -> None:
+        for part in self.parts:
+            part.zero_grad()
+
+    def step(self) -> None:
+        for part in self.parts:
+            part.step()

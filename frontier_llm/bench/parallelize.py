@@ -26,6 +26,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -54,7 +55,8 @@ def tp_plan(model: GPT, sequence_parallel: bool) -> dict:
         plan[f"{p}.attention.wv"] = ColwiseParallel()
         plan[f"{p}.attention.wo"] = RowwiseParallel(output_layouts=Shard(1) if sp else Replicate())
         ffn = block.feed_forward
-        if isinstance(ffn, MoE):
+        moe = isinstance(ffn, MoE)
+        if moe:
             # Expert-tp = tp (Megatron-Core's and torchtitan's default): every expert this rank
             # holds, and every shared one, split like a dense MLP; the router is replicated,
             # so every tp rank routes the same tokens the same way.
@@ -66,14 +68,17 @@ def tp_plan(model: GPT, sequence_parallel: bool) -> dict:
             plan[f"{q}.w1"] = ColwiseParallel()
             if ffn.get_submodule(mlp).w3 is not None:
                 plan[f"{q}.w3"] = ColwiseParallel()
-            plan[f"{q}.w2"] = RowwiseParallel(output_layouts=Shard(1) if sp else Replicate())
+            # An expert's rows are (tokens, hidden), not (b, s, h): its output is summed whole
+            # over tp, and the MoE block's output is cut back to the sequence shard below.
+            plan[f"{q}.w2"] = RowwiseParallel(
+                output_layouts=Shard(1) if sp and not moe else Replicate())
         if sp:
             plan[f"{p}.attention_norm"] = SequenceParallel()
             plan[f"{p}.ffn_norm"] = SequenceParallel()
             gather = PrepareModuleInput(input_layouts=(Shard(1),),
                                         desired_input_layouts=(Replicate(),))
             plan[f"{p}.attention"] = gather
-            plan[f"{p}.feed_forward"] = gather
+            plan[f"{p}.feed_forward"] = moe_sequence_parallel() if moe else gather
     if model.output is not None:
         if sp:
             plan["norm"] = SequenceParallel()
@@ -81,6 +86,24 @@ def tp_plan(model: GPT, sequence_parallel: bool) -> dict:
             input_layouts=Shard(1) if sp else Replicate(), output_layouts=Shard(-1)
         )
     return plan
+
+
+def moe_sequence_parallel() -> PrepareModuleInputOutput:
+    """An MoE block under sequence parallelism: each tp rank's s/tp tokens are gathered over
+    tp before the router, and the block's output is cut back to this rank's s/tp.
+
+    Megatron-Core routes each rank's s/tp tokens and then gathers the routed tokens over tp
+    (its all-gather dispatcher over tp x ep, its all-to-all one over tp after the ep exchange)
+    and reduce-scatters the experts' output back (megatron/core/transformer/moe/
+    token_dispatcher.py at 0014f137). A token's routing depends on no other token, so gathering
+    first assigns the same experts, keeps one routing per tp group as without sequence
+    parallelism, and takes a capacity over the whole micro-batch as one process does. The block
+    works on plain tensors (its router and index arithmetic are not DTensor code); its input
+    gradient arrives whole on every tp rank (the experts' column-parallel inputs all-reduce
+    it), so the gather's backward is a slice."""
+    return PrepareModuleInputOutput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
+        output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True)
 
 
 def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> GPT:
@@ -96,8 +119,13 @@ def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> GPT:
 
 
 def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, reshard_after_forward: bool,
-               mp_policy=None) -> GPT:
-    """FSDP2 over ``dp_mesh``: one unit per block, the embeddings/head in the root unit."""
+               mp_policy=None, expert_mesh: DeviceMesh | None = None) -> GPT:
+    """FSDP2 over ``dp_mesh``: one unit per block, the embeddings/head in the root unit.
+
+    Routed experts split over ep (some rank of ``dp_mesh`` holds other experts) are not the
+    block's: each is its own unit over ``expert_mesh``, the expert-dp ranks holding the same
+    experts (torchtitan's ``dp_mod_ep`` mesh for its experts, torchtitan/models/llama4/
+    infra/parallelize.py), or, with no ``expert_mesh`` (expert-dp 1), left unsharded."""
     offload: OffloadPolicy = OffloadPolicy()
     if dp_mesh.device_type == "cpu":
         # The default offload policy pins host memory, which needs an accelerator.
@@ -105,9 +133,20 @@ def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, reshard_after_forward: bool,
     kwargs = {"mesh": dp_mesh, "offload_policy": offload}
     if mp_policy is not None:
         kwargs["mp_policy"] = mp_policy
+    ignored: set = set()
     for block in model.layers.values():
-        fully_shard(block, reshard_after_forward=reshard_after_forward, **kwargs)
-    fully_shard(model, reshard_after_forward=reshard_after_forward, **kwargs)
+        ffn = block.feed_forward
+        if isinstance(ffn, MoE) and ffn.ep is not None:
+            for expert in ffn.experts.values():
+                if expert_mesh is None:
+                    ignored |= set(expert.parameters())
+                else:
+                    fully_shard(expert, reshard_after_forward=reshard_after_forward,
+                                **{**kwargs, "mesh": expert_mesh})
+        fully_shard(block, reshard_after_forward=reshard_after_forward,
+                    ignored_params=ignored or None, **kwargs)
+    fully_shard(model, reshard_after_forward=reshard_after_forward,
+                ignored_params=ignored or None, **kwargs)
     return model
 
 

@@ -431,7 +431,11 @@ def _space_jobs(spec: SweepFile, raw_space: Any, models: list[tuple[str, ModelSp
             for reason, count in result.rejections().items():
                 if reason != "does not fit in memory" or space.fits_only:
                     skipped[reason] += count
-            ranked = result.ranked_indices(top=space.top, fits_only=space.fits_only)
+            bench = spec.workload == FLM_BENCH and model.is_moe
+            ranked = result.ranked_indices(top=None if bench else space.top,
+                                           fits_only=space.fits_only)
+            if bench:
+                ranked = _bench_runs(model, result, ranked, space.top, skipped)
             if len(jobs) + len(ranked) > MAX_SWEEP_JOBS:
                 # Said before a job is built: 35,000 jobs took most of a minute to build first.
                 raise SpecError(f"the space expands to more than {MAX_SWEEP_JOBS:,} jobs "
@@ -451,6 +455,38 @@ def _space_jobs(spec: SweepFile, raw_space: Any, models: list[tuple[str, ModelSp
                     time=spec.resources.time, prediction=result.prediction(i),
                 ))
     return jobs
+
+
+def bench_refusal(model: ModelSpec, layout: Layout) -> str | None:
+    """Why ``flm bench`` would refuse ``layout`` of a Mixture-of-Experts ``model`` at its
+    start (None: it runs it): the check bench makes before any process group
+    (bench/engines.py ``check``), made when a sweep is loaded, so that no job is rendered to
+    fail at its start. Dense models are not checked here yet: sweeps that list engines bench
+    does not run (megatron, for the planner's comparison) still render them."""
+    if not model.is_moe:
+        return None
+    from frontier_llm.bench.engines import check
+
+    try:
+        check(model, layout)
+    except (UserError, SpecError) as exc:
+        return str(exc)
+    return None
+
+
+def _bench_runs(model: ModelSpec, result, ranked, top: int | None, skipped: Counter) -> list:
+    """The planner's ``ranked`` layouts that flm bench runs, fastest first, at most ``top``;
+    each one left out counted in ``skipped`` under bench's reason."""
+    kept = []
+    for i in ranked:
+        if (top is not None and len(kept) == top) or len(kept) > MAX_SWEEP_JOBS:
+            break  # past MAX_SWEEP_JOBS the caller refuses the space anyway
+        why = bench_refusal(model, result.layout(i))
+        if why is None:
+            kept.append(i)
+        else:
+            skipped[f"flm bench refuses it: {why}"] += 1
+    return kept
 
 
 def _predicted(model: ModelSpec, system: SystemSpec, layout: Layout) -> dict[str, Any]:
@@ -503,6 +539,10 @@ def _explicit_jobs(spec: SweepFile, entries: list, models: list[tuple[str, Model
                 layout.check_model(model)
             except SpecError as exc:
                 raise SpecError(f"{where}{model.name}: {exc}", exc.field) from None
+            why = bench_refusal(model, layout) if spec.workload == FLM_BENCH else None
+            if why is not None:
+                raise SpecError(f"{where}{model.name}: flm bench refuses this layout: {why}",
+                                "layouts")
             key = name if name and len(targets) == 1 else (
                 f"{name}-{model.name}" if name else _layout_key(model.name, n, layout))
             jobs.append(SweepJob(

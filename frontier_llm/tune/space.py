@@ -20,6 +20,7 @@ from typing import Any
 from optuna.distributions import CategoricalDistribution
 
 from frontier_llm.errors import SpecError, UserError
+from frontier_llm.jobs.sweepspec import bench_refusal
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.space import open_degrees
 from frontier_llm.specs import axes
@@ -134,6 +135,11 @@ class Candidates:
         for _, row in frame.iterrows():
             reason = str(row["reject_reason"])
             layout = layout_from_row(row) if reason in ("", NO_FIT) else None
+            # A trial runs flm bench: a layout it refuses at its start is no candidate (its
+            # trial sweep would not load), the reason its own.
+            why = bench_refusal(model, layout) if layout is not None else None
+            if why is not None:
+                layout, reason = None, f"flm bench refuses it: {why}"
             pred = {}
             if layout is not None:
                 pred = {k: _plain(row[k]) for k in _PREDICTED}
