@@ -451,7 +451,8 @@ def layout_json_schema() -> dict:
         if kind is bool:
             props[name] = {"type": "boolean"}
         elif kind is int:
-            props[name] = {"type": "integer", "minimum": 1}
+            # etp's 0 stands for "tp" (specs/axes.py); every other degree and count is >= 1.
+            props[name] = {"type": "integer", "minimum": 0 if name == axes.EXPERT_TP else 1}
         elif kind is Sharding:
             props[name] = {
                 "type": "object", "required": list(COMPONENTS),
