@@ -334,7 +334,14 @@ RULES: dict[Engine, EngineRules] = {
               # builds no MoE block and the cost model prices Megatron-Core/torchtitan's
               # all-to-all dispatch, not DeepSpeed-MoE's.
               ("ep", (1,), "flm does not build or model DeepSpeed-MoE's expert-parallel groups "
-                           "(deepspeed.moe.layer.MoE ep_size)")),
+                           "(deepspeed.moe.layer.MoE ep_size)"),
+              # DeepSpeed-MoE's experts follow the model's own tensor parallelism (its
+              # enable_expert_tensor_parallelism switch: tp or none; deepspeed/moe/layer.py at
+              # edaa7221267243c7be7fb49c5d5f5c4fb97b4641), with no degree of their own; flm
+              # stores etp = tp as 0 (specs/axes.py).
+              ("etp", (0,), "flm does not model DeepSpeed-MoE's expert tensor parallelism "
+                            "(deepspeed.moe.layer.MoE enable_expert_tensor_parallelism): its "
+                            "experts' tp is the model's, never an etp of its own")),
     ),
 }
 

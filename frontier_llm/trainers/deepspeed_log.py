@@ -48,7 +48,8 @@ class DeepSpeedLog(LogReader):
     start = re.compile(r"DeepSpeed info: version=|DeepSpeedEngine configuration:")
     # Its configuration block states batches, ZeRO stage, precision and AutoTP's size; the
     # pipeline, the data-parallel size and the rest are the training script's.
-    unstated = ("dp", "pp", "cp", "ep", "virtual_stages", "sequence_parallel", "recompute", "tp")
+    unstated = ("dp", "pp", "cp", "ep", "virtual_stages", "sequence_parallel", "recompute", "tp",
+                "etp")
     signature = re.compile(r"\[Rank \d+\] step=\d+, skipped=|SamplesPerSec=|DeepSpeed info: "
                            r"version=|DeepSpeedEngine configuration:"
                            r"|iter time \(s\): .* samples/sec")
