@@ -139,8 +139,8 @@ class EngineRules:
                         f"({layout.num_microbatches} = global_batch / (micro_batch x dp))"))
         for knob, values, why in self.only:
             if getattr(layout, knob) not in values:
-                out.append((f"only_{knob}", f"{name} runs {knob} = "
-                                            f"{' or '.join(map(_word, values))} only: {why}"))
+                runs = " or ".join(_word(v, knob) for v in values)
+                out.append((f"only_{knob}", f"{name} runs {knob} = {runs} only: {why}"))
         if model is None:
             return out
         if not self.uneven_interleaved and layout.chunks > layout.pp \
@@ -179,7 +179,7 @@ class EngineRules:
         name = f"engine {self.engine}"
         for knob, values, _ in self.only:
             if rule == f"only_{knob}":
-                return f"{name} runs {knob} = {' or '.join(map(_word, values))} only"
+                return f"{name} runs {knob} = {' or '.join(_word(v, knob) for v in values)} only"
         missing = [str(w) for w in Schedule if w not in self.schedules]
         return {
             "schedule": f"{name} has no {' or '.join(missing)} pipeline schedule",
@@ -216,8 +216,10 @@ class EngineRules:
         return ", ".join(s.describe() for s in shardings)
 
 
-def _word(value: object) -> str:
-    """A knob value as the user writes it (on/off for a boolean)."""
+def _word(value: object, knob: str = "") -> str:
+    """A knob value as the user writes it (on/off for a boolean, etp's stored 0 as tp)."""
+    if knob == "etp" and value == 0:
+        return "tp"
     if isinstance(value, bool):
         return "on" if value else "off"
     return str(value)
