@@ -156,3 +156,26 @@ def test_qwen3_235b_with_etp_1_under_tp_4_predicts_the_fold():
         "params"]
     assert r1["step_time_s"] < r4["step_time_s"]
     assert r1["fits"]
+
+
+# --- the command line and flm bench ----------------------------------------------------------
+
+def test_flm_predict_takes_etp(capsys):
+    from frontier_llm.cli import main
+
+    assert main(["predict", "--model", "qwen3-235b-a22b", "--system", "dgx-h100", "--tp", "4",
+                 "--pp", "8", "--dp", "8", "--ep", "8", "--etp", "1", "--sequence-parallel",
+                 "--engine", "megatron", "--global-batch", "1024", "--zero", "1",
+                 "--recompute", "full"]) == 0
+    out = capsys.readouterr().out
+    assert "tp4 pp8 dp8 ep8 etp1 " in out and "ep_comm" in out
+
+
+def test_flm_bench_refuses_etp_other_than_tp():
+    from frontier_llm.bench.mesh import check_layout
+    from frontier_llm.errors import UserError
+
+    model = load_model("tiny-moe")
+    with pytest.raises(UserError, match="etp 1 with tp 2: flm bench"):
+        check_layout(model, Layout(tp=2, dp=2, ep=2, etp=1, global_batch=2))
+    check_layout(model, Layout(tp=2, dp=2, ep=2, etp=2, global_batch=2))  # etp = tp runs
