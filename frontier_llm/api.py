@@ -194,19 +194,37 @@ def _space(dtype: str, restrict: dict[str, Any]):
     return SearchSpace(dtype=dtype, **lists)
 
 
-def _planned(model, system, gpus, global_batch, seq_len, dtype, restrict):
+def _moe(m, moe_overlap: str, moe_dispatcher: str, router_balance: str | None):
+    """(the model with ``router_balance`` applied, the MoE run settings) as flm plan's and flm
+    predict's ``--router-balance``, ``--moe-overlap`` and ``--moe-dispatcher`` give them."""
+    from frontier_llm.costmodel.moe import MoeRun
+
+    try:
+        run = MoeRun(moe_overlap, moe_dispatcher)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if router_balance is not None and m.is_moe:
+        m = dataclasses.replace(m, router_balance=router_balance)
+    return m, run
+
+
+def _planned(model, system, gpus, global_batch, seq_len, dtype, restrict,
+             moe=("none", "alltoall", None)):
     from frontier_llm.planner import plan as run_plan
 
     _check_numbers(gpus=gpus, global_batch=global_batch, seq_len=seq_len)
     m, s = load_model(model, seq_len), load_system(system)
-    return m, s, run_plan(m, s, gpus, global_batch, _space(dtype, restrict))
+    m, run = _moe(m, *moe)
+    return m, s, run_plan(m, s, gpus, global_batch, _space(dtype, restrict), moe_run=run)
 
 
 def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "frontier",
          gpus: int = 1024, *, global_batch: int | None = None, seq_len: int | None = None,
          top: int | None = 20, include_oom: bool = False, all_layouts: bool = False,
          tokens: float | None = None, confidence: float | None = None,
-         risk_aware: bool = False, dtype: str = "bf16", **restrict: Any) -> pd.DataFrame:
+         risk_aware: bool = False, dtype: str = "bf16", moe_overlap: str = "none",
+         moe_dispatcher: str = "alltoall", router_balance: str | None = None,
+         **restrict: Any) -> pd.DataFrame:
     """Rank the layouts of ``model`` on ``gpus`` GPUs (Frontier: GCDs) of ``system``, fastest
     first: the rows ``flm plan --format json`` prints under ``layouts``, with the same columns
     (layout knobs, step time, throughput, MFU, peak memory, fits, their intervals, and with
@@ -218,6 +236,9 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
     (default 0.8); ``risk_aware`` ranks by the low end of throughput. ``restrict`` narrows the
     search as flm plan's restrict flags do, one value or a list per knob: ``tp=8``,
     ``pp=[8, 16]``, ``engine="megatron"``, ``zero=[1, 3]``, ``recompute=["none", "full"]``.
+    An MoE model's ``moe_overlap`` (none, ep-a2a, dualpipe), ``moe_dispatcher`` (alltoall,
+    flex) and ``router_balance`` (aux-loss, aux-free, forced; None: the model's) are flm
+    plan's ``--moe-overlap``, ``--moe-dispatcher`` and ``--router-balance``.
 
     The frame's ``attrs`` hold the rest of the JSON document: ``model``, ``system``, ``gpus``,
     ``global_batch``, ``evaluated`` and ``rejected`` (layouts per broken rule).
@@ -227,7 +248,8 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
     _check_numbers(gpus=gpus, global_batch=global_batch, seq_len=seq_len, top=top,
                    tokens=tokens)
     confidence = _confidence(confidence)
-    m, s, result = _planned(model, system, gpus, global_batch, seq_len, dtype, restrict)
+    m, s, result = _planned(model, system, gpus, global_batch, seq_len, dtype, restrict,
+                            (moe_overlap, moe_dispatcher, router_balance))
     ranked = result.ranked(None if risk_aware else top, fits_only=not include_oom,
                            frontier=not all_layouts)
     ranked = annotate(ranked, m, s, confidence=confidence, tokens=tokens, risk_aware=risk_aware,
@@ -328,12 +350,16 @@ def allocation(model: str | ModelSpec, system: str | SystemSpec = "frontier", *,
 
 def predict(model: str | ModelSpec, system: str | SystemSpec, layout: Layout | None = None, *,
             seq_len: int | None = None, tokens: float | None = None,
-            confidence: float | None = None, **fields: Any) -> dict[str, Any]:
+            confidence: float | None = None, moe_overlap: str = "none",
+            moe_dispatcher: str = "alltoall", router_balance: str | None = None,
+            **fields: Any) -> dict[str, Any]:
     """One layout's predicted step time (with its breakdown), throughput, MFU/HFU, per-rank
     peak memory (with its breakdown), whether it fits, and the intervals: the document
     ``flm predict --format json`` prints (with ``tokens``: steps, days, node-hours, energy).
 
     The layout is ``layout`` or the fields of :func:`layout` (``tp=8, pp=16, dp=8, ...``).
+    ``moe_overlap``, ``moe_dispatcher``, ``router_balance``: an MoE run's settings, as in
+    :func:`plan`.
     """
     from frontier_llm.costmodel import predict as cost
     from frontier_llm.planner.annotations import predict_extras
@@ -344,7 +370,9 @@ def predict(model: str | ModelSpec, system: str | SystemSpec, layout: Layout | N
     elif fields:
         raise UserError("give a Layout or its fields, not both")
     m, s = load_model(model, seq_len), load_system(system)
-    out = {"model": m.name, "system": s.name, "layout": layout.to_dict(), **cost(m, s, layout)}
+    m, run = _moe(m, moe_overlap, moe_dispatcher, router_balance)
+    out = {"model": m.name, "system": s.name, "layout": layout.to_dict(),
+           **cost(m, s, layout, moe_run=run)}
     out.update(predict_extras(out, layout, m, s, confidence=_confidence(confidence),
                               tokens=tokens))
     return out

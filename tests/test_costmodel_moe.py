@@ -115,7 +115,9 @@ def test_all_to_all_costs_more_across_nodes():
 
 def test_all_to_all_volume_by_hand():
     t = from_configs([_layout(ep=4)])
-    want = 4096 * 2 * 4096 * 2 * moe.LOAD_IMBALANCE * 3 / 4  # tokens·top_k·h·e·imb·(ep−1)/ep
+    # tokens·top_k·h·e·imb·(ep−1)/ep; a rank holds 2 of the 8 experts: imb = 1 + 0.72·4/8.
+    imb = 1 + (moe.LOAD_IMBALANCE - 1) * 4 / 8
+    want = 4096 * 2 * 4096 * 2 * imb * 3 / 4
     assert moe.all_to_all_bytes(MIXTRAL, t, 2)[0] == pytest.approx(want, rel=1e-12)
     full = from_configs([_layout(ep=4, recompute="full")])
     a2a = comm.all_to_all(H100, 4, 1, want)
@@ -164,13 +166,17 @@ def test_moe_interval_is_at_least_the_all_family_quantile():
     res = intervals.load_residuals()
     pool = intervals.residual_quantile(
         intervals.usable(res)["loso_log_residual"].to_numpy(float), 0.8)
+    # The MoE calibration rows (families with +moe), too few for a quantile: their worst.
+    ok = intervals.usable(res)
+    moe_res = ok[ok["family"].fillna("").str.contains("+moe", regex=False)]
+    worst = float(np.max(np.abs(moe_res["loso_log_residual"]))) if len(moe_res) else 0.0
     q = np.log(moe_rows["step_time_s_high"][0] / 2.0)
-    assert q == pytest.approx(max(pool, np.log(dense["step_time_s_high"][0] / 2.0)))
-    assert moe_rows["interval_basis"][0].startswith("no MoE calibration")
-    assert not dense["interval_basis"][0].startswith("no MoE calibration")
+    assert q == pytest.approx(max(pool, worst, np.log(dense["step_time_s_high"][0] / 2.0)))
+    assert "MoE calibration" in moe_rows["interval_basis"][0]
+    assert "MoE calibration" not in dense["interval_basis"][0]
     # A plan row with ep > 1 is an MoE layout without being told; ep 1 is left to ``moe``.
     with_ep = intervals.add_intervals(frame.assign(ep=[8]), H100, 0.8)
-    assert with_ep["interval_basis"][0].startswith("no MoE calibration")
+    assert "MoE calibration" in with_ep["interval_basis"][0]
     assert with_ep["step_time_s_high"][0] == moe_rows["step_time_s_high"][0]
     ep1 = intervals.add_intervals(frame.assign(ep=[1]), H100, 0.8)
     assert ep1["interval_basis"][0] == dense["interval_basis"][0]
@@ -199,11 +205,12 @@ def test_peak_memory_drops_with_ep():
 
 
 def test_a_stage_of_moe_blocks_holds_their_parameters_not_the_mean_blocks():
-    # Blocks 0, 1 dense, 2, 3 MoE: two blocks of a middle stage (no embedding, no head) are
-    # priced as the fullest two consecutive blocks, both MoE, not two mean blocks.
+    # Blocks 0, 1 dense, 2, 3 MoE over pp 4: each middle stage (no embedding, no head) holds
+    # its own block, rank 1 the dense block 1, rank 2 the MoE block 2, not two mean blocks.
     m = dataclasses.replace(TINY, dense_layers=2, moe_layer_freq=1)
     t = from_configs([_layout(pp=4, dp=1, global_batch=4)])
-    params = state_bytes(m, t, 1, 2)["params"][0]
-    assert params == 2 * (m.layer_params(2) + m.layer_params(3))  # bf16: 2 bytes each
+    assert state_bytes(m, t, 1)["params"][0] == 2 * m.layer_params(1)  # bf16: 2 bytes each
+    assert state_bytes(m, t, 2)["params"][0] == 2 * m.layer_params(2)
+    # The fullest window (stage_moe_share) is what a stage of unknown place is priced at.
     assert list(moe.stage_moe_share(m, np.array([1, 2, 3, 4]))) == [1.0, 1.0, 2 / 3, 0.5]
     assert moe.stage_moe_share(MIXTRAL, np.array([8]))[0] == 1.0

@@ -172,7 +172,9 @@ MEGATRON_LM_FLAGS = {**_COMMON, "--group-query-attention": None, "--num-query-gr
                      # _add_transformer_engine_args (core_v0.15.3 arguments.py)
                      "--fp8-format": ("e4m3", "hybrid"),
                      "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise"),
-                     "--fp8-param-gather": None}
+                     "--fp8-param-gather": None,
+                     # _add_network_size_args (core_v0.15.3 arguments.py: type=int)
+                     "--mtp-num-layers": int}
 MEGATRON_DEEPSPEED_FLAGS = {**_COMMON, "--num-key-value-heads": int,
                             "--use-rotary-position-embeddings": None,
                             "--no-position-embedding": None,

@@ -207,3 +207,24 @@ def test_a_torchtitan_flavor_is_its_shape_and_its_rope_base():
     assert flavor(llama) == "8B"
     other = dataclasses.replace(llama, name="llama3-8b-rope10k", rope_base=10000.0)
     assert flavor(other) is None and registration(other).endswith("rope_theta=10000)")
+
+
+def test_megatron_export_writes_the_router_balance_and_group_limit():
+    import dataclasses
+
+    from frontier_llm.catalog import load_model
+    from frontier_llm.specs.layout import Layout
+    from frontier_llm.trainers.megatron_common import moe_args
+
+    lay = Layout(tp=1, dp=8, ep=8, global_batch=8, engine="megatron")
+    mixtral = load_model("mixtral-8x7b")
+    plain = moe_args(mixtral, lay)
+    assert "--moe-router-enable-expert-bias" not in plain
+    assert "--moe-router-num-groups" not in plain
+    free = moe_args(dataclasses.replace(mixtral, router_balance="aux-free", n_group=4,
+                                        topk_group=2), lay)
+    assert "--moe-router-enable-expert-bias" in free
+    i = free.index("--moe-router-num-groups")
+    assert free[i:i + 4] == ["--moe-router-num-groups", "4", "--moe-router-group-topk", "2"]
+    forced = moe_args(dataclasses.replace(mixtral, router_balance="forced"), lay)
+    assert "--moe-router-force-load-balancing" in forced

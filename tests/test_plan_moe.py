@@ -1,6 +1,6 @@
 """Planning Mixture-of-Experts models: the planner enumerates ep through the layout's owners
 (labels, columns, the budget), rejects a listed ep with the rule it breaks, and gives MoE
-layouts intervals that say no MoE calibration exists."""
+layouts intervals that say how little MoE calibration exists."""
 
 from __future__ import annotations
 
@@ -42,8 +42,10 @@ def test_the_best_mixtral_layouts_name_their_ep_and_say_no_moe_calibration(capsy
                  "--top", "5", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)["layouts"]
     assert len(rows) == 5 and all(r["fits"] for r in rows)
-    assert all(r["ep"] > 1 for r in rows)  # the experts spread over ranks
-    assert all("no MoE calibration" in r["interval_basis"] for r in rows)
+    # Every row names its ep; ep 1 may win: a rank holding every expert computes exactly its
+    # tokens' routed copies, no EP rank's excess (costmodel/moe.py load_imbalance).
+    assert all(r["ep"] in (1, 2, 4, 8) for r in rows)
+    assert all("MoE calibration" in r["interval_basis"] for r in rows)
     assert all(r["step_time_s_low"] < r["step_time_s"] < r["step_time_s_high"] for r in rows)
 
 
@@ -80,7 +82,7 @@ def test_flm_predict_takes_ep_and_gives_a_budget(capsys):
     assert out["breakdown"]["time_s"]["ep_comm"] > 0
     # The budget counts the layout's 64 GPUs (8 nodes of 8): ep adds none.
     assert out["nodes"] == 8 and out["node_hours"] > 0
-    assert "no MoE calibration" in out["interval_basis"]
+    assert "MoE calibration" in out["interval_basis"]
 
 
 def test_flm_plan_says_why_a_dense_model_has_no_ep_layout(capsys):

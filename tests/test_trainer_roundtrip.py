@@ -73,9 +73,12 @@ AXES = {
     "sharding-zero3": {"zero": 3},
     "sharding-hsdp": {"dp": 4, "global_batch": 16,
                       "sharding": "p=partial:2,g=partial:2,o=partial:2"},
+    # Given end stages (Megatron-LM --decoder-first/last-pipeline-num-layers): tiny-llama's 4
+    # layers as 3 + 1.
+    "stage_layers": {"pp": 2, "first_stage_layers": 3, "last_stage_layers": 1},
 }
 FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "virtual_stages", "micro_batch", "global_batch",
-          "sequence_parallel", "recompute", "sharding")
+          "sequence_parallel", "recompute", "sharding", "first_stage_layers", "last_stage_layers")
 # What each trainer refuses among the axes, with the words of its reason: the export's refusal
 # is the trainer's own (trainers/*.py check), so the pair is both sides refusing alike.
 REFUSED = {
@@ -102,6 +105,8 @@ REFUSED = {
     ("deepspeed", "sequence_parallel"): "sequence parallel",
     ("deepspeed", "sharding-hsdp"): "MiCS",
     ("deepspeed", "recompute-selective-op"): "selective-op",
+    ("megatron-deepspeed", "stage_layers"): "no per-stage layer counts",
+    ("deepspeed", "stage_layers"): "no per-stage layer counts",
 }
 
 

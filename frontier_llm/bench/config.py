@@ -92,6 +92,11 @@ def build_config(args: Any) -> BenchConfig:
         # bench/model.py builds grouped-query attention only; pricing MLA is the planner's.
         raise UserError(f"flm bench has no multi-head latent attention: {model.name} sets "
                         "kv_lora_rank (plan and export it; bench a model without MLA)")
+    if model.mtp_layers:
+        # bench/model.py builds no multi-token-prediction module; the cost model prices it.
+        raise UserError(f"flm bench has no multi-token prediction: {model.name} sets "
+                        f"mtp_layers {model.mtp_layers} (plan and export it to megatron-lm; "
+                        "bench the model with mtp_layers 0)")
     system_ref = args.system or bench.get("system") or default_system()
     system = load_system(system_ref)
     given = given_options(args)

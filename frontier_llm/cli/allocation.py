@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from frontier_llm.cli.common import emit_frame, emit_json
+from frontier_llm.cli.moe_args import moe_run_from_args
 from frontier_llm.cli.numbers import MAX_GPUS, count, days, fraction, positive_float, tokens
 from frontier_llm.cli.progress import Progress
 from frontier_llm.planner import SearchSpace, annotations, plan
@@ -243,6 +244,7 @@ def run_curve(
             eager=args.eager,
             overlap_comm=args.deepspeed_overlap_comm == "on",
             tp_comm_overlap=getattr(args, "tp_comm_overlap", "off") == "on",
+            moe_run=moe_run_from_args(args),
         )
     selection = None
     if args.deadline is not None:
@@ -330,7 +332,9 @@ def run_min_gpus(
     rows = []
     for engine in knob_values(space, "engine"):
         sub = replace(space, engine=(engine,))
-        smallest = alloc.min_gpus(lambda n, sub=sub: plan(model, system, n, None, sub), counts)
+        smallest = alloc.min_gpus(
+            lambda n, sub=sub: plan(model, system, n, None, sub, moe_run=moe_run_from_args(args)),
+            counts)
         row = {
             "engine": engine,
             "min_gpus": None,
@@ -342,7 +346,8 @@ def run_min_gpus(
             best = alloc.largest_micro_batch(smallest)
             row["min_gpus"] = smallest.gpus
             row["largest_micro_batch_at_min"] = int(best["micro_batch"].iloc[0])
-        here = alloc.largest_micro_batch(plan(model, system, args.gpus, args.global_batch, sub))
+        here = alloc.largest_micro_batch(plan(model, system, args.gpus, args.global_batch, sub,
+                                                  moe_run=moe_run_from_args(args)))
         if len(here):
             row["largest_micro_batch_at_gpus"] = int(here["micro_batch"].iloc[0])
         rows.append(row)

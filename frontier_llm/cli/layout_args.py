@@ -18,6 +18,7 @@ from frontier_llm.specs.layout import (
     Vocabulary,
     complete_layout,
     given_options,
+    int_minimum,
     layout_fields,
     layout_types,
     zero_preset,
@@ -56,7 +57,8 @@ def add_layout_args(parser: argparse.ArgumentParser, required: bool = True) -> N
         elif issubclass(kind, Vocabulary):
             g.add_argument(flag(f.name), choices=kind.words(), default=None, help=help_text)
         else:
-            g.add_argument(flag(f.name), type=count(1, MAX_COUNT, flag(f.name)), default=None,
+            g.add_argument(flag(f.name), type=count(int_minimum(f.name), MAX_COUNT, flag(f.name)),
+                           default=None,
                            required=is_required,
                            help=help_text)
 

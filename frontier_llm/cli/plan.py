@@ -19,6 +19,7 @@ from frontier_llm.cli.layout_args import (
     layout_from_args,
     space_from_args,
 )
+from frontier_llm.cli.moe_args import add_moe_args, moe_note, moe_run_from_args, with_router_balance
 from frontier_llm.cli.numbers import MAX_GPUS, count, gpus
 from frontier_llm.costmodel import predict
 from frontier_llm.errors import UserError
@@ -60,7 +61,7 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
     model = load_model(args.model)
     if getattr(args, "seq_len", None):
         model = dataclasses.replace(model, seq_len=args.seq_len)
-    return model
+    return with_router_balance(model, args)
 
 
 def _at_length(args: argparse.Namespace, model: ModelSpec) -> str:
@@ -192,7 +193,8 @@ def run_plan(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     result = plan(model, system, args.gpus, args.global_batch, space, eager=args.eager,
                   overlap_comm=args.deepspeed_overlap_comm == "on",
-                  tp_comm_overlap=args.tp_comm_overlap == "on")
+                  tp_comm_overlap=args.tp_comm_overlap == "on",
+                  moe_run=moe_run_from_args(args))
     seconds = time.perf_counter() - start
     ranked = result.ranked(None if args.risk_aware else args.top,
                            fits_only=not args.include_oom, frontier=not args.all)
@@ -209,7 +211,8 @@ def run_plan(args: argparse.Namespace) -> int:
         f"{'' if args.global_batch else ' (the default: 4M tokens in whole sequences)'}"
         f"{', element-wise work priced eager (--eager)' if args.eager else ''}"
         f"{NO_OVERLAP_NOTE if args.deepspeed_overlap_comm == 'off' else ''}"
-        f"{TP_OVERLAP_NOTE if args.tp_comm_overlap == 'on' else ''}: "
+        f"{TP_OVERLAP_NOTE if args.tp_comm_overlap == 'on' else ''}"
+        f"{moe_note(args, model)}: "
         f"{len(result.reason):,} layouts evaluated in {seconds:.2f} s, "
         f"{int(np.sum(result.valid)):,} valid and fit{shown}",
         file=sys.stderr,
@@ -267,7 +270,7 @@ def run_predict(args: argparse.Namespace) -> int:
     if args.gpus is not None:
         layout.check_world(args.gpus)
     out = {"model": model.name, "system": system.name, "layout": layout.to_dict(),
-           **predict(model, system, layout)}
+           **predict(model, system, layout, moe_run=moe_run_from_args(args))}
     extra = alloc_cli.predict_extras(out, layout, model, system, args)
     out.update(extra)
     if args.format == "json":
@@ -371,6 +374,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --dtype fp8 (or bf16): also predict each ranked layout in the "
                         "other precision and show the fp8 speed-up over bf16 for the same "
                         "layout (columns bf16_step_s or fp8_step_s, and fp8_speedup)")
+    add_moe_args(p)
     alloc_cli.add_arguments(p)
     add_format(p)
     p.set_defaults(func=run_plan)
@@ -391,6 +395,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=gpus, default=None,
                    help="check that tp x cp x pp x dp uses exactly this many GPUs")
     add_layout_args(p)
+    add_moe_args(p)
     alloc_cli.add_predict_arguments(p)
     add_format(p, choices=("table", "json"))
     p.set_defaults(func=run_predict)

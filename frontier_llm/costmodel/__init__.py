@@ -14,6 +14,7 @@ from frontier_llm.costmodel.flops import hardware_flops, model_flops
 from frontier_llm.costmodel.fp8 import check_fp8, compute_dtype
 from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks, from_configs
 from frontier_llm.costmodel.memory import _check_engine, peak_memory
+from frontier_llm.costmodel.moe import NO_OVERLAP, MoeRun
 from frontier_llm.costmodel.steptime import step_time
 from frontier_llm.specs.layout import Layout, Recompute
 from frontier_llm.specs.model import ModelSpec
@@ -23,8 +24,11 @@ from frontier_llm.specs.system import SystemSpec
 # prediction so that old predictions are never compared with new ones unknowingly.
 # 2.1: context parallelism (cp > 1 priced; cp 1 unchanged). 2.2: DeepSpeed's ZeRO-0/1/2
 # reductions as the engine issues them (specs/engine_rules.py); no other engine moves. 2.3: the
-# native engine's memory as flm memcheck measures it (costmodel/memory.py rank_memory).
-COSTMODEL_VERSION = "2.3"
+# native engine's memory as flm memcheck measures it (costmodel/memory.py rank_memory). 2.4:
+# multi-token-prediction modules priced on the last stage, an MoE stage's parameters from its
+# own blocks (dense first blocks on the first stage), given end stages (first/last_stage_layers);
+# models without MTP or dense blocks and layouts without given ends are unchanged.
+COSTMODEL_VERSION = "2.4"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
               "pp_bubble", "head", "dp_comm", "optimizer")
@@ -35,7 +39,8 @@ MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "loss", "buffers"
 def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
              eager: bool = False, overlap_comm: bool = True,
              reduce_fp32: bool | None = None,
-             tp_comm_overlap: bool = False) -> dict[str, np.ndarray]:
+             tp_comm_overlap: bool = False,
+             moe_run: MoeRun = NO_OVERLAP) -> dict[str, np.ndarray]:
     """Every figure of the model for every layout in ``table`` (numpy columns). Each layout's
     engine (its ``engine`` column) decides how its work is scheduled and what it keeps
     (specs/engine_rules.py). ``eager``: un-compiled PyTorch element-wise kernels
@@ -44,8 +49,11 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
     data_parallel_times`); ``reduce_fp32``: gradients reduced in fp32 or not (None: each
     engine's rule; False: an FSDP policy whose ``reduce_dtype`` is the training dtype);
     ``tp_comm_overlap``: the run turns on its engine's TP overlap (Megatron-LM's
-    ``--tp-comm-overlap``; :func:`~frontier_llm.costmodel.steptime.block_times`)."""
-    times = step_time(model, system, table, eager, overlap_comm, reduce_fp32, tp_comm_overlap)
+    ``--tp-comm-overlap``; :func:`~frontier_llm.costmodel.steptime.block_times`); ``moe_run``:
+    how an MoE run dispatches and overlaps its all-to-alls (:class:`~frontier_llm.costmodel.moe.
+    MoeRun`)."""
+    times = step_time(model, system, table, eager, overlap_comm, reduce_fp32, tp_comm_overlap,
+                      moe_run)
     mem = peak_memory(model, system, table, reduce_fp32)
     tokens = table.global_batch * model.seq_len
     gpus = table.world_size
@@ -75,14 +83,15 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
 
 
 def predict(model: ModelSpec, system: SystemSpec, layout: Layout,
-            engine: str | None = None) -> dict:
+            engine: str | None = None, moe_run: MoeRun = NO_OVERLAP) -> dict:
     """One layout's prediction as a JSON-able dict (what a trace's ``prediction`` holds).
-    ``engine`` (optional, for callers that name it) must agree with ``layout.engine``."""
+    ``engine`` (optional, for callers that name it) must agree with ``layout.engine``;
+    ``moe_run``: :func:`evaluate`."""
     _check_engine(layout, engine)
     layout.check_model(model)
     check_fp8(system, layout.dtype, layout.fp8_recipe, layout.engine)
     row = {k: v[0].item()
-           for k, v in evaluate(model, system, from_configs([layout])).items()}
+           for k, v in evaluate(model, system, from_configs([layout]), moe_run=moe_run).items()}
     return {
         "costmodel_version": COSTMODEL_VERSION,
         "step_time_s": row["step_time_s"],

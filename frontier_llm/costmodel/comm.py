@@ -80,14 +80,32 @@ def _link(system: SystemSpec, n, stride, rails) -> tuple[np.ndarray, np.ndarray]
     return np.where(rails, railed[0], single[0]), np.where(rails, railed[1], single[1])
 
 
-def all_to_all(system: SystemSpec, n, stride, nbytes) -> np.ndarray:
+def all_to_all(system: SystemSpec, n, stride, nbytes, remote_factor=1.0) -> np.ndarray:
     """An all-to-all in which each of ``n`` ranks ``stride`` apart sends ``nbytes`` (already
-    the part leaving it) as ``n−1`` pairwise messages: ``nbytes / bw + (n−1)·α``. Every member
-    sends through its own link at once, so across nodes each uses one NIC (no rails: the
-    traffic is not a ring NCCL can spread over the node's NICs)."""
+    the part leaving it, spread evenly over the ``n−1`` others) as ``n−1`` pairwise messages,
+    each on the link tier it crosses. A group inside one scale-up domain (a node's NVLink, a
+    GB200 NVL72 rack) sends everything at that speed (:func:`link_for_span`). A group spanning
+    domains has ``k`` members in each: ``(k−1)/(n−1)`` of the bytes stay in the domain at the
+    node link's rate, ``(n−k)/(n−1)`` leave it through the member's own NIC (no rails: the
+    traffic is not a ring NCCL can spread over the node's NICs). Both transports run at once
+    (NCCL's grouped send/recv drives the peers of every tier together), so the slower sets the
+    time: ``max(intra/bw_node, remote/bw_net) + Σ α``. ``remote_factor`` scales the bytes that
+    leave the domain (a dispatcher that sends one copy per node, not per expert:
+    costmodel/moe.py ``remote_copy_factor``)."""
     n = np.asarray(n)
-    bw, lat = link_for_span(system, n * np.asarray(stride))
-    return np.where(n > 1, nbytes / bw + (n - 1) * lat, 0.0)
+    stride = np.maximum(np.asarray(stride), 1)
+    span = n * stride
+    bw, lat = link_for_span(system, span)
+    inside = nbytes / bw + (n - 1) * lat
+    eff = system.eff("collective")
+    node, net = system.link("node"), system.link("network")
+    k = np.clip(system.scale_up_domain // stride, 1, np.maximum(n, 1))
+    others = np.maximum(n - 1, 1)
+    intra = nbytes * (k - 1) / others / (node.bandwidth * eff)
+    remote = nbytes * np.asarray(remote_factor) * (n - k) / others / (net.bandwidth * eff)
+    mixed = np.maximum(intra, remote) + (k - 1) * node.latency + (n - k) * net.latency
+    crosses = span > system.scale_up_domain
+    return np.where(n > 1, np.where(crosses, mixed, inside), 0.0)
 
 
 def send_recv(system: SystemSpec, distance, nbytes) -> np.ndarray:

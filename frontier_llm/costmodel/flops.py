@@ -48,10 +48,24 @@ def logits_forward_flops_per_token(model: ModelSpec) -> float:
     return 2.0 * model.hidden * model.vocab
 
 
-def model_flops(model: ModelSpec, batch_tokens: ArrayLike) -> ArrayLike:
-    """Model FLOPs (no recompute) for ``batch_tokens`` = B·s tokens: forward + 2x backward."""
+def mtp_forward_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs per token of the multi-token-prediction modules (0 without them): each a
+    block (the mean block's, as every block here), its 2h -> h projection and another pass
+    through the shared output head (DeepSeek-V3 report §2.2; Megatron-Core's
+    MultiTokenPredictionLayer and GPTModel's MTP logits)."""
+    if not model.mtp_layers:
+        return 0.0
     dense, attn = layer_forward_flops_per_token(model)
-    forward = model.layers * (dense + attn) + logits_forward_flops_per_token(model)
+    proj = 2.0 * 2 * model.hidden * model.hidden
+    return model.mtp_layers * (dense + attn + proj + logits_forward_flops_per_token(model))
+
+
+def model_flops(model: ModelSpec, batch_tokens: ArrayLike) -> ArrayLike:
+    """Model FLOPs (no recompute) for ``batch_tokens`` = B·s tokens: forward + 2x backward,
+    the multi-token-prediction modules included (they train)."""
+    dense, attn = layer_forward_flops_per_token(model)
+    forward = (model.layers * (dense + attn) + logits_forward_flops_per_token(model)
+               + mtp_forward_flops_per_token(model))
     return 3.0 * forward * batch_tokens
 
 
@@ -66,13 +80,14 @@ def recompute_flops(model: ModelSpec, batch_tokens: ArrayLike, recompute: str,
     torchtitan runs it), the unfused core (``flash=False``) is replayed.
     """
     dense, attn = layer_forward_flops_per_token(model)
+    blocks = model.layers + model.mtp_layers  # an MTP module's block is recomputed alike
     if recompute == "selective-op":
         replayed = dense * (1 - float(kept_dense_fraction(model))) + (0.0 if flash else attn)
-        return model.layers * replayed * batch_tokens
+        return blocks * replayed * batch_tokens
     if recompute == "full":
-        return model.layers * (dense + attn) * batch_tokens
+        return blocks * (dense + attn) * batch_tokens
     if recompute == "selective":
-        return model.layers * attn * batch_tokens
+        return blocks * attn * batch_tokens
     if recompute == "none":
         return 0.0 * batch_tokens
     raise ValueError(f"recompute must be none, selective, full or selective-op (got {recompute!r})")

@@ -49,7 +49,7 @@ from frontier_llm.costmodel.params import (
     stage_params_per_rank,
     table_layer_params,
 )
-from frontier_llm.costmodel.split import pipeline_ranks, rank_layers
+from frontier_llm.costmodel.split import pipeline_ranks, rank_layers, rank_moe_blocks
 from frontier_llm.specs.layout import DType, Engine, Layout, PlacementKind, Recompute, Schedule
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
@@ -78,9 +78,11 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None
          + extra_params(model, t, pp_rank))
     per = STATE_BYTES[t.dtype]
     if model.is_moe:
-        # The fullest window of MoE blocks rather than the mean block (costmodel/moe.py).
+        # The rank's own MoE blocks rather than the mean block (costmodel/moe.py, split.py):
+        # DeepSeek-V3's dense first blocks sit on the first stage.
         more, more_routed = moe.stage_excess_params(model, t, held,
-                                                    layer_params_per_rank(model, t.tp))
+                                                    layer_params_per_rank(model, t.tp),
+                                                    rank_moe_blocks(model, t, pp_rank))
         n = n + more
         routed = held * moe.routed_params_per_rank(model, t) + more_routed
 
@@ -238,8 +240,14 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None) -> n
         logits_mb * sb * (e * h * rep + stats * rep + e * h + 4 * _cdiv(model.vocab, t.tp)),
         0,
     )
+    # Multi-token prediction on the last stage: per module and micro-batch in flight there, a
+    # block's saved tensors, the 2h-wide projection input and its own fp32 logits (kept until
+    # the backward reaches them, like the main head's).
+    mtp = np.where(r == t.pp - 1, model.mtp_layers * logits_mb * (
+        per_layer + sb * 2 * h * e * rep + sb * 4 * _cdiv(model.vocab, t.tp)), 0)
     # The head's tensors (logits) are freed by its backward before any layer is rebuilt.
-    return layers * per_layer + first + np.maximum(transient, last) + cp_mask_bytes(model, t)
+    return (layers * per_layer + mtp + first + np.maximum(transient, last)
+            + cp_mask_bytes(model, t))
 
 
 def cp_mask_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:

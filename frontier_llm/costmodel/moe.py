@@ -26,27 +26,82 @@ prices ``l/p`` identical blocks per stage (docs/costmodel.md, "Mixture-of-Expert
 - Step time: the slowest EP rank sets the pace (dropless routing computes every routed token):
   its expert GEMMs run :data:`LOAD_IMBALANCE` times the mean rows, on smaller GEMMs
   (:func:`expert_gemm_slowdown`); four all-to-alls per MoE block and micro-batch (dispatch and
-  combine, forward and backward; :func:`all_to_all_times`).
+  combine, forward and backward; :func:`all_to_all_times`), each on the link tiers its hops
+  cross (comm.all_to_all), fewer bytes across nodes where the dispatcher sends one copy per
+  node under node-limited routing (:func:`remote_copy_factor`), hidden behind the other
+  micro-batch's compute where the run overlaps them (:class:`MoeRun`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from frontier_llm.costmodel import comm, gemm
 from frontier_llm.specs import axes
-from frontier_llm.specs.layout import Recompute
+from frontier_llm.specs.layout import Engine, Recompute
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
 # Load imbalance: the most loaded expert's tokens over the mean, max/mean = 1 + MaxVio.
 # Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing Strategy for Mixture-of-Experts"
 # (arXiv 2408.15664), Table 1: the aux-loss-balanced ("loss-controlled") 1B MoE trains at
-# MaxVio_global = 0.72 (their loss-free method: 0.04). We take the aux-loss figure, the router
-# Megatron-Core and torchtitan train with by default, for every MoE model: a stated physical
-# ratio, never fitted. Applied per EP rank it is an upper bound (a rank holding E/ep experts
-# averages their loads), which keeps the prediction on the slow side.
+# MaxVio_global = 0.72, their loss-free method (a per-expert bias, Megatron-LM
+# ``--moe-router-enable-expert-bias``, DeepSeek-V3's router) at 0.04. A stated physical ratio
+# per router, never fitted (:data:`ROUTER_BALANCES`).
 LOAD_IMBALANCE = 1.72
+AUX_FREE_IMBALANCE = 1.04
+# How a model's router is balanced (ModelSpec.router_balance): ``aux-loss`` (GShard/Switch's
+# loss, Megatron-LM's default ``--moe-router-load-balancing-type aux_loss``; Mixtral, Qwen3),
+# ``aux-free`` (the bias of Wang et al.; DeepSeek-V3 §2.1.2), ``forced`` (Megatron-LM
+# ``--moe-router-force-load-balancing``: random router logits, "only for benchmark";
+# megatron/core/transformer/transformer_config.py, NVIDIA/Megatron-LM@d98e8a64): the tokens
+# are spread at random, so a rank's excess is sampling noise (:func:`load_imbalance`).
+ROUTER_BALANCES = ("aux-loss", "aux-free", "forced")
+# How the run overlaps the expert-parallel all-to-alls with compute (:class:`MoeRun`).
+MOE_OVERLAPS = ("none", "ep-a2a", "dualpipe")
+# Megatron-LM's ``--moe-token-dispatcher-type`` for expert parallelism: ``alltoall`` sends one
+# copy per routed expert; ``flex`` (DeepEP, DeepSeek's kernels) sends a token once to each
+# node it is routed to and forwards it over NVLink inside the node (DeepSeek-V3 report
+# §3.2.2, arXiv 2412.19437).
+MOE_DISPATCHERS = ("alltoall", "flex")
+
+
+@dataclass(frozen=True)
+class MoeRun:
+    """How a run executes its MoE blocks' token exchange, a planning setting like
+    ``--tp-comm-overlap`` (``flm plan/predict --moe-overlap --moe-dispatcher``).
+
+    ``overlap``: ``none`` (Megatron-LM's default: ``overlap_moe_expert_parallel_comm: bool =
+    False``, megatron/core/model_parallel_config.py, NVIDIA/Megatron-LM@d98e8a64; torchtitan
+    does not overlap them); ``ep-a2a``: Megatron-LM ``--overlap-moe-expert-parallel-comm
+    --delay-wgrad-compute`` ("Overlap EP A2A communications with independent computations of
+    different micro-batches in 1f1b phase", same file; MCore v0.14): a micro-batch's
+    all-to-alls hide behind the paired micro-batch's compute in the steady phase, exposed in
+    the unpaired warm-up and cool-down; ``dualpipe``: DeepSeek-V3's DualPipe (report §3.2.1:
+    "both all-to-all and PP communication can be fully hidden"), every micro-batch paired,
+    with its node-deduplicating dispatch. ``dispatcher``: :data:`MOE_DISPATCHERS`."""
+
+    overlap: str = "none"
+    dispatcher: str = "alltoall"
+
+    def __post_init__(self) -> None:
+        if self.overlap not in MOE_OVERLAPS:
+            raise ValueError(f"moe overlap must be one of {', '.join(MOE_OVERLAPS)} "
+                             f"(got {self.overlap!r})")
+        if self.dispatcher not in MOE_DISPATCHERS:
+            raise ValueError(f"moe dispatcher must be one of {', '.join(MOE_DISPATCHERS)} "
+                             f"(got {self.dispatcher!r})")
+
+    @property
+    def per_node_copies(self) -> bool:
+        """Whether a token crosses the network once per destination node (DeepEP's
+        internode dispatch, DualPipe's kernels), not once per routed expert."""
+        return self.dispatcher == "flex" or self.overlap == "dualpipe"
+
+
+NO_OVERLAP = MoeRun()
 
 
 def _fraction(model: ModelSpec) -> float:
@@ -124,14 +179,18 @@ def stage_moe_share(model: ModelSpec, held) -> np.ndarray:
     return np.vectorize(lambda n: values[int(n)], otypes=[float])(held)
 
 
-def stage_excess_params(model: ModelSpec, t, held, dense_per_rank):
-    """Parameters the fullest stage's ``held`` blocks hold on one rank beyond ``held`` mean
-    blocks: ``held·(share − φ)`` times an MoE block's excess over a dense one (0 when every
-    block is alike)."""
+def stage_excess_params(model: ModelSpec, t, held, dense_per_rank, moe_held=None):
+    """Parameters a stage's ``held`` blocks hold on one rank beyond ``held`` mean blocks:
+    ``(moe_held − held·φ)`` times an MoE block's excess over a dense one (0 when every block is
+    alike). ``moe_held``: the MoE blocks among them (costmodel/split.py rank_moe_blocks, the
+    stage's own: dense first blocks on the first stage); None: the fullest window of ``held``
+    consecutive blocks (:func:`stage_moe_share`)."""
     ep, etp = axes.degree(t, "ep"), axes.expert_tensor_parallel(t)
     block_moe = layer_params_per_rank(model, t.tp, ep, dense_per_rank, 1.0, etp)[0]
     block_dense = layer_params_per_rank(model, t.tp, ep, dense_per_rank, 0.0, etp)[0]
-    extra = np.asarray(held) * (stage_moe_share(model, held) - _fraction(model))
+    if moe_held is None:
+        moe_held = np.asarray(held) * stage_moe_share(model, held)
+    extra = np.asarray(moe_held) - np.asarray(held) * _fraction(model)
     return extra * (block_moe - block_dense), extra * layer_params_per_rank(
         model, t.tp, ep, dense_per_rank, 1.0, etp)[1]
 
@@ -151,13 +210,54 @@ def sharded_count(n, n_routed, t, component: str):
     return cdiv(n - n_routed, t.degree(component)) + cdiv(n_routed, expert_degree(t, component))
 
 
-def load_imbalance(model: ModelSpec) -> float:
-    """Most loaded expert's tokens over the mean: :data:`LOAD_IMBALANCE` dropless; a capacity
-    factor ``c`` caps every expert at ``c`` times its even share (GShard, Switch), so
-    ``min(LOAD_IMBALANCE, c)``."""
+def load_imbalance(model: ModelSpec, t=None):
+    """The slowest rank's routed tokens over the mean. Without a layout ``t``: the most loaded
+    expert's (:data:`LOAD_IMBALANCE` under an aux loss, :data:`AUX_FREE_IMBALANCE` aux-loss-free,
+    1 forced). With one, per EP rank: a rank holding all experts (ep 1) computes every routed
+    copy, 1; else the hottest expert's excess ``MaxVio`` spread over the rank's ``E/ep``
+    experts, the others at their mean: ``1 + MaxVio·ep/E``. Forced (random) routing: a rank's
+    load is binomial around its mean ``μ = tokens·top_k``, the largest of ``ep`` about
+    ``μ + σ·sqrt(2·ln ep)`` with ``σ² = μ·(1 − 1/ep)``. A capacity factor ``c`` caps every
+    expert at ``c`` times its even share (GShard, Switch): ``min(·, c)``."""
+    balance = model.router_balance
+    if t is None:
+        imbalance = {"aux-loss": LOAD_IMBALANCE, "aux-free": AUX_FREE_IMBALANCE,
+                     "forced": 1.0}[balance]
+    else:
+        ep = np.asarray(axes.degree(t, "ep"), dtype=float)
+        if balance == "forced":
+            mean = np.maximum(t.micro_batch * t.local_seq(model.seq_len) * model.top_k, 1.0)
+            vio = np.sqrt(2 * np.log(np.maximum(ep, 1.0)) * (1 - 1 / np.maximum(ep, 1.0))
+                          / mean)
+        else:
+            peak = LOAD_IMBALANCE if balance == "aux-loss" else AUX_FREE_IMBALANCE
+            vio = (peak - 1.0) * np.minimum(ep / model.num_experts, 1.0)
+        imbalance = np.where(ep > 1, 1.0 + vio, 1.0)
     if model.capacity_factor is None:
-        return LOAD_IMBALANCE
-    return min(LOAD_IMBALANCE, model.capacity_factor)
+        return imbalance
+    return np.minimum(imbalance, model.capacity_factor)
+
+
+def remote_copy_factor(model: ModelSpec, system: SystemSpec, t, run: MoeRun = NO_OVERLAP):
+    """Share of the per-expert copies that cross the network when the dispatcher sends a token
+    once per destination node (:attr:`MoeRun.per_node_copies`); 1 otherwise. The ep group
+    spans ``D`` scale-up domains (``k`` members each, ranks expert-tp apart); ``top_k`` experts
+    picked evenly reach ``D·(1 − (1 − 1/D)^top_k)`` distinct domains, at most ``topk_group``
+    under node-limited routing (DeepSeek-V3: ``n_group`` 8, ``topk_group`` 4, "each token will
+    be sent to at most 4 nodes", report §2.1.2; Megatron-LM ``--moe-router-num-groups`` and
+    ``--moe-router-group-topk``, "Node-limited routing: Set 'moe_router_num_groups' equal to
+    number of nodes in EP group", transformer_config.py, NVIDIA/Megatron-LM@d98e8a64): the
+    factor is that count over ``top_k``."""
+    if not run.per_node_copies:
+        return 1.0
+    ep = np.asarray(axes.degree(t, "ep"))
+    stride = np.asarray(axes.expert_stride(t))  # tp, or etp where the experts fold below it
+    k = np.clip(system.scale_up_domain // np.maximum(stride, 1), 1, np.maximum(ep, 1))
+    domains = np.maximum(np.ceil(ep / k), 1.0)
+    distinct = domains * (1 - (1 - 1 / domains) ** model.top_k)
+    if model.n_group and model.topk_group:
+        distinct = np.minimum(distinct, model.topk_group)
+    return np.where(domains > 1, distinct / model.top_k, 1.0)
 
 
 def _rank_tokens(model: ModelSpec, t):
@@ -206,8 +306,8 @@ def expert_gemm_slowdown(model: ModelSpec, t, half_hidden: float):
 def routed_gemm_extra(model: ModelSpec, t, seconds_routed, half_hidden: float):
     """Seconds the slowest EP rank adds to ``seconds_routed`` (its routed-expert GEMMs priced at
     the dense rate and mean load): ``(imbalance · slowdown − 1)`` of them."""
-    return seconds_routed * (load_imbalance(model) * expert_gemm_slowdown(model, t, half_hidden)
-                             - 1.0)
+    return seconds_routed * (load_imbalance(model, t)
+                             * expert_gemm_slowdown(model, t, half_hidden) - 1.0)
 
 
 def all_to_all_bytes(model: ModelSpec, t, act_bytes):
@@ -215,24 +315,41 @@ def all_to_all_bytes(model: ModelSpec, t, act_bytes):
     states, ``tokens·top_k·h·e`` times the imbalance, of which ``(ep−1)/ep`` leave the rank."""
     ep = axes.degree(t, "ep")
     sent = _rank_tokens(model, t) * model.top_k * model.hidden * act_bytes
-    return sent * load_imbalance(model) * (ep - 1) / np.maximum(ep, 1)
+    return sent * load_imbalance(model, t) * (ep - 1) / np.maximum(ep, 1)
 
 
-def all_to_all_times(model: ModelSpec, system: SystemSpec, t, act_bytes):
+def all_to_all_times(model: ModelSpec, system: SystemSpec, t, act_bytes,
+                     run: MoeRun = NO_OVERLAP, block_compute=None):
     """Exposed all-to-all seconds of the mean block per micro-batch: dispatch and combine
     forward, their transposes backward (4), two more when full recompute replays the forward.
     The ep group is ep consecutive (dp, cp) indices, ranks ``tp`` apart (Megatron's
     tp-cp-ep-dp-pp order), spanning ``tp·ep`` ranks; with an etp below tp, ranks etp apart
     (the folded expert order tp-ep-dp-pp with tp = etp: specs/axes.py expert_stride), so with
-    etp 1 an ep group of 8 is 8 consecutive ranks, tp ranks among them. Inside a node it uses
-    the node link, across nodes each member's own NIC (comm.all_to_all). Not overlapped:
-    Megatron-Core overlaps the EP all-to-all with compute only under
-    ``--overlap-moe-expert-parallel-comm`` (off by default; megatron/training/arguments.py),
-    torchtitan not at all."""
+    etp 1 an ep group of 8 is 8 consecutive ranks, tp ranks among them. Each hop is priced on
+    the tier it crosses (comm.all_to_all: NVLink inside the scale-up domain, the member's NIC
+    beyond it), the network part scaled by :func:`remote_copy_factor`.
+
+    Overlap (:class:`MoeRun`): ``none`` exposes them all. ``ep-a2a`` and ``dualpipe`` pair
+    each micro-batch's blocks with another's, whose compute (``block_compute``, one block's
+    forward + backward + recompute) hides the all-to-alls up to its length; under ``ep-a2a``
+    the ``min(1, pp/m)`` of the micro-batches in the 1F1B warm-up and cool-down (and, without
+    a pipeline, the first and last) have no partner and stay exposed, and only Megatron-LM
+    layouts take it (the flag is Megatron-LM's)."""
     ep = axes.degree(t, "ep")
-    one = comm.all_to_all(system, ep, axes.expert_stride(t), all_to_all_bytes(model, t, act_bytes))
+    one = comm.all_to_all(system, ep, axes.expert_stride(t),
+                          all_to_all_bytes(model, t, act_bytes),
+                          remote_copy_factor(model, system, t, run))
     count = 4 + np.where(t.recompute == Recompute.FULL.code, 2, 0)
-    return _fraction(model) * count * one
+    total = _fraction(model) * count * one
+    if run.overlap == "none" or block_compute is None:
+        return total
+    paired = np.maximum(total - block_compute, 0.0)
+    if run.overlap == "dualpipe":
+        return paired
+    unpaired = np.minimum(1.0, np.asarray(t.pp) / np.maximum(t.num_microbatches, 1))
+    # Only Megatron-LM has the flag: other engines' layouts keep every all-to-all exposed.
+    return np.where(t.engine == Engine.MEGATRON.code,
+                    unpaired * total + (1 - unpaired) * paired, total)
 
 
 def mlp_tp_comm(model: ModelSpec, system: SystemSpec, t, tp_ar, tokens_bytes):
@@ -259,7 +376,7 @@ def activation_extra(model: ModelSpec, t, act_bytes, f_rank):
     ``(top_k + shared)`` experts' intermediates of width ``f_e/t`` (under etp, ``etp/tp`` of
     the rows at ``f_e/etp``: the same bytes)."""
     saved = 2 if model.activation == "gelu" else 4
-    load = load_imbalance(model)
+    load = load_imbalance(model, t)
     e_rank = model.expert_ffn_hidden / t.tp
     folded = axes.expert_tensor_parallel(t) / t.tp
     moe = (4 * model.num_experts + 2 * load * model.top_k * model.hidden * act_bytes * folded

@@ -76,14 +76,31 @@ def head_params_per_rank(model: ModelSpec, tp, pp):
     return norm + np.where(separate, _cdiv(model.vocab, tp) * model.hidden, 0)
 
 
+def mtp_params_per_rank(model: ModelSpec, tp, pp, per_layer):
+    """The multi-token-prediction modules on one TP rank of the last stage (0 without them):
+    each a block (``per_layer``: the mean block's, as every layer here), its column-parallel
+    2h -> h projection and three whole norms; with pp > 1 the last stage also builds its own
+    embedding (Megatron-Core's GPTModel: ``if self.pre_process or self.mtp_process``, at
+    309ffca), split over the vocabulary like the first stage's."""
+    if not model.mtp_layers:
+        return 0
+    tp, pp = np.asarray(tp), np.asarray(pp)
+    h = model.hidden
+    block = per_layer + _cdiv(2 * h * h, tp) + 3 * model.norm_params()
+    return model.mtp_layers * block + np.where(pp > 1, _cdiv(model.vocab, tp) * h, 0)
+
+
 def stage_params_per_rank(model: ModelSpec, tp, pp, pp_rank, layers=None, per_layer=None):
     """Parameters on one rank of pipeline stage ``pp_rank`` (all chunks of that rank), which
     holds ``layers`` blocks (default: an even split, ``l/p``; costmodel/split.py gives the
-    engine's own). ``per_layer``: :func:`layer_params_per_rank` when the caller has it."""
+    engine's own), and on the last stage any multi-token-prediction modules.
+    ``per_layer``: :func:`layer_params_per_rank` when the caller has it."""
     tp, pp, pp_rank = np.asarray(tp), np.asarray(pp), np.asarray(pp_rank)
     held = model.layers // pp if layers is None else np.asarray(layers)
-    n = held * (layer_params_per_rank(model, tp) if per_layer is None else per_layer)
+    per_layer = layer_params_per_rank(model, tp) if per_layer is None else per_layer
+    n = held * per_layer
     n = n + np.where(pp_rank == 0, embedding_params_per_rank(model, tp), 0)
+    n = n + np.where(pp_rank == pp - 1, mtp_params_per_rank(model, tp, pp, per_layer), 0)
     return n + np.where(pp_rank == pp - 1, head_params_per_rank(model, tp, pp), 0)
 
 

@@ -138,14 +138,16 @@ def _rates(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> _Rates:
 
 
 def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
-                eager: bool = False, tp_comm_overlap: bool = False) -> BlockTimes:
+                eager: bool = False, tp_comm_overlap: bool = False,
+                moe_run: moe.MoeRun = moe.NO_OVERLAP) -> BlockTimes:
     """One block's compute, element-wise, recompute and TP communication time. ``eager``: the
     run executes PyTorch's ops one kernel each (no torch.compile), so its element-wise work is
     :data:`EAGER_BYTES_PER_TOKEN`, not the fused count. ``tp_comm_overlap``: the run turns on
     the TP overlap its engine can do (Megatron-LM's ``--tp-comm-overlap``); off, as flm's
     Megatron-LM command renders it and NVIDIA's bf16 GPT-3 175B recipe runs it
     (NeMo-Framework-Launcher conf/training/gpt3/175b.yaml: ``ub_tp_comm_overlap: False``),
-    every TP collective is exposed."""
+    every TP collective is exposed. ``moe_run``: how an MoE run dispatches and overlaps its
+    all-to-alls (costmodel/moe.py MoeRun; default Megatron-LM's, none overlapped)."""
     s, h, f = model.seq_len, model.hidden, model.ffn_hidden
     tp, e = t.tp, r.act_bytes
     # The rank's tokens: seq_len/cp of each sequence (context parallelism). Attention work per
@@ -157,11 +159,9 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     heads = model.heads / tp
     dense, attn = layer_forward_flops_per_token(model)
     f_dense = dense * tokens / tp / r.linear
-    ep_comm = 0.0
-    if model.is_moe:  # the slowest EP rank's expert GEMMs and the all-to-alls (costmodel/moe.py)
+    if model.is_moe:  # the slowest EP rank's expert GEMMs (costmodel/moe.py)
         routed = moe.routed_flops_per_token(model) * tokens / tp / r.linear
         f_dense = f_dense + moe.routed_gemm_extra(model, t, routed, system.matmul_half_hidden)
-        ep_comm = moe.all_to_all_times(model, system, t, e)
     f_attn = attn * tokens / tp / r.flops
     drop = model.dropout > 0
     # Element-wise passes over b·s·h: 2 norms (read + write) and 2 bias-dropout-residual adds
@@ -209,6 +209,9 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     hidden_by = overlap * (3 * f_dense + np.where(full, f_dense, 0))
     block_comm = np.maximum(0.0, fwd_comm + bwd_comm + recompute_comm - hidden_by)
     cp_comm = cp_exchange_times(model, system, t, e, f_attn)
+    # The all-to-alls, exposed beyond the compute they overlap with (costmodel/moe.py).
+    ep_comm = (moe.all_to_all_times(model, system, t, e, moe_run, 3 * fwd + recompute)
+               if model.is_moe else 0.0)
     return BlockTimes(f_dense, f_attn, f_elem, f_softmax, f_fixed, fwd, recompute,
                       3 * fwd + recompute, block_comm, cp_comm, ep_comm)
 
@@ -277,6 +280,12 @@ def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     p2p = np.where(pp > 1, 2 * v * comm.send_recv(system, axes.rank_stride(t, axes.Axis.PP),
                                                   tokens * h * r.act_bytes / tp), 0.0)
     per_layer = blk.compute + blk.comm + blk.cp_comm + blk.ep_comm
+    # Multi-token prediction (model.mtp_layers) runs on the last stage (Megatron-Core builds
+    # every module there): per module one more block, its 2h -> h projection and another head
+    # pass with its loss.
+    mtp = model.mtp_layers
+    proj = 3 * 2 * (2 * h) * h * tokens / tp / r.flops
+    last_extra = (1 + mtp) * last_extra + mtp * (per_layer + proj)
     others = ranks["most_but_last"] * per_layer
     last = ranks["last"] * per_layer + last_extra
     last_paces = (last >= others) | (pp == 1)
@@ -455,14 +464,15 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
 
 def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable, eager: bool = False,
               overlap_comm: bool = True, reduce_fp32: bool | None = None,
-              tp_comm_overlap: bool = False) -> dict[str, np.ndarray]:
+              tp_comm_overlap: bool = False,
+              moe_run: moe.MoeRun = moe.NO_OVERLAP) -> dict[str, np.ndarray]:
     """Seconds per iteration and its parts (seconds, summed over the iteration, on the slowest
     pipeline stage), for every layout of ``t``: per block, per stage, data parallel. ``eager``:
     the run is un-compiled PyTorch (:func:`block_times`); ``overlap_comm``: DeepSpeed's, for
     its ZeRO-1/2 layouts (:func:`data_parallel_times`); ``reduce_fp32``: :func:`reduce_bytes`;
-    ``tp_comm_overlap``: :func:`block_times`."""
+    ``tp_comm_overlap`` and ``moe_run``: :func:`block_times`."""
     r = _rates(model, system, t)
-    blk = block_times(model, system, t, r, eager, tp_comm_overlap)
+    blk = block_times(model, system, t, r, eager, tp_comm_overlap, moe_run)
     stage = stage_times(model, system, t, r, blk)
     dp = data_parallel_times(model, system, t, r, blk, stage, overlap_comm, reduce_fp32)
     m = t.num_microbatches

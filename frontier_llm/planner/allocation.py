@@ -474,6 +474,7 @@ def allocation_curve(
     eager: bool = False,
     overlap_comm: bool = True,
     tp_comm_overlap: bool = False,
+    moe_run=None,
 ) -> pd.DataFrame:
     """The best layout at each GPU count of ``counts`` with its intervals (``confidence``,
     default :data:`~frontier_llm.planner.intervals.DEFAULT_CONFIDENCE`) and, with ``tokens``,
@@ -484,8 +485,8 @@ def allocation_curve(
     instead (weak scaling; :data:`CRITICAL_BATCH_CAVEAT`). Each row carries its
     ``global_batch`` and ``batch_tokens``. ``eager``: element-wise work priced as un-compiled
     PyTorch runs it, ``overlap_comm`` False DeepSpeed's ZeRO-1/2 reductions not overlapped,
-    ``tp_comm_overlap`` Megatron-LM's ``--tp-comm-overlap`` (:func:`~frontier_llm.planner.plan.
-    plan`)."""
+    ``tp_comm_overlap`` Megatron-LM's ``--tp-comm-overlap``, ``moe_run`` an MoE run's
+    dispatch and overlap (None: none overlapped) (:func:`~frontier_llm.planner.plan.plan`)."""
     from frontier_llm.planner import intervals
     from frontier_llm.planner.plan import plan
 
@@ -495,7 +496,8 @@ def allocation_curve(
     for i, n in enumerate(counts):
         plans.append(plan(model, system, n, fixed or growing_global_batch(model, n), space,
                           eager=eager, overlap_comm=overlap_comm,
-                          tp_comm_overlap=tp_comm_overlap))
+                          tp_comm_overlap=tp_comm_overlap,
+                          **({"moe_run": moe_run} if moe_run is not None else {})))
         if on_count:
             on_count(i + 1)
     cur = curve(plans)

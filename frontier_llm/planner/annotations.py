@@ -32,7 +32,8 @@ def annotate(frame: pd.DataFrame, model: ModelSpec, system: SystemSpec, *,
              risk_aware: bool = False, top: int | None = None) -> pd.DataFrame:
     """Intervals (always), the token budget's figures (with ``tokens``), the risk-aware order
     (with ``risk_aware``; then the first ``top`` rows)."""
-    out = add_intervals(frame, system, confidence) if len(frame) else frame
+    # An MoE model's layouts at ep 1 are no better calibrated than its ep > 1 ones.
+    out = add_intervals(frame, system, confidence, moe=model.is_moe) if len(frame) else frame
     if tokens is not None and len(out):
         out = alloc.add_allocation(out, system, model.seq_len, tokens)
     if risk_aware and len(out):

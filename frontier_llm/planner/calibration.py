@@ -28,6 +28,7 @@ import pandas as pd
 
 from frontier_llm.catalog import load_system
 from frontier_llm.costmodel.flops import narayanan_eq3
+from frontier_llm.costmodel.moe import MoeRun
 from frontier_llm.errors import UserError
 from frontier_llm.planner.intervals import family, memory_verdict, vendor
 from frontier_llm.planner.plan import memory_bounds, plan
@@ -264,9 +265,37 @@ def unused_reason(row: pd.Series) -> str | None:
     return str(row["unused"]) if _given(row.get("unused")) else None
 
 
+# The Mixture-of-Experts columns a row may state (calibration_runs_moe.csv): ModelSpec fields
+# of the same names.
+MOE_COLUMNS = ("num_experts", "top_k", "expert_ffn_hidden", "shared_experts", "dense_layers",
+               "n_group", "topk_group")
+
+
+def _moe_fields(row: pd.Series) -> dict:
+    """The MoE fields a row states (none for a dense model's row); ``router_balance`` as its
+    column says (the router its source trained or benchmarked with)."""
+    if not _given(row.get("num_experts")):
+        return {}
+    out = {c: int(row[c]) for c in MOE_COLUMNS if _given(row.get(c))}
+    if _given(row.get("router_balance")):
+        out["router_balance"] = str(row["router_balance"])
+    return out
+
+
+def row_moe_run(row: pd.Series) -> MoeRun:
+    """How the row's MoE run dispatched and overlapped its all-to-alls, as its notes or engine
+    name it (Megatron-LM's flags, DeepSeek's DualPipe); Megatron-LM's defaults otherwise."""
+    text = _text(row, "notes", "engine")
+    overlap = ("dualpipe" if "dualpipe" in text else
+               "ep-a2a" if "--overlap-moe-expert-parallel-comm" in text else "none")
+    flex = "deepep" in text or "dispatcher-type flex" in text
+    return MoeRun(overlap, "flex" if flex else "alltoall")
+
+
 def row_model(row: pd.Series) -> ModelSpec:
     shape = dict(name=str(row["model"]), layers=int(row["layers"]), hidden=int(row["hidden"]),
-                 heads=int(row["heads"]), seq_len=int(row["seq_len"]), vocab=int(row["vocab"]))
+                 heads=int(row["heads"]), seq_len=int(row["seq_len"]), vocab=int(row["vocab"]),
+                 **_moe_fields(row))
     notes = str(row.get("notes") or "")
     if "swiglu" in notes.lower() or "llama" in str(row["model"]).lower():
         # Llama style (the catalog's llama3 models; every Llama is SwiGLU, RMSNorm, RoPE,
@@ -358,6 +387,8 @@ def row_space(row: pd.Series, gpus_per_node: int = 8) -> SearchSpace:
         return (int(row[col]),) if _given(row.get(col)) else None
 
     kw: dict = {"tp": pinned("tp"), "pp": pinned("pp"), "micro_batch": pinned("micro_batch")}
+    if _given(row.get("ep")):
+        kw["ep"] = pinned("ep")
     # The published runs state their layouts without context parallelism (the table has no cp
     # column; none of its sources split sequences), so none is searched for them.
     kw["cp"] = (1,)
@@ -477,7 +508,7 @@ def _best(row: pd.Series, model: ModelSpec, system: SystemSpec, recompute: str |
     for batch in row_batches(row):
         result = plan(model, system, int(row["num_gpus"]), batch, space, eager=row_eager(row),
                       overlap_comm=row_overlap_comm(row), reduce_fp32=row_reduce_fp32(row),
-                      tp_comm_overlap=row_tp_comm_overlap(row))
+                      tp_comm_overlap=row_tp_comm_overlap(row), moe_run=row_moe_run(row))
         # A published run ran: when none of its layouts is predicted to fit, the fastest is
         # predicted anyway (after those that fit) and the table says it was predicted not to fit.
         order = result.ranked_indices(fits_only=False)
@@ -576,7 +607,8 @@ def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) ->
         "metric": metric, "measured": float(measured), "predicted": predicted,
         "error": (predicted - measured) / measured, "flops_counted": counted,
         "engine": str(cfg.engine),
-        "family": family(str(cfg.engine), cfg.sharding.describe(), vendor(system)),
+        "family": family(str(cfg.engine), cfg.sharding.describe(), vendor(system),
+                         model.is_moe),
         "layout": label(cfg) + (f" + full recompute of {share:.0%} of blocks" if blended
                                 else ""),
         "peak_memory_gb": fig["peak_memory_bytes"] / 1e9,
@@ -600,8 +632,15 @@ def validate_runs(runs: pd.DataFrame, systems: dict[str, SystemSpec] | None = No
     rows = []
     for _, row in runs.iterrows():
         out = predict_row(row, systems)
+        # A row kept but not used may name hardware the catalog lacks (an H800, a TPU).
+        try:
+            system = row_system(row, systems).name
+        except UserError:
+            if unused_reason(row) is None:
+                raise
+            system = ""
         rows.append({"source": source_key(row["source"]), "model": row["model"],
-                     "gpu": row["gpu_type"], "system": row_system(row, systems).name,
+                     "gpu": row["gpu_type"], "system": system,
                      "gpus": int(row["num_gpus"]) if _given(row.get("num_gpus")) else None,
                      **out})
     return pd.DataFrame(rows)

@@ -77,10 +77,14 @@ def vendor(system: SystemSpec) -> str:
     return "other"
 
 
-def family(engine: str, sharding: str | None = None, maker: str | None = None) -> str:
-    """The error family of a layout: its engine, ``+sharded`` when it shards parameters, and
-    ``@vendor`` where the GPU's maker is given (:func:`vendor`)."""
+def family(engine: str, sharding: str | None = None, maker: str | None = None,
+           moe: bool = False) -> str:
+    """The error family of a layout: its engine, ``+sharded`` when it shards parameters,
+    ``+moe`` for a Mixture-of-Experts model (its routing and all-to-alls are errors a dense
+    row never shows, so its rows are kept apart), and ``@vendor`` where the GPU's maker is
+    given (:func:`vendor`)."""
     base = f"{engine}+sharded" if params_sharded(sharding) else str(engine)
+    base = f"{base}+moe" if moe else base
     return f"{base}@{maker}" if maker else base
 
 
@@ -241,12 +245,21 @@ def memory_width(
 
 def moe_width(width: Width, confidence: float = DEFAULT_CONFIDENCE,
               residuals: pd.DataFrame | None = None) -> Width:
-    """``width`` for a Mixture-of-Experts layout: no calibration row ran one, so at least the
-    all-family quantile, and the basis says so."""
+    """``width`` for a Mixture-of-Experts layout: at least the all-family quantile and, where
+    MoE calibration rows exist (families with ``+moe``), their largest leave-one-source-out
+    error (too few of them for a quantile of their own), and the basis says so."""
     res = load_residuals() if residuals is None else residuals
-    pool = residual_quantile(usable(res)["loso_log_residual"].to_numpy(float), confidence)
-    return Width(max(width.q, pool), f"no MoE calibration: widened to at least the all-family "
-                                     f"quantile ({width.basis})")
+    ok = usable(res)
+    pool = residual_quantile(ok["loso_log_residual"].to_numpy(float), confidence)
+    moe = ok[ok["family"].fillna("").astype(str).str.contains("+moe", regex=False)]
+    if moe.empty:
+        return Width(max(width.q, pool), f"no MoE calibration: widened to at least the "
+                                         f"all-family quantile ({width.basis})")
+    worst = float(np.max(np.abs(moe["loso_log_residual"].to_numpy(float))))
+    return Width(max(width.q, pool, worst),
+                 f"{len(moe)} MoE calibration row(s) of {moe['source'].nunique()} source(s): "
+                 f"widened to at least their largest error and the all-family quantile "
+                 f"({width.basis})")
 
 
 def check_confidence(confidence: float) -> None:

@@ -11,6 +11,7 @@ import pandas as pd
 from frontier_llm.costmodel import evaluate
 from frontier_llm.costmodel.fp8 import check_fp8
 from frontier_llm.costmodel.layouts import LayoutTable
+from frontier_llm.costmodel.moe import NO_OVERLAP, MoeRun
 from frontier_llm.errors import UserError
 from frontier_llm.planner.intervals import memory_width
 from frontier_llm.planner.space import OOM, REASONS, SearchSpace, enumerate_layouts
@@ -223,7 +224,7 @@ def layout_field_search(name: str) -> tuple:
 def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | None = None,
          space: SearchSpace | None = None, eager: bool = False,
          overlap_comm: bool = True, reduce_fp32: bool | None = None,
-         tp_comm_overlap: bool = False) -> Plan:
+         tp_comm_overlap: bool = False, moe_run: MoeRun = NO_OVERLAP) -> Plan:
     """Evaluate every layout of ``space`` for ``model`` on ``gpus`` GPUs of ``system``;
     ``eager``: element-wise work as un-compiled PyTorch runs it (``flm plan --eager``;
     calibration's rows whose model code is plain PyTorch); Megatron-LM layouts stay fused.
@@ -233,7 +234,9 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
     engine's rule): gradients reduced in fp32 or in the training dtype (calibration's
     fms-fsdp rows, whose FSDP policy reduces in bf16). ``tp_comm_overlap``: Megatron-LM layouts
     run with ``--tp-comm-overlap`` (``flm plan --tp-comm-overlap on``; calibration's rows that
-    state it); off by default, as flm's Megatron-LM command runs them."""
+    state it); off by default, as flm's Megatron-LM command runs them. ``moe_run``: how an
+    MoE run dispatches and overlaps its all-to-alls (``flm plan --moe-overlap
+    --moe-dispatcher``; costmodel/moe.py MoeRun), by default none overlapped."""
     if not 1 <= gpus <= MAX_GPUS:
         raise UserError(f"the GPU count must be between 1 and {MAX_GPUS:,} (got {gpus})")
     gb = global_batch or default_global_batch(model, gpus)
@@ -242,7 +245,7 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
     # The cost model runs on the layouts no rule rejected; the others get NaN figures.
     ok = np.flatnonzero(reason == 0)
     sub = evaluate(model, system, layouts.take(ok), eager, overlap_comm, reduce_fp32,
-                   tp_comm_overlap)
+                   tp_comm_overlap, moe_run)
     # Every row gets every figure: NaN (False) where a rule rejected it. One block for the
     # float figures, each row written once (the tables run to millions of rows).
     floats = [k for k, v in sub.items() if v.dtype != bool]

@@ -16,11 +16,12 @@ Sources:
   placements only hpZ runs.
 - Megatron-LM: schedules without and with interleaving
   (``--num-layers-per-virtual-pipeline-stage``),
-  no GPipe; an uneven split (``--decoder-first/last-pipeline-num-layers``) is refused with
-  interleaving (``get_num_layers_to_build``: "Uneven number of layer not compatible with
-  interleaved pipeline schedule"); its distributed optimizer (``--use-distributed-optimizer``)
-  shards optimizer states over DP ranks (ZeRO-1), nothing further; sequence parallelism and TP
-  communication overlap.
+  no GPipe; its own even split (no ``--decoder-first/last-pipeline-num-layers``) needs the
+  layers to divide by pp x vp when interleaved (``get_num_layers_to_build`` asserts
+  ``num_layers_per_pipeline_rank % vp_size == 0``); given end stages follow Megatron-Core's
+  uneven rules, interleaved too (specs/pipeline_split.py ``given_ends``); its distributed
+  optimizer (``--use-distributed-optimizer``) shards optimizer states over DP ranks (ZeRO-1),
+  nothing further; sequence parallelism and TP communication overlap.
 - PyTorch native (FSDP2 ``fully_shard``, DTensor tensor parallel, ``torch.distributed.pipelining``
   with ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``): any AMSP placement
   (HSDP via a 2-D mesh, ``reshard_after_forward=int`` for partial parameter sharding);
@@ -143,8 +144,11 @@ class EngineRules:
                 out.append((f"only_{knob}", f"{name} runs {knob} = {runs} only: {why}"))
         if model is None:
             return out
+        # Given end stages are split by Megatron-Core's own rules, interleaved or not
+        # (specs/pipeline_split.py given_ends); the rule here is the engine's own split's.
         if not self.uneven_interleaved and layout.chunks > layout.pp \
-                and model.layers % layout.chunks:
+                and model.layers % layout.chunks \
+                and not (layout.first_stage_layers or layout.last_stage_layers):
             out.append(("uneven_interleaved",
                         f"{name} splits layers unevenly only without interleaving: layers "
                         f"({model.layers}) is not divisible by the {layout.chunks} chunks of "
@@ -337,6 +341,13 @@ RULES: dict[Engine, EngineRules] = {
               # all-to-all dispatch, not DeepSpeed-MoE's.
               ("ep", (1,), "flm does not build or model DeepSpeed-MoE's expert-parallel groups "
                            "(deepspeed.moe.layer.MoE ep_size)"),
+              # PipelineModule(partition_method=...) takes "parameters", "uniform" or
+              # "type:REGEX" (deepspeed/runtime/pipe/module.py _partition_layers), no per-stage
+              # counts: the split is its parameter balance.
+              ("first_stage_layers", (0,), "DeepSpeed's PipelineModule balances stages by its "
+                                           "partition_method, with no per-stage layer counts"),
+              ("last_stage_layers", (0,), "DeepSpeed's PipelineModule balances stages by its "
+                                          "partition_method, with no per-stage layer counts"),
               # DeepSpeed-MoE's experts follow the model's own tensor parallelism (its
               # enable_expert_tensor_parallelism switch: tp or none; deepspeed/moe/layer.py at
               # edaa7221267243c7be7fb49c5d5f5c4fb97b4641), with no degree of their own; flm

@@ -39,7 +39,7 @@ from frontier_llm.specs.vocab import (
 __all__ = ["COMPONENTS", "MAX_COUNT", "MAX_GPUS", "DType", "Engine", "FP8Recipe", "Layout",
            "ParallelConfig", "Placement", "PlacementKind", "Recompute", "Schedule", "Sharding",
            "Vocabulary",
-           "complete_layout", "given_options", "layout_argv", "layout_fields",
+           "complete_layout", "given_options", "int_minimum", "layout_argv", "layout_fields",
            "layout_json_schema", "layout_types", "merge_schedule", "parse_schedule_label",
            "row_schedule", "schedule_label", "zero_preset"]
 
@@ -126,6 +126,19 @@ class Layout:
         "FP8 scaling with --dtype fp8: tensorwise (current per-tensor scale), delayed "
         "(amax history), blockwise (1x128 / 128x128, DeepSeek-V3), mxfp8 (Blackwell, MI355X)",
         new_knob=True, argv_quiet=True, search=("tensorwise",)))
+    # Uneven pipeline stages as Megatron-LM states them (--decoder-first-pipeline-num-layers,
+    # --decoder-last-pipeline-num-layers): the first / last stage's transformer layers, the
+    # middle stages splitting the rest evenly (specs/pipeline_split.py given_ends); 0 leaves
+    # the split to the engine's own rule. Published MoE runs give them (DeepSeek-V3's 61 layers
+    # over pp 16). A run's choice, not a searched knob (specs/space.py NOT_SEARCHED).
+    first_stage_layers: int = field(default=0, metadata=_knob(
+        "transformer layers of the first pipeline stage (Megatron-LM "
+        "--decoder-first-pipeline-num-layers; 0: the engine's split); the middle stages share "
+        "the rest evenly", new_knob=True, argv_quiet=True, minimum=0))
+    last_stage_layers: int = field(default=0, metadata=_knob(
+        "transformer layers of the last pipeline stage, which also holds the head, the loss "
+        "and any multi-token-prediction layers (Megatron-LM --decoder-last-pipeline-num-layers; "
+        "0: the engine's split)", new_knob=True, argv_quiet=True, minimum=0))
     # Expert tensor parallelism (Megatron-LM's --expert-tensor-parallel-size, torchtitan
     # v0.2.2's expert_tensor_parallel_degree): the routed experts' own tensor-parallel degree,
     # folded like ep over the stage's tp x cp x dp ranks (specs/axes.py). 0 means "the same as
@@ -135,7 +148,7 @@ class Layout:
         "experts re-folding the stage's tp x cp x dp ranks as etp x ep x expert-dp "
         "(Megatron-Core MoE parallel folding; etp x ep must divide tp x cp x dp; e.g. --tp 4 "
         "--etp 1). Default: the same as tp", default_text=None, new_knob=True,
-        argv_quiet=True))
+        argv_quiet=True, minimum=0))
 
     def __post_init__(self) -> None:
         if not isinstance(self.sharding, Sharding):
@@ -143,8 +156,9 @@ class Layout:
         for name, kind in layout_types().items():
             if isinstance(kind, type) and issubclass(kind, Vocabulary):
                 object.__setattr__(self, name, kind.parse(getattr(self, name), name))
-            elif kind is int and getattr(self, name) < (0 if name == axes.EXPERT_TP else 1):
-                raise SpecError(f"{name} must be at least 1 (got {getattr(self, name)})", name)
+            elif kind is int and getattr(self, name) < int_minimum(name):
+                raise SpecError(f"{name} must be at least {int_minimum(name)} "
+                                f"(got {getattr(self, name)})", name)
             elif kind is int and getattr(self, name) > MAX_COUNT:
                 raise SpecError(f"{name} must be at most {MAX_COUNT:,} (got {getattr(self, name)})",
                                 name)
@@ -184,6 +198,10 @@ class Layout:
                 )
         if self.sequence_parallel and self.tp < 2:
             raise SpecError("sequence_parallel needs tp >= 2", "sequence_parallel")
+        if self.pp < 2 and (self.first_stage_layers or self.last_stage_layers):
+            raise SpecError("first_stage_layers / last_stage_layers need pp >= 2",
+                            "first_stage_layers" if self.first_stage_layers
+                            else "last_stage_layers")
         for comp in COMPONENTS:
             place: Placement = getattr(self.sharding, comp)
             if place.kind == PlacementKind.PARTIAL and (place.group < 1
@@ -273,7 +291,8 @@ class Layout:
             raise SpecError(f"etp ({self.etp}) needs a Mixture-of-Experts model ({model.name} "
                             "is dense: num_experts 0)", "etp")
         chunks = self.pp * self.virtual_stages
-        if chunks > 1 and min_chunk_layers(model, self.pp, self.virtual_stages, self.engine) < 1:
+        if chunks > 1 and min_chunk_layers(model, self.pp, self.virtual_stages, self.engine,
+                                           *self.given_ends) < 1:
             # Uneven splits are fine (specs/pipeline_split.py); a chunk with no layer is not.
             raise SpecError(
                 f"layers ({model.layers}) split over pp x virtual_stages "
@@ -299,9 +318,17 @@ class Layout:
 
     def stage_layers(self, model: ModelSpec) -> tuple[int, ...]:
         """Layers of each model chunk in pipeline order, split the way this layout's engine
-        splits them (``specs/pipeline_split.py``), after :meth:`check_model`."""
+        splits them, or around its given end stages by Megatron-Core's rules
+        (``specs/pipeline_split.py``), after :meth:`check_model`."""
         self.check_model(model)
-        return split_layers(model.layers, self.pp, self.virtual_stages, self.engine, model)
+        return split_layers(model.layers, self.pp, self.virtual_stages, self.engine, model,
+                            *self.given_ends)
+
+    @property
+    def given_ends(self) -> tuple[int, int]:
+        """(first_stage_layers, last_stage_layers): the end stages' layers as given, 0 where
+        the engine's split decides."""
+        return self.first_stage_layers, self.last_stage_layers
 
     @property
     def chunks(self) -> int:
@@ -368,6 +395,14 @@ def layout_types() -> dict[str, type]:
 
 def layout_fields() -> tuple[dataclasses.Field, ...]:
     return dataclasses.fields(Layout)
+
+
+@cache
+def int_minimum(name: str) -> int:
+    """The least value of int field ``name``: 1, or the field's ``minimum`` metadata (0 for a
+    count where 0 means "not given": first_stage_layers)."""
+    meta = next(f.metadata for f in layout_fields() if f.name == name)
+    return int(meta.get("minimum", 1))
 
 
 def given_options(options: Any) -> dict:
@@ -451,8 +486,7 @@ def layout_json_schema() -> dict:
         if kind is bool:
             props[name] = {"type": "boolean"}
         elif kind is int:
-            # etp's 0 stands for "tp" (specs/axes.py); every other degree and count is >= 1.
-            props[name] = {"type": "integer", "minimum": 0 if name == axes.EXPERT_TP else 1}
+            props[name] = {"type": "integer", "minimum": int_minimum(name)}
         elif kind is Sharding:
             props[name] = {
                 "type": "object", "required": list(COMPONENTS),

@@ -70,6 +70,16 @@ class ModelSpec:
     # The router's load-balancing loss coefficient (Switch Transformers eq. 4; Megatron-LM
     # --moe-aux-loss-coeff); 0 trains without it.
     router_aux_loss: float = 0.0
+    # How the router keeps the experts' loads even, which sets the slowest EP rank's excess
+    # (costmodel/moe.py load_imbalance): "aux-loss" (a balance loss: GShard, Switch, Megatron-LM's
+    # default), "aux-free" (a per-expert routing bias, Wang et al. 2024, arXiv 2408.15664;
+    # DeepSeek-V3), "forced" (Megatron-LM --moe-router-force-load-balancing, benchmarks only).
+    router_balance: str = "aux-loss"
+    # Group-limited routing (DeepSeek-V3 config.json n_group / topk_group; Megatron-LM
+    # --moe-router-num-groups / --moe-router-group-topk): experts in n_group groups, each token
+    # routed within topk_group of them; 0: unlimited. With a group per node it is node-limited.
+    n_group: int = 0
+    topk_group: int = 0
     # Attention widths. ``head_dim`` is each head's width (Hugging Face config.json head_dim,
     # Megatron-LM --kv-channels); None: hidden / heads. Qwen3 and gpt-oss set it apart from
     # hidden / heads (Qwen3-235B-A22B: 64 heads of 128 on a 4096 hidden), so Q is then
@@ -86,6 +96,17 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # Multi-token prediction (Gloeckle et al. 2024; DeepSeek-AI 2024, DeepSeek-V3 report
+    # arXiv 2412.19437 §2.2; config.json num_nextn_predict_layers; Megatron-LM --mtp-num-layers):
+    # ``mtp_layers`` sequential modules after the last block, each RMSNorms of the hidden state
+    # and of the next token's embedding, a 2h -> h projection (eh_proj, no bias), one
+    # transformer block of the last block's kind and a final norm, sharing the embedding and
+    # the output head (an extra logits pass each). Megatron-Core builds them all on the last
+    # pipeline stage's last chunk, with a copy of the embedding there
+    # (megatron/core/transformer/multi_token_prediction.py get_mtp_num_layers_to_build,
+    # MultiTokenPredictionLayer; models/gpt/gpt_model.py mtp_process; at 309ffca). They train;
+    # :meth:`num_params` (the published count) leaves them out, :meth:`mtp_params` counts them.
+    mtp_layers: int = 0
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -150,6 +171,9 @@ class ModelSpec:
         object.__setattr__(self, "head_dim", qk)
 
     def _check_experts(self) -> None:
+        if not 0 <= self.mtp_layers <= MAX_LAYERS:
+            raise SpecError(f"mtp_layers must be in [0, {MAX_LAYERS:,}] (got {self.mtp_layers})",
+                            "mtp_layers")
         for name in ("num_experts", "top_k", "shared_experts", "dense_layers"):
             value = getattr(self, name)
             if not 0 <= value <= MAX_DIMENSION:
@@ -176,6 +200,14 @@ class ModelSpec:
         if self.dense_layers >= self.layers:
             raise SpecError(f"dense_layers ({self.dense_layers}) leaves no MoE block of "
                             f"{self.layers} layers", "dense_layers")
+        if self.router_balance not in ("aux-loss", "aux-free", "forced"):
+            raise SpecError("router_balance must be aux-loss, aux-free or forced (got "
+                            f"{self.router_balance!r})", "router_balance")
+        if (self.n_group or self.topk_group) and not (
+                1 <= self.topk_group <= self.n_group and self.num_experts % self.n_group == 0):
+            raise SpecError(f"topk_group ({self.topk_group}) must be between 1 and n_group "
+                            f"({self.n_group}), and n_group divide num_experts "
+                            f"({self.num_experts})", "topk_group")
         if self.capacity_factor is not None and not 0.0 < self.capacity_factor <= 1024.0:
             raise SpecError("capacity_factor must be in (0, 1024] or absent for dropless "
                             f"routing (got {self.capacity_factor})", "capacity_factor")
@@ -317,13 +349,29 @@ class ModelSpec:
         return (sum(self.active_layer_params(i) for i in range(self.layers))
                 + self.embedding_params() + self.head_params())
 
+    def norm_params(self) -> int:
+        """One norm over the hidden state: a LayerNorm's weight and bias, an RMSNorm's weight."""
+        return 2 * self.hidden if self.norm == "layernorm" else self.hidden
+
+    def mtp_layer_params(self) -> int:
+        """One multi-token-prediction module: its block (the last block's kind, Megatron-Core's
+        ``get_gpt_mtp_block_spec`` takes ``layer_specs[-1]``), the 2h -> h projection and
+        three norms (enorm, hnorm, final_layernorm); the embedding and head are shared."""
+        return (self.layer_params(self.layers - 1) + 2 * self.hidden * self.hidden
+                + 3 * self.norm_params())
+
+    def mtp_params(self) -> int:
+        """The multi-token-prediction modules' parameters (0 without them)."""
+        return self.mtp_layers * self.mtp_layer_params()
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
 # The Mixture-of-Experts fields (ModelSpec above).
 EXPERT_FIELDS = ("num_experts", "top_k", "expert_ffn_hidden", "shared_experts", "dense_layers",
-                 "moe_layer_freq", "capacity_factor", "router_aux_loss")
+                 "moe_layer_freq", "capacity_factor", "router_aux_loss", "router_balance",
+                 "n_group", "topk_group")
 
 
 # The multi-head latent attention fields (ModelSpec above); 0 on every other model.

@@ -32,6 +32,18 @@ read it. Each engine's rule is the one its own code applies (``pipeline_split`` 
   one). DeepSpeed applies
   it whether or not the layers divide evenly, and so do we. DeepSpeed's pipeline engine has no
   interleaving, so ``virtual_stages`` is 1.
+
+Given end stages (the layout's ``first_stage_layers`` / ``last_stage_layers``, Megatron-LM's
+``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``) replace the
+engine's rule with Megatron-Core's (``TransformerConfig.__post_init__`` "Uneven PP" and
+``get_num_layers_to_build``, megatron/core/transformer/transformer_config.py and
+transformer_block.py at 309ffca, core_v0.15.3; the same at d98e8a6): each given count is at
+least 1 and, interleaved, a multiple of ``virtual_stages``; the layers left divide evenly over
+the stages left (none left: no layers left), and so does each middle stage's share over
+``virtual_stages``. Every chunk of a stage holds ``stage layers / virtual_stages``, so uneven
+stages compose with interleaving under these rules (61 layers over pp 8 x vp 2 does not: every
+stage even, 61 odd). DeepSpeed's ``PipelineModule`` takes no per-stage counts, so its engine
+refuses them (``specs/engine_rules.py``).
 """
 
 from __future__ import annotations
@@ -46,17 +58,26 @@ from frontier_llm.specs.model import ModelSpec
 
 
 def stage_layers(layers: int, pp: int, virtual_stages: int, engine: str,
-                 model: ModelSpec | None = None) -> tuple[int, ...]:
+                 model: ModelSpec | None = None, first: int = 0, last: int = 0
+                 ) -> tuple[int, ...]:
     """Transformer layers of each of the ``pp × virtual_stages`` model chunks, in pipeline order.
 
     ``engine`` is an ``Engine`` (or its word). ``model`` gives DeepSpeed's parameter weights (the
     embedding and the head against one layer); without it both ends weigh one layer. A chunk may
     come out with 0 layers when there are too few; ``Layout.check_model`` refuses that.
+    ``first`` / ``last``: the layers of the first / last stage as given (0: not given), split
+    Megatron's way (:func:`given_ends`; SpecError names the rule broken).
     """
     rule = rules_for(engine).pipeline_split
     if layers < 1 or pp < 1 or virtual_stages < 1:
         raise SpecError(f"layers, pp and virtual_stages must be at least 1 "
                         f"(got {layers}, {pp}, {virtual_stages})", "pp")
+    if first or last:
+        if rule == "parameters":
+            raise SpecError(f"engine {engine} balances stages by parameters (DeepSpeed's "
+                            "PipelineModule takes no per-stage layer counts): leave "
+                            "first_stage_layers and last_stage_layers unset", "first_stage_layers")
+        return given_ends(layers, pp, virtual_stages, first, last)
     if rule == "parameters":
         emb, head = _end_weights(model)
         return _balanced(layers, pp * virtual_stages, emb, head)
@@ -72,14 +93,62 @@ def stage_layers(layers: int, pp: int, virtual_stages: int, engine: str,
     return _manual(layers, chunks)
 
 
-def min_chunk_layers(model: ModelSpec, pp: int, virtual_stages: int, engine: str) -> int:
+def min_chunk_layers(model: ModelSpec, pp: int, virtual_stages: int, engine: str,
+                     first: int = 0, last: int = 0) -> int:
     """The fewest layers any chunk gets (0: the layout is refused). Where the engine has no
-    uneven split with interleaving (Megatron) the engine rule refuses the layout instead, so
-    this reports the even floor split there."""
+    uneven split of its own with interleaving (Megatron) the engine rule refuses the layout
+    instead, so this reports the even floor split there. Given end stages (``first`` /
+    ``last``) are checked by :func:`given_ends`, which refuses an empty chunk itself."""
     chunks = pp * virtual_stages
-    if virtual_stages > 1 and not rules_for(engine).uneven_interleaved:
+    if (virtual_stages > 1 and not rules_for(engine).uneven_interleaved
+            and not (first or last)):
         return model.layers // chunks
-    return min(stage_layers(model.layers, pp, virtual_stages, engine, model))
+    return min(stage_layers(model.layers, pp, virtual_stages, engine, model, first, last))
+
+
+def given_ends(layers: int, pp: int, virtual_stages: int, first: int, last: int
+               ) -> tuple[int, ...]:
+    """Chunks in pipeline order when the first and/or last stage's layers are given (0: not
+    given), by Megatron-Core's rules (module docstring): SpecError, naming the field, for each
+    rule Megatron raises on."""
+    v = virtual_stages
+    if pp < 2:
+        raise SpecError(f"first_stage_layers / last_stage_layers need pp >= 2 (got pp {pp})",
+                        "first_stage_layers" if first else "last_stage_layers")
+    rest, stages = layers, pp
+    for name, given in (("first_stage_layers", first), ("last_stage_layers", last)):
+        if not given:
+            continue
+        if given < 0:
+            raise SpecError(f"{name} must be at least 1 (got {given})", name)
+        if given % v:
+            raise SpecError(f"{name} ({given}) must be divisible by virtual_stages ({v}): "
+                            "each of the stage's chunks holds the same number of layers "
+                            "(Megatron-Core)", name)
+        rest, stages = rest - given, stages - 1
+    field = "last_stage_layers" if last else "first_stage_layers"
+    if rest < 0 or bool(rest) != bool(stages):
+        raise SpecError(f"first_stage_layers ({first or '-'}) and last_stage_layers "
+                        f"({last or '-'}) leave {rest} layers of {layers} for {stages} middle "
+                        f"stages of pp {pp}: each middle stage needs at least one layer, and "
+                        "no layer may be left without a stage", field)
+    if stages and rest % stages:
+        raise SpecError(f"the {rest} layers left after first_stage_layers ({first or '-'}) and "
+                        f"last_stage_layers ({last or '-'}) do not divide evenly over the "
+                        f"{stages} middle stages (Megatron-Core: \"number of layers at middle "
+                        "stage must be divisible by the middle pipeline model parallel size\")",
+                        field)
+    middle = rest // stages if stages else 0
+    if stages and middle % v:
+        raise SpecError(f"each middle stage's {middle} layers are not divisible by "
+                        f"virtual_stages ({v}) (Megatron-Core: the layers of a middle pipeline "
+                        "rank must divide by the virtual pipeline degree)", field)
+    ranks = [middle] * pp
+    if first:
+        ranks[0] = first
+    if last:
+        ranks[-1] = last
+    return tuple(ranks[r] // v for _ in range(v) for r in range(pp))
 
 
 def _end_weights(model: ModelSpec | None) -> tuple[float, float]:

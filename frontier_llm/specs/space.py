@@ -24,7 +24,9 @@ from frontier_llm.specs.layout import Sharding, Vocabulary, layout_fields, layou
 
 # Layout fields a space does not list: dp follows from tp, pp and the GPU count; the global
 # batch and the precision are the run's (layouts are compared at one batch and one precision).
-NOT_SEARCHED = ("dp", "global_batch", "dtype")
+# The end stages' given layers (first_stage_layers, last_stage_layers) are a run's statement of
+# its split, not a search dimension: the planner takes each engine's own split.
+NOT_SEARCHED = ("dp", "global_batch", "dtype", "first_stage_layers", "last_stage_layers")
 # Knobs a grid space leaves to the planner when it does not list them (metadata grid_open):
 # the degrees (every one that divides the GPU count) and the interleaving depth (every one that
 # divides a stage's layers), which only make sense against the model and the GPU count.

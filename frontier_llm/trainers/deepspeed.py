@@ -29,7 +29,12 @@ from frontier_llm.specs.system import SystemSpec
 from frontier_llm.trainers.base import Trainer
 from frontier_llm.trainers.deepspeed_config import deepspeed_config, zero_settings
 from frontier_llm.trainers.deepspeed_log import DeepSpeedLog
-from frontier_llm.trainers.refusals import check_engine_rules, check_megatron_deepspeed, refuse
+from frontier_llm.trainers.refusals import (
+    check_engine_rules,
+    check_megatron_deepspeed,
+    check_mtp,
+    refuse,
+)
 from frontier_llm.trainers.text import json_text
 
 DEEPSPEED = "deepspeed"
@@ -122,6 +127,10 @@ class DeepSpeed(Trainer):
     # own (deepspeed.add_config_arguments adds --deepspeed and --deepspeed_config only).
 
     def check(self, model: ModelSpec, layout: Layout) -> Layout:
+        # The training script is the user's; flm's DeepSpeed engine (flm bench) and the cost
+        # model's deepspeed rules stand for a GPT without MTP modules.
+        check_mtp(self.name, model, "DeepSpeed's config has no model section, and flm's "
+                  "DeepSpeed engine builds no multi-token-prediction module")
         ds_config(model, layout)
         return layout
 

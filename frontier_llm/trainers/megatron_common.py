@@ -38,6 +38,15 @@ RECOMPUTE_FLAG = "--recompute-granularity"
 # virtual_pipeline_model_parallel_size = --num-virtual-stages-per-pipeline-rank, None for 1).
 VIRTUAL_STAGES_FLAG = "--num-virtual-stages-per-pipeline-rank"
 PRINTED = {"data_parallel_size": "dp", "virtual_pipeline_model_parallel_size": "virtual_stages"}
+# Uneven pipeline stages (flag -> layout field; Megatron-LM only, _add_distributed_args at
+# 309ffca; TransformerConfig's num_layers_in_first/last_pipeline_stage take their values):
+# the export writes the layout's given ends, or the ends of Megatron's split flm plans where the
+# layers do not divide (specs/pipeline_split.py); the log reader reads them back.
+STAGE_LAYER_FLAGS = {"--decoder-first-pipeline-num-layers": "first_stage_layers",
+                     "--decoder-last-pipeline-num-layers": "last_stage_layers"}
+# Multi-token prediction modules (model field mtp_layers; arguments.py at 309ffca:
+# ``--mtp-num-layers``, "Number of Multi-Token Prediction (MTP) Layers").
+MTP_FLAG = "--mtp-num-layers"
 # The sharding flags: Megatron-LM's distributed optimizer (ZeRO-1), Megatron-DeepSpeed's stage.
 DISTRIBUTED_OPTIMIZER_FLAG = "--use-distributed-optimizer"
 ZERO_STAGE_FLAG = "--zero-stage"
@@ -157,6 +166,16 @@ def moe_args(model: ModelSpec, layout: Layout) -> list[str]:
                  "--moe-aux-loss-coeff", f"{model.router_aux_loss:g}"]
     else:
         argv += ["--moe-router-load-balancing-type", "none"]
+    if model.router_balance == "aux-free":
+        # "TopK routing with dynamic per-expert bias in the aux-loss-free load balancing
+        # strategy" (transformer_config.py, NVIDIA/Megatron-LM@d98e8a64).
+        argv += ["--moe-router-enable-expert-bias"]
+    elif model.router_balance == "forced":
+        argv += ["--moe-router-force-load-balancing"]
+    if model.n_group:
+        # Group-limited routing (node-limited with a group per node), same file.
+        argv += ["--moe-router-num-groups", str(model.n_group),
+                 "--moe-router-group-topk", str(model.topk_group)]
     if model.capacity_factor is not None:
         argv += ["--moe-expert-capacity-factor", f"{model.capacity_factor:g}"]
     if layout.ep > 1:
@@ -167,6 +186,30 @@ def moe_args(model: ModelSpec, layout: Layout) -> list[str]:
     if layout.etp:
         argv += [EXPERT_TP_FLAG, str(layout.etp)]
     return argv
+
+
+def stage_layer_args(model: ModelSpec, layout: Layout) -> list[str]:
+    """``--decoder-first/last-pipeline-num-layers``: the layout's given ends (only those given:
+    Megatron splits the rest evenly over the other stages, as flm does); without them, both ends
+    of the split flm plans where the layers do not divide over pp (not interleaved: the
+    engine's rule refuses its own uneven split interleaved). Nothing for an even split."""
+    if layout.pp < 2:
+        return []
+    first, last = layout.given_ends
+    if not (first or last):
+        counts = layout.stage_layers(model)
+        if len(set(counts)) == 1:
+            return []
+        first, last = counts[0], counts[-1]
+    flags = dict(zip(STAGE_LAYER_FLAGS, (first, last), strict=True))
+    return [a for flag, n in flags.items() if n for a in (flag, str(n))]
+
+
+def mtp_args(model: ModelSpec) -> list[str]:
+    """``--mtp-num-layers`` for a model with multi-token-prediction modules. Megatron-Core puts
+    them on the last pipeline stage's last chunk (get_mtp_num_layers_to_build at 309ffca), where
+    flm prices them."""
+    return [MTP_FLAG, str(model.mtp_layers)] if model.mtp_layers else []
 
 
 def recompute_args(layout: Layout) -> list[str]:
@@ -213,7 +256,7 @@ def render_argv(argv: list[str], header: list[str]) -> str:
 
 
 __all__ = ["DEFAULT_DS_CONFIG", "DEGREE_FLAGS", "DISTRIBUTED_OPTIMIZER_FLAG", "EXPERT_TP_FLAG",
-           "FLAG", "PRINTED",
-           "RECOMPUTE_FLAG", "SEQUENCE_PARALLEL_FLAG", "VIRTUAL_STAGES_FLAG", "ZERO_STAGE_FLAG",
-           "batch_and_degrees", "dest", "dtype_args", "model_args", "moe_args", "moe_layer_freq",
-           "recompute_args", "render_argv"]
+           "FLAG", "MTP_FLAG", "PRINTED", "RECOMPUTE_FLAG", "SEQUENCE_PARALLEL_FLAG",
+           "STAGE_LAYER_FLAGS", "VIRTUAL_STAGES_FLAG", "ZERO_STAGE_FLAG", "batch_and_degrees",
+           "dest", "dtype_args", "model_args", "moe_args", "moe_layer_freq", "mtp_args",
+           "recompute_args", "render_argv", "stage_layer_args"]

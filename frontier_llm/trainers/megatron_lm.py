@@ -17,8 +17,10 @@ from frontier_llm.trainers.megatron_common import (
     dtype_args,
     model_args,
     moe_args,
+    mtp_args,
     recompute_args,
     render_argv,
+    stage_layer_args,
 )
 from frontier_llm.trainers.megatron_log import MegatronLog
 from frontier_llm.trainers.refusals import check_engine_rules, refuse
@@ -100,6 +102,11 @@ class MegatronLM(Trainer):
                          "megatron/core/transformer/moe/README.md at 309ffca): add "
                          "--sequence-parallel")
         check_expert_tp(self.name, model, layout)
+        if model.mtp_layers and model.position not in ("rope",):
+            raise refuse(self.name, f"mtp_layers {model.mtp_layers} with {model.position} "
+                         "positions: validate_args asserts \"Multi-Token Prediction (MTP) is "
+                         "not supported with learned_absolute position embedding type\" (rope "
+                         "or none only; megatron/training/arguments.py at 309ffca)")
         if layout.ep > 1 and layout.dtype == DType.FP16:
             raise refuse(self.name, "ep > 1 with fp16: validate_args asserts \"Expert "
                          "parallelism is not supported with fp16 training\" "
@@ -118,14 +125,13 @@ class MegatronLM(Trainer):
             # of 2 x cp) is the layout's (Layout.check_model).
             argv += [FLAG["cp"], str(layout.cp)]
         if layout.schedule == Schedule.INTERLEAVED:
+            # --num-virtual-stages-per-pipeline-rank, not --num-layers-per-virtual-pipeline-
+            # stage, which validate_args refuses beside uneven ends.
             argv += [VIRTUAL_STAGES_FLAG, str(layout.virtual_stages)]
-        elif layout.pp > 1:
-            # Megatron's split: the middle stages take the even share, the ends what the
-            # --decoder-first/last flags give them (specs/pipeline_split.py "first_last").
-            counts = layout.stage_layers(model)
-            if len(set(counts)) > 1:
-                argv += ["--decoder-first-pipeline-num-layers", str(counts[0]),
-                         "--decoder-last-pipeline-num-layers", str(counts[-1])]
+        # Megatron's split: the middle stages take the even share, the ends what the
+        # --decoder-first/last flags give them (specs/pipeline_split.py).
+        argv += stage_layer_args(model, layout)
+        argv += mtp_args(model)
         if layout.sequence_parallel:
             argv.append(SEQUENCE_PARALLEL_FLAG)
         argv += recompute_args(layout)

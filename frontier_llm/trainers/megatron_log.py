@@ -44,13 +44,16 @@ from frontier_llm.trainers.megatron_common import (
     KV_CHANNELS_FLAG,
     MLA_FLAG,
     MLA_FLAGS,
+    MTP_FLAG,
     PRINTED,
     RECOMPUTE_FLAG,
     ROPE_BASE_FLAG,
     SEQUENCE_PARALLEL_FLAG,
+    STAGE_LAYER_FLAGS,
     ZERO_STAGE_FLAG,
     dest,
 )
+from frontier_llm.trainers.megatron_pipeline_layout import given_ends_of
 
 _ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)")
 # The step-time field in each unit, with what divides it into seconds.
@@ -160,6 +163,11 @@ class MegatronLog(LogReader):
             run.layout.setdefault("etp", 0)  # without the flag its experts ran at tp
             # validate_args prints None for one model chunk per pipeline rank.
             run.layout.setdefault("virtual_stages", 1)
+            # --decoder-first/last-pipeline-num-layers: None (Megatron-DeepSpeed: absent) is
+            # Megatron's own split, 0 in the layout ("not given").
+            for stage_flag, field in STAGE_LAYER_FLAGS.items():
+                run.layout[field] = integer(a.get(dest(stage_flag))) or 0
+            _pipeline_layout(run)
         etp, tp = integer(a.get(dest(EXPERT_TP_FLAG))), run.layout.get("tp")
         if etp is not None and tp is not None:
             # validate_args prints tp here when the flag is not given: the layout's 0 ("tp").
@@ -223,11 +231,66 @@ class MegatronLog(LogReader):
             base = next((integer(a[k]) for k in _ROPE_BASE if k in a), None)
             if rope and base:
                 run.model["rope_base"] = float(base)
+        if (mtp := integer(a.get(dest(MTP_FLAG)))) is not None:
+            run.model["mtp_layers"] = mtp  # --mtp-num-layers (None: printed without MTP)
         if (bias := flag(a.get("add_bias_linear"))) is not None:
             run.model["bias"] = bias
         if (untie := flag(a.get("untie_embeddings_and_output_weights"))) is not None:
             run.model["tied_embeddings"] = not untie
         _experts(run)
+
+
+def _pipeline_layout(run: ParsedRun) -> None:
+    """A printed ``pipeline_model_parallel_layout`` string as the given end stages it amounts
+    to (trainers/megatron_pipeline_layout.py), or the run refused with why flm can not state
+    its split (pricing Megatron's own split instead would be another run)."""
+    text = run.args.get("pipeline_model_parallel_layout", "None")
+    pp = integer(run.args.get(dest(FLAG["pp"])))
+    if pp is None:
+        return
+    _accounted_ends(run, pp)
+    if text in ("None", ""):
+        return
+    try:
+        ends = given_ends_of(text, pp)
+    except ValueError as exc:
+        ends = str(exc)
+    if isinstance(ends, str):
+        run.status, run.error = "refused", (
+            f"--pipeline-model-parallel-layout {text!r}: {ends}; flm states a split by its "
+            "first and last stage's layers only (first_stage_layers / last_stage_layers)")
+        return
+    run.layout["first_stage_layers"], run.layout["last_stage_layers"] = ends
+
+
+def _accounted_ends(run: ParsedRun, pp: int) -> None:
+    """``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split``:
+    the embedding (loss) weighs one layer in the split, so the first (last) stage builds one
+    layer fewer than the ``(layers + 1 [+ 1]) / pp`` the others do (get_num_layers_to_build at
+    309ffca). Without interleaving that is a split by given ends; interleaved, only the first
+    (last) chunk loses its layer, which flm can not state, and the run is refused."""
+    a = run.args
+    emb = bool(flag(a.get("account_for_embedding_in_pipeline_split")))
+    loss = bool(flag(a.get("account_for_loss_in_pipeline_split")))
+    layers = integer(a.get("num_layers"))
+    if not (emb or loss) or layers is None:
+        return
+    vp = integer(a.get("virtual_pipeline_model_parallel_size")) or 1
+    share, left = divmod(layers + emb + loss, pp)
+    why = None
+    if left or pp < 2:
+        why = f"{layers} layers + {emb + loss} do not divide over pp {pp}"
+    elif vp > 1:
+        why = "interleaved, only the first/last chunk gives up its layer"
+    elif share - 1 < 1:
+        why = "a stage holding only the embedding or the loss"
+    if why:
+        run.status, run.error = "refused", (
+            f"--account-for-embedding/loss-in-pipeline-split: {why}; flm states a split by its "
+            "first and last stage's layers only (first_stage_layers / last_stage_layers)")
+        return
+    run.layout["first_stage_layers"] = share - 1 if emb else 0
+    run.layout["last_stage_layers"] = share - 1 if loss else 0
 
 
 def _experts(run: ParsedRun) -> None:

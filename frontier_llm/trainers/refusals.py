@@ -31,6 +31,16 @@ def refuse(trainer: str, why: str) -> ExportRefused:
     return ExportRefused(f"{trainer} cannot run this layout: {why}")
 
 
+def check_mtp(trainer: str, model: ModelSpec, how: str) -> None:
+    """Refuse a model with multi-token-prediction modules where the trainer (as flm writes it)
+    builds none: the run would train without them while flm prices them. ``how``: what the
+    trainer lacks, with its source."""
+    if model.mtp_layers:
+        raise refuse(trainer, f"{model.name}'s {model.mtp_layers} multi-token-prediction "
+                     f"module(s) (mtp_layers): {how}; export to megatron-lm "
+                     "(--mtp-num-layers)")
+
+
 def check_engine_rules(trainer: str, engine: Engine, layout: Layout, model: ModelSpec) -> Layout:
     """The layout as ``engine`` runs it (its split of layers over a pipeline is that engine's),
     or :class:`ExportRefused` with the first engine rule it breaks."""
@@ -57,6 +67,15 @@ def check_megatron_deepspeed(trainer: str, layout: Layout, model: ModelSpec) -> 
     problems += [f"its pipelines run on DeepSpeed's PipelineEngine (GPTModelPipe): {m}"
                  for rule, m in RULES[Engine.DEEPSPEED].broken(layout, model)
                  if rule in _DEEPSPEED_PART]
+    if layout.first_stage_layers or layout.last_stage_layers:
+        # --decoder-first/last-pipeline-num-layers are Megatron-LM's (megatron/training/
+        # arguments.py at 4efb479 has neither); with --deepspeed its GPTModelPipe is split by
+        # PipelineModule's partition_method (deepspeed/runtime/pipe/module.py).
+        problems.append("given end stages (first_stage_layers / last_stage_layers): its "
+                        "pipeline is DeepSpeed's PipelineModule, split by partition_method, "
+                        "with no per-stage layer counts (no --decoder-first-pipeline-num-layers)")
+    check_mtp(trainer, model, "its GPT model (megatron/model/gpt_model.py at 4efb479) has no "
+              "MTP module")
     if problems:
         raise refuse(trainer, problems[0])
     try:

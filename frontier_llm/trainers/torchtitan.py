@@ -31,7 +31,7 @@ from frontier_llm.specs.layout import DType, Engine, Layout, PlacementKind, Reco
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 from frontier_llm.trainers.base import Trainer
-from frontier_llm.trainers.refusals import check_engine_rules, refuse
+from frontier_llm.trainers.refusals import check_engine_rules, check_mtp, refuse
 from frontier_llm.trainers.text import comment_lines, toml_value
 from frontier_llm.trainers.torchtitan_log import TorchtitanLog
 from frontier_llm.trainers.torchtitan_names import AC_MODES, SELECTIVE_OPTION, key
@@ -272,6 +272,8 @@ def check_model(model: ModelSpec) -> None:
                      "runs it as its deepseek_v3 model (DeepSeekV3ModelArgs), which flm does "
                      "not export (it writes llama3 and llama4 flavors); use --to megatron-lm "
                      "(--multi-latent-attention)")
+    check_mtp(TORCHTITAN, model, "the llama3 / llama4 models flm writes for torchtitan v0.2.2 "
+              "build no multi-token-prediction module")
     if model.head_dim * model.heads != model.hidden:
         raise refuse(TORCHTITAN, f"{model.name}'s heads are {model.head_dim} wide, not dim / "
                      f"n_heads = {model.hidden / model.heads:g}: torchtitan's llama3 and llama4 "

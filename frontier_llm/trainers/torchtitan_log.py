@@ -59,7 +59,9 @@ class TorchtitanLog(LogReader):
     start = re.compile(r"Starting job:")
     # The batches and the schedule are in the job config, which it prints only with
     # --job.print_config; sequence parallelism is implied by tp (llama3/infra/parallelize.py).
-    unstated = ("micro_batch", "global_batch", "virtual_stages", "sequence_parallel")
+    # The split over stages is in module_fqns_per_model_part (layer names), not in counts.
+    unstated = ("micro_batch", "global_batch", "virtual_stages", "sequence_parallel",
+                "first_stage_layers", "last_stage_layers")
     signature = re.compile(r"\bstep:\s*\d+\s+loss:.*\b(?:tps|wps):|Starting job:.*training"
                            r"|\[titan\]")
 

@@ -1,0 +1,62 @@
+"""The MoE run settings flm plan and flm predict share: how the expert-parallel all-to-alls are
+dispatched and overlapped (costmodel/moe.py MoeRun) and how the router balances its experts
+(the model's ``router_balance``, which the flag overrides)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from frontier_llm.costmodel.moe import MOE_DISPATCHERS, MOE_OVERLAPS, ROUTER_BALANCES, MoeRun
+from frontier_llm.specs.model import ModelSpec
+
+
+def add_moe_args(p: argparse.ArgumentParser) -> None:
+    """``--moe-overlap``, ``--moe-dispatcher``, ``--router-balance`` (read only for an MoE
+    model)."""
+    g = p.add_argument_group("Mixture-of-Experts run (docs/costmodel.md 'Mixture-of-Experts')")
+    g.add_argument("--moe-overlap", choices=MOE_OVERLAPS, default="none",
+                   help="how the expert-parallel all-to-alls overlap compute. none (default, "
+                        "Megatron-LM's default and torchtitan's): every one exposed; ep-a2a: "
+                        "Megatron-LM --overlap-moe-expert-parallel-comm --delay-wgrad-compute, "
+                        "hidden behind the paired micro-batch's compute in the 1F1B steady "
+                        "phase (Megatron-LM layouts only); dualpipe: DeepSeek-V3's DualPipe, "
+                        "every micro-batch paired, one copy per node")
+    g.add_argument("--moe-dispatcher", choices=MOE_DISPATCHERS, default="alltoall",
+                   help="Megatron-LM --moe-token-dispatcher-type: alltoall (default) sends a "
+                        "copy per routed expert; flex (DeepEP) sends a token once per "
+                        "destination node and forwards it over NVLink, fewer network bytes, "
+                        "fewest with node-limited routing (the model's topk_group)")
+    g.add_argument("--router-balance", choices=ROUTER_BALANCES, default=None,
+                   help="how the router balances the experts, which sets the slowest EP "
+                        "rank's excess tokens (default: the model's, aux-loss unless its file "
+                        "says otherwise): aux-loss (a balance loss, x1.72 on the hottest "
+                        "expert), aux-free (an expert bias, DeepSeek-V3, x1.04), forced "
+                        "(Megatron-LM --moe-router-force-load-balancing, benchmarks: sampling "
+                        "noise only)")
+
+
+def moe_run_from_args(args: argparse.Namespace) -> MoeRun:
+    """The run settings the flags give (Megatron-LM's defaults where absent)."""
+    return MoeRun(getattr(args, "moe_overlap", None) or "none",
+                  getattr(args, "moe_dispatcher", None) or "alltoall")
+
+
+def with_router_balance(model: ModelSpec, args: argparse.Namespace) -> ModelSpec:
+    """``model`` with ``--router-balance`` applied to an MoE model (a dense one has no
+    router)."""
+    balance = getattr(args, "router_balance", None)
+    if balance is None or not model.is_moe:
+        return model
+    return dataclasses.replace(model, router_balance=balance)
+
+
+def moe_note(args: argparse.Namespace, model: ModelSpec) -> str:
+    """The plan header's words for settings off their defaults."""
+    if not model.is_moe:
+        return ""
+    run = moe_run_from_args(args)
+    parts = [f"--moe-overlap {run.overlap}" if run.overlap != "none" else "",
+             f"--moe-dispatcher {run.dispatcher}" if run.dispatcher != "alltoall" else "",
+             f"router {model.router_balance}"]
+    return ", MoE " + " ".join(p for p in parts if p)

@@ -1,0 +1,197 @@
+"""The expert-parallel dispatch as it runs (costmodel/moe.py, costmodel/comm.py all_to_all): each
+hop on the link tier it crosses, per-node copies under node-limited routing, overlap with compute
+as a planning setting, and the router's balance setting."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+from frontier_llm.catalog import load_model, load_system
+from frontier_llm.costmodel import comm, moe, predict
+from frontier_llm.costmodel.layouts import from_configs
+from frontier_llm.errors import SpecError
+from frontier_llm.specs.layout import Layout, Sharding
+
+MIXTRAL = load_model("mixtral-8x7b")
+DSV3 = load_model("deepseek-v3")
+H100 = load_system("dgx-h100")
+NVL72 = load_system("gb200-nvl72")
+
+
+def _layout(**kw) -> Layout:
+    base = dict(tp=1, pp=1, dp=16, ep=8, micro_batch=1, global_batch=64, recompute="none",
+                sharding=Sharding(), engine="megatron")
+    return Layout(**{**base, **kw})
+
+
+def test_all_to_all_mixes_the_tiers_it_crosses():
+    nbytes = 64e6
+    eff = H100.eff("collective")
+    node, net = H100.link("node"), H100.link("network")
+    # 16 ranks one apart: 8 in each node; 7/15 of the bytes over NVLink, 8/15 over the NIC,
+    # at once: the slower (the NIC's) sets the time.
+    got = comm.all_to_all(H100, 16, 1, nbytes)
+    want = max(nbytes * 7 / 15 / (node.bandwidth * eff), nbytes * 8 / 15 / (net.bandwidth * eff))
+    want += 7 * node.latency + 8 * net.latency
+    assert got == pytest.approx(want)
+    # One member per node (stride 8): every byte through the NIC, as before.
+    alone = comm.all_to_all(H100, 16, 8, nbytes)
+    assert alone == pytest.approx(nbytes / (net.bandwidth * eff) + 15 * net.latency)
+    assert got < alone
+    # Halving what leaves the node halves the network part.
+    assert comm.all_to_all(H100, 16, 8, nbytes, 0.5) < alone
+
+
+def test_nvl72_keeps_a_wide_ep_group_on_nvlink():
+    nbytes = 64e6
+    # 64 ranks: one NVL72 rack (NVLink), eight DGX H100 nodes (network).
+    rack = comm.all_to_all(NVL72, 64, 1, nbytes)
+    node = NVL72.link("node")
+    assert rack == pytest.approx(nbytes / (node.bandwidth * NVL72.eff("collective"))
+                                 + 63 * node.latency)
+    assert comm.all_to_all(H100, 64, 1, nbytes) > 5 * comm.all_to_all(H100, 8, 1, nbytes)
+
+
+def test_router_balance_sets_the_rank_imbalance():
+    t1, t8 = from_configs([_layout(ep=1, dp=16)]), from_configs([_layout(ep=8)])
+    # One rank holding every expert computes every routed copy: no excess.
+    assert moe.load_imbalance(MIXTRAL, t1)[0] == 1.0
+    assert moe.load_imbalance(MIXTRAL, t8)[0] == pytest.approx(moe.LOAD_IMBALANCE)
+    free = dataclasses.replace(MIXTRAL, router_balance="aux-free")
+    assert moe.load_imbalance(free, t8)[0] == pytest.approx(moe.AUX_FREE_IMBALANCE)
+    forced = dataclasses.replace(MIXTRAL, router_balance="forced")
+    mean = 4096 * 2  # tokens·top_k of a 4096-token micro-batch
+    want = 1 + math.sqrt(2 * math.log(8) * (7 / 8) / mean)
+    assert moe.load_imbalance(forced, t8)[0] == pytest.approx(want)
+    # DeepSeek-V3's 256 experts over ep 64: 4 per rank share the hottest one's excess.
+    t64 = from_configs([_layout(ep=64, dp=64)])
+    assert moe.load_imbalance(DSV3, t64)[0] == pytest.approx(1 + 0.04 * 64 / 256)
+    slow = predict(MIXTRAL, H100, _layout())["step_time_s"]
+    assert predict(forced, H100, _layout())["step_time_s"] < slow
+    with pytest.raises(SpecError):
+        dataclasses.replace(MIXTRAL, router_balance="sinkhorn")
+
+
+def test_node_limited_routing_needs_a_per_node_dispatcher():
+    # DeepSeek-V3, ep 64 over 8 DGX nodes: 8 picks reach 8·(1 − (7/8)^8) = 5.25 nodes
+    # unlimited, at most 4 with topk_group 4; alltoall sends every copy.
+    t = from_configs([_layout(ep=64, dp=64)])
+    flex = moe.MoeRun(dispatcher="flex")
+    assert moe.remote_copy_factor(DSV3, H100, t) == 1.0
+    assert moe.remote_copy_factor(DSV3, H100, t, flex)[0] == pytest.approx(4 / 8)
+    unlimited = dataclasses.replace(DSV3, n_group=0, topk_group=0)
+    distinct = 8 * (1 - (7 / 8) ** 8)
+    assert moe.remote_copy_factor(unlimited, H100, t, flex)[0] == pytest.approx(distinct / 8)
+    # Inside one domain nothing crosses the network.
+    inside = from_configs([_layout(ep=8)])
+    assert moe.remote_copy_factor(DSV3, H100, inside, flex)[0] == 1.0
+    assert (moe.all_to_all_times(DSV3, H100, t, 2, flex)[0]
+            < moe.all_to_all_times(DSV3, H100, t, 2)[0])
+
+
+def test_overlap_hides_the_all_to_all_behind_compute():
+    lay = _layout(tp=2, dp=8, ep=8, pp=4, global_batch=256, micro_batch=1)
+    t = from_configs([lay])
+    total = moe.all_to_all_times(MIXTRAL, H100, t, 2)[0]
+    compute = np.array([0.25 * total])
+    ep = moe.all_to_all_times(MIXTRAL, H100, t, 2, moe.MoeRun("ep-a2a"), compute)[0]
+    dual = moe.all_to_all_times(MIXTRAL, H100, t, 2, moe.MoeRun("dualpipe"), compute)[0]
+    # 8 micro-batches per dp rank on pp 4: half unpaired (warm-up and cool-down).
+    m = t.num_microbatches[0]
+    u = min(1.0, 4 / m)
+    assert ep == pytest.approx(u * total + (1 - u) * 0.75 * total)
+    # DualPipe also sends one copy per node (its dispatch kernels): fewer bytes to hide.
+    total_d = moe.all_to_all_times(MIXTRAL, H100, t, 2, moe.MoeRun("dualpipe"))[0]
+    assert total_d < total
+    assert dual == pytest.approx(max(total_d - 0.25 * total, 0.0))
+    # Compute longer than the exchange hides all of it under DualPipe.
+    assert moe.all_to_all_times(MIXTRAL, H100, t, 2, moe.MoeRun("dualpipe"),
+                                np.array([2 * total]))[0] == 0.0
+    # Through predict: overlap never slows a step.
+    none = predict(MIXTRAL, H100, lay)["step_time_s"]
+    assert predict(MIXTRAL, H100, lay, moe_run=moe.MoeRun("ep-a2a"))["step_time_s"] <= none
+    with pytest.raises(ValueError):
+        moe.MoeRun("always")
+
+
+def test_group_limited_routing_is_checked():
+    with pytest.raises(SpecError):
+        dataclasses.replace(DSV3, topk_group=9)
+    with pytest.raises(SpecError):
+        dataclasses.replace(DSV3, n_group=7)
+
+
+def test_cli_and_api_take_the_moe_settings(capsys):
+    from frontier_llm import api
+    from frontier_llm.cli import main
+
+    args = ["predict", "--model", "deepseek-v3", "--system", "dgx-h100", "--tp", "1", "--pp",
+            "16", "--ep", "64", "--dp", "128", "--micro-batch", "1", "--global-batch", "15360",
+            "--recompute", "none", "--engine", "megatron", "--zero", "1", "--format", "json"]
+    def step(*extra):
+        assert main(args + list(extra)) == 0
+        return json.loads(capsys.readouterr().out)["step_time_s"]
+
+    none = step()
+    assert step("--moe-overlap", "ep-a2a") < none
+    assert step("--moe-overlap", "dualpipe") < step("--moe-overlap", "ep-a2a")
+    assert step("--moe-dispatcher", "flex") < none
+    assert step("--router-balance", "aux-loss") > none  # the model's own is aux-free
+    lay = dict(tp=1, pp=16, ep=64, dp=128, micro_batch=1, global_batch=15360,
+               recompute="none", engine="megatron", zero=1)
+    got = api.predict("deepseek-v3", "dgx-h100", moe_overlap="dualpipe", **lay)
+    assert got["step_time_s"] == pytest.approx(step("--moe-overlap", "dualpipe"))
+    with pytest.raises(Exception, match="moe overlap"):
+        api.predict("deepseek-v3", "dgx-h100", moe_overlap="sometimes", **lay)
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    assert "--moe-overlap" in capsys.readouterr().out
+
+
+def test_moe_corpus_rows_build_their_model_layout_and_run():
+    import pandas as pd
+
+    from frontier_llm.planner.calibration import (
+        load_calibration,
+        row_model,
+        row_moe_run,
+        row_space,
+        unused_reason,
+    )
+
+    corpus = load_calibration()
+    rows = corpus[corpus["file"] == "calibration_runs_moe.csv"]
+    assert len(rows) >= 3 and rows["notes"].str.len().gt(50).all()
+    mixtral = rows[rows["source_key"] == "MegatronLM-MoE-README-2024"].iloc[0]
+    m = row_model(mixtral)
+    assert (m.num_experts, m.top_k, m.expert_ffn_hidden, m.kv_heads) == (8, 2, 14336, 8)
+    assert m.router_balance == "aux-loss" and m.activation == "swiglu"
+    space = row_space(mixtral)
+    assert space.ep == (8,) and space.virtual_stages == (8,)
+    assert row_moe_run(mixtral) == moe.MoeRun()
+    dsv3 = rows[rows["source_key"] == "DeepSeek-V3-report-2024"].iloc[0]
+    assert "uneven pipeline" in unused_reason(dsv3)
+    assert row_moe_run(dsv3).overlap == "dualpipe"
+    assert row_moe_run(pd.Series({"notes": "--overlap-moe-expert-parallel-comm", "engine":
+                                  "Megatron-LM --moe-token-dispatcher-type flex"})) == \
+        moe.MoeRun("ep-a2a", "flex")
+    # A dense row builds a dense model as before.
+    dense = corpus[corpus["file"] == "calibration_runs.csv"].iloc[0]
+    assert not row_model(dense).is_moe
+
+
+def test_ep_a2a_overlap_is_megatron_lm_s_only():
+    lay = dict(tp=2, dp=8, ep=8, pp=4, global_batch=256, micro_batch=1)
+    mega = from_configs([_layout(**lay)])
+    native = from_configs([_layout(**lay, engine="native")])
+    compute = np.array([1e9])
+    run = moe.MoeRun("ep-a2a")
+    assert (moe.all_to_all_times(MIXTRAL, H100, mega, 2, run, compute)[0]
+            < moe.all_to_all_times(MIXTRAL, H100, mega, 2)[0])
+    assert (moe.all_to_all_times(MIXTRAL, H100, native, 2, run, compute)[0]
+            == pytest.approx(moe.all_to_all_times(MIXTRAL, H100, native, 2)[0]))
