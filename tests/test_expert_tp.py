@@ -179,3 +179,24 @@ def test_flm_bench_refuses_etp_other_than_tp():
     with pytest.raises(UserError, match="etp 1 with tp 2: flm bench"):
         check_layout(model, Layout(tp=2, dp=2, ep=2, etp=1, global_batch=2))
     check_layout(model, Layout(tp=2, dp=2, ep=2, etp=2, global_batch=2))  # etp = tp runs
+
+
+def test_a_frame_without_etp_ran_its_experts_at_tp():
+    import pandas as pd
+
+    # A frame (or store rows) from before etp: the column is missing or empty, which is tp.
+    old = pd.DataFrame({"tp": [4, 2], "dp": [8, 8], "ep": [8, 4]})
+    assert list(axes.expert_tensor_parallel(old)) == [4, 2]
+    new = old.assign(etp=[1.0, float("nan")])
+    assert list(axes.expert_tensor_parallel(new)) == [1, 2]
+    assert list(axes.expert_data_parallel(new)) == [4, 2]  # 4 x 8 / (1 x 8), 2 x 8 / (2 x 4)
+
+
+def test_megatron_lm_writes_the_flag_only_where_etp_is_not_tp():
+    from frontier_llm.trainers import get
+
+    megatron = get("megatron-lm")
+    folded = megatron.argv(QWEN, _layout(etp=1), "job")
+    i = folded.index("--expert-tensor-parallel-size")
+    assert folded[i + 1] == "1"
+    assert "--expert-tensor-parallel-size" not in megatron.argv(QWEN, _layout(), "job")
