@@ -200,3 +200,21 @@ def test_megatron_lm_writes_the_flag_only_where_etp_is_not_tp():
     i = folded.index("--expert-tensor-parallel-size")
     assert folded[i + 1] == "1"
     assert "--expert-tensor-parallel-size" not in megatron.argv(QWEN, _layout(), "job")
+
+
+def test_a_study_lists_etp_with_tp_among_its_values(tmp_path):
+    """A study's etp list [1, 2] under tp 2: etp 2 is tp (stored 0), one candidate whichever
+    way it is proposed; etp 1 the fold (tune/space.py _key)."""
+    from sweep_texts import local_study
+
+    from frontier_llm.tune.spec import load_study
+
+    path = tmp_path / "s.yaml"
+    path.write_text(local_study("etp-study", "tiny-moe",
+                                ["tp: [2]", "pp: [1]", "ep: [2]", "etp: [1, 2]",
+                                 "sequence_parallel: [true]"]))
+    c = load_study(path).candidates
+    assert c.choices["etp"] == [1, 2]
+    at_tp, folded = c.lookup({"etp": 2}), c.lookup({"etp": 1})
+    assert at_tp.layout is not None and at_tp.layout.etp == 0 and at_tp.layout.expert_tp == 2
+    assert folded.layout is not None and folded.layout.etp == 1
