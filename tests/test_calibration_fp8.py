@@ -39,6 +39,25 @@ def test_every_row_is_predicted(table):
     assert set(table["system"]) <= {"grand-teton-h100", "dgx-h100", *NEW_GPUS}
 
 
+def test_a_source_a_system_was_fitted_to_is_predicted_without_it():
+    """TorchTitan's bf16 row fixed grand-teton-h100's matmul knob, so its FP8 rows are predicted
+    with the DGX H100's knobs carried over (the drift guard's rule), the FP8 knob moving with
+    matmul; a source nothing was fitted to keeps the catalog's."""
+    from fp8_loso import systems_left_out
+
+    from frontier_llm.catalog import load_system
+
+    moved = systems_left_out("TorchTitan")["grand-teton-h100"]
+    catalog, donor = load_system("grand-teton-h100"), load_system("dgx-h100")
+    # The DGX H100's GEMM size law and collective rate, not the catalog's own (its matmul share
+    # of MAMF happens to equal the Grand Teton fit, 0.67: the same chip).
+    assert moved.matmul_half_hidden == donor.matmul_half_hidden != catalog.matmul_half_hidden
+    assert moved.eff("collective") == donor.eff("collective")
+    assert moved.eff("matmul_fp8") / moved.eff("matmul") == pytest.approx(
+        catalog.eff("matmul_fp8") / catalog.eff("matmul"))
+    assert systems_left_out("MLPerf-Training-v5.1-Dell") == {}
+
+
 def test_the_fp8_speedup_on_h100_is_within_2_percent(table):
     """Where the bf16 baseline's error cancels (same layout, same source), the fp8 speed-up the
     model predicts is the measured one: 1.250 and 1.248 measured, 1.251 predicted."""
@@ -48,26 +67,43 @@ def test_the_fp8_speedup_on_h100_is_within_2_percent(table):
     assert h100["error"].abs().max() <= 0.02, h100
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not met: the FP8 x NVIDIA family (2 H100 rows, two sources) is 17 % fast, and all of it is "
-    "the bf16 baseline's error on compiled torchtitan (the same runs in bf16: 13 % and 21 % "
-    "fast); the fp8 speed-up itself is within 0.3 %. FP8 x AMD (1 MI300X row) is 57 % fast: the "
-    "MAMF-transferred bf16 knob (32 % fast in bf16) and the assumed FP8 knob (1.36x predicted "
-    "against 1.15x measured)"))
-def test_fp8_family_error(table):
+def test_fp8_nvidia_family_error(table):
+    """FP8 x NVIDIA, leave-one-source-out: 19 confident rows from 8 sources (torchao's docs,
+    torchtitan's commit and TorchTitan's 2024-12 benchmark (8B on 8 and 128, 70B on 256, 405B on
+    512 GPUs) on Grand Teton H100; MLPerf Training v4.1 GPT-3 175B: NVIDIA on 256, 512 and 11,616
+    H100 and 64 B200, Oracle on 1,536 and 3,072 H100; v5.1 Llama 3.1 8B: Dell on 16 B200,
+    University of Florida on 8 B200, Cisco on 64 and 128 H100): 9.4 % mean error against the
+    issue's 12 %. TorchTitan's rows are predicted with the Grand Teton knob its bf16 row was not
+    fitted to (analysis/fp8_loso.py systems_left_out)."""
     fam = family_errors(table).set_index("family")
-    fp8 = fam[fam.index.str.startswith("fp8")]
-    assert (fp8["mape"] <= 0.12).all(), fam
+    nv = fam.loc["fp8 x NVIDIA"]
+    assert nv["rows"] >= 19 and nv["sources"] >= 8, fam
+    assert nv["mape"] <= 0.12, fam
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "not met: FP8 x AMD (3 rows, two chips, three sources) is 34 % off: the MI300X torchao row "
+    "is 57 % fast (its bf16 twin 32 % fast: the MAMF-transferred bf16 knob, and an FP8 knob "
+    "assumed from the H100's ratio that the row puts at 0.21-0.24); the two MI355X MLPerf rows "
+    "(AMD's TransformerEngine code, run by AMD and by GigaComputing) are 25 % and 19 % slow "
+    "(they imply FP8 matmul fractions of 0.86 and 0.76 against the 0.53 assumed, and the bf16 "
+    "knob under them is unjudged: no bf16 MI355X row). No published FP8 achievable-matmul "
+    "measurement of either chip was found to replace the assumed knobs"))
+def test_fp8_amd_family_error(table):
+    fam = family_errors(table).set_index("family")
+    assert fam.loc["fp8 x AMD", "mape"] <= 0.12, fam
 
 
 def test_new_gpus_with_three_confident_rows(table):
-    """The per-GPU target applies to GPUs with >= 3 confident rows: none yet (MI300X has 2; the
-    B200 rows are 'power limited' with the limit unstated, confidence low). This asserts the
-    count, so that a row added later makes the target bite."""
+    """The per-GPU target applies to GPUs with >= 3 confident rows: the DGX B200 (4 MLPerf rows,
+    three sources: 4.0 %); MI300X and MI355X have 2 each, and torchao's 'power limited' B200
+    rows are low confidence. The counts are asserted so that a row added later makes the
+    target bite."""
     per = family_errors(table, "system").set_index("system")
     eligible = per[(per["rows"] >= 3) & per.index.isin(NEW_GPUS)]
-    assert eligible.empty or (eligible["mape"] <= 0.15).all(), eligible
-    assert per.loc["mi300x", "rows"] == 2
+    assert list(eligible.index) == ["dgx-b200"], per
+    assert (eligible["mape"] <= 0.15).all(), eligible
+    assert per.loc["mi300x", "rows"] == 2 and per.loc["mi355x", "rows"] == 2
 
 
 def test_the_implied_knobs_reproduce_their_rows_and_mi300x_is_below_the_carried():

@@ -18,8 +18,13 @@ rate. Docs: docs/costmodel.md, "FP8".
   transposed tensor), 4 bytes per element; current tensorwise scaling first reads the tensor
   once more for its amax (6). Delayed scaling takes its scale from an amax history and fuses
   the amax into the cast; blockwise and MXFP8 scales are per tile, computed inside the cast
-  kernel. Each weight is cast the same way once per micro-batch. No fusion with the norm before
-  the linear is credited (an upper bound for TransformerEngine's ``LayerNormLinear``).
+  kernel. Each weight is cast the same way: once per micro-batch under torchao (it casts when
+  the layer runs), once per step under Megatron-LM, whose TransformerEngine layers are told
+  ``is_first_microbatch`` and keep the FP8 weight for the step's later micro-batches (the
+  weights do not change between them: TransformerEngine user guide, "Performance
+  Optimizations", "FP8 weight caching"; Megatron-Core passes the flag from its TE wrappers,
+  megatron/core/extensions/transformer_engine.py). No fusion with the norm before the linear
+  is credited (an upper bound for TransformerEngine's ``LayerNormLinear``).
 - **Communication.** Parameters are all-gathered in FP8 where the engine does it: torchao's
   ``enable_fsdp_float8_all_gather`` (tensorwise only) under FSDP2, and Megatron-LM's
   ``--fp8-param-gather`` (which flm's export sets): one byte per parameter on the wire.
@@ -125,6 +130,10 @@ def cast_bytes_per_microbatch(model: ModelSpec, t: LayoutTable, tokens) -> np.nd
     inputs = h + model.out_dim / tp + h + f / tp
     grads = (model.q_dim / tp + 2 * kv) + h + mlp_in + h
     weights = layer_params_per_rank(model, tp)
+    # Megatron-LM (TransformerEngine) casts a weight on a step's first micro-batch and reuses
+    # it for the rest (module docstring), so each micro-batch carries its share of one cast.
+    weights = np.where(t.engine == Engine.MEGATRON.code,
+                       weights / np.maximum(t.num_microbatches, 1), weights)
     per_elem = _CAST[t.fp8_recipe]
     # A Mixture-of-Experts block's routed experts are cast as the dense MLP above is counted
     # (its widths), not per expert: their GEMMs run at the FP8 rate, their casts are the dense
