@@ -67,6 +67,8 @@ def test_plan_and_predict_work_for_every_catalog_model(system, engine, capsys):
                 "--recompute", best["recompute"], "--format", "json"]
         if best.get("sequence_parallel"):
             argv.append("--sequence-parallel")
+        if best.get("etp"):  # the experts' own tp, where the winner folds them (0: tp)
+            argv += ["--etp", str(best["etp"])]
         if best.get("sharding"):
             argv += ["--sharding" if "=" in best["sharding"] else "--zero",
                      best["sharding"].removeprefix("zero")]

@@ -146,10 +146,10 @@ def _keyword(reason: str) -> str:
             "seq_len not divisible by 2 x cp": "2 x cp",
             "seq_len / cp not divisible by tp (sequence parallel)":
                 "for sequence parallelism",
-            "ep does not divide dp x cp": "does not divide",
+            "ep x expert-tp does not divide tp x dp x cp": "does not divide",
             "ep > 1 needs a Mixture-of-Experts model": "Mixture-of-Experts",
             "num_experts not divisible by ep": "num_experts",
-            "expert_ffn_hidden not divisible by tp": "expert_ffn_hidden"}[reason]
+            "expert_ffn_hidden not divisible by expert-tp": "expert_ffn_hidden"}[reason]
 
 
 def test_each_rejection_is_the_first_rule_layout_names(plans):

@@ -26,7 +26,13 @@ def mixtral_256():
 def test_every_ep_divides_dp_x_cp_and_the_experts(mixtral_256):
     t, ok = mixtral_256.layouts, mixtral_256.reason == 0
     assert set(np.unique(t.ep[ok])) == {1, 2, 4, 8}
-    assert (axes.shard_ranks(t) % t.ep == 0).all() and (8 % t.ep == 0).all()
+    # With etp = tp (stored 0) ep divides dp x cp; with etp 1, tp x dp x cp (the expert fold).
+    at_tp = t.etp == 0
+    assert (axes.shard_ranks(t)[at_tp] % t.ep[at_tp] == 0).all() and (8 % t.ep == 0).all()
+    folded = axes.shard_ranks(t) * t.tp
+    assert (folded % (axes.expert_tensor_parallel(t) * t.ep) == 0).all()
+    assert set(np.unique(t.etp[ok & (t.tp > 1)])) == {0, 1}
+    assert (t.etp[t.tp == 1] == 0).all()
     # ep re-folds dp x cp: every layout still spans the 256 GPUs.
     assert (t.world_size == 256).all()
 
@@ -51,7 +57,7 @@ def test_a_dense_model_is_planned_at_ep_1_only():
 
 
 @pytest.mark.parametrize("ep, reason, message", [
-    (3, "ep does not divide dp x cp", "does not divide"),
+    (3, "ep x expert-tp does not divide tp x dp x cp", "does not divide"),
     (16, "num_experts not divisible by ep", "is not divisible by ep"),
 ])
 def test_a_listed_ep_is_rejected_with_the_rule_layout_names(ep, reason, message):

@@ -56,6 +56,10 @@ AXES = {
     "pp": {"pp": 2},
     "dp": {"dp": 4, "global_batch": 16},
     "ep": {"ep": 2},
+    # Expert tensor parallelism below tp (issue 53): with ep 2 the fold Megatron-LM and
+    # torchtitan run; with ep 1, one torchtitan has no meaning for (its experts follow tp).
+    "etp": {"tp": 2, "ep": 2, "etp": 1, "sequence_parallel": True},
+    "etp-ep1": {"tp": 2, "etp": 1},
     "virtual_stages": {"pp": 2, "virtual_stages": 2},
     "sequence_parallel": {"tp": 2, "sequence_parallel": True},
     "recompute-full": {"recompute": "full"},
@@ -73,7 +77,7 @@ AXES = {
     # layers as 3 + 1.
     "stage_layers": {"pp": 2, "first_stage_layers": 3, "last_stage_layers": 1},
 }
-FIELDS = ("tp", "pp", "dp", "cp", "ep", "virtual_stages", "micro_batch", "global_batch",
+FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "virtual_stages", "micro_batch", "global_batch",
           "sequence_parallel", "recompute", "sharding", "first_stage_layers", "last_stage_layers")
 # What each trainer refuses among the axes, with the words of its reason: the export's refusal
 # is the trainer's own (trainers/*.py check), so the pair is both sides refusing alike.
@@ -82,6 +86,12 @@ REFUSED = {
     "Megatron-FSDP", ("megatron-lm", "sharding-hsdp"): "Megatron-FSDP",
     ("megatron-lm", "recompute-selective-op"): "selective-op",
     ("megatron-deepspeed", "ep"): "Mixture-of-Experts",
+    ("megatron-deepspeed", "etp"): "Mixture-of-Experts",
+    ("megatron-deepspeed", "etp-ep1"): "Mixture-of-Experts",
+    ("megatron-lm", "etp-ep1"): "needs sequence parallelism",
+    ("torchtitan", "etp-ep1"): "no effect",
+    ("deepspeed", "etp"): "ep_size argument",
+    ("deepspeed", "etp-ep1"): "expert tensor parallelism",
     ("megatron-deepspeed", "virtual_stages"): "1F1B only",
     ("megatron-deepspeed", "cp"): "context",
     ("megatron-deepspeed", "sharding-hsdp"): "MiCS",
@@ -109,7 +119,7 @@ def _layout(trainer: str, axis: str) -> Layout:
 
 
 def _model(axis: str):
-    return load_model("tiny-moe" if axis == "ep" else "tiny-llama")
+    return load_model("tiny-moe" if axis.startswith(("ep", "etp")) else "tiny-llama")
 
 
 # --- Megatron-LM / Megatron-DeepSpeed: the arguments block and iteration lines ------------------
@@ -131,6 +141,8 @@ def _megatron_log(argv: list[str], layout: Layout, deepspeed: bool) -> str:
     if not deepspeed:  # Megatron-DeepSpeed (4efb479) has neither argument
         args.update(context_parallel_size=1, expert_model_parallel_size=1)
     args.update(_dests(argv))
+    if not deepspeed:  # validate_args: expert_tensor_parallel_size None -> tp (309ffca)
+        args.setdefault("expert_tensor_parallel_size", args["tensor_model_parallel_size"])
     tp, pp = int(args["tensor_model_parallel_size"]), int(args["pipeline_model_parallel_size"])
     cp = int(args.get("context_parallel_size", 1))
     args["world_size"] = layout.world_size
@@ -312,13 +324,15 @@ def test_torchtitan_ep2_mesh_line_is_stored_with_ep_2(tmp_path):
     assert rows == [("completed", 2)]
 
 
-def test_torchtitan_experts_without_tp_under_tp_are_refused_with_the_reason(tmp_path):
-    """etp = 1 under tp 2 with ep 2 (torchtitan allows it) is no flm layout: flm's expert-tp is
-    tp, so the reader refuses it with that reason rather than storing another layout."""
+def test_torchtitan_experts_without_tp_under_tp_are_read_as_etp_1(tmp_path):
+    """etp = 1 under tp 2 with ep 2 (torchtitan allows it) is flm's etp 1 (issue 53: once
+    refused, when flm's expert-tp was tp alone); etp = tp reads as the default, 0."""
     stamp = "[rank0]:[titan] 2026-01-01 00:00:00,000 - root - INFO - "
-    path = tmp_path / "titan.log"
-    path.write_text(f"{stamp}Building device mesh with parallelism: pp=1, dp_replicate=1, "
-                    f"dp_shard=4, cp=1, tp=2, ep=2, etp=1\n{stamp}step:  3  loss:  8.0000  "
-                    "memory:  1.00GiB(1.00%)  tps: 1,000\n")
-    run = parse_log(path, "torchtitan").runs[0]
-    assert run.status == "refused" and "etp 1 with tp 2" in str(run.error)
+    for etp, want in ((1, 1), (2, 0)):
+        path = tmp_path / f"titan-{etp}.log"
+        path.write_text(f"{stamp}Building device mesh with parallelism: pp=1, dp_replicate=1, "
+                        f"dp_shard=4, cp=1, tp=2, ep=2, etp={etp}\n{stamp}step:  3  loss:  "
+                        "8.0000  memory:  1.00GiB(1.00%)  tps: 1,000\n")
+        run = parse_log(path, "torchtitan").runs[0]
+        assert run.status != "refused", run.error
+        assert run.layout["etp"] == want and run.layout["ep"] == 2 and run.layout["tp"] == 2

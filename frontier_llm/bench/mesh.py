@@ -147,7 +147,20 @@ def check_layout(model: ModelSpec, layout: Layout, world_size: int | None = None
     dims = mesh_dims(layout)
     if model.is_moe:
         check_moe(model, layout, dims)
+    check_expert_tp(layout)
     return dims
+
+
+def check_expert_tp(layout: Layout) -> None:
+    """flm bench runs the experts at tp only: its MoE block splits each expert's MLP over the
+    tp ranks like a dense one (bench/moe.py) and :func:`expert_groups` cuts ep groups from the
+    dp x cp ranks of one tp index, so an etp other than tp (stored non-zero: specs/axes.py)
+    has no mesh here."""
+    if layout.etp:
+        raise UserError(f"etp {layout.etp} with tp {layout.tp}: flm bench's native engine "
+                        "splits every expert over the tp ranks and forms its expert-parallel "
+                        "groups from dp x cp only (no expert-tp mesh of its own): leave --etp "
+                        "out (etp = tp), or predict the fold with flm predict --engine megatron")
 
 
 def check_moe(model: ModelSpec, layout: Layout, dims: MeshDims) -> None:

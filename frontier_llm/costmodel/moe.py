@@ -11,10 +11,18 @@ prices ``l/p`` identical blocks per stage (docs/costmodel.md, "Mixture-of-Expert
   ``num_experts_routed_to = moe_router_topk``, plus ``moe_shared_expert_intermediate_size``;
   Megatron-LM core_r0.9.0 onward). We also count the router GEMM (``2·h·E``), which that
   function leaves out: under 0.1 % of a block for Mixtral.
-- Parameters: routed experts split over ``ep`` and expert-tp = tp (Megatron-Core's default
-  ``expert_tensor_parallel_size`` = tp; torchtitan's ETP likewise), the router replicated.
-- Sharded model states: the routed experts' share is sharded over expert-dp = dp·cp/ep (the
-  ranks holding the same experts), never over more (:func:`expert_degree`).
+- Parameters: routed experts split over ``ep`` and expert-tp (the layout's etp, tp by default:
+  Megatron-Core's ``expert_tensor_parallel_size`` = tp unless given; specs/axes.py), the router
+  replicated, shared experts over tp (Megatron-Core's SharedExpertMLP is not an expert layer).
+- Sharded model states: the routed experts' share is sharded over expert-dp =
+  tp·cp·dp/(etp·ep) (the ranks holding the same experts), never over more
+  (:func:`expert_degree`).
+- Expert tensor parallelism below tp (etp 1 under tp 4, Megatron-Core's MoE parallel folding):
+  each rank dispatches its sequence-parallel share of the tokens (Megatron-Core asks sequence
+  parallelism for MoE with tp > 1), gathered over etp ranks only, so a local expert's GEMM has
+  ``etp/tp`` of the rows on ``tp/etp`` times the weight width (:func:`expert_rows`,
+  :func:`expert_gemm_slowdown`); the MLP's tp collective runs over etp ranks
+  (:func:`mlp_tp_comm`) and the ep group is ep ranks etp apart (:func:`all_to_all_times`).
 - Step time: the slowest EP rank sets the pace (dropless routing computes every routed token):
   its expert GEMMs run :data:`LOAD_IMBALANCE` times the mean rows, on smaller GEMMs
   (:func:`expert_gemm_slowdown`); four all-to-alls per MoE block and micro-batch (dispatch and
@@ -132,23 +140,27 @@ def mlp_params_per_rank(model: ModelSpec, width: int, tp):
     return model.mlp_matrices * model.hidden * f + bias
 
 
-def layer_params_per_rank(model: ModelSpec, tp, ep, dense_per_rank, frac=None):
+def layer_params_per_rank(model: ModelSpec, tp, ep, dense_per_rank, frac=None, etp=None):
     """(all, routed experts) parameters of the mean block on one rank; ``dense_per_rank`` is
     params.layer_params_per_rank of the same model (attention + a dense MLP of ffn_hidden).
-    ``frac``: the share of MoE blocks (default the model's; 1 an MoE block, 0 a dense one)."""
+    ``frac``: the share of MoE blocks (default the model's; 1 an MoE block, 0 a dense one).
+    ``etp``: the routed experts' tensor-parallel degree (None: tp)."""
     dense_mlp = mlp_params_per_rank(model, model.ffn_hidden, tp)
     attention = dense_per_rank - dense_mlp
     frac = _fraction(model) if frac is None else frac
     expert = mlp_params_per_rank(model, model.expert_ffn_hidden, tp)
+    routed_expert = expert if etp is None else mlp_params_per_rank(
+        model, model.expert_ffn_hidden, etp)
     # The router is replicated on every rank (Megatron-Core's TopKRouter weight is not split).
     shared = model.router_params() + model.shared_experts * expert
-    routed = frac * (model.num_experts // np.asarray(ep)) * expert
+    routed = frac * (model.num_experts // np.asarray(ep)) * routed_expert
     return attention + (1 - frac) * dense_mlp + frac * shared + routed, routed
 
 
 def routed_params_per_rank(model: ModelSpec, t):
     """Routed-expert parameters of the mean block on one rank of table ``t``."""
-    return layer_params_per_rank(model, t.tp, axes.degree(t, "ep"), 0)[1]
+    return layer_params_per_rank(model, t.tp, axes.degree(t, "ep"), 0,
+                                 etp=axes.expert_tensor_parallel(t))[1]
 
 
 def stage_moe_share(model: ModelSpec, held) -> np.ndarray:
@@ -173,19 +185,19 @@ def stage_excess_params(model: ModelSpec, t, held, dense_per_rank, moe_held=None
     alike). ``moe_held``: the MoE blocks among them (costmodel/split.py rank_moe_blocks, the
     stage's own: dense first blocks on the first stage); None: the fullest window of ``held``
     consecutive blocks (:func:`stage_moe_share`)."""
-    ep = axes.degree(t, "ep")
-    block_moe = layer_params_per_rank(model, t.tp, ep, dense_per_rank, 1.0)[0]
-    block_dense = layer_params_per_rank(model, t.tp, ep, dense_per_rank, 0.0)[0]
+    ep, etp = axes.degree(t, "ep"), axes.expert_tensor_parallel(t)
+    block_moe = layer_params_per_rank(model, t.tp, ep, dense_per_rank, 1.0, etp)[0]
+    block_dense = layer_params_per_rank(model, t.tp, ep, dense_per_rank, 0.0, etp)[0]
     if moe_held is None:
         moe_held = np.asarray(held) * stage_moe_share(model, held)
     extra = np.asarray(moe_held) - np.asarray(held) * _fraction(model)
     return extra * (block_moe - block_dense), extra * layer_params_per_rank(
-        model, t.tp, ep, dense_per_rank, 1.0)[1]
+        model, t.tp, ep, dense_per_rank, 1.0, etp)[1]
 
 
 def expert_degree(t, component: str):
     """Sharding degree of the routed experts' ``component``: the layout's degree, at most
-    expert-dp = dp·cp/ep (only the ranks that hold the same experts can shard them)."""
+    expert-dp = tp·cp·dp/(etp·ep) (only the ranks that hold the same experts can shard them)."""
     return np.minimum(t.degree(component), axes.expert_data_parallel(t))
 
 
@@ -229,7 +241,7 @@ def load_imbalance(model: ModelSpec, t=None):
 def remote_copy_factor(model: ModelSpec, system: SystemSpec, t, run: MoeRun = NO_OVERLAP):
     """Share of the per-expert copies that cross the network when the dispatcher sends a token
     once per destination node (:attr:`MoeRun.per_node_copies`); 1 otherwise. The ep group
-    spans ``D`` scale-up domains (``k`` members each, ranks ``tp`` apart); ``top_k`` experts
+    spans ``D`` scale-up domains (``k`` members each, ranks expert-tp apart); ``top_k`` experts
     picked evenly reach ``D·(1 − (1 − 1/D)^top_k)`` distinct domains, at most ``topk_group``
     under node-limited routing (DeepSeek-V3: ``n_group`` 8, ``topk_group`` 4, "each token will
     be sent to at most 4 nodes", report §2.1.2; Megatron-LM ``--moe-router-num-groups`` and
@@ -239,7 +251,8 @@ def remote_copy_factor(model: ModelSpec, system: SystemSpec, t, run: MoeRun = NO
     if not run.per_node_copies:
         return 1.0
     ep = np.asarray(axes.degree(t, "ep"))
-    k = np.clip(system.scale_up_domain // np.maximum(np.asarray(t.tp), 1), 1, np.maximum(ep, 1))
+    stride = np.asarray(axes.expert_stride(t))  # tp, or etp where the experts fold below it
+    k = np.clip(system.scale_up_domain // np.maximum(stride, 1), 1, np.maximum(ep, 1))
     domains = np.maximum(np.ceil(ep / k), 1.0)
     distinct = domains * (1 - (1 - 1 / domains) ** model.top_k)
     if model.n_group and model.topk_group:
@@ -257,20 +270,36 @@ def _rank_tokens(model: ModelSpec, t):
 def expert_rows(model: ModelSpec, t):
     """Rows of one local expert's GEMM on the mean EP rank: a rank receives ``tokens·top_k``
     routed tokens of its ep group (``ep`` ranks' tokens for its ``E/ep`` experts), with expert-tp
-    the tp group's tokens (Megatron's all-gather over expert-tp): ``tokens·top_k·ep/E`` at tp's
-    full micro-batch."""
+    the etp group's tokens (Megatron's all-gather over expert-tp): ``tokens·top_k·ep/E`` at tp's
+    full micro-batch with etp = tp; ``etp/tp`` of that with a smaller etp, each rank then
+    dispatching only its sequence-parallel share (Megatron-Core's MoEAlltoAllTokenDispatcher
+    gathers over the expert-tp group only)."""
     tokens = t.micro_batch * t.local_seq(model.seq_len)
-    return tokens * model.top_k * axes.degree(t, "ep") / model.num_experts
+    folded = axes.expert_tensor_parallel(t) / t.tp
+    return tokens * model.top_k * axes.degree(t, "ep") / model.num_experts * folded
+
+
+def expert_weight_side(model: ModelSpec, etp) -> np.ndarray:
+    """1 / the FLOP-weighted mean ``1/d`` of one expert MLP's weights on one of ``etp`` ranks
+    (gemm.inverse_side of its input and output matrices, split like a dense MLP's)."""
+    h, f = float(model.hidden), float(model.expert_ffn_hidden)
+    etp = np.asarray(etp, dtype=float)
+    return 1.0 / gemm.inverse_side([((model.mlp_matrices - 1) * f / etp, h), (h, f / etp)])
 
 
 def expert_gemm_slowdown(model: ModelSpec, t, half_hidden: float):
     """How much slower than the dense GEMMs an expert GEMM runs, from the cost model's one GEMM
     efficiency law ``d / (d + matmul_half_hidden)`` (:mod:`.gemm`, docs/costmodel.md §5): the
     dense block's GEMMs run as one of side ``d`` = 1 / their FLOP-weighted mean ``1/d`` (their
-    TP-split weights); an expert GEMM is such a GEMM with only its routed tokens as rows, so its
-    smallest side is ``min(d, rows)``."""
+    TP-split weights); an expert GEMM is one of its own weights, split over expert-tp
+    (:func:`expert_weight_side`: ``f_e/etp`` wide), with only its routed tokens as rows, so its
+    smallest side is ``min(expert side, rows)``. Fine-grained experts split over tp are the
+    skinny GEMMs that make etp 1 the faster fold (torchtitan's reason for dropping ETP, commit
+    c4b409af2bc7e9ad162531a708050ef53c79a9fb: "sharding already-skinny expert weights with TP
+    is impractical")."""
     side = 1.0 / gemm.inverse_side(gemm.block_weight_shapes(model, t.tp))
-    d = np.maximum(np.minimum(side, expert_rows(model, t)), 1.0)
+    expert_side = expert_weight_side(model, axes.expert_tensor_parallel(t))
+    d = np.maximum(np.minimum(expert_side, expert_rows(model, t)), 1.0)
     return gemm.size_factor(side, half_hidden) / gemm.size_factor(d, half_hidden)
 
 
@@ -294,9 +323,11 @@ def all_to_all_times(model: ModelSpec, system: SystemSpec, t, act_bytes,
     """Exposed all-to-all seconds of the mean block per micro-batch: dispatch and combine
     forward, their transposes backward (4), two more when full recompute replays the forward.
     The ep group is ep consecutive (dp, cp) indices, ranks ``tp`` apart (Megatron's
-    tp-cp-ep-dp-pp order), spanning ``tp·ep`` ranks; each hop is priced on the tier it crosses
-    (comm.all_to_all: NVLink inside the scale-up domain, the member's NIC beyond it), the
-    network part scaled by :func:`remote_copy_factor`.
+    tp-cp-ep-dp-pp order), spanning ``tp·ep`` ranks; with an etp below tp, ranks etp apart
+    (the folded expert order tp-ep-dp-pp with tp = etp: specs/axes.py expert_stride), so with
+    etp 1 an ep group of 8 is 8 consecutive ranks, tp ranks among them. Each hop is priced on
+    the tier it crosses (comm.all_to_all: NVLink inside the scale-up domain, the member's NIC
+    beyond it), the network part scaled by :func:`remote_copy_factor`.
 
     Overlap (:class:`MoeRun`): ``none`` exposes them all. ``ep-a2a`` and ``dualpipe`` pair
     each micro-batch's blocks with another's, whose compute (``block_compute``, one block's
@@ -305,7 +336,8 @@ def all_to_all_times(model: ModelSpec, system: SystemSpec, t, act_bytes,
     a pipeline, the first and last) have no partner and stay exposed, and only Megatron-LM
     layouts take it (the flag is Megatron-LM's)."""
     ep = axes.degree(t, "ep")
-    one = comm.all_to_all(system, ep, t.tp, all_to_all_bytes(model, t, act_bytes),
+    one = comm.all_to_all(system, ep, axes.expert_stride(t),
+                          all_to_all_bytes(model, t, act_bytes),
                           remote_copy_factor(model, system, t, run))
     count = 4 + np.where(t.recompute == Recompute.FULL.code, 2, 0)
     total = _fraction(model) * count * one
@@ -320,16 +352,33 @@ def all_to_all_times(model: ModelSpec, system: SystemSpec, t, act_bytes,
                     unpaired * total + (1 - unpaired) * paired, total)
 
 
+def mlp_tp_comm(model: ModelSpec, system: SystemSpec, t, tp_ar, tokens_bytes):
+    """The mean block's MLP tensor-parallel collective per micro-batch and direction: the dense
+    blocks' ``tp_ar`` (all-reduce over tp, or its all-gather + reduce-scatter with sequence
+    parallelism), the MoE blocks' over the etp ranks (consecutive: the expert order's tp is
+    innermost) of the ``etp/tp`` share of the tokens they gather (:func:`expert_rows`); none
+    with etp 1: the tokens stay in their sequence-parallel share and the all-to-all moves them.
+    Equal to ``tp_ar`` with etp = tp. ``tokens_bytes``: the rank's tokens x hidden x bytes."""
+    etp = axes.expert_tensor_parallel(t)
+    expert = comm.all_reduce(system, etp, 1, tokens_bytes * etp / t.tp)
+    frac = _fraction(model)
+    # Exactly tp_ar where etp = tp (no rounding of the weighted sum moves a tp-only layout).
+    return np.where(etp == t.tp, tp_ar, (1 - frac) * tp_ar + frac * expert)
+
+
 def activation_extra(model: ModelSpec, t, act_bytes, f_rank):
     """Bytes per token (of the rank's sequence share) the mean block saves beyond a dense block's
     MLP (``mlp_saved·f/t``): an MoE block saves its router's fp32 logits (``4·E``), the
     permuted copies of the hidden state the experts read and the combine weighs
     (``2·top_k·h·e``, dropless: ``top_k`` copies of every token; on the most loaded rank the
-    imbalance times that, a capacity factor caps it: :func:`load_imbalance`) and the
-    ``(top_k + shared)`` experts' intermediates of width ``f_e/t``."""
+    imbalance times that, a capacity factor caps it: :func:`load_imbalance`; ``etp/tp`` of them
+    under a smaller etp, which gathers fewer ranks' tokens: :func:`expert_rows`) and the
+    ``(top_k + shared)`` experts' intermediates of width ``f_e/t`` (under etp, ``etp/tp`` of
+    the rows at ``f_e/etp``: the same bytes)."""
     saved = 2 if model.activation == "gelu" else 4
     load = load_imbalance(model, t)
     e_rank = model.expert_ffn_hidden / t.tp
-    moe = (4 * model.num_experts + 2 * load * model.top_k * model.hidden * act_bytes
+    folded = axes.expert_tensor_parallel(t) / t.tp
+    moe = (4 * model.num_experts + 2 * load * model.top_k * model.hidden * act_bytes * folded
            + act_bytes * saved * e_rank * (load * model.top_k + model.shared_experts))
     return _fraction(model) * (moe - act_bytes * saved * f_rank)

@@ -118,6 +118,7 @@ def table_layer_params(model: ModelSpec, t) -> np.ndarray:
         return memo[1]
     out = layer_params_per_rank(model, t.tp)
     if model.is_moe:  # the mean block, routed experts over ep (costmodel/moe.py)
-        out = moe.layer_params_per_rank(model, t.tp, axes.degree(t, "ep"), out)[0]
+        out = moe.layer_params_per_rank(model, t.tp, axes.degree(t, "ep"), out,
+                                        etp=axes.expert_tensor_parallel(t))[0]
     t.__dict__["_layer_params"] = (model, out)
     return out

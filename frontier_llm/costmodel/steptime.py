@@ -188,8 +188,10 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     fwd = f_dense + f_attn + f_elem + f_softmax + f_fixed
 
     tp_ar = comm.all_reduce(system, tp, 1, tokens * h * e)
-    fwd_comm = 2 * tp_ar
-    bwd_comm = 2 * tp_ar
+    # The attention's collective and the MLP's; an MoE block's MLP runs its over etp ranks.
+    mlp_ar = moe.mlp_tp_comm(model, system, t, tp_ar, tokens * h * e) if model.is_moe else tp_ar
+    fwd_comm = tp_ar + mlp_ar
+    bwd_comm = tp_ar + mlp_ar
     full = t.recompute == Recompute.FULL.code
     selective = t.recompute == Recompute.SELECTIVE.code
     # Op-level selective replays the block but the matmuls and attention kernel it kept

@@ -16,6 +16,7 @@ import numpy as np
 
 from frontier_llm.costmodel.layouts import LayoutTable, encode, fill_defaults
 from frontier_llm.errors import UserError
+from frontier_llm.specs import axes
 from frontier_llm.specs.engine_rules import LAYOUT_RULES, MODEL_RULES, ONLY_KNOBS, RULES
 from frontier_llm.specs.layout import (
     COMPONENTS,
@@ -42,7 +43,7 @@ from frontier_llm.specs.system import SystemSpec
 # reason per engine and rule, naming the engine), the rules against the model, the engine's rules
 # against the model, and last the cost model's "does not fit in memory".
 _LAYOUT_REASONS = (
-    "ep does not divide dp x cp",
+    "ep x expert-tp does not divide tp x dp x cp",
     "global_batch not divisible by micro_batch x dp",
     "interleaved needs micro-batches to be a multiple of pp",
     "partial sharding group does not divide dp x cp",
@@ -53,7 +54,7 @@ _MODEL_REASONS = (
     "ffn_hidden not divisible by tp",
     "ep > 1 needs a Mixture-of-Experts model",
     "num_experts not divisible by ep",
-    "expert_ffn_hidden not divisible by tp",
+    "expert_ffn_hidden not divisible by expert-tp",
     "a pipeline chunk without layers",
     "seq_len not divisible by 2 x cp",
     "seq_len / cp not divisible by tp (sequence parallel)",
@@ -65,7 +66,7 @@ _MODEL_REASONS = (
 # the slowest group: such a layout is refused rather than priced at in-node speed.
 NODE_REASONS = (
     "a tp x cp group crosses a node (its size does not divide gpus_per_node)",
-    "an expert-parallel group crosses a node (ep x tp does not divide gpus_per_node)",
+    "an expert-parallel group crosses a node (ep x expert-tp does not divide gpus_per_node)",
 )
 
 
@@ -136,7 +137,7 @@ SearchSpace.__doc__ = ("Candidate values for each layout knob (None: open, the p
 # its interleaving depths, sequence parallelism only with tp > 1, the sharding's six columns, the
 # engine for its model rules); every other knob is one column of its values (_product).
 STRUCTURAL = ("tp", "cp", "pp", "ep", "schedule", "virtual_stages", "sequence_parallel", "sharding",
-              "engine")
+              "engine", axes.EXPERT_TP)
 
 
 def knob_values(space: SearchSpace, name: str) -> tuple | None:
@@ -204,6 +205,33 @@ def open_ep(model: ModelSpec, shard_ranks: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def open_etp(model: ModelSpec, tp: int) -> tuple[int, ...]:
+    """The open etp list under ``tp`` (stored 0 = tp: specs/axes.py): tp alone for a dense
+    model; for an MoE model also 1, the fold Megatron-Core's MoE parallel folding is built for
+    and the other of the two torchtitan v0.2.2 runs ("etp = tp or etp = 1",
+    distributed/parallel_dims.py)."""
+    return (0, 1) if model.is_moe and tp > 1 else (0,)
+
+
+def _expert_folds(model: ModelSpec, space: SearchSpace, tp: int, shard_ranks: int
+                  ) -> list[tuple[int, int]]:
+    """(etp, ep) pairs of one tp x cp x dp block: each etp of the space's list (a listed etp
+    equal to tp is stored 0) with the ep list over the ranks it leaves, tp x dp x cp / etp
+    (specs/axes.py: the experts re-fold the stage), so etp 1 lets ep span tp ranks."""
+    given = getattr(space, axes.EXPERT_TP, None)
+    if given and not model.is_moe and any(e not in (0, tp) for e in given):
+        raise UserError(f"etp applies to Mixture-of-Experts models only ({model.name} is dense)")
+    etps = tuple(dict.fromkeys(0 if e == tp else e for e in given)) if given else open_etp(
+        model, tp)
+    out = []
+    for etp in etps:
+        ranks = shard_ranks if etp == 0 else tp * shard_ranks // etp
+        if etp and (tp * shard_ranks) % etp:
+            continue
+        out += [(etp, ep) for ep in space.ep or open_degrees("ep", model, ranks, space)]
+    return out
+
+
 def _depths(model: ModelSpec, pp: int) -> tuple[int, ...]:
     """Interleaving depths for a pipeline of ``pp`` stages: v dividing the (smallest even share
     of) layers per stage; with an uneven split the engine's split decides the chunks
@@ -257,10 +285,10 @@ def enumerate_layouts(model: ModelSpec, system: SystemSpec, gpus: int, global_ba
                 dp = rest // pp
                 shard = tuple(map(Sharding.parse, space.sharding or ())) or tuple(
                     _shardings(system, tp, dp * cp))
-                for ep in space.ep or open_degrees("ep", model, dp * cp, space):
+                for etp, ep in _expert_folds(model, space, tp, dp * cp):
                     block = _product(model, (tp, cp, pp, dp, ep), micro,
                                      _schedules(model, pp, space), space, shard, global_batch,
-                                     registry)
+                                     registry, etp)
                     if block is not None:
                         blocks.append(block)
     if not blocks:
@@ -291,7 +319,7 @@ def _schedules(model: ModelSpec, pp: int, space: SearchSpace) -> list[tuple[int,
 
 
 def _product(model, degrees, micro, sched_v, space, shardings, global_batch,
-             registry: dict) -> dict | None:
+             registry: dict, etp: int = 0) -> dict | None:
     tp, cp, pp, dp, ep = degrees
     # Sequence parallelism without TP and interleaving without a pipeline are not layouts.
     sp = [s for s in knob_values(space, "sequence_parallel") if tp > 1 or not s]
@@ -317,7 +345,7 @@ def _product(model, degrees, micro, sched_v, space, shardings, global_batch,
     cols = {
         # Constant in a block: one value, repeated when the blocks are joined.
         "tp": _Const(tp), "cp": _Const(cp), "pp": _Const(pp), "dp": _Const(dp),
-        "ep": _Const(ep), "global_batch": _Const(global_batch),
+        "ep": _Const(ep), axes.EXPERT_TP: _Const(etp), "global_batch": _Const(global_batch),
         "schedule": sv[idx["_sv"], 0], "virtual_stages": sv[idx["_sv"], 1],
         "sequence_parallel": np.array(sp, dtype=bool)[idx["sequence_parallel"]],
         "dtype": _Const(DType(space.dtype).code),
@@ -447,7 +475,8 @@ def _node_reasons(reason: np.ndarray, t: LayoutTable, per_node: int, gpus: int) 
         return reason
     reason = reason.copy()
     # A group of span s <= per_node starts at multiples of s: inside a node iff s divides it.
-    for span, text in ((t.tp * t.cp, NODE_REASONS[0]), (t.tp * t.ep, NODE_REASONS[1])):
+    for span, text in ((t.tp * t.cp, NODE_REASONS[0]),
+                       (axes.expert_stride(t) * t.ep, NODE_REASONS[1])):
         crosses = (span < per_node) & (per_node % np.maximum(span, 1) != 0) & (reason == 0)
         reason[crosses] = REASONS.index(text)
     return reason
@@ -470,8 +499,10 @@ def _reasons(model: ModelSpec, t: LayoutTable, engine_layout: np.ndarray,
     engine_only = np.where(empty, 0, engine_model)
     # (rule broken, its code), in the order Layout checks them.
     expert_width = model.expert_ffn_hidden if model.is_moe else model.ffn_hidden
+    expert_tp = axes.expert_tensor_parallel(t)
     rules = [
-        (t.shard_ranks % t.ep != 0, REASONS.index(_LAYOUT_REASONS[0])),
+        # ep x etp folds a stage's tp x cp x dp ranks (dp x cp % ep with etp = tp).
+        ((t.tp * t.shard_ranks) % (expert_tp * t.ep) != 0, REASONS.index(_LAYOUT_REASONS[0])),
         (t.global_batch % mb_dp != 0, REASONS.index(_LAYOUT_REASONS[1])),
         ((t.schedule == Schedule.INTERLEAVED.code) & (m % t.pp != 0),
          REASONS.index(_LAYOUT_REASONS[2])),
@@ -483,7 +514,7 @@ def _reasons(model: ModelSpec, t: LayoutTable, engine_layout: np.ndarray,
         (model.ffn_hidden % t.tp != 0, REASONS.index(_MODEL_REASONS[2])),
         ((t.ep > 1) & (not model.is_moe), REASONS.index(_MODEL_REASONS[3])),
         (model.num_experts % t.ep != 0, REASONS.index(_MODEL_REASONS[4])),
-        (model.is_moe & (expert_width % t.tp != 0), REASONS.index(_MODEL_REASONS[5])),
+        (model.is_moe & (expert_width % expert_tp != 0), REASONS.index(_MODEL_REASONS[5])),
         (empty, _EMPTY_CHUNK),
         ((t.cp > 1) & (model.seq_len % (2 * t.cp) != 0), REASONS.index(_MODEL_REASONS[7])),
         (t.sequence_parallel & ((model.seq_len // t.cp) % t.tp != 0),

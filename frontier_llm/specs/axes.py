@@ -17,6 +17,19 @@ re-folds each pipeline stage's tp x cp x dp ranks into expert-tp x ep x expert-d
 order ``tp-ep-dp-pp``); torchtitan borrows ep from dp_shard x cp (torchtitan
 torchtitan/distributed/parallel_dims.py, v0.2.2). Both keep expert-tp = tp by default, as here.
 
+Expert tensor parallelism (``etp``, Megatron-LM's ``--expert-tensor-parallel-size``) is the
+experts' own tensor-parallel degree, folded like ep: a pipeline stage's tp x cp x dp ranks are
+renumbered etp x ep x edp for the MoE MLPs (Megatron-Core's "MoE parallel folding"), so
+``edp = tp x cp x dp / (etp x ep)`` and etp x ep must divide tp x cp x dp
+(megatron/core/parallel_state.py ``initialize_model_parallel``, NVIDIA/Megatron-LM
+d98e8a64ddf34856e74b24714e3bedb2f5a39553: ``expert_data_parallel_size = world_size //
+(expert_tensor_parallel_size x expert_model_parallel_size x pp)``, its expert RankGenerator's
+order ``tp-ep-dp-pp`` with tp = etp; torchtitan v0.2.2 (73a0e6979dd10b6b1904098eb3c8f62c18ab87ce)
+distributed/parallel_dims.py ``efsdp = fsdp x tp // (etp x ep)``, mesh ``pp, dp_replicate,
+efsdp, ep, etp``). A layout stores etp 0 for "the same as tp" (both trainers' default: Megatron's
+``expert_tensor_parallel_size = None`` becomes tp in megatron/training/arguments.py), so every
+layout from before etp keeps its key; :func:`expert_tensor_parallel` reads the degree.
+
 The functions take any holder of degrees: a ``Layout`` or the cost model's ``LayoutTable``
 (attributes; numpy columns multiply element-wise), a mapping, a pandas row or frame (keys). A
 degree the holder lacks is 1: a frame or a trace from before the degree existed ran without it.
@@ -30,6 +43,7 @@ from typing import Any
 
 __all__ = [
     "AXES",
+    "EXPERT_TP",
     "FOLDED_AXES",
     "LABELLED",
     "MESH_ORDER",
@@ -43,6 +57,8 @@ __all__ = [
     "data_parallel_for",
     "degree",
     "expert_data_parallel",
+    "expert_stride",
+    "expert_tensor_parallel",
     "frame_world_size",
     "label_parts",
     "model_parallel_size",
@@ -153,11 +169,49 @@ def shard_ranks(holder: Any) -> Any:
     return _product(holder, REPLICA_AXES)
 
 
+# The experts' tensor-parallel degree's field: not an :class:`Axis` (it names no rank field of
+# its own in traces and the store), a folded degree whose 0 means "tp" (module docstring).
+EXPERT_TP = "etp"
+
+
+def _expert_tp_field(holder: Any) -> Any:
+    """The holder's stored etp, 0 ("tp") where it has none: unlike a world degree, a holder
+    from before etp ran its experts at tp, not at 1."""
+    if hasattr(holder, "keys"):
+        if EXPERT_TP not in holder:
+            return 0
+        value = holder[EXPERT_TP]
+        if hasattr(value, "fillna"):
+            return value.fillna(0)
+        return 0 if value is None or (isinstance(value, float) and math.isnan(value)) else value
+    return getattr(holder, EXPERT_TP, 0)
+
+
+def expert_tensor_parallel(holder: Any) -> Any:
+    """The experts' tensor-parallel degree: the holder's ``etp``, or tp where it has none or
+    stores 0 (the default: expert-tp = tp). A column stays a column."""
+    etp, tp = _expert_tp_field(holder), degree(holder, Axis.TP)
+    if hasattr(etp, "__len__") or hasattr(tp, "__len__"):
+        import numpy as np
+
+        return np.where(np.asarray(etp) == 0, tp, etp)
+    return tp if etp == 0 else etp
+
+
 def expert_data_parallel(holder: Any) -> Any:
-    """Ranks that hold the same routed experts and reduce their gradients: dp x cp / ep
-    (Megatron-Core's expert data parallel with expert-tp = tp). A column stays a column."""
-    shards, ep = shard_ranks(holder), degree(holder, Axis.EP)
-    return shards // ep
+    """Ranks that hold the same routed experts and reduce their gradients: tp x cp x dp /
+    (etp x ep) (Megatron-Core's expert data parallel; dp x cp / ep with etp = tp). A column
+    stays a column."""
+    ranks = shard_ranks(holder) * degree(holder, Axis.TP)
+    return ranks // (expert_tensor_parallel(holder) * degree(holder, Axis.EP))
+
+
+def expert_stride(holder: Any) -> Any:
+    """How many ranks apart two members of an expert-parallel group are: etp (Megatron's
+    expert order ``tp-ep-dp-pp`` with tp = etp, torchtitan's ``..., ep, etp`` mesh). With etp
+    = tp that is tp, the dense order's ``tp-cp-ep-dp-pp``; with etp 1 under tp 4 the group is
+    consecutive ranks and may span the tp ranks."""
+    return expert_tensor_parallel(holder)
 
 
 def fewest_data_parallel_for_ep(ep: int, cp: int = 1) -> int:
@@ -187,7 +241,9 @@ def frame_world_size(frame: Any) -> Any:
 
 def coords(rank: int, holder: Any) -> dict[str, int]:
     """Rank ``rank``'s index along each axis (row-major over :data:`MESH_ORDER`); its expert-
-    parallel index is its place in a run of ep consecutive dp x cp indices (cp fastest)."""
+    parallel index is its place in the folded expert order (etp fastest, then ep) of the
+    rank's index inside its pipeline stage; with etp = tp, a run of ep consecutive dp x cp
+    indices (cp fastest)."""
     if not 0 <= rank < world_size(holder):
         raise ValueError(f"rank {rank} is outside a world of {world_size(holder)} ranks")
     out = {}
@@ -195,8 +251,9 @@ def coords(rank: int, holder: Any) -> dict[str, int]:
         size = int(degree(holder, axis))
         out[str(axis)] = rank % size
         rank //= size
-    replica = out["dp"] * int(degree(holder, Axis.CP)) + out["cp"]
-    out["ep"] = replica % int(degree(holder, Axis.EP))
+    in_stage = (out["dp"] * int(degree(holder, Axis.CP)) + out["cp"]) * int(
+        degree(holder, Axis.TP)) + out["tp"]
+    out["ep"] = in_stage // int(expert_tensor_parallel(holder)) % int(degree(holder, Axis.EP))
     return {str(a): out[str(a)] for a in AXES}
 
 
@@ -218,5 +275,10 @@ def rank_fields(index: dict[str, int]) -> dict[str, int]:
 def label_parts(values: Any, omit: Any = ()) -> list[str]:
     """The degrees' pieces of a layout's label, in axis order: ``tp8``, ``pp4``, ``dp2``
     always, a later degree where it is not 1 (``tp8 cp2 pp4 dp2``); ``omit``: axes left out."""
-    return [f"{a}{degree(values, a)}" for a in AXES
-            if a not in omit and (a in LABELLED or str(degree(values, a)) != "1")]
+    parts = [f"{a}{degree(values, a)}" for a in AXES
+             if a not in omit and (a in LABELLED or str(degree(values, a)) != "1")]
+    etp = _expert_tp_field(values)
+    if EXPERT_TP not in omit and str(etp) not in ("0", "0.0") and str(etp) != str(
+            degree(values, Axis.TP)):
+        parts.append(f"{EXPERT_TP}{etp}")  # set apart from tp: tp4 pp8 dp4 ep8 etp1
+    return parts

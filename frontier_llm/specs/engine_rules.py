@@ -140,8 +140,8 @@ class EngineRules:
                         f"({layout.num_microbatches} = global_batch / (micro_batch x dp))"))
         for knob, values, why in self.only:
             if getattr(layout, knob) not in values:
-                out.append((f"only_{knob}", f"{name} runs {knob} = "
-                                            f"{' or '.join(map(_word, values))} only: {why}"))
+                runs = " or ".join(_word(v, knob) for v in values)
+                out.append((f"only_{knob}", f"{name} runs {knob} = {runs} only: {why}"))
         if model is None:
             return out
         # Given end stages are split by Megatron-Core's own rules, interleaved or not
@@ -183,7 +183,7 @@ class EngineRules:
         name = f"engine {self.engine}"
         for knob, values, _ in self.only:
             if rule == f"only_{knob}":
-                return f"{name} runs {knob} = {' or '.join(map(_word, values))} only"
+                return f"{name} runs {knob} = {' or '.join(_word(v, knob) for v in values)} only"
         missing = [str(w) for w in Schedule if w not in self.schedules]
         return {
             "schedule": f"{name} has no {' or '.join(missing)} pipeline schedule",
@@ -220,8 +220,10 @@ class EngineRules:
         return ", ".join(s.describe() for s in shardings)
 
 
-def _word(value: object) -> str:
-    """A knob value as the user writes it (on/off for a boolean)."""
+def _word(value: object, knob: str = "") -> str:
+    """A knob value as the user writes it (on/off for a boolean, etp's stored 0 as tp)."""
+    if knob == "etp" and value == 0:
+        return "tp"
     if isinstance(value, bool):
         return "on" if value else "off"
     return str(value)
@@ -345,7 +347,14 @@ RULES: dict[Engine, EngineRules] = {
               ("first_stage_layers", (0,), "DeepSpeed's PipelineModule balances stages by its "
                                            "partition_method, with no per-stage layer counts"),
               ("last_stage_layers", (0,), "DeepSpeed's PipelineModule balances stages by its "
-                                          "partition_method, with no per-stage layer counts")),
+                                          "partition_method, with no per-stage layer counts"),
+              # DeepSpeed-MoE's experts follow the model's own tensor parallelism (its
+              # enable_expert_tensor_parallelism switch: tp or none; deepspeed/moe/layer.py at
+              # edaa7221267243c7be7fb49c5d5f5c4fb97b4641), with no degree of their own; flm
+              # stores etp = tp as 0 (specs/axes.py).
+              ("etp", (0,), "flm does not model DeepSpeed-MoE's expert tensor parallelism "
+                            "(deepspeed.moe.layer.MoE enable_expert_tensor_parallelism): its "
+                            "experts' tp is the model's, never an etp of its own")),
     ),
 }
 

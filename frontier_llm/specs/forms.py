@@ -185,7 +185,8 @@ def _label(values: Mapping[str, Any], omit: Iterable[str]) -> str:
     parts = axes.label_parts(values, omit)
     parts += [f"{short}{values[name]}" for name, short in _BATCHES.items() if name not in omit]
     for name, kind in layout_types().items():
-        if name in omit or name in axes.AXES or name in _BATCHES or name in _WRITTEN_WITH:
+        if (name in omit or name in axes.AXES or name == axes.EXPERT_TP or name in _BATCHES
+                or name in _WRITTEN_WITH):
             continue  # written as part of another knob's text
         value = values[name]
         if name in _WRITTEN_WITH.values():

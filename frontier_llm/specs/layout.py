@@ -139,6 +139,16 @@ class Layout:
         "transformer layers of the last pipeline stage, which also holds the head, the loss "
         "and any multi-token-prediction layers (Megatron-LM --decoder-last-pipeline-num-layers; "
         "0: the engine's split)", new_knob=True, argv_quiet=True, minimum=0))
+    # Expert tensor parallelism (Megatron-LM's --expert-tensor-parallel-size, torchtitan
+    # v0.2.2's expert_tensor_parallel_degree): the routed experts' own tensor-parallel degree,
+    # folded like ep over the stage's tp x cp x dp ranks (specs/axes.py). 0 means "the same as
+    # tp", both trainers' default, and a layout given etp = tp stores 0: one layout, one key.
+    etp: int = field(default=0, metadata=_knob(
+        "expert-tensor-parallel degree: each routed expert's MLP split over etp ranks, the "
+        "experts re-folding the stage's tp x cp x dp ranks as etp x ep x expert-dp "
+        "(Megatron-Core MoE parallel folding; etp x ep must divide tp x cp x dp; e.g. --tp 4 "
+        "--etp 1). Default: the same as tp", default_text=None, new_knob=True,
+        argv_quiet=True, minimum=0))
 
     def __post_init__(self) -> None:
         if not isinstance(self.sharding, Sharding):
@@ -155,7 +165,8 @@ class Layout:
         if self.world_size > MAX_GPUS:
             raise SpecError(f"tp x cp x pp x dp = {self.world_size:,} GPUs is above the maximum of "
                             f"{MAX_GPUS:,}", "dp")
-        if self.shard_ranks % self.ep:
+        self._check_expert_tp()
+        if not self.etp and self.shard_ranks % self.ep:
             raise SpecError(
                 f"ep ({self.ep}) does not divide "
                 + (f"dp x cp ({self.dp} x {self.cp})" if self.cp > 1 else f"dp ({self.dp})")
@@ -213,6 +224,26 @@ class Layout:
             )
         check_engine(self)
 
+    def _check_expert_tp(self) -> None:
+        """Store etp = tp as 0 (the default) and refuse an expert fold that does not tile the
+        stage: Megatron-Core raises unless etp x ep x pp divides the world
+        (parallel_state.py initialize_model_parallel, specs/axes.py), i.e. etp x ep divides
+        tp x cp x dp."""
+        if self.etp == self.tp:
+            object.__setattr__(self, "etp", 0)
+        if self.etp and (self.tp * self.shard_ranks) % (self.etp * self.ep):
+            raise SpecError(
+                f"etp x ep ({self.etp} x {self.ep}) does not divide tp x cp x dp ({self.tp} x "
+                f"{self.cp} x {self.dp}): the experts re-fold a pipeline stage's ranks as "
+                "etp x ep x expert-dp (Megatron-Core: expert-dp = tp x cp x dp / (etp x ep))",
+                "etp",
+            )
+
+    @property
+    def expert_tp(self) -> int:
+        """The routed experts' tensor-parallel degree: etp, or tp where etp is 0 (default)."""
+        return int(axes.expert_tensor_parallel(self))
+
     @property
     def world_size(self) -> int:
         return axes.world_size(self)
@@ -251,10 +282,14 @@ class Layout:
         if model.num_experts % self.ep:
             raise SpecError(f"num_experts ({model.num_experts}) is not divisible by ep "
                             f"({self.ep})", "ep")
-        if model.is_moe and model.expert_ffn_hidden % self.tp:
-            # Expert-tp is tp (specs/axes.py): each expert's MLP splits over tp like a dense one.
+        if model.is_moe and model.expert_ffn_hidden % self.expert_tp:
+            # Each expert's MLP splits over expert-tp (tp unless etp says otherwise).
+            name = "etp" if self.etp else "tp"
             raise SpecError(f"expert_ffn_hidden ({model.expert_ffn_hidden}) is not divisible by "
-                            f"tp ({self.tp})", "tp")
+                            f"{name} ({self.expert_tp})", name)
+        if self.etp and not model.is_moe:
+            raise SpecError(f"etp ({self.etp}) needs a Mixture-of-Experts model ({model.name} "
+                            "is dense: num_experts 0)", "etp")
         chunks = self.pp * self.virtual_stages
         if chunks > 1 and min_chunk_layers(model, self.pp, self.virtual_stages, self.engine,
                                            *self.given_ends) < 1:

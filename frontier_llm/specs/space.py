@@ -20,7 +20,13 @@ from typing import Any
 
 from frontier_llm.errors import SpecError
 from frontier_llm.specs.forms import field_defaults
-from frontier_llm.specs.layout import Sharding, Vocabulary, layout_fields, layout_types
+from frontier_llm.specs.layout import (
+    Sharding,
+    Vocabulary,
+    int_minimum,
+    layout_fields,
+    layout_types,
+)
 
 # Layout fields a space does not list: dp follows from tp, pp and the GPU count; the global
 # batch and the precision are the run's (layouts are compared at one batch and one precision).
@@ -103,8 +109,9 @@ def check_values(name: str, values: Any) -> None:
     kind = space_knobs()[name]
     if kind is int:
         check_list(values, name, int)
-        if any(v < 1 for v in values or ()):
-            raise SpecError(f"{name} values must be at least 1", name)
+        least = int_minimum(name)  # 1, or 0 for etp (0: the same as tp)
+        if any(v < least for v in values or ()):
+            raise SpecError(f"{name} values must be at least {least}", name)
     elif kind is bool:
         check_list(values, name, bool)
     elif isinstance(kind, type) and issubclass(kind, Vocabulary):

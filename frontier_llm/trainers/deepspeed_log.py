@@ -49,7 +49,7 @@ class DeepSpeedLog(LogReader):
     # Its configuration block states batches, ZeRO stage, precision and AutoTP's size; the
     # pipeline, the data-parallel size and the rest are the training script's.
     unstated = ("dp", "pp", "cp", "ep", "virtual_stages", "sequence_parallel", "recompute", "tp",
-                "first_stage_layers", "last_stage_layers")
+                "first_stage_layers", "last_stage_layers", "etp")
     signature = re.compile(r"\[Rank \d+\] step=\d+, skipped=|SamplesPerSec=|DeepSpeed info: "
                            r"version=|DeepSpeedEngine configuration:"
                            r"|iter time \(s\): .* samples/sec")

@@ -28,6 +28,10 @@ DEGREE_FLAGS = {
 }
 FLAG = {field: flag for flag, field in DEGREE_FLAGS.items()}
 SEQUENCE_PARALLEL_FLAG = "--sequence-parallel"
+# The experts' tensor-parallel degree (Megatron-LM's _add_moe_args at 309ffca: "Default is None,
+# which will be set to the value of --tensor-model-paralle-size"; validate_args then prints tp
+# under it). Written only where the layout's etp differs from tp (specs/axes.py: stored 0).
+EXPERT_TP_FLAG = "--expert-tensor-parallel-size"
 RECOMPUTE_FLAG = "--recompute-granularity"
 # Settings no flag sets as such: validate_args computes them and the block prints them
 # (megatron/training/arguments.py at 309ffca: data_parallel_size = world / (tp x pp x cp);
@@ -146,7 +150,7 @@ def moe_layer_freq(model: ModelSpec) -> str:
 def moe_args(model: ModelSpec, layout: Layout) -> list[str]:
     """Megatron-LM's MoE flags (``_add_moe_args``, megatron/training/arguments.py at 309ffca)
     for an MoE model; nothing for a dense one. Expert-tp stays at its default, tp
-    (``--expert-tensor-parallel-size`` None), flm's expert-tp (specs/axes.py)."""
+    (``--expert-tensor-parallel-size`` None), unless the layout's etp differs from tp."""
     if not model.is_moe:
         return []
     argv = ["--num-experts", str(model.num_experts), "--moe-router-topk", str(model.top_k),
@@ -179,6 +183,8 @@ def moe_args(model: ModelSpec, layout: Layout) -> list[str]:
         # all-to-all dispatch and combine flm's cost model and flm bench stand for.
         argv += [FLAG["ep"], str(layout.ep),
                  "--moe-token-dispatcher-type", "alltoall"]
+    if layout.etp:
+        argv += [EXPERT_TP_FLAG, str(layout.etp)]
     return argv
 
 
@@ -249,8 +255,8 @@ def render_argv(argv: list[str], header: list[str]) -> str:
     return comment_lines(header) + " \\\n".join(lines) + "\n"
 
 
-__all__ = ["DEFAULT_DS_CONFIG", "DEGREE_FLAGS", "DISTRIBUTED_OPTIMIZER_FLAG", "FLAG", "MTP_FLAG",
-           "PRINTED", "RECOMPUTE_FLAG", "SEQUENCE_PARALLEL_FLAG", "STAGE_LAYER_FLAGS",
-           "VIRTUAL_STAGES_FLAG", "ZERO_STAGE_FLAG", "batch_and_degrees", "dest", "dtype_args",
-           "model_args", "moe_args", "moe_layer_freq", "mtp_args", "recompute_args",
-           "render_argv", "stage_layer_args"]
+__all__ = ["DEFAULT_DS_CONFIG", "DEGREE_FLAGS", "DISTRIBUTED_OPTIMIZER_FLAG", "EXPERT_TP_FLAG",
+           "FLAG", "MTP_FLAG", "PRINTED", "RECOMPUTE_FLAG", "SEQUENCE_PARALLEL_FLAG",
+           "STAGE_LAYER_FLAGS", "VIRTUAL_STAGES_FLAG", "ZERO_STAGE_FLAG", "batch_and_degrees",
+           "dest", "dtype_args", "model_args", "moe_args", "moe_layer_freq", "mtp_args",
+           "recompute_args", "render_argv", "stage_layer_args"]

@@ -41,6 +41,27 @@ OVERLAP_GRAD_REDUCE_FLAG = "--overlap-grad-reduce"
 OVERLAP_PARAM_GATHER_FLAG = "--overlap-param-gather"
 
 
+def check_expert_tp(name: str, model: ModelSpec, layout: Layout) -> None:
+    """Megatron-LM's rules on an etp other than tp (NVIDIA/Megatron-LM 309ffca): its MoE layer
+    raises in training with attention tp > 1 and no sequence parallelism
+    (megatron/core/transformer/moe/moe_layer.py: "performance may degrade if MoE and tensor
+    parallelism are enabled without also enabling sequence parallelism"), and
+    TransformerConfig asserts "Bias in Moe is only supported when ETP==1"
+    (megatron/core/transformer/transformer_config.py)."""
+    if not model.is_moe:
+        return
+    if layout.etp and layout.tp > 1 and not layout.sequence_parallel:
+        raise refuse(name, f"etp {layout.etp} with tp {layout.tp} needs sequence parallelism "
+                     "(its MoE layer raises \"performance may degrade if MoE and tensor "
+                     "parallelism are enabled without also enabling sequence parallelism\": "
+                     "megatron/core/transformer/moe/moe_layer.py at 309ffca): add "
+                     "--sequence-parallel")
+    if model.bias and layout.expert_tp != 1:
+        raise refuse(name, f"an MoE model with biases at expert-tp {layout.expert_tp}: "
+                     "TransformerConfig asserts \"Bias in Moe is only supported when ETP==1\" "
+                     "(megatron/core/transformer/transformer_config.py at 309ffca); use --etp 1")
+
+
 def _reduce_dtype(layout: Layout) -> DType:
     """The dtype its data-parallel reduction runs in: fp32 main gradients for bf16, and for fp8,
     whose parameters and main gradients stay bf16/fp32 (only the GEMMs run in FP8)."""
@@ -80,6 +101,7 @@ class MegatronLM(Trainer):
                          "parallelism, sequence parallelism must be enabled\": "
                          "megatron/core/transformer/moe/README.md at 309ffca): add "
                          "--sequence-parallel")
+        check_expert_tp(self.name, model, layout)
         if model.mtp_layers and model.position not in ("rope",):
             raise refuse(self.name, f"mtp_layers {model.mtp_layers} with {model.position} "
                          "positions: validate_args asserts \"Multi-Token Prediction (MTP) is "

@@ -39,6 +39,7 @@ from frontier_llm.trainers.log_reader import (
 from frontier_llm.trainers.megatron_common import (
     DEGREE_FLAGS,
     DISTRIBUTED_OPTIMIZER_FLAG,
+    EXPERT_TP_FLAG,
     FLAG,
     KV_CHANNELS_FLAG,
     MLA_FLAG,
@@ -159,6 +160,7 @@ class MegatronLog(LogReader):
             # expert parallelism (Megatron-DeepSpeed, Megatron-LM before them) runs neither.
             for field in ("cp", "ep"):
                 run.layout.setdefault(field, 1)
+            run.layout.setdefault("etp", 0)  # without the flag its experts ran at tp
             # validate_args prints None for one model chunk per pipeline rank.
             run.layout.setdefault("virtual_stages", 1)
             # --decoder-first/last-pipeline-num-layers: None (Megatron-DeepSpeed: absent) is
@@ -166,6 +168,10 @@ class MegatronLog(LogReader):
             for stage_flag, field in STAGE_LAYER_FLAGS.items():
                 run.layout[field] = integer(a.get(dest(stage_flag))) or 0
             _pipeline_layout(run)
+        etp, tp = integer(a.get(dest(EXPERT_TP_FLAG))), run.layout.get("tp")
+        if etp is not None and tp is not None:
+            # validate_args prints tp here when the flag is not given: the layout's 0 ("tp").
+            run.layout["etp"] = 0 if etp == tp else etp
         if (sp := flag(a.get(dest(SEQUENCE_PARALLEL_FLAG)))) is not None:
             run.layout["sequence_parallel"] = sp
         if (granularity := a.get(dest(RECOMPUTE_FLAG))) is not None:

@@ -234,6 +234,7 @@ def _check(model: ModelSpec, layout: Layout, implied_sp: bool = True) -> Layout:
         # is tp x 2cp (parallel_dims.py v0.2.2): stricter than flm's 2cp and (seq/cp) % tp.
         raise refuse(TORCHTITAN, f"seq_len {model.seq_len} is not divisible by tp x 2 x cp "
                      f"= {divisor}, which its parallelize asserts")
+    _check_expert_tp(layout)
     if layout.tp > 1 and not layout.sequence_parallel:
         if not implied_sp:
             raise refuse(TORCHTITAN, "sequence parallelism is implied: its tensor parallel plan "
@@ -243,6 +244,22 @@ def _check(model: ModelSpec, layout: Layout, implied_sp: bool = True) -> Layout:
                          "what ran")
         layout = dataclasses.replace(layout, sequence_parallel=True)
     return layout
+
+
+def _check_expert_tp(layout: Layout) -> None:
+    """torchtitan v0.2.2's expert tensor parallelism: "Currently we only support either etp =
+    tp or etp = 1" (job_config.py; parallel_dims.py asserts it), and it has "No effect ... when
+    ep = 1" (the experts then follow tp)."""
+    if not layout.etp:
+        return
+    if layout.etp != 1:
+        raise refuse(TORCHTITAN, f"etp {layout.etp} with tp {layout.tp}: it runs etp = tp or "
+                     "etp = 1 only (parallel_dims.py v0.2.2 asserts \"Currently we only support "
+                     "ETP=TP or ETP=1\")")
+    if layout.ep == 1:
+        raise refuse(TORCHTITAN, f"etp 1 with tp {layout.tp} and ep 1: its "
+                     "expert_tensor_parallel_degree has \"No effect ... when ep = 1\" "
+                     "(job_config.py v0.2.2), the experts following tp; use ep > 1 or etp = tp")
 
 
 def check_model(model: ModelSpec) -> None:
@@ -301,14 +318,17 @@ def job_config(model: ModelSpec, layout: Layout, implied_sp: bool = True,
     if layout.ep > 1:
         # Its expert mesh takes ep from dp_shard x cp x tp / etp (efsdp = dp_shard x cp x tp /
         # (etp x ep), distributed/parallel_dims.py v0.2.2); with etp = tp, ep divides
-        # dp_shard x cp: replicas (dp_replicate) are not lent to experts.
-        if (shard * layout.cp) % layout.ep:
+        # dp_shard x cp, with etp 1 dp_shard x cp x tp: replicas (dp_replicate) are not lent
+        # to experts.
+        lent = shard * layout.cp * (layout.tp // layout.expert_tp)
+        if lent % layout.ep:
+            ranks = f"{shard} x {layout.cp}" + (f" x tp {layout.tp}" if layout.etp else "")
             raise refuse(TORCHTITAN, f"ep {layout.ep} does not divide data_parallel_shard_degree "
-                         f"x cp = {shard} x {layout.cp}: torchtitan's experts borrow ranks "
-                         "from the FSDP shard group only (parallel_dims.py efsdp); shard over "
-                         "more ranks (zero3) or lower ep")
+                         f"x cp{' x tp / etp' if layout.etp else ''} = {ranks}: torchtitan's "
+                         "experts borrow ranks from the FSDP shard group only (parallel_dims.py "
+                         "efsdp); shard over more ranks (zero3) or lower ep")
         parallelism[key("ep")] = layout.ep
-        parallelism[key("etp")] = layout.tp
+        parallelism[key("etp")] = layout.expert_tp
     if shard > 1 or layout.cp > 1:
         parallelism["fsdp_reshard_after_forward"] = (
             "always" if layout.reshard_after_forward else "never")

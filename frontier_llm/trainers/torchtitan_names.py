@@ -39,9 +39,10 @@ DEGREES = (
     Degree("tp", "tensor_parallel_degree", "tp"),
     Degree("ep", "expert_parallel_degree", "ep"),
 )
-# The experts' tensor parallelism: flm's expert-tp is tp (specs/axes.py), torchtitan's
-# "etp = tp" (the other it allows, etp = 1, flm does not model).
-EXPERT_TP = Degree("tp", "expert_tensor_parallel_degree", "etp")
+# The experts' tensor parallelism, flm's etp (specs/axes.py: stored 0 where it is tp). v0.2.2
+# runs "etp = tp" or "etp = 1" (job_config.py), only with ep > 1 ("No effect ... when ep = 1":
+# its experts then follow tp); its default is 1, so the export always writes it.
+EXPERT_TP = Degree("etp", "expert_tensor_parallel_degree", "etp")
 BY_MESH = {d.mesh: d for d in (*DEGREES, EXPERT_TP)}
 # Before v0.2 the mesh line named only the dimensions above 1, the data-parallel one "dp".
 OLD_MESH = {"dp": "dp"}
@@ -83,10 +84,9 @@ def mesh_layout(mesh: dict[str, int]) -> tuple[dict[str, int], str | None]:
         degrees[field] = degrees.get(field, 1) * size
     for d in DEGREES:
         degrees.setdefault(d.field, 1)
-    etp = mesh.get(EXPERT_TP.mesh, 1)
-    if degrees["ep"] > 1 and etp != degrees["tp"]:
-        return degrees, (f"etp {etp} with tp {degrees['tp']}: the experts' tensor parallelism "
-                         "is not tp, and flm's expert-tp is tp (torchtitan's etp = tp)")
+    # A line without etp (before v0.2) ran its experts at tp; with ep 1 etp has no effect.
+    etp = mesh.get(EXPERT_TP.mesh, degrees["tp"])
+    degrees[EXPERT_TP.field] = etp if degrees["ep"] > 1 and etp != degrees["tp"] else 0
     return degrees, None
 
 

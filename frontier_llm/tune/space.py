@@ -262,7 +262,12 @@ def _with_run(pred: dict, model: Any, system: Any, layout: Layout | None,
 
 
 def _key(values: Mapping[str, Any], knobs: Mapping[str, list]) -> tuple:
-    return tuple((k, str(values[k])) for k in sorted(knobs))
+    def word(k: str) -> str:
+        # A proposed etp equal to tp is the layout's stored 0 (specs/axes.py): one candidate.
+        if k == axes.EXPERT_TP and str(values[k]) == str(values.get("tp")):
+            return "0"
+        return str(values[k])
+    return tuple((k, word(k)) for k in sorted(knobs))
 
 
 def _plain(value: Any) -> Any:
