@@ -56,7 +56,7 @@ class EngineRules:
     shardings: tuple[Sharding, ...] | None
     # Shardings that compose with pp > 1; None = the same as ``shardings``.
     pipeline_shardings: tuple[Sharding, ...] | None
-    partial_sharding: bool  # partial:K placements (HSDP, MiCS, hpZ) beyond ``shardings``
+    partial_sharding: bool  # partial:K placements beyond ``shardings``, of ``partial_form``
     sequence_parallel: bool
     dtypes: tuple[DType, ...]
     dtype_reason: str  # why a dtype is missing, when it is
@@ -99,6 +99,10 @@ class EngineRules:
     vocab_divisible: bool = False
     # Pipeline schedules that need at least one micro-batch per stage (m >= pp).
     microbatch_per_stage: tuple[Schedule, ...] = ()
+    # Which partial:K placement ``partial_sharding`` admits: "hpz" (parameters partial, the rest
+    # fully sharded: DeepSpeed's ZeRO++) or "hsdp" (all three partial over one group: FSDP2's
+    # 2-D mesh, ``fully_shard(mesh=(replicate, shard))``).
+    partial_form: str = "hpz"
     # Other knobs the engine runs at some values only: (knob, the values it runs, why). Each is
     # the rule ``only_<knob>``, checked after the rules above and in the planner with no code of
     # its own (planner/space.py), so a knob added to Layout needs no rule code here.
@@ -191,7 +195,9 @@ class EngineRules:
                      f"{' or '.join(str(d) for d in DType if d not in self.dtypes)}",
             "sequence_parallel": f"{name} has no sequence parallelism",
             "sharding": f"{name} runs only {self.describe_shardings(self.shardings)}"
-                        + (" and partial ZeRO-3 placements" if self.partial_sharding else ""),
+                        + ((" and HSDP (params, grads and optimizer all partial:k)"
+                            if self.partial_form == "hsdp" else " and partial ZeRO-3 placements")
+                           if self.partial_sharding else ""),
             "pipeline_sharding": f"{name} runs only "
                                  f"{self.describe_shardings(self.pipeline_shardings)} with pp > 1",
             "recompute": f"{name} has no "
@@ -211,7 +217,11 @@ class EngineRules:
             return True
         if sharding in allowed:
             return True
-        return self.partial_sharding and _is_partial_of_zero3(sharding) and not pipeline
+        if not self.partial_sharding:
+            return False
+        if self.partial_form == "hsdp":
+            return _is_hsdp(sharding)
+        return _is_partial_of_zero3(sharding) and not pipeline
 
     @staticmethod
     def describe_shardings(shardings: tuple[Sharding, ...] | None) -> str:
@@ -237,6 +247,13 @@ def _is_partial_of_zero3(sharding: Sharding) -> bool:
     return kinds == [PlacementKind.PARTIAL, PlacementKind.FULL, PlacementKind.FULL]
 
 
+def _is_hsdp(sharding: Sharding) -> bool:
+    """FSDP2's hybrid sharding: every component partial over the same group of k ranks."""
+    parts = [getattr(sharding, c) for c in COMPONENTS]
+    return (all(p.kind == PlacementKind.PARTIAL for p in parts)
+            and len({p.group for p in parts}) == 1)
+
+
 # Korthikanti et al. 2022's recomputation (none, the attention core, whole blocks).
 _BLOCK_RECOMPUTES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 
@@ -244,7 +261,12 @@ RULES: dict[Engine, EngineRules] = {
     Engine.NATIVE: EngineRules(
         engine=Engine.NATIVE, title="PyTorch native (FSDP2, DTensor TP, pipelining)",
         schedules=(Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED),
-        shardings=None, pipeline_shardings=None, partial_sharding=True,
+        # FSDP2 expresses ZeRO-1/2/3 (replicated or resharded parameters over one mesh
+        # dimension) and HSDP (its 2-D mesh); an AMSP mix such as p=partial:8,g=full,o=full
+        # has no ``fully_shard`` equivalent, so the planner never proposes it (flm bench's
+        # mesh_dims refuses it too).
+        shardings=tuple(zero_preset(s) for s in range(4)), pipeline_shardings=None,
+        partial_sharding=True, partial_form="hsdp",
         # fp8: torchao's float8 linears (``convert_to_float8_training``), torchtitan's path.
         sequence_parallel=True, dtypes=(DType.FP32, DType.BF16, DType.FP8),
         dtype_reason="; fp16 needs loss scaling, which flm bench's native engine does not do",
