@@ -23,8 +23,10 @@ from frontier_llm.specs.system import SystemSpec
 # prediction so that old predictions are never compared with new ones unknowingly.
 # 2.1: context parallelism (cp > 1 priced; cp 1 unchanged). 2.2: DeepSpeed's ZeRO-0/1/2
 # reductions as the engine issues them (specs/engine_rules.py); no other engine moves. 2.3: the
-# native engine's memory as flm memcheck measures it (costmodel/memory.py rank_memory).
-COSTMODEL_VERSION = "2.3"
+# native engine's memory as flm memcheck measures it (costmodel/memory.py rank_memory). 2.4:
+# DeepSpeed's pipeline exchanges as its PipelineEngine issues them (steptime.deepspeed_pipe_p2p):
+# four blocking messages a micro-batch and the TP all-gathers of its partitioned tensors.
+COSTMODEL_VERSION = "2.4"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
               "pp_bubble", "head", "dp_comm", "optimizer")
