@@ -17,12 +17,16 @@ Method (docs/planner.md, "Reading an interval"):
   confidence ``c`` is the empirical quantile of the family's absolute residuals: the
   ``ceil(n·c)``-th smallest of ``n`` (:func:`residual_quantile`; split-conformal's
   ``ceil((n + 1)·c)``-th, Vovk et al. 2005, Lei et al. 2018, over-covered the left-out
-  sources). A family with fewer rows than ``c / (1 - c)`` takes the larger of the all-family
-  quantile and its own largest error.
-- **Extrapolation**: a layout beyond its family's rows, on a system none of them ran on, at more
-  than :data:`SCALE_REACH` times their largest GPU count, or of a family without rows, takes at
-  least the all-family quantile (the model-form error across engines, systems and scales, which
-  is what the family's rows cannot measure). ``interval_basis`` says which applied.
+  sources). A family with fewer rows than ``c / (1 - c)`` takes the larger of the reference
+  quantile (below) and its own largest error.
+- **The reference quantile** (:func:`reference_pool`): that of the rows that ran on the layout's
+  GPU, every engine's, where there are at least ``c / (1 - c)`` of them (an MI250X layout on
+  Frontier or LUMI-G: LUMI-G's rows, not the NVIDIA-heavy pool); else the all-family quantile.
+- **Extrapolation**: a layout of a family without rows, or beyond its family's rows on a GPU
+  none of them ran on, takes at least the reference quantile; one at more than
+  :data:`SCALE_REACH` times their largest GPU count at least the all-family quantile (the
+  model-form error across engines, systems and scales, which is what the family's rows cannot
+  measure). ``interval_basis`` says which applied.
 - A system file with ``prediction_error`` (``flm calibrate --from-runs``) uses its own
   cross-validated residuals instead.
 - The interval is symmetric in log space: ``step_time · exp(±q)``; throughput the reciprocal.
@@ -33,8 +37,8 @@ Method (docs/planner.md, "Reading an interval"):
   ``memory_margin`` is the share of the device the point estimate leaves free (negative: over).
 
 Assumptions: future runs' residuals are like the published ones' (same engines, similar
-scales); the all-family quantile stands in for what no calibration row measures (an AMD system
-for a family calibrated on NVIDIA, say), which it may understate.
+scales); the GPU's rows of other engines, or the all-family quantile, stand in for what no
+calibration row measures (an engine never run on that GPU, say), which they may understate.
 """
 
 from __future__ import annotations
