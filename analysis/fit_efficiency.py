@@ -23,6 +23,7 @@ import pandas as pd
 from frontier_llm.catalog import load_system
 from frontier_llm.planner.calibration import (
     error_summary,
+    load_calibration,
     load_runs,
     row_system,
     validate_runs,
@@ -84,6 +85,11 @@ def main() -> None:
     ap.add_argument("--csv", default=str(RUNS_CSV),
                     help="published runs (default: the repository's copy of "
                          "../shared/data/calibration_runs.csv)")
+    ap.add_argument("--corpus", action="store_true",
+                    help="fit to the rows of every planner/data/calibration_runs*.csv the "
+                         "protocol maps to --system, less those of confidence low or with an "
+                         "unused reason (LUMI-G's MI250X rows are in the published and sharded "
+                         "tables), instead of --csv")
     ap.add_argument("--knobs", default=",".join(GRIDS))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fix", nargs="*", default=[], metavar="KNOB=VALUE",
@@ -95,7 +101,7 @@ def main() -> None:
                     help="refit without each row and predict it (out-of-sample errors), "
                          "starting from the system's current values")
     args = ap.parse_args()
-    runs = load_runs(args.csv)
+    runs = corpus_rows() if args.corpus else load_runs(args.csv)
     if args.gpu:
         runs = runs[runs["gpu_type"].str.contains(args.gpu, case=False)]
     else:
@@ -121,6 +127,15 @@ def main() -> None:
         print(table[COLUMNS].to_string())
     print(error_summary(table))
     print("fitted:", {k: float(v) for k, v in values.items()})
+
+
+def corpus_rows() -> pd.DataFrame:
+    """Every calibration table's rows (planner/calibration.py load_calibration) that an interval
+    rests on: confidence other than low, no unused reason."""
+    runs = load_calibration()
+    conf = runs["confidence"].fillna("high").astype(str).str.split().str[0]
+    unused = runs["unused"].notna() if "unused" in runs else False
+    return runs[(conf != "low") & ~unused]
 
 
 def fit(runs, base, knobs, values, rounds, log=False) -> dict:

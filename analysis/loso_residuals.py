@@ -50,7 +50,7 @@ from frontier_llm.planner.calibration import (
     row_system,
     validate_runs,
 )
-from frontier_llm.planner.intervals import RESIDUALS, family_numbers, family_table
+from frontier_llm.planner.intervals import RESIDUALS, family_numbers, family_table, gpu_numbers
 from frontier_llm.report.tables import markdown
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden"
@@ -171,7 +171,12 @@ def main() -> None:
                     help="print the per-family error and coverage table from --out and stop")
     args = ap.parse_args()
     if args.table:
-        print(markdown(family_table(pd.read_csv(args.out))))
+        frame = pd.read_csv(args.out)
+        print(markdown(family_table(frame)))
+        # Per GPU (every engine): the MI250X's rows are what Frontier's and LUMI-G's intervals
+        # rest on where a family has too few of them (planner/intervals.py reference_pool).
+        print()
+        print(markdown(gpu_numbers(frame)))
         return
     runs = load_calibration()
     frame = all_residuals(runs, log=lambda line: print(line, flush=True))

@@ -12,6 +12,7 @@ from frontier_llm.catalog import load_model, load_system
 from frontier_llm.costmodel import TIME_PARTS, evaluate, predict
 from frontier_llm.costmodel.comm import all_reduce, link_for_span, reduce_scatter, send_recv
 from frontier_llm.costmodel.layouts import from_configs
+from frontier_llm.costmodel.steptime import deepspeed_pipe_p2p
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.specs.parallel import ParallelConfig
 
@@ -154,6 +155,29 @@ def test_deepspeed_pipeline_reduces_after_the_flush():
     flat_mb = evaluate(m, s, from_configs([ParallelConfig(pp=1, **{**cfg, "tp": 8, "dp": 4})]),
                        reduce_fp32=True)
     assert flat_mb["time_optimizer_s"][0] == pytest.approx(flat["time_optimizer_s"][0])
+
+
+def test_deepspeed_pipeline_exchanges_four_blocking_messages_and_rebuilds_its_slices():
+    """DeepSpeed's TrainSchedule sends and receives one message after another (blocking
+    p2p.send/recv): four messages a micro-batch on a middle stage where Megatron-LM's 1F1B
+    exchanges two pairs at once; each is a 1/t slice, rebuilt by three TP all-gathers
+    (PartitionedTensor.full(): the input, the stage's output and the gradient)."""
+    m, s = load_model("gpt-175b"), _ideal(load_system("dgx-a100"))
+    cfg = dict(tp=8, pp=8, dp=1, micro_batch=1, global_batch=32, sharding=1)
+    ds = predict(m, s, ParallelConfig(engine="deepspeed", **cfg))["breakdown"]["time_s"]
+    mg = predict(m, s, ParallelConfig(engine="megatron", **cfg))["breakdown"]["time_s"]
+    full = m.seq_len * m.hidden * 2  # one micro-batch's b·s·h in bf16
+    message = send_recv(s, 8 * 1, full / 8)  # pipeline neighbours are tp = 8 ranks apart
+    gather = reduce_scatter(s, 8, 1, full)  # an all-gather producing b·s·h over the TP group
+    assert mg["pp_comm"] == pytest.approx(32 * 2 * message, rel=1e-9)
+    # The last stage (with the head) sets the pace: it receives an input and a gradient's worth
+    # less (two messages, one rebuild); a middle stage would take four and three.
+    assert ds["head"] > 0
+    assert ds["pp_comm"] == pytest.approx(32 * (2 * message + gather), rel=1e-9)
+    table = from_configs([ParallelConfig(engine="deepspeed", **cfg)])
+    middle, last = deepspeed_pipe_p2p(s, table, message, full)
+    assert middle[0] == pytest.approx(4 * message + 3 * gather, rel=1e-9)
+    assert last[0] == pytest.approx(2 * message + gather, rel=1e-9)
 
 
 def test_gpt175b_on_dgx_h100_within_published_megatron_mfu():

@@ -8,6 +8,7 @@ import pandas as pd
 
 from frontier_llm.catalog import load_model, load_system, model_names, system_names
 from frontier_llm.cli.common import add_command, add_format, emit_frame
+from frontier_llm.planner.allocation import gpu_rows_text, same_gpu_rows
 
 
 def _human(n: int) -> str:
@@ -49,6 +50,9 @@ def systems_frame() -> pd.DataFrame:
             "nvlink_domain_gpus": s.scale_up_domain,
             "network_gb_s_per_gpu": s.links["network"].bandwidth / 1e9,
             "rests_on": s.rests_on,
+            # The calibration rows measured on this GPU, which its intervals rest on
+            # (planner/intervals.py reference_pool): Frontier's are LUMI-G's MI250X runs.
+            "calibration_rows": gpu_rows_text(same_gpu_rows(s)),
             "sources": "; ".join(f"{k}: {v}" for k, v in s.sources.items()),
         })
     return pd.DataFrame(rows)
@@ -69,7 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "microscaled MXFP8/MXFP4 where the GPU has them), the achievable matmul fractions the "
         "cost model uses (bf16 and fp8), link bandwidths, the NVLink domain (GPUs a group can "
         "span at the node link's speed: 72 on a GB200 NVL72), a line saying what the figures "
-        "rest on, and their sources. Any command that takes --system also takes a path to a "
+        "rest on, the calibration rows measured on the GPU (which its error bars rest on) and "
+        "their sources. Any command that takes --system also takes a path to a "
         "system YAML file.",
         ["flm systems", "flm systems --format json"],
     )

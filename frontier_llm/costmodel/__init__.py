@@ -28,7 +28,10 @@ from frontier_llm.specs.system import SystemSpec
 # multi-token-prediction modules priced on the last stage, an MoE stage's parameters from its
 # own blocks (dense first blocks on the first stage), given end stages (first/last_stage_layers);
 # models without MTP or dense blocks and layouts without given ends are unchanged.
-COSTMODEL_VERSION = "2.4"
+# 2.5: DeepSpeed's pipeline exchanges as its PipelineEngine issues them
+# (steptime.deepspeed_pipe_p2p): four blocking messages a micro-batch and the TP all-gathers of
+# its partitioned tensors.
+COSTMODEL_VERSION = "2.5"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
               "pp_bubble", "head", "dp_comm", "optimizer")

@@ -277,8 +277,13 @@ def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     last_extra = 3 * head_flops / r.flops + loss_bytes / r.memory
     last_extra = last_extra + comm.all_reduce(system, tp, 1, tokens * 4 * 3)  # CE statistics
     # Pipeline neighbours are tp·cp·dp ranks apart (pp is outermost in the rank order).
-    p2p = np.where(pp > 1, 2 * v * comm.send_recv(system, axes.rank_stride(t, axes.Axis.PP),
-                                                  tokens * h * r.act_bytes / tp), 0.0)
+    message = comm.send_recv(system, axes.rank_stride(t, axes.Axis.PP),
+                             tokens * h * r.act_bytes / tp)
+    p2p, p2p_last = deepspeed_pipe_p2p(system, t, message, tokens * h * r.act_bytes)
+    megatron_p2p = 2 * v * message
+    p2p = np.where(pp > 1, np.where(t.engine == Engine.DEEPSPEED.code, p2p, megatron_p2p), 0.0)
+    p2p_last = np.where(pp > 1, np.where(t.engine == Engine.DEEPSPEED.code, p2p_last,
+                                         megatron_p2p), 0.0)
     per_layer = blk.compute + blk.comm + blk.cp_comm + blk.ep_comm
     # Multi-token prediction (model.mtp_layers) runs on the last stage (Megatron-Core builds
     # every module there): per module one more block, its 2h -> h projection and another head
@@ -286,17 +291,41 @@ def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     mtp = model.mtp_layers
     proj = 3 * 2 * (2 * h) * h * tokens / tp / r.flops
     last_extra = (1 + mtp) * last_extra + mtp * (per_layer + proj)
-    others = ranks["most_but_last"] * per_layer
-    last = ranks["last"] * per_layer + last_extra
+    others = ranks["most_but_last"] * per_layer + p2p
+    last = ranks["last"] * per_layer + last_extra + p2p_last
     last_paces = (last >= others) | (pp == 1)
     layers = np.where(last_paces, ranks["last"], ranks["most_but_last"])
     head = np.where(last_paces, last_extra, 0.0)
+    p2p = np.where(last_paces, p2p_last, p2p)
     t_max = layers * per_layer + head + p2p
     t_avg = np.where(pp > 1, (model.layers * per_layer + last_extra) / pp + p2p, t_max)
     compute_mb = layers * blk.compute + np.where(pp > 1, 0.0, last_extra)
     m = t.num_microbatches
     bubble = (pp - 1) / v * t_avg
     return StageTimes(layers, head, p2p, compute_mb, m * t_max + bubble, bubble)
+
+
+def deepspeed_pipe_p2p(system: SystemSpec, t: LayoutTable, message, full_bytes
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds per micro-batch of DeepSpeed's PipelineEngine exchanging activations (pp > 1):
+    (a middle or first rank, the last rank).
+
+    ``TrainSchedule`` (deepspeed/runtime/pipe/schedule.py) runs a forward step as ``SendGrad``
+    to the previous stage then ``RecvActivation`` from it, and a backward step as ``RecvGrad``
+    from the next stage then ``SendActivation`` to it; each is a blocking ``p2p.send`` /
+    ``p2p.recv`` (runtime/pipe/p2p.py: ``dist.send``/``dist.recv``, no ``async_op``), so a
+    micro-batch's four messages follow one another on the critical path, where Megatron-LM's
+    1F1B sends and receives each pair at once (two message times, ``message`` one). A rank
+    sends three of them (first and last stage: two). With tensor parallelism
+    (``pipe_partitioned`` and ``grad_partitioned``, True by default: runtime/config.py) each
+    message is the rank's 1/t slice and the receiver rebuilds the whole ``b·s·h`` tensor by an
+    all-gather over its TP group (``PartitionedTensor.full()``, runtime/pipe/engine.py): the
+    received input before the forward, the stage's own output and the received gradient before
+    the backward; the last stage, which neither partitions an output nor receives a gradient,
+    rebuilds only its input. (Checked in deepspeed 0.19.8; the schedule and the partitioning
+    are those of the 2020 engine the BigScience and MT-NLG runs used.)"""
+    gather = comm.all_gather(system, t.tp, 1, full_bytes)
+    return 4 * message + 3 * gather, 2 * message + gather
 
 
 def reduce_bytes(t: LayoutTable, reduce_fp32: bool | None = None) -> np.ndarray:

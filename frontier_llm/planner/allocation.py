@@ -439,12 +439,12 @@ def rests_on(system: SystemSpec) -> str:
             + f" and has {own} in the calibration set{tail}")
     kin = same_gpu_rows(system)
     if len(kin):
-        # Another system with this GPU has calibration rows (Frontier: LUMI-G's MI250X GCDs):
-        # the interval of a layout of their family rests on their residuals.
-        where = ", ".join(f"{n} on {s}" for s, n in kin.groupby("system").size().items())
-        return (head + f"; its intervals rest on the same GPU's {len(kin)} published runs "
-                f"({where}; {', '.join(sorted(kin['source'].unique()))}), left out source by "
-                "source: measure runs and refit (flm calibrate --from-runs)")
+        # Rows ran on this GPU (LUMI-G's and, for Frontier, the same MI250X GCDs): a layout of
+        # their family rests on their residuals, and a family with too few of them on the
+        # quantile of all of them, every engine's (planner/intervals.py reference_pool).
+        return (head + f"; its intervals rest on the {system.gpu}'s {gpu_rows_text(kin)}, left out "
+                "source by source: a family's own where it has enough, else these rows' "
+                "quantile across engines; measure runs and refit (flm calibrate --from-runs)")
     return (
         head + "; its interval is at least the error "
         "on sources left out of the fit across engines and systems, which may understate it "
@@ -452,13 +452,23 @@ def rests_on(system: SystemSpec) -> str:
     )
 
 
-def same_gpu_rows(system: SystemSpec):
-    """The usable calibration rows that ran on another system with ``system``'s GPU."""
-    from frontier_llm.planner.intervals import gpu_of, load_residuals, usable
+def gpu_rows_text(kin) -> str:
+    """``kin`` (:func:`same_gpu_rows`) in words: how many, on which systems, of which families
+    and sources ("14 published runs (14 on lumi-g; deepspeed@amd 13, megatron@amd 1; ...)")."""
+    if not len(kin):
+        return "no published run"
+    where = ", ".join(f"{n} on {s}" for s, n in kin.groupby("system").size().items())
+    fams = ", ".join(f"{f} {n}" for f, n in kin.groupby("family").size().items())
+    return (f"{len(kin)} published runs ({where}; {fams}; "
+            f"{', '.join(sorted(kin['source'].unique()))})")
 
-    rows = usable(load_residuals())
-    kin = [s != system.name and gpu_of(s) == system.gpu for s in rows["system"]]
-    return rows[kin]
+
+def same_gpu_rows(system: SystemSpec):
+    """The usable calibration rows that ran on ``system``'s GPU, on it or on another system
+    with that GPU (Frontier: LUMI-G's)."""
+    from frontier_llm.planner.intervals import gpu_rows, load_residuals, usable
+
+    return gpu_rows(usable(load_residuals()), system.gpu)
 
 
 def allocation_curve(

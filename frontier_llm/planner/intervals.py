@@ -17,12 +17,16 @@ Method (docs/planner.md, "Reading an interval"):
   confidence ``c`` is the empirical quantile of the family's absolute residuals: the
   ``ceil(n·c)``-th smallest of ``n`` (:func:`residual_quantile`; split-conformal's
   ``ceil((n + 1)·c)``-th, Vovk et al. 2005, Lei et al. 2018, over-covered the left-out
-  sources). A family with fewer rows than ``c / (1 - c)`` takes the larger of the all-family
-  quantile and its own largest error.
-- **Extrapolation**: a layout beyond its family's rows, on a system none of them ran on, at more
-  than :data:`SCALE_REACH` times their largest GPU count, or of a family without rows, takes at
-  least the all-family quantile (the model-form error across engines, systems and scales, which
-  is what the family's rows cannot measure). ``interval_basis`` says which applied.
+  sources). A family with fewer rows than ``c / (1 - c)`` takes the larger of the reference
+  quantile (below) and its own largest error.
+- **The reference quantile** (:func:`reference_pool`): that of the rows that ran on the layout's
+  GPU, every engine's, where there are at least ``c / (1 - c)`` of them (an MI250X layout on
+  Frontier or LUMI-G: LUMI-G's rows, not the NVIDIA-heavy pool); else the all-family quantile.
+- **Extrapolation**: a layout of a family without rows, or beyond its family's rows on a GPU
+  none of them ran on, takes at least the reference quantile; one at more than
+  :data:`SCALE_REACH` times their largest GPU count at least the all-family quantile (the
+  model-form error across engines, systems and scales, which is what the family's rows cannot
+  measure). ``interval_basis`` says which applied.
 - A system file with ``prediction_error`` (``flm calibrate --from-runs``) uses its own
   cross-validated residuals instead.
 - The interval is symmetric in log space: ``step_time · exp(±q)``; throughput the reciprocal.
@@ -33,8 +37,8 @@ Method (docs/planner.md, "Reading an interval"):
   ``memory_margin`` is the share of the device the point estimate leaves free (negative: over).
 
 Assumptions: future runs' residuals are like the published ones' (same engines, similar
-scales); the all-family quantile stands in for what no calibration row measures (an AMD system
-for a family calibrated on NVIDIA, say), which it may understate.
+scales); the GPU's rows of other engines, or the all-family quantile, stand in for what no
+calibration row measures (an engine never run on that GPU, say), which they may understate.
 """
 
 from __future__ import annotations
@@ -163,38 +167,62 @@ class Width:
     basis: str
 
 
+def gpu_rows(rows: pd.DataFrame, gpu: str) -> pd.DataFrame:
+    """The rows of ``rows`` that ran on ``gpu``, on any system and with any engine (Frontier's
+    GPU: LUMI-G's MI250X GCDs)."""
+    return rows[[gpu_of(s) == gpu for s in rows["system"]]]
+
+
+def reference_pool(use: pd.DataFrame, gpu: str, confidence: float) -> tuple[float, str]:
+    """(quantile, what it is) that a family too small for its own quantile, without rows, or
+    beyond its rows' systems falls back on for a layout on ``gpu``: the quantile of the rows
+    that ran on that GPU, every engine's, where there are enough of them for it (the
+    MI250X's LUMI-G rows for Frontier: an AMD interval rests on AMD residuals), else the
+    all-family quantile of every usable row."""
+    own = gpu_rows(use, gpu)
+    q = residual_quantile(own["loso_log_residual"].to_numpy(float), confidence)
+    if math.isfinite(q):
+        return q, (f"the {gpu} quantile of {len(own)} rows (every engine; on "
+                   f"{', '.join(sorted(set(own['system'])))})")
+    pool = use["loso_log_residual"].to_numpy(float)
+    return residual_quantile(pool, confidence), f"the all-family quantile of {len(pool)} rows"
+
+
 def family_width(residuals: pd.DataFrame, fam: str, system: str, gpus: float | None,
-                 confidence: float) -> Width:
+                 confidence: float, gpu: str | None = None) -> Width:
     """The half-width for a layout of family ``fam`` on ``system`` at ``gpus`` GPUs from
-    ``residuals`` (module docstring): the family's quantile, widened to at least the
-    all-family quantile beyond the family's rows."""
+    ``residuals`` (module docstring): the family's quantile; a family too small for it, without
+    rows, or beyond its rows' systems takes at least :func:`reference_pool` (the system's GPU's
+    rows where there are enough); beyond their scale, at least the all-family quantile.
+    ``gpu``: the system's GPU (default: the catalog's, by name)."""
     use = usable(residuals)
     pool = use["loso_log_residual"].to_numpy(float)
+    gpu = gpu or gpu_of(system)
+    ref, ref_name = reference_pool(use, gpu, confidence)
     rows = use[use["family"] == fam]
     group = rows["loso_log_residual"].to_numpy(float)
-    q = half_width(group, pool, confidence)
     if not len(rows):
-        q = residual_quantile(pool, confidence)
-        return Width(q, f"{fam}: no calibration row of this family: the all-family quantile "
-                        f"of {len(pool)} rows, leave-one-source-out")
-    beyond = []
+        return Width(ref, f"{fam}: no calibration row of this family: {ref_name}, "
+                          "leave-one-source-out")
+    q = residual_quantile(group, confidence)
+    basis = (f"{fam}: {len(rows)} rows of {rows['source'].nunique()} sources "
+             f"({', '.join(sorted(rows['source'].unique()))}; on "
+             f"{', '.join(sorted(set(rows['system'])))}), leave-one-source-out")
+    if not math.isfinite(q):
+        q = max(ref, float(np.max(np.abs(group))))
+        basis += f"; too few for {confidence:.0%}: at least {ref_name}"
     ran_on = sorted(set(rows["system"]))
-    if system not in ran_on and gpu_of(system) not in {gpu_of(s) for s in ran_on}:
+    if system not in ran_on and gpu not in {gpu_of(s) for s in ran_on}:
         # Another system with the same GPU (Frontier and LUMI-G: MI250X GCDs on Slingshot 11)
         # runs the same kernels: within the family's rows, not beyond them.
-        beyond.append(f"system {system} (the family ran on {', '.join(ran_on)})")
+        q = max(q, ref)
+        basis += (f"; beyond them in system {system} (the family ran on {', '.join(ran_on)}): "
+                  f"widened to at least {ref_name}")
     top = float(rows["gpus"].max())
     if gpus is not None and np.isfinite(gpus) and gpus > SCALE_REACH * top:
-        beyond.append(f"scale ({gpus:.0f} GPUs > {SCALE_REACH:g} x {top:.0f})")
-    basis = (f"{fam}: {len(rows)} rows of {rows['source'].nunique()} sources "
-             f"({', '.join(sorted(rows['source'].unique()))}; on {', '.join(ran_on)}), "
-             "leave-one-source-out")
-    if not math.isfinite(residual_quantile(group, confidence)):
-        basis += f"; too few for {confidence:.0%}: at least the all-family quantile"
-    if beyond:
         q = max(q, residual_quantile(pool, confidence))
-        basis += (f"; beyond them in {'; '.join(beyond)}: widened to at least the "
-                  f"all-family quantile of {len(pool)} rows")
+        basis += (f"; beyond them in scale ({gpus:.0f} GPUs > {SCALE_REACH:g} x {top:.0f}): "
+                  f"widened to at least the all-family quantile of {len(pool)} rows")
     return Width(q, basis)
 
 
@@ -221,7 +249,7 @@ def step_width(
         )
     res = load_residuals() if residuals is None else residuals
     return family_width(res, family(engine, sharding, vendor(system)), system.name, gpus,
-                        confidence)
+                        confidence, system.gpu)
 
 
 def memory_width(
@@ -379,6 +407,31 @@ def family_numbers(residuals: pd.DataFrame, confidence: float = DEFAULT_CONFIDEN
                     "coverage": round(float(c["covered"].mean()), 4),
                     "median_half_width": round(float(np.exp(np.median(c["half_width"])) - 1),
                                                4)})
+    return pd.DataFrame(out)
+
+
+def gpu_numbers(residuals: pd.DataFrame, confidence: float = DEFAULT_CONFIDENCE,
+                min_rows: int = 3) -> pd.DataFrame:
+    """:func:`family_numbers` per GPU instead of per family (every engine's rows on the GPU,
+    whichever system ran them: the MI250X's are LUMI-G's and Frontier's), for the GPUs with at
+    least ``min_rows`` usable rows: what an interval on a system of that GPU falls back on
+    (:func:`reference_pool`)."""
+    cov = loso_coverage(confidence, residuals)
+    use = usable(residuals)
+    gpus = np.array([gpu_of(s) for s in use["system"]])
+    cov_gpus = np.array([gpu_of(s) for s in cov["system"]])
+    out = []
+    for gpu in sorted(set(gpus)):
+        rows, c = use[gpus == gpu], cov[cov_gpus == gpu]
+        if len(rows) < min_rows:
+            continue
+        signed = np.exp(rows["loso_log_residual"].to_numpy(float)) - 1
+        out.append({"gpu": gpu, "rows": len(rows), "sources": rows["source"].nunique(),
+                    "mean error": f"{np.mean(np.abs(signed)):.1%}",
+                    "max error": f"{np.max(np.abs(signed)):.1%}",
+                    "bias": f"{np.mean(signed):+.1%}",
+                    f"{confidence:.0%} coverage": f"{c['covered'].mean():.0%}",
+                    "median half-width": f"{np.exp(np.median(c['half_width'])) - 1:.1%}"})
     return pd.DataFrame(out)
 
 
