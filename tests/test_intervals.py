@@ -162,7 +162,9 @@ def test_add_intervals_gives_the_margin_and_the_basis():
     "10 % in every family of 3 rows or more but deepspeed@nvidia, 18.5 %: Megatron-DeepSpeed on "
     "A100 (BLOOM-176B 6 % fast at its steady state, 16-19 % in its two batch ramp-up rows; "
     "MT-NLG 530B 22-25 % fast) while Megatron-LM's own 529.6B run on the same machine and "
-    "layout is within 9 %; docs/costmodel.md 'The corpus'"))
+    "layout is within 9 %; and native+sharded+fp8@nvidia, 10.1 % (8 rows of 3 sources: "
+    "torchtitan's 2024-12 float8 runs, torchao's docs, a torchtitan commit); docs/costmodel.md "
+    "'The corpus'"))
 def test_loso_step_time_error_per_family_at_most_ten_percent():
     res = intervals.usable(intervals.load_residuals())
     over = {}
@@ -264,3 +266,15 @@ def test_the_mi250x_matmul_is_what_its_own_rows_fit():
     assert base.eff("matmul") == load_system("frontier").eff("matmul") == 0.49
     fitted = fit_efficiency.fit(mi250x, base, ["matmul"], {"matmul": 0.49}, rounds=1)
     assert fitted["matmul"] == pytest.approx(0.49)
+
+
+def test_an_fp8_layout_rests_on_the_fp8_rows_of_its_engine():
+    """FP8 rows form their own families (+fp8): an fp8 layout's interval names them, a bf16
+    layout's does not, and the two widths come from different rows."""
+    frame = pd.DataFrame({"engine": ["megatron", "megatron"], "sharding": ["zero1", "zero1"],
+                          "dtype": ["fp8", "bf16"], "step_time_s": [2.0, 2.0],
+                          "tokens_per_s": [1e5, 1e5], "peak_memory_bytes": [40e9, 40e9]})
+    out = intervals.add_intervals(frame, load_system("dgx-h100"), 0.8)
+    assert out["interval_basis"].iloc[0].startswith("megatron+fp8@nvidia")
+    assert not out["interval_basis"].iloc[1].startswith("megatron+fp8")
+    assert out["step_time_s_high"].iloc[0] != out["step_time_s_high"].iloc[1]

@@ -608,7 +608,7 @@ def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) ->
         "error": (predicted - measured) / measured, "flops_counted": counted,
         "engine": str(cfg.engine),
         "family": family(str(cfg.engine), cfg.sharding.describe(), vendor(system),
-                         model.is_moe),
+                         model.is_moe, str(cfg.dtype) == "fp8"),
         "layout": label(cfg) + (f" + full recompute of {share:.0%} of blocks" if blended
                                 else ""),
         "peak_memory_gb": fig["peak_memory_bytes"] / 1e9,

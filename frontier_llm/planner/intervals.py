@@ -82,13 +82,16 @@ def vendor(system: SystemSpec) -> str:
 
 
 def family(engine: str, sharding: str | None = None, maker: str | None = None,
-           moe: bool = False) -> str:
+           moe: bool = False, fp8: bool = False) -> str:
     """The error family of a layout: its engine, ``+sharded`` when it shards parameters,
     ``+moe`` for a Mixture-of-Experts model (its routing and all-to-alls are errors a dense
-    row never shows, so its rows are kept apart), and ``@vendor`` where the GPU's maker is
-    given (:func:`vendor`)."""
+    row never shows, so its rows are kept apart), ``+fp8`` when its linear layers run in FP8
+    (the FP8 GEMM rates, casts and recipes are errors a bf16 row never shows: the FP8 family
+    is judged per precision x vendor, issue 52), and ``@vendor`` where the GPU's maker is given
+    (:func:`vendor`)."""
     base = f"{engine}+sharded" if params_sharded(sharding) else str(engine)
     base = f"{base}+moe" if moe else base
+    base = f"{base}+fp8" if fp8 else base
     return f"{base}@{maker}" if maker else base
 
 
@@ -233,9 +236,10 @@ def step_width(
     residuals: pd.DataFrame | None = None,
     sharding: str | None = None,
     gpus: float | None = None,
+    fp8: bool = False,
 ) -> Width:
     """The step-time half-width (log space) for a layout of ``engine`` and ``sharding`` on
-    ``gpus`` GPUs of ``system``."""
+    ``gpus`` GPUs of ``system`` (``fp8``: its linear layers in FP8)."""
     check_confidence(confidence)
     if system.prediction_error is not None:
         r = np.asarray(system.prediction_error.log_residuals)
@@ -248,8 +252,8 @@ def step_width(
             f"({system.prediction_error.method or 'flm calibrate --from-runs'})",
         )
     res = load_residuals() if residuals is None else residuals
-    return family_width(res, family(engine, sharding, vendor(system)), system.name, gpus,
-                        confidence, system.gpu)
+    return family_width(res, family(engine, sharding, vendor(system), fp8=fp8), system.name,
+                        gpus, confidence, system.gpu)
 
 
 def memory_width(
@@ -331,14 +335,15 @@ def add_intervals(
     basis = np.full(len(out), "", dtype=object)
     widths: dict[tuple, Width] = {}
     experts = moe | (_column(out, "ep", 1).astype(float) > 1)
-    for i, (engine, sharding, n, e) in enumerate(zip(engines, shardings, gpus, experts,
-                                                     strict=True)):
+    fp8s = _column(out, "dtype", "bf16").astype(str) == "fp8"
+    for i, (engine, sharding, n, e, f) in enumerate(zip(engines, shardings, gpus, experts, fp8s,
+                                                        strict=True)):
         if not engine:
             continue
-        key = (engine, sharding, n, e)
+        key = (engine, sharding, n, e, f)
         if key not in widths:
             widths[key] = step_width(system, engine, confidence, residuals, sharding or None,
-                                     None if np.isnan(n) else float(n))
+                                     None if np.isnan(n) else float(n), fp8=bool(f))
             if e:
                 widths[key] = moe_width(widths[key], confidence, residuals)
         q[i], basis[i] = widths[key].q, widths[key].basis
