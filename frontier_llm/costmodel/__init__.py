@@ -23,13 +23,17 @@ from frontier_llm.specs.system import SystemSpec
 # prediction so that old predictions are never compared with new ones unknowingly.
 # 2.1: context parallelism (cp > 1 priced; cp 1 unchanged). 2.2: DeepSpeed's ZeRO-0/1/2
 # reductions as the engine issues them (specs/engine_rules.py); no other engine moves. 2.3: the
-# native engine's memory as flm memcheck measures it (costmodel/memory.py rank_memory).
-COSTMODEL_VERSION = "2.3"
+# native engine's memory as flm memcheck measures it (costmodel/memory.py rank_memory). 2.4: the
+# reserve as context, collective buffers and allocator fragmentation (costmodel/reserve.py)
+# instead of a fixed 5 GB.
+COSTMODEL_VERSION = "2.4"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
               "pp_bubble", "head", "dp_comm", "optimizer")
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "loss", "buffers", "step",
                 "reserved")
+# The reserve's terms (costmodel/reserve.py), which sum to ``reserved``.
+RESERVE_PARTS = ("context", "collective", "fragmentation")
 
 
 def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
@@ -69,7 +73,7 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
         "fits": mem["peak"] <= system.memory_bytes,
     }
     out.update({f"time_{k}_s": times[k] for k in TIME_PARTS})
-    out.update({f"mem_{k}_bytes": mem[k] for k in MEMORY_PARTS})
+    out.update({f"mem_{k}_bytes": mem[k] for k in MEMORY_PARTS + RESERVE_PARTS})
     out["mem_fp8_bytes"] = mem["fp8"]  # FP8 weight copies (costmodel/fp8.py), 0 otherwise
     return out
 
@@ -96,6 +100,7 @@ def predict(model: ModelSpec, system: SystemSpec, layout: Layout,
         "breakdown": {
             "time_s": {k: row[f"time_{k}_s"] for k in TIME_PARTS},
             "memory_bytes": {k: row[f"mem_{k}_bytes"] for k in MEMORY_PARTS},
+            "reserve_bytes": {k: row[f"mem_{k}_bytes"] for k in RESERVE_PARTS},
             "peak_memory_stage": int(row["peak_memory_stage"]),
         },
     }

@@ -49,6 +49,7 @@ from frontier_llm.costmodel.params import (
     stage_params_per_rank,
     table_layer_params,
 )
+from frontier_llm.costmodel.reserve import reserve_terms
 from frontier_llm.costmodel.split import pipeline_ranks, rank_layers
 from frontier_llm.specs.layout import DType, Engine, Layout, PlacementKind, Recompute, Schedule
 from frontier_llm.specs.model import ModelSpec
@@ -420,10 +421,15 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
         "loss": np.where(at_step, zero, loss),
         "buffers": np.where(at_step, zero, buffers),
         "step": np.where(at_step, step, zero),
-        "reserved": np.full(len(t), system.memory_reserved_bytes, dtype=float),
         "fp8": fp8.extra_bytes(model, t, held),
     }
-    out["peak"] = sum(np.asarray(v, dtype=float) for v in out.values())
+    # The reserve (costmodel/reserve.py): the allocator's fragmentation over the allocated
+    # peak, the context and the collective buffers beside it; ``reserved`` is their sum.
+    allocated = sum(np.asarray(v, dtype=float) for v in out.values())
+    parts = reserve_terms(system, t, allocated)
+    out["reserved"] = sum(parts.values())
+    out["peak"] = allocated + out["reserved"]
+    out.update(parts)
     return out
 
 

@@ -567,9 +567,11 @@ def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) ->
     cfg = result.layout(best)
     memory = {}
     if _given(row.get("memory_gb")):
-        # memory_gb is GiB of the allocator's peak reserved (the README): what peak_memory_bytes
-        # predicts.
-        got = fig["peak_memory_bytes"] / 2**30
+        # memory_gb is GiB of the allocator's peak reserved (the README): the predicted device
+        # peak less what lies outside the allocator, the context and the collective library's
+        # buffers (costmodel/reserve.py); fragmentation is the allocator's own.
+        got = (fig["peak_memory_bytes"] - fig["mem_context_bytes"]
+               - fig["mem_collective_bytes"]) / 2**30
         memory = {"memory_gib": float(row["memory_gb"]), "memory_predicted_gib": got,
                   "memory_error": (got - float(row["memory_gb"])) / float(row["memory_gb"])}
     return {
