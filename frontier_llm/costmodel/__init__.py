@@ -39,7 +39,8 @@ RESERVE_PARTS = ("context", "collective", "fragmentation")
 def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
              eager: bool = False, overlap_comm: bool = True,
              reduce_fp32: bool | None = None,
-             tp_comm_overlap: bool = False) -> dict[str, np.ndarray]:
+             tp_comm_overlap: bool = False,
+             grad_sync: bool | None = None) -> dict[str, np.ndarray]:
     """Every figure of the model for every layout in ``table`` (numpy columns). Each layout's
     engine (its ``engine`` column) decides how its work is scheduled and what it keeps
     (specs/engine_rules.py). ``eager``: un-compiled PyTorch element-wise kernels
@@ -48,9 +49,13 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
     data_parallel_times`); ``reduce_fp32``: gradients reduced in fp32 or not (None: each
     engine's rule; False: an FSDP policy whose ``reduce_dtype`` is the training dtype);
     ``tp_comm_overlap``: the run turns on its engine's TP overlap (Megatron-LM's
-    ``--tp-comm-overlap``; :func:`~frontier_llm.costmodel.steptime.block_times`)."""
-    times = step_time(model, system, table, eager, overlap_comm, reduce_fp32, tp_comm_overlap)
-    mem = peak_memory(model, system, table, reduce_fp32)
+    ``--tp-comm-overlap``; :func:`~frontier_llm.costmodel.steptime.block_times`);
+    ``grad_sync``: sharded gradients reduce-scattered after every micro-batch (torchtitan) or
+    only after the last (flm bench); None: the engine's rule (specs/engine_rules.py
+    ``GRAD_SYNC_EACH``), priced in time and memory alike."""
+    times = step_time(model, system, table, eager, overlap_comm, reduce_fp32, tp_comm_overlap,
+                      grad_sync)
+    mem = peak_memory(model, system, table, reduce_fp32, grad_sync)
     tokens = table.global_batch * model.seq_len
     gpus = table.world_size
     # MFU and HFU of an fp8 layout are counted against the bf16 peak, as its sources count them
@@ -79,14 +84,16 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
 
 
 def predict(model: ModelSpec, system: SystemSpec, layout: Layout,
-            engine: str | None = None) -> dict:
+            engine: str | None = None, grad_sync: bool | None = None) -> dict:
     """One layout's prediction as a JSON-able dict (what a trace's ``prediction`` holds).
-    ``engine`` (optional, for callers that name it) must agree with ``layout.engine``."""
+    ``engine`` (optional, for callers that name it) must agree with ``layout.engine``;
+    ``grad_sync``: :func:`evaluate`'s."""
     _check_engine(layout, engine)
     layout.check_model(model)
     check_fp8(system, layout.dtype, layout.fp8_recipe, layout.engine)
     row = {k: v[0].item()
-           for k, v in evaluate(model, system, from_configs([layout])).items()}
+           for k, v in evaluate(model, system, from_configs([layout]),
+                                grad_sync=grad_sync).items()}
     return {
         "costmodel_version": COSTMODEL_VERSION,
         "step_time_s": row["step_time_s"],

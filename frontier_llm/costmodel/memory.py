@@ -304,8 +304,16 @@ def buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None,
     return gathered_bytes(model, t, pp_rank, held, reduce_fp32) + sp
 
 
-def native_buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank, states: dict
-                        ) -> np.ndarray:
+def grad_sync_each(t: LayoutTable, grad_sync: bool | None = None) -> np.ndarray:
+    """Whether sharded gradients are reduce-scattered after every micro-batch (None: the
+    engine's rule, ``fsdp_grad_sync_each_microbatch``; a trainer's own: GRAD_SYNC_EACH in
+    specs/engine_rules.py)."""
+    rule = behaviour(t, "fsdp_grad_sync_each_microbatch")
+    return rule if grad_sync is None else np.full(len(t), bool(grad_sync))
+
+
+def native_buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank, states: dict,
+                        grad_sync: bool | None = None) -> np.ndarray:
     """The native engine's (FSDP2's) unsharded copies at its backward peak: with
     ``reshard_after_forward`` off every parameter of the stage stays gathered from forward to
     backward; with more than one micro-batch the gradients accumulate unsharded until the last
@@ -324,7 +332,9 @@ def native_buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank, states: dict
     # gathered are resharded again after the next forward, before the peak.
     kept = (t.params_kind == PlacementKind.REPLICATE.code) | ~t.reshard_after_forward
     whole = np.where(kept, n * e, 0)
-    accumulated = np.where(earlier, n * e, 0)
+    # A trainer that reduce-scatters after every micro-batch (torchtitan) keeps only the sharded
+    # gradient between them (counted in ``grads``), no unsharded one.
+    accumulated = np.where(earlier & ~grad_sync_each(t, grad_sync), n * e, 0)
     return np.where(sharded, whole + accumulated, 0)
 
 
@@ -378,8 +388,8 @@ def native_step_bytes(t: LayoutTable, states: dict) -> np.ndarray:
 
 
 def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, held=None,
-                chunk=None, reduce_fp32: bool | None = None, phase: str | None = None
-                ) -> dict:
+                chunk=None, reduce_fp32: bool | None = None, phase: str | None = None,
+                grad_sync: bool | None = None) -> dict:
     """Every memory term of one rank of stage ``pp_rank`` (holding ``held`` layers, its fullest
     chunk ``chunk``; default: from the engine's split), and their total ``peak``.
 
@@ -400,10 +410,15 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
     loss = np.where(np.asarray(pp_rank) == t.pp - 1, loss_bytes(model, t), 0)
     # The native engine's sequence-parallel all-gather output is the linear's saved input
     # (DTensor keeps the gathered one: in the activations), not a buffer of its own.
-    buffers = np.where(native, native_buffer_bytes(model, t, pp_rank, states),
+    buffers = np.where(native, native_buffer_bytes(model, t, pp_rank, states, grad_sync),
                        buffer_bytes(model, t, pp_rank, held, reduce_fp32))
     r = np.asarray(pp_rank)
-    grads_back = np.where(native & (sharded | ~_earlier_backward(t, r)), 0,
+    earlier = _earlier_backward(t, r)
+    # Sharded gradients are held at the backward peak once an earlier micro-batch's
+    # reduce-scatter left them (a trainer that syncs every micro-batch); flm bench's are the
+    # unsharded ones in ``buffers`` until its last micro-batch.
+    sharded_held = sharded & earlier & grad_sync_each(t, grad_sync)
+    grads_back = np.where(native & ((sharded & ~sharded_held) | ~earlier), 0,
                           states["grads"] + np.where(native, native_embedding_grad_bytes(
                               model, t, r), 0))
     loss = np.where(native, np.maximum(loss, native_backward_bytes(model, t, r)), loss)
@@ -434,7 +449,7 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
 
 
 def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
-                reduce_fp32: bool | None = None) -> dict:
+                reduce_fp32: bool | None = None, grad_sync: bool | None = None) -> dict:
     """The rank with the most memory: the first stage (embeddings, most micro-batches in
     flight), the last (head, logits) or, where the engine splits layers unevenly, the middle
     stage holding the most layers (the earliest such, which holds the most micro-batches).
@@ -444,7 +459,8 @@ def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     for r, held, chunk in ((np.zeros(len(t), dtype=np.int64), ranks["first"],
                             ranks["chunk_first"]),
                            (t.pp - 1, ranks["last"], ranks["chunk_last"])):
-        mem = rank_memory(model, system, t, r, held, chunk, reduce_fp32)
+        mem = rank_memory(model, system, t, r, held, chunk, reduce_fp32,
+                          grad_sync=grad_sync)
         mem["stage"] = np.broadcast_to(r, (len(t),))
         if out is None:
             out = mem
@@ -458,7 +474,7 @@ def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     if len(rows):
         sub = t.take(rows)
         mem = rank_memory(model, system, sub, ranks["mid"][rows], ranks["mid_held"][rows],
-                          ranks["chunk_mid"][rows], reduce_fp32)
+                          ranks["chunk_mid"][rows], reduce_fp32, grad_sync=grad_sync)
         mem["stage"] = ranks["mid"][rows]
         bigger = rows[mem["peak"] > out["peak"][rows]]
         win = mem["peak"] > out["peak"][rows]

@@ -32,7 +32,7 @@ from frontier_llm.errors import UserError
 from frontier_llm.planner.intervals import family, memory_verdict, vendor
 from frontier_llm.planner.plan import memory_bounds, plan
 from frontier_llm.planner.space import SearchSpace
-from frontier_llm.specs.engine_rules import rules_for
+from frontier_llm.specs.engine_rules import GRAD_SYNC_EACH, rules_for
 from frontier_llm.specs.forms import label
 from frontier_llm.specs.layout import Engine, Schedule, parse_schedule_label, zero_preset
 from frontier_llm.specs.model import ModelSpec
@@ -170,6 +170,15 @@ def row_tp_comm_overlap(row: pd.Series) -> bool:
     say so); the others, as flm's Megatron-LM command, without."""
     return ("--tp-comm-overlap" in _text(row, "notes", "engine")
             or source_key(str(row.get("source") or "")) in TP_OVERLAP_SOURCES)
+
+
+def row_grad_sync(row: pd.Series) -> bool | None:
+    """Whether the row's FSDP2 gradient accumulation reduce-scatters every micro-batch: its
+    trainer's setting (specs/engine_rules.py ``GRAD_SYNC_EACH``), torchtitan's for a torchtitan
+    row; None (the engine's rule) for the others."""
+    if "torchtitan" in _text(row, "source", "notes", "engine"):
+        return GRAD_SYNC_EACH["torchtitan"]
+    return None
 
 
 def row_reduce_fp32(row: pd.Series) -> bool | None:
@@ -477,7 +486,7 @@ def _best(row: pd.Series, model: ModelSpec, system: SystemSpec, recompute: str |
     for batch in row_batches(row):
         result = plan(model, system, int(row["num_gpus"]), batch, space, eager=row_eager(row),
                       overlap_comm=row_overlap_comm(row), reduce_fp32=row_reduce_fp32(row),
-                      tp_comm_overlap=row_tp_comm_overlap(row))
+                      tp_comm_overlap=row_tp_comm_overlap(row), grad_sync=row_grad_sync(row))
         # A published run ran: when none of its layouts is predicted to fit, the fastest is
         # predicted anyway (after those that fit) and the table says it was predicted not to fit.
         order = result.ranked_indices(fits_only=False)
