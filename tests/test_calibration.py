@@ -221,6 +221,22 @@ def test_low_medium_rows_are_never_predicted_to_exceed_memory(sharded_runs, shar
     assert set(_verdicts(sharded_table[ok])) <= {"fits", "tight"}
 
 
+@pytest.mark.parametrize("path", CALIBRATION_FILES, ids=lambda p: p.name)
+def test_no_row_of_any_calibration_table_is_predicted_to_exceed_memory(path):
+    """Every row of every table in the corpus (calibration_runs*.csv: the first, the sharded,
+    the FP8 and the published-runs tables) that states its layout and ran, unless its
+    confidence is low, is predicted ``fits`` or ``tight`` on the layout the protocol chose."""
+    runs = load_runs(path)
+    out = validate_runs(runs)
+    conf = (runs["confidence"].map(_first_word) if "confidence" in runs
+            else pd.Series("high", index=runs.index))
+    ok = out["predicted"].notna() & (conf != "low")
+    assert ok.sum() > 0
+    verdicts = _verdicts(out[ok])
+    assert set(verdicts) <= {"fits", "tight"}, out[ok][verdicts == "exceeds"][
+        ["model", "layout", "peak_memory_gb"]]
+
+
 def _lumi(sharded_runs) -> pd.DataFrame:
     return sharded_runs[sharded_runs["source"].str.startswith("henkdr/Megatron-Deepspeed-LUMI")]
 

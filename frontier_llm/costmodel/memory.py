@@ -41,6 +41,7 @@ from frontier_llm.costmodel.deepspeed_buffers import (
     extra_param_bytes,
     extra_params,
     grad_bytes_per_param,
+    zero3_live_params,
 )
 from frontier_llm.costmodel.layouts import LayoutTable, from_configs
 from frontier_llm.costmodel.params import (
@@ -274,7 +275,16 @@ def gathered_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None,
                     np.minimum(1 + behaviour(t, "prefetch"), layers), layers)
     fp32 = behaviour(t, "reduce_fp32") if reduce_fp32 is None else reduce_fp32
     fp32_copy = np.where(fp32 & (e < 4), 4, 0)
-    unsharded = n_layer * (held * e + e + fp32_copy) + n_rest * (2 * e + fp32_copy)
+    # DeepSpeed ZeRO-3 gathers module by module up to its live-parameter bound, and reduces
+    # gradients through a bucket of ``reduce_bucket_size`` elements rather than a layer's whole
+    # gradient (costmodel/deepspeed_buffers.py).
+    ds = t.engine == Engine.DEEPSPEED.code
+    live = np.where(ds, zero3_live_params(model, t, n_layer, held,
+                                          behaviour(t, "prefetch_bucket_params")),
+                    held * n_layer)
+    bucket = behaviour(t, "reduce_bucket_params")
+    reducing = np.where(ds & (bucket > 0), np.minimum(n_layer, bucket), n_layer)
+    unsharded = live * e + reducing * (e + fp32_copy) + n_rest * (2 * e + fp32_copy)
     return np.where(t.degree("params") > 1, unsharded, 0)
 
 

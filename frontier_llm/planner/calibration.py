@@ -498,6 +498,10 @@ def _best(row: pd.Series, model: ModelSpec, system: SystemSpec, recompute: str |
         f = result.figures
         order = order[np.lexsort((f["peak_memory_bytes"][order], -f["tokens_per_s"][order],
                                   ~f["fits"][order]))]
+        # When none fits, the run still ran: the layout nearest to fitting (least memory)
+        # stands for it, not the fastest of those that could not have run.
+        if len(order) and not f["fits"][order].any():
+            order = order[np.argsort(f["peak_memory_bytes"][order], kind="stable")]
         if len(order):
             i = int(order[0])
             found.append((not result.figures["fits"][i],
