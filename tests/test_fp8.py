@@ -119,8 +119,10 @@ def test_fp8_weight_copies_are_a_separate_memory_piece():
     # TransformerEngine: an FP8 copy and its transpose of every linear weight the rank holds.
     linear = layer_params_per_rank(LLAMA70, 8)
     assert out["mem_fp8_bytes"][1] == pytest.approx(2 * LLAMA70.layers * linear)
+    # The copies are allocated like any tensor: the allocator's fragmentation share of them
+    # comes with them (costmodel/reserve.py).
     assert (out["peak_memory_bytes"][1] - out["peak_memory_bytes"][0]
-            == pytest.approx(out["mem_fp8_bytes"][1]))
+            == pytest.approx(out["mem_fp8_bytes"][1] * (1 + H100.allocator_fragmentation)))
 
 
 def test_the_recipe_of_a_bf16_layout_changes_nothing():

@@ -45,6 +45,9 @@ class BenchConfig:
     fault_step: int = 0
     # Gradient all-reduce bucket of the DDP / ZeRO-1 paths (a run setting, not a layout knob).
     bucket_mb: float | None = None
+    # FSDP2 reduce-scatters after every micro-batch (torchtitan's accumulation) rather than
+    # only the last (specs/engine_rules.py GRAD_SYNC_EACH).
+    grad_sync_each_microbatch: bool = False
     model_ref: str = ""  # the name or path given, for the spawned ranks' command line
     system_ref: str = ""
 
@@ -125,6 +128,7 @@ def build_config(args: Any) -> BenchConfig:
         run_id=args.run_id or "", labels=parse_labels(args.label),
         memory_limit=parse_bytes(limit) if limit else None, data=pick("data", None),
         fault=args.fault, fault_step=args.fault_step, bucket_mb=args.bucket_mb,
+        grad_sync_each_microbatch=bool(getattr(args, "grad_sync_each_microbatch", False)),
         model_ref=str(model_name), system_ref=str(system_ref),
     )
     if layout.dtype == "fp8":
@@ -213,6 +217,8 @@ def child_argv(cfg: BenchConfig, args: Any = None) -> list[str]:
         extra += ["--fault", cfg.fault, "--fault-step", str(cfg.fault_step)]
     if cfg.bucket_mb is not None:
         extra += ["--bucket-mb", str(cfg.bucket_mb)]
+    if cfg.grad_sync_each_microbatch:
+        extra += ["--grad-sync-each-microbatch"]
     return bench_argv(cfg.model_ref or cfg.model.name, cfg.system_ref or cfg.system.name,
                       cfg.layout, steps=cfg.steps, warmup=cfg.warmup, seed=cfg.seed,
                       labels=cfg.labels, extra=extra)

@@ -58,11 +58,16 @@ class NativeEngine:
 
     def __init__(self, spec: ModelSpec, layout: Layout, *, rank: int, world_size: int,
                  device: torch.device, seed: int = 0, data: str | None = None,
-                 bucket_bytes: int | None = None) -> None:
+                 bucket_bytes: int | None = None,
+                 grad_sync_each_microbatch: bool = False) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
         self.spec, self.layout, self.device, self.seed = spec, layout, device, seed
         self.bucket_bytes = bucket_bytes
+        # FSDP2 gradient accumulation: reduce-scatter after every micro-batch (torchtitan's
+        # way) instead of only after the last (flm bench's default); specs/engine_rules.py
+        # GRAD_SYNC_EACH, priced by the cost model's ``grad_sync``.
+        self.grad_sync_each_microbatch = grad_sync_each_microbatch
         self.dims: MeshDims = check_layout(spec, layout, world_size)
         self.coords = self.dims.coords(rank)
         self.rank = rank
@@ -297,8 +302,10 @@ class NativeEngine:
             for i, (x, y) in enumerate(zip(inputs.split(lay.micro_batch),
                                            targets.split(lay.micro_batch), strict=True)):
                 if fsdp:
-                    # Reduce-scatter gradients once, after the last micro-batch.
-                    model.set_requires_gradient_sync(i == n - 1)
+                    # Reduce-scatter gradients once, after the last micro-batch (unsharded
+                    # gradients held between), unless every micro-batch syncs.
+                    model.set_requires_gradient_sync(self.grad_sync_each_microbatch
+                                                     or i == n - 1)
                 loss = self.loss_fn(model(x), y) / n
                 loss.backward()
                 total += loss.detach()

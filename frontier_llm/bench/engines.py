@@ -50,4 +50,5 @@ def create(cfg, renv, device):
         return DeepSpeedEngine(cfg.model, cfg.layout, local_rank=renv.local_rank, **kwargs)
     from frontier_llm.bench.engine import NativeEngine
 
-    return NativeEngine(cfg.model, cfg.layout, **kwargs)
+    return NativeEngine(cfg.model, cfg.layout, **kwargs,
+                        grad_sync_each_microbatch=cfg.grad_sync_each_microbatch)

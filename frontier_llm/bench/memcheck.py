@@ -269,7 +269,7 @@ def _forward_backward(eng: NativeEngine, tracker, inputs: torch.Tensor,
             if tracker is not None:
                 tracker.reset_mod_stats()  # one root call per micro-batch
             if fsdp:
-                model.set_requires_gradient_sync(i == n - 1)
+                model.set_requires_gradient_sync(eng.grad_sync_each_microbatch or i == n - 1)
             loss = eng.loss_fn(model(x), y) / n
             loss.backward()
             del loss
@@ -352,9 +352,10 @@ def _batch(model: ModelSpec, layout: Layout, device: torch.device
 
 
 def measure(model: ModelSpec, layout: Layout, rank: int | None = None,
-            device: str = "fake") -> Measurement:
+            device: str = "fake", grad_sync_each_microbatch: bool = False) -> Measurement:
     """One training step of ``rank`` (default: the rank the cost model predicts fullest) of
-    ``layout``, measured (module docstring)."""
+    ``layout``, measured (module docstring). ``grad_sync_each_microbatch``: FSDP2 reduces
+    after every micro-batch (torchtitan's accumulation) instead of only the last."""
     if layout.engine != Engine.NATIVE:
         raise UserError(
             f"flm memcheck traces flm bench's native engine only: engine {layout.engine} runs "
@@ -373,7 +374,7 @@ def measure(model: ModelSpec, layout: Layout, rank: int | None = None,
     if not 0 <= rank < world:
         raise UserError(f"rank {rank} is outside the layout's {world} ranks")
     if device == "cuda":
-        return _measure_cuda(model, layout, rank)
+        return _measure_cuda(model, layout, rank, grad_sync_each_microbatch)
     if device != "fake":
         raise UserError(f"device must be fake or cuda (got {device!r})")
     with warnings.catch_warnings():
@@ -381,10 +382,11 @@ def measure(model: ModelSpec, layout: Layout, rank: int | None = None,
         # ops and pointers; the measurement reads neither.
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
-        return _measure_fake(model, layout, rank, world)
+        return _measure_fake(model, layout, rank, world, grad_sync_each_microbatch)
 
 
-def _measure_fake(model: ModelSpec, layout: Layout, rank: int, world: int) -> Measurement:
+def _measure_fake(model: ModelSpec, layout: Layout, rank: int, world: int,
+                  grad_sync_each_microbatch: bool = False) -> Measurement:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -392,7 +394,8 @@ def _measure_fake(model: ModelSpec, layout: Layout, rank: int, world: int) -> Me
     with (fake_world(rank, world), _real_meshes(), _balanced_experts(),
           FakeTensorMode(allow_non_fake_inputs=True)):
         eng = NativeEngine(model, layout, rank=rank, world_size=world,
-                           device=torch.device("cpu"))
+                           device=torch.device("cpu"),
+                           grad_sync_each_microbatch=grad_sync_each_microbatch)
         fsdp = eng.dims.data_parallel in ("fsdp", "hsdp") and eng.dims.shard_ranks > 1
         tracker = (FSDPMemTracker(eng.modules[0], None) if fsdp and len(eng.modules) == 1
                    else MemTracker())
@@ -417,14 +420,15 @@ def _measure_fake(model: ModelSpec, layout: Layout, rank: int, world: int) -> Me
                        backward=backward, step=step, rank=rank, pp_rank=eng.coords["pp"])
 
 
-def _measure_cuda(model: ModelSpec, layout: Layout, rank: int) -> Measurement:
+def _measure_cuda(model: ModelSpec, layout: Layout, rank: int,
+                  grad_sync_each_microbatch: bool = False) -> Measurement:
     """The same step on a real GPU (the rank's shards must fit): the allocator's own peaks."""
     if not torch.cuda.is_available():
         raise UserError("--device cuda: no GPU is visible to this process")
     dev = torch.device("cuda", torch.cuda.current_device())
     with fake_world(rank, int(layout.world_size)):
         eng = NativeEngine(model, layout, rank=rank, world_size=int(layout.world_size),
-                           device=dev)
+                           device=dev, grad_sync_each_microbatch=grad_sync_each_microbatch)
         inputs, targets = _batch(model, layout, dev)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(dev)

@@ -61,7 +61,9 @@ def prediction_fields(cfg: RunSpec) -> dict:
 
         # The layout names its engine, and with it the engine's own conventions (what it saves
         # for backward, what it shards): the cost model reads them from the layout.
-        pred = predict(cfg.model, cfg.system, cfg.layout)
+        # A run that syncs FSDP2 every micro-batch is priced so; otherwise the engine's rule.
+        pred = predict(cfg.model, cfg.system, cfg.layout,
+                       grad_sync=getattr(cfg, "grad_sync_each_microbatch", None) or None)
     except Exception as exc:  # the benchmark must run even where the cost model has no answer
         return {"prediction": None, "prediction_error": _describe("cost model", exc)}
     out: dict = {}

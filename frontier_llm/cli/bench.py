@@ -61,6 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--bucket-mb", type=positive_float(1e6), default=None, metavar="MB",
                    help="gradient all-reduce bucket of the DDP and ZeRO-1 paths in MiB "
                         "(default 64; a run setting flm tune can search)")
+    r.add_argument("--grad-sync-each-microbatch", action="store_true",
+                   help="FSDP2 reduce-scatters gradients after every micro-batch (torchtitan's "
+                        "accumulation) instead of only after the last (default)")
     r.add_argument("--nproc", type=count(1, MAX_LOCAL_RANKS), default=None,
                    help="local ranks to start when not inside a launcher (default "
                         f"tp x cp x pp x dp; at most {MAX_LOCAL_RANKS})")

@@ -14,12 +14,14 @@ PAIRS = (("params", "params"), ("grads", "grads"), ("optimizer", "optimizer"),
          ("step", "temporaries"))
 
 
-def predicted_terms(model, system, layout, pp_rank: int) -> dict[str, float]:
-    """The cost model's terms for stage ``pp_rank`` of ``layout`` (costmodel/memory.py)."""
+def predicted_terms(model, system, layout, pp_rank: int,
+                    grad_sync: bool | None = None) -> dict[str, float]:
+    """The cost model's terms for stage ``pp_rank`` of ``layout`` (costmodel/memory.py);
+    ``grad_sync``: the FSDP2 accumulation setting (None: the engine's rule)."""
     from frontier_llm.costmodel.layouts import from_configs
     from frontier_llm.costmodel.memory import rank_memory
 
-    mem = rank_memory(model, system, from_configs([layout]), pp_rank)
+    mem = rank_memory(model, system, from_configs([layout]), pp_rank, grad_sync=grad_sync)
     return {k: float(v[0]) for k, v in mem.items()}
 
 
@@ -29,8 +31,10 @@ def run_memcheck(args: argparse.Namespace) -> int:
 
     model, system = model_from_args(args), load_system(args.system)
     layout = layout_from_args(args)
-    got = measure(model, layout, rank=args.rank, device=args.device)
-    pred = predicted_terms(model, system, layout, got.pp_rank)
+    sync = args.grad_sync_each_microbatch
+    got = measure(model, layout, rank=args.rank, device=args.device,
+                  grad_sync_each_microbatch=sync)
+    pred = predicted_terms(model, system, layout, got.pp_rank, grad_sync=sync)
     predicted_peak = pred["peak"] - pred["reserved"]
     out = {
         "model": model.name, "system": system.name, "layout": layout.to_dict(),
@@ -104,6 +108,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "stage the cost model predicts fullest)")
     p.add_argument("--device", choices=("fake", "cuda"), default="fake",
                    help="fake: fake tensors on CPU, no memory (default); cuda: one GPU")
+    p.add_argument("--grad-sync-each-microbatch", action="store_true",
+                   help="FSDP2 reduce-scatters after every micro-batch (torchtitan's "
+                        "accumulation) instead of only after the last (flm bench's default)")
     add_layout_args(p)
     add_format(p, choices=("table", "json"))
     p.set_defaults(func=run_memcheck)

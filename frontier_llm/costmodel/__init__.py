@@ -30,20 +30,25 @@ from frontier_llm.specs.system import SystemSpec
 # models without MTP or dense blocks and layouts without given ends are unchanged.
 # 2.5: DeepSpeed's pipeline exchanges as its PipelineEngine issues them
 # (steptime.deepspeed_pipe_p2p): four blocking messages a micro-batch and the TP all-gathers of
-# its partitioned tensors.
-COSTMODEL_VERSION = "2.5"
+# its partitioned tensors. 2.6: the reserve as context, collective buffers and allocator
+# fragmentation (costmodel/reserve.py) instead of a fixed 5 GB; FSDP2's gradient sync per
+# micro-batch as each trainer runs it (grad_sync).
+COSTMODEL_VERSION = "2.6"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
               "pp_bubble", "head", "dp_comm", "optimizer")
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "loss", "buffers", "step",
                 "reserved")
+# The reserve's terms (costmodel/reserve.py), which sum to ``reserved``.
+RESERVE_PARTS = ("context", "collective", "fragmentation")
 
 
 def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
              eager: bool = False, overlap_comm: bool = True,
              reduce_fp32: bool | None = None,
              tp_comm_overlap: bool = False,
-             moe_run: MoeRun = NO_OVERLAP) -> dict[str, np.ndarray]:
+             moe_run: MoeRun = NO_OVERLAP, grad_sync: bool | None = None
+             ) -> dict[str, np.ndarray]:
     """Every figure of the model for every layout in ``table`` (numpy columns). Each layout's
     engine (its ``engine`` column) decides how its work is scheduled and what it keeps
     (specs/engine_rules.py). ``eager``: un-compiled PyTorch element-wise kernels
@@ -54,10 +59,12 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
     ``tp_comm_overlap``: the run turns on its engine's TP overlap (Megatron-LM's
     ``--tp-comm-overlap``; :func:`~frontier_llm.costmodel.steptime.block_times`); ``moe_run``:
     how an MoE run dispatches and overlaps its all-to-alls (:class:`~frontier_llm.costmodel.moe.
-    MoeRun`)."""
+    MoeRun`); ``grad_sync``: sharded gradients reduce-scattered after every micro-batch
+    (torchtitan) or only after the last (flm bench); None: the engine's rule
+    (specs/engine_rules.py ``GRAD_SYNC_EACH``), priced in time and memory alike."""
     times = step_time(model, system, table, eager, overlap_comm, reduce_fp32, tp_comm_overlap,
-                      moe_run)
-    mem = peak_memory(model, system, table, reduce_fp32)
+                      moe_run, grad_sync)
+    mem = peak_memory(model, system, table, reduce_fp32, grad_sync)
     tokens = table.global_batch * model.seq_len
     gpus = table.world_size
     # MFU and HFU of an fp8 layout are counted against the bf16 peak, as its sources count them
@@ -80,21 +87,23 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
         "fits": mem["peak"] <= system.memory_bytes,
     }
     out.update({f"time_{k}_s": times[k] for k in TIME_PARTS})
-    out.update({f"mem_{k}_bytes": mem[k] for k in MEMORY_PARTS})
+    out.update({f"mem_{k}_bytes": mem[k] for k in MEMORY_PARTS + RESERVE_PARTS})
     out["mem_fp8_bytes"] = mem["fp8"]  # FP8 weight copies (costmodel/fp8.py), 0 otherwise
     return out
 
 
 def predict(model: ModelSpec, system: SystemSpec, layout: Layout,
-            engine: str | None = None, moe_run: MoeRun = NO_OVERLAP) -> dict:
+            engine: str | None = None, moe_run: MoeRun = NO_OVERLAP,
+            grad_sync: bool | None = None) -> dict:
     """One layout's prediction as a JSON-able dict (what a trace's ``prediction`` holds).
     ``engine`` (optional, for callers that name it) must agree with ``layout.engine``;
-    ``moe_run``: :func:`evaluate`."""
+    ``moe_run``, ``grad_sync``: :func:`evaluate`'s."""
     _check_engine(layout, engine)
     layout.check_model(model)
     check_fp8(system, layout.dtype, layout.fp8_recipe, layout.engine)
     row = {k: v[0].item()
-           for k, v in evaluate(model, system, from_configs([layout]), moe_run=moe_run).items()}
+           for k, v in evaluate(model, system, from_configs([layout]), moe_run=moe_run,
+                                grad_sync=grad_sync).items()}
     return {
         "costmodel_version": COSTMODEL_VERSION,
         "step_time_s": row["step_time_s"],
@@ -108,6 +117,7 @@ def predict(model: ModelSpec, system: SystemSpec, layout: Layout,
         "breakdown": {
             "time_s": {k: row[f"time_{k}_s"] for k in TIME_PARTS},
             "memory_bytes": {k: row[f"mem_{k}_bytes"] for k in MEMORY_PARTS},
+            "reserve_bytes": {k: row[f"mem_{k}_bytes"] for k in RESERVE_PARTS},
             "peak_memory_stage": int(row["peak_memory_stage"]),
         },
     }

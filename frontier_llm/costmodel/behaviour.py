@@ -14,7 +14,8 @@ from frontier_llm.specs.layout import Engine
 FIELDS = ("prefetch", "prefetch_bucket_params", "gather_per_module", "reduce_bucket_params",
           "reshard_after_forward", "gradient_bucketing", "tp_comm_overlap",
           "reduce_fp32", "fused_elementwise", "replicated_grad_overlap",
-          "sharded_grad_each_microbatch", "sharded_grad_all_reduce", "param_gather_overlap")
+          "sharded_grad_each_microbatch", "sharded_grad_all_reduce", "param_gather_overlap",
+          "fsdp_grad_sync_each_microbatch")
 
 
 def _arrays() -> dict[str, np.ndarray]:

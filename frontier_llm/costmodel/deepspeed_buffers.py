@@ -28,6 +28,12 @@ from frontier_llm.specs.layout import DType, Engine, PlacementKind
 
 FP32_MASTER_BYTES = 4
 HALF_BYTES = 2
+# ZeRO-3's bound on gathered parameters: ``stage3_max_live_parameters`` (default 1e9,
+# deepspeed/runtime/zero/config.py ``DeepSpeedZeroConfig.max_live_parameters``, DeepSpeed 0.19):
+# the parameter coordinator prefetches only while fewer are available
+# (partitioned_param_coordinator.py ``fetch_sub_module``), the module in use is fetched
+# whatever its size.
+MAX_LIVE_PARAMS = 1_000_000_000
 
 
 def grad_bytes_per_param(t, per_grad: np.ndarray) -> np.ndarray:
@@ -74,3 +80,17 @@ def extra_param_bytes(t, params_per_rank: np.ndarray, bytes_per_param: np.ndarra
     hpz = ((t.engine == Engine.DEEPSPEED.code) & (t.params_kind == PlacementKind.PARTIAL.code)
            & (t.grads_kind == PlacementKind.FULL.code))
     return np.where(hpz, -(-params_per_rank // t.dp) * bytes_per_param, 0)
+
+
+def zero3_live_params(model, t, n_layer: np.ndarray, held: np.ndarray,
+                      prefetch_bucket: np.ndarray) -> np.ndarray:
+    """Parameters DeepSpeed ZeRO-3 holds gathered at once: the layers in use and prefetched
+    (``held`` of ``n_layer`` each), but no more than :data:`MAX_LIVE_PARAMS` or the largest
+    module (one linear layer, fetched module by module: ``fetch_sub_module``) plus the prefetch
+    bucket (``stage3_prefetch_bucket_size``). At 530B (h 20480) that is 1.7e9 parameters, not
+    two whole 5e9-parameter layers."""
+    f = model.expert_ffn_hidden if model.is_moe else model.ffn_hidden
+    largest = np.maximum(model.hidden * (model.q_dim + 2 * model.kv_dim), model.hidden * f)
+    largest = largest // np.asarray(t.tp)
+    cap = np.maximum(MAX_LIVE_PARAMS, largest) + prefetch_bucket
+    return np.minimum(held * n_layer, cap)

@@ -41,6 +41,7 @@ from frontier_llm.costmodel.deepspeed_buffers import (
     extra_param_bytes,
     extra_params,
     grad_bytes_per_param,
+    zero3_live_params,
 )
 from frontier_llm.costmodel.layouts import LayoutTable, from_configs
 from frontier_llm.costmodel.params import (
@@ -49,6 +50,7 @@ from frontier_llm.costmodel.params import (
     stage_params_per_rank,
     table_layer_params,
 )
+from frontier_llm.costmodel.reserve import reserve_terms
 from frontier_llm.costmodel.split import pipeline_ranks, rank_layers, rank_moe_blocks
 from frontier_llm.specs.layout import DType, Engine, Layout, PlacementKind, Recompute, Schedule
 from frontier_llm.specs.model import ModelSpec
@@ -281,7 +283,16 @@ def gathered_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None,
                     np.minimum(1 + behaviour(t, "prefetch"), layers), layers)
     fp32 = behaviour(t, "reduce_fp32") if reduce_fp32 is None else reduce_fp32
     fp32_copy = np.where(fp32 & (e < 4), 4, 0)
-    unsharded = n_layer * (held * e + e + fp32_copy) + n_rest * (2 * e + fp32_copy)
+    # DeepSpeed ZeRO-3 gathers module by module up to its live-parameter bound, and reduces
+    # gradients through a bucket of ``reduce_bucket_size`` elements rather than a layer's whole
+    # gradient (costmodel/deepspeed_buffers.py).
+    ds = t.engine == Engine.DEEPSPEED.code
+    live = np.where(ds, zero3_live_params(model, t, n_layer, held,
+                                          behaviour(t, "prefetch_bucket_params")),
+                    held * n_layer)
+    bucket = behaviour(t, "reduce_bucket_params")
+    reducing = np.where(ds & (bucket > 0), np.minimum(n_layer, bucket), n_layer)
+    unsharded = live * e + reducing * (e + fp32_copy) + n_rest * (2 * e + fp32_copy)
     return np.where(t.degree("params") > 1, unsharded, 0)
 
 
@@ -311,8 +322,16 @@ def buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None,
     return gathered_bytes(model, t, pp_rank, held, reduce_fp32) + sp
 
 
-def native_buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank, states: dict
-                        ) -> np.ndarray:
+def grad_sync_each(t: LayoutTable, grad_sync: bool | None = None) -> np.ndarray:
+    """Whether sharded gradients are reduce-scattered after every micro-batch (None: the
+    engine's rule, ``fsdp_grad_sync_each_microbatch``; a trainer's own: GRAD_SYNC_EACH in
+    specs/engine_rules.py)."""
+    rule = behaviour(t, "fsdp_grad_sync_each_microbatch")
+    return rule if grad_sync is None else np.full(len(t), bool(grad_sync))
+
+
+def native_buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank, states: dict,
+                        grad_sync: bool | None = None) -> np.ndarray:
     """The native engine's (FSDP2's) unsharded copies at its backward peak: with
     ``reshard_after_forward`` off every parameter of the stage stays gathered from forward to
     backward; with more than one micro-batch the gradients accumulate unsharded until the last
@@ -331,7 +350,9 @@ def native_buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank, states: dict
     # gathered are resharded again after the next forward, before the peak.
     kept = (t.params_kind == PlacementKind.REPLICATE.code) | ~t.reshard_after_forward
     whole = np.where(kept, n * e, 0)
-    accumulated = np.where(earlier, n * e, 0)
+    # A trainer that reduce-scatters after every micro-batch (torchtitan) keeps only the sharded
+    # gradient between them (counted in ``grads``), no unsharded one.
+    accumulated = np.where(earlier & ~grad_sync_each(t, grad_sync), n * e, 0)
     return np.where(sharded, whole + accumulated, 0)
 
 
@@ -385,8 +406,8 @@ def native_step_bytes(t: LayoutTable, states: dict) -> np.ndarray:
 
 
 def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, held=None,
-                chunk=None, reduce_fp32: bool | None = None, phase: str | None = None
-                ) -> dict:
+                chunk=None, reduce_fp32: bool | None = None, phase: str | None = None,
+                grad_sync: bool | None = None) -> dict:
     """Every memory term of one rank of stage ``pp_rank`` (holding ``held`` layers, its fullest
     chunk ``chunk``; default: from the engine's split), and their total ``peak``.
 
@@ -407,10 +428,15 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
     loss = np.where(np.asarray(pp_rank) == t.pp - 1, loss_bytes(model, t), 0)
     # The native engine's sequence-parallel all-gather output is the linear's saved input
     # (DTensor keeps the gathered one: in the activations), not a buffer of its own.
-    buffers = np.where(native, native_buffer_bytes(model, t, pp_rank, states),
+    buffers = np.where(native, native_buffer_bytes(model, t, pp_rank, states, grad_sync),
                        buffer_bytes(model, t, pp_rank, held, reduce_fp32))
     r = np.asarray(pp_rank)
-    grads_back = np.where(native & (sharded | ~_earlier_backward(t, r)), 0,
+    earlier = _earlier_backward(t, r)
+    # Sharded gradients are held at the backward peak once an earlier micro-batch's
+    # reduce-scatter left them (a trainer that syncs every micro-batch); flm bench's are the
+    # unsharded ones in ``buffers`` until its last micro-batch.
+    sharded_held = sharded & earlier & grad_sync_each(t, grad_sync)
+    grads_back = np.where(native & ((sharded & ~sharded_held) | ~earlier), 0,
                           states["grads"] + np.where(native, native_embedding_grad_bytes(
                               model, t, r), 0))
     loss = np.where(native, np.maximum(loss, native_backward_bytes(model, t, r)), loss)
@@ -428,15 +454,20 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
         "loss": np.where(at_step, zero, loss),
         "buffers": np.where(at_step, zero, buffers),
         "step": np.where(at_step, step, zero),
-        "reserved": np.full(len(t), system.memory_reserved_bytes, dtype=float),
         "fp8": fp8.extra_bytes(model, t, held),
     }
-    out["peak"] = sum(np.asarray(v, dtype=float) for v in out.values())
+    # The reserve (costmodel/reserve.py): the allocator's fragmentation over the allocated
+    # peak, the context and the collective buffers beside it; ``reserved`` is their sum.
+    allocated = sum(np.asarray(v, dtype=float) for v in out.values())
+    parts = reserve_terms(system, t, allocated)
+    out["reserved"] = sum(parts.values())
+    out["peak"] = allocated + out["reserved"]
+    out.update(parts)
     return out
 
 
 def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
-                reduce_fp32: bool | None = None) -> dict:
+                reduce_fp32: bool | None = None, grad_sync: bool | None = None) -> dict:
     """The rank with the most memory: the first stage (embeddings, most micro-batches in
     flight), the last (head, logits) or, where the engine splits layers unevenly, the middle
     stage holding the most layers (the earliest such, which holds the most micro-batches).
@@ -446,7 +477,8 @@ def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     for r, held, chunk in ((np.zeros(len(t), dtype=np.int64), ranks["first"],
                             ranks["chunk_first"]),
                            (t.pp - 1, ranks["last"], ranks["chunk_last"])):
-        mem = rank_memory(model, system, t, r, held, chunk, reduce_fp32)
+        mem = rank_memory(model, system, t, r, held, chunk, reduce_fp32,
+                          grad_sync=grad_sync)
         mem["stage"] = np.broadcast_to(r, (len(t),))
         if out is None:
             out = mem
@@ -460,7 +492,7 @@ def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     if len(rows):
         sub = t.take(rows)
         mem = rank_memory(model, system, sub, ranks["mid"][rows], ranks["mid_held"][rows],
-                          ranks["chunk_mid"][rows], reduce_fp32)
+                          ranks["chunk_mid"][rows], reduce_fp32, grad_sync=grad_sync)
         mem["stage"] = ranks["mid"][rows]
         bigger = rows[mem["peak"] > out["peak"][rows]]
         win = mem["peak"] > out["peak"][rows]

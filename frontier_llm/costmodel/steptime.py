@@ -53,7 +53,7 @@ from frontier_llm.costmodel.flops import (
     logits_forward_flops_per_token,
 )
 from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks
-from frontier_llm.costmodel.memory import ACT_BYTES, STATE_BYTES
+from frontier_llm.costmodel.memory import ACT_BYTES, STATE_BYTES, grad_sync_each
 from frontier_llm.costmodel.params import (
     kv_width_per_rank,
     layer_modules,
@@ -338,7 +338,7 @@ def reduce_bytes(t: LayoutTable, reduce_fp32: bool | None = None) -> np.ndarray:
 
 def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
                         blk: BlockTimes, layers, n_stage,
-                        reduce_fp32: bool | None = None) -> np.ndarray:
+                        reduce_fp32: bool | None = None, reduce: bool = True) -> np.ndarray:
     """Exposed seconds per micro-batch of sharded parameters (ZeRO-3, FSDP, AMSP partial):
     each layer's parameters all-gathered over the ``kp`` ranks that shard them before its
     forward, again before its backward when the engine reshards after forward, and its
@@ -348,7 +348,8 @@ def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     gather is exposed (and every reduce-scatter too unless the engine issues them
     asynchronously in buckets). The embeddings and head are gathered and reduced whole
     (exposed). Group shape and per-message start-up come from :mod:`.comm` (a group inside a
-    node uses the node link)."""
+    node uses the node link). ``reduce`` False: a micro-batch whose gradients are not
+    reduce-scattered (kept unsharded until the last one's, ``set_requires_gradient_sync``)."""
     kp = t.degree("params")
     e = fp8.param_gather_bytes(t, ACT_BYTES[t.dtype])
     g = reduce_bytes(t, reduce_fp32)
@@ -370,7 +371,8 @@ def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     ag = gathers * comm.all_gather(system, kp, t.tp, n_layer * e / gathers, rails)
     rs = scatters * comm.reduce_scatter(system, kp, t.tp, n_layer * g / scatters, rails)
     rest = comm.all_gather(system, kp, t.tp, n_rest * e, rails) + comm.reduce_scatter(
-        system, kp, t.tp, n_rest * g, rails)
+        system, kp, t.tp, n_rest * g, rails) * reduce
+    rs = rs * reduce
     # Parameters freed after forward are gathered again in backward (kept: no second gather).
     again = np.where(behaviour(t, "reshard_after_forward") & t.reshard_after_forward, ag, 0.0)
     fwd_window = blk.fwd
@@ -393,7 +395,8 @@ def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
 
 def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
                         blk: BlockTimes, stage: StageTimes, overlap_comm: bool = True,
-                        reduce_fp32: bool | None = None) -> dict[str, np.ndarray]:
+                        reduce_fp32: bool | None = None,
+                        grad_sync: bool | None = None) -> dict[str, np.ndarray]:
     """Exposed gradient/parameter communication and the optimizer step. ``overlap_comm``
     False: DeepSpeed's ZeRO-1/2 reduce on the compute stream (a ds_config that leaves
     ``overlap_comm`` unset: DeepSpeed's default below stage 3), nothing hidden.
@@ -421,6 +424,7 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     # (``_bf16_reduce_grads`` -> ``get_grads_for_reduction``) and the tied embedding's fp32
     # ``_hp_grad`` between the first and last stage.
     kp, kg, ko = t.degree("params"), t.degree("grads"), t.degree("optim")
+    sync_each = grad_sync_each(t, grad_sync)  # before ``grad_sync`` names the seconds below
     pipe = (t.engine == Engine.DEEPSPEED.code) & (pp > 1)
     pipe_fp32 = pipe & (t.dtype == DType.BF16.code) & (kp == 1) & bool(reduce_fp32)
     grad_bytes = n_stage * reduce_bytes(t, reduce_fp32)
@@ -477,7 +481,13 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
                            model.vocab * model.hidden / tp * reduce_bytes(t, reduce_fp32))
     tied_exposed = np.where(pipe & model.tied_embeddings, tied, 0.0)
     dp_exposed = grad_exposed + gather_exposed + tied_exposed
-    fsdp_exposed = m * sharded_param_times(model, system, t, blk, layers, n_stage, reduce_fp32)
+    # Sharded parameters: every micro-batch gathers; its gradients are reduce-scattered after
+    # each micro-batch or only after the last (the trainer's setting, memory.grad_sync_each).
+    synced = sharded_param_times(model, system, t, blk, layers, n_stage, reduce_fp32)
+    unsynced = sharded_param_times(model, system, t, blk, layers, n_stage, reduce_fp32,
+                                   reduce=False)
+    fsdp_exposed = np.where(sync_each, m * synced,
+                            (m - 1) * unsynced + synced)
     optimizer = np.ceil(n_stage / ko) * OPTIMIZER_TRAFFIC[t.dtype] / r.memory
     # BF16_Optimizer under DeepSpeed's pipeline (PR #1801, "bf16+pipeline parallelism", the
     # branch BLOOM trained on): after every micro-batch's backward the stage's 16-bit gradients
@@ -494,16 +504,20 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
 def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable, eager: bool = False,
               overlap_comm: bool = True, reduce_fp32: bool | None = None,
               tp_comm_overlap: bool = False,
-              moe_run: moe.MoeRun = moe.NO_OVERLAP) -> dict[str, np.ndarray]:
+              moe_run: moe.MoeRun = moe.NO_OVERLAP, grad_sync: bool | None = None
+              ) -> dict[str, np.ndarray]:
     """Seconds per iteration and its parts (seconds, summed over the iteration, on the slowest
     pipeline stage), for every layout of ``t``: per block, per stage, data parallel. ``eager``:
     the run is un-compiled PyTorch (:func:`block_times`); ``overlap_comm``: DeepSpeed's, for
     its ZeRO-1/2 layouts (:func:`data_parallel_times`); ``reduce_fp32``: :func:`reduce_bytes`;
-    ``tp_comm_overlap`` and ``moe_run``: :func:`block_times`."""
+    ``tp_comm_overlap`` and ``moe_run``: :func:`block_times`; ``grad_sync``: sharded gradients
+    reduce-scattered every micro-batch or at the last (None: the engine's rule,
+    :func:`~frontier_llm.costmodel.memory.grad_sync_each`)."""
     r = _rates(model, system, t)
     blk = block_times(model, system, t, r, eager, tp_comm_overlap, moe_run)
     stage = stage_times(model, system, t, r, blk)
-    dp = data_parallel_times(model, system, t, r, blk, stage, overlap_comm, reduce_fp32)
+    dp = data_parallel_times(model, system, t, r, blk, stage, overlap_comm, reduce_fp32,
+                             grad_sync)
     m = t.num_microbatches
     layers = stage.layers * m
     return {

@@ -33,7 +33,7 @@ from frontier_llm.errors import UserError
 from frontier_llm.planner.intervals import family, memory_verdict, vendor
 from frontier_llm.planner.plan import memory_bounds, plan
 from frontier_llm.planner.space import SearchSpace
-from frontier_llm.specs.engine_rules import rules_for
+from frontier_llm.specs.engine_rules import GRAD_SYNC_EACH, rules_for
 from frontier_llm.specs.forms import label
 from frontier_llm.specs.layout import Engine, Schedule, parse_schedule_label, zero_preset
 from frontier_llm.specs.model import ModelSpec
@@ -171,6 +171,15 @@ def row_tp_comm_overlap(row: pd.Series) -> bool:
     say so); the others, as flm's Megatron-LM command, without."""
     return ("--tp-comm-overlap" in _text(row, "notes", "engine")
             or source_key(str(row.get("source") or "")) in TP_OVERLAP_SOURCES)
+
+
+def row_grad_sync(row: pd.Series) -> bool | None:
+    """Whether the row's FSDP2 gradient accumulation reduce-scatters every micro-batch: its
+    trainer's setting (specs/engine_rules.py ``GRAD_SYNC_EACH``), torchtitan's for a torchtitan
+    row; None (the engine's rule) for the others."""
+    if "torchtitan" in _text(row, "source", "notes", "engine"):
+        return GRAD_SYNC_EACH["torchtitan"]
+    return None
 
 
 def row_reduce_fp32(row: pd.Series) -> bool | None:
@@ -508,7 +517,8 @@ def _best(row: pd.Series, model: ModelSpec, system: SystemSpec, recompute: str |
     for batch in row_batches(row):
         result = plan(model, system, int(row["num_gpus"]), batch, space, eager=row_eager(row),
                       overlap_comm=row_overlap_comm(row), reduce_fp32=row_reduce_fp32(row),
-                      tp_comm_overlap=row_tp_comm_overlap(row), moe_run=row_moe_run(row))
+                      tp_comm_overlap=row_tp_comm_overlap(row), moe_run=row_moe_run(row),
+                      grad_sync=row_grad_sync(row))
         # A published run ran: when none of its layouts is predicted to fit, the fastest is
         # predicted anyway (after those that fit) and the table says it was predicted not to fit.
         order = result.ranked_indices(fits_only=False)
@@ -520,6 +530,10 @@ def _best(row: pd.Series, model: ModelSpec, system: SystemSpec, recompute: str |
         f = result.figures
         order = order[np.lexsort((f["peak_memory_bytes"][order], -f["tokens_per_s"][order],
                                   ~f["fits"][order]))]
+        # When none fits, the run still ran: the layout nearest to fitting (least memory)
+        # stands for it, not the fastest of those that could not have run.
+        if len(order) and not f["fits"][order].any():
+            order = order[np.argsort(f["peak_memory_bytes"][order], kind="stable")]
         if len(order):
             i = int(order[0])
             found.append((not result.figures["fits"][i],
@@ -598,9 +612,11 @@ def predict_row(row: pd.Series, systems: dict[str, SystemSpec] | None = None) ->
     cfg = result.layout(best)
     memory = {}
     if _given(row.get("memory_gb")):
-        # memory_gb is GiB of the allocator's peak reserved (the README): what peak_memory_bytes
-        # predicts.
-        got = fig["peak_memory_bytes"] / 2**30
+        # memory_gb is GiB of the allocator's peak reserved (the README): the predicted device
+        # peak less what lies outside the allocator, the context and the collective library's
+        # buffers (costmodel/reserve.py); fragmentation is the allocator's own.
+        got = (fig["peak_memory_bytes"] - fig["mem_context_bytes"]
+               - fig["mem_collective_bytes"]) / 2**30
         memory = {"memory_gib": float(row["memory_gb"]), "memory_predicted_gib": got,
                   "memory_error": (got - float(row["memory_gb"])) / float(row["memory_gb"])}
     return {

@@ -224,7 +224,8 @@ def layout_field_search(name: str) -> tuple:
 def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | None = None,
          space: SearchSpace | None = None, eager: bool = False,
          overlap_comm: bool = True, reduce_fp32: bool | None = None,
-         tp_comm_overlap: bool = False, moe_run: MoeRun = NO_OVERLAP) -> Plan:
+         tp_comm_overlap: bool = False, moe_run: MoeRun = NO_OVERLAP,
+         grad_sync: bool | None = None) -> Plan:
     """Evaluate every layout of ``space`` for ``model`` on ``gpus`` GPUs of ``system``;
     ``eager``: element-wise work as un-compiled PyTorch runs it (``flm plan --eager``;
     calibration's rows whose model code is plain PyTorch); Megatron-LM layouts stay fused.
@@ -236,7 +237,9 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
     run with ``--tp-comm-overlap`` (``flm plan --tp-comm-overlap on``; calibration's rows that
     state it); off by default, as flm's Megatron-LM command runs them. ``moe_run``: how an
     MoE run dispatches and overlaps its all-to-alls (``flm plan --moe-overlap
-    --moe-dispatcher``; costmodel/moe.py MoeRun), by default none overlapped."""
+    --moe-dispatcher``; costmodel/moe.py MoeRun), by default none overlapped. ``grad_sync``
+    (None: each engine's rule): FSDP2 reduce-scatters after every micro-batch (torchtitan's
+    accumulation; calibration's torchtitan rows) or only after the last (flm bench)."""
     if not 1 <= gpus <= MAX_GPUS:
         raise UserError(f"the GPU count must be between 1 and {MAX_GPUS:,} (got {gpus})")
     gb = global_batch or default_global_batch(model, gpus)
@@ -245,7 +248,7 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
     # The cost model runs on the layouts no rule rejected; the others get NaN figures.
     ok = np.flatnonzero(reason == 0)
     sub = evaluate(model, system, layouts.take(ok), eager, overlap_comm, reduce_fp32,
-                   tp_comm_overlap, moe_run)
+                   tp_comm_overlap, moe_run, grad_sync)
     # Every row gets every figure: NaN (False) where a rule rejected it. One block for the
     # float figures, each row written once (the tables run to millions of rows).
     floats = [k for k, v in sub.items() if v.dtype != bool]

@@ -87,6 +87,10 @@ class EngineRules:
     # next forward (else inside the optimizer step, exposed).
     replicated_grad_overlap: bool = True
     sharded_grad_each_microbatch: bool = False
+    # Sharded parameters (FSDP2): the gradients reduce-scattered after every micro-batch's
+    # backward (sharded between them) rather than only after the last (kept unsharded in
+    # between, ``set_requires_gradient_sync(False)``). A trainer's setting: GRAD_SYNC_EACH.
+    fsdp_grad_sync_each_microbatch: bool = False
     sharded_grad_all_reduce: bool = False
     param_gather_overlap: bool = True
     # The engine's models run fused element-wise kernels whatever the caller asks
@@ -345,6 +349,9 @@ RULES: dict[Engine, EngineRules] = {
         # tests/test_deepspeed_reduction.py.
         replicated_grad_overlap=False, sharded_grad_each_microbatch=True,
         sharded_grad_all_reduce=True, param_gather_overlap=False,
+        # ZeRO-3 reduces each gradient from its backward hook on every micro-batch
+        # (stage3.py ``reduce_ready_partitions_and_remove_grads``), as ZeRO-2 above.
+        fsdp_grad_sync_each_microbatch=True,
         pipeline_split="parameters",
         # ZeRO-3 releases a module's parameters after its forward; what it keeps is bounded by
         # stage3_max_live_parameters and stage3_param_persistence_threshold (small parameters),
@@ -398,3 +405,15 @@ def check_engine(layout: Layout, model: ModelSpec | None = None) -> None:
     problems = rules_for(layout.engine).violations(layout, model)
     if problems:
         raise SpecError(problems[0], "engine")
+
+
+# Whether a trainer's FSDP2 gradient accumulation reduce-scatters after every micro-batch
+# (``fsdp_grad_sync_each_microbatch``), from each trainer's own loop. flm bench (the native
+# engine's rule): bench/engine.py ``_fwd_bwd`` calls ``set_requires_gradient_sync(i == n - 1)``,
+# so unsharded gradients accumulate until the last micro-batch (``flm bench
+# --grad-sync-each-microbatch`` runs the other way). torchtitan: ``Trainer.train_step``
+# (torchtitan/train.py, pytorch/torchtitan@000204a4a8bf3d0f31adc44fc29855fbb6ea13d8) runs
+# ``forward_backward_step`` -> ``loss.backward()`` for each of its
+# ``gradient_accumulation_steps`` without touching FSDP's sync, so FSDP2 reduce-scatters every
+# backward and keeps only sharded gradients between them.
+GRAD_SYNC_EACH = {"flm-bench": False, "torchtitan": True}

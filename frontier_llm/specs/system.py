@@ -145,8 +145,13 @@ class SystemSpec:
     efficiency: dict[str, Efficiency] = field(default_factory=dict)
     gpus_per_package: int = 1
     memory_bandwidth: float = 0.0  # bytes/s per GPU; used for the optimizer step
-    # Memory no tensor of the model can use: runtime context, collective-library buffers,
-    # allocator fragmentation.
+    # Device memory outside the model's tensors (costmodel/reserve.py): the CUDA/HIP context
+    # (bytes), the collective library's channels per communicator (NCCL/RCCL; 0: gloo, no
+    # device buffers), the caching allocator's fragmentation (reserved / allocated peak - 1),
+    # and any further fixed reserve in bytes (0 in the catalog).
+    memory_context_bytes: float = 0.0
+    collective_channels: int = 0
+    allocator_fragmentation: float = 0.0
     memory_reserved_bytes: float = 0.0
     # Fixed seconds per transformer block forward pass (backward counts twice): kernel launches
     # and synchronization that do not shrink with the block's size. Fitted (docs/costmodel.md).
@@ -184,6 +189,12 @@ class SystemSpec:
                 f"({self.gpus_per_package})",
                 "gpus_per_package",
             )
+        for name in ("memory_context_bytes", "memory_reserved_bytes", "collective_channels"):
+            if finite(getattr(self, name), name) < 0:
+                raise SpecError(f"{name} must not be negative", name)
+        if not 0 <= finite(self.allocator_fragmentation, "allocator_fragmentation") < 1:
+            raise SpecError("allocator_fragmentation is a share of the allocated peak, in [0, 1)",
+                            "allocator_fragmentation")
         if self.memory_bytes <= 0:
             raise SpecError("memory_bytes must be positive", "memory_bytes")
         real(self.memory_bytes, "memory_bytes", lo=MIN_MEMORY_BYTES,
