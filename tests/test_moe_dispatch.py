@@ -175,8 +175,11 @@ def test_moe_corpus_rows_build_their_model_layout_and_run():
     assert space.ep == (8,) and space.virtual_stages == (8,)
     assert row_moe_run(mixtral) == moe.MoeRun()
     dsv3 = rows[rows["source_key"] == "DeepSeek-V3-report-2024"].iloc[0]
-    assert "uneven pipeline" in unused_reason(dsv3)
+    # Stated since the H800 system, MTP and the catalog-model column: in use.
+    assert unused_reason(dsv3) is None
     assert row_moe_run(dsv3).overlap == "dualpipe"
+    gb200 = rows[rows["source_key"] == "MegatronLM-DSV3-GB200"]
+    assert gb200["unused"].str.contains("multiple of vp").all()
     assert row_moe_run(pd.Series({"notes": "--overlap-moe-expert-parallel-comm", "engine":
                                   "Megatron-LM --moe-token-dispatcher-type flex"})) == \
         moe.MoeRun("ep-a2a", "flex")

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from frontier_llm.catalog import load_system
+from frontier_llm.catalog import load_model, load_system
 from frontier_llm.costmodel.flops import narayanan_eq3
 from frontier_llm.costmodel.moe import MoeRun
 from frontier_llm.errors import UserError
@@ -51,7 +51,7 @@ _STAGES_PER_RANK = re.compile(r"(\d+)\s+(?:virtual\s+)?stages\s+per\s+rank", re.
 GPU_SYSTEMS = {"hbm2e": "grand-teton-h100", "gcp a3": "gcp-a3-high", "lumi": "lumi-g",
                "gb200": "gb200-nvl72", "b200": "dgx-b200", "h200": "dgx-h200",
                "mi300x": "mi300x", "mi325x": "mi325x", "mi355x": "mi355x",
-               "a100": "dgx-a100", "h100": "dgx-h100", "mi250x": "frontier"}
+               "a100": "dgx-a100", "h100": "dgx-h100", "h800": "dgx-h800", "mi250x": "frontier"}
 # The catalog systems a corpus row's ``system_hint`` may name.
 SYSTEM_HINTS = frozenset(GPU_SYSTEMS.values())
 DATA = Path(__file__).with_name("data")
@@ -301,7 +301,25 @@ def row_moe_run(row: pd.Series) -> MoeRun:
     return MoeRun(overlap, "flex" if flex else "alltoall")
 
 
+def _catalog_row_model(row: pd.Series) -> ModelSpec:
+    """The catalog model a row names in its ``catalog_model`` column (an architecture the
+    columns cannot carry: DeepSeek-V3's multi-head latent attention, dense first blocks and
+    multi-token prediction), checked against every architecture column the row states; the
+    row's ``router_balance`` replaces the catalog's where given (the router its run used)."""
+    model = load_model(str(row["catalog_model"]).strip())
+    stated = {c: int(row[c]) for c in (*ARCHITECTURE, *MOE_COLUMNS) if _given(row.get(c))}
+    wrong = {c: (v, getattr(model, c)) for c, v in stated.items() if getattr(model, c) != v}
+    if wrong:
+        raise UserError(f"row {row['model']!r} disagrees with catalog model {model.name!r}: "
+                        + ", ".join(f"{c} {v} vs {m}" for c, (v, m) in wrong.items()))
+    if _given(row.get("router_balance")):
+        model = dataclasses.replace(model, router_balance=str(row["router_balance"]))
+    return model
+
+
 def row_model(row: pd.Series) -> ModelSpec:
+    if _given(row.get("catalog_model")):
+        return _catalog_row_model(row)
     shape = dict(name=str(row["model"]), layers=int(row["layers"]), hidden=int(row["hidden"]),
                  heads=int(row["heads"]), seq_len=int(row["seq_len"]), vocab=int(row["vocab"]),
                  **_moe_fields(row))
