@@ -67,43 +67,117 @@ def test_the_fp8_speedup_on_h100_is_within_2_percent(table):
     assert h100["error"].abs().max() <= 0.02, h100
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "not met since the cp column let TorchTitan's long-context rows in: FP8 x NVIDIA, "
+    "leave-one-source-out, is 13.3 % on 39 rows from 14 sources; its Table 2 rows at cp 4 "
+    "(seq 131072) and cp 8 (seq 262144) on 8 Grand Teton H100 are predicted 48 % and 56 % "
+    "fast (measured 1,071 and 548 tokens/s/GPU: from 64K to 128K the measured rate falls 2.37x, "
+    "more than the 2x that doubling the attention per token can cost; the model 1.75x). "
+    "Without those two rows the family is 11.3 % (37 rows), within the issue's 12 %"))
 def test_fp8_nvidia_family_error(table):
-    """FP8 x NVIDIA, leave-one-source-out: 19 confident rows from 8 sources (torchao's docs,
-    torchtitan's commit and TorchTitan's 2024-12 benchmark (8B on 8 and 128, 70B on 256, 405B on
-    512 GPUs) on Grand Teton H100; MLPerf Training v4.1 GPT-3 175B: NVIDIA on 256, 512 and 11,616
-    H100 and 64 B200, Oracle on 1,536 and 3,072 H100; v5.1 Llama 3.1 8B: Dell on 16 B200,
-    University of Florida on 8 B200, Cisco on 64 and 128 H100): 9.4 % mean error against the
-    issue's 12 %. TorchTitan's rows are predicted with the Grand Teton knob its bf16 row was not
-    fitted to (analysis/fp8_loso.py systems_left_out)."""
+    """FP8 x NVIDIA, leave-one-source-out: 39 confident rows from 14 sources (torchao's docs,
+    torchtitan's commit and TorchTitan's 2024-12 benchmark on Grand Teton H100, its Table 2
+    with cp 1-8; MLPerf Training v4.1 GPT-3 175B: NVIDIA on H100 and B200, Oracle on H100; v5.0
+    Llama 3.1 405B with context parallelism 2: NVIDIA on 256 and 512 GB200 and on 512-8,192
+    H100, IBM+CoreWeave on 512-2,496 GB200, Nebius on 512 and 1,024 H200; v5.1 Llama 3.1 8B:
+    Dell and University of Florida on B200, Cisco on H100, HPE on 64 H200, Oracle and Verda on
+    64 B200, the last three with cp 2), against the issue's 12 %. TorchTitan's rows are
+    predicted with the Grand Teton knob its bf16 row was not fitted to (analysis/fp8_loso.py
+    systems_left_out)."""
     fam = family_errors(table).set_index("family")
     nv = fam.loc["fp8 x NVIDIA"]
-    assert nv["rows"] >= 19 and nv["sources"] >= 8, fam
+    assert nv["rows"] >= 39 and nv["sources"] >= 14, fam
     assert nv["mape"] <= 0.12, fam
 
 
+def test_fp8_nvidia_rows_and_the_two_long_context_misses(table):
+    """What the xfail above says, asserted: the family has its 39 rows, and it is the two
+    TorchTitan cp 4 / cp 8 rows that put it over 12 %."""
+    fam = family_errors(table).set_index("family")
+    assert fam.loc["fp8 x NVIDIA", "rows"] == 39
+    nv = table[(table["vendor"] == "NVIDIA") & (table["dtype"] == "fp8")
+               & (table["confidence"] != "low")]
+    long_cp = nv["layout"].str.contains("cp4|cp8")
+    assert long_cp.sum() == 2 and (nv.loc[long_cp, "error"] > 0.4).all()
+    assert nv.loc[~long_cp, "error"].abs().mean() <= 0.12
+
+
 @pytest.mark.xfail(strict=True, reason=(
-    "not met: FP8 x AMD (3 rows, two chips, three sources) is 34 % off: the MI300X torchao row "
+    "not met: FP8 x AMD (4 rows, two chips, four sources) is 30 % off: the MI300X torchao row "
     "is 57 % fast (its bf16 twin 32 % fast: the MAMF-transferred bf16 knob, and an FP8 knob "
-    "assumed from the H100's ratio that the row puts at 0.21-0.24); the two MI355X MLPerf rows "
-    "(AMD's TransformerEngine code, run by AMD and by GigaComputing) are 25 % and 19 % slow "
-    "(they imply FP8 matmul fractions of 0.86 and 0.76 against the 0.53 assumed, and the bf16 "
-    "knob under them is unjudged: no bf16 MI355X row). No published FP8 achievable-matmul "
-    "measurement of either chip was found to replace the assumed knobs"))
+    "assumed from the H100's ratio that the row puts at 0.21-0.24); the three MI355X MLPerf "
+    "Llama 3.1 8B rows (AMD's TransformerEngine code, run by AMD, GigaComputing and Dell) are "
+    "20-25 % slow (they imply FP8 matmul fractions of 0.76-0.86 against the 0.53 assumed, and "
+    "the bf16 knob under them is unjudged: no bf16 MI355X row). No published FP8 "
+    "achievable-matmul measurement of either chip was found to replace the assumed knobs "
+    "(stas00/ml-engineering@744d01e MAMF table: MI355X bf16 only)"))
 def test_fp8_amd_family_error(table):
     fam = family_errors(table).set_index("family")
     assert fam.loc["fp8 x AMD", "mape"] <= 0.12, fam
 
 
 def test_new_gpus_with_three_confident_rows(table):
-    """The per-GPU target applies to GPUs with >= 3 confident rows: the DGX B200 (4 MLPerf rows,
-    three sources: 4.0 %); MI300X and MI355X have 2 each, and torchao's 'power limited' B200
-    rows are low confidence. The counts are asserted so that a row added later makes the
-    target bite."""
+    """The per-GPU target applies to GPUs with >= 3 confident rows: the DGX B200 (6 MLPerf rows,
+    five sources: 8.4 %; Oracle's and Verda's 64-GPU cp-2 runs 17 % fast), the GB200 NVL72 (7
+    MLPerf v5.0 Llama 3.1 405B rows, cp 2, NVIDIA and IBM+CoreWeave: 13.6 %) and the H200
+    (Nebius's two 405B rows and HPE's 8B row, all with cp 2: 7.5 %) are within 15 %; the MI355X
+    (3 rows) is not (see the xfail below); the MI300X has 2, and torchao's 'power limited' B200
+    rows are low confidence. The counts are asserted so that a row added later makes the target
+    bite."""
     per = family_errors(table, "system").set_index("system")
     eligible = per[(per["rows"] >= 3) & per.index.isin(NEW_GPUS)]
-    assert list(eligible.index) == ["dgx-b200"], per
-    assert (eligible["mape"] <= 0.15).all(), eligible
-    assert per.loc["mi300x", "rows"] == 2 and per.loc["mi355x", "rows"] == 2
+    assert list(eligible.index) == ["dgx-b200", "dgx-h200", "gb200-nvl72", "mi355x"], per
+    met = eligible.drop(index="mi355x")
+    assert (met["sources"] >= 2).all(), met
+    assert (met["mape"] <= 0.15).all(), met
+    assert per.loc["mi300x", "rows"] == 2 and per.loc["mi355x", "rows"] == 3
+    assert per.loc["dgx-b200", "rows"] == 6
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "not met: MI355X, 3 MLPerf v5.1 Llama 3.1 8B FP8 rows of three submitters (AMD, "
+    "GigaComputing, Dell, all AMD's code), 21 % off, every one slow: the FP8 matmul knob is "
+    "ASSUMED (0.53 = the bf16 MAMF transfer x the H100's FP8/bf16 ratio); the rows imply "
+    "0.76-0.86 and no published MI355X FP8 achievable-matmul measurement was found to source a "
+    "refit (fitting it to these rows would judge it on the rows it was fitted to)"))
+def test_mi355x_error(table):
+    per = family_errors(table, "system").set_index("system")
+    assert per.loc["mi355x", "mape"] <= 0.15, per
+
+
+def test_rows_state_context_parallelism_and_are_predicted_with_it(table):
+    """The cp column (planner/calibration.py row_cp): MLPerf's Llama 3.1 405B runs split each
+    sequence over 2 GPUs ('export CONTEXT_PARALLEL=2'), so tp x cp x pp x dp = GPUs and the
+    predicted layout keeps the stated cp and dp; a row with the cell empty is pinned to cp 1."""
+    from frontier_llm.planner.calibration import row_batches, row_cp, row_space
+
+    runs = pd.read_csv(FP8_RUNS)
+    stated = runs[runs["cp"].notna()]
+    assert len(stated) >= 15 and (stated["cp"] == 2).sum() >= 15
+    for i, row in stated.iterrows():
+        cp = row_cp(row)
+        assert row["tp"] * row["pp"] * cp * row["dp"] == row["num_gpus"], row["source"]
+        assert row_space(row).cp == (cp,)
+        assert f"cp{cp}" in table.loc[i, "layout"] if cp > 1 else "cp" not in table.loc[i, "layout"]
+        assert f"dp{int(row['dp'])} " in table.loc[i, "layout"]
+    plain = runs[runs["cp"].isna()].iloc[0]
+    assert row_cp(plain) == 1 and row_space(plain).cp == (1,)
+    # Without a stated dp, the data-parallel degree is what tp x cp x pp leaves.
+    guessed = stated.iloc[0].drop(["dp", "global_batch"])
+    guessed["engine"] = "TorchTitan FSDP2"
+    assert row_batches(guessed) == tuple(
+        m * int(guessed["num_gpus"]) // (int(guessed["tp"]) * int(guessed["pp"]) * 2)
+        for m in (1,))
+
+
+def test_each_measurement_counts_once():
+    """Nebius's v5.1 Llama 3.1 405B H200 logs give the v5.0 step times to the fourth decimal
+    (the same runs resubmitted): one row each. No two rows share GPU count and step time."""
+    runs = pd.read_csv(FP8_RUNS)
+    timed = runs[runs["iteration_time_s"].notna()]
+    assert not timed.duplicated(["num_gpus", "iteration_time_s"]).any()
+    nebius = runs[runs["source"].str.contains("Nebius")]
+    assert len(nebius) == 2 and nebius["source"].str.contains("v5.0").all()
 
 
 def test_the_implied_knobs_reproduce_their_rows_and_mi300x_is_below_the_carried():
@@ -114,7 +188,13 @@ def test_the_implied_knobs_reproduce_their_rows_and_mi300x_is_below_the_carried(
     from fp8_loso import _error_with, implied_knobs
 
     knobs = implied_knobs()
-    assert knobs["implied"].between(0.02, 1.0).all(), knobs
+    # IBM+CoreWeave's 2,048- and 2,496-GPU GB200 rows are predicted too slow at any matmul
+    # fraction: the model's step there is set by exposed data-parallel and pipeline traffic
+    # (flm's rank order puts the pipeline, not the data-parallel groups, across racks; the
+    # runs' TP_PP_DP_MAPPING does the opposite), so no matmul knob reproduces them.
+    unsolved = knobs[knobs["implied"].isna()]
+    assert set(unsolved["system"]) <= {"gb200-nvl72"} and len(unsolved) <= 2, unsolved
+    assert knobs["implied"].dropna().between(0.02, 1.0).all(), knobs
     runs = pd.read_csv(FP8_RUNS)
     mi = knobs[(knobs["system"] == "mi300x") & (knobs["dtype"] == "bf16")].iloc[0]
     row = runs[runs["gpu_type"].str.contains("MI300X") & (runs["dtype"] == "bf16")]

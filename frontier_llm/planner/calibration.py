@@ -408,6 +408,12 @@ def replayed_share(row: pd.Series) -> float | None:
     return min(1.0, max(0.0, 3 * (hfu / mfu - 1)))
 
 
+def row_cp(row: pd.Series) -> int:
+    """The context-parallel degree a row states (its ``cp`` cell), 1 where it states none: the
+    ``dp`` column counts data-parallel replicas only, so tp x cp x pp x dp = num_gpus."""
+    return int(row["cp"]) if _given(row.get("cp")) else 1
+
+
 def row_space(row: pd.Series, gpus_per_node: int = 8) -> SearchSpace:
     """Pin what the row states; leave the rest to the search."""
     def pinned(col):
@@ -416,9 +422,10 @@ def row_space(row: pd.Series, gpus_per_node: int = 8) -> SearchSpace:
     kw: dict = {"tp": pinned("tp"), "pp": pinned("pp"), "micro_batch": pinned("micro_batch")}
     if _given(row.get("ep")):
         kw["ep"] = pinned("ep")
-    # The published runs state their layouts without context parallelism (the table has no cp
-    # column; none of its sources split sequences), so none is searched for them.
-    kw["cp"] = (1,)
+    # Context parallelism as the row's ``cp`` column states it (MLPerf's Llama 3.1 405B configs
+    # export CONTEXT_PARALLEL); a table without the column, or an empty cell, states a run that
+    # did not split sequences (none of the older sources did), so cp 1 is pinned, never searched.
+    kw["cp"] = pinned("cp") or (1,)
     engine = rules_for(row_engine(row))
     year = _YEAR.search(str(row.get("source") or ""))
     if year and int(year.group(1)) < FLASH_ATTENTION_YEAR:
@@ -507,7 +514,7 @@ def row_batches(row: pd.Series) -> tuple[int, ...]:
         return (int(row["global_batch"]),)
     gpus = int(row["num_gpus"])
     dp = (int(row["dp"]) if _given(row.get("dp"))
-          else gpus // (int(row.get("tp") or 1) * int(row.get("pp") or 1)))
+          else gpus // (int(row.get("tp") or 1) * int(row.get("pp") or 1) * row_cp(row)))
     if row_engine(row) == str(Engine.MEGATRON) or "megatron" in _text(row, "engine"):
         params = (float(row["params_b"]) * 1e9 if _given(row.get("params_b"))
                   else row_model(row).num_params)
