@@ -69,7 +69,7 @@ def test_mesh_coordinates_put_tp_innermost():
     ("tiny-llama", dict(tp=4), r"kv_heads \(2\) < tp \(4\)"),
     ("tiny-gpt", dict(pp=2, global_batch=1), "at least one micro-batch per stage"),
     ("tiny-gpt", dict(dp=4, sharding={"params": "replicate", "grads": "replicate",
-                                      "optim": "partial:2"}), "no PyTorch-native equivalent"),
+                                      "optim": "partial:2"}), "does not run sharding .* and HSDP"),
 ])
 def test_bad_layouts_are_refused_with_the_rule(model, kw, rule):
     with pytest.raises(UserError, match=rule):

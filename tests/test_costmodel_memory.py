@@ -162,11 +162,12 @@ def test_native_states_are_what_flm_bench_holds(zero):
 def test_partial_sharding_divides_by_the_group():
     m = load_model("gpt-22b")
     cfg = ParallelConfig(dp=16, global_batch=16,
-                         sharding=Sharding.parse({"optim": "partial:4", "grads": "partial:4"}))
+                         sharding=Sharding.parse({"params": "partial:4", "optim": "partial:4",
+                                                  "grads": "partial:4"}))
     got = rank_state_bytes(m, cfg, 0)
     assert got["optimizer_bytes"] == pytest.approx(12 * m.num_params() / 4, rel=1e-6)
-    # FSDP2 (the native engine) stores the parameter shard of its gradients' group; the whole
-    # parameters it gathers are a buffer.
+    # HSDP (FSDP2 on a 2-D mesh) stores the parameter shard of its group; the whole parameters
+    # it gathers are a buffer.
     assert got["params_bytes"] == pytest.approx(2 * m.num_params() / 4, rel=1e-6)
 
 

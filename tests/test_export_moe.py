@@ -63,6 +63,11 @@ def megatron_lm_moe_parser() -> argparse.ArgumentParser:
     p.add_argument("--moe-aux-loss-coeff", type=float, nargs="+")
     p.add_argument("--moe-expert-capacity-factor", type=float)
     p.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall", "flex"])
+    # Router balance and node-limited routing (megatron/training/arguments.py, the same commit).
+    p.add_argument("--moe-router-enable-expert-bias", action="store_true")
+    p.add_argument("--moe-router-force-load-balancing", action="store_true")
+    p.add_argument("--moe-router-num-groups", type=int)
+    p.add_argument("--moe-router-group-topk", type=int)
     return p
 
 

@@ -170,12 +170,12 @@ def test_layouts_and_scaling_keep_engines_apart():
 
 
 def test_catalog_breakdown_is_the_runs_own_layout():
-    """Bug 4: a DeepSpeed run gets DeepSpeed's memory breakdown, and an AMSP partial placement
+    """Bug 4: a DeepSpeed run gets DeepSpeed's memory breakdown, and a partial placement (HSDP)
     gets one at all (the hand-written rebuild dropped the engine and refused partial)."""
     model, system = load_model("tiny-gpt"), load_system("cpu-local")
     ds = Layout(dp=2, global_batch=4, dtype="fp32", engine="deepspeed", sharding=zero_preset(1))
     amsp = Layout(dp=4, global_batch=4, dtype="fp32",
-                  sharding=Sharding.parse("p=replicate,g=partial:2,o=full"))
+                  sharding=Sharding.parse("p=partial:2,g=partial:2,o=partial:2"))
     runs = pd.DataFrame([{**_run(1.0, "native", run_id="a"), **layout_record(ds)},
                          {**_run(1.0, "native", run_id="b"), **layout_record(amsp)}])
     out = with_catalog_breakdown(runs)

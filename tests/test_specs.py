@@ -65,10 +65,14 @@ def test_partial_sharding_group_must_divide_dp():
         ParallelConfig(dp=8, global_batch=8, sharding=sharding)
     hsdp = ParallelConfig(dp=8, global_batch=8, sharding={"params": "partial:4",
                                                           "grads": "partial:4",
-                                                          "optim": "full"})
+                                                          "optim": "partial:4"})
     assert hsdp.sharding.params.degree(8) == 4
-    assert hsdp.sharding.optim.degree(8) == 8
+    assert hsdp.sharding.optim.degree(8) == 4
     assert hsdp.zero_stage is None
+    # The same degrees under DeepSpeed's hpZ: parameters partial, the rest over all 8.
+    hpz = ParallelConfig(dp=8, global_batch=8, engine="deepspeed",
+                         sharding={"params": "partial:4", "grads": "full", "optim": "full"})
+    assert (hpz.sharding.params.degree(8), hpz.sharding.optim.degree(8)) == (4, 8)
 
 
 def test_params_cannot_be_sharded_finer_than_optimizer_states():

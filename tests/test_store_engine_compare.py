@@ -153,15 +153,18 @@ def test_cli_by_engine_in_every_format(store, db_url, capsys):
 
 
 def test_a_sharding_without_zero_stage_is_one_layout(tmp_path):
-    """hpZ-style partial sharding has no ZeRO stage (NULL in the store): its two engines still
-    share one row, apart from the ZeRO-1 layout of the same shape."""
+    """Partial shardings have no ZeRO stage (NULL in the store): each is its own row, never
+    merged with another NULL-stage sharding or with the ZeRO-1 layout of the same shape
+    (HSDP under the native engine, hpZ under DeepSpeed)."""
     from frontier_llm.catalog import load_model
     from frontier_llm.specs.identity import layout_hash
     from frontier_llm.specs.layout import Layout
 
-    for run_id, engine in (("hpz-native", "native"), ("hpz-ds", "deepspeed")):
+    hsdp, hpz = "p=partial:2,g=partial:2,o=partial:2", "p=partial:2,g=full,o=full"
+    for run_id, engine, sharding in (("hsdp-native", "native", hsdp),
+                                     ("hpz-ds", "deepspeed", hpz)):
         t = make_trace(run_id, dp=4, engine=engine)
-        layout = Layout.from_dict({**t["layout"], "sharding": "p=partial:2,g=full,o=full"})
+        layout = Layout.from_dict({**t["layout"], "sharding": sharding})
         t["layout"], t["layout_hash"] = layout.to_dict(), layout_hash(
             load_model("tiny-gpt"), "cpu-local", layout)
         write_trace(tmp_path / "t", t)
@@ -170,7 +173,8 @@ def test_a_sharding_without_zero_stage_is_one_layout(tmp_path):
     collect(s, [tmp_path / "t"])
     wide = compare_runs(_runs(s)).set_index("sharding")
     s.close()
-    assert sorted(wide.index) == ["p=partial:2,g=full,o=full", "zero1"]
-    hpz = wide.loc["p=partial:2,g=full,o=full"]
-    assert (hpz["native_runs"], hpz["deepspeed_runs"]) == (1, 1) and pd.isna(hpz["zero_stage"])
+    assert sorted(wide.index) == sorted([hpz, hsdp, "zero1"])
+    assert (wide.loc[hsdp, "native_runs"], wide.loc[hsdp, "deepspeed_runs"]) == (1, 0)
+    assert (wide.loc[hpz, "native_runs"], wide.loc[hpz, "deepspeed_runs"]) == (0, 1)
+    assert pd.isna(wide.loc[hsdp, "zero_stage"]) and pd.isna(wide.loc[hpz, "zero_stage"])
     assert wide.loc["zero1", "zero_stage"] == 1 and wide.loc["zero1", "deepspeed_runs"] == 0

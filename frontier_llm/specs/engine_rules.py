@@ -131,7 +131,8 @@ class EngineRules:
             out.append(("sequence_parallel", f"{name} has no sequence parallelism"))
         if not self.runs_sharding(layout.sharding):
             out.append(("sharding", f"{name} does not run sharding {layout.sharding.describe()} "
-                                    f"(it runs {self.describe_shardings(self.shardings)})"))
+                                    f"(it runs {self.describe_shardings(self.shardings)}"
+                                    f"{self._partial_words()})"))
         elif layout.pp > 1 and not self.runs_sharding(layout.sharding, pipeline=True):
             out.append(("pipeline_sharding",
                         f"{name} does not compose sharding {layout.sharding.describe()} with "
@@ -226,6 +227,14 @@ class EngineRules:
         if self.partial_form == "hsdp":
             return _is_hsdp(sharding)
         return _is_partial_of_zero3(sharding) and not pipeline
+
+    def _partial_words(self) -> str:
+        """The partial placements it runs beyond ``shardings``, as the refusal words them."""
+        if not self.partial_sharding:
+            return ""
+        if self.partial_form == "hsdp":
+            return " and HSDP: params, grads and optimizer all partial:k"
+        return " and ZeRO++ hpZ: p=partial:k,g=full,o=full"
 
     @staticmethod
     def describe_shardings(shardings: tuple[Sharding, ...] | None) -> str:
