@@ -226,7 +226,10 @@ class NativeEngine:
         expert-data-parallel group: megatron/core/optimizer/__init__.py, core_r0.12.0)."""
         zero1 = self.dims.data_parallel == "zero1"
         group = self.dp_group if zero1 else None
-        if self.ep_ctx is None:
+        if self.ep_ctx is None or not zero1:
+            # One Adam over every parameter where no state is sharded: its foreach step makes
+            # one set of temporaries for them all (two optimizers would make two smaller sets,
+            # a step peak the cost model's optimizer term does not price).
             return LocalAdam(self.parameters(), lr=LR, shard_group=group)
         dense = [p for p in self.parameters() if id(p) not in self.expert_ids]
         experts = [p for p in self.parameters() if id(p) in self.expert_ids]
