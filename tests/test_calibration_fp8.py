@@ -200,3 +200,20 @@ def test_the_implied_knobs_reproduce_their_rows_and_mi300x_is_below_the_carried(
     row = runs[runs["gpu_type"].str.contains("MI300X") & (runs["dtype"] == "bf16")]
     assert abs(_error_with(row, {"matmul": mi["implied"]})) < 0.005
     assert 0.30 < mi["implied"] < 0.45 < mi["carried"]
+
+
+def test_rows_state_fp8_parameters_and_the_gradient_dtype_in_their_own_columns():
+    """FP8 parameters and a bf16 gradient buffer are priced only where a row's columns state
+    them (notes quoting FP8_PARAMS / fp8_param_gather; the run's code passing
+    grad_reduce_in_fp32=False); a row stating neither keeps Megatron-LM's defaults."""
+    from frontier_llm.planner.calibration import DATA, load_runs, row_fp8_params, row_reduce_fp32
+    runs = load_runs(DATA / "calibration_runs_fp8.csv")
+    for _, row in runs.iterrows():
+        quoted = any(k in str(row["notes"]) for k in ("FP8_PARAMS", "FP8_PARAM_GATHER",
+                                                      "fp8_param_gather=True"))
+        assert row_fp8_params(row) == quoted, row["source"]
+    bf16 = runs[runs["grad_reduce_dtype"].astype(str) == "bf16"]
+    assert len(bf16) and all(row_reduce_fp32(r) is False for _, r in bf16.iterrows())
+    assert all("llama31_405b" in str(r["engine"]) for _, r in bf16.iterrows())
+    plain = pd.Series({"engine": "Megatron-LM", "notes": "", "source": "x"})
+    assert row_fp8_params(plain) is False and row_reduce_fp32(plain) is None

@@ -114,15 +114,63 @@ def test_fp8_parameter_all_gather_halves_fsdp_traffic_only_where_the_engine_does
 
 def test_fp8_weight_copies_are_a_separate_memory_piece():
     layouts = [_layout(dtype="bf16"), _layout(dtype="fp8", fp8_recipe="delayed")]
-    out = evaluate(LLAMA70, H100, from_configs(layouts))
+    out = evaluate(LLAMA70, H100, from_configs(layouts), fp8_params=False)
     assert out["mem_fp8_bytes"][0] == 0.0
     # TransformerEngine: an FP8 copy and its transpose of every linear weight the rank holds.
     linear = layer_params_per_rank(LLAMA70, 8)
     assert out["mem_fp8_bytes"][1] == pytest.approx(2 * LLAMA70.layers * linear)
     # The copies are allocated like any tensor: the allocator's fragmentation share of them
-    # comes with them (costmodel/reserve.py).
+    # comes with them (costmodel/reserve.py), beside the saved linear inputs TransformerEngine
+    # keeps in FP8 (1 byte instead of 2).
+    saved = out["mem_activations_bytes"][1] - out["mem_activations_bytes"][0]
+    assert saved < 0
     assert (out["peak_memory_bytes"][1] - out["peak_memory_bytes"][0]
-            == pytest.approx(out["mem_fp8_bytes"][1] * (1 + H100.allocator_fragmentation)))
+            == pytest.approx((out["mem_fp8_bytes"][1] + saved)
+                             * (1 + H100.allocator_fragmentation)))
+
+
+def test_fp8_parameters_hold_the_weight_in_one_byte_and_keep_only_its_transpose():
+    """--fp8-param-gather (flm's export writes it for Megatron FP8 with the distributed
+    optimizer): the linear weights are FP8 tensors, 1 byte each, and TransformerEngine keeps
+    their transpose beside them; master weights and moments stay in the optimizer."""
+    t = from_configs([_layout(dtype="fp8", fp8_recipe="delayed")])
+    off = evaluate(LLAMA70, H100, t, fp8_params=False)
+    on = evaluate(LLAMA70, H100, t)  # the export's rule: FP8 parameters
+    assert list(fp8.fp8_params(t)) == [True]
+    linear = LLAMA70.layers * layer_params_per_rank(LLAMA70, 8)
+    assert on["mem_fp8_bytes"][0] == pytest.approx(linear)
+    assert off["mem_params_bytes"][0] - on["mem_params_bytes"][0] == pytest.approx(linear)
+    assert on["mem_optimizer_bytes"][0] == off["mem_optimizer_bytes"][0]
+    # No distributed optimizer, no FP8 parameters (arguments.py asserts it for the flag).
+    plain = from_configs([_layout(dtype="fp8", fp8_recipe="delayed", sharding="zero0")])
+    assert list(fp8.fp8_params(plain, True)) == [False]
+
+
+def test_transformer_engine_saves_linear_inputs_in_fp8_torchao_in_bf16():
+    """TE's Linear / LayerNormLinear save their FP8-cast inputs (1 byte an element): the QKV
+    and MLP inputs (sequence-parallel shards), the projection's and the second MLP matrix's
+    inputs; torchao saves bf16 inputs."""
+    from frontier_llm.costmodel.memory import layer_activation_bytes
+    m = LLAMA70
+    t = from_configs([_layout(dtype="bf16"), _layout(dtype="fp8", fp8_recipe="delayed")])
+    a = layer_activation_bytes(m, t)
+    sb = m.seq_len * 1
+    per_token = 2 * m.hidden / 8 + m.out_dim / 8 + m.ffn_hidden / 8  # one byte saved each
+    assert a[0] - a[1] == pytest.approx(sb * per_token)
+    kw = dict(tp=1, dp=8, micro_batch=1, global_batch=8, engine="native", sharding="zero3")
+    native = from_configs([Layout(dtype="bf16", **kw),
+                           Layout(dtype="fp8", fp8_recipe="tensorwise", **kw)])
+    b = layer_activation_bytes(m, native)
+    assert b[0] == b[1]
+
+
+def test_megatron_gradient_buffer_follows_grad_reduce_in_fp32():
+    """Megatron-Core's gradient buffer is fp32 under grad_reduce_in_fp32 (Megatron-LM's rule
+    for bf16) and in the parameters' dtype otherwise (NeMo's MLPerf scripts)."""
+    t = from_configs([_layout(dtype="fp8", fp8_recipe="delayed")])
+    fp32 = evaluate(LLAMA70, H100, t)
+    bf16 = evaluate(LLAMA70, H100, t, reduce_fp32=False)
+    assert bf16["mem_grads_bytes"][0] == pytest.approx(fp32["mem_grads_bytes"][0] / 2)
 
 
 def test_the_recipe_of_a_bf16_layout_changes_nothing():

@@ -47,8 +47,8 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
              eager: bool = False, overlap_comm: bool = True,
              reduce_fp32: bool | None = None,
              tp_comm_overlap: bool = False,
-             moe_run: MoeRun = NO_OVERLAP, grad_sync: bool | None = None
-             ) -> dict[str, np.ndarray]:
+             moe_run: MoeRun = NO_OVERLAP, grad_sync: bool | None = None,
+             fp8_params: bool | None = None) -> dict[str, np.ndarray]:
     """Every figure of the model for every layout in ``table`` (numpy columns). Each layout's
     engine (its ``engine`` column) decides how its work is scheduled and what it keeps
     (specs/engine_rules.py). ``eager``: un-compiled PyTorch element-wise kernels
@@ -61,10 +61,12 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
     how an MoE run dispatches and overlaps its all-to-alls (:class:`~frontier_llm.costmodel.moe.
     MoeRun`); ``grad_sync``: sharded gradients reduce-scattered after every micro-batch
     (torchtitan) or only after the last (flm bench); None: the engine's rule
-    (specs/engine_rules.py ``GRAD_SYNC_EACH``), priced in time and memory alike."""
+    (specs/engine_rules.py ``GRAD_SYNC_EACH``), priced in time and memory alike;
+    ``fp8_params``: Megatron FP8 weights held as FP8 parameters (None: where flm's export
+    writes ``--fp8-param-gather``; costmodel/fp8.py ``fp8_params``)."""
     times = step_time(model, system, table, eager, overlap_comm, reduce_fp32, tp_comm_overlap,
                       moe_run, grad_sync)
-    mem = peak_memory(model, system, table, reduce_fp32, grad_sync)
+    mem = peak_memory(model, system, table, reduce_fp32, grad_sync, fp8_params)
     tokens = table.global_batch * model.seq_len
     gpus = table.world_size
     # MFU and HFU of an fp8 layout are counted against the bf16 peak, as its sources count them

@@ -33,10 +33,23 @@ rate. Docs: docs/costmodel.md, "FP8".
   TransformerEngine keep an FP8 copy of each weight and its transpose for the step (2 bytes per
   linear parameter the rank holds); torchao casts each weight when its layer runs, so it holds
   two layers' FP8 weights at a time (the running one and the next, gathered ahead; 1 byte a
-  parameter). Master weights, gradients and optimizer states are bf16 training's. Saved
-  activations are bf16 training's: torchao saves its bf16 inputs and casts again in
-  backward; TransformerEngine's FP8-saved linear inputs (1 byte instead of 2) are not
-  credited (an upper bound).
+  parameter). Master weights, gradients and optimizer states are bf16 training's.
+- **FP8 parameters** (:func:`fp8_params`): under Megatron-LM's ``--fp8-param-gather`` (NeMo's
+  ``fp8_params``, MLPerf's ``FP8_PARAMS=True``) TransformerEngine builds the linear weights
+  as FP8 tensors (``fp8_model_init``): the weight itself is the FP8 copy (1 byte a linear
+  parameter instead of bf16's 2) and only its cached transpose (1 byte) is held beside it; the
+  fp32 master copy lives in the distributed optimizer (``--fp8-param-gather`` asserts it,
+  megatron/training/arguments.py), so the optimizer's 12 bytes are unchanged. Embeddings,
+  norms and the output head stay bf16 (TransformerEngine converts only its own modules).
+- **Saved activations**: TransformerEngine's ``Linear`` and ``LayerNormLinear`` save the FP8
+  cast of their input for the weight gradient (``saved_inputmat`` / ``saved_inputmat_t``, the
+  FP8 ``ln_out``: transformer_engine/pytorch/module/linear.py and layernorm_linear.py, the 1.x
+  releases of NGC 24.09-25.01; the quantized ``inputmat`` of 2.x at 3ec8787), 1 byte an
+  element: in Megatron-Core's block those are the QKV and MLP inputs (norm outputs), the
+  attention projection's input and the second MLP matrix's input (:func:`linear_input_bytes`).
+  Attention, the activation function's input and the norms' inputs stay bf16. torchao saves
+  its bf16 inputs and casts again in backward (``Float8Linear``), so its saved activations are
+  bf16 training's.
 """
 
 from __future__ import annotations
@@ -152,12 +165,32 @@ def param_gather_bytes(t: LayoutTable, default) -> np.ndarray:
     return np.where(fp8_gather, 1, default)
 
 
-def extra_bytes(model: ModelSpec, t: LayoutTable, held) -> np.ndarray:
+def fp8_params(t: LayoutTable, setting: bool | None = None) -> np.ndarray:
+    """Whether each row keeps its linear weights as FP8 parameters (module docstring): Megatron
+    FP8 layouts with the distributed optimizer (ZeRO-1 over more than one rank), where
+    ``--fp8-param-gather`` can run (arguments.py asserts the distributed optimizer). ``setting``
+    None: flm's own export, which writes the flag for every such layout
+    (trainers/megatron_lm.py); True/False: what a run states (a calibration row's
+    ``fp8_params`` column; Megatron-LM's default is off)."""
+    possible = is_fp8(t) & (t.engine == Engine.MEGATRON.code) & (t.degree("optim") > 1)
+    return possible if setting is None else possible & bool(setting)
+
+
+def linear_input_bytes(t: LayoutTable, e) -> np.ndarray:
+    """Bytes per element of a linear layer's saved input: 1 where TransformerEngine saves it in
+    FP8 (Megatron FP8 rows, module docstring), else the activation dtype's ``e``."""
+    return np.where(is_fp8(t) & (t.engine == Engine.MEGATRON.code), 1, e)
+
+
+def extra_bytes(model: ModelSpec, t: LayoutTable, held, params: bool | None = None
+                ) -> np.ndarray:
     """Memory FP8 training holds beyond bf16 training's on a rank holding ``held`` blocks
-    (module docstring): TransformerEngine's FP8 weight copies and transposes for the step, or
-    torchao's two layers of FP8 weights in flight."""
+    (module docstring): TransformerEngine's FP8 weight copies and transposes for the step (only
+    the transposes where the weights are FP8 parameters, :func:`fp8_params` with ``params``),
+    or torchao's two layers of FP8 weights in flight."""
     linear = layer_params_per_rank(model, t.tp)
-    te = 2 * np.asarray(held) * linear
+    copies = np.where(fp8_params(t, params), 1, 2)
+    te = copies * np.asarray(held) * linear
     torchao = np.minimum(np.asarray(held), 2) * linear
     out = np.where(t.engine == Engine.MEGATRON.code, te, torchao)
     return np.where(is_fp8(t), out, 0.0)

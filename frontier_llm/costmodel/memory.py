@@ -69,11 +69,14 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
-def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None
+def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None,
+                reduce_fp32: bool | None = None, fp8_params: bool | None = None
                 ) -> dict[str, np.ndarray]:
     """Parameters, gradients and optimizer-state bytes on one rank of stage ``pp_rank``, which
     holds ``held`` layers (default: its share of the engine's split); DeepSpeed's extra
-    parameters and copies come from costmodel/deepspeed_buffers.py."""
+    parameters and copies come from costmodel/deepspeed_buffers.py. ``reduce_fp32`` False:
+    Megatron's gradient buffer in the training dtype (``grad_reduce_in_fp32=False``, as NeMo's
+    MLPerf runs set it); ``fp8_params``: :func:`~frontier_llm.costmodel.fp8.fp8_params`."""
     if held is None:
         held = rank_layers(model, t, pp_rank)[0]
     n = (stage_params_per_rank(model, t.tp, t.pp, pp_rank, held, table_layer_params(model, t))
@@ -103,8 +106,20 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None
     # (tests/test_memcheck_grid.py).
     params_n = np.where(native, shard("grads"), shard("params"))
     grad_bytes = np.where(native, per[:, 0], grad_bytes_per_param(t, per[:, 1]))
+    # Megatron-Core allocates its gradient buffer in fp32 when ``grad_reduce_in_fp32`` and in
+    # the parameters' dtype otherwise (DistributedDataParallel's ``grad_dtype``,
+    # megatron/core/distributed/distributed_data_parallel.py); Megatron-LM sets it for bf16
+    # unless --grad-reduce-in-bf16 (the engine's rule), NeMo's MLPerf scripts turn it off.
+    if reduce_fp32 is not None and not reduce_fp32:
+        grad_bytes = np.where(t.engine == Engine.MEGATRON.code,
+                              np.minimum(grad_bytes, per[:, 0]), grad_bytes)
+    # FP8 parameters (costmodel/fp8.py): the linear weights held in 1 byte, not the 16-bit 2;
+    # their count on the rank is its blocks' linear parameters (not sharded: ZeRO-1).
+    linear = np.asarray(held) * layer_params_per_rank(model, t.tp)
+    fp8_saving = np.where(fp8.fp8_params(t, fp8_params), linear * (per[:, 0] - 1), 0)
     return {
-        "params": params_n * per[:, 0] + extra_param_bytes(t, n, per[:, 0]),
+        "params": (params_n * per[:, 0] + extra_param_bytes(t, n, per[:, 0])
+                   - np.where(params_n == n, fp8_saving, 0)),
         "grads": shard("grads") * grad_bytes,
         # DeepSpeed's fp32 master partition (costmodel/deepspeed_buffers.py).
         "optimizer": shard("optim") * per[:, 2] + extra_optimizer_bytes(t, n),
@@ -145,14 +160,25 @@ def _layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> tuple[np.ndarra
     # Megatron-DeepSpeed) saves the 1/t shard of a column-parallel linear's input and gathers it
     # again in backward; PyTorch's DTensor (``native``, flm bench) saves the gathered input.
     linear_in = np.where(t.engine == Engine.NATIVE.code, 1.0, rep)
-    whole = sb * (rep * (2 * e * h + 2 * drop * h + 2 * stats) + linear_in * 2 * e * h)
-    mlp_saved = 2 if model.activation == "gelu" else 4  # fc1 out + act out | gate, up, silu, prod
+    # TransformerEngine under FP8 saves each linear layer's input as its FP8 cast, 1 byte an
+    # element (costmodel/fp8.py): the QKV and MLP inputs here, the projection's and the second
+    # MLP matrix's inputs below.
+    lin = fp8.linear_input_bytes(t, e)
+    whole = sb * (rep * (2 * e * h + 2 * drop * h + 2 * stats) + linear_in * 2 * lin * h)
+    # fc1 out + act out | gate, up, silu, prod. Megatron's SwiGLU is one fused autograd function
+    # (``--bias-swiglu-fusion``, on by default; NeMo's Llama configs set bias_activation_fusion)
+    # that saves only its input, gate and up, and recomputes silu in backward (SwiGLUFunction,
+    # megatron/core/fusions/fused_bias_swiglu.py at b1030e9): gate, up, prod.
+    swiglu_saved = np.where(t.engine == Engine.MEGATRON.code, 3, 4)
+    mlp_saved = 2 if model.activation == "gelu" else swiglu_saved
     # The unfused core's matmuls save K and V after grouped-query expansion to every query head
     # (flm bench's and Megatron's unfused attention repeat them); flash attention and the
     # attention-core checkpoint (selective) keep them unexpanded.
     kv_saved = np.where(~t.flash_attention & (t.recompute != Recompute.SELECTIVE.code), q, kv)
     # Q, K | V | projection input | MLP
-    split = sb * e * ((q + kv_saved) + kv_saved * v_scale + out + mlp_saved * f_rank)
+    # The activation's output (the last of ``mlp_saved``) is the second matrix's input.
+    split = sb * (e * ((q + kv_saved) + kv_saved * v_scale + (mlp_saved - 1) * f_rank)
+                  + lin * (out + f_rank))
     split = split + gathered_kv_bytes(model, t, kv_saved)
     if model.is_moe:  # router logits, permuted tokens, expert intermediates (costmodel/moe.py)
         split = split + sb * moe.activation_extra(model, t, e, f_rank)
@@ -407,7 +433,7 @@ def native_step_bytes(t: LayoutTable, states: dict) -> np.ndarray:
 
 def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, held=None,
                 chunk=None, reduce_fp32: bool | None = None, phase: str | None = None,
-                grad_sync: bool | None = None) -> dict:
+                grad_sync: bool | None = None, fp8_params: bool | None = None) -> dict:
     """Every memory term of one rank of stage ``pp_rank`` (holding ``held`` layers, its fullest
     chunk ``chunk``; default: from the engine's split), and their total ``peak``.
 
@@ -421,7 +447,7 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
     (``backward`` or ``step``) gives that moment's terms instead of the larger's."""
     if held is None or chunk is None:
         held, chunk = rank_layers(model, t, pp_rank)
-    states = state_bytes(model, t, pp_rank, held)
+    states = state_bytes(model, t, pp_rank, held, reduce_fp32, fp8_params)
     native = t.engine == Engine.NATIVE.code
     sharded = t.degree("grads") > 1
     activations = activation_bytes(model, t, pp_rank, chunk)
@@ -454,7 +480,7 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
         "loss": np.where(at_step, zero, loss),
         "buffers": np.where(at_step, zero, buffers),
         "step": np.where(at_step, step, zero),
-        "fp8": fp8.extra_bytes(model, t, held),
+        "fp8": fp8.extra_bytes(model, t, held, fp8_params),
     }
     # The reserve (costmodel/reserve.py): the allocator's fragmentation over the allocated
     # peak, the context and the collective buffers beside it; ``reserved`` is their sum.
@@ -467,18 +493,20 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
 
 
 def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
-                reduce_fp32: bool | None = None, grad_sync: bool | None = None) -> dict:
+                reduce_fp32: bool | None = None, grad_sync: bool | None = None,
+                fp8_params: bool | None = None) -> dict:
     """The rank with the most memory: the first stage (embeddings, most micro-batches in
     flight), the last (head, logits) or, where the engine splits layers unevenly, the middle
     stage holding the most layers (the earliest such, which holds the most micro-batches).
-    ``reduce_fp32``: whether gradients are reduced in fp32 (None: the engine's rule)."""
+    ``reduce_fp32``: whether gradients are reduced in fp32 (None: the engine's rule);
+    ``fp8_params``: FP8 parameters (None: flm's export, costmodel/fp8.py ``fp8_params``)."""
     ranks = pipeline_ranks(model, t)
     out = None
     for r, held, chunk in ((np.zeros(len(t), dtype=np.int64), ranks["first"],
                             ranks["chunk_first"]),
                            (t.pp - 1, ranks["last"], ranks["chunk_last"])):
         mem = rank_memory(model, system, t, r, held, chunk, reduce_fp32,
-                          grad_sync=grad_sync)
+                          grad_sync=grad_sync, fp8_params=fp8_params)
         mem["stage"] = np.broadcast_to(r, (len(t),))
         if out is None:
             out = mem
@@ -492,7 +520,8 @@ def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     if len(rows):
         sub = t.take(rows)
         mem = rank_memory(model, system, sub, ranks["mid"][rows], ranks["mid_held"][rows],
-                          ranks["chunk_mid"][rows], reduce_fp32, grad_sync=grad_sync)
+                          ranks["chunk_mid"][rows], reduce_fp32, grad_sync=grad_sync,
+                          fp8_params=fp8_params)
         mem["stage"] = ranks["mid"][rows]
         bigger = rows[mem["peak"] > out["peak"][rows]]
         win = mem["peak"] > out["peak"][rows]

@@ -193,9 +193,23 @@ def row_reduce_fp32(row: pd.Series) -> bool | None:
     BigScience fork) reduces its fp32 gradient copies (deepspeed/runtime/bf16_optimizer.py
     ``get_grads_for_reduction``), where DeepSpeed's ZeRO optimizer reduces in the training
     dtype."""
+    if _given(row.get("grad_reduce_dtype")):
+        # A row that states its gradient buffer's dtype (the fp8 table's column: NeMo's MLPerf
+        # scripts pass grad_reduce_in_fp32=False to Megatron-Core's DDP config).
+        return str(row["grad_reduce_dtype"]).strip().lower() == "fp32"
     if "bf16_optimizer" in _engine_text(row):
         return True
     return False if "fsdp1" in _engine_text(row) else None
+
+
+def row_fp8_params(row: pd.Series) -> bool:
+    """Whether the row's Megatron FP8 run kept its weights as FP8 parameters
+    (``--fp8-param-gather``, NeMo's ``fp8_params``, MLPerf's FP8_PARAMS=True): its
+    ``fp8_params`` column (the fp8 table's); a row that does not state it ran without, as
+    Megatron-LM's default is (costmodel/fp8.py ``fp8_params``)."""
+    if not _given(row.get("fp8_params")):
+        return False
+    return str(row["fp8_params"]).strip().lower() in ("true", "1", "yes")
 
 
 def row_zero_stage(row: pd.Series) -> int | None:
@@ -543,7 +557,7 @@ def _best(row: pd.Series, model: ModelSpec, system: SystemSpec, recompute: str |
         result = plan(model, system, int(row["num_gpus"]), batch, space, eager=row_eager(row),
                       overlap_comm=row_overlap_comm(row), reduce_fp32=row_reduce_fp32(row),
                       tp_comm_overlap=row_tp_comm_overlap(row), moe_run=row_moe_run(row),
-                      grad_sync=row_grad_sync(row))
+                      grad_sync=row_grad_sync(row), fp8_params=row_fp8_params(row))
         # A published run ran: when none of its layouts is predicted to fit, the fastest is
         # predicted anyway (after those that fit) and the table says it was predicted not to fit.
         order = result.ranked_indices(fits_only=False)

@@ -64,7 +64,8 @@ def check_expert_tp(name: str, model: ModelSpec, layout: Layout) -> None:
 
 def _reduce_dtype(layout: Layout) -> DType:
     """The dtype its data-parallel reduction runs in: fp32 main gradients for bf16, and for fp8,
-    whose parameters and main gradients stay bf16/fp32 (only the GEMMs run in FP8)."""
+    whose main gradients stay fp32 (the GEMMs run in FP8; with --fp8-param-gather the linear
+    weights are FP8 parameters, their fp32 masters in the distributed optimizer)."""
     return DType.FP32 if layout.dtype in (DType.BF16, DType.FP8) else layout.dtype
 
 
