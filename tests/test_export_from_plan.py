@@ -7,15 +7,15 @@ from frontier_llm.cli import main
 
 
 def test_from_plan_names_each_skipped_rank_and_its_reason(tmp_path, capsys):
-    """llama3-70b on 256 Frontier GCDs, recompute selective or none: the plan's first ranks
-    recompute the attention core (Korthikanti's selective), which torchtitan has not; torchtitan
-    gets the first rank it runs, and stderr names every rank skipped before it with the
-    trainer's reason."""
+    """llama3-70b on 64 Frontier GCDs, recompute selective or none: the plan's first ranks are
+    layouts torchtitan cannot run (attention-core recompute, or ZeRO-1, which FSDP2 has not);
+    torchtitan gets the first rank it runs, and stderr names every rank skipped before it with
+    the trainer's reason."""
     import re
 
     out = tmp_path / "job.toml"
     assert main(["export", "--to", "torchtitan", "--model", "llama3-70b", "--system", "frontier",
-                 "--from-plan", "--gpus", "256", "--plan-args=--recompute selective,none",
+                 "--from-plan", "--gpus", "64", "--plan-args=--recompute selective,none",
                  "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "flm export: skipped plan rank 1 (" in err
