@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+from test_logs_moe import _arguments
 
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.costmodel import moe, predict
@@ -207,23 +208,13 @@ def test_mtp_is_refused_where_no_trainer_builds_it():
 
 
 def test_megatron_log_states_the_ends_and_the_mtp_layers(tmp_path):
-    from frontier_llm.logs.traces import parse_log
-
     args = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 16,
             "data_parallel_size": 128, "expert_model_parallel_size": 64,
             "context_parallel_size": 1, "micro_batch_size": 1, "global_batch_size": 15360,
             "decoder_first_pipeline_num_layers": 4, "decoder_last_pipeline_num_layers": 1,
             "num_layers": 61, "mtp_num_layers": 1, "virtual_pipeline_model_parallel_size": None,
             "use_distributed_optimizer": True, "world_size": 2048}
-    lines = ["------------------------ arguments ------------------------"]
-    lines += [f"  {k} {'.' * (48 - len(k))} {v}" for k, v in sorted(args.items())]
-    lines.append("-------------------- end of arguments ---------------------")
-    lines += [f" iteration {i:8d}/{3:8d} | consumed samples: {i * 15360:12d} | elapsed time per "
-              f"iteration (ms): 80000.0 | global batch size: 15360 | lm loss: 9.0E+00 |"
-              for i in (1, 2, 3)]
-    path = tmp_path / "megatron.log"
-    path.write_text("\n".join(lines) + "\n")
-    run = parse_log(path, "megatron-lm").runs[0]
+    run = _megatron_run(tmp_path, args)
     assert run.layout["first_stage_layers"] == 4 and run.layout["last_stage_layers"] == 1
     assert run.model["mtp_layers"] == 1
 
@@ -307,22 +298,26 @@ def test_layout_strings_flm_can_not_state(text, pp, words):
     assert words in given_ends_of(text, pp)
 
 
-def _layout_log(tmp_path, text: str, **more):
+def _megatron_run(tmp_path, args: dict):
+    """The run flm reads from a Megatron-LM log: ``args`` as its arguments block, three
+    iterations of a 15,360-sequence batch."""
     from frontier_llm.logs.traces import parse_log
 
-    args = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 16,
-            "data_parallel_size": 128, "micro_batch_size": 1, "global_batch_size": 15360,
-            "decoder_first_pipeline_num_layers": None, "num_layers": 61,
-            "pipeline_model_parallel_layout": text, "world_size": 2048, **more}
-    lines = ["------------------------ arguments ------------------------"]
-    lines += [f"  {k} {'.' * (48 - len(k))} {v}" for k, v in sorted(args.items())]
-    lines.append("-------------------- end of arguments ---------------------")
+    lines = [_arguments(args)]
     lines += [f" iteration {i:8d}/{3:8d} | consumed samples: {i * 15360:12d} | elapsed time per "
               f"iteration (ms): 80000.0 | global batch size: 15360 | lm loss: 9.0E+00 |"
               for i in (1, 2, 3)]
     path = tmp_path / "megatron.log"
     path.write_text("\n".join(lines) + "\n")
     return parse_log(path, "megatron-lm").runs[0]
+
+
+def _layout_log(tmp_path, text: str, **more):
+    args = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 16,
+            "data_parallel_size": 128, "micro_batch_size": 1, "global_batch_size": 15360,
+            "decoder_first_pipeline_num_layers": None, "num_layers": 61,
+            "pipeline_model_parallel_layout": text, "world_size": 2048, **more}
+    return _megatron_run(tmp_path, args)
 
 
 def test_a_logged_layout_string_is_read_as_given_ends_or_refused(tmp_path):
