@@ -31,22 +31,19 @@ from tests.test_bench_cp import run_workers
 from tests.test_bench_moe import FULL_MOE, TINY_MOE, model_file, spec
 
 _WORKER = textwrap.dedent('''
-    import json, os, sys, traceback
+    import json, sys
     import torch, torch.distributed as dist
     from frontier_llm.bench.engine import NativeEngine
-    from frontier_llm.bench.moe import take_stats
     from frontier_llm.catalog import load_model
     from frontier_llm.specs.parallel import ParallelConfig
-
-    rank, world, port, model, layout, out = sys.argv[1:7]
-    rank, world = int(rank), int(world)
-    code = 1
+    from rank_exit import run_rank  # tests/, put on sys.path by run_ranks
 
     def whole(t):
         # A tensor-parallel or FSDP2 shard gathered whole over its mesh.
         return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
 
-    try:
+    def main(rank, world, port, model, layout, out):
+        rank, world = int(rank), int(world)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world)
         engine = NativeEngine(load_model(model), ParallelConfig(**json.loads(layout)),
@@ -63,21 +60,17 @@ _WORKER = textwrap.dedent('''
             torch.save(everyone, out)
         dist.barrier()
         dist.destroy_process_group()
-        code = 0
-    except BaseException:
-        traceback.print_exc()  # os._exit below would drop it
-    finally:
-        # gloo's threads can abort a normal interpreter exit (machine-notes): leave by os._exit.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        return 0
+
+    run_rank(main, *sys.argv[1:7])
 ''')
 
 
 def run_ranks(tmp_path: Path, fields: dict, layout: dict) -> list[dict]:
     """Every rank's gradients, updated parameters and MoE record after one engine step."""
     script, out = tmp_path / "worker.py", tmp_path / "ranks.pt"
-    script.write_text(_WORKER)
+    script.write_text(f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+                      + _WORKER)
     world = int(axes.world_size(ParallelConfig(dtype="fp32", **layout)))
     run_workers(script, world, str(model_file(tmp_path, fields)),
                 json.dumps({"dtype": "fp32", **layout}), str(out), timeout=180)
