@@ -162,6 +162,28 @@ def test_a_stated_network_replaces_the_catalog_link(sharded_runs):
     assert row_system(fms).link("network").bandwidth == 25e9
 
 
+def test_an_omni_path_network_has_no_rails(sharded_runs):
+    """BLOOM's Jean Zay (4 Omni-Path HFIs a node, 400 Gb/s): NCCL ran a communicator's ring
+    channels through one HFI, 39.9 Gb/s of bus bandwidth measured over 4 nodes (BigScience's
+    all-reduce log, planner/calibration.py with_stated_network). A ring with several members a
+    node is priced at that one NIC's share at the collective efficiency, 40 Gb/s, whatever its
+    members a node; the PyTorch blog's 400 Gb/s InfiniBand cluster keeps its rails (a 16-rank
+    ring fills two 8-GPU nodes: 8 rails)."""
+    from frontier_llm.costmodel import comm
+
+    runs = load_calibration()
+    bloom = runs[runs["source"].str.startswith("BigScience")].iloc[0]
+    jean_zay, blog = row_system(bloom), row_system(sharded_runs.iloc[0])
+    assert not jean_zay.link("network").rails and blog.link("network").rails
+    eff = jean_zay.eff("collective")
+    ring = comm.all_reduce(jean_zay, 16, 1, 4e9, rails=True)  # 16 ranks, 4 GB fp32
+    assert ring == comm.all_reduce(jean_zay, 16, 1, 4e9, rails=False)
+    busbw = 2 * 15 / 16 * 4e9 / ring * 8
+    assert busbw == pytest.approx(0.8 * 50e9, rel=0.01) and eff == 0.8
+    railed = comm.all_reduce(blog, 16, 1, 4e9, rails=True)
+    assert ring / railed == pytest.approx(8.0, rel=0.01)
+
+
 def test_a_row_naming_gcp_a3_runs_on_a3_high_not_a_dgx(sharded_runs):
     """MaxText's rows name Google Cloud's A3 VM: the same H100 SXM as a DGX H100, but one
     VM's GPUDirect-TCPX network (1,000 Gb/s in all, of which NCCL measured 50 GB/s of bus

@@ -29,7 +29,8 @@ def link_for_span(system: SystemSpec, span, stride=None) -> tuple[np.ndarray, np
     bus bandwidth across nodes is the node's NICs together: NVIDIA nccl-tests,
     doc/PERFORMANCE.md, "bus bandwidth"), so a member sees ``k`` times the per-GPU network
     link, never more than its node link. A TP-strided data-parallel group has one member per
-    node (``k = 1``): the neighbouring groups use the other NICs."""
+    node (``k = 1``): the neighbouring groups use the other NICs. A network tier with
+    ``rails`` False (specs/system.py LinkTier) gives every group one NIC's rate (``k = 1``)."""
     span = np.asarray(span)
     pkg, node, net = system.link("package"), system.link("node"), system.link("network")
     eff = system.eff("collective")
@@ -37,7 +38,9 @@ def link_for_span(system: SystemSpec, span, stride=None) -> tuple[np.ndarray, np
     # A rack-scale NVLink domain (GB200 NVL72) is one node for the link a group uses.
     in_node = span <= system.scale_up_domain
     rails = 1
-    if stride is not None:
+    # A network whose communicators leave the node through one NIC (LinkTier.rails) has no
+    # rails to spread over.
+    if stride is not None and net.rails:
         stride = np.maximum(np.asarray(stride), 1)
         rails = np.clip(system.gpus_per_node // stride, 1, np.maximum(span // stride, 1))
     net_bw = np.minimum(net.bandwidth * rails, node.bandwidth)

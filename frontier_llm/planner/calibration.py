@@ -69,6 +69,8 @@ CALIBRATION_FILES = corpus_files()
 ARCHITECTURE = ("layers", "hidden", "heads", "seq_len", "vocab")
 # "400 Gbps inter-node" in a row's gpu_type: the network bandwidth its cluster had per node.
 _NETWORK = re.compile(r"(\d+(?:\.\d+)?)\s*Gbps\s+inter-node", re.IGNORECASE)
+# An Omni-Path network (Intel OPA): NCCL runs a communicator through one HFI (with_stated_network).
+_OMNI_PATH = re.compile(r"omni-?path", re.IGNORECASE)
 # "shard within 8-GPU node", "FSDP 8 within node": the shard group of two-level (HSDP) sharding.
 _SHARD_GROUP = re.compile(r"(\d+)(?:-GPU)?\s+(?:node|within)", re.IGNORECASE)
 # Per-GPU micro-batches tried when a row states neither its micro-batch nor its global batch.
@@ -373,13 +375,24 @@ def row_system(row: pd.Series, systems: dict[str, SystemSpec] | None = None) -> 
 
 
 def with_stated_network(system: SystemSpec, gpu_type: str) -> SystemSpec:
-    """``system`` with the per-GPU network bandwidth ``gpu_type`` states per node, if any."""
+    """``system`` with the per-GPU network bandwidth ``gpu_type`` states per node, if any.
+
+    A network stated as Omni-Path has no rails (specs/system.py ``LinkTier.rails``): NCCL
+    drives Omni-Path through its IB verbs transport, and on Jean Zay's A100 nodes (the BLOOM
+    rows' cluster) it ran a communicator's ring channels through one HFI: BigScience's
+    all-reduce benchmark over 4 of those nodes logs both channels ``via NET/IB/1`` and a bus
+    bandwidth of 39.9 Gbit/s for a 4 GB fp32 all-reduce (bigscience-workshop/bigscience@74c6c3d
+    experiments/bandwidth/n4_a100_all_reduce_bench.txt, NCCL 2.10.3, the version of the
+    PyTorch 1.11 BLOOM trained with: train/tr11-176B-ml/README.md). One NIC's share of the
+    stated 400 Gbit/s at the catalog's collective efficiency is 0.8 x 50 = 40 Gbit/s, the
+    measured rate; with rails the model would give a ring with 4 members a node 160."""
     stated = _NETWORK.search(gpu_type)
     if not stated:
         return system
     per_gpu = float(stated.group(1)) * 1e9 / 8 / system.gpus_per_node
     net = dataclasses.replace(system.links["network"], bandwidth=per_gpu,
-                              source=f"the run's stated {stated.group(0)}")
+                              source=f"the run's stated {stated.group(0)}",
+                              rails=not _OMNI_PATH.search(gpu_type))
     return dataclasses.replace(system, links={**system.links, "network": net})
 
 

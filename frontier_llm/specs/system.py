@@ -41,12 +41,18 @@ class LinkTier:
     ``scope``: ``package`` joins the dies of one package (an MI250X's two GCDs), ``node`` the GPUs
     of one node, ``network`` the nodes. ``bandwidth`` is bytes/s per GPU in each direction for a
     collective that spans this tier; ``latency`` is the per-message start-up time in seconds.
+    ``rails`` (the network tier's): whether the collective library spreads a group's channels
+    over the node's NICs, one per GPU, as NCCL does on a DGX (``costmodel/comm.py``
+    ``link_for_span``); False where a communicator leaves the node through one NIC whatever
+    its members per node (NCCL over Omni-Path on Jean Zay: BigScience's all-reduce log puts
+    both ring channels on one HFI, ``planner/calibration.py`` ``with_stated_network``).
     """
 
     scope: LinkScope
     bandwidth: float
     latency: float
     source: str = ""
+    rails: bool = True
 
     def __post_init__(self) -> None:
         if self.bandwidth <= 0:
