@@ -82,6 +82,30 @@ def test_collectives_follow_alpha_beta():
     assert send_recv(s, 8, nbytes) == pytest.approx(nbytes / net.bandwidth + net.latency)
 
 
+def test_a_network_without_rails_gives_every_group_one_nics_rate():
+    """A DP group with 2 members a node (TP 4 on 8-GPU nodes) runs 2 rails on a DGX's one HCA
+    per GPU; with the network's ``rails: false`` (Omni-Path on Jean Zay, specs/system.py
+    LinkTier) it keeps one NIC's rate, as TP-strided groups of one member a node always do. The
+    field loads from a system file like the others."""
+    import yaml
+
+    from frontier_llm.catalog import SYSTEMS_DIR, system_from_mapping
+
+    dgx = load_system("dgx-a100")
+    net = dgx.link("network")
+    opa = dataclasses.replace(dgx, links={**dgx.links, "network": dataclasses.replace(
+        net, rails=False)})
+    eff = dgx.eff("collective")
+    assert link_for_span(dgx, 32, 4)[0] == pytest.approx(2 * net.bandwidth * eff)
+    assert link_for_span(opa, 32, 4)[0] == pytest.approx(net.bandwidth * eff)
+    assert link_for_span(opa, 64, 8)[0] == link_for_span(dgx, 64, 8)[0]  # one member a node
+    assert all_reduce(opa, 8, 4, 1e9, rails=True) > 1.9 * all_reduce(dgx, 8, 4, 1e9, rails=True)
+    assert dgx.link("network").rails
+    raw = yaml.safe_load((SYSTEMS_DIR / "dgx-a100.yaml").read_text())
+    raw["links"]["network"]["rails"] = False
+    assert not system_from_mapping(raw).link("network").rails
+
+
 def test_tp_inside_a_node_beats_tp_across_nodes():
     m, s = load_model("gpt-175b"), load_system("frontier")
     inside = predict(m, s, ParallelConfig(tp=8, pp=16, dp=2, global_batch=64))

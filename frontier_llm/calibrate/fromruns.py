@@ -367,7 +367,7 @@ def refitted_mapping(base: dict, report: LoopReport, source: str) -> dict:
     links = {}
     for scope, tier in s.links.items():
         links[scope] = {"bandwidth": tier.bandwidth, "latency": float(f"{tier.latency:.4g}"),
-                        "source": tier.source}
+                        "source": tier.source, **({} if tier.rails else {"rails": False})}
     out["links"] = links
     sources = dict(out.get("sources") or {})
     sources["from_runs"] = source

@@ -91,6 +91,9 @@ def calibrated_mapping(base: dict, prov: dict, links: dict[tuple[str, str], Tier
                            f"{spec.name}'s figure x its collective efficiency {base_eff:g}; "
                            f"{tier.source}"),
             }
+    for scope, tier in spec.links.items():
+        if not tier.rails:  # a network without rails keeps that (specs/system.py LinkTier)
+            new_links[scope]["rails"] = False
     out["links"] = new_links
     eff = {k: {"value": e.value, "source": e.source} for k, e in spec.efficiency.items()}
     eff["collective"] = {"value": 1.0, "source": "links hold measured (achieved) bandwidths"}
