@@ -104,14 +104,13 @@ def test_fp8_nvidia_rows_and_the_two_long_context_misses(table):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "not met: FP8 x AMD (4 rows, two chips, four sources) is 30 % off: the MI300X torchao row "
-    "is 57 % fast (its bf16 twin 32 % fast: the MAMF-transferred bf16 knob, and an FP8 knob "
-    "assumed from the H100's ratio that the row puts at 0.21-0.24); the three MI355X MLPerf "
-    "Llama 3.1 8B rows (AMD's TransformerEngine code, run by AMD, GigaComputing and Dell) are "
-    "20-25 % slow (they imply FP8 matmul fractions of 0.76-0.86 against the 0.53 assumed, and "
-    "the bf16 knob under them is unjudged: no bf16 MI355X row). No published FP8 "
-    "achievable-matmul measurement of either chip was found to replace the assumed knobs "
-    "(stas00/ml-engineering@744d01e MAMF table: MI355X bf16 only)"))
+    "not met: FP8 x AMD (4 rows, two chips, four sources) is 24 % off: the MI300X torchao row "
+    "is 56 % fast (its bf16 twin 32 % fast: the MAMF-transferred bf16 knob; torchao on ROCm "
+    "implies an FP8 matmul fraction of 0.21-0.24 against the 0.431 that Azure's measured "
+    "hipBLASLt FP8 GEMM gives), one source, so nothing can be fitted to it leave-one-source-out; "
+    "the three MI355X MLPerf Llama 3.1 8B rows (AMD's TransformerEngine code, run by AMD, "
+    "GigaComputing and Dell) are 11-18 % slow with the FP8 knob from AMD's measured hipBLASLt "
+    "FP8 GEMM. Even with the MI355X rows exact the MI300X row alone puts the family at 14 %"))
 def test_fp8_amd_family_error(table):
     fam = family_errors(table).set_index("family")
     assert fam.loc["fp8 x AMD", "mape"] <= 0.12, fam
@@ -121,29 +120,32 @@ def test_new_gpus_with_three_confident_rows(table):
     """The per-GPU target applies to GPUs with >= 3 confident rows: the DGX B200 (6 MLPerf rows,
     five sources: 8.4 %; Oracle's and Verda's 64-GPU cp-2 runs 17 % fast), the GB200 NVL72 (7
     MLPerf v5.0 Llama 3.1 405B rows, cp 2, NVIDIA and IBM+CoreWeave: 13.6 %) and the H200
-    (Nebius's two 405B rows and HPE's 8B row, all with cp 2: 7.5 %) are within 15 %; the MI355X
-    (3 rows) is not (see the xfail below); the MI300X has 2, and torchao's 'power limited' B200
+    (Nebius's two 405B rows and HPE's 8B row, all with cp 2: 7.0 %) and the MI355X (3 rows,
+    three submitters of AMD's one recipe: 13.7 %) are within 15 %; the MI300X has 2, and torchao's 'power limited' B200
     rows are low confidence. The counts are asserted so that a row added later makes the target
     bite."""
     per = family_errors(table, "system").set_index("system")
     eligible = per[(per["rows"] >= 3) & per.index.isin(NEW_GPUS)]
     assert list(eligible.index) == ["dgx-b200", "dgx-h200", "gb200-nvl72", "mi355x"], per
-    met = eligible.drop(index="mi355x")
-    assert (met["sources"] >= 2).all(), met
-    assert (met["mape"] <= 0.15).all(), met
+    assert (eligible["sources"] >= 2).all(), eligible
+    assert (eligible["mape"] <= 0.15).all(), eligible
     assert per.loc["mi300x", "rows"] == 2 and per.loc["mi355x", "rows"] == 3
     assert per.loc["dgx-b200", "rows"] == 6
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not met: MI355X, 3 MLPerf v5.1 Llama 3.1 8B FP8 rows of three submitters (AMD, "
-    "GigaComputing, Dell, all AMD's code), 21 % off, every one slow: the FP8 matmul knob is "
-    "ASSUMED (0.53 = the bf16 MAMF transfer x the H100's FP8/bf16 ratio); the rows imply "
-    "0.76-0.86 and no published MI355X FP8 achievable-matmul measurement was found to source a "
-    "refit (fitting it to these rows would judge it on the rows it was fitted to)"))
 def test_mi355x_error(table):
+    """MI355X, 3 MLPerf v5.1 Llama 3.1 8B FP8 rows of three submitters (AMD, GigaComputing,
+    Dell, all AMD's one reference recipe: TransformerEngine delayed scaling, bf16 CK fused
+    attention, FP8 parameters), within the issue's 15 % (13.7 %) with the FP8 knob from AMD's
+    measured hipBLASLt FP8 GEMM (ROCm blog cdna4-gemm-kernels, Table 5: 3130.21 of 5,033.2
+    TFLOP/s at 8192^3, the MAMF bf16 share, so matmul_fp8 = matmul = 0.600): nothing is fitted
+    to the rows. Every row is still predicted slow (11-18 %), a margin of a point and a half."""
     per = family_errors(table, "system").set_index("system")
-    assert per.loc["mi355x", "mape"] <= 0.15, per
+    mi = per.loc["mi355x"]
+    assert mi["rows"] == 3 and mi["sources"] == 3, per
+    assert mi["mape"] <= 0.15, per
+    rows = table[table["system"] == "mi355x"]
+    assert (rows["fast"] < 0).all(), rows
 
 
 def test_rows_state_context_parallelism_and_are_predicted_with_it(table):
