@@ -67,14 +67,6 @@ def test_the_fp8_speedup_on_h100_is_within_2_percent(table):
     assert h100["error"].abs().max() <= 0.02, h100
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not met since the cp column let TorchTitan's long-context rows in: FP8 x NVIDIA, "
-    "leave-one-source-out, is 12.02 % on 39 rows from 14 sources (13.3 % before FP8 parameters "
-    "and bf16 gradient buffers were priced); its Table 2 rows at cp 4 "
-    "(seq 131072) and cp 8 (seq 262144) on 8 Grand Teton H100 are predicted 48 % and 56 % "
-    "fast (measured 1,071 and 548 tokens/s/GPU: from 64K to 128K the measured rate falls 2.37x, "
-    "more than the 2x that doubling the attention per token can cost; the model 1.75x). "
-    "Without those two rows the family is within the issue's 12 %"))
 def test_fp8_nvidia_family_error(table):
     """FP8 x NVIDIA, leave-one-source-out: 39 confident rows from 14 sources (torchao's docs,
     torchtitan's commit and TorchTitan's 2024-12 benchmark on Grand Teton H100, its Table 2
@@ -82,9 +74,13 @@ def test_fp8_nvidia_family_error(table):
     Llama 3.1 405B with context parallelism 2: NVIDIA on 256 and 512 GB200 and on 512-8,192
     H100, IBM+CoreWeave on 512-2,496 GB200, Nebius on 512 and 1,024 H200; v5.1 Llama 3.1 8B:
     Dell and University of Florida on B200, Cisco on H100, HPE on 64 H200, Oracle and Verda on
-    64 B200, the last three with cp 2), against the issue's 12 %. TorchTitan's rows are
-    predicted with the Grand Teton knob its bf16 row was not fitted to (analysis/fp8_loso.py
-    systems_left_out)."""
+    64 B200, the last three with cp 2), against the issue's 12 %: 10.3 % (12.02 % before the
+    MLPerf rows stated what their configs set: bf16 gradient reduction on every NVIDIA / NeMo
+    row, FP8 parameters on the 11,616-GPU GPT-3 row, NVIDIA's GB200 rows and HPE's H200 row,
+    11.89 %; and the interleaved rows' overlapped pipeline sends, overlap_p2p_comm, 10.27 %).
+    TorchTitan's cp 4 / cp 8 rows (48 % and 56 % fast) carry much of what is left.
+    TorchTitan's rows are predicted with the Grand Teton knob its bf16 row was not fitted to
+    (analysis/fp8_loso.py systems_left_out)."""
     fam = family_errors(table).set_index("family")
     nv = fam.loc["fp8 x NVIDIA"]
     assert nv["rows"] >= 39 and nv["sources"] >= 14, fam
@@ -92,26 +88,25 @@ def test_fp8_nvidia_family_error(table):
 
 
 def test_fp8_nvidia_rows_and_the_two_long_context_misses(table):
-    """What the xfail above says, asserted: the family has its 39 rows, and it is the two
-    TorchTitan cp 4 / cp 8 rows that put it over 12 %."""
+    """The family has its 39 rows, and the two TorchTitan cp 4 / cp 8 rows are its largest
+    misses (over 40 % fast each): without them the family is 8.0 %."""
     fam = family_errors(table).set_index("family")
     assert fam.loc["fp8 x NVIDIA", "rows"] == 39
     nv = table[(table["vendor"] == "NVIDIA") & (table["dtype"] == "fp8")
                & (table["confidence"] != "low")]
     long_cp = nv["layout"].str.contains("cp4|cp8")
     assert long_cp.sum() == 2 and (nv.loc[long_cp, "error"] > 0.4).all()
-    assert nv.loc[~long_cp, "error"].abs().mean() <= 0.12
+    assert nv.loc[~long_cp, "error"].abs().mean() <= 0.09
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "not met: FP8 x AMD (4 rows, two chips, four sources) is 30 % off: the MI300X torchao row "
-    "is 57 % fast (its bf16 twin 32 % fast: the MAMF-transferred bf16 knob, and an FP8 knob "
-    "assumed from the H100's ratio that the row puts at 0.21-0.24); the three MI355X MLPerf "
-    "Llama 3.1 8B rows (AMD's TransformerEngine code, run by AMD, GigaComputing and Dell) are "
-    "20-25 % slow (they imply FP8 matmul fractions of 0.76-0.86 against the 0.53 assumed, and "
-    "the bf16 knob under them is unjudged: no bf16 MI355X row). No published FP8 "
-    "achievable-matmul measurement of either chip was found to replace the assumed knobs "
-    "(stas00/ml-engineering@744d01e MAMF table: MI355X bf16 only)"))
+    "not met: FP8 x AMD (4 rows, two chips, four sources) is 24 % off: the MI300X torchao row "
+    "is 56 % fast (its bf16 twin 32 % fast: the MAMF-transferred bf16 knob; torchao on ROCm "
+    "implies an FP8 matmul fraction of 0.21-0.24 against the 0.431 that Azure's measured "
+    "hipBLASLt FP8 GEMM gives), one source, so nothing can be fitted to it leave-one-source-out; "
+    "the three MI355X MLPerf Llama 3.1 8B rows (AMD's TransformerEngine code, run by AMD, "
+    "GigaComputing and Dell) are 11-18 % slow with the FP8 knob from AMD's measured hipBLASLt "
+    "FP8 GEMM. Even with the MI355X rows exact the MI300X row alone puts the family at 14 %"))
 def test_fp8_amd_family_error(table):
     fam = family_errors(table).set_index("family")
     assert fam.loc["fp8 x AMD", "mape"] <= 0.12, fam
@@ -119,31 +114,35 @@ def test_fp8_amd_family_error(table):
 
 def test_new_gpus_with_three_confident_rows(table):
     """The per-GPU target applies to GPUs with >= 3 confident rows: the DGX B200 (6 MLPerf rows,
-    five sources: 8.4 %; Oracle's and Verda's 64-GPU cp-2 runs 17 % fast), the GB200 NVL72 (7
-    MLPerf v5.0 Llama 3.1 405B rows, cp 2, NVIDIA and IBM+CoreWeave: 13.6 %) and the H200
-    (Nebius's two 405B rows and HPE's 8B row, all with cp 2: 7.5 %) are within 15 %; the MI355X
-    (3 rows) is not (see the xfail below); the MI300X has 2, and torchao's 'power limited' B200
-    rows are low confidence. The counts are asserted so that a row added later makes the target
-    bite."""
+    five sources: 8.6 %; Oracle's and Verda's 64-GPU cp-2 runs 20 % fast), the GB200 NVL72 (7
+    MLPerf v5.0 Llama 3.1 405B rows, cp 2, NVIDIA and IBM+CoreWeave: 4.3 %), the H200 (Nebius's
+    two 405B rows and HPE's 8B row, all with cp 2: 5.0 %) and the MI355X (3 rows, three
+    submitters of AMD's one recipe: 13.6 %) are within 15 %; the MI300X has 2, and torchao's
+    'power limited' B200 rows are low confidence. The counts are asserted so that a row added
+    later makes the target bite."""
     per = family_errors(table, "system").set_index("system")
     eligible = per[(per["rows"] >= 3) & per.index.isin(NEW_GPUS)]
     assert list(eligible.index) == ["dgx-b200", "dgx-h200", "gb200-nvl72", "mi355x"], per
-    met = eligible.drop(index="mi355x")
-    assert (met["sources"] >= 2).all(), met
-    assert (met["mape"] <= 0.15).all(), met
+    assert (eligible["sources"] >= 2).all(), eligible
+    assert (eligible["mape"] <= 0.15).all(), eligible
     assert per.loc["mi300x", "rows"] == 2 and per.loc["mi355x", "rows"] == 3
     assert per.loc["dgx-b200", "rows"] == 6
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not met: MI355X, 3 MLPerf v5.1 Llama 3.1 8B FP8 rows of three submitters (AMD, "
-    "GigaComputing, Dell, all AMD's code), 21 % off, every one slow: the FP8 matmul knob is "
-    "ASSUMED (0.53 = the bf16 MAMF transfer x the H100's FP8/bf16 ratio); the rows imply "
-    "0.76-0.86 and no published MI355X FP8 achievable-matmul measurement was found to source a "
-    "refit (fitting it to these rows would judge it on the rows it was fitted to)"))
 def test_mi355x_error(table):
+    """MI355X, 3 MLPerf v5.1 Llama 3.1 8B FP8 rows of three submitters (AMD, GigaComputing,
+    Dell, all AMD's one reference recipe: TransformerEngine delayed scaling, bf16 CK fused
+    attention, FP8 parameters, bf16 gradient buffers), within the issue's 15 % (13.6 %) with the
+    FP8 knob from AMD's measured hipBLASLt FP8 GEMM (ROCm blog cdna4-gemm-kernels, Table 5:
+    3130.21 of 5,033.2 TFLOP/s at 8192^3, the MAMF bf16 share, so matmul_fp8 = matmul = 0.600):
+    nothing is fitted to the rows. Every row is still predicted slow (10-15 % in speed), a
+    margin of under a point and a half."""
     per = family_errors(table, "system").set_index("system")
-    assert per.loc["mi355x", "mape"] <= 0.15, per
+    mi = per.loc["mi355x"]
+    assert mi["rows"] == 3 and mi["sources"] == 3, per
+    assert mi["mape"] <= 0.15, per
+    rows = table[table["system"] == "mi355x"]
+    assert (rows["fast"] < 0).all(), rows
 
 
 def test_rows_state_context_parallelism_and_are_predicted_with_it(table):
@@ -207,7 +206,13 @@ def test_rows_state_fp8_parameters_and_the_gradient_dtype_in_their_own_columns()
     """FP8 parameters and a bf16 gradient buffer are priced only where a row's columns state
     them (notes quoting FP8_PARAMS / fp8_param_gather; the run's code passing
     grad_reduce_in_fp32=False); a row stating neither keeps Megatron-LM's defaults."""
-    from frontier_llm.planner.calibration import DATA, load_runs, row_fp8_params, row_reduce_fp32
+    from frontier_llm.planner.calibration import (
+        DATA,
+        load_runs,
+        row_fp8_params,
+        row_p2p_overlap,
+        row_reduce_fp32,
+    )
     runs = load_runs(DATA / "calibration_runs_fp8.csv")
     for _, row in runs.iterrows():
         quoted = any(k in str(row["notes"]) for k in ("FP8_PARAMS", "FP8_PARAM_GATHER",
@@ -215,6 +220,43 @@ def test_rows_state_fp8_parameters_and_the_gradient_dtype_in_their_own_columns()
         assert row_fp8_params(row) == quoted, row["source"]
     bf16 = runs[runs["grad_reduce_dtype"].astype(str) == "bf16"]
     assert len(bf16) and all(row_reduce_fp32(r) is False for _, r in bf16.iterrows())
-    assert all("llama31_405b" in str(r["engine"]) for _, r in bf16.iterrows())
+    # Every MLPerf row's code reduces gradients in bf16: NeMo's pretrain.py (v5.0 Llama 3.1
+    # 405B, v5.1 Llama 3.1 8B) and AMD's llama31_8b train.py pass grad_reduce_in_fp32=False;
+    # the v4.1 GPT-3 recipes' distributed_fused_adam sets grad_sync_dtype bf16. The others
+    # (torchao / torchtitan) state nothing and keep their engine's rule.
+    mlperf = runs["source"].str.startswith("MLPerf")
+    assert set(bf16.index) == set(runs[mlperf].index)
+    assert all(("grad_reduce_in_fp32=False" in str(r["notes"])
+                or "grad_sync_dtype: bf16" in str(r["notes"])) for _, r in bf16.iterrows())
+    assert (bf16["gpu_type"].str.contains("MI355X")).sum() == 3
+    # The interleaved rows (v4.1 GPT-3, v5.0 Llama 3.1 405B) quote overlap_p2p_comm on; the
+    # others have no interleaved schedule for it to act on.
+    inter = runs["notes"].astype(str).str.contains("INTERLEAVED_PIPELINE=[0-9]", regex=True)
+    assert inter.sum() == 20
+    assert all(row_p2p_overlap(r) == bool(i) for (_, r), i in zip(runs.iterrows(), inter,
+                                                                   strict=True))
     plain = pd.Series({"engine": "Megatron-LM", "notes": "", "source": "x"})
     assert row_fp8_params(plain) is False and row_reduce_fp32(plain) is None
+    assert row_p2p_overlap(plain) is False
+
+
+def test_a_loso_refit_of_the_fp8_knob_is_shown_not_adopted():
+    """analysis/fp8_loso.py refit_loso, the diagnostic docs/costmodel.md "FP8" quotes: fitting
+    the MI355X's matmul_fp8 on the other two submitters' rows predicts the third within 5 %,
+    but at 0.76-0.81, above the chip's measured FP8 GEMM share the catalog carries (0.600 = the
+    hipBLASLt 0.622 transfer), so the fit absorbs non-GEMM terms; and the three sources run
+    one recipe. On the H200, whose two sources run different models (405B and 8B), the same
+    refit predicts the held-out source worse than the measured-GEMM knob does."""
+    from fp8_loso import refit_loso
+
+    from frontier_llm.catalog import load_system
+
+    r = refit_loso(systems=("mi355x", "dgx-h200")).set_index(["system", "held_out"])
+    mi = r.loc["mi355x"]
+    assert len(mi) == 3 and (mi["rows"] == 1).all()
+    assert (mi["mape_refit"] < 0.05).all() and (mi["mape_carried"] > 0.09).all(), mi
+    assert (mi["fitted"] > load_system("mi355x").eff("matmul_fp8") + 0.15).all(), mi
+    h200 = r.loc["dgx-h200"]
+    worse = (h200["mape_refit"] * h200["rows"]).sum() / h200["rows"].sum()
+    carried = (h200["mape_carried"] * h200["rows"]).sum() / h200["rows"].sum()
+    assert worse > carried + 0.05, h200

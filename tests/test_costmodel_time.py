@@ -168,6 +168,40 @@ def test_tp_comm_overlap_only_where_the_run_turns_it_on():
     assert on["step_time_s"][0] < off["step_time_s"][0]
 
 
+def test_p2p_overlap_hides_interleaved_sends_behind_compute():
+    """Megatron-Core's overlap_p2p_comm (NeMo's MLPerf configs) overlaps an interleaved
+    schedule's sends with the chunks' compute: with a send longer than its compute only the
+    excess shows; a plain 1F1B schedule and DeepSpeed's pipeline are unchanged; off (flm's
+    default) every send shows."""
+    m, s = load_model("gpt-175b"), load_system("dgx-h100")
+    cfg = dict(tp=4, pp=8, dp=8, global_batch=2048, micro_batch=2, sharding=1,
+               sequence_parallel=True, engine="megatron")
+    inter = from_configs([ParallelConfig(schedule="interleaved", virtual_stages=6, **cfg)])
+    off = evaluate(m, s, inter)
+    on = evaluate(m, s, inter, p2p_overlap=True)
+    assert off["time_pp_comm_s"][0] > 0.5  # GPT-3 175B on 256 H100: about 0.9 s a step
+    assert on["time_pp_comm_s"][0] == 0.0  # a chunk's compute outlasts its sends here
+    # The step loses the sends, and the bubble (counted in chunk times, sends included) the
+    # sends' share of it.
+    assert on["time_pp_bubble_s"][0] < off["time_pp_bubble_s"][0]
+    assert on["step_time_s"][0] == pytest.approx(
+        off["step_time_s"][0] - off["time_pp_comm_s"][0]
+        - (off["time_pp_bubble_s"][0] - on["time_pp_bubble_s"][0]), rel=1e-9)
+    # A slow link: the sends outlast the compute, and only the excess is hidden.
+    slow = dataclasses.replace(s, links={k: dataclasses.replace(v, bandwidth=v.bandwidth / 1e4)
+                                         for k, v in s.links.items()})
+    slow_off, slow_on = (evaluate(m, slow, inter, p2p_overlap=o) for o in (False, True))
+    hidden = slow_off["time_pp_comm_s"][0] - slow_on["time_pp_comm_s"][0]
+    assert 0 < hidden < slow_off["time_pp_comm_s"][0]
+    plain = from_configs([ParallelConfig(**cfg)])
+    assert evaluate(m, s, plain, p2p_overlap=True)["step_time_s"][0] == evaluate(
+        m, s, plain)["step_time_s"][0]
+    ds = from_configs([ParallelConfig(**{**cfg, "engine": "deepspeed",
+                                         "sequence_parallel": False})])
+    assert evaluate(m, s, ds, p2p_overlap=True)["step_time_s"][0] == evaluate(
+        m, s, ds)["step_time_s"][0]
+
+
 def test_deepspeed_pipeline_reduces_after_the_flush():
     """DeepSpeed's PipelineEngine reduces gradients after the pipeline drains (nothing behind a
     backward); a run stating BF16_Optimizer reduces fp32 copies and adds each micro-batch's

@@ -221,12 +221,18 @@ def test_the_six_systems_say_what_they_rest_on():
         assert "matmul_fp8" in s.efficiency, name
         assert ("mxfp8" in s.peak_flops) == (name in ("dgx-b200", "gb200-nvl72", "mi355x")), name
     # Where no FP8 achievable-matmul measurement is published the knob says it is assumed
-    # (MI325X, MI355X); MI300X's rests on a measured FP8 GEMM peak, which its sources name.
-    for name in ("mi325x", "mi355x"):
-        assert load_system(name).efficiency["matmul_fp8"].source.startswith("ASSUMED"), name
-    for name in ("mi300x", "dgx-b200"):
+    # (MI325X); MI300X's and MI355X's rest on a measured FP8 GEMM rate, which their sources name.
+    assert load_system("mi325x").efficiency["matmul_fp8"].source.startswith("ASSUMED")
+    for name in ("mi300x", "mi355x", "dgx-b200"):
         assert not load_system(name).efficiency["matmul_fp8"].source.startswith("ASSUMED"), name
-    assert "FP8" in load_system("mi300x").sources["matmul_fp8"]
+    for name in ("mi300x", "mi355x"):
+        assert "FP8" in load_system(name).sources["matmul_fp8"], name
+    # MI355X: AMD's hipBLASLt FP8 GEMM (3130.21 TFLOP/s at 8192^3) is the same share of the FP8
+    # peak as the MAMF bf16 figure of the bf16 peak, so the two knobs are equal.
+    mi355 = load_system("mi355x")
+    assert mi355.eff("matmul_fp8") == pytest.approx(
+        mi355.eff("matmul") * (3130.21 / mi355.peak("fp8")) / (1565.0 / mi355.peak("bf16")),
+        abs=0.001)
 
 
 def test_nvl72_groups_inside_the_rack_run_at_nvlink_speed():

@@ -48,7 +48,8 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
              reduce_fp32: bool | None = None,
              tp_comm_overlap: bool = False,
              moe_run: MoeRun = NO_OVERLAP, grad_sync: bool | None = None,
-             fp8_params: bool | None = None) -> dict[str, np.ndarray]:
+             fp8_params: bool | None = None,
+             p2p_overlap: bool = False) -> dict[str, np.ndarray]:
     """Every figure of the model for every layout in ``table`` (numpy columns). Each layout's
     engine (its ``engine`` column) decides how its work is scheduled and what it keeps
     (specs/engine_rules.py). ``eager``: un-compiled PyTorch element-wise kernels
@@ -63,9 +64,11 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
     (torchtitan) or only after the last (flm bench); None: the engine's rule
     (specs/engine_rules.py ``GRAD_SYNC_EACH``), priced in time and memory alike;
     ``fp8_params``: Megatron FP8 weights held as FP8 parameters (None: where flm's export
-    writes ``--fp8-param-gather``; costmodel/fp8.py ``fp8_params``)."""
+    writes ``--fp8-param-gather``; costmodel/fp8.py ``fp8_params``); ``p2p_overlap``: an
+    interleaved Megatron schedule's pipeline sends overlapped with compute (Megatron-Core's
+    ``overlap_p2p_comm``; :func:`~frontier_llm.costmodel.steptime.stage_times`)."""
     times = step_time(model, system, table, eager, overlap_comm, reduce_fp32, tp_comm_overlap,
-                      moe_run, grad_sync)
+                      moe_run, grad_sync, p2p_overlap)
     mem = peak_memory(model, system, table, reduce_fp32, grad_sync, fp8_params)
     tokens = table.global_batch * model.seq_len
     gpus = table.world_size

@@ -264,10 +264,13 @@ def cp_exchange_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, act_
 
 
 def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
-                blk: BlockTimes) -> StageTimes:
+                blk: BlockTimes, p2p_overlap: bool = False) -> StageTimes:
     """The pipeline ranks (the last with the head) and the schedule's pipeline time: the slowest
     rank sets the pace, the mean the bubble. Ranks hold the layers the engine's split gives them
-    (costmodel/split.py): ``l/p`` each when even."""
+    (costmodel/split.py): ``l/p`` each when even. ``p2p_overlap``: the run overlaps its
+    interleaved schedule's sends and receives with the neighbouring chunks' compute
+    (Megatron-Core's ``overlap_p2p_comm``, "valid only when virtual_pipeline_model_parallel_size
+    is larger than 1" as NeMo's MLPerf configs say); off, every send is exposed."""
     h, V = model.hidden, model.vocab
     tp, pp, v = t.tp, t.pp, t.virtual_stages
     tokens = t.micro_batch * t.local_seq(model.seq_len)  # the rank's share of each sequence
@@ -281,10 +284,17 @@ def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
                              tokens * h * r.act_bytes / tp)
     p2p, p2p_last = deepspeed_pipe_p2p(system, t, message, tokens * h * r.act_bytes)
     megatron_p2p = 2 * v * message
+    per_layer = blk.compute + blk.comm + blk.cp_comm + blk.ep_comm
+    if p2p_overlap:
+        # Overlapped sends hide behind the compute of the rank's chunks for that micro-batch,
+        # never more than it lasts (as TP overlap behind its GEMMs, block_times).
+        hides = (t.virtual_stages > 1) & (t.engine == Engine.MEGATRON.code)
+        megatron_p2p = np.where(hides, np.maximum(
+            0.0, megatron_p2p - np.minimum(ranks["most_but_last"], ranks["last"])
+            * blk.compute), megatron_p2p)
     p2p = np.where(pp > 1, np.where(t.engine == Engine.DEEPSPEED.code, p2p, megatron_p2p), 0.0)
     p2p_last = np.where(pp > 1, np.where(t.engine == Engine.DEEPSPEED.code, p2p_last,
                                          megatron_p2p), 0.0)
-    per_layer = blk.compute + blk.comm + blk.cp_comm + blk.ep_comm
     # Multi-token prediction (model.mtp_layers) runs on the last stage (Megatron-Core builds
     # every module there): per module one more block, its 2h -> h projection and another head
     # pass with its loss.
@@ -504,18 +514,19 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
 def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable, eager: bool = False,
               overlap_comm: bool = True, reduce_fp32: bool | None = None,
               tp_comm_overlap: bool = False,
-              moe_run: moe.MoeRun = moe.NO_OVERLAP, grad_sync: bool | None = None
-              ) -> dict[str, np.ndarray]:
+              moe_run: moe.MoeRun = moe.NO_OVERLAP, grad_sync: bool | None = None,
+              p2p_overlap: bool = False) -> dict[str, np.ndarray]:
     """Seconds per iteration and its parts (seconds, summed over the iteration, on the slowest
     pipeline stage), for every layout of ``t``: per block, per stage, data parallel. ``eager``:
     the run is un-compiled PyTorch (:func:`block_times`); ``overlap_comm``: DeepSpeed's, for
     its ZeRO-1/2 layouts (:func:`data_parallel_times`); ``reduce_fp32``: :func:`reduce_bytes`;
     ``tp_comm_overlap`` and ``moe_run``: :func:`block_times`; ``grad_sync``: sharded gradients
     reduce-scattered every micro-batch or at the last (None: the engine's rule,
-    :func:`~frontier_llm.costmodel.memory.grad_sync_each`)."""
+    :func:`~frontier_llm.costmodel.memory.grad_sync_each`); ``p2p_overlap``:
+    :func:`stage_times`."""
     r = _rates(model, system, t)
     blk = block_times(model, system, t, r, eager, tp_comm_overlap, moe_run)
-    stage = stage_times(model, system, t, r, blk)
+    stage = stage_times(model, system, t, r, blk, p2p_overlap)
     dp = data_parallel_times(model, system, t, r, blk, stage, overlap_comm, reduce_fp32,
                              grad_sync)
     m = t.num_microbatches

@@ -175,6 +175,15 @@ def row_tp_comm_overlap(row: pd.Series) -> bool:
             or source_key(str(row.get("source") or "")) in TP_OVERLAP_SOURCES)
 
 
+def row_p2p_overlap(row: pd.Series) -> bool:
+    """Whether the row's interleaved Megatron schedule overlapped its pipeline sends with
+    compute: its notes quote the config's ``overlap_p2p_comm`` on (NeMo's MLPerf GPT-3 175B and
+    Llama 3.1 405B ``conf/custom.yaml``: ``overlap_p2p_comm: ${oc.decode:${oc.env:
+    OVERLAP_P2P_COMM,True}}``, the variable unset in their configs). The others, as flm's
+    Megatron-LM command and the knobs' H100 fit price them, with every send exposed."""
+    return "overlap_p2p_comm: true" in _text(row, "notes")
+
+
 def row_grad_sync(row: pd.Series) -> bool | None:
     """Whether the row's FSDP2 gradient accumulation reduce-scatters every micro-batch: its
     trainer's setting (specs/engine_rules.py ``GRAD_SYNC_EACH``), torchtitan's for a torchtitan
@@ -570,7 +579,8 @@ def _best(row: pd.Series, model: ModelSpec, system: SystemSpec, recompute: str |
         result = plan(model, system, int(row["num_gpus"]), batch, space, eager=row_eager(row),
                       overlap_comm=row_overlap_comm(row), reduce_fp32=row_reduce_fp32(row),
                       tp_comm_overlap=row_tp_comm_overlap(row), moe_run=row_moe_run(row),
-                      grad_sync=row_grad_sync(row), fp8_params=row_fp8_params(row))
+                      grad_sync=row_grad_sync(row), fp8_params=row_fp8_params(row),
+                      p2p_overlap=row_p2p_overlap(row))
         # A published run ran: when none of its layouts is predicted to fit, the fastest is
         # predicted anyway (after those that fit) and the table says it was predicted not to fit.
         order = result.ranked_indices(fits_only=False)
