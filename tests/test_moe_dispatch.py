@@ -215,3 +215,34 @@ def test_ep_a2a_overlap_is_megatron_lm_s_only():
             < moe.all_to_all_times(MIXTRAL, H100, mega, 2)[0])
     assert (moe.all_to_all_times(MIXTRAL, H100, native, 2, run, compute)[0]
             == pytest.approx(moe.all_to_all_times(MIXTRAL, H100, native, 2)[0]))
+
+
+def test_dualpipe_pairs_each_rank_with_its_mirror_stage():
+    from frontier_llm.costmodel import steptime
+
+    # DeepSeek-V3 over pp 16 (Megatron-LM's split: 3, 14 x 4, 2 blocks; the head and MTP module
+    # on the last stage). DualPipe's rank r holds stages r and 15 - r, each for half the
+    # micro-batches: the end ranks run (3 + 2)/2 blocks and half the head per micro-batch, a
+    # middle pair two 4-block stages; the larger paces.
+    t = from_configs([_layout(pp=16, ep=64, dp=128, global_batch=15360, recompute="full")])
+    r = steptime._rates(DSV3, H100, t)
+    dual_run = moe.MoeRun("dualpipe")
+    blk = steptime.block_times(DSV3, H100, t, r, False, False, dual_run)
+    one = steptime.stage_times(DSV3, H100, t, r, blk)
+    two = steptime.stage_times(DSV3, H100, t, r, blk, dual_run)
+    per_layer = blk.compute[0] + blk.comm[0] + blk.cp_comm[0] + blk.ep_comm[0]
+    assert one.layers[0] == 2 and one.head[0] > 0  # 1F1B: the last stage with its head paces
+    ends, middle = 2.5 * per_layer + one.head[0] / 2, 4 * per_layer
+    assert (two.layers[0] * per_layer + two.head[0]) == pytest.approx(max(ends, middle))
+    assert two.head[0] == pytest.approx(one.head[0] / 2 if ends >= middle else 0.0)
+    # The bubble: (P/2 - 1)(F&B + B - 3W) = 7 x 2F against 1F1B's (P - 1)(F + B) = 15 x 3F.
+    assert two.bubble[0] == pytest.approx(one.bubble[0] * 7 * 2 / (15 * 3))
+    assert two.pipeline[0] < one.pipeline[0]
+    # A heavier head (a 16x vocabulary): the end pair paces, with half of it.
+    wide = dataclasses.replace(DSV3, vocab=16 * DSV3.vocab)
+    r2 = steptime._rates(wide, H100, t)
+    blk2 = steptime.block_times(wide, H100, t, r2, False, False, dual_run)
+    one2 = steptime.stage_times(wide, H100, t, r2, blk2)
+    two2 = steptime.stage_times(wide, H100, t, r2, blk2, dual_run)
+    assert two2.layers[0] == pytest.approx(2.5)
+    assert two2.head[0] == pytest.approx(one2.head[0] / 2)

@@ -108,7 +108,10 @@ class MoeRun:
     all-to-alls hide behind the paired micro-batch's compute in the steady phase, exposed in
     the unpaired warm-up and cool-down; ``dualpipe``: DeepSeek-V3's DualPipe (report §3.2.1:
     "both all-to-all and PP communication can be fully hidden"), every micro-batch paired,
-    with its node-deduplicating dispatch. ``dispatcher``: :data:`MOE_DISPATCHERS`."""
+    with its node-deduplicating dispatch, and its bidirectional pipeline: each rank holds a
+    stage and its mirror, the bubble DualPipe's (:func:`dualpipe_pace`,
+    :func:`dualpipe_bubble_share`; steptime.stage_times). ``dispatcher``:
+    :data:`MOE_DISPATCHERS`."""
 
     overlap: str = "none"
     dispatcher: str = "alltoall"
@@ -400,6 +403,37 @@ def all_to_all_times(model: ModelSpec, system: SystemSpec, t, act_bytes,
     # Only Megatron-LM has the flag: other engines' layouts keep every all-to-all exposed.
     return np.where(t.engine == Engine.MEGATRON.code,
                     unpaired * total + (1 - unpaired) * paired, total)
+
+
+def dualpipe_pace(ranks: dict, per_layer, last_extra):
+    """(blocks, head) per micro-batch on the pipeline rank that sets DualPipe's pace.
+
+    DualPipe runs the model in both directions at once: rank ``r`` holds stage ``r`` and stage
+    ``P−1−r`` (deepseek-ai/DualPipe example.py@a96f82988ee38d8dbd22ab8550f90fcea33c860e:
+    ``nn.Sequential(full_modules[rank], full_modules[pp_size - 1 - rank])``, "two copies of
+    the model parameters": README@89f5de17, Parameter 2x), and each direction carries half the
+    micro-batches (the first rank feeds ``full_x.chunk(2)[0]``, the last ``chunk(2)[1]``). A
+    rank's work per micro-batch is the mean of its two stages': the end ranks pair the first
+    stage with the last, whose head, loss and MTP modules (``last_extra``) they share, half a
+    micro-batch each; every middle pair is two middle stages, at most ``mid_held`` blocks
+    each (costmodel/split.py pipeline_ranks)."""
+    ends = (ranks["first"] + ranks["last"]) / 2.0
+    mid = ranks["mid_held"]
+    ends_pace = ends * per_layer + last_extra / 2.0 >= mid * per_layer
+    return (np.where(ends_pace, ends, mid).astype(float),
+            np.where(ends_pace, last_extra / 2.0, 0.0))
+
+
+def dualpipe_bubble_share(pp):
+    """DualPipe's bubble over 1F1B's per pipeline step: ``(P/2 − 1)(F&B + B − 3W)`` against
+    ``(P − 1)(F + B)`` (deepseek-ai/DualPipe README@89f5de17, "Pipeline Bubbles and Memory
+    Usage Comparison"), with a backward twice a forward (``B = 2F``), half of it the weight
+    gradients (``W = F``: each GEMM's input and weight gradients cost one forward each) and
+    the overlapped pair computing both (``F&B = F + B``; the overlap hides communication, not
+    FLOPs): ``(P/2 − 1)·2F`` over ``(P − 1)·3F``. Returned as the factor on the cost model's
+    one-micro-batch stage time ``F + B`` (steptime.stage_times' ``t_avg``)."""
+    pp = np.asarray(pp, dtype=float)
+    return np.maximum(pp / 2.0 - 1.0, 0.0) * 2.0 / 3.0
 
 
 def mlp_tp_comm(model: ModelSpec, system: SystemSpec, t, tp_ar, tokens_bytes):
