@@ -68,15 +68,15 @@ REFERENCE_EXPERTS = 64
 #   megatron/core/transformer/transformer_config.py, NVIDIA/Megatron-LM@d98e8a64; at the
 #   README benchmarks' commits c230e0d7 and fbdc9167 the router's apply_load_balancing_loss
 #   takes the micro-batch's num_local_tokens_per_expert). The loss is least at an even spread
-#   ("minimized under a uniform distribution", Switch Transformers, Fedus et al. 2022, §2.2),
-#   and it sees exactly the counts an EP rank's load is made of, so a settled router leaves a
-#   micro-batch only its sampling noise; Qiu et al. 2025 (arXiv 2501.11873, abstract): with
-#   the micro-batch loss "the router is pushed to distribute the token evenly within each
-#   sequence". A settled router: the Megatron-LM MoE README measures after "at least 500
-#   iterations or resume from trained checkpoints" (NVIDIA/Megatron-LM@c230e0d7). The
-#   sampling noise is a floor: what the loss leaves beyond it at the run's coefficient
-#   (Megatron-LM's README recommends 1e-2, Mixtral's config 0.02) has no measured source here
-#   and is priced as none.
+#   (Switch Transformers, Fedus et al. 2022, eq. 4: "minimized under a uniform distribution";
+#   quoted from memory, not re-read in this session), and it sees exactly the counts an EP
+#   rank's load is made of, so a settled router leaves a micro-batch only its sampling noise;
+#   Qiu et al. 2025 (arXiv 2501.11873, abstract): with the micro-batch loss "the router is
+#   pushed to distribute the token evenly within each sequence". A settled router: the
+#   Megatron-LM MoE README measures after "at least 500 iterations or resume from trained
+#   checkpoints" (NVIDIA/Megatron-LM@c230e0d7). The sampling noise is a floor: what the loss
+#   leaves beyond it at the run's coefficient (Megatron-LM's README recommends 1e-2,
+#   Mixtral's config 0.02) has no measured source here and is priced as none.
 # - ``aux-loss-global``: the same loss on the global batch's counts (Megatron-LM
 #   ``global_aux_loss``, "calculated at global batch level", same file; Qwen3, Qiu et al.:
 #   "Global-batch LBL is also used in Qwen3-MoEs"): even over the corpus, not within a
@@ -410,8 +410,8 @@ def dualpipe_pace(ranks: dict, per_layer, last_extra):
 
     DualPipe runs the model in both directions at once: rank ``r`` holds stage ``r`` and stage
     ``P−1−r`` (deepseek-ai/DualPipe example.py@a96f82988ee38d8dbd22ab8550f90fcea33c860e:
-    ``nn.Sequential(full_modules[rank], full_modules[pp_size - 1 - rank])``, "two copies of
-    the model parameters": README@89f5de17, Parameter 2x), and each direction carries half the
+    ``nn.Sequential(full_modules[rank], full_modules[pp_size - 1 - rank])``; its
+    README@89f5de17's table: Parameter "2×"), and each direction carries half the
     micro-batches (the first rank feeds ``full_x.chunk(2)[0]``, the last ``chunk(2)[1]``). A
     rank's work per micro-batch is the mean of its two stages': the end ranks pair the first
     stage with the last, whose head, loss and MTP modules (``last_extra``) they share, half a
@@ -425,13 +425,13 @@ def dualpipe_pace(ranks: dict, per_layer, last_extra):
 
 
 def dualpipe_bubble_share(pp):
-    """DualPipe's bubble over 1F1B's per pipeline step: ``(P/2 − 1)(F&B + B − 3W)`` against
-    ``(P − 1)(F + B)`` (deepseek-ai/DualPipe README@89f5de17, "Pipeline Bubbles and Memory
-    Usage Comparison"), with a backward twice a forward (``B = 2F``), half of it the weight
-    gradients (``W = F``: each GEMM's input and weight gradients cost one forward each) and
-    the overlapped pair computing both (``F&B = F + B``; the overlap hides communication, not
-    FLOPs): ``(P/2 − 1)·2F`` over ``(P − 1)·3F``. Returned as the factor on the cost model's
-    one-micro-batch stage time ``F + B`` (steptime.stage_times' ``t_avg``)."""
+    """DualPipe's bubble in units of one micro-batch's stage time ``F + B`` (steptime.
+    stage_times' ``t_avg``, whose 1F1B bubble is ``(P − 1)`` of them): ``(P/2 − 1)(F&B + B −
+    3W)`` against 1F1B's ``(P − 1)(F + B)`` (deepseek-ai/DualPipe README@89f5de17, "Pipeline
+    Bubbles and Memory Usage Comparison"), with a backward twice a forward (``B = 2F``), half
+    of it the weight gradients (``W = F``: each GEMM's input and weight gradients cost one
+    forward each) and the overlapped pair computing both (``F&B = F + B``; the overlap hides
+    communication, not FLOPs): ``(P/2 − 1)·2F = (P/2 − 1)·(2/3)·(F + B)``."""
     pp = np.asarray(pp, dtype=float)
     return np.maximum(pp / 2.0 - 1.0, 0.0) * 2.0 / 3.0
 
