@@ -237,8 +237,8 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
     search as flm plan's restrict flags do, one value or a list per knob: ``tp=8``,
     ``pp=[8, 16]``, ``engine="megatron"``, ``zero=[1, 3]``, ``recompute=["none", "full"]``.
     An MoE model's ``moe_overlap`` (none, ep-a2a, dualpipe), ``moe_dispatcher`` (alltoall,
-    flex) and ``router_balance`` (aux-loss, aux-free, forced; None: the model's) are flm
-    plan's ``--moe-overlap``, ``--moe-dispatcher`` and ``--router-balance``.
+    flex) and ``router_balance`` (aux-loss, aux-loss-global, aux-free, forced; None: the
+    model's) are flm plan's ``--moe-overlap``, ``--moe-dispatcher`` and ``--router-balance``.
 
     The frame's ``attrs`` hold the rest of the JSON document: ``model``, ``system``, ``gpus``,
     ``global_batch``, ``evaluated`` and ``rejected`` (layouts per broken rule).

@@ -83,6 +83,11 @@ def test_megatron_lm_moe_flags_parse_with_its_names():
     assert (ns.num_experts, ns.moe_router_topk, ns.moe_ffn_hidden_size) == (8, 2, 14336)
     assert ns.expert_model_parallel_size == 8 and ns.moe_token_dispatcher_type == "alltoall"
     assert ns.moe_router_load_balancing_type == ["aux_loss"] and ns.moe_aux_loss_coeff == [0.02]
+    # A global-batch balance loss (Qwen3's) exports Megatron-LM's global_aux_loss.
+    glob = dataclasses.replace(MIXTRAL, router_balance="aux-loss-global")
+    ns_glob = megatron_lm_moe_parser().parse_args(argv_of(export(
+        MEGATRON_LM, glob, _layout("megatron"))))
+    assert ns_glob.moe_router_load_balancing_type == ["global_aux_loss"]
     assert ns.moe_layer_freq == "1" and ns.moe_shared_expert_intermediate_size is None
     assert ns.moe_expert_capacity_factor is None  # dropless, Megatron's default
     assert ns.rotary_base == 1_000_000  # Mixtral's rope_theta, not Megatron's 10000

@@ -175,6 +175,26 @@ def test_loso_step_time_error_per_family_at_most_ten_percent():
     assert not over, over
 
 
+def test_moe_loso_step_time_error_at_most_fifteen_percent():
+    """Issue 53: the Mixture-of-Experts rows (every family whose engine label says ``moe``:
+    Megatron-LM's MoE README, two Mixtral 8x7B rows on 64 H100; the DeepSeek-V3 report on 2048
+    H800) are predicted with the catalog's knobs, fitted to no MoE source, so their error is
+    leave-one-source-out as it stands: the mean within 15 % (the issue's target; today 7.6 %,
+    the largest 12.0 %), and the 80 % interval built without each row's source covering at
+    least two rows in three. Before the
+    router imbalance took what the balance holds even and DualPipe its mirrored stages
+    (costmodel/moe.py) the two families stood at 113 % and 28 %."""
+    stored = intervals.load_residuals()
+    res = intervals.usable(stored)
+    moe_rows = res[res["family"].str.contains("moe")]
+    err = np.abs(np.exp(moe_rows["loso_log_residual"].to_numpy(float)) - 1)
+    assert len(moe_rows) >= 3 and moe_rows["source"].nunique() >= 2
+    assert err.mean() <= 0.15, err
+    cov = intervals.loso_coverage(0.8, stored)
+    covered = cov[cov["family"].str.contains("moe")]["covered"]
+    assert len(covered) == len(moe_rows) and covered.mean() >= 2 / 3
+
+
 def test_no_refit_puts_matmul_above_the_gpus_best_gemm():
     """Without Korthikanti et al.'s rows, dgx-a100 is refitted on Narayanan et al.'s three
     ZeRO-3 rows: one model shape at TP 1, so one GEMM size, which cannot tell the GEMM size law

@@ -16,7 +16,7 @@ peak must be within 5 %, and the predicted peak's moment must be the measured on
 two measured moments are within 5 % of each other.
 
 Mixture-of-Experts: flm memcheck routes every expert the mean load (a fake router has no
-values to count), so the cost model is compared at that load (``LOAD_IMBALANCE`` 1 for the
+values to count), so the cost model is compared at that load (``load_imbalance`` 1 for the
 comparison); its stated imbalance of the most loaded rank (costmodel/moe.py, Wang et al. 2024)
 is a ratio this measurement cannot check.
 
@@ -84,7 +84,8 @@ def test_grid_is_the_issue_s() -> None:
 @pytest.mark.parametrize("name", CASES)
 def test_terms_and_peak_within_5_percent(measured: dict, name: str, monkeypatch) -> None:
     model, layout, got = _measure(measured, name)
-    monkeypatch.setattr(moe, "LOAD_IMBALANCE", 1.0)  # the measurement's balanced routing
+    # The measurement's balanced routing: every rank the mean load, no spread, no noise.
+    monkeypatch.setattr(moe, "load_imbalance", lambda model, t=None: 1.0)
     table = from_configs([layout])
     pred = {k: float(v[0]) for k, v in rank_memory(model, SYSTEM, table, got.pp_rank,
                                                    phase=got.phase).items()}

@@ -61,17 +61,31 @@ def test_router_balance_sets_the_rank_imbalance():
     t1, t8 = from_configs([_layout(ep=1, dp=16)]), from_configs([_layout(ep=8)])
     # One rank holding every expert computes every routed copy: no excess.
     assert moe.load_imbalance(MIXTRAL, t1)[0] == 1.0
-    assert moe.load_imbalance(MIXTRAL, t8)[0] == pytest.approx(moe.LOAD_IMBALANCE)
-    free = dataclasses.replace(MIXTRAL, router_balance="aux-free")
-    assert moe.load_imbalance(free, t8)[0] == pytest.approx(moe.AUX_FREE_IMBALANCE)
-    forced = dataclasses.replace(MIXTRAL, router_balance="forced")
+    # Wang et al.'s MaxVio is the hottest of 64 experts: spread = MaxVio / sqrt(2·ln 64).
+    ref = math.sqrt(2 * math.log(64))
     mean = 4096 * 2  # tokens·top_k of a 4096-token micro-batch
-    want = 1 + math.sqrt(2 * math.log(8) * (7 / 8) / mean)
-    assert moe.load_imbalance(forced, t8)[0] == pytest.approx(want)
-    # DeepSeek-V3's 256 experts over ep 64: 4 per rank share the hottest one's excess.
+    noise = (7 / 8) / mean  # binomial: a rank's share of the ep group's copies
+    up = math.sqrt(2 * math.log(8))  # the slowest of 8 ranks, in standard deviations
+    # Megatron-LM's aux_loss holds each micro-batch even: sampling noise alone, as forced.
+    assert moe.load_imbalance(MIXTRAL, t8)[0] == pytest.approx(1 + math.sqrt(noise) * up)
+    forced = dataclasses.replace(MIXTRAL, router_balance="forced")
+    assert moe.load_imbalance(forced, t8)[0] == pytest.approx(1 + math.sqrt(noise) * up)
+    # A global-batch loss keeps a loss-balanced router's spread; one expert per rank (ep = E):
+    # the hottest of 8, below Wang et al.'s hottest of 64.
+    glob = dataclasses.replace(MIXTRAL, router_balance="aux-loss-global")
+    want = 1 + math.sqrt(((moe.LOAD_IMBALANCE - 1) / ref) ** 2 + noise) * up
+    assert moe.load_imbalance(glob, t8)[0] == pytest.approx(want)
+    assert 1.0 < moe.load_imbalance(glob, t8)[0] < moe.LOAD_IMBALANCE
+    free = dataclasses.replace(MIXTRAL, router_balance="aux-free")
+    want = 1 + math.sqrt(((moe.AUX_FREE_IMBALANCE - 1) / ref) ** 2 + noise) * up
+    assert moe.load_imbalance(free, t8)[0] == pytest.approx(want)
+    # DeepSeek-V3's 256 experts over ep 64: a rank's 4 experts average their spreads.
     t64 = from_configs([_layout(ep=64, dp=64)])
-    assert moe.load_imbalance(DSV3, t64)[0] == pytest.approx(1 + 0.04 * 64 / 256)
-    slow = predict(MIXTRAL, H100, _layout())["step_time_s"]
+    s = 0.04 / ref
+    want = 1 + math.sqrt(s * s * 64 / 256 + (63 / 64) / (4096 * 8)) * ref
+    assert moe.load_imbalance(DSV3, t64)[0] == pytest.approx(want)
+    slow = predict(glob, H100, _layout())["step_time_s"]
+    assert predict(MIXTRAL, H100, _layout())["step_time_s"] < slow
     assert predict(forced, H100, _layout())["step_time_s"] < slow
     with pytest.raises(SpecError):
         dataclasses.replace(MIXTRAL, router_balance="sinkhorn")
@@ -141,7 +155,10 @@ def test_cli_and_api_take_the_moe_settings(capsys):
     assert step("--moe-overlap", "ep-a2a") < none
     assert step("--moe-overlap", "dualpipe") < step("--moe-overlap", "ep-a2a")
     assert step("--moe-dispatcher", "flex") < none
-    assert step("--router-balance", "aux-loss") > none  # the model's own is aux-free
+    # The model's own is aux-free (Wang et al.'s measured spread); a global-batch balance loss
+    # leaves a larger one, a micro-batch loss holds each micro-batch even (its noise floor).
+    assert step("--router-balance", "aux-loss-global") > none
+    assert step("--router-balance", "aux-loss") < none
     lay = dict(tp=1, pp=16, ep=64, dp=128, micro_batch=1, global_batch=15360,
                recompute="none", engine="megatron", zero=1)
     got = api.predict("deepseek-v3", "dgx-h100", moe_overlap="dualpipe", **lay)
@@ -198,3 +215,34 @@ def test_ep_a2a_overlap_is_megatron_lm_s_only():
             < moe.all_to_all_times(MIXTRAL, H100, mega, 2)[0])
     assert (moe.all_to_all_times(MIXTRAL, H100, native, 2, run, compute)[0]
             == pytest.approx(moe.all_to_all_times(MIXTRAL, H100, native, 2)[0]))
+
+
+def test_dualpipe_pairs_each_rank_with_its_mirror_stage():
+    from frontier_llm.costmodel import steptime
+
+    # DeepSeek-V3 over pp 16 (Megatron-LM's split: 3, 14 x 4, 2 blocks; the head and MTP module
+    # on the last stage). DualPipe's rank r holds stages r and 15 - r, each for half the
+    # micro-batches: the end ranks run (3 + 2)/2 blocks and half the head per micro-batch, a
+    # middle pair two 4-block stages; the larger paces.
+    t = from_configs([_layout(pp=16, ep=64, dp=128, global_batch=15360, recompute="full")])
+    r = steptime._rates(DSV3, H100, t)
+    dual_run = moe.MoeRun("dualpipe")
+    blk = steptime.block_times(DSV3, H100, t, r, False, False, dual_run)
+    one = steptime.stage_times(DSV3, H100, t, r, blk)
+    two = steptime.stage_times(DSV3, H100, t, r, blk, dual_run)
+    per_layer = blk.compute[0] + blk.comm[0] + blk.cp_comm[0] + blk.ep_comm[0]
+    assert one.layers[0] == 2 and one.head[0] > 0  # 1F1B: the last stage with its head paces
+    ends, middle = 2.5 * per_layer + one.head[0] / 2, 4 * per_layer
+    assert (two.layers[0] * per_layer + two.head[0]) == pytest.approx(max(ends, middle))
+    assert two.head[0] == pytest.approx(one.head[0] / 2 if ends >= middle else 0.0)
+    # The bubble: (P/2 - 1)(F&B + B - 3W) = 7 x 2F against 1F1B's (P - 1)(F + B) = 15 x 3F.
+    assert two.bubble[0] == pytest.approx(one.bubble[0] * 7 * 2 / (15 * 3))
+    assert two.pipeline[0] < one.pipeline[0]
+    # A heavier head (a 16x vocabulary): the end pair paces, with half of it.
+    wide = dataclasses.replace(DSV3, vocab=16 * DSV3.vocab)
+    r2 = steptime._rates(wide, H100, t)
+    blk2 = steptime.block_times(wide, H100, t, r2, False, False, dual_run)
+    one2 = steptime.stage_times(wide, H100, t, r2, blk2)
+    two2 = steptime.stage_times(wide, H100, t, r2, blk2, dual_run)
+    assert two2.layers[0] == pytest.approx(2.5)
+    assert two2.head[0] == pytest.approx(one2.head[0] / 2)

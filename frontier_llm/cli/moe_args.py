@@ -30,10 +30,13 @@ def add_moe_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--router-balance", choices=ROUTER_BALANCES, default=None,
                    help="how the router balances the experts, which sets the slowest EP "
                         "rank's excess tokens (default: the model's, aux-loss unless its file "
-                        "says otherwise): aux-loss (a balance loss, x1.72 on the hottest "
-                        "expert), aux-free (an expert bias, DeepSeek-V3, x1.04), forced "
-                        "(Megatron-LM --moe-router-force-load-balancing, benchmarks: sampling "
-                        "noise only)")
+                        "says otherwise): aux-loss (a balance loss on each micro-batch, "
+                        "Megatron-LM's aux_loss: sampling noise only), aux-loss-global (the "
+                        "loss on the global batch, Megatron-LM global_aux_loss, Qwen3: a "
+                        "loss-balanced router's spread, x1.72 on the hottest of 64 experts), "
+                        "aux-free (an expert bias, DeepSeek-V3, x1.04 on the hottest of 64), "
+                        "forced (Megatron-LM --moe-router-force-load-balancing, benchmarks: "
+                        "sampling noise only)")
 
 
 def moe_run_from_args(args: argparse.Namespace) -> MoeRun:

@@ -32,8 +32,11 @@ from frontier_llm.specs.system import SystemSpec
 # (steptime.deepspeed_pipe_p2p): four blocking messages a micro-batch and the TP all-gathers of
 # its partitioned tensors. 2.6: the reserve as context, collective buffers and allocator
 # fragmentation (costmodel/reserve.py) instead of a fixed 5 GB; FSDP2's gradient sync per
-# micro-batch as each trainer runs it (grad_sync).
-COSTMODEL_VERSION = "2.6"
+# micro-batch as each trainer runs it (grad_sync). 2.7: an MoE rank's load imbalance by what
+# the router's balance holds even (moe.load_imbalance: a micro-batch balance loss at its
+# sampling-noise floor, router_balance aux-loss-global for a global-batch loss) and DualPipe's
+# mirrored stages and bubble (moe.dualpipe_pace); dense models are unchanged.
+COSTMODEL_VERSION = "2.7"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
               "pp_bubble", "head", "dp_comm", "optimizer")

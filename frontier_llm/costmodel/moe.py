@@ -24,12 +24,14 @@ prices ``l/p`` identical blocks per stage (docs/costmodel.md, "Mixture-of-Expert
   :func:`expert_gemm_slowdown`); the MLP's tp collective runs over etp ranks
   (:func:`mlp_tp_comm`) and the ep group is ep ranks etp apart (:func:`all_to_all_times`).
 - Step time: the slowest EP rank sets the pace (dropless routing computes every routed token):
-  its expert GEMMs run :data:`LOAD_IMBALANCE` times the mean rows, on smaller GEMMs
-  (:func:`expert_gemm_slowdown`); four all-to-alls per MoE block and micro-batch (dispatch and
-  combine, forward and backward; :func:`all_to_all_times`), each on the link tiers its hops
-  cross (comm.all_to_all), fewer bytes across nodes where the dispatcher sends one copy per
-  node under node-limited routing (:func:`remote_copy_factor`), hidden behind the other
-  micro-batch's compute where the run overlaps them (:class:`MoeRun`).
+  its expert GEMMs run :func:`load_imbalance` times the mean rows (the router's measured
+  per-expert spread and the micro-batch's sampling noise, by the number of experts and EP
+  ranks), on smaller GEMMs (:func:`expert_gemm_slowdown`); four all-to-alls per MoE block
+  and micro-batch (dispatch and combine, forward and backward; :func:`all_to_all_times`),
+  each on the link tiers its hops cross (comm.all_to_all), fewer bytes across nodes where
+  the dispatcher sends one copy per node under node-limited routing
+  (:func:`remote_copy_factor`), hidden behind the other micro-batch's compute where the run
+  overlaps them (:class:`MoeRun`).
 """
 
 from __future__ import annotations
@@ -48,17 +50,42 @@ from frontier_llm.specs.system import SystemSpec
 # Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing Strategy for Mixture-of-Experts"
 # (arXiv 2408.15664), Table 1: the aux-loss-balanced ("loss-controlled") 1B MoE trains at
 # MaxVio_global = 0.72, their loss-free method (a per-expert bias, Megatron-LM
-# ``--moe-router-enable-expert-bias``, DeepSeek-V3's router) at 0.04. A stated physical ratio
-# per router, never fitted (:data:`ROUTER_BALANCES`).
+# ``--moe-router-enable-expert-bias``, DeepSeek-V3's router) at 0.04: the excess of the
+# hottest expert over the whole validation set. A stated physical ratio per router, never
+# fitted (:data:`ROUTER_BALANCES`, :func:`expert_load_spread`).
 LOAD_IMBALANCE = 1.72
 AUX_FREE_IMBALANCE = 1.04
-# How a model's router is balanced (ModelSpec.router_balance): ``aux-loss`` (GShard/Switch's
-# loss, Megatron-LM's default ``--moe-router-load-balancing-type aux_loss``; Mixtral, Qwen3),
-# ``aux-free`` (the bias of Wang et al.; DeepSeek-V3 §2.1.2), ``forced`` (Megatron-LM
-# ``--moe-router-force-load-balancing``: random router logits, "only for benchmark";
-# megatron/core/transformer/transformer_config.py, NVIDIA/Megatron-LM@d98e8a64): the tokens
-# are spread at random, so a rank's excess is sampling noise (:func:`load_imbalance`).
-ROUTER_BALANCES = ("aux-loss", "aux-free", "forced")
+# The routed experts per MoE layer of the models those MaxVio figures were measured on (Wang et
+# al.'s DeepSeekMoE-style 1B and 3B models: 64 routed experts; carried from this file's earlier
+# citation, not re-read in this session). A MaxVio is the largest of that many experts' loads,
+# so it is the spread of an expert's load times the expected maximum of 64 draws
+# (:func:`expert_load_spread`), not a figure for a model with another expert count.
+REFERENCE_EXPERTS = 64
+# How a model's router is balanced (ModelSpec.router_balance), by what its balance holds even:
+# - ``aux-loss``: GShard/Switch's loss on each micro-batch's expert counts, Megatron-LM's
+#   default ("aux_loss": "Load balancing loss used in GShard and SwitchTransformer, calculated
+#   at micro-batch level"; ``seq_aux_loss`` holds each sample even, finer still;
+#   megatron/core/transformer/transformer_config.py, NVIDIA/Megatron-LM@d98e8a64; at the
+#   README benchmarks' commits c230e0d7 and fbdc9167 the router's apply_load_balancing_loss
+#   takes the micro-batch's num_local_tokens_per_expert). The loss is least at an even spread
+#   (Switch Transformers, Fedus et al. 2022, eq. 4: "minimized under a uniform distribution";
+#   quoted from memory, not re-read in this session), and it sees exactly the counts an EP
+#   rank's load is made of, so a settled router leaves a micro-batch only its sampling noise;
+#   Qiu et al. 2025 (arXiv 2501.11873, abstract): with the micro-batch loss "the router is
+#   pushed to distribute the token evenly within each sequence". A settled router: the
+#   Megatron-LM MoE README measures after "at least 500 iterations or resume from trained
+#   checkpoints" (NVIDIA/Megatron-LM@c230e0d7). The sampling noise is a floor: what the loss
+#   leaves beyond it at the run's coefficient (Megatron-LM's README recommends 1e-2,
+#   Mixtral's config 0.02) has no measured source here and is priced as none.
+# - ``aux-loss-global``: the same loss on the global batch's counts (Megatron-LM
+#   ``global_aux_loss``, "calculated at global batch level", same file; Qwen3, Qiu et al.:
+#   "Global-batch LBL is also used in Qwen3-MoEs"): even over the corpus, not within a
+#   micro-batch, so a micro-batch keeps the spread of a loss-balanced router over the corpus,
+#   Wang et al.'s loss-controlled MaxVio (a lower bound on its micro-batch excess).
+# - ``aux-free``: the bias of Wang et al. (DeepSeek-V3 §2.1.2), their measured MaxVio.
+# - ``forced``: Megatron-LM ``--moe-router-force-load-balancing``: random router logits,
+#   "only for benchmark" (same file): the tokens are spread at random, sampling noise alone.
+ROUTER_BALANCES = ("aux-loss", "aux-loss-global", "aux-free", "forced")
 # How the run overlaps the expert-parallel all-to-alls with compute (:class:`MoeRun`).
 MOE_OVERLAPS = ("none", "ep-a2a", "dualpipe")
 # Megatron-LM's ``--moe-token-dispatcher-type`` for expert parallelism: ``alltoall`` sends one
@@ -81,7 +108,10 @@ class MoeRun:
     all-to-alls hide behind the paired micro-batch's compute in the steady phase, exposed in
     the unpaired warm-up and cool-down; ``dualpipe``: DeepSeek-V3's DualPipe (report §3.2.1:
     "both all-to-all and PP communication can be fully hidden"), every micro-batch paired,
-    with its node-deduplicating dispatch. ``dispatcher``: :data:`MOE_DISPATCHERS`."""
+    with its node-deduplicating dispatch, and its bidirectional pipeline: each rank holds a
+    stage and its mirror, the bubble DualPipe's (:func:`dualpipe_pace`,
+    :func:`dualpipe_bubble_share`; steptime.stage_times). ``dispatcher``:
+    :data:`MOE_DISPATCHERS`."""
 
     overlap: str = "none"
     dispatcher: str = "alltoall"
@@ -210,29 +240,52 @@ def sharded_count(n, n_routed, t, component: str):
     return cdiv(n - n_routed, t.degree(component)) + cdiv(n_routed, expert_degree(t, component))
 
 
+def expected_max(n):
+    """The expected largest of ``n`` independent standard normal draws, to leading order:
+    ``sqrt(2·ln n)``, the maximal inequality for sub-Gaussian variables (an upper bound for
+    every ``n``, tight as ``n`` grows: Boucheron, Lugosi and Massart 2013, Concentration
+    Inequalities, §2.5), 0 for ``n`` = 1."""
+    n = np.maximum(np.asarray(n, dtype=float), 1.0)
+    return np.sqrt(2 * np.log(n))
+
+
+def expert_load_spread(model: ModelSpec) -> float:
+    """The relative standard deviation of one expert's routed load in a micro-batch beyond
+    its sampling noise, under the model's router balancing (:data:`ROUTER_BALANCES`): 0 where
+    the balance holds each micro-batch even (``aux-loss``) or routes at random (``forced``);
+    else the spread behind a measured MaxVio, the largest excess of :data:`REFERENCE_EXPERTS`
+    experts' loads: ``MaxVio / sqrt(2·ln 64)`` (:func:`expected_max`), 0.25 for Wang et al.'s
+    loss-controlled 0.72 (``aux-loss-global``), 0.014 for their loss-free 0.04
+    (``aux-free``)."""
+    peak = {"aux-loss": 1.0, "aux-loss-global": LOAD_IMBALANCE,
+            "aux-free": AUX_FREE_IMBALANCE, "forced": 1.0}[model.router_balance]
+    return float((peak - 1.0) / expected_max(REFERENCE_EXPERTS))
+
+
 def load_imbalance(model: ModelSpec, t=None):
-    """The slowest rank's routed tokens over the mean. Without a layout ``t``: the most loaded
-    expert's (:data:`LOAD_IMBALANCE` under an aux loss, :data:`AUX_FREE_IMBALANCE` aux-loss-free,
-    1 forced). With one, per EP rank: a rank holding all experts (ep 1) computes every routed
-    copy, 1; else the hottest expert's excess ``MaxVio`` spread over the rank's ``E/ep``
-    experts, the others at their mean: ``1 + MaxVio·ep/E``. Forced (random) routing: a rank's
-    load is binomial around its mean ``μ = tokens·top_k``, the largest of ``ep`` about
-    ``μ + σ·sqrt(2·ln ep)`` with ``σ² = μ·(1 − 1/ep)``. A capacity factor ``c`` caps every
-    expert at ``c`` times its even share (GShard, Switch): ``min(·, c)``."""
-    balance = model.router_balance
+    """The slowest rank's routed tokens over the mean. Each expert's load deviates from the
+    mean by a relative :func:`expert_load_spread` ``s`` (the router's lasting preference, a
+    property of its balancing), and a micro-batch's routed copies add sampling noise.
+
+    Without a layout ``t``: the most loaded of the model's ``E`` experts,
+    ``1 + s·sqrt(2·ln E)`` (:func:`expected_max`), the measured MaxVio for a 64-expert model.
+    With one, per EP rank: a rank holding all experts (ep 1) computes every routed copy, 1;
+    else a rank's ``E/ep`` experts average their deviations, ``s·sqrt(ep/E)`` (independent
+    experts), and its ``μ = tokens·top_k`` routed copies of the ep group's tokens are binomial
+    with ``σ²/μ² = (1 − 1/ep)/μ``; the two add in quadrature and the slowest of the ``ep``
+    ranks sits ``sqrt(2·ln ep)`` standard deviations above the mean. A micro-batch balance
+    loss and forced (random) routing are the case ``s`` = 0: sampling noise alone. A capacity
+    factor ``c`` caps every expert at ``c`` times its even share (GShard, Switch):
+    ``min(·, c)``."""
+    spread = expert_load_spread(model)
     if t is None:
-        imbalance = {"aux-loss": LOAD_IMBALANCE, "aux-free": AUX_FREE_IMBALANCE,
-                     "forced": 1.0}[balance]
+        imbalance = 1.0 + spread * float(expected_max(model.num_experts))
     else:
-        ep = np.asarray(axes.degree(t, "ep"), dtype=float)
-        if balance == "forced":
-            mean = np.maximum(t.micro_batch * t.local_seq(model.seq_len) * model.top_k, 1.0)
-            vio = np.sqrt(2 * np.log(np.maximum(ep, 1.0)) * (1 - 1 / np.maximum(ep, 1.0))
-                          / mean)
-        else:
-            peak = LOAD_IMBALANCE if balance == "aux-loss" else AUX_FREE_IMBALANCE
-            vio = (peak - 1.0) * np.minimum(ep / model.num_experts, 1.0)
-        imbalance = np.where(ep > 1, 1.0 + vio, 1.0)
+        ep = np.maximum(np.asarray(axes.degree(t, "ep"), dtype=float), 1.0)
+        mean = np.maximum(t.micro_batch * t.local_seq(model.seq_len) * model.top_k, 1.0)
+        rank = np.sqrt(spread ** 2 * np.minimum(ep / model.num_experts, 1.0)
+                       + (1 - 1 / ep) / mean)
+        imbalance = np.where(ep > 1, 1.0 + rank * expected_max(ep), 1.0)
     if model.capacity_factor is None:
         return imbalance
     return np.minimum(imbalance, model.capacity_factor)
@@ -350,6 +403,37 @@ def all_to_all_times(model: ModelSpec, system: SystemSpec, t, act_bytes,
     # Only Megatron-LM has the flag: other engines' layouts keep every all-to-all exposed.
     return np.where(t.engine == Engine.MEGATRON.code,
                     unpaired * total + (1 - unpaired) * paired, total)
+
+
+def dualpipe_pace(ranks: dict, per_layer, last_extra):
+    """(blocks, head) per micro-batch on the pipeline rank that sets DualPipe's pace.
+
+    DualPipe runs the model in both directions at once: rank ``r`` holds stage ``r`` and stage
+    ``P−1−r`` (deepseek-ai/DualPipe example.py@a96f82988ee38d8dbd22ab8550f90fcea33c860e:
+    ``nn.Sequential(full_modules[rank], full_modules[pp_size - 1 - rank])``; its
+    README@89f5de17's table: Parameter "2×"), and each direction carries half the
+    micro-batches (the first rank feeds ``full_x.chunk(2)[0]``, the last ``chunk(2)[1]``). A
+    rank's work per micro-batch is the mean of its two stages': the end ranks pair the first
+    stage with the last, whose head, loss and MTP modules (``last_extra``) they share, half a
+    micro-batch each; every middle pair is two middle stages, at most ``mid_held`` blocks
+    each (costmodel/split.py pipeline_ranks)."""
+    ends = (ranks["first"] + ranks["last"]) / 2.0
+    mid = ranks["mid_held"]
+    ends_pace = ends * per_layer + last_extra / 2.0 >= mid * per_layer
+    return (np.where(ends_pace, ends, mid).astype(float),
+            np.where(ends_pace, last_extra / 2.0, 0.0))
+
+
+def dualpipe_bubble_share(pp):
+    """DualPipe's bubble in units of one micro-batch's stage time ``F + B`` (steptime.
+    stage_times' ``t_avg``, whose 1F1B bubble is ``(P − 1)`` of them): ``(P/2 − 1)(F&B + B −
+    3W)`` against 1F1B's ``(P − 1)(F + B)`` (deepseek-ai/DualPipe README@89f5de17, "Pipeline
+    Bubbles and Memory Usage Comparison"), with a backward twice a forward (``B = 2F``), half
+    of it the weight gradients (``W = F``: each GEMM's input and weight gradients cost one
+    forward each) and the overlapped pair computing both (``F&B = F + B``; the overlap hides
+    communication, not FLOPs): ``(P/2 − 1)·2F = (P/2 − 1)·(2/3)·(F + B)``."""
+    pp = np.asarray(pp, dtype=float)
+    return np.maximum(pp / 2.0 - 1.0, 0.0) * 2.0 / 3.0
 
 
 def mlp_tp_comm(model: ModelSpec, system: SystemSpec, t, tp_ar, tokens_bytes):

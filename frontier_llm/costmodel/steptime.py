@@ -264,13 +264,16 @@ def cp_exchange_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, act_
 
 
 def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
-                blk: BlockTimes, p2p_overlap: bool = False) -> StageTimes:
+                blk: BlockTimes, p2p_overlap: bool = False,
+                moe_run: moe.MoeRun = moe.NO_OVERLAP) -> StageTimes:
     """The pipeline ranks (the last with the head) and the schedule's pipeline time: the slowest
     rank sets the pace, the mean the bubble. Ranks hold the layers the engine's split gives them
     (costmodel/split.py): ``l/p`` each when even. ``p2p_overlap``: the run overlaps its
     interleaved schedule's sends and receives with the neighbouring chunks' compute
     (Megatron-Core's ``overlap_p2p_comm``, "valid only when virtual_pipeline_model_parallel_size
-    is larger than 1" as NeMo's MLPerf configs say); off, every send is exposed."""
+    is larger than 1" as NeMo's MLPerf configs say); off, every send is exposed. Under DualPipe
+    (``moe_run.overlap``) every rank holds two stages, each run for half the micro-batches
+    (moe.dualpipe_pace), and the bubble is DualPipe's (moe.dualpipe_bubble_share)."""
     h, V = model.hidden, model.vocab
     tp, pp, v = t.tp, t.pp, t.virtual_stages
     tokens = t.micro_batch * t.local_seq(model.seq_len)  # the rank's share of each sequence
@@ -309,9 +312,16 @@ def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     p2p = np.where(last_paces, p2p_last, p2p)
     t_max = layers * per_layer + head + p2p
     t_avg = np.where(pp > 1, (model.layers * per_layer + last_extra) / pp + p2p, t_max)
+    bubble = (pp - 1) / v * t_avg
+    if moe_run.overlap == "dualpipe":
+        dual = pp > 1
+        d_layers, d_head = moe.dualpipe_pace(ranks, per_layer, last_extra)
+        layers = np.where(dual, d_layers, layers)
+        head = np.where(dual, d_head, head)
+        t_max = layers * per_layer + head + p2p
+        bubble = np.where(dual, moe.dualpipe_bubble_share(pp) * t_avg, bubble)
     compute_mb = layers * blk.compute + np.where(pp > 1, 0.0, last_extra)
     m = t.num_microbatches
-    bubble = (pp - 1) / v * t_avg
     return StageTimes(layers, head, p2p, compute_mb, m * t_max + bubble, bubble)
 
 
@@ -526,7 +536,7 @@ def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable, eager: bool 
     :func:`stage_times`."""
     r = _rates(model, system, t)
     blk = block_times(model, system, t, r, eager, tp_comm_overlap, moe_run)
-    stage = stage_times(model, system, t, r, blk, p2p_overlap)
+    stage = stage_times(model, system, t, r, blk, p2p_overlap, moe_run)
     dp = data_parallel_times(model, system, t, r, blk, stage, overlap_comm, reduce_fp32,
                              grad_sync)
     m = t.num_microbatches

@@ -71,9 +71,11 @@ class ModelSpec:
     # --moe-aux-loss-coeff); 0 trains without it.
     router_aux_loss: float = 0.0
     # How the router keeps the experts' loads even, which sets the slowest EP rank's excess
-    # (costmodel/moe.py load_imbalance): "aux-loss" (a balance loss: GShard, Switch, Megatron-LM's
-    # default), "aux-free" (a per-expert routing bias, Wang et al. 2024, arXiv 2408.15664;
-    # DeepSeek-V3), "forced" (Megatron-LM --moe-router-force-load-balancing, benchmarks only).
+    # (costmodel/moe.py load_imbalance): "aux-loss" (a balance loss on each micro-batch: GShard,
+    # Switch, Megatron-LM's default aux_loss), "aux-loss-global" (the loss on the global batch's
+    # counts: Megatron-LM global_aux_loss, Qwen3), "aux-free" (a per-expert routing bias, Wang
+    # et al. 2024, arXiv 2408.15664; DeepSeek-V3), "forced" (Megatron-LM
+    # --moe-router-force-load-balancing, benchmarks only).
     router_balance: str = "aux-loss"
     # Group-limited routing (DeepSeek-V3 config.json n_group / topk_group; Megatron-LM
     # --moe-router-num-groups / --moe-router-group-topk): experts in n_group groups, each token
@@ -200,9 +202,9 @@ class ModelSpec:
         if self.dense_layers >= self.layers:
             raise SpecError(f"dense_layers ({self.dense_layers}) leaves no MoE block of "
                             f"{self.layers} layers", "dense_layers")
-        if self.router_balance not in ("aux-loss", "aux-free", "forced"):
-            raise SpecError("router_balance must be aux-loss, aux-free or forced (got "
-                            f"{self.router_balance!r})", "router_balance")
+        if self.router_balance not in ("aux-loss", "aux-loss-global", "aux-free", "forced"):
+            raise SpecError("router_balance must be aux-loss, aux-loss-global, aux-free or "
+                            f"forced (got {self.router_balance!r})", "router_balance")
         if (self.n_group or self.topk_group) and not (
                 1 <= self.topk_group <= self.n_group and self.num_experts % self.n_group == 0):
             raise SpecError(f"topk_group ({self.topk_group}) must be between 1 and n_group "

@@ -161,8 +161,11 @@ def moe_args(model: ModelSpec, layout: Layout) -> list[str]:
         argv += ["--moe-shared-expert-intermediate-size",
                  str(model.shared_experts * model.expert_ffn_hidden)]
     if model.router_aux_loss > 0:
-        # aux_loss: "the load balancing loss used in GShard and SwitchTransformer".
-        argv += ["--moe-router-load-balancing-type", "aux_loss",
+        # aux_loss: "the load balancing loss used in GShard and SwitchTransformer", on each
+        # micro-batch; global_aux_loss: "calculated at global batch level"
+        # (transformer_config.py, NVIDIA/Megatron-LM@d98e8a64).
+        kind = "global_aux_loss" if model.router_balance == "aux-loss-global" else "aux_loss"
+        argv += ["--moe-router-load-balancing-type", kind,
                  "--moe-aux-loss-coeff", f"{model.router_aux_loss:g}"]
     else:
         argv += ["--moe-router-load-balancing-type", "none"]
