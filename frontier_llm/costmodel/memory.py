@@ -20,6 +20,8 @@ The figure predicted is the allocator's peak reserved (``torch.cuda.max_memory_r
 start of the backward pass: beside the above, the loss's vocabulary-sized temporaries
 (:func:`loss_bytes`), the unsharded copies of sharded parameters and gradients
 (:func:`gathered_bytes`, from the engine's prefetch and resharding) and the system's reserve.
+The native engine's is the larger of that, under FSDP2 a block's own backward
+(:mod:`.block_backward`), and its optimizer step (:func:`rank_memory`).
 Ranks hold the layers their engine's split gives them (:mod:`.split`); the peak is over the first,
 the fullest middle and the last rank. docs/costmodel.md §3.
 
