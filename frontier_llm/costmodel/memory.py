@@ -448,6 +448,9 @@ def _block_backward(model: ModelSpec, t: LayoutTable, r, states: dict, held, par
         grad_shard_bytes=_cdiv(n_layer, t.degree("grads")) * e, act_bytes=e,
         per_layer=parts["per_layer"], steady=parts["steady"], transient=parts["transient"],
         grad_in=sb * model.hidden * e * rep, mlp_temps=mlp_backward_bytes(model, t, e),
+        # The head's weight (or the embedding it is tied to), vocabulary-parallel, and the
+        # MLP's last matrix, both unsharded.
+        weight_grads=(_cdiv(model.vocab, t.tp) + model.ffn_hidden // t.tp) * model.hidden * e,
         grads_back=grads_back, loss_buffers=buffers, earlier=earlier,
         reduces_each=grad_sync_each(t, grad_sync),
         kept=(t.params_kind == PlacementKind.REPLICATE.code) | ~t.reshard_after_forward)
@@ -512,7 +515,7 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
     # where it holds more than the loss's, it is the backward's peak.
     block = _block_backward(model, t, r, states, held, parts, grads_back, buffers, earlier,
                             grad_sync)
-    at_block = (priced(t) & (phase != "loss")
+    at_block = (priced(model, t) & (phase != "loss")
                 & (sum(block.values()) > grads_back + activations + loss + buffers))
     grads_back = np.where(at_block, block["grads"], grads_back)
     activations = np.where(at_block, block["activations"], activations)
