@@ -62,6 +62,16 @@ GRID = [
                                              sharding="zero1")),
     ("22b-fsdp-full", "gpt-22b", None, 2, dict(tp=2, dp=2, global_batch=4, sharding="zero3",
                                                recompute="full", micro_batch=2)),
+    # FSDP2 with full recompute over 8 ranks: the optimizer step's sharded temporaries fall
+    # under a block's backward (its gathered parameters, the root's, the block prefetched or
+    # the reduce-scatter input kept, the rebuilt block), which is the peak: the last block to
+    # run (2 blocks), a middle one holding both the prefetch and the reduce-scatter input (3).
+    ("22b-fsdp-full-dp8", "gpt-22b", None, 2, dict(tp=2, dp=8, global_batch=16,
+                                                   sharding="zero3", recompute="full",
+                                                   micro_batch=2)),
+    ("22b-fsdp-full-3blocks", "gpt-22b", None, 3, dict(tp=2, dp=8, global_batch=16,
+                                                       sharding="zero3", recompute="full",
+                                                       micro_batch=2)),
     ("mixtral-ep2", "mixtral-8x7b", None, 2, dict(dp=2, ep=2, micro_batch=4,
                                                   global_batch=8)),
     ("mixtral-ep4-tp2", "mixtral-8x7b", None, 2, dict(tp=2, dp=4, ep=4, global_batch=4)),

@@ -51,3 +51,38 @@ def test_interleaved_stages_are_refused_not_guessed(capsys):
             "--virtual-stages", "2"]
     assert main(argv) == 2
     assert "interleaved" in capsys.readouterr().err
+
+
+def _attention_peak(kernel: bool) -> tuple[int, int]:
+    """Peak bytes of one dropout attention's forward and backward under fake tensors (gpt-22b's
+    32 heads of a tp-2 rank at micro-batch 2), with or without memcheck's fused kernel; and
+    the bytes of one fp32 ``s x s`` score tensor."""
+    import contextlib
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.nn import functional as F
+
+    from frontier_llm.bench.memcheck import _gpu_attention_kernel
+
+    b, heads, s, d = 2, 32, 2048, 96
+    with (_gpu_attention_kernel() if kernel else contextlib.nullcontext()), FakeTensorMode():
+        q, k, v = (torch.empty(b, heads, s, d, dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        tracker = MemTracker()
+        with tracker:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True)
+            out.sum().backward()
+        peak = next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
+    return peak, 4 * b * heads * s * s
+
+
+def test_dropout_attention_is_measured_as_the_gpu_fused_kernel():
+    """On CPU, SDPA with dropout falls back to the math path (its flash kernel refuses dropout)
+    and materialises fp32 s x s scores; a GPU's flash kernel does not, and neither does the
+    fused kernel flm memcheck calls: its peak is a few q-sized tensors."""
+    fallback, scores = _attention_peak(kernel=False)
+    fused, _ = _attention_peak(kernel=True)
+    assert fallback > 2 * scores  # what the CPU would allocate, no GPU does
+    assert fused < scores / 4  # q, k, v, output, log-sum-exp and the gradients: 1/4 of one

@@ -31,13 +31,18 @@ def test_keeping_parameters_trades_memory_for_one_gather_per_layer():
     """Off keeps every layer of the stage gathered from its forward to its backward: at the
     loss's backward, when the native engine has resharded everything (its root too), the
     buffers grow by the stage's whole unsharded parameters (flm memcheck measures it:
-    tests/test_memcheck_grid.py), and the backward's second all-gather goes."""
+    tests/test_memcheck_grid.py), and the backward's second all-gather goes. (The peak of
+    "on" is here a block's backward, costmodel/block_backward.py, which gathers a block or
+    two: the difference at the peak is smaller.)"""
     model, system = load_model("gpt-22b"), load_system("frontier")
     on, off = predict(model, system, _layout()), predict(model, system, _layout(
         reshard_after_forward=False))
     stage = float(stage_params_per_rank(model, 2, 1, 0))
+    at_loss = [float(rank_memory(model, system, from_configs([lay]), 0, phase="loss")
+                     ["buffers"][0]) for lay in (_layout(), _layout(reshard_after_forward=False))]
+    assert at_loss[1] - at_loss[0] == pytest.approx(stage * 2, rel=1e-6)  # bf16
     extra = off["breakdown"]["memory_bytes"]["buffers"] - on["breakdown"]["memory_bytes"]["buffers"]
-    assert extra == pytest.approx(stage * 2, rel=1e-6)  # bf16
+    assert 0 < extra < stage * 2
     assert off["breakdown"]["time_s"]["dp_comm"] < on["breakdown"]["time_s"]["dp_comm"]
     # Without sharded parameters there is nothing to keep: the same prediction.
     z1 = Layout(tp=2, dp=8, global_batch=64, sharding=zero_preset(1))
@@ -98,11 +103,11 @@ def test_the_native_engine_keeps_them(tmp_path):
     predicted = off["prediction"]["peak_memory_bytes"] - on["prediction"]["peak_memory_bytes"]
     print(f"keeping gathered parameters: predicted +{predicted / 1e6:.1f} MB per rank at the "
           f"backward's start; resident set +{(rss[1] - rss[0]) / 1e6:.1f} MB")
-    # The whole stage stays gathered at the backward's peak; on this small model the optimizer
+    # The whole stage stays gathered at the loss's backward; on this small model the optimizer
     # step's peak (its fp32 temporaries) is the larger moment, so the peaks differ by less.
     model = load_model(str(tmp_path / "m.yaml"))
     layouts = [Layout.from_dict(t["layout"]) for t in (on, off)]
     back = [float(rank_memory(model, load_system("cpu-local"), from_configs([lay]), 0,
-                              phase="backward")["buffers"][0]) for lay in layouts]
+                              phase="loss")["buffers"][0]) for lay in layouts]
     assert back[1] - back[0] == pytest.approx(whole, rel=0.05)
     assert 0 <= predicted <= back[1] - back[0]

@@ -234,6 +234,40 @@ def _balanced_experts() -> Iterator[None]:
         MoE.forward = original
 
 
+@contextlib.contextmanager
+def _gpu_attention_kernel() -> Iterator[None]:
+    """``F.scaled_dot_product_attention`` with dropout measured as a GPU runs it: a fused kernel.
+
+    PyTorch picks SDPA's backend per device. On CPU the fused (flash) kernel refuses dropout
+    (``use_flash_attention_cpp`` lists ``check_for_dropout``: aten/src/ATen/native/transformers/
+    sdp_utils_cpp.cpp at 02315a4), so a model with attention dropout (GPT's 0.1) falls back to
+    the math path, which materialises the fp32 ``s x s`` scores, softmax, dropout mask and
+    dropped probabilities per head (1 GiB each for gpt-22b's 32 heads of a tp-2 rank at
+    micro-batch 2). On a CUDA GPU the flash kernel takes dropout (``can_use_flash_attention``
+    has no dropout check: aten/src/ATen/native/transformers/cuda/sdp_utils.cpp at 001f694) and
+    saves only its output and per-row log-sum-exp. flm memcheck stands for the GPU, so under
+    its fake tensors the call goes to the fused CPU kernel's operator, whose shape rules (and
+    autograd formula) take any ``dropout_p``: what it allocates is the fused kernel's. Calls
+    without dropout, or with grouped K/V heads, are left to SDPA's own choice."""
+    from torch.nn import functional as F
+
+    original = F.scaled_dot_product_attention
+    fused = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+             enable_gqa=False):
+        if dropout_p > 0 and q.shape[1] == k.shape[1]:
+            return fused(q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+        return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+    F.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
 def peak_rank(model: ModelSpec, layout: Layout) -> tuple[int, int]:
     """(global rank, pipeline rank) of the rank the cost model predicts fullest: the first
     rank of that pipeline stage (every tp / dp / cp rank of a stage holds the same). The
@@ -391,7 +425,7 @@ def _measure_fake(model: ModelSpec, layout: Layout, rank: int, world: int,
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    with (fake_world(rank, world), _real_meshes(), _balanced_experts(),
+    with (fake_world(rank, world), _real_meshes(), _balanced_experts(), _gpu_attention_kernel(),
           FakeTensorMode(allow_non_fake_inputs=True)):
         eng = NativeEngine(model, layout, rank=rank, world_size=world,
                            device=torch.device("cpu"),

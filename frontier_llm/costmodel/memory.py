@@ -20,6 +20,8 @@ The figure predicted is the allocator's peak reserved (``torch.cuda.max_memory_r
 start of the backward pass: beside the above, the loss's vocabulary-sized temporaries
 (:func:`loss_bytes`), the unsharded copies of sharded parameters and gradients
 (:func:`gathered_bytes`, from the engine's prefetch and resharding) and the system's reserve.
+The native engine's is the larger of that, under FSDP2 a block's own backward
+(:mod:`.block_backward`), and its optimizer step (:func:`rank_memory`).
 Ranks hold the layers their engine's split gives them (:mod:`.split`); the peak is over the first,
 the fullest middle and the last rank. docs/costmodel.md §3.
 
@@ -35,6 +37,7 @@ import numpy as np
 
 from frontier_llm.costmodel import fp8, moe
 from frontier_llm.costmodel.behaviour import behaviour
+from frontier_llm.costmodel.block_backward import block_moment, mlp_backward_bytes, priced
 from frontier_llm.costmodel.checkpoint_policy import kept_bytes_per_token
 from frontier_llm.costmodel.deepspeed_buffers import (
     extra_optimizer_bytes,
@@ -227,6 +230,17 @@ def _in_flight_chunks(t: LayoutTable, pp_rank) -> np.ndarray:
 def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None) -> np.ndarray:
     """Peak bytes saved for backward on one rank of stage ``pp_rank``, whose fullest chunk
     holds ``chunk`` layers (default: from the engine's split)."""
+    parts = activation_parts(model, t, pp_rank, chunk)
+    # The head's tensors (logits) are freed by its backward before any layer is rebuilt.
+    return parts["steady"] + parts["mtp"] + np.maximum(parts["transient"], parts["head"])
+
+
+def activation_parts(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None
+                     ) -> dict[str, np.ndarray]:
+    """:func:`activation_bytes` by part: ``steady`` (every in-flight block's saved tensors, the
+    first stage's inputs, cp masks), ``head`` (the last stage's norm and logits), ``mtp``
+    (its multi-token prediction modules'), ``transient`` (a block rebuilt in backward beyond
+    what it kept) and ``per_layer`` (what one block keeps)."""
     if chunk is None:
         chunk = rank_layers(model, t, pp_rank)[1]
     e = ACT_BYTES[t.dtype]
@@ -273,9 +287,8 @@ def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None) -> n
     # the backward reaches them, like the main head's).
     mtp = np.where(r == t.pp - 1, model.mtp_layers * logits_mb * (
         per_layer + sb * 2 * h * e * rep + sb * 4 * _cdiv(model.vocab, t.tp)), 0)
-    # The head's tensors (logits) are freed by its backward before any layer is rebuilt.
-    return (layers * per_layer + mtp + first + np.maximum(transient, last)
-            + cp_mask_bytes(model, t))
+    return {"steady": layers * per_layer + first + cp_mask_bytes(model, t),
+            "head": last, "mtp": mtp, "transient": transient, "per_layer": per_layer}
 
 
 def cp_mask_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
@@ -403,11 +416,8 @@ def native_backward_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> np.ndarr
     MLP backward holds the gradients of its ``f/t``-wide intermediates (SwiGLU's gate, up and
     product; GELU's input and output), measured by flm memcheck; on the last stage the loss's
     temporaries (:func:`loss_bytes`) are larger and come first."""
-    e = ACT_BYTES[t.dtype]
-    wide = 3 if model.activation == "swiglu" else 2
-    f = model.expert_ffn_hidden * model.top_k if model.is_moe else model.ffn_hidden
     return np.where(np.asarray(pp_rank) == t.pp - 1, 0,
-                    wide * t.local_seq(model.seq_len) * t.micro_batch * (f // t.tp) * e)
+                    mlp_backward_bytes(model, t, ACT_BYTES[t.dtype]))
 
 
 def native_embedding_grad_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> np.ndarray:
@@ -418,6 +428,32 @@ def native_embedding_grad_bytes(model: ModelSpec, t: LayoutTable, pp_rank) -> np
     e = ACT_BYTES[t.dtype]
     rows = model.vocab - _cdiv(model.vocab, t.tp)
     return np.where((np.asarray(pp_rank) == 0) & (t.tp > 1), rows * model.hidden * e, 0)
+
+
+def _block_backward(model: ModelSpec, t: LayoutTable, r, states: dict, held, parts: dict,
+                    grads_back, buffers, earlier, grad_sync: bool | None) -> dict:
+    """The terms of the native engine's largest block-backward moment under FSDP2
+    (costmodel/block_backward.py), from this module's parts: a block's and the root's
+    parameters on the rank, a block's sharded gradient, the block's input gradient (its
+    output's width, sharded like the block's input under sequence parallelism)."""
+    e = ACT_BYTES[t.dtype]
+    n_layer = table_layer_params(model, t)
+    layers = np.asarray(held)
+    n_rest = np.maximum(
+        stage_params_per_rank(model, t.tp, t.pp, r, layers, n_layer) - layers * n_layer, 0)
+    sb = t.local_seq(model.seq_len) * t.micro_batch
+    rep = np.where(t.sequence_parallel, 1.0 / t.tp, 1.0)
+    return block_moment(
+        layers=layers, block_params=n_layer, rest_params=n_rest,
+        grad_shard_bytes=_cdiv(n_layer, t.degree("grads")) * e, act_bytes=e,
+        per_layer=parts["per_layer"], steady=parts["steady"], transient=parts["transient"],
+        grad_in=sb * model.hidden * e * rep, mlp_temps=mlp_backward_bytes(model, t, e),
+        # The head's weight (or the embedding it is tied to), vocabulary-parallel, and the
+        # MLP's last matrix, both unsharded.
+        weight_grads=(_cdiv(model.vocab, t.tp) + model.ffn_hidden // t.tp) * model.hidden * e,
+        grads_back=grads_back, loss_buffers=buffers, earlier=earlier,
+        reduces_each=grad_sync_each(t, grad_sync),
+        kept=(t.params_kind == PlacementKind.REPLICATE.code) | ~t.reshard_after_forward)
 
 
 def native_step_bytes(t: LayoutTable, states: dict) -> np.ndarray:
@@ -440,17 +476,22 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
     The terms are those at the rank's peak. Megatron-LM and DeepSpeed keep their gradient
     buffers from the start (both allocate them with the model), so their peak is the start of
     backward with every term. The native engine (autograd, FSDP2) creates gradients in backward
-    and frees them after the step, so its peak is the larger of two moments: the backward of
-    the loss (gradients held only when an earlier micro-batch left them) and the optimizer
-    step (gradients and the step's temporaries, ``step``; no activation then). flm memcheck
-    measures both (docs/costmodel.md, "Memory as the allocator sees it"). ``phase``
-    (``backward`` or ``step``) gives that moment's terms instead of the larger's."""
+    and frees them after the step, so its peak is the larger of two moments: the backward
+    (gradients held only when an earlier micro-batch left them) and the optimizer step
+    (gradients and the step's temporaries, ``step``; no activation then). The backward's is
+    the loss's backward or, under FSDP2, a block's own backward (its gathered parameters, the
+    root's, a prefetched block or a reduce-scatter input, its gradients and rebuilt tensors:
+    costmodel/block_backward.py), whichever holds more. flm memcheck measures them
+    (docs/costmodel.md, "Memory as the allocator sees it"). ``phase`` (``backward``, ``loss``
+    for the loss's backward alone, or ``step``) gives that moment's terms instead of the
+    larger's."""
     if held is None or chunk is None:
         held, chunk = rank_layers(model, t, pp_rank)
     states = state_bytes(model, t, pp_rank, held, reduce_fp32, fp8_params)
     native = t.engine == Engine.NATIVE.code
     sharded = t.degree("grads") > 1
-    activations = activation_bytes(model, t, pp_rank, chunk)
+    parts = activation_parts(model, t, pp_rank, chunk)
+    activations = parts["steady"] + parts["mtp"] + np.maximum(parts["transient"], parts["head"])
     loss = np.where(np.asarray(pp_rank) == t.pp - 1, loss_bytes(model, t), 0)
     # The native engine's sequence-parallel all-gather output is the linear's saved input
     # (DTensor keeps the gathered one: in the activations), not a buffer of its own.
@@ -462,10 +503,24 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
     # reduce-scatter left them (a trainer that syncs every micro-batch); flm bench's are the
     # unsharded ones in ``buffers`` until its last micro-batch.
     sharded_held = sharded & earlier & grad_sync_each(t, grad_sync)
+    # The embedding's replicated gradient rows (tp > 1) outlive a backward only where nothing
+    # shards them: FSDP2's reduce-scatter of the root leaves the rank's shard (measured by flm
+    # memcheck, 22B tp 2 x dp 8 reducing every micro-batch: the stage's sharded gradients only).
     grads_back = np.where(native & ((sharded & ~sharded_held) | ~earlier), 0,
-                          states["grads"] + np.where(native, native_embedding_grad_bytes(
-                              model, t, r), 0))
+                          states["grads"] + np.where(native & ~sharded,
+                                                     native_embedding_grad_bytes(model, t, r),
+                                                     0))
     loss = np.where(native, np.maximum(loss, native_backward_bytes(model, t, r)), loss)
+    # FSDP2's second backward moment, a block's own backward (costmodel/block_backward.py):
+    # where it holds more than the loss's, it is the backward's peak.
+    block = _block_backward(model, t, r, states, held, parts, grads_back, buffers, earlier,
+                            grad_sync)
+    at_block = (priced(model, t) & (phase != "loss")
+                & (sum(block.values()) > grads_back + activations + loss + buffers))
+    grads_back = np.where(at_block, block["grads"], grads_back)
+    activations = np.where(at_block, block["activations"], activations)
+    loss = np.where(at_block, block["loss"], loss)
+    buffers = np.where(at_block, block["buffers"], buffers)
     step = np.where(native, native_step_bytes(t, states), 0)
     backward = grads_back + activations + loss + buffers
     at_step = native & (states["grads"] + step > backward)
