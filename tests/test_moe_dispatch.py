@@ -229,7 +229,7 @@ def test_dualpipe_pairs_each_rank_with_its_mirror_stage():
     dual_run = moe.MoeRun("dualpipe")
     blk = steptime.block_times(DSV3, H100, t, r, False, False, dual_run)
     one = steptime.stage_times(DSV3, H100, t, r, blk)
-    two = steptime.stage_times(DSV3, H100, t, r, blk, dual_run)
+    two = steptime.stage_times(DSV3, H100, t, r, blk, moe_run=dual_run)
     per_layer = blk.compute[0] + blk.comm[0] + blk.cp_comm[0] + blk.ep_comm[0]
     assert one.layers[0] == 2 and one.head[0] > 0  # 1F1B: the last stage with its head paces
     ends, middle = 2.5 * per_layer + one.head[0] / 2, 4 * per_layer
