@@ -243,6 +243,6 @@ def test_dualpipe_pairs_each_rank_with_its_mirror_stage():
     r2 = steptime._rates(wide, H100, t)
     blk2 = steptime.block_times(wide, H100, t, r2, False, False, dual_run)
     one2 = steptime.stage_times(wide, H100, t, r2, blk2)
-    two2 = steptime.stage_times(wide, H100, t, r2, blk2, dual_run)
+    two2 = steptime.stage_times(wide, H100, t, r2, blk2, moe_run=dual_run)
     assert two2.layers[0] == pytest.approx(2.5)
     assert two2.head[0] == pytest.approx(one2.head[0] / 2)
