@@ -225,7 +225,8 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
          space: SearchSpace | None = None, eager: bool = False,
          overlap_comm: bool = True, reduce_fp32: bool | None = None,
          tp_comm_overlap: bool = False, moe_run: MoeRun = NO_OVERLAP,
-         grad_sync: bool | None = None, fp8_params: bool | None = None) -> Plan:
+         grad_sync: bool | None = None, fp8_params: bool | None = None,
+         cp_exchange: str | None = None) -> Plan:
     """Evaluate every layout of ``space`` for ``model`` on ``gpus`` GPUs of ``system``;
     ``eager``: element-wise work as un-compiled PyTorch runs it (``flm plan --eager``;
     calibration's rows whose model code is plain PyTorch); Megatron-LM layouts stay fused.
@@ -241,7 +242,10 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
     (None: each engine's rule): FSDP2 reduce-scatters after every micro-batch (torchtitan's
     accumulation; calibration's torchtitan rows) or only after the last (flm bench).
     ``fp8_params`` (None: where flm's export writes ``--fp8-param-gather``): Megatron FP8
-    weights held as FP8 parameters (calibration's rows that state it)."""
+    weights held as FP8 parameters (calibration's rows that state it). ``cp_exchange`` (None:
+    the engine's rule, flm bench's single gather): the native engine's context parallelism
+    as flm bench runs it ("gather") or as PyTorch's ``context_parallel`` ring ("ring",
+    torchtitan; ``flm plan --cp-exchange ring``; calibration's rows that state it)."""
     if not 1 <= gpus <= MAX_GPUS:
         raise UserError(f"the GPU count must be between 1 and {MAX_GPUS:,} (got {gpus})")
     gb = global_batch or default_global_batch(model, gpus)
@@ -250,7 +254,7 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
     # The cost model runs on the layouts no rule rejected; the others get NaN figures.
     ok = np.flatnonzero(reason == 0)
     sub = evaluate(model, system, layouts.take(ok), eager, overlap_comm, reduce_fp32,
-                   tp_comm_overlap, moe_run, grad_sync, fp8_params)
+                   tp_comm_overlap, moe_run, grad_sync, fp8_params, cp_exchange)
     # Every row gets every figure: NaN (False) where a rule rejected it. One block for the
     # float figures, each row written once (the tables run to millions of rows).
     floats = [k for k, v in sub.items() if v.dtype != bool]
