@@ -218,3 +218,22 @@ def test_the_torchtitan_export_is_only_asked_for_the_ring(capsys):
     assert any("context_parallel ring" in n and "--cp-exchange ring" in n for n in notes)
     assert not any("context_parallel" in n for n in get("torchtitan").notes(
         MODEL, _layout(cp=1, dp=4, global_batch=4)))
+
+
+def test_the_planner_and_its_curve_price_the_setting():
+    """plan() and the allocation curve take cp_exchange: the same native cp layouts hold less
+    under the ring (no masks, no gathered K/V)."""
+    from frontier_llm.planner import SearchSpace, plan
+    from frontier_llm.planner.allocation import allocation_curve
+
+    space = SearchSpace(engine=("native",), tp=(2,), cp=(4,), pp=(1,))
+    a, b = (plan(MODEL, SYSTEM, 8, 4, space, cp_exchange=x) for x in ("gather", "ring"))
+    ok = np.isfinite(a.figures["peak_memory_bytes"])
+    assert ok.any()
+    # Less wherever the peak is the backward's (at the optimizer step no activation is alive).
+    ring, gather = b.figures["peak_memory_bytes"][ok], a.figures["peak_memory_bytes"][ok]
+    assert (ring <= gather).all() and (ring < gather).sum() > len(ring) // 2
+    curves = [allocation_curve(MODEL, SYSTEM, [8], space=space, global_batch=4,
+                               cp_exchange=x) for x in ("gather", "ring")]
+    assert curves[0]["step_time_s"].iloc[0] != curves[1]["step_time_s"].iloc[0] or \
+        curves[0]["peak_memory_gb"].iloc[0] != curves[1]["peak_memory_gb"].iloc[0]

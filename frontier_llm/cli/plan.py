@@ -254,7 +254,7 @@ def _with_speedup(ranked: pd.DataFrame, result, model: ModelSpec, system, args
     idx = result.ranked_indices(None if args.risk_aware else args.top,
                                 fits_only=not args.include_oom, frontier=not args.all)
     fig = in_dtype(model, system, result.layouts.take(idx), other, args.eager,
-                   args.deepspeed_overlap_comm == "on")
+                   args.deepspeed_overlap_comm == "on", args.cp_exchange)
     mine = result.figures["step_time_s"][idx]
     out = ranked.copy()
     # annotate() may drop or reorder rows (--risk-aware): align on the rank the plan gave.
