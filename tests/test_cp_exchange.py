@@ -237,3 +237,20 @@ def test_the_planner_and_its_curve_price_the_setting():
                                cp_exchange=x) for x in ("gather", "ring")]
     assert curves[0]["step_time_s"].iloc[0] != curves[1]["step_time_s"].iloc[0] or \
         curves[0]["peak_memory_gb"].iloc[0] != curves[1]["peak_memory_gb"].iloc[0]
+
+
+def test_a_torchtitan_sweep_predicts_its_jobs_with_the_ring():
+    """A sweep's jobs are priced with their trainer's exchange: torchtitan's ring; flm bench's
+    (and Megatron-LM's, whose engine has its own ring) the engine's rule."""
+    from types import SimpleNamespace
+
+    from frontier_llm.jobs.sweepspec import _cp_exchange, _predicted
+
+    assert _cp_exchange(SimpleNamespace(workload="torchtitan")) == "ring"
+    assert _cp_exchange(SimpleNamespace(workload="flm-bench")) is None
+    assert _cp_exchange(SimpleNamespace(workload="megatron-lm")) is None
+    lay = _layout()
+    ring = _predicted(MODEL, SYSTEM, lay, "ring")
+    assert ring["peak_memory_bytes"] == predict(MODEL, SYSTEM, lay,
+                                                cp_exchange="ring")["peak_memory_bytes"]
+    assert ring["peak_memory_bytes"] < _predicted(MODEL, SYSTEM, lay)["peak_memory_bytes"]
