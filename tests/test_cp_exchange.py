@@ -200,6 +200,13 @@ def test_flm_predict_prices_the_setting(capsys):
         assert got[exchange]["peak_memory_bytes"] == want["peak_memory_bytes"]
         assert got[exchange]["step_time_s"] == want["step_time_s"]
     assert got["ring"]["peak_memory_bytes"] < got["gather"]["peak_memory_bytes"]
+    # The table says which exchange it priced.
+    table = [w for w in words if w not in ("--format", "json")]
+    for extra, line in (([], "cp exchange gather (flm bench"),
+                        (["--cp-exchange", "ring"], "cp exchange ring (PyTorch context_parallel")):
+        args = parser.parse_args(table + extra)
+        assert args.func(args) == 0
+        assert line in capsys.readouterr().out
 
 
 def test_the_torchtitan_export_is_only_asked_for_the_ring(capsys):

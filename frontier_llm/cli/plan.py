@@ -29,7 +29,7 @@ from frontier_llm.planner.explain import explain
 from frontier_llm.planner.plan import in_dtype
 from frontier_llm.specs.engine_rules import CP_EXCHANGE, CP_EXCHANGES
 from frontier_llm.specs.forms import display_layouts, label
-from frontier_llm.specs.layout import DType
+from frontier_llm.specs.layout import DType, Engine
 from frontier_llm.specs.model import MAX_DIMENSION, ModelSpec
 
 DEFAULT_MODEL, DEFAULT_SYSTEM, DEFAULT_GPUS = "gpt-175b", "frontier", 1024
@@ -284,6 +284,11 @@ def run_predict(args: argparse.Namespace) -> int:
     print(f"{model.name}{_at_length(args, model)} on {layout.world_size} x {system.gpu} "
           f"({system.name})")
     print(f"layout      {label(layout)}")
+    if layout.cp > 1 and layout.engine == Engine.NATIVE:
+        exchange = args.cp_exchange or CP_EXCHANGE["flm-bench"]
+        print(f"cp exchange {exchange} ("
+              f"{'flm bench' if exchange == 'gather' else 'PyTorch context_parallel'}"
+              "; --cp-exchange)")
     print(f"step time   {out['step_time_s']:.4g} s   ({out['tokens_per_s']:,.0f} tokens/s)")
     print(f"throughput  {out['model_tflops_per_gpu']:.1f} model TFLOP/s/GPU, "
           f"{out['hardware_tflops_per_gpu']:.1f} hardware; MFU {out['mfu']:.1%}, "
