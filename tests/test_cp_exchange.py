@@ -261,3 +261,18 @@ def test_a_torchtitan_sweep_predicts_its_jobs_with_the_ring():
     assert ring["peak_memory_bytes"] == predict(MODEL, SYSTEM, lay,
                                                 cp_exchange="ring")["peak_memory_bytes"]
     assert ring["peak_memory_bytes"] < _predicted(MODEL, SYSTEM, lay)["peak_memory_bytes"]
+
+
+def test_the_python_api_takes_the_setting():
+    import frontier_llm.api as flm
+
+    fields = dict(seq_len=32768, tp=2, cp=4, dp=1, micro_batch=1, global_batch=2, zero=3,
+                  sequence_parallel=True)
+    ring = flm.predict("llama3-8b", "dgx-h100", cp_exchange="ring", **fields)
+    assert ring["peak_memory_bytes"] == predict(MODEL, SYSTEM, _layout(),
+                                                cp_exchange="ring")["peak_memory_bytes"]
+    assert ring["peak_memory_bytes"] < flm.predict("llama3-8b", "dgx-h100",
+                                                   **fields)["peak_memory_bytes"]
+    ranked = flm.plan("llama3-8b", "dgx-h100", 8, global_batch=4, seq_len=32768, cp=4, tp=2,
+                      engine="native", top=None, cp_exchange="ring", include_oom=True)
+    assert len(ranked)
