@@ -209,13 +209,14 @@ def _moe(m, moe_overlap: str, moe_dispatcher: str, router_balance: str | None):
 
 
 def _planned(model, system, gpus, global_batch, seq_len, dtype, restrict,
-             moe=("none", "alltoall", None)):
+             moe=("none", "alltoall", None), cp_exchange: str | None = None):
     from frontier_llm.planner import plan as run_plan
 
     _check_numbers(gpus=gpus, global_batch=global_batch, seq_len=seq_len)
     m, s = load_model(model, seq_len), load_system(system)
     m, run = _moe(m, *moe)
-    return m, s, run_plan(m, s, gpus, global_batch, _space(dtype, restrict), moe_run=run)
+    return m, s, run_plan(m, s, gpus, global_batch, _space(dtype, restrict), moe_run=run,
+                          cp_exchange=cp_exchange)
 
 
 def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "frontier",
@@ -224,7 +225,7 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
          tokens: float | None = None, confidence: float | None = None,
          risk_aware: bool = False, dtype: str = "bf16", moe_overlap: str = "none",
          moe_dispatcher: str = "alltoall", router_balance: str | None = None,
-         **restrict: Any) -> pd.DataFrame:
+         cp_exchange: str | None = None, **restrict: Any) -> pd.DataFrame:
     """Rank the layouts of ``model`` on ``gpus`` GPUs (Frontier: GCDs) of ``system``, fastest
     first: the rows ``flm plan --format json`` prints under ``layouts``, with the same columns
     (layout knobs, step time, throughput, MFU, peak memory, fits, their intervals, and with
@@ -239,6 +240,9 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
     An MoE model's ``moe_overlap`` (none, ep-a2a, dualpipe), ``moe_dispatcher`` (alltoall,
     flex) and ``router_balance`` (aux-loss, aux-loss-global, aux-free, forced; None: the
     model's) are flm plan's ``--moe-overlap``, ``--moe-dispatcher`` and ``--router-balance``.
+    ``cp_exchange`` is ``--cp-exchange``: how a native layout's context parallelism runs,
+    "gather" (flm bench's; None, the default) or "ring" (PyTorch's context_parallel, as
+    torchtitan runs it).
 
     The frame's ``attrs`` hold the rest of the JSON document: ``model``, ``system``, ``gpus``,
     ``global_batch``, ``evaluated`` and ``rejected`` (layouts per broken rule).
@@ -249,7 +253,7 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
                    tokens=tokens)
     confidence = _confidence(confidence)
     m, s, result = _planned(model, system, gpus, global_batch, seq_len, dtype, restrict,
-                            (moe_overlap, moe_dispatcher, router_balance))
+                            (moe_overlap, moe_dispatcher, router_balance), cp_exchange)
     ranked = result.ranked(None if risk_aware else top, fits_only=not include_oom,
                            frontier=not all_layouts)
     ranked = annotate(ranked, m, s, confidence=confidence, tokens=tokens, risk_aware=risk_aware,
@@ -352,14 +356,14 @@ def predict(model: str | ModelSpec, system: str | SystemSpec, layout: Layout | N
             seq_len: int | None = None, tokens: float | None = None,
             confidence: float | None = None, moe_overlap: str = "none",
             moe_dispatcher: str = "alltoall", router_balance: str | None = None,
-            **fields: Any) -> dict[str, Any]:
+            cp_exchange: str | None = None, **fields: Any) -> dict[str, Any]:
     """One layout's predicted step time (with its breakdown), throughput, MFU/HFU, per-rank
     peak memory (with its breakdown), whether it fits, and the intervals: the document
     ``flm predict --format json`` prints (with ``tokens``: steps, days, node-hours, energy).
 
     The layout is ``layout`` or the fields of :func:`layout` (``tp=8, pp=16, dp=8, ...``).
-    ``moe_overlap``, ``moe_dispatcher``, ``router_balance``: an MoE run's settings, as in
-    :func:`plan`.
+    ``moe_overlap``, ``moe_dispatcher``, ``router_balance``: an MoE run's settings, and
+    ``cp_exchange`` the native context-parallel exchange, as in :func:`plan`.
     """
     from frontier_llm.costmodel import predict as cost
     from frontier_llm.planner.annotations import predict_extras
@@ -372,7 +376,7 @@ def predict(model: str | ModelSpec, system: str | SystemSpec, layout: Layout | N
     m, s = load_model(model, seq_len), load_system(system)
     m, run = _moe(m, moe_overlap, moe_dispatcher, router_balance)
     out = {"model": m.name, "system": s.name, "layout": layout.to_dict(),
-           **cost(m, s, layout, moe_run=run)}
+           **cost(m, s, layout, moe_run=run, cp_exchange=cp_exchange)}
     out.update(predict_extras(out, layout, m, s, confidence=_confidence(confidence),
                               tokens=tokens))
     return out

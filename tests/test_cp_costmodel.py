@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from frontier_llm.catalog import load_model, load_system
@@ -99,14 +100,27 @@ def test_kv_exchange_volume_and_time_by_hand():
     # The cp group: 4 ranks 2 apart, spanning 8 ranks: one Frontier node (the node link).
     bw, lat = system.link("node").bandwidth * system.eff("collective"), system.link("node").latency
     gather = (cp - 1) / cp * cp * chunk / bw + (cp - 1) * lat
-    got = cp_exchange_times(m, system, t, e, 0.0)[0]
-    assert got == pytest.approx(2 * gather, rel=1e-12)  # all-gather + reduce-scatter
+    # Native, flm bench's own CP (the engine's rule, cp_exchange "gather"): an all-gather
+    # before its one attention and a reduce-scatter of dK/dV, both exposed however long the
+    # attention.
+    assert cp_exchange_times(m, system, t, e, 0.0)[0] == pytest.approx(2 * gather, rel=1e-12)
+    assert cp_exchange_times(m, system, t, e, 1.0)[0] == pytest.approx(2 * gather, rel=1e-12)
+    # Native, PyTorch's context_parallel (cp_exchange "ring", allgather rotation): K/V gathered
+    # in forward and again in backward, and cp sends of the fp32 dK/dV round the ring (2 units
+    # at e = 2 B), the wrap-around hop spanning 7 ranks: with no attention to hide behind, all
+    # exposed.
+    hop = chunk / bw + lat
+    hop2 = 2 * chunk / bw + lat
+    ring = np.array([True])
+    got = cp_exchange_times(m, system, t, e, 0.0, ring)[0]
+    assert got == pytest.approx(2 * gather + cp * hop2, rel=1e-12)
     assert comm.link_for_span(system, tp * cp)[0][()] == pytest.approx(bw)
+    # Attention longer than every collective hides all but the last dK/dV send, which the
+    # backward waits for after its last partial attention.
+    assert cp_exchange_times(m, system, t, e, 1.0, ring)[0] == pytest.approx(hop2, rel=1e-12)
     # Megatron's ring: 3 steps forward of one chunk and 3 backward of two, with no attention
     # to hide behind (attention time 0) all exposed; the wrap-around hop spans 7 ranks.
     mt = from_configs([_layout(tp=tp, cp=cp, dp=1, global_batch=4, engine="megatron")])
-    hop = chunk / bw + lat
-    hop2 = 2 * chunk / bw + lat
     assert cp_exchange_times(m, system, mt, e, 0.0)[0] == pytest.approx(3 * hop + 3 * hop2)
     # Attention longer than every hop hides the ring.
     assert cp_exchange_times(m, system, mt, e, 1.0)[0] == 0.0
@@ -116,6 +130,8 @@ def test_kv_exchange_volume_and_time_by_hand():
     for rc, native_again, ring_again in (("full", True, True), ("selective-op", True, False),
                                          ("selective", False, True)):
         nt = from_configs([_layout(tp=tp, cp=cp, dp=1, global_batch=4, recompute=rc)])
+        assert cp_exchange_times(m, system, nt, e, 0.0, ring)[0] == pytest.approx(
+            (3 if native_again else 2) * gather + cp * hop2, rel=1e-12)
         assert cp_exchange_times(m, system, nt, e, 0.0)[0] == pytest.approx(
             (3 if native_again else 2) * gather, rel=1e-12)
         if rc != "selective-op":  # megatron has no op-level selective
@@ -123,6 +139,40 @@ def test_kv_exchange_volume_and_time_by_hand():
                                        engine="megatron")])
             assert cp_exchange_times(m, system, rt, e, 0.0)[0] == pytest.approx(
                 (6 if ring_again else 3) * hop + 3 * hop2)
+
+
+def test_native_merge_bytes_by_hand():
+    """PyTorch's context_parallel merges its cp partial attentions in fp32 (docs/costmodel.md,
+    "The K/V exchange"): forward o·(c·(8+e) + e), backward (q + kv)·(c·(8+e) + 8 + e); the
+    replayed forward merges again; Megatron (TransformerEngine) and cp 1 price none."""
+    from frontier_llm.costmodel.layouts import from_configs
+    from frontier_llm.costmodel.steptime import cp_merge_bytes
+
+    m, e = load_model("llama3-8b"), 2
+    s, tp, cp = m.seq_len, 2, 4
+    t = from_configs([_layout(tp=tp, cp=cp, pp=1, dp=1, global_batch=4)])
+    local = s // cp
+    o = q = local * m.hidden // tp  # Llama: the output and Q are h wide
+    kv = 2 * local * m.kv_dim // tp  # K and V of the kv heads (8 of 32)
+    fwd, bwd = cp_merge_bytes(m, t, e, np.array([True]))
+    assert fwd[0] == o * (cp * (8 + e) + e)
+    assert bwd[0] == (q + kv) * (cp * (8 + e) + 8 + e)
+    # flm bench's one attention merges nothing (the engine's rule, cp_exchange "gather").
+    assert [float(x[0]) for x in cp_merge_bytes(m, t, e)] == [0.0, 0.0]
+    for other in (_layout(tp=tp, cp=cp, pp=1, dp=1, global_batch=4, engine="megatron"),
+                  _layout(tp=tp, pp=1, dp=1, global_batch=4)):
+        assert [float(x[0]) for x in cp_merge_bytes(m, from_configs([other]), e)] == [0.0, 0.0]
+    # In the step: the merge is the cp part beyond the exchange, at the memory rate, its
+    # forward once more under full recompute.
+    system = load_system("dgx-h100")
+    none = predict(m, system, _layout(tp=tp, cp=cp, pp=1, dp=1, global_batch=4),
+                   cp_exchange="ring")
+    full = predict(m, system, _layout(tp=tp, cp=cp, pp=1, dp=1, global_batch=4, recompute="full"),
+                   cp_exchange="ring")
+    rate = system.memory_bandwidth * system.eff("memory")
+    layers = m.layers * 4  # four micro-batches of one sequence
+    extra = full["breakdown"]["time_s"]["cp_comm"] - none["breakdown"]["time_s"]["cp_comm"]
+    assert extra >= layers * fwd[0] / rate * (1 - 1e-9)
 
 
 def test_attention_flops_equal_on_every_cp_rank():

@@ -58,12 +58,15 @@ def prediction_fields(cfg: RunSpec) -> dict:
     runs anyway, and the trace says why it carries no (or a partial) prediction."""
     try:
         from frontier_llm.costmodel import predict
+        from frontier_llm.specs.engine_rules import CP_EXCHANGE
 
         # The layout names its engine, and with it the engine's own conventions (what it saves
         # for backward, what it shards): the cost model reads them from the layout.
         # A run that syncs FSDP2 every micro-batch is priced so; otherwise the engine's rule.
+        # Its context parallelism is flm bench's own (bench/context_parallel.py: one gather).
         pred = predict(cfg.model, cfg.system, cfg.layout,
-                       grad_sync=getattr(cfg, "grad_sync_each_microbatch", None) or None)
+                       grad_sync=getattr(cfg, "grad_sync_each_microbatch", None) or None,
+                       cp_exchange=CP_EXCHANGE["flm-bench"])
     except Exception as exc:  # the benchmark must run even where the cost model has no answer
         return {"prediction": None, "prediction_error": _describe("cost model", exc)}
     out: dict = {}

@@ -245,6 +245,7 @@ def run_curve(
             overlap_comm=args.deepspeed_overlap_comm == "on",
             tp_comm_overlap=getattr(args, "tp_comm_overlap", "off") == "on",
             moe_run=moe_run_from_args(args),
+            cp_exchange=getattr(args, "cp_exchange", None),
         )
     selection = None
     if args.deadline is not None:
@@ -333,7 +334,8 @@ def run_min_gpus(
     for engine in knob_values(space, "engine"):
         sub = replace(space, engine=(engine,))
         smallest = alloc.min_gpus(
-            lambda n, sub=sub: plan(model, system, n, None, sub, moe_run=moe_run_from_args(args)),
+            lambda n, sub=sub: plan(model, system, n, None, sub, moe_run=moe_run_from_args(args),
+                                    cp_exchange=args.cp_exchange),
             counts)
         row = {
             "engine": engine,
@@ -347,7 +349,8 @@ def run_min_gpus(
             row["min_gpus"] = smallest.gpus
             row["largest_micro_batch_at_min"] = int(best["micro_batch"].iloc[0])
         here = alloc.largest_micro_batch(plan(model, system, args.gpus, args.global_batch, sub,
-                                                  moe_run=moe_run_from_args(args)))
+                                                  moe_run=moe_run_from_args(args),
+                                                  cp_exchange=args.cp_exchange))
         if len(here):
             row["largest_micro_batch_at_gpus"] = int(here["micro_batch"].iloc[0])
         rows.append(row)

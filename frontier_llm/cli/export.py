@@ -42,8 +42,18 @@ def _plan_layout(args: argparse.Namespace, model: ModelSpec, system) -> tuple[La
     if space.get("engine") is None:
         space["engine"] = tuple(e.value for e in trainer.engines)
     args.plan_eager = bool(ns.eager)  # priced eager: the export leaves compilation off
+    # The trainer's own context parallelism is what the plan prices (torchtitan: PyTorch's
+    # ring); a plan asked for another exchange would rank layouts the trainer does not run.
+    exchange = ns.cp_exchange
+    if trainer.cp_exchange is not None:
+        if exchange not in (None, trainer.cp_exchange):
+            raise UserError(f"--plan-args '--cp-exchange {exchange}': {trainer.title} runs "
+                            f"context parallelism as --cp-exchange {trainer.cp_exchange} "
+                            "(PyTorch's context_parallel ring), so its plan is priced that way; "
+                            "drop the flag, or plan flm bench's own with flm plan")
+        exchange = trainer.cp_exchange
     result = plan(model, system, ns.gpus, ns.global_batch, SearchSpace(dtype=ns.dtype, **space),
-                  eager=ns.eager)
+                  eager=ns.eager, cp_exchange=exchange)
     ranked = result.ranked_indices(None, fits_only=not ns.include_oom, frontier=not ns.all)
     from frontier_llm.specs.forms import label
 

@@ -17,11 +17,15 @@ PAIRS = (("params", "params"), ("grads", "grads"), ("optimizer", "optimizer"),
 def predicted_terms(model, system, layout, pp_rank: int,
                     grad_sync: bool | None = None) -> dict[str, float]:
     """The cost model's terms for stage ``pp_rank`` of ``layout`` (costmodel/memory.py);
-    ``grad_sync``: the FSDP2 accumulation setting (None: the engine's rule)."""
+    ``grad_sync``: the FSDP2 accumulation setting (None: the engine's rule). Context
+    parallelism is flm bench's own, the one memcheck runs (its single K/V gather and masks:
+    specs/engine_rules.py ``CP_EXCHANGE``)."""
     from frontier_llm.costmodel.layouts import from_configs
     from frontier_llm.costmodel.memory import rank_memory
+    from frontier_llm.specs.engine_rules import CP_EXCHANGE
 
-    mem = rank_memory(model, system, from_configs([layout]), pp_rank, grad_sync=grad_sync)
+    mem = rank_memory(model, system, from_configs([layout]), pp_rank, grad_sync=grad_sync,
+                      cp_exchange=CP_EXCHANGE["flm-bench"])
     return {k: float(v[0]) for k, v in mem.items()}
 
 

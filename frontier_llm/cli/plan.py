@@ -27,8 +27,9 @@ from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.allocation import format_tokens
 from frontier_llm.planner.explain import explain
 from frontier_llm.planner.plan import in_dtype
+from frontier_llm.specs.engine_rules import CP_EXCHANGE, CP_EXCHANGES
 from frontier_llm.specs.forms import display_layouts, label
-from frontier_llm.specs.layout import DType
+from frontier_llm.specs.layout import DType, Engine
 from frontier_llm.specs.model import MAX_DIMENSION, ModelSpec
 
 DEFAULT_MODEL, DEFAULT_SYSTEM, DEFAULT_GPUS = "gpt-175b", "frontier", 1024
@@ -150,7 +151,8 @@ def _compare_systems(args: argparse.Namespace) -> int:
             return 2
         space = SearchSpace(dtype=args.dtype, **space_from_args(args))
         result = plan(model, system, one.gpus, args.global_batch, space, eager=args.eager,
-                      overlap_comm=args.deepspeed_overlap_comm == "on")
+                      overlap_comm=args.deepspeed_overlap_comm == "on",
+                      cp_exchange=args.cp_exchange)
         ranked = result.ranked(args.top, fits_only=not args.include_oom, frontier=not args.all)
         ranked = alloc_cli.annotate(ranked, model, system, one, args.top)
         nodes = -(-one.gpus // system.gpus_per_node)
@@ -194,7 +196,7 @@ def run_plan(args: argparse.Namespace) -> int:
     result = plan(model, system, args.gpus, args.global_batch, space, eager=args.eager,
                   overlap_comm=args.deepspeed_overlap_comm == "on",
                   tp_comm_overlap=args.tp_comm_overlap == "on",
-                  moe_run=moe_run_from_args(args))
+                  moe_run=moe_run_from_args(args), cp_exchange=args.cp_exchange)
     seconds = time.perf_counter() - start
     ranked = result.ranked(None if args.risk_aware else args.top,
                            fits_only=not args.include_oom, frontier=not args.all)
@@ -212,6 +214,7 @@ def run_plan(args: argparse.Namespace) -> int:
         f"{', element-wise work priced eager (--eager)' if args.eager else ''}"
         f"{NO_OVERLAP_NOTE if args.deepspeed_overlap_comm == 'off' else ''}"
         f"{TP_OVERLAP_NOTE if args.tp_comm_overlap == 'on' else ''}"
+        f"{cp_exchange_note(args)}"
         f"{moe_note(args, model)}: "
         f"{len(result.reason):,} layouts evaluated in {seconds:.2f} s, "
         f"{int(np.sum(result.valid)):,} valid and fit{shown}",
@@ -251,7 +254,7 @@ def _with_speedup(ranked: pd.DataFrame, result, model: ModelSpec, system, args
     idx = result.ranked_indices(None if args.risk_aware else args.top,
                                 fits_only=not args.include_oom, frontier=not args.all)
     fig = in_dtype(model, system, result.layouts.take(idx), other, args.eager,
-                   args.deepspeed_overlap_comm == "on")
+                   args.deepspeed_overlap_comm == "on", args.cp_exchange)
     mine = result.figures["step_time_s"][idx]
     out = ranked.copy()
     # annotate() may drop or reorder rows (--risk-aware): align on the rank the plan gave.
@@ -270,7 +273,8 @@ def run_predict(args: argparse.Namespace) -> int:
     if args.gpus is not None:
         layout.check_world(args.gpus)
     out = {"model": model.name, "system": system.name, "layout": layout.to_dict(),
-           **predict(model, system, layout, moe_run=moe_run_from_args(args))}
+           **predict(model, system, layout, moe_run=moe_run_from_args(args),
+                     cp_exchange=args.cp_exchange)}
     extra = alloc_cli.predict_extras(out, layout, model, system, args)
     out.update(extra)
     if args.format == "json":
@@ -280,6 +284,11 @@ def run_predict(args: argparse.Namespace) -> int:
     print(f"{model.name}{_at_length(args, model)} on {layout.world_size} x {system.gpu} "
           f"({system.name})")
     print(f"layout      {label(layout)}")
+    if layout.cp > 1 and layout.engine == Engine.NATIVE:
+        exchange = args.cp_exchange or CP_EXCHANGE["flm-bench"]
+        print(f"cp exchange {exchange} ("
+              f"{'flm bench' if exchange == 'gather' else 'PyTorch context_parallel'}"
+              "; --cp-exchange)")
     print(f"step time   {out['step_time_s']:.4g} s   ({out['tokens_per_s']:,.0f} tokens/s)")
     print(f"throughput  {out['model_tflops_per_gpu']:.1f} model TFLOP/s/GPU, "
           f"{out['hardware_tflops_per_gpu']:.1f} hardware; MFU {out['mfu']:.1%}, "
@@ -298,6 +307,26 @@ def run_predict(args: argparse.Namespace) -> int:
 
 
 NO_OVERLAP_NOTE = ", DeepSpeed ZeRO-1/2 without overlap_comm (--deepspeed-overlap-comm off)"
+CP_EXCHANGE_HELP = (
+    "how the native engine's context parallelism (cp > 1) exchanges K/V, priced in time and "
+    "memory: gather (default, the engine's rule: flm bench's own CP, one K/V all-gather and one "
+    "attention over the whole sequence under an (s/cp) x s mask kept for the step, the gathered "
+    "K/V saved for backward; what flm bench and flm memcheck run) or ring (PyTorch's "
+    "context_parallel as torchtitan runs it: cp partial flash attentions merged in fp32, the "
+    "gather hidden behind the first, no mask and no gathered K/V kept; what flm export --to "
+    "torchtitan writes). Megatron layouts keep TransformerEngine's ring "
+    "(docs/costmodel.md 'Context parallelism')")
+
+
+def add_cp_exchange(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cp-exchange", choices=CP_EXCHANGES, default=None, help=CP_EXCHANGE_HELP)
+
+
+def cp_exchange_note(args: argparse.Namespace) -> str:
+    """The plan header's words for a --cp-exchange other than the engine's rule."""
+    if args.cp_exchange in (None, CP_EXCHANGE["flm-bench"]):
+        return ""
+    return ", native context parallelism as PyTorch's context_parallel ring (--cp-exchange ring)"
 TP_OVERLAP_NOTE = ", Megatron-LM with --tp-comm-overlap (--tp-comm-overlap on)"
 
 
@@ -375,6 +404,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "other precision and show the fp8 speed-up over bf16 for the same "
                         "layout (columns bf16_step_s or fp8_step_s, and fp8_speedup)")
     add_moe_args(p)
+    add_cp_exchange(p)
     alloc_cli.add_arguments(p)
     add_format(p)
     p.set_defaults(func=run_plan)
@@ -396,6 +426,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="check that tp x cp x pp x dp uses exactly this many GPUs")
     add_layout_args(p)
     add_moe_args(p)
+    add_cp_exchange(p)
     alloc_cli.add_predict_arguments(p)
     add_format(p, choices=("table", "json"))
     p.set_defaults(func=run_predict)

@@ -35,7 +35,11 @@ from frontier_llm.specs.system import SystemSpec
 # micro-batch as each trainer runs it (grad_sync). 2.7: an MoE rank's load imbalance by what
 # the router's balance holds even (moe.load_imbalance: a micro-batch balance loss at its
 # sampling-noise floor, router_balance aux-loss-global for a global-batch loss) and DualPipe's
-# mirrored stages and bubble (moe.dualpipe_pace); dense models are unchanged.
+# mirrored stages and bubble (moe.dualpipe_pace); the native engine's context-parallel
+# exchange as each trainer runs it (cp_exchange): flm bench's single gather, or PyTorch's
+# context_parallel ring (torchtitan), priced in time and memory; an interleaved Megatron
+# schedule's pipeline sends overlapped where a run states it (p2p_overlap); FSDP2's
+# block-backward memory moment; Jean Zay's Omni-Path without rails.
 COSTMODEL_VERSION = "2.7"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
@@ -52,7 +56,8 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
              tp_comm_overlap: bool = False,
              moe_run: MoeRun = NO_OVERLAP, grad_sync: bool | None = None,
              fp8_params: bool | None = None,
-             p2p_overlap: bool = False) -> dict[str, np.ndarray]:
+             p2p_overlap: bool = False, cp_exchange: str | None = None
+             ) -> dict[str, np.ndarray]:
     """Every figure of the model for every layout in ``table`` (numpy columns). Each layout's
     engine (its ``engine`` column) decides how its work is scheduled and what it keeps
     (specs/engine_rules.py). ``eager``: un-compiled PyTorch element-wise kernels
@@ -69,10 +74,14 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
     ``fp8_params``: Megatron FP8 weights held as FP8 parameters (None: where flm's export
     writes ``--fp8-param-gather``; costmodel/fp8.py ``fp8_params``); ``p2p_overlap``: an
     interleaved Megatron schedule's pipeline sends overlapped with compute (Megatron-Core's
-    ``overlap_p2p_comm``; :func:`~frontier_llm.costmodel.steptime.stage_times`)."""
+    ``overlap_p2p_comm``; :func:`~frontier_llm.costmodel.steptime.stage_times`);
+    ``cp_exchange``: the native engine's context-parallel exchange, "gather" (flm bench's one
+    K/V all-gather and masked attention) or "ring" (PyTorch's ``context_parallel``, as
+    torchtitan runs it); None: the engine's rule (specs/engine_rules.py ``CP_EXCHANGE``),
+    priced in time and memory alike."""
     times = step_time(model, system, table, eager, overlap_comm, reduce_fp32, tp_comm_overlap,
-                      moe_run, grad_sync, p2p_overlap)
-    mem = peak_memory(model, system, table, reduce_fp32, grad_sync, fp8_params)
+                      moe_run, grad_sync, p2p_overlap, cp_exchange)
+    mem = peak_memory(model, system, table, reduce_fp32, grad_sync, fp8_params, cp_exchange)
     tokens = table.global_batch * model.seq_len
     gpus = table.world_size
     # MFU and HFU of an fp8 layout are counted against the bf16 peak, as its sources count them
@@ -102,16 +111,16 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
 
 def predict(model: ModelSpec, system: SystemSpec, layout: Layout,
             engine: str | None = None, moe_run: MoeRun = NO_OVERLAP,
-            grad_sync: bool | None = None) -> dict:
+            grad_sync: bool | None = None, cp_exchange: str | None = None) -> dict:
     """One layout's prediction as a JSON-able dict (what a trace's ``prediction`` holds).
     ``engine`` (optional, for callers that name it) must agree with ``layout.engine``;
-    ``moe_run``, ``grad_sync``: :func:`evaluate`'s."""
+    ``moe_run``, ``grad_sync``, ``cp_exchange``: :func:`evaluate`'s."""
     _check_engine(layout, engine)
     layout.check_model(model)
     check_fp8(system, layout.dtype, layout.fp8_recipe, layout.engine)
     row = {k: v[0].item()
            for k, v in evaluate(model, system, from_configs([layout]), moe_run=moe_run,
-                                grad_sync=grad_sync).items()}
+                                grad_sync=grad_sync, cp_exchange=cp_exchange).items()}
     return {
         "costmodel_version": COSTMODEL_VERSION,
         "step_time_s": row["step_time_s"],

@@ -26,9 +26,12 @@ Ranks hold the layers their engine's split gives them (:mod:`.split`); the peak 
 the fullest middle and the last rank. docs/costmodel.md §3.
 
 Context parallelism (``cp``): a rank holds ``seq_len/cp`` tokens of each sequence, so every
-token-proportional term above is taken at that length, and the ``native`` engine also keeps the
-all-gathered K and V its attention ran on (:func:`gathered_kv_bytes`); model states are sharded
-over dp x cp (``LayoutTable.degree``). docs/costmodel.md "Context parallelism".
+token-proportional term above is taken at that length; under the ``native`` engine flm bench's
+single gather also keeps the all-gathered K and V its attention ran on (:func:`gathered_kv_bytes`)
+and its masks (:func:`cp_mask_bytes`), where PyTorch's ring (``cp_exchange`` "ring") keeps only
+the local flash-attention tensors and holds one layer's exchange in backward
+(:func:`cp_ring_backward_bytes`); model states are sharded over dp x cp
+(``LayoutTable.degree``). docs/costmodel.md "Context parallelism".
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from frontier_llm.costmodel import fp8, moe
-from frontier_llm.costmodel.behaviour import behaviour
+from frontier_llm.costmodel.behaviour import behaviour, cp_gather, cp_ring
 from frontier_llm.costmodel.block_backward import block_moment, mlp_backward_bytes, priced
 from frontier_llm.costmodel.checkpoint_policy import kept_bytes_per_token
 from frontier_llm.costmodel.deepspeed_buffers import (
@@ -131,19 +134,22 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None,
     }
 
 
-def layer_activation_bytes(model: ModelSpec, t: LayoutTable, rebuilt: bool = False) -> np.ndarray:
+def layer_activation_bytes(model: ModelSpec, t: LayoutTable, rebuilt: bool = False,
+                           cp_exchange: str | None = None) -> np.ndarray:
     """Bytes one transformer block saves for backward per micro-batch (no recompute); with
     ``rebuilt``, those of a block being rebuilt in backward, which keeps the unfused attention
     scores whatever the recompute mode. Computed once per table and model (every pipeline rank
-    reads both)."""
+    reads both). ``cp_exchange``: the native engine's context-parallel exchange (None: the
+    engine's rule; behaviour.cp_ring)."""
     memo = t.__dict__.get("_layer_activations")
-    if memo is None or memo[0] is not model:
-        memo = (model, _layer_activation_bytes(model, t))
+    if memo is None or memo[0] is not model or memo[1] != cp_exchange:
+        memo = (model, cp_exchange, _layer_activation_bytes(model, t, cp_exchange))
         t.__dict__["_layer_activations"] = memo
-    return memo[1][1] if rebuilt else memo[1][0]
+    return memo[2][1] if rebuilt else memo[2][0]
 
 
-def _layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> tuple[np.ndarray, np.ndarray]:
+def _layer_activation_bytes(model: ModelSpec, t: LayoutTable, cp_exchange: str | None = None
+                            ) -> tuple[np.ndarray, np.ndarray]:
     """(saved, rebuilt) bytes of :func:`layer_activation_bytes`."""
     e = ACT_BYTES[t.dtype]
     tp = t.tp
@@ -177,12 +183,15 @@ def _layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> tuple[np.ndarra
     # The unfused core's matmuls save K and V after grouped-query expansion to every query head
     # (flm bench's and Megatron's unfused attention repeat them); flash attention and the
     # attention-core checkpoint (selective) keep them unexpanded.
-    kv_saved = np.where(~t.flash_attention & (t.recompute != Recompute.SELECTIVE.code), q, kv)
+    # PyTorch's CP ring dispatches only the flash, memory-efficient and cuDNN kernels
+    # (_context_parallel/_attention.py ``_sdpa_handler``): a ring layout is priced fused.
+    fused = t.flash_attention | cp_ring(t, cp_exchange)
+    kv_saved = np.where(~fused & (t.recompute != Recompute.SELECTIVE.code), q, kv)
     # Q, K | V | projection input | MLP
     # The activation's output (the last of ``mlp_saved``) is the second matrix's input.
     split = sb * (e * ((q + kv_saved) + kv_saved * v_scale + (mlp_saved - 1) * f_rank)
                   + lin * (out + f_rank))
-    split = split + gathered_kv_bytes(model, t, kv_saved)
+    split = split + gathered_kv_bytes(model, t, kv_saved, cp_exchange)
     if model.is_moe:  # router logits, permuted tokens, expert intermediates (costmodel/moe.py)
         split = split + sb * moe.activation_extra(model, t, e, f_rank)
     # Q·Kᵀ softmax output, its dropout mask and output; flash attention and selective recompute
@@ -190,19 +199,23 @@ def _layer_activation_bytes(model: ModelSpec, t: LayoutTable) -> tuple[np.ndarra
     # queries (seq/cp rows) meet every key of the sequence (seq columns): (seq/cp) x seq per
     # head, under either engine's exchange.
     scores = heads * s * sb * (e + (drop + e if drop else 0))
-    unfused_scores = np.where(t.flash_attention, 0, scores)
-    lse = np.where(t.flash_attention, 4 * heads * sb, 0)
+    unfused_scores = np.where(fused, 0, scores)
+    lse = np.where(fused, 4 * heads * sb, 0)
     rebuilt = whole + split + unfused_scores + lse
     return rebuilt - np.where(t.recompute == Recompute.NONE.code, 0, unfused_scores), rebuilt
 
 
-def gathered_kv_bytes(model: ModelSpec, t: LayoutTable, kv_saved=None) -> np.ndarray:
-    """Bytes the ``native`` engine's context-parallel attention saves beyond the rank's own
-    K and V, per layer and micro-batch: it all-gathers K and V over the cp group before
-    attention (Llama 3's all-gather CP, Dubey et al. 2024 §3.3.2; PyTorch's ``context_parallel``
-    with its default ``allgather`` rotation, which torchtitan runs), and autograd saves the
+def gathered_kv_bytes(model: ModelSpec, t: LayoutTable, kv_saved=None,
+                      cp_exchange: str | None = None) -> np.ndarray:
+    """Bytes flm bench's context-parallel attention (the native engine, ``cp_exchange``
+    "gather") saves beyond the rank's own K and V, per layer and micro-batch: it all-gathers K
+    and V over the cp group before one attention over the whole sequence (Llama 3's all-gather
+    CP, Dubey et al. 2024 §3.3.2; bench/context_parallel.py), and autograd saves the
     attention's inputs, the full-length K and V: ``seq·b·kv/t`` elements each, of which the
-    layer's own ``seq/cp`` share is already counted. Megatron (TransformerEngine's ring,
+    layer's own ``seq/cp`` share is already counted. PyTorch's ring (``cp_exchange`` "ring")
+    saves the aten flash-attention op's inputs and outputs, the local Q, K, V, output and
+    log-sum-exp (its CP dispatch runs below autograd: _context_parallel/_attention.py
+    ``_sdpa_handler``), all counted already: nothing more. Megatron (TransformerEngine's ring,
     ``cp_comm_type`` p2p) saves only its local K/V chunk and passes the others around the ring
     again in backward (Megatron-LM docs/source/api-guide/context_parallel.rst): nothing more.
     ``kv_saved`` is the width saved per K or V (expanded to every query head by the unfused
@@ -211,8 +224,7 @@ def gathered_kv_bytes(model: ModelSpec, t: LayoutTable, kv_saved=None) -> np.nda
     if kv_saved is None:
         kv_saved = kv_width_per_rank(model, t.tp)
     others = (model.seq_len - t.local_seq(model.seq_len)) * t.micro_batch
-    native = (t.engine == Engine.NATIVE.code) & (t.cp > 1)
-    return np.where(native, 2 * others * e * kv_saved, 0)
+    return np.where(cp_gather(t, cp_exchange), 2 * others * e * kv_saved, 0)
 
 
 def _in_flight_chunks(t: LayoutTable, pp_rank) -> np.ndarray:
@@ -227,20 +239,29 @@ def _in_flight_chunks(t: LayoutTable, pp_rank) -> np.ndarray:
     return chunks
 
 
-def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None) -> np.ndarray:
+def activation_bytes(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None,
+                     cp_exchange: str | None = None) -> np.ndarray:
     """Peak bytes saved for backward on one rank of stage ``pp_rank``, whose fullest chunk
-    holds ``chunk`` layers (default: from the engine's split)."""
-    parts = activation_parts(model, t, pp_rank, chunk)
-    # The head's tensors (logits) are freed by its backward before any layer is rebuilt.
-    return parts["steady"] + parts["mtp"] + np.maximum(parts["transient"], parts["head"])
+    holds ``chunk`` layers (default: from the engine's split). ``cp_exchange``: the native
+    engine's context-parallel exchange (None: the engine's rule)."""
+    return parts_total(activation_parts(model, t, pp_rank, chunk, cp_exchange))
 
 
-def activation_parts(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None
-                     ) -> dict[str, np.ndarray]:
+def parts_total(parts: dict[str, np.ndarray]) -> np.ndarray:
+    """The activation peak of :func:`activation_parts`: the head's tensors (logits) are freed
+    by its backward before any layer is rebuilt, or its attention backward holds PyTorch's CP
+    ring's exchange."""
+    return (parts["steady"] + parts["mtp"]
+            + np.maximum(parts["transient"] + parts["ring"], parts["head"]))
+
+
+def activation_parts(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None,
+                     cp_exchange: str | None = None) -> dict[str, np.ndarray]:
     """:func:`activation_bytes` by part: ``steady`` (every in-flight block's saved tensors, the
     first stage's inputs, cp masks), ``head`` (the last stage's norm and logits), ``mtp``
     (its multi-token prediction modules'), ``transient`` (a block rebuilt in backward beyond
-    what it kept) and ``per_layer`` (what one block keeps)."""
+    what it kept), ``ring`` (one layer's attention backward under PyTorch's CP ring) and
+    ``per_layer`` (what one block keeps)."""
     if chunk is None:
         chunk = rank_layers(model, t, pp_rank)[1]
     e = ACT_BYTES[t.dtype]
@@ -250,11 +271,12 @@ def activation_parts(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None
     rep = np.where(t.sequence_parallel, 1.0 / t.tp, 1.0)
     chunks = _in_flight_chunks(t, r)
     layers_per_chunk = chunk  # every chunk in flight counted as the rank's fullest
-    full = layer_activation_bytes(model, t)
+    full = layer_activation_bytes(model, t, cp_exchange=cp_exchange)
     # Full recompute keeps only each layer's input, and rebuilds one layer at a time (its input
     # is then part of the rebuilt layer); op-level selective keeps the input and what its policy
     # saves (costmodel/checkpoint_policy.py), and rebuilds the rest of one layer at a time.
-    # With cp under native, the rebuilt layer gathers K and V again (part of ``rebuilt``).
+    # With cp under flm bench's gather, the rebuilt layer gathers K and V again (part of
+    # ``rebuilt``).
     is_full = t.recompute == Recompute.FULL.code
     is_op = t.recompute == Recompute.SELECTIVE_OP.code
     layer_input = sb * h * e * rep
@@ -263,7 +285,7 @@ def activation_parts(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None
     # A block rebuilt in backward (full or op-level recompute) runs the unfused attention core
     # again, which saves its s x s scores until its backward (flm bench measures it:
     # test_bench_checkpoint_policy.py).
-    rebuilt = layer_activation_bytes(model, t, rebuilt=True)
+    rebuilt = layer_activation_bytes(model, t, rebuilt=True, cp_exchange=cp_exchange)
     transient = np.where(is_full | is_op, np.maximum(rebuilt - per_layer, 0), 0)
     layers = chunks * layers_per_chunk
     micro_in_flight = np.where(t.schedule == Schedule.INTERLEAVED.code,
@@ -287,20 +309,42 @@ def activation_parts(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None
     # the backward reaches them, like the main head's).
     mtp = np.where(r == t.pp - 1, model.mtp_layers * logits_mb * (
         per_layer + sb * 2 * h * e * rep + sb * 4 * _cdiv(model.vocab, t.tp)), 0)
-    return {"steady": layers * per_layer + first + cp_mask_bytes(model, t),
-            "head": last, "mtp": mtp, "transient": transient, "per_layer": per_layer}
+    return {"steady": layers * per_layer + first + cp_mask_bytes(model, t, cp_exchange),
+            "head": last, "mtp": mtp, "transient": transient,
+            "ring": cp_ring_backward_bytes(model, t, cp_exchange), "per_layer": per_layer}
 
 
-def cp_mask_bytes(model: ModelSpec, t: LayoutTable) -> np.ndarray:
-    """The native engine's context-parallel attention masks: one ``(s/cp) x s`` table of
-    which global keys each local query may see, kept for the whole step and shared by every
-    layer (bench/context_parallel.py ``CPContext``): the boolean table, and the additive one in
-    the training dtype that the fused kernel takes (the unfused path: its boolean complement).
-    At 131,072 tokens over cp 8 that is 6 GiB in bf16, measured by flm memcheck."""
+def cp_mask_bytes(model: ModelSpec, t: LayoutTable, cp_exchange: str | None = None
+                  ) -> np.ndarray:
+    """flm bench's context-parallel attention masks (the native engine, ``cp_exchange``
+    "gather"): one ``(s/cp) x s`` table of which global keys each local query may see, kept for
+    the whole step and shared by every layer (bench/context_parallel.py ``CPContext``): the
+    boolean table, and the additive one in the training dtype that the fused kernel takes (the
+    unfused path: its boolean complement). At 131,072 tokens over cp 8 that is 6 GiB in bf16,
+    measured by flm memcheck. PyTorch's ring keeps none: each partial attention is causal or
+    whole (``_is_causal_behavior``), no mask."""
     e = ACT_BYTES[t.dtype]
-    native = (t.engine == Engine.NATIVE.code) & (t.cp > 1)
     per_entry = 1 + np.where(t.flash_attention, e, 1)
-    return np.where(native, per_entry * t.local_seq(model.seq_len) * model.seq_len, 0)
+    return np.where(cp_gather(t, cp_exchange),
+                    per_entry * t.local_seq(model.seq_len) * model.seq_len, 0)
+
+
+def cp_ring_backward_bytes(model: ModelSpec, t: LayoutTable, cp_exchange: str | None = None
+                           ) -> np.ndarray:
+    """What PyTorch's CP ring (native, ``cp_exchange`` "ring") holds during one layer's
+    attention backward beyond the saved tensors, per micro-batch
+    (_context_parallel/_attention.py ``_templated_ring_attention_backward``, torch 2.13.0 at
+    cf30153c): the all-gathered K/V of every cp rank (``cp`` units of the rank's K and V, the
+    ``_AllGatherRotater`` buffer) and the local K/V concatenated to send (one unit); dQ, dK and
+    dV accumulated in fp32 (``convert_to_f32``); the fp32 dK/dV being passed round the ring,
+    the concatenated send and the received buffer (``_AllToAllRotater``); one partial
+    attention's dQ, dK, dV in the training dtype. 0 for every other layout."""
+    e = ACT_BYTES[t.dtype]
+    tokens = t.local_seq(model.seq_len) * t.micro_batch
+    q = tokens * model.q_dim / t.tp
+    kv = 2 * tokens * kv_width_per_rank(model, t.tp)  # K and V elements
+    held = (np.asarray(t.cp) + 1) * kv * e + 4 * (q + kv) + 2 * 4 * kv + e * (q + kv)
+    return np.where(cp_ring(t, cp_exchange), held, 0)
 
 
 def gathered_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None,
@@ -469,7 +513,8 @@ def native_step_bytes(t: LayoutTable, states: dict) -> np.ndarray:
 
 def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, held=None,
                 chunk=None, reduce_fp32: bool | None = None, phase: str | None = None,
-                grad_sync: bool | None = None, fp8_params: bool | None = None) -> dict:
+                grad_sync: bool | None = None, fp8_params: bool | None = None,
+                cp_exchange: str | None = None) -> dict:
     """Every memory term of one rank of stage ``pp_rank`` (holding ``held`` layers, its fullest
     chunk ``chunk``; default: from the engine's split), and their total ``peak``.
 
@@ -484,14 +529,16 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
     costmodel/block_backward.py), whichever holds more. flm memcheck measures them
     (docs/costmodel.md, "Memory as the allocator sees it"). ``phase`` (``backward``, ``loss``
     for the loss's backward alone, or ``step``) gives that moment's terms instead of the
-    larger's."""
+    larger's.
+    ``cp_exchange``: the native engine's context-parallel exchange (None: the engine's rule;
+    behaviour.cp_ring)."""
     if held is None or chunk is None:
         held, chunk = rank_layers(model, t, pp_rank)
     states = state_bytes(model, t, pp_rank, held, reduce_fp32, fp8_params)
     native = t.engine == Engine.NATIVE.code
     sharded = t.degree("grads") > 1
-    parts = activation_parts(model, t, pp_rank, chunk)
-    activations = parts["steady"] + parts["mtp"] + np.maximum(parts["transient"], parts["head"])
+    parts = activation_parts(model, t, pp_rank, chunk, cp_exchange)
+    activations = parts_total(parts)
     loss = np.where(np.asarray(pp_rank) == t.pp - 1, loss_bytes(model, t), 0)
     # The native engine's sequence-parallel all-gather output is the linear's saved input
     # (DTensor keeps the gathered one: in the activations), not a buffer of its own.
@@ -549,7 +596,7 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
 
 def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
                 reduce_fp32: bool | None = None, grad_sync: bool | None = None,
-                fp8_params: bool | None = None) -> dict:
+                fp8_params: bool | None = None, cp_exchange: str | None = None) -> dict:
     """The rank with the most memory: the first stage (embeddings, most micro-batches in
     flight), the last (head, logits) or, where the engine splits layers unevenly, the middle
     stage holding the most layers (the earliest such, which holds the most micro-batches).
@@ -561,7 +608,8 @@ def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
                             ranks["chunk_first"]),
                            (t.pp - 1, ranks["last"], ranks["chunk_last"])):
         mem = rank_memory(model, system, t, r, held, chunk, reduce_fp32,
-                          grad_sync=grad_sync, fp8_params=fp8_params)
+                          grad_sync=grad_sync, fp8_params=fp8_params,
+                          cp_exchange=cp_exchange)
         mem["stage"] = np.broadcast_to(r, (len(t),))
         if out is None:
             out = mem
@@ -576,7 +624,7 @@ def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
         sub = t.take(rows)
         mem = rank_memory(model, system, sub, ranks["mid"][rows], ranks["mid_held"][rows],
                           ranks["chunk_mid"][rows], reduce_fp32, grad_sync=grad_sync,
-                          fp8_params=fp8_params)
+                          fp8_params=fp8_params, cp_exchange=cp_exchange)
         mem["stage"] = ranks["mid"][rows]
         bigger = rows[mem["peak"] > out["peak"][rows]]
         win = mem["peak"] > out["peak"][rows]

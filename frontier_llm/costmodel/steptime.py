@@ -35,7 +35,10 @@ states through memory.
 Context parallelism (``cp``): a rank computes ``seq_len/cp`` tokens of each sequence (GEMMs,
 attention, element-wise work and TP traffic all ``/cp``; the load-balanced split makes the
 causal attention work equal on every cp rank), exchanges K and V per layer
-(:func:`cp_exchange_times`, the ``cp_comm`` part), and reduces gradients over the dp x cp ranks.
+(:func:`cp_exchange_times`, the ``cp_comm`` part; under the native engine either flm bench's
+single gather or, with ``cp_exchange`` "ring", PyTorch's ``context_parallel`` ring, which also
+merges its partial attentions in fp32: :func:`cp_merge_bytes`, in the same part), and reduces
+gradients over the dp x cp ranks.
 docs/costmodel.md "Context parallelism".
 """
 
@@ -46,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from frontier_llm.costmodel import comm, fp8, gemm, moe
-from frontier_llm.costmodel.behaviour import behaviour
+from frontier_llm.costmodel.behaviour import behaviour, cp_ring
 from frontier_llm.costmodel.checkpoint_policy import kept_dense_fraction
 from frontier_llm.costmodel.flops import (
     layer_forward_flops_per_token,
@@ -100,7 +103,8 @@ class BlockTimes:
     recompute: np.ndarray  # compute replayed in backward
     compute: np.ndarray  # forward + backward (2x) + recompute
     comm: np.ndarray  # exposed tensor-parallel communication
-    cp_comm: np.ndarray  # exposed context-parallel K/V exchange (cp_exchange_times)
+    cp_comm: np.ndarray  # exposed context-parallel K/V exchange (cp_exchange_times) and
+    # the native ring's fp32 merge traffic (cp_merge_bytes)
     ep_comm: np.ndarray | float = 0.0  # exposed expert-parallel all-to-alls (costmodel/moe.py)
 
 
@@ -139,7 +143,8 @@ def _rates(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> _Rates:
 
 def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
                 eager: bool = False, tp_comm_overlap: bool = False,
-                moe_run: moe.MoeRun = moe.NO_OVERLAP) -> BlockTimes:
+                moe_run: moe.MoeRun = moe.NO_OVERLAP, cp_exchange: str | None = None
+                ) -> BlockTimes:
     """One block's compute, element-wise, recompute and TP communication time. ``eager``: the
     run executes PyTorch's ops one kernel each (no torch.compile), so its element-wise work is
     :data:`EAGER_BYTES_PER_TOKEN`, not the fused count. ``tp_comm_overlap``: the run turns on
@@ -147,7 +152,9 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     Megatron-LM command renders it and NVIDIA's bf16 GPT-3 175B recipe runs it
     (NeMo-Framework-Launcher conf/training/gpt3/175b.yaml: ``ub_tp_comm_overlap: False``),
     every TP collective is exposed. ``moe_run``: how an MoE run dispatches and overlaps its
-    all-to-alls (costmodel/moe.py MoeRun; default Megatron-LM's, none overlapped)."""
+    all-to-alls (costmodel/moe.py MoeRun; default Megatron-LM's, none overlapped).
+    ``cp_exchange``: the native engine's context-parallel exchange (None: the engine's rule;
+    :func:`~frontier_llm.costmodel.behaviour.cp_ring`)."""
     s, h, f = model.seq_len, model.hidden, model.ffn_hidden
     tp, e = t.tp, r.act_bytes
     # The rank's tokens: seq_len/cp of each sequence (context parallelism). Attention work per
@@ -208,7 +215,14 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
                        system.eff("tp_overlap", 0.0), 0.0)
     hidden_by = overlap * (3 * f_dense + np.where(full, f_dense, 0))
     block_comm = np.maximum(0.0, fwd_comm + bwd_comm + recompute_comm - hidden_by)
-    cp_comm = cp_exchange_times(model, system, t, e, f_attn)
+    # Context parallelism's own cost: the exposed K/V exchange and, where the run is a ring of
+    # partial attentions (native with cp_exchange "ring": PyTorch's context_parallel), merging
+    # them in fp32.
+    ring = cp_ring(t, cp_exchange)
+    fwd_merge, bwd_merge = cp_merge_bytes(model, t, e, ring)
+    merge_replay = np.where(t.recompute == Recompute.NONE.code, 0.0, fwd_merge)
+    cp_comm = (cp_exchange_times(model, system, t, e, f_attn, ring)
+               + (fwd_merge + bwd_merge + merge_replay) / r.memory)
     # The all-to-alls, exposed beyond the compute they overlap with (costmodel/moe.py).
     ep_comm = (moe.all_to_all_times(model, system, t, e, moe_run, 3 * fwd + recompute)
                if model.is_moe else 0.0)
@@ -225,20 +239,41 @@ def kv_exchange_bytes(model: ModelSpec, t: LayoutTable, act_bytes) -> np.ndarray
 
 
 def cp_exchange_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, act_bytes,
-                      f_attn) -> np.ndarray:
+                      f_attn, ring=None) -> np.ndarray:
     """Exposed seconds of the context-parallel K/V exchange per layer and micro-batch (forward,
     backward and any recompute). The cp group is the ``cp`` ranks ``tp`` apart (cp is next to
     tp in the rank order of torchtitan's mesh ``[pp, dp_replicate, dp_shard, cp, tp]`` and
     Megatron's ``tp-cp-ep-dp-pp``), spanning ``tp·cp`` consecutive ranks, which sets its link.
+    The rings compute attention as ``cp`` partial attentions of ``1/cp`` of the rank's
+    attention work each (the load-balanced split: flops.causal_pairs_per_cp_rank), the first on
+    the rank's own K/V; the ring's slowest hop is the wrap-around between the first and the
+    last cp rank (``tp·(cp−1)`` apart). ``ring``: which native rows run PyTorch's ring
+    (:func:`~frontier_llm.costmodel.behaviour.cp_ring`; default the engine's rule).
 
-    - ``native`` (flm bench; Llama 3's all-gather CP, Dubey et al. 2024 §3.3.2; PyTorch's
-      ``context_parallel`` ``allgather`` rotation): K and V all-gathered before attention,
-      exposed (attention waits for them); dK and dV reduce-scattered in backward, exposed. A
-      block replayed in backward gathers again: full recompute, and op-level selective, whose
-      policy keeps the attention kernel's output but not the collective's (torchtitan's save
-      list), so the replay reruns the gather to rebuild the kernel's saved inputs. Selective
-      recompute (the attention core) keeps its inputs, the gathered K/V: no second gather. Each
-      collective moves the full-length K and V, ``cp`` times :func:`kv_exchange_bytes`.
+    - ``native``, ``cp_exchange`` "gather" (flm bench, bench/context_parallel.py; Llama 3's
+      all-gather CP, Dubey et al. 2024 §3.3.2): K and V all-gathered before one attention of
+      the local queries over the whole sequence, exposed (attention waits for them); dK and dV
+      reduce-scattered in backward, exposed. A block replayed in backward gathers again: full
+      recompute, and op-level selective, whose policy keeps the attention kernel's output but
+      not the collective's, so the replay reruns the gather to rebuild the kernel's saved
+      inputs. Selective recompute (the attention core) keeps its inputs, the gathered K/V: no
+      second gather. Each collective moves the full-length K and V, ``cp`` times
+      :func:`kv_exchange_bytes`.
+    - ``native``, ``cp_exchange`` "ring" (the torchtitan flm renders,
+      ``context_parallel_rotate_method = "allgather"``, torchtitan's default:
+      torchtitan/config_manager.py at 9dec370; PyTorch's
+      ``context_parallel``, torch/distributed/tensor/experimental/_attention.py at 0123248a,
+      ``_templated_ring_attention`` and ``_AllGatherRotater``): forward launches one
+      all-gather of every rank's K/V before the first partial attention and waits for it at
+      the second, so the gather hides behind ``1/cp`` of the attention; backward gathers K/V
+      again the same way (behind ``1/cp`` of the backward attention, twice the forward's) and
+      passes the dK/dV accumulators round the cp ring (``_templated_ring_attention_backward``:
+      ``dkv_rotater`` is ``ALL_TO_ALL``, the buffers fp32 as ``convert_to_f32`` defaults): ``cp``
+      sends of fp32 dK and dV, each but the last behind the next partial backward, the last
+      waited after the loop. A block replayed in backward gathers again: full recompute, and
+      op-level selective, whose policy keeps the attention kernel's output but not the
+      collective's (torchtitan's save list). Selective recompute (the attention core) keeps
+      its inputs, the gathered K/V: no second gather.
     - ``megatron`` (TransformerEngine ring attention, ``cp_comm_type`` p2p; Liu et al. 2023's
       ring): ``cp−1`` steps, each sending the K/V block on to the next rank while attention runs
       on the block in hand (``1/cp`` of the rank's attention): a step exposes ``max(0, send −
@@ -248,19 +283,59 @@ def cp_exchange_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, act_
     """
     n = t.cp
     chunk = kv_exchange_bytes(model, t, act_bytes)
-    gather = comm.all_gather(system, n, t.tp, n * chunk)
     full = t.recompute == Recompute.FULL.code
-    again = full | (t.recompute == Recompute.SELECTIVE_OP.code)
-    native = gather + comm.reduce_scatter(system, n, t.tp, n * chunk) + np.where(again, gather,
-                                                                                    0.0)
-    # The ring's slowest hop is the wrap-around between the first and the last cp rank.
+    if ring is None:
+        ring = cp_ring(t)
     hop = t.tp * (n - 1)
     step_fwd = f_attn / n
+    gather = comm.all_gather(system, n, t.tp, n * chunk)
+    gather_fwd = np.maximum(0.0, gather - step_fwd)
+    grads = comm.send_recv(system, hop, chunk * 4.0 / act_bytes)  # fp32 dK and dV
+    native_bwd = (np.maximum(0.0, gather - 2 * step_fwd)
+                  + (n - 1) * np.maximum(0.0, grads - 2 * step_fwd) + grads)
+    again = full | (t.recompute == Recompute.SELECTIVE_OP.code)
+    torch_ring = gather_fwd + native_bwd + np.where(again, gather_fwd, 0.0)
+    bench = (gather + comm.reduce_scatter(system, n, t.tp, n * chunk)
+             + np.where(again, gather, 0.0))
+    native = np.where(ring, torch_ring, bench)
     fwd = (n - 1) * np.maximum(0.0, comm.send_recv(system, hop, chunk) - step_fwd)
     bwd = (n - 1) * np.maximum(0.0, comm.send_recv(system, hop, 2 * chunk) - 2 * step_fwd)
     ring = fwd + bwd + np.where(full | (t.recompute == Recompute.SELECTIVE.code), fwd, 0.0)
     exposed = np.where(t.engine == Engine.MEGATRON.code, ring, native)
     return np.where(n > 1, exposed, 0.0)
+
+
+def cp_merge_bytes(model: ModelSpec, t: LayoutTable, act_bytes, ring=None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) HBM bytes one rank moves per layer and micro-batch merging the
+    ``cp`` partial attentions of PyTorch's ``context_parallel`` (native rows whose exchange is
+    the ring, ``ring``, default :func:`~frontier_llm.costmodel.behaviour.cp_ring`; 0 for flm
+    bench's single attention, the other engines and cp 1), beside the attention kernels themselves
+    (torch/distributed/tensor/experimental/_attention.py at 0123248a: ``_SDPAMerger`` and
+    ``_templated_ring_attention_backward``, ``convert_to_f32 = True`` by default).
+
+    Forward: the first partial output is converted to fp32 (read ``e``, write 4 bytes per
+    element), each of the ``cp−1`` others is folded into the fp32 running output (read 4 and
+    ``e``, write 4: ``out − sigmoid(lse_i − lse)·(out − out_i)``, one pass when compiled, more
+    when eager), and the result is cast back (read 4, write ``e``): ``o·(cp·(8+e) + e)``, ``o``
+    the rank's output elements (``b·(s/cp)·heads·v_dim/t``). The slowest rank (the last, whose
+    every later partial spans its whole output) sets the pace. Backward: dQ, dK and dV
+    accumulate in fp32: zero-filled (write 4), each of the ``cp`` partial backwards adds its
+    gradient (read 4 and ``e``, write 4), cast back at the end (read 4, write ``e``):
+    ``(q + kv)·(cp·(8+e) + 8 + e)``. The log-sum-exp rows (``1/head_dim`` of the output) and
+    the eager code's extra copies (``torch.cat`` of the buffers each step) are left out: this is
+    the least traffic the merge needs. A replayed block merges its forward again (the caller)."""
+    n = np.asarray(t.cp)
+    e = np.asarray(act_bytes, dtype=float)
+    tokens = t.micro_batch * t.local_seq(model.seq_len)
+    heads = model.heads / t.tp
+    out = tokens * heads * (model.out_dim / model.heads)
+    q = tokens * heads * (model.q_dim / model.heads)
+    kv = kv_exchange_bytes(model, t, act_bytes) / e  # K and V elements
+    fwd = out * (n * (8 + e) + e)
+    bwd = (q + kv) * (n * (8 + e) + 8 + e)
+    ring = cp_ring(t) if ring is None else ring
+    return np.where(ring, fwd, 0.0), np.where(ring, bwd, 0.0)
 
 
 def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
@@ -525,7 +600,8 @@ def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable, eager: bool 
               overlap_comm: bool = True, reduce_fp32: bool | None = None,
               tp_comm_overlap: bool = False,
               moe_run: moe.MoeRun = moe.NO_OVERLAP, grad_sync: bool | None = None,
-              p2p_overlap: bool = False) -> dict[str, np.ndarray]:
+              p2p_overlap: bool = False, cp_exchange: str | None = None
+              ) -> dict[str, np.ndarray]:
     """Seconds per iteration and its parts (seconds, summed over the iteration, on the slowest
     pipeline stage), for every layout of ``t``: per block, per stage, data parallel. ``eager``:
     the run is un-compiled PyTorch (:func:`block_times`); ``overlap_comm``: DeepSpeed's, for
@@ -533,9 +609,11 @@ def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable, eager: bool 
     ``tp_comm_overlap`` and ``moe_run``: :func:`block_times`; ``grad_sync``: sharded gradients
     reduce-scattered every micro-batch or at the last (None: the engine's rule,
     :func:`~frontier_llm.costmodel.memory.grad_sync_each`); ``p2p_overlap``:
-    :func:`stage_times`."""
+    :func:`stage_times`; ``cp_exchange``: the native engine's context-parallel exchange,
+    "gather" or "ring" (None: the engine's rule,
+    :func:`~frontier_llm.costmodel.behaviour.cp_ring`)."""
     r = _rates(model, system, t)
-    blk = block_times(model, system, t, r, eager, tp_comm_overlap, moe_run)
+    blk = block_times(model, system, t, r, eager, tp_comm_overlap, moe_run, cp_exchange)
     stage = stage_times(model, system, t, r, blk, p2p_overlap, moe_run)
     dp = data_parallel_times(model, system, t, r, blk, stage, overlap_comm, reduce_fp32,
                              grad_sync)

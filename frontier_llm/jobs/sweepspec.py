@@ -424,7 +424,8 @@ def _space_jobs(spec: SweepFile, raw_space: Any, models: list[tuple[str, ModelSp
                 if not sub["tp"]:
                     continue
             try:
-                result = plan(model, system, gpus, gb, SearchSpace(dtype=spec.dtype, **sub))
+                result = plan(model, system, gpus, gb, SearchSpace(dtype=spec.dtype, **sub),
+                              cp_exchange=_cp_exchange(spec))
             except UserError as exc:
                 skipped[str(exc)] += 1
                 continue
@@ -489,7 +490,16 @@ def _bench_runs(model: ModelSpec, result, ranked, top: int | None, skipped: Coun
     return kept
 
 
-def _predicted(model: ModelSpec, system: SystemSpec, layout: Layout) -> dict[str, Any]:
+def _cp_exchange(spec: SweepFile) -> str | None:
+    """The context-parallel exchange the sweep's jobs run: their trainer's (torchtitan:
+    PyTorch's ring), or None (the engine's rule: flm bench's own)."""
+    from frontier_llm.trainers import get
+
+    return None if spec.workload == FLM_BENCH else get(spec.workload).cp_exchange
+
+
+def _predicted(model: ModelSpec, system: SystemSpec, layout: Layout,
+               cp_exchange: str | None = None) -> dict[str, Any]:
     """A listed layout's prediction, the same figures a space's layouts get from the planner
     (so the walltime check sees ``layouts:`` sweeps too); {} where the cost model has none,
     and for CPU ranks (a site without GPUs: this machine's test cluster), whose listed layouts
@@ -501,7 +511,7 @@ def _predicted(model: ModelSpec, system: SystemSpec, layout: Layout) -> dict[str
         return {}
 
     try:
-        row = predict(model, system, layout)
+        row = predict(model, system, layout, cp_exchange=cp_exchange)
     except (UserError, ValueError, KeyError, ZeroDivisionError):
         return {}
     return {k: row[k] for k in PREDICTION_COLUMNS if k != "hfu" and k in row}
@@ -550,7 +560,7 @@ def _explicit_jobs(spec: SweepFile, entries: list, models: list[tuple[str, Model
                 ranks_per_node=rpn,
                 bench_args=bench_argv(spec.name, key, model_ref, system_ref, layout, spec,
                                       {**_bench_args(spec.bench_args, ""), **extra}),
-                time=time, prediction=_predicted(model, system, layout),
+                time=time, prediction=_predicted(model, system, layout, _cp_exchange(spec)),
             ))
     return jobs
 

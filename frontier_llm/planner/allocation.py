@@ -485,6 +485,7 @@ def allocation_curve(
     overlap_comm: bool = True,
     tp_comm_overlap: bool = False,
     moe_run=None,
+    cp_exchange: str | None = None,
 ) -> pd.DataFrame:
     """The best layout at each GPU count of ``counts`` with its intervals (``confidence``,
     default :data:`~frontier_llm.planner.intervals.DEFAULT_CONFIDENCE`) and, with ``tokens``,
@@ -496,7 +497,9 @@ def allocation_curve(
     ``global_batch`` and ``batch_tokens``. ``eager``: element-wise work priced as un-compiled
     PyTorch runs it, ``overlap_comm`` False DeepSpeed's ZeRO-1/2 reductions not overlapped,
     ``tp_comm_overlap`` Megatron-LM's ``--tp-comm-overlap``, ``moe_run`` an MoE run's
-    dispatch and overlap (None: none overlapped) (:func:`~frontier_llm.planner.plan.plan`)."""
+    dispatch and overlap (None: none overlapped), ``cp_exchange`` the native engine's
+    context-parallel exchange (None: the engine's rule)
+    (:func:`~frontier_llm.planner.plan.plan`)."""
     from frontier_llm.planner import intervals
     from frontier_llm.planner.plan import plan
 
@@ -506,7 +509,7 @@ def allocation_curve(
     for i, n in enumerate(counts):
         plans.append(plan(model, system, n, fixed or growing_global_batch(model, n), space,
                           eager=eager, overlap_comm=overlap_comm,
-                          tp_comm_overlap=tp_comm_overlap,
+                          tp_comm_overlap=tp_comm_overlap, cp_exchange=cp_exchange,
                           **({"moe_run": moe_run} if moe_run is not None else {})))
         if on_count:
             on_count(i + 1)

@@ -33,7 +33,7 @@ from frontier_llm.errors import UserError
 from frontier_llm.planner.intervals import family, memory_verdict, vendor
 from frontier_llm.planner.plan import memory_bounds, plan
 from frontier_llm.planner.space import SearchSpace
-from frontier_llm.specs.engine_rules import GRAD_SYNC_EACH, rules_for
+from frontier_llm.specs.engine_rules import GRAD_SYNC_EACH, check_cp_exchange, rules_for
 from frontier_llm.specs.forms import label
 from frontier_llm.specs.layout import Engine, Schedule, parse_schedule_label, zero_preset
 from frontier_llm.specs.model import ModelSpec
@@ -190,6 +190,15 @@ def row_grad_sync(row: pd.Series) -> bool | None:
     row; None (the engine's rule) for the others."""
     if "torchtitan" in _text(row, "source", "notes", "engine"):
         return GRAD_SYNC_EACH["torchtitan"]
+    return None
+
+
+def row_cp_exchange(row: pd.Series) -> str | None:
+    """The native engine's context-parallel exchange the row's trainer ran, as its
+    ``cp_exchange`` column states it ("ring": PyTorch's ``context_parallel``, torchtitan's;
+    "gather": flm bench's); None (the engine's rule) where the row states none."""
+    if _given(row.get("cp_exchange")):
+        return check_cp_exchange(str(row["cp_exchange"]).strip().lower())
     return None
 
 
@@ -580,7 +589,7 @@ def _best(row: pd.Series, model: ModelSpec, system: SystemSpec, recompute: str |
                       overlap_comm=row_overlap_comm(row), reduce_fp32=row_reduce_fp32(row),
                       tp_comm_overlap=row_tp_comm_overlap(row), moe_run=row_moe_run(row),
                       grad_sync=row_grad_sync(row), fp8_params=row_fp8_params(row),
-                      p2p_overlap=row_p2p_overlap(row))
+                      p2p_overlap=row_p2p_overlap(row), cp_exchange=row_cp_exchange(row))
         # A published run ran: when none of its layouts is predicted to fit, the fastest is
         # predicted anyway (after those that fit) and the table says it was predicted not to fit.
         order = result.ranked_indices(fits_only=False)

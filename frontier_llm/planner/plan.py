@@ -205,14 +205,17 @@ def check_space_fp8(system: SystemSpec, space) -> None:
 
 
 def in_dtype(model: ModelSpec, system: SystemSpec, layouts: LayoutTable, dtype: str,
-             eager: bool = False, overlap_comm: bool = True) -> dict[str, np.ndarray]:
+             eager: bool = False, overlap_comm: bool = True,
+             cp_exchange: str | None = None) -> dict[str, np.ndarray]:
     """The cost model's figures for the same layouts trained in ``dtype`` (``flm plan
-    --fp8-speedup``: an fp8 plan's layouts in bf16, or a bf16 plan's in fp8)."""
+    --fp8-speedup``: an fp8 plan's layouts in bf16, or a bf16 plan's in fp8), with the plan's
+    ``cp_exchange``."""
     if dtype == "fp8":
         check_fp8(system, dtype)
     cols = layouts.columns()
     cols["dtype"] = np.full(len(layouts), DType(dtype).code, dtype=cols["dtype"].dtype)
-    return evaluate(model, system, LayoutTable(**cols), eager, overlap_comm)
+    return evaluate(model, system, LayoutTable(**cols), eager, overlap_comm,
+                    cp_exchange=cp_exchange)
 
 
 def layout_field_search(name: str) -> tuple:
@@ -226,7 +229,7 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
          overlap_comm: bool = True, reduce_fp32: bool | None = None,
          tp_comm_overlap: bool = False, moe_run: MoeRun = NO_OVERLAP,
          grad_sync: bool | None = None, fp8_params: bool | None = None,
-         p2p_overlap: bool = False) -> Plan:
+         p2p_overlap: bool = False, cp_exchange: str | None = None) -> Plan:
     """Evaluate every layout of ``space`` for ``model`` on ``gpus`` GPUs of ``system``;
     ``eager``: element-wise work as un-compiled PyTorch runs it (``flm plan --eager``;
     calibration's rows whose model code is plain PyTorch); Megatron-LM layouts stay fused.
@@ -244,7 +247,11 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
     ``fp8_params`` (None: where flm's export writes ``--fp8-param-gather``): Megatron FP8
     weights held as FP8 parameters (calibration's rows that state it). ``p2p_overlap``: an
     interleaved Megatron schedule's pipeline sends overlapped with compute (calibration's rows
-    whose configs state ``overlap_p2p_comm``); off by default, every send exposed."""
+    whose configs state ``overlap_p2p_comm``); off by default, every send exposed.
+    ``cp_exchange`` (None: the engine's rule, flm bench's single gather): the native engine's
+    context parallelism as flm bench runs it ("gather") or as PyTorch's ``context_parallel``
+    ring ("ring", torchtitan; ``flm plan --cp-exchange ring``; calibration's rows that state
+    it)."""
     if not 1 <= gpus <= MAX_GPUS:
         raise UserError(f"the GPU count must be between 1 and {MAX_GPUS:,} (got {gpus})")
     gb = global_batch or default_global_batch(model, gpus)
@@ -253,7 +260,7 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
     # The cost model runs on the layouts no rule rejected; the others get NaN figures.
     ok = np.flatnonzero(reason == 0)
     sub = evaluate(model, system, layouts.take(ok), eager, overlap_comm, reduce_fp32,
-                   tp_comm_overlap, moe_run, grad_sync, fp8_params, p2p_overlap)
+                   tp_comm_overlap, moe_run, grad_sync, fp8_params, p2p_overlap, cp_exchange)
     # Every row gets every figure: NaN (False) where a rule rejected it. One block for the
     # float figures, each row written once (the tables run to millions of rows).
     floats = [k for k, v in sub.items() if v.dtype != bool]

@@ -91,6 +91,12 @@ class EngineRules:
     # backward (sharded between them) rather than only after the last (kept unsharded in
     # between, ``set_requires_gradient_sync(False)``). A trainer's setting: GRAD_SYNC_EACH.
     fsdp_grad_sync_each_microbatch: bool = False
+    # The native engine's context-parallel exchange (read for native layouts with cp > 1 only:
+    # Megatron's TransformerEngine ring is its engine's own): "gather" (flm bench's one K/V
+    # all-gather and one masked attention over the whole sequence) or "ring" (PyTorch's
+    # ``context_parallel``, cp partial attentions merged in fp32). A trainer's setting:
+    # CP_EXCHANGE.
+    cp_exchange: str = "gather"
     sharded_grad_all_reduce: bool = False
     param_gather_overlap: bool = True
     # The engine's models run fused element-wise kernels whatever the caller asks
@@ -426,3 +432,26 @@ def check_engine(layout: Layout, model: ModelSpec | None = None) -> None:
 # ``gradient_accumulation_steps`` without touching FSDP's sync, so FSDP2 reduce-scatters every
 # backward and keeps only sharded gradients between them.
 GRAD_SYNC_EACH = {"flm-bench": False, "torchtitan": True}
+
+# How a trainer's context parallelism exchanges K/V and what it keeps for backward (the native
+# engine's ``cp_exchange``; docs/costmodel.md "Context parallelism"), from each trainer's own
+# attention. flm bench (the native engine's rule): bench/context_parallel.py all-gathers K and V
+# once per layer (``CPContext.gather``, reduce-scattered in backward) and runs ONE attention of
+# the local queries over the whole sequence under an (s/cp) x s mask kept for the step; autograd
+# saves the gathered K/V. torchtitan: ``context_parallel`` (torchtitan/utils.py
+# ``create_context_parallel_ctx`` at 9dec370, rotate method "allgather" by default,
+# config_manager.py) dispatches SDPA to PyTorch's ``_templated_ring_attention``
+# (torch/distributed/tensor/experimental/_context_parallel/_attention.py, torch 2.13.0 at
+# cf30153c; _attention.py at 0123248a): cp partial flash attentions merged in fp32, no mask, the
+# gathered K/V a transient of the layer's attention, gathered again in backward.
+CP_EXCHANGES = ("gather", "ring")
+CP_EXCHANGE = {"flm-bench": "gather", "torchtitan": "ring"}
+
+
+def check_cp_exchange(value: str | None) -> str | None:
+    """``value`` if it names a CP exchange (or is None: the engine's rule), else SpecError."""
+    if value is not None and value not in CP_EXCHANGES:
+        raise SpecError(f"cp_exchange {value!r} is not one of {', '.join(CP_EXCHANGES)} "
+                        "(gather: flm bench's one K/V all-gather and masked attention; ring: "
+                        "PyTorch's context_parallel, as torchtitan runs it)", "cp_exchange")
+    return value

@@ -54,6 +54,10 @@ class Trainer:
     # The flm engines standing for it (specs/engine_rules.py): a layout that names no engine
     # gets the first that builds it, and --from-plan plans with them.
     engines: tuple[Engine, ...] = ()
+    # How its context parallelism exchanges K/V, where it runs the native engine's (the cost
+    # model's ``cp_exchange``, specs/engine_rules.py CP_EXCHANGE): --from-plan plans with it,
+    # and a plan asked for another is refused. None: the engines' own.
+    cp_exchange: str | None = None
     log_reader: LogReader = LogReader()  # reads the logs it prints (flm collect --from-logs)
     step_flag: str | None = None  # how many optimizer steps it runs (the walltime check)
     save_flag: str | None = None  # the checkpoint directory flag (one per sweep job)

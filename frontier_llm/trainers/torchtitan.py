@@ -27,6 +27,7 @@ import dataclasses
 from typing import Any
 
 from frontier_llm.specs import axes
+from frontier_llm.specs.engine_rules import CP_EXCHANGE
 from frontier_llm.specs.layout import DType, Engine, Layout, PlacementKind, Recompute, Schedule
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
@@ -311,8 +312,10 @@ def job_config(model: ModelSpec, layout: Layout, implied_sp: bool = True,
         key("tp"): layout.tp, key("pp"): layout.pp}
     if layout.cp > 1:
         # The load-balanced causal split is its default load balancer ("headtail" for SDPA:
-        # rank r holds chunks r and 2cp-1-r); all-gather of the K/V shards is flm's native
-        # design and its default rotate method, written out so that the file says it.
+        # rank r holds chunks r and 2cp-1-r); "allgather" is its default rotate method,
+        # written out so that the file says it: PyTorch's context_parallel ring of cp partial
+        # attentions (the cost model's cp_exchange "ring"; flm bench's own CP, one gather and
+        # a masked attention, is not what this runs).
         parallelism[key("cp")] = layout.cp
         parallelism["context_parallel_rotate_method"] = "allgather"
     if layout.ep > 1:
@@ -430,6 +433,9 @@ class Torchtitan(Trainer):
     order = 3
     source = "torchtitan v0.2.2 (73a0e69) torchtitan/config/job_config.py"
     engines = (Engine.NATIVE,)
+    # PyTorch's context_parallel ring (context_parallel_rotate_method, written below), not
+    # flm bench's single gather.
+    cp_exchange = CP_EXCHANGE["torchtitan"]
     log_reader = TorchtitanLog()
     # [training] steps as a command-line override (job_config.py v0.2.2, Training.steps).
     step_flag = "--training.steps"
@@ -466,6 +472,11 @@ class Torchtitan(Trainer):
                        "comments hold the line that registers it")
         if model.is_moe and model.router_aux_loss > 0:
             out.append(aux_loss_note(model))
+        if layout.cp > 1:
+            out.append(f"context parallelism runs as PyTorch's context_parallel ring (cp "
+                       f"{layout.cp} partial attentions merged in fp32, no mask), not flm "
+                       "bench's single gather: flm predict/plan --cp-exchange ring predicts "
+                       "what runs")
         return out
 
 
