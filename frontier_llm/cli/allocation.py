@@ -245,6 +245,7 @@ def run_curve(
             overlap_comm=args.deepspeed_overlap_comm == "on",
             tp_comm_overlap=getattr(args, "tp_comm_overlap", "off") == "on",
             moe_run=moe_run_from_args(args),
+            p2p_overlap=getattr(args, "overlap_p2p_comm", "off") == "on",
         )
     selection = None
     if args.deadline is not None:

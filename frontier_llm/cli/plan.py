@@ -21,14 +21,17 @@ from frontier_llm.cli.layout_args import (
 )
 from frontier_llm.cli.moe_args import add_moe_args, moe_note, moe_run_from_args, with_router_balance
 from frontier_llm.cli.numbers import MAX_GPUS, count, gpus
+from frontier_llm.cli.overlap_args import add_p2p_overlap, p2p_overlap_from_args
 from frontier_llm.costmodel import predict
+from frontier_llm.costmodel.layouts import LayoutTable
+from frontier_llm.costmodel.p2p_overlap import P2P_OVERLAP_FLAG, WHERE
 from frontier_llm.errors import UserError
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.allocation import format_tokens
 from frontier_llm.planner.explain import explain
 from frontier_llm.planner.plan import in_dtype
 from frontier_llm.specs.forms import display_layouts, label
-from frontier_llm.specs.layout import DType
+from frontier_llm.specs.layout import DType, Engine
 from frontier_llm.specs.model import MAX_DIMENSION, ModelSpec
 
 DEFAULT_MODEL, DEFAULT_SYSTEM, DEFAULT_GPUS = "gpt-175b", "frontier", 1024
@@ -150,7 +153,8 @@ def _compare_systems(args: argparse.Namespace) -> int:
             return 2
         space = SearchSpace(dtype=args.dtype, **space_from_args(args))
         result = plan(model, system, one.gpus, args.global_batch, space, eager=args.eager,
-                      overlap_comm=args.deepspeed_overlap_comm == "on")
+                      overlap_comm=args.deepspeed_overlap_comm == "on",
+                      p2p_overlap=p2p_overlap_from_args(args))
         ranked = result.ranked(args.top, fits_only=not args.include_oom, frontier=not args.all)
         ranked = alloc_cli.annotate(ranked, model, system, one, args.top)
         nodes = -(-one.gpus // system.gpus_per_node)
@@ -194,7 +198,7 @@ def run_plan(args: argparse.Namespace) -> int:
     result = plan(model, system, args.gpus, args.global_batch, space, eager=args.eager,
                   overlap_comm=args.deepspeed_overlap_comm == "on",
                   tp_comm_overlap=args.tp_comm_overlap == "on",
-                  moe_run=moe_run_from_args(args))
+                  moe_run=moe_run_from_args(args), p2p_overlap=p2p_overlap_from_args(args))
     seconds = time.perf_counter() - start
     ranked = result.ranked(None if args.risk_aware else args.top,
                            fits_only=not args.include_oom, frontier=not args.all)
@@ -212,6 +216,7 @@ def run_plan(args: argparse.Namespace) -> int:
         f"{', element-wise work priced eager (--eager)' if args.eager else ''}"
         f"{NO_OVERLAP_NOTE if args.deepspeed_overlap_comm == 'off' else ''}"
         f"{TP_OVERLAP_NOTE if args.tp_comm_overlap == 'on' else ''}"
+        f"{P2P_OVERLAP_NOTE if p2p_overlap_from_args(args) else ''}"
         f"{moe_note(args, model)}: "
         f"{len(result.reason):,} layouts evaluated in {seconds:.2f} s, "
         f"{int(np.sum(result.valid)):,} valid and fit{shown}",
@@ -219,6 +224,8 @@ def run_plan(args: argparse.Namespace) -> int:
     )
     for line in alloc_cli.summary_lines(model, system, ranked, args):
         print(line, file=sys.stderr)
+    if p2p_overlap_from_args(args) and not _any_interleaved_megatron(result.layouts):
+        print(P2P_NO_EFFECT, file=sys.stderr)
     note = _first_runs_where(model, ranked)
     if note:
         print(note, file=sys.stderr)
@@ -251,7 +258,7 @@ def _with_speedup(ranked: pd.DataFrame, result, model: ModelSpec, system, args
     idx = result.ranked_indices(None if args.risk_aware else args.top,
                                 fits_only=not args.include_oom, frontier=not args.all)
     fig = in_dtype(model, system, result.layouts.take(idx), other, args.eager,
-                   args.deepspeed_overlap_comm == "on")
+                   args.deepspeed_overlap_comm == "on", p2p_overlap_from_args(args))
     mine = result.figures["step_time_s"][idx]
     out = ranked.copy()
     # annotate() may drop or reorder rows (--risk-aware): align on the rank the plan gave.
@@ -270,7 +277,8 @@ def run_predict(args: argparse.Namespace) -> int:
     if args.gpus is not None:
         layout.check_world(args.gpus)
     out = {"model": model.name, "system": system.name, "layout": layout.to_dict(),
-           **predict(model, system, layout, moe_run=moe_run_from_args(args))}
+           **predict(model, system, layout, moe_run=moe_run_from_args(args),
+                     p2p_overlap=p2p_overlap_from_args(args))}
     extra = alloc_cli.predict_extras(out, layout, model, system, args)
     out.update(extra)
     if args.format == "json":
@@ -279,7 +287,8 @@ def run_predict(args: argparse.Namespace) -> int:
     bd = out["breakdown"]
     print(f"{model.name}{_at_length(args, model)} on {layout.world_size} x {system.gpu} "
           f"({system.name})")
-    print(f"layout      {label(layout)}")
+    print(f"layout      {label(layout)}"
+          f"{P2P_OVERLAP_NOTE.replace(',', ';', 1) if p2p_overlap_from_args(args) else ''}")
     print(f"step time   {out['step_time_s']:.4g} s   ({out['tokens_per_s']:,.0f} tokens/s)")
     print(f"throughput  {out['model_tflops_per_gpu']:.1f} model TFLOP/s/GPU, "
           f"{out['hardware_tflops_per_gpu']:.1f} hardware; MFU {out['mfu']:.1%}, "
@@ -299,6 +308,18 @@ def run_predict(args: argparse.Namespace) -> int:
 
 NO_OVERLAP_NOTE = ", DeepSpeed ZeRO-1/2 without overlap_comm (--deepspeed-overlap-comm off)"
 TP_OVERLAP_NOTE = ", Megatron-LM with --tp-comm-overlap (--tp-comm-overlap on)"
+P2P_OVERLAP_NOTE = (", Megatron-LM's interleaved pipeline sends overlapped with compute "
+                    f"({P2P_OVERLAP_FLAG} on)")
+# flm plan: the flag asked for where the search holds no layout it acts on (a restricted
+# engine or schedule): said, so an unchanged ranking is not taken for the overlap's verdict.
+P2P_NO_EFFECT = (f"flm plan: note: {P2P_OVERLAP_FLAG} on has no effect here: it applies to "
+                 f"{WHERE}, and no layout searched is one")
+
+
+def _any_interleaved_megatron(layouts: LayoutTable) -> bool:
+    """Whether any layout of the plan is one ``p2p_overlap`` acts on."""
+    return bool(np.any((layouts.engine == Engine.MEGATRON.code)
+                       & (layouts.virtual_stages > 1)))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -360,6 +381,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "off (default): the command flm renders, every TP collective exposed; "
                         "on: a run that sets it, as the Megatron-LM README's H100 runs did "
                         "(docs/costmodel.md section 5 and 'The corpus')")
+    add_p2p_overlap(p)
     p.add_argument("--all", action="store_true",
                    help="rank every layout; by default a layout is left out when another is at "
                         "least as fast with no more memory (it is dominated)")
@@ -395,6 +417,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=gpus, default=None,
                    help="check that tp x cp x pp x dp uses exactly this many GPUs")
     add_layout_args(p)
+    add_p2p_overlap(p, "; refused for any other layout")
     add_moe_args(p)
     alloc_cli.add_predict_arguments(p)
     add_format(p, choices=("table", "json"))
