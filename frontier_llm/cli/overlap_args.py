@@ -16,9 +16,11 @@ P2P_OVERLAP_HELP = (
     "(docs/costmodel.md section 5)")
 
 
-def add_p2p_overlap(p: argparse.ArgumentParser, extra: str = "") -> None:
-    """``--overlap-p2p-comm on|off`` (default off), styled as ``--tp-comm-overlap``."""
-    p.add_argument(P2P_OVERLAP_FLAG, choices=("on", "off"), default="off",
+def add_p2p_overlap(p: argparse.ArgumentParser, extra: str = "",
+                    default: str | None = "off") -> None:
+    """``--overlap-p2p-comm on|off`` (default off), styled as ``--tp-comm-overlap``;
+    ``default`` None where the command must tell a given value from none (flm export)."""
+    p.add_argument(P2P_OVERLAP_FLAG, choices=("on", "off"), default=default,
                    help=P2P_OVERLAP_HELP + extra)
 
 
