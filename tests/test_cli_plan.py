@@ -358,3 +358,15 @@ def test_plan_overlap_p2p_comm_moves_only_megatron_interleaved_layouts(capsys):
         same, err = best(*space, "--overlap-p2p-comm", "on")
         assert same["step_time_s"] == plain["step_time_s"]
         assert "--overlap-p2p-comm on has no effect here" in err
+
+
+def test_an_interleaved_pp2_winner_says_megatron_runs_it_only_with_the_overlap(capsys):
+    """Megatron-LM asserts pp > 2 for an interleaved schedule without its p2p overlap, and
+    flm's export writes the overlap off unless the plan priced it on: a #1 that is interleaved
+    over 2 stages says how to price the run Megatron-LM can make of it; priced on, it runs."""
+    argv = ["plan", "--model", "gpt3-125m", "--system", "dgx-h100", "--gpus", "16", "--engine",
+            "megatron", "--schedule", "interleaved", "--pp", "2", "--top", "1"]
+    assert main(argv) == 0
+    assert "runs under megatron-lm only with its p2p overlap" in capsys.readouterr().err
+    assert main([*argv, "--overlap-p2p-comm", "on"]) == 0
+    assert "rank 1 (" not in capsys.readouterr().err

@@ -24,7 +24,7 @@ from frontier_llm.cli.numbers import MAX_GPUS, count, gpus
 from frontier_llm.cli.overlap_args import add_p2p_overlap, p2p_overlap_from_args
 from frontier_llm.costmodel import predict
 from frontier_llm.costmodel.layouts import LayoutTable
-from frontier_llm.costmodel.p2p_overlap import P2P_OVERLAP_FLAG, WHERE
+from frontier_llm.costmodel.p2p_overlap import P2P_OVERLAP_FLAG, WHERE, p2p_overlap_refusal
 from frontier_llm.errors import UserError
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.allocation import format_tokens
@@ -80,7 +80,8 @@ def _add_seq_len(p: argparse.ArgumentParser) -> None:
                         "context parallelism, --cp, splits it)")
 
 
-def _first_runs_where(model: ModelSpec, ranked: pd.DataFrame) -> str | None:
+def _first_runs_where(model: ModelSpec, ranked: pd.DataFrame, p2p_overlap: bool = False
+                      ) -> str | None:
     """A line when the ranking's #1 is a layout no trainer flm exports to can run (AMSP's
     partial sharding under the native engine, say): flm bench measures it, but a user who
     takes #1 to Megatron-LM or torchtitan would be refused (flm export --from-plan skips it)."""
@@ -93,13 +94,25 @@ def _first_runs_where(model: ModelSpec, ranked: pd.DataFrame) -> str | None:
     layout = layout_from_row(ranked.iloc[0])
     runs = []
     for name in NAMES:
+        trainer = get(name)
+        # The plan's p2p overlap is the run's (Megatron-LM runs interleaved pp 2 only with it).
+        run = {"p2p_overlap": True} if p2p_overlap and trainer.takes_p2p_overlap else {}
         try:
-            get(name).check(model, layout)
+            trainer.check(model, layout, **run)
         except UserError:
             continue
         runs.append(name)
     if runs:
         return None
+    if not p2p_overlap and not p2p_overlap_refusal(layout):
+        try:
+            get("megatron-lm").check(model, layout, p2p_overlap=True)
+        except UserError:
+            pass
+        else:  # refused only for its pipeline sends not overlapped (interleaved pp 2)
+            return (f"# rank 1 ({label(layout)}) runs under megatron-lm only with its p2p "
+                    "overlap (Megatron asserts pp > 2 for an interleaved schedule without "
+                    f"it): {P2P_OVERLAP_FLAG} on prices that run")
     where = ("flm bench only" if not model.is_mla else
              "no tool flm drives (flm bench builds no multi-head latent attention)")
     return (f"# rank 1 ({label(layout)}) runs under {where}: none of "
@@ -226,7 +239,7 @@ def run_plan(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr)
     if p2p_overlap_from_args(args) and not _any_interleaved_megatron(result.layouts):
         print(P2P_NO_EFFECT, file=sys.stderr)
-    note = _first_runs_where(model, ranked)
+    note = _first_runs_where(model, ranked, p2p_overlap_from_args(args))
     if note:
         print(note, file=sys.stderr)
     if args.format == "table":
