@@ -208,15 +208,25 @@ def _moe(m, moe_overlap: str, moe_dispatcher: str, router_balance: str | None):
     return m, run
 
 
+def _check_flag(name: str, value: Any) -> bool:
+    """A run setting's switch as a bool (flm plan's on/off flag), a UserError for anything
+    else: 'off' or 0 taken for on would price the run the user did not ask for."""
+    if not isinstance(value, bool):
+        raise UserError(f"{name} must be True or False (got {value!r})")
+    return value
+
+
 def _planned(model, system, gpus, global_batch, seq_len, dtype, restrict,
-             moe=("none", "alltoall", None), cp_exchange: str | None = None):
+             moe=("none", "alltoall", None), cp_exchange: str | None = None,
+             p2p_overlap: bool = False):
     from frontier_llm.planner import plan as run_plan
 
     _check_numbers(gpus=gpus, global_batch=global_batch, seq_len=seq_len)
     m, s = load_model(model, seq_len), load_system(system)
     m, run = _moe(m, *moe)
     return m, s, run_plan(m, s, gpus, global_batch, _space(dtype, restrict), moe_run=run,
-                          cp_exchange=cp_exchange)
+                          cp_exchange=cp_exchange,
+                          p2p_overlap=_check_flag("p2p_overlap", p2p_overlap))
 
 
 def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "frontier",
@@ -225,7 +235,8 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
          tokens: float | None = None, confidence: float | None = None,
          risk_aware: bool = False, dtype: str = "bf16", moe_overlap: str = "none",
          moe_dispatcher: str = "alltoall", router_balance: str | None = None,
-         cp_exchange: str | None = None, **restrict: Any) -> pd.DataFrame:
+         cp_exchange: str | None = None, p2p_overlap: bool = False,
+         **restrict: Any) -> pd.DataFrame:
     """Rank the layouts of ``model`` on ``gpus`` GPUs (Frontier: GCDs) of ``system``, fastest
     first: the rows ``flm plan --format json`` prints under ``layouts``, with the same columns
     (layout knobs, step time, throughput, MFU, peak memory, fits, their intervals, and with
@@ -242,7 +253,10 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
     model's) are flm plan's ``--moe-overlap``, ``--moe-dispatcher`` and ``--router-balance``.
     ``cp_exchange`` is ``--cp-exchange``: how a native layout's context parallelism runs,
     "gather" (flm bench's; None, the default) or "ring" (PyTorch's context_parallel, as
-    torchtitan runs it).
+    torchtitan runs it). ``p2p_overlap`` True: Megatron-LM's interleaved layouts priced with
+    their pipeline sends overlapped with compute (``--overlap-p2p-comm on``: Megatron-Core's
+    ``overlap_p2p_comm``); the default, False, is the command flm exports
+    (``--no-overlap-p2p-communication``); other layouts are unchanged by it.
 
     The frame's ``attrs`` hold the rest of the JSON document: ``model``, ``system``, ``gpus``,
     ``global_batch``, ``evaluated`` and ``rejected`` (layouts per broken rule).
@@ -253,7 +267,8 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
                    tokens=tokens)
     confidence = _confidence(confidence)
     m, s, result = _planned(model, system, gpus, global_batch, seq_len, dtype, restrict,
-                            (moe_overlap, moe_dispatcher, router_balance), cp_exchange)
+                            (moe_overlap, moe_dispatcher, router_balance), cp_exchange,
+                            p2p_overlap)
     ranked = result.ranked(None if risk_aware else top, fits_only=not include_oom,
                            frontier=not all_layouts)
     ranked = annotate(ranked, m, s, confidence=confidence, tokens=tokens, risk_aware=risk_aware,
@@ -356,14 +371,17 @@ def predict(model: str | ModelSpec, system: str | SystemSpec, layout: Layout | N
             seq_len: int | None = None, tokens: float | None = None,
             confidence: float | None = None, moe_overlap: str = "none",
             moe_dispatcher: str = "alltoall", router_balance: str | None = None,
-            cp_exchange: str | None = None, **fields: Any) -> dict[str, Any]:
+            cp_exchange: str | None = None, p2p_overlap: bool = False,
+            **fields: Any) -> dict[str, Any]:
     """One layout's predicted step time (with its breakdown), throughput, MFU/HFU, per-rank
     peak memory (with its breakdown), whether it fits, and the intervals: the document
     ``flm predict --format json`` prints (with ``tokens``: steps, days, node-hours, energy).
 
     The layout is ``layout`` or the fields of :func:`layout` (``tp=8, pp=16, dp=8, ...``).
-    ``moe_overlap``, ``moe_dispatcher``, ``router_balance``: an MoE run's settings, and
-    ``cp_exchange`` the native context-parallel exchange, as in :func:`plan`.
+    ``moe_overlap``, ``moe_dispatcher``, ``router_balance``, ``cp_exchange``,
+    ``p2p_overlap``: the run's settings, as in :func:`plan` (``--cp-exchange``,
+    ``--overlap-p2p-comm``); ``p2p_overlap`` True on a layout it does not act on (not
+    Megatron's interleaved schedule) raises UserError, as flm predict refuses it.
     """
     from frontier_llm.costmodel import predict as cost
     from frontier_llm.planner.annotations import predict_extras
@@ -376,22 +394,27 @@ def predict(model: str | ModelSpec, system: str | SystemSpec, layout: Layout | N
     m, s = load_model(model, seq_len), load_system(system)
     m, run = _moe(m, moe_overlap, moe_dispatcher, router_balance)
     out = {"model": m.name, "system": s.name, "layout": layout.to_dict(),
-           **cost(m, s, layout, moe_run=run, cp_exchange=cp_exchange)}
+           **cost(m, s, layout, moe_run=run, cp_exchange=cp_exchange,
+                  p2p_overlap=_check_flag("p2p_overlap", p2p_overlap))}
     out.update(predict_extras(out, layout, m, s, confidence=_confidence(confidence),
                               tokens=tokens))
     return out
 
 
 def export_layout(trainer: str, model: str | ModelSpec, layout: Layout,
-                  system: str | SystemSpec | None = None) -> str:
+                  system: str | SystemSpec | None = None, *,
+                  p2p_overlap: bool = False) -> str:
     """``layout`` as another trainer's configuration text: ``megatron-lm`` and
     ``megatron-deepspeed`` flags, a ``torchtitan`` TOML job file or a ``deepspeed`` ds_config
     JSON (``flm export --to TRAINER``; docs/export.md). A layout the trainer cannot express is
-    refused with :class:`~frontier_llm.export.ExportRefused` naming why."""
+    refused with :class:`~frontier_llm.export.ExportRefused` naming why. ``p2p_overlap``: the
+    run :func:`predict` priced with it (``--overlap-p2p-comm``); Megatron-LM's interleaved
+    layouts get ``--no-overlap-p2p-communication`` without it, so the run is the one priced."""
     from frontier_llm.export import export
 
     return export(trainer, load_model(model), layout,
-                  None if system is None else load_system(system))
+                  None if system is None else load_system(system),
+                  p2p_overlap=_check_flag("p2p_overlap", p2p_overlap))
 
 
 # --- measured runs (flm collect, flm results, flm validate) ----------------------------------

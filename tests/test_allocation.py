@@ -492,3 +492,26 @@ def test_report_plan_takes_the_global_batch(tmp_path, capsys):
     rows = [r for r in md.splitlines() if r.startswith("| 64 ") or r.startswith("| 128 ")]
     assert len(rows) == 2 and all(" gb1024 " in r and " 2.1M " in r for r in rows), rows
     assert "global batch: 1,024 sequences = 2.1M tokens at every GPU count (--global-batch)" in md
+
+
+def test_report_plan_takes_overlap_p2p_comm_for_megatron_only(tmp_path, capsys):
+    """flm report plan --overlap-p2p-comm on plans Megatron-LM's interleaved layouts with their
+    pipeline sends overlapped, as flm plan does: no count gets slower, the notes say so; for
+    another engine, where it would change nothing, it is refused in one line."""
+    def curve(out, *flag):
+        assert main(["report", "plan", "--model", "gpt-175b", "--system", "dgx-h100",
+                     "--engine", "megatron", "--tokens", "300B", "--curve", "256-512",
+                     "--out", str(out), *flag]) == 0
+        capsys.readouterr()
+        return (pd.read_csv(out / "gpt-175b-dgx-h100-plan.csv"),
+                (out / "gpt-175b-dgx-h100-plan.md").read_text())
+
+    off, off_md = curve(tmp_path / "off")
+    on, on_md = curve(tmp_path / "on", "--overlap-p2p-comm", "on")
+    assert (on["step_time_s"] <= off["step_time_s"] + 1e-12).all()
+    assert (on["step_time_s"] < off["step_time_s"]).any()  # an interleaved winner moved
+    assert "(--overlap-p2p-comm on)" in on_md and "overlap-p2p" not in off_md
+    assert main(["report", "plan", "--model", "gpt-175b", "--system", "dgx-h100", "--engine",
+                 "deepspeed", "--tokens", "300B", "--overlap-p2p-comm", "on", "--out",
+                 str(tmp_path / "ds")]) == 2
+    assert "does nothing for --engine deepspeed" in capsys.readouterr().err

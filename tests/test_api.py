@@ -259,3 +259,37 @@ def test_notebooks_use_only_the_api(name):
     assert ours == [("frontier_llm", "flm")]
     assert all(n.split(".")[0] in sys.stdlib_module_names for n, _ in used if (n, _) not in ours)
     assert "flm." in code
+
+
+def test_p2p_overlap_is_the_flag_in_plan_predict_and_export(capsys):
+    """``p2p_overlap`` is --overlap-p2p-comm: the same prediction as the flag, a shorter step on
+    Megatron's interleaved schedule, a UserError on a layout it cannot change or a value that
+    is not a bool, and the export of the run priced."""
+    fields = dict(tp=4, pp=8, dp=8, micro_batch=2, global_batch=2048, zero=1,
+                  sequence_parallel=True, engine="megatron", schedule="interleaved",
+                  virtual_stages=6)
+    flags = ["--tp", "4", "--pp", "8", "--dp", "8", "--micro-batch", "2", "--global-batch",
+             "2048", "--zero", "1", "--sequence-parallel", "--engine", "megatron", "--schedule",
+             "interleaved", "--virtual-stages", "6"]
+    doc = _cli_json(capsys, ["predict", "--model", "gpt-175b", "--system", "dgx-h100", *flags,
+                             "--overlap-p2p-comm", "on", "--format", "json"])
+    on = flm.predict("gpt-175b", "dgx-h100", p2p_overlap=True, **fields)
+    _same(json.loads(json.dumps(on, default=str)), doc)
+    off = flm.predict("gpt-175b", "dgx-h100", **fields)
+    assert on["step_time_s"] < off["step_time_s"] - 0.5
+    with pytest.raises(UserError, match="interleaved schedule only"):
+        flm.predict("gpt-175b", "dgx-h100", p2p_overlap=True,
+                    **{**fields, "schedule": "1f1b", "virtual_stages": 1})
+    with pytest.raises(UserError, match="p2p_overlap must be True or False"):
+        flm.predict("gpt-175b", "dgx-h100", p2p_overlap="off", **fields)
+    restrict = dict(gpus=256, tp=4, pp=8, micro_batch=2, global_batch=2048, zero=1,
+                    sequence_parallel=True, recompute="none", engine="megatron",
+                    schedule="interleaved", virtual_stages=6, include_oom=True, top=1)
+    ranked_on = flm.plan("gpt-175b", "dgx-h100", p2p_overlap=True, **restrict)
+    assert ranked_on["step_time_s"].iloc[0] == pytest.approx(on["step_time_s"], rel=1e-6)
+    assert ranked_on["step_time_s"].iloc[0] < flm.plan(
+        "gpt-175b", "dgx-h100", **restrict)["step_time_s"].iloc[0]
+    lay = flm.layout(**fields)
+    assert "--no-overlap-p2p-communication" in flm.export_layout("megatron-lm", "gpt-175b", lay)
+    assert "overlap-p2p" not in flm.export_layout("megatron-lm", "gpt-175b", lay,
+                                                  p2p_overlap=True)

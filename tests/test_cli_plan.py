@@ -283,3 +283,90 @@ def test_systems_compare_in_one_table(capsys):
                  "--nodes", "32", "--top", "1"]) == 0
     out = capsys.readouterr()
     assert out.out.split()[:2] == ["system", "gpus"] and "# dgx-h100: 256 x" in out.err
+
+
+# GPT-3 175B on 256 H100s, Megatron's interleaved schedule (the layout of
+# tests/test_costmodel_time.py's p2p test): about 0.9 s of exposed pipeline sends a step.
+P2P_LAYOUT = ["--model", "gpt-175b", "--system", "dgx-h100", "--tp", "4", "--pp", "8",
+              "--dp", "8", "--micro-batch", "2", "--global-batch", "2048", "--zero", "1",
+              "--engine", "megatron"]
+
+
+def _cli_json(capsys, argv: list[str]) -> dict:
+    capsys.readouterr()
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_overlap_p2p_comm_is_a_flag_of_plan_and_predict(capsys):
+    for command in ("plan", "predict"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = capsys.readouterr().out
+        assert "--overlap-p2p-comm {on,off}" in out
+        assert "--no-overlap-p2p-communication" in " ".join(out.split())
+
+
+def test_predict_overlap_p2p_comm_hides_interleaved_sends_only(capsys):
+    """--overlap-p2p-comm on: Megatron-Core's overlap_p2p_comm, priced for Megatron's
+    interleaved schedule (the sends hide behind the chunks' compute: a shorter step, no exposed
+    pp_comm here); off is the default. On a layout it cannot change (1F1B, another engine) it
+    is refused in one line, not priced as if it had done something."""
+    inter = [*P2P_LAYOUT, "--sequence-parallel", "--schedule", "interleaved",
+             "--virtual-stages", "6", "--format", "json"]
+    off = _cli_json(capsys, ["predict", *inter])
+    assert _cli_json(capsys, ["predict", *inter, "--overlap-p2p-comm", "off"]) == off
+    on = _cli_json(capsys, ["predict", *inter, "--overlap-p2p-comm", "on"])
+    assert off["breakdown"]["time_s"]["pp_comm"] > 0.5
+    assert on["breakdown"]["time_s"]["pp_comm"] == 0.0
+    assert on["step_time_s"] < off["step_time_s"] - 0.5
+    assert on["peak_memory_bytes"] == off["peak_memory_bytes"]  # a schedule, not memory
+    for layout in ([*P2P_LAYOUT, "--sequence-parallel"],  # 1F1B
+                   [*P2P_LAYOUT[:-2], "--engine", "native", "--schedule", "interleaved",
+                    "--virtual-stages", "6"]):
+        r = subprocess.run([sys.executable, "-m", "frontier_llm.cli", "predict", *layout,
+                            "--overlap-p2p-comm", "on"], capture_output=True, text=True)
+        assert r.returncode == 2 and r.stdout == ""
+        assert len(r.stderr.strip().splitlines()) == 1
+        assert "applies to Megatron-LM's interleaved schedule only" in r.stderr
+
+
+def test_plan_overlap_p2p_comm_moves_only_megatron_interleaved_layouts(capsys):
+    """flm plan prices the flag on the interleaved Megatron layouts and says so in its header;
+    a search with none of them (DeepSpeed, or 1F1B only) ranks as without it and says the flag
+    had no effect."""
+    def best(*argv):
+        # P2P_LAYOUT's, as flm plan takes it: 256 GPUs over tp 4 x pp 8 leave dp 8.
+        assert main(["plan", "--model", "gpt-175b", "--system", "dgx-h100", "--gpus", "256",
+                     "--tp", "4", "--pp", "8", "--micro-batch", "2", "--global-batch", "2048",
+                     "--zero", "1", "--recompute", "none", "--include-oom", "--top", "1",
+                     "--format", "json", *argv]) == 0
+        got = capsys.readouterr()
+        return json.loads(got.out)["layouts"][0], got.err
+
+    inter = ("--engine", "megatron", "--sequence-parallel", "on", "--schedule", "interleaved",
+             "--virtual-stages", "6")
+    off, off_err = best(*inter)
+    on, on_err = best(*inter, "--overlap-p2p-comm", "on")
+    assert (on["schedule"], on["virtual_stages"]) == ("interleaved", 6)
+    assert on["step_time_s"] < off["step_time_s"] - 0.5
+    assert "(--overlap-p2p-comm on)" in on_err and "overlap-p2p" not in off_err
+    assert "has no effect" not in on_err
+    for space in (("--engine", "megatron", "--sequence-parallel", "on", "--schedule", "1f1b"),
+                  ("--engine", "deepspeed", "--sequence-parallel", "off")):
+        plain, _ = best(*space)
+        same, err = best(*space, "--overlap-p2p-comm", "on")
+        assert same["step_time_s"] == plain["step_time_s"]
+        assert "--overlap-p2p-comm on has no effect here" in err
+
+
+def test_an_interleaved_pp2_winner_says_megatron_runs_it_only_with_the_overlap(capsys):
+    """Megatron-LM asserts pp > 2 for an interleaved schedule without its p2p overlap, and
+    flm's export writes the overlap off unless the plan priced it on: a #1 that is interleaved
+    over 2 stages says how to price the run Megatron-LM can make of it; priced on, it runs."""
+    argv = ["plan", "--model", "gpt3-125m", "--system", "dgx-h100", "--gpus", "16", "--engine",
+            "megatron", "--schedule", "interleaved", "--pp", "2", "--top", "1"]
+    assert main(argv) == 0
+    assert "runs under megatron-lm only with its p2p overlap" in capsys.readouterr().err
+    assert main([*argv, "--overlap-p2p-comm", "on"]) == 0
+    assert "rank 1 (" not in capsys.readouterr().err

@@ -251,3 +251,24 @@ def test_gpt175b_on_dgx_h100_within_published_megatron_mfu():
                   space=SearchSpace(engine=("megatron",)))
     best = int(result.ranked_indices(1)[0])
     assert 0.41 <= result.figures["mfu"][best] <= 0.49
+
+
+def test_predict_takes_p2p_overlap_where_it_acts_and_refuses_it_elsewhere():
+    """costmodel.predict's ``p2p_overlap`` (flm predict --overlap-p2p-comm) is evaluate's on
+    Megatron's interleaved schedule; on any other layout it would change nothing, so it is
+    refused rather than priced as if it had done something."""
+    from frontier_llm.errors import UserError
+    from frontier_llm.specs.layout import Layout
+
+    m, s = load_model("gpt-175b"), load_system("dgx-h100")
+    cfg = dict(tp=4, pp=8, dp=8, global_batch=2048, micro_batch=2, sharding=1,
+               sequence_parallel=True, engine="megatron")
+    inter = dict(schedule="interleaved", virtual_stages=6, **cfg)
+    want = evaluate(m, s, from_configs([ParallelConfig(**inter)]), p2p_overlap=True)
+    got = predict(m, s, Layout.from_dict({**inter, "dtype": "bf16"}), p2p_overlap=True)
+    assert got["step_time_s"] == pytest.approx(want["step_time_s"][0], rel=1e-12)
+    assert got["step_time_s"] < predict(m, s, Layout.from_dict({**inter, "dtype": "bf16"})
+                                        )["step_time_s"]
+    for other in (cfg, {**inter, "engine": "native"}):
+        with pytest.raises(UserError, match="interleaved schedule only"):
+            predict(m, s, Layout.from_dict({**other, "dtype": "bf16"}), p2p_overlap=True)

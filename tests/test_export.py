@@ -147,7 +147,12 @@ def test_every_trainer_has_a_golden_and_a_refusal():
 # --- Megatron: the names its arguments.py defines at the cited versions ------------------------
 # Transcribed from megatron/training/arguments.py (Megatron-LM core_v0.15.3) and
 # megatron/arguments.py (Megatron-DeepSpeed 4efb479): name -> type, or a tuple of choices, or
-# None for a store_true switch. Only the names the exporter writes.
+# None for a store_true switch, or StoreFalse(dest) for a store_false one. Only the names the
+# exporter writes.
+class StoreFalse(str):
+    """A ``store_false`` switch and the dest it clears (its default is True)."""
+
+
 _COMMON = {"--num-layers": int, "--hidden-size": int, "--ffn-hidden-size": int,
            "--num-attention-heads": int, "--seq-length": int, "--max-position-embeddings": int,
            "--vocab-size": int, "--swiglu": None, "--disable-bias-linear": None,
@@ -175,7 +180,11 @@ MEGATRON_LM_FLAGS = {**_COMMON, "--group-query-attention": None, "--num-query-gr
                      "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise"),
                      "--fp8-param-gather": None,
                      # _add_network_size_args (core_v0.15.3 arguments.py: type=int)
-                     "--mtp-num-layers": int}
+                     "--mtp-num-layers": int,
+                     # _add_distributed_args (core_v0.15.3, 309ffca, arguments.py):
+                     # action='store_false', dest='overlap_p2p_comm': the overlap is on unless
+                     # given.
+                     "--no-overlap-p2p-communication": StoreFalse("overlap_p2p_comm")}
 MEGATRON_DEEPSPEED_FLAGS = {**_COMMON, "--num-key-value-heads": int,
                             "--use-rotary-position-embeddings": None,
                             "--no-position-embedding": None,
@@ -194,7 +203,9 @@ def add_flags(p: argparse.ArgumentParser, names: dict) -> argparse.ArgumentParse
     """Each flag as the trainer's parser declares it: None a switch, a tuple its choices, else
     its type."""
     for name, kind in names.items():
-        if kind is None:
+        if isinstance(kind, StoreFalse):
+            p.add_argument(name, action="store_false", dest=str(kind))
+        elif kind is None:
             p.add_argument(name, action="store_true")
         elif isinstance(kind, tuple):
             p.add_argument(name, choices=kind)
@@ -247,10 +258,69 @@ def test_megatron_lm_uneven_pipeline_and_interleaving():
     middle = 3 * -(-12 // 5)
     assert ns.decoder_first_pipeline_num_layers + ns.decoder_last_pipeline_num_layers \
         == 12 - middle
+    # Interleaved over 2 stages runs only with the p2p overlap (test_megatron_lm_p2p_overlap).
     ns = megatron_parser(MEGATRON_LM_FLAGS).parse_args(argv_of(export(
-        MEGATRON_LM, model, layout_of("--pp 2 --virtual-stages 3 --global-batch 4"))))
+        MEGATRON_LM, model, layout_of("--pp 2 --virtual-stages 3 --global-batch 4"),
+        p2p_overlap=True)))
     assert ns.num_virtual_stages_per_pipeline_rank == 3
     assert ns.decoder_first_pipeline_num_layers is None
+
+
+def test_megatron_lm_p2p_overlap_is_the_run_priced():
+    """Megatron-LM core_v0.15.3 overlaps an interleaved schedule's pipeline sends unless
+    --no-overlap-p2p-communication is given (store_false, dest overlap_p2p_comm); flm prices
+    them exposed unless the user asks (--overlap-p2p-comm on). So the interleaved command
+    carries the off-flag by default and leaves Megatron's default on when asked; 1F1B gets
+    neither (validate_args turns the overlap off itself) and the setting is refused there, as
+    by every trainer without it. Interleaved pp 2 with the overlap off is what validate_args
+    asserts against (pp > 2), so it is refused without the overlap."""
+    model, parser = load_model("gpt3-125m"), megatron_parser(MEGATRON_LM_FLAGS)
+    inter = layout_of("--pp 3 --virtual-stages 2 --global-batch 6", MEGATRON_LM)
+    off = export(MEGATRON_LM, model, inter)
+    assert "\n--no-overlap-p2p-communication \\\n" in off  # a line of its own
+    assert parser.parse_args(argv_of(off)).overlap_p2p_comm is False
+    on = export(MEGATRON_LM, model, inter, p2p_overlap=True)
+    assert "overlap-p2p" not in on
+    assert parser.parse_args(argv_of(on)).overlap_p2p_comm is True
+    assert off.replace("--no-overlap-p2p-communication \\\n", "") == on
+    plain = layout_of("--pp 3 --global-batch 6", MEGATRON_LM)
+    assert "overlap-p2p" not in export(MEGATRON_LM, model, plain)
+    with pytest.raises(ExportRefused, match="applies to Megatron-LM's interleaved schedule"):
+        export(MEGATRON_LM, model, plain, p2p_overlap=True)
+    two = layout_of("--pp 2 --virtual-stages 3 --global-batch 4", MEGATRON_LM)
+    with pytest.raises(ExportRefused, match="greater than 2"):
+        export(MEGATRON_LM, model, two)
+    assert parser.parse_args(argv_of(export(MEGATRON_LM, model, two, p2p_overlap=True))
+                             ).overlap_p2p_comm is True
+    llama = load_model("tiny-llama")  # a model torchtitan's llama3 builds
+    titan = layout_of("--pp 2 --virtual-stages 2 --global-batch 4", TORCHTITAN)
+    export(TORCHTITAN, llama, titan)
+    with pytest.raises(ExportRefused, match="torchtitan has no such setting"):
+        export(TORCHTITAN, llama, titan, p2p_overlap=True)
+
+
+def test_export_overlap_p2p_comm_flag_and_from_plan(capsys):
+    """flm export --overlap-p2p-comm on renders the overlapped run; with --from-plan the
+    setting is the plan's (--plan-args), and a different one given beside it is refused."""
+    base = ["export", "--to", "megatron-lm", "--model", "llama3-8b"]
+    layout = ["--pp", "4", "--virtual-stages", "2", "--global-batch", "8"]
+    capsys.readouterr()
+    assert main([*base, *layout]) == 0
+    assert "--no-overlap-p2p-communication" in capsys.readouterr().out
+    assert main([*base, *layout, "--overlap-p2p-comm", "on"]) == 0
+    assert "overlap-p2p" not in capsys.readouterr().out
+    plan = [*base, "--system", "dgx-h100", "--from-plan", "--gpus", "16", "--global-batch",
+            "64", "--plan-args"]
+    inter = "--schedule interleaved --virtual-stages 2 --pp 4"
+    assert main([*plan, inter]) == 0
+    out = capsys.readouterr().out
+    assert "--num-virtual-stages-per-pipeline-rank 2" in out
+    assert "--no-overlap-p2p-communication" in out
+    assert main([*plan, inter + " --overlap-p2p-comm on"]) == 0
+    out = capsys.readouterr().out
+    assert "--num-virtual-stages-per-pipeline-rank 2" in out and "overlap-p2p" not in out
+    assert main([*plan, inter, "--overlap-p2p-comm", "on"]) == 2
+    assert "give it in --plan-args" in capsys.readouterr().err
 
 
 def test_megatron_gqa_spelled_per_trainer():

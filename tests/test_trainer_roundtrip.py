@@ -61,6 +61,9 @@ AXES = {
     "etp": {"tp": 2, "ep": 2, "etp": 1, "sequence_parallel": True},
     "etp-ep1": {"tp": 2, "etp": 1},
     "virtual_stages": {"pp": 2, "virtual_stages": 2},
+    # Megatron-LM runs interleaving over 2 stages only with its p2p overlap, which flm's
+    # export turns off by default (validate_args: pp > 2 without it): 4 stages of llama3-8b.
+    "virtual_stages-pp4": {"pp": 4, "virtual_stages": 2},
     "sequence_parallel": {"tp": 2, "sequence_parallel": True},
     "recompute-full": {"recompute": "full"},
     "recompute-selective": {"recompute": "selective"},
@@ -93,6 +96,8 @@ REFUSED = {
     ("deepspeed", "etp"): "ep_size argument",
     ("deepspeed", "etp-ep1"): "expert tensor parallelism",
     ("megatron-deepspeed", "virtual_stages"): "1F1B only",
+    ("megatron-deepspeed", "virtual_stages-pp4"): "1F1B only",
+    ("megatron-lm", "virtual_stages"): "greater than 2",
     ("megatron-deepspeed", "cp"): "context",
     ("megatron-deepspeed", "sharding-hsdp"): "MiCS",
     ("megatron-deepspeed", "recompute-selective-op"): "selective-op",
@@ -102,6 +107,7 @@ REFUSED = {
     ("torchtitan", "sharding-zero2"): "shards the three together",
     ("deepspeed", "cp"): "context", ("deepspeed", "ep"): "ep_size argument",
     ("deepspeed", "virtual_stages"): "interleav",
+    ("deepspeed", "virtual_stages-pp4"): "interleav",
     ("deepspeed", "sequence_parallel"): "sequence parallel",
     ("deepspeed", "sharding-hsdp"): "MiCS",
     ("deepspeed", "recompute-selective-op"): "selective-op",
@@ -119,6 +125,8 @@ def _layout(trainer: str, axis: str) -> Layout:
 
 
 def _model(axis: str):
+    if axis == "virtual_stages-pp4":
+        return load_model("llama3-8b")  # 32 layers: 4 stages x 2 chunks
     return load_model("tiny-moe" if axis.startswith(("ep", "etp")) else "tiny-llama")
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 from frontier_llm.cli.common import emit_frame, emit_json
 from frontier_llm.cli.moe_args import moe_run_from_args
 from frontier_llm.cli.numbers import MAX_GPUS, count, days, fraction, positive_float, tokens
+from frontier_llm.cli.overlap_args import add_p2p_overlap, p2p_overlap_from_args
 from frontier_llm.cli.progress import Progress
 from frontier_llm.planner import SearchSpace, annotations, plan
 from frontier_llm.planner import allocation as alloc
@@ -246,6 +247,7 @@ def run_curve(
             tp_comm_overlap=getattr(args, "tp_comm_overlap", "off") == "on",
             moe_run=moe_run_from_args(args),
             cp_exchange=getattr(args, "cp_exchange", None),
+            p2p_overlap=getattr(args, "overlap_p2p_comm", "off") == "on",
         )
     selection = None
     if args.deadline is not None:
@@ -457,6 +459,7 @@ def add_report_arguments(q: argparse.ArgumentParser) -> None:
                         "cores (docs/costmodel.md 'FP8')")
     q.add_argument("--fp8-recipe", choices=FP8Recipe.words(), default="tensorwise",
                    help="FP8 scaling with --dtype fp8 (default tensorwise)")
+    add_p2p_overlap(q, "; with --engine megatron only")
     q.add_argument(
         "--global-batch",
         type=count(1),
@@ -474,6 +477,9 @@ def add_report_arguments(q: argparse.ArgumentParser) -> None:
     )
 
 
+P2P_NOTE = "; interleaved pipeline sends overlapped (--overlap-p2p-comm on)"
+
+
 def run_report_plan(args: argparse.Namespace) -> int:
     """flm report plan: the allocation curve as CSV, Markdown, PNG and PDF."""
     from pathlib import Path
@@ -487,6 +493,11 @@ def run_report_plan(args: argparse.Namespace) -> int:
         # Before the planning: mkdir's "File exists" came after it, and said nothing useful.
         raise UserError(f"--out {args.out} is a file: flm report plan writes four files "
                         "(NAME.csv, .md, .png, .pdf) into a folder; give a folder")
+    p2p_overlap = p2p_overlap_from_args(args)
+    if p2p_overlap and args.engine != "megatron":
+        # One engine is planned here: the setting would change nothing in the report.
+        raise UserError(f"--overlap-p2p-comm on is Megatron-LM's (its interleaved schedule): "
+                        f"it does nothing for --engine {args.engine}; use --engine megatron")
     model, system = load_model(args.model), load_system(args.system)
     counts = curve_counts(args, system)
     space = SearchSpace(engine=(args.engine,), dtype=args.dtype,
@@ -501,6 +512,7 @@ def run_report_plan(args: argparse.Namespace) -> int:
             space,
             on_count=lambda i: bar.update(i, len(counts)),
             global_batch=args.global_batch,
+            p2p_overlap=p2p_overlap,
         )
     selection = alloc.select_deadline(cur, args.deadline) if args.deadline else None
     batches = cur["batch_tokens"].dropna()
@@ -513,7 +525,9 @@ def run_report_plan(args: argparse.Namespace) -> int:
         f"{model.name} ({params}) on {system.name}, "
         f"{args.tokens:.3g} tokens: 6ND = {flops:.3g} FLOPs; engine {args.engine}"
         f"{'' if args.dtype == 'bf16' else f', {args.dtype}'}"
-        f"{f' ({args.fp8_recipe} scaling)' if args.dtype == 'fp8' else ''}; at each GPU "
+        f"{f' ({args.fp8_recipe} scaling)' if args.dtype == 'fp8' else ''}"
+        f"{P2P_NOTE if p2p_overlap else ''}"
+        "; at each GPU "
         "count the planner's fastest layout that fits",
         alloc.batch_note(cur, model.seq_len, grown=False) if args.global_batch is None else
         f"global batch: {args.global_batch:,} sequences = "

@@ -10,6 +10,7 @@ from pathlib import Path
 from frontier_llm.cli.common import add_command
 from frontier_llm.cli.layout_args import add_layout_args
 from frontier_llm.cli.numbers import count, gpus
+from frontier_llm.cli.overlap_args import add_p2p_overlap, p2p_overlap_from_args
 from frontier_llm.errors import UserError
 from frontier_llm.specs.layout import Layout, given_options
 from frontier_llm.specs.model import ModelSpec
@@ -52,8 +53,19 @@ def _plan_layout(args: argparse.Namespace, model: ModelSpec, system) -> tuple[La
                             "(PyTorch's context_parallel ring), so its plan is priced that way; "
                             "drop the flag, or plan flm bench's own with flm plan")
         exchange = trainer.cp_exchange
+    # Priced with the plan's own --overlap-p2p-comm: the export renders the same run.
+    args.plan_p2p_overlap = p2p_overlap_from_args(ns)
+    given = getattr(args, "overlap_p2p_comm", None)
+    if given is not None and (given == "on") != args.plan_p2p_overlap:
+        raise UserError(f"--overlap-p2p-comm {given} but the plan (--plan-args) prices it "
+                        f"{'on' if args.plan_p2p_overlap else 'off'}: give it in --plan-args, "
+                        "where flm plan reads it")
+    # Megatron-LM's check depends on it (interleaved pp 2 needs the overlap); a trainer with
+    # no such setting refuses it in export().
+    run = ({"p2p_overlap": True} if args.plan_p2p_overlap and trainer.takes_p2p_overlap
+           else {})
     result = plan(model, system, ns.gpus, ns.global_batch, SearchSpace(dtype=ns.dtype, **space),
-                  eager=ns.eager, cp_exchange=exchange)
+                  eager=ns.eager, cp_exchange=exchange, p2p_overlap=args.plan_p2p_overlap)
     ranked = result.ranked_indices(None, fits_only=not ns.include_oom, frontier=not ns.all)
     from frontier_llm.specs.forms import label
 
@@ -61,7 +73,7 @@ def _plan_layout(args: argparse.Namespace, model: ModelSpec, system) -> tuple[La
     for place, index in enumerate(ranked, 1):
         layout = result.layout(int(index))
         try:
-            trainer.check(model, layout)
+            trainer.check(model, layout, **run)
         except UserError as why:
             # Said, not skipped in silence: the plan's #1 may be a layout the trainer cannot
             # express (AMSP partial sharding, say), and the user compares with flm plan.
@@ -138,8 +150,11 @@ def run_export(args: argparse.Namespace) -> int:
     else:
         layout = layout_for(args.to, {"dtype": "bf16", **flags})  # flm predict's default dtype
     trainer = get(args.to)
+    p2p_overlap = (args.plan_p2p_overlap if args.from_plan
+                   else getattr(args, "overlap_p2p_comm", None) == "on")
     text = export(trainer.name, model, layout, system, ds_config_path=args.ds_config,
-                  bucket_mb=bucket_mb, compiled=not getattr(args, "plan_eager", False))
+                  bucket_mb=bucket_mb, compiled=not getattr(args, "plan_eager", False),
+                  p2p_overlap=p2p_overlap)
     for note in trainer.notes(model, layout, bucket_mb=bucket_mb):
         print(f"flm export: {note}", file=sys.stderr)
     if trainer.argv_names_files and args.ds_config_given:
@@ -207,6 +222,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "rank as there")
     p.add_argument("--from-best", metavar="FILE", default=None,
                    help="take the layout from the YAML or JSON flm tune best wrote")
+    add_p2p_overlap(p, "; --to megatron-lm, an interleaved layout only (pp 2 interleaved "
+                    "needs it on: Megatron asserts pp > 2 without it); with --from-plan give it "
+                    "in --plan-args, as flm plan reads it", default=None)
     add_layout_args(p, required=False)
     # --global-batch is a layout flag; with --from-plan it is the plan's global batch.
     p.set_defaults(func=run_export)

@@ -21,7 +21,10 @@ from frontier_llm.cli.layout_args import (
 )
 from frontier_llm.cli.moe_args import add_moe_args, moe_note, moe_run_from_args, with_router_balance
 from frontier_llm.cli.numbers import MAX_GPUS, count, gpus
+from frontier_llm.cli.overlap_args import add_p2p_overlap, p2p_overlap_from_args
 from frontier_llm.costmodel import predict
+from frontier_llm.costmodel.layouts import LayoutTable
+from frontier_llm.costmodel.p2p_overlap import P2P_OVERLAP_FLAG, WHERE, p2p_overlap_refusal
 from frontier_llm.errors import UserError
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.allocation import format_tokens
@@ -78,7 +81,8 @@ def _add_seq_len(p: argparse.ArgumentParser) -> None:
                         "context parallelism, --cp, splits it)")
 
 
-def _first_runs_where(model: ModelSpec, ranked: pd.DataFrame) -> str | None:
+def _first_runs_where(model: ModelSpec, ranked: pd.DataFrame, p2p_overlap: bool = False
+                      ) -> str | None:
     """A line when the ranking's #1 is a layout no trainer flm exports to can run (AMSP's
     partial sharding under the native engine, say): flm bench measures it, but a user who
     takes #1 to Megatron-LM or torchtitan would be refused (flm export --from-plan skips it)."""
@@ -91,13 +95,25 @@ def _first_runs_where(model: ModelSpec, ranked: pd.DataFrame) -> str | None:
     layout = layout_from_row(ranked.iloc[0])
     runs = []
     for name in NAMES:
+        trainer = get(name)
+        # The plan's p2p overlap is the run's (Megatron-LM runs interleaved pp 2 only with it).
+        run = {"p2p_overlap": True} if p2p_overlap and trainer.takes_p2p_overlap else {}
         try:
-            get(name).check(model, layout)
+            trainer.check(model, layout, **run)
         except UserError:
             continue
         runs.append(name)
     if runs:
         return None
+    if not p2p_overlap and not p2p_overlap_refusal(layout):
+        try:
+            get("megatron-lm").check(model, layout, p2p_overlap=True)
+        except UserError:
+            pass
+        else:  # refused only for its pipeline sends not overlapped (interleaved pp 2)
+            return (f"# rank 1 ({label(layout)}) runs under megatron-lm only with its p2p "
+                    "overlap (Megatron asserts pp > 2 for an interleaved schedule without "
+                    f"it): {P2P_OVERLAP_FLAG} on prices that run")
     where = ("flm bench only" if not model.is_mla else
              "no tool flm drives (flm bench builds no multi-head latent attention)")
     return (f"# rank 1 ({label(layout)}) runs under {where}: none of "
@@ -152,7 +168,8 @@ def _compare_systems(args: argparse.Namespace) -> int:
         space = SearchSpace(dtype=args.dtype, **space_from_args(args))
         result = plan(model, system, one.gpus, args.global_batch, space, eager=args.eager,
                       overlap_comm=args.deepspeed_overlap_comm == "on",
-                      cp_exchange=args.cp_exchange)
+                      cp_exchange=args.cp_exchange,
+                      p2p_overlap=p2p_overlap_from_args(args))
         ranked = result.ranked(args.top, fits_only=not args.include_oom, frontier=not args.all)
         ranked = alloc_cli.annotate(ranked, model, system, one, args.top)
         nodes = -(-one.gpus // system.gpus_per_node)
@@ -196,7 +213,8 @@ def run_plan(args: argparse.Namespace) -> int:
     result = plan(model, system, args.gpus, args.global_batch, space, eager=args.eager,
                   overlap_comm=args.deepspeed_overlap_comm == "on",
                   tp_comm_overlap=args.tp_comm_overlap == "on",
-                  moe_run=moe_run_from_args(args), cp_exchange=args.cp_exchange)
+                  moe_run=moe_run_from_args(args), cp_exchange=args.cp_exchange,
+                  p2p_overlap=p2p_overlap_from_args(args))
     seconds = time.perf_counter() - start
     ranked = result.ranked(None if args.risk_aware else args.top,
                            fits_only=not args.include_oom, frontier=not args.all)
@@ -215,6 +233,7 @@ def run_plan(args: argparse.Namespace) -> int:
         f"{NO_OVERLAP_NOTE if args.deepspeed_overlap_comm == 'off' else ''}"
         f"{TP_OVERLAP_NOTE if args.tp_comm_overlap == 'on' else ''}"
         f"{cp_exchange_note(args)}"
+        f"{P2P_OVERLAP_NOTE if p2p_overlap_from_args(args) else ''}"
         f"{moe_note(args, model)}: "
         f"{len(result.reason):,} layouts evaluated in {seconds:.2f} s, "
         f"{int(np.sum(result.valid)):,} valid and fit{shown}",
@@ -222,7 +241,9 @@ def run_plan(args: argparse.Namespace) -> int:
     )
     for line in alloc_cli.summary_lines(model, system, ranked, args):
         print(line, file=sys.stderr)
-    note = _first_runs_where(model, ranked)
+    if p2p_overlap_from_args(args) and not _any_interleaved_megatron(result.layouts):
+        print(P2P_NO_EFFECT, file=sys.stderr)
+    note = _first_runs_where(model, ranked, p2p_overlap_from_args(args))
     if note:
         print(note, file=sys.stderr)
     if args.format == "table":
@@ -254,7 +275,8 @@ def _with_speedup(ranked: pd.DataFrame, result, model: ModelSpec, system, args
     idx = result.ranked_indices(None if args.risk_aware else args.top,
                                 fits_only=not args.include_oom, frontier=not args.all)
     fig = in_dtype(model, system, result.layouts.take(idx), other, args.eager,
-                   args.deepspeed_overlap_comm == "on", args.cp_exchange)
+                   args.deepspeed_overlap_comm == "on", args.cp_exchange,
+                   p2p_overlap_from_args(args))
     mine = result.figures["step_time_s"][idx]
     out = ranked.copy()
     # annotate() may drop or reorder rows (--risk-aware): align on the rank the plan gave.
@@ -274,7 +296,7 @@ def run_predict(args: argparse.Namespace) -> int:
         layout.check_world(args.gpus)
     out = {"model": model.name, "system": system.name, "layout": layout.to_dict(),
            **predict(model, system, layout, moe_run=moe_run_from_args(args),
-                     cp_exchange=args.cp_exchange)}
+                     cp_exchange=args.cp_exchange, p2p_overlap=p2p_overlap_from_args(args))}
     extra = alloc_cli.predict_extras(out, layout, model, system, args)
     out.update(extra)
     if args.format == "json":
@@ -283,7 +305,8 @@ def run_predict(args: argparse.Namespace) -> int:
     bd = out["breakdown"]
     print(f"{model.name}{_at_length(args, model)} on {layout.world_size} x {system.gpu} "
           f"({system.name})")
-    print(f"layout      {label(layout)}")
+    print(f"layout      {label(layout)}"
+          f"{P2P_OVERLAP_NOTE.replace(',', ';', 1) if p2p_overlap_from_args(args) else ''}")
     if layout.cp > 1 and layout.engine == Engine.NATIVE:
         exchange = args.cp_exchange or CP_EXCHANGE["flm-bench"]
         print(f"cp exchange {exchange} ("
@@ -328,6 +351,18 @@ def cp_exchange_note(args: argparse.Namespace) -> str:
         return ""
     return ", native context parallelism as PyTorch's context_parallel ring (--cp-exchange ring)"
 TP_OVERLAP_NOTE = ", Megatron-LM with --tp-comm-overlap (--tp-comm-overlap on)"
+P2P_OVERLAP_NOTE = (", Megatron-LM's interleaved pipeline sends overlapped with compute "
+                    f"({P2P_OVERLAP_FLAG} on)")
+# flm plan: the flag asked for where the search holds no layout it acts on (a restricted
+# engine or schedule): said, so an unchanged ranking is not taken for the overlap's verdict.
+P2P_NO_EFFECT = (f"flm plan: note: {P2P_OVERLAP_FLAG} on has no effect here: it applies to "
+                 f"{WHERE}, and no layout searched is one")
+
+
+def _any_interleaved_megatron(layouts: LayoutTable) -> bool:
+    """Whether any layout of the plan is one ``p2p_overlap`` acts on."""
+    return bool(np.any((layouts.engine == Engine.MEGATRON.code)
+                       & (layouts.virtual_stages > 1)))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -389,6 +424,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "off (default): the command flm renders, every TP collective exposed; "
                         "on: a run that sets it, as the Megatron-LM README's H100 runs did "
                         "(docs/costmodel.md section 5 and 'The corpus')")
+    add_p2p_overlap(p)
     p.add_argument("--all", action="store_true",
                    help="rank every layout; by default a layout is left out when another is at "
                         "least as fast with no more memory (it is dominated)")
@@ -425,6 +461,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=gpus, default=None,
                    help="check that tp x cp x pp x dp uses exactly this many GPUs")
     add_layout_args(p)
+    add_p2p_overlap(p, "; refused for any other layout")
     add_moe_args(p)
     add_cp_exchange(p)
     alloc_cli.add_predict_arguments(p)

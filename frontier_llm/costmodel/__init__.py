@@ -15,7 +15,9 @@ from frontier_llm.costmodel.fp8 import check_fp8, compute_dtype
 from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks, from_configs
 from frontier_llm.costmodel.memory import _check_engine, peak_memory
 from frontier_llm.costmodel.moe import NO_OVERLAP, MoeRun
+from frontier_llm.costmodel.p2p_overlap import p2p_overlap_refusal
 from frontier_llm.costmodel.steptime import step_time
+from frontier_llm.errors import UserError
 from frontier_llm.specs.layout import Layout, Recompute
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
@@ -111,16 +113,22 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
 
 def predict(model: ModelSpec, system: SystemSpec, layout: Layout,
             engine: str | None = None, moe_run: MoeRun = NO_OVERLAP,
-            grad_sync: bool | None = None, cp_exchange: str | None = None) -> dict:
+            grad_sync: bool | None = None, cp_exchange: str | None = None,
+            p2p_overlap: bool = False) -> dict:
     """One layout's prediction as a JSON-able dict (what a trace's ``prediction`` holds).
     ``engine`` (optional, for callers that name it) must agree with ``layout.engine``;
-    ``moe_run``, ``grad_sync``, ``cp_exchange``: :func:`evaluate`'s."""
+    ``moe_run``, ``grad_sync``, ``cp_exchange``, ``p2p_overlap``: :func:`evaluate`'s.
+    ``p2p_overlap`` on a layout it cannot change (not Megatron's interleaved schedule) is
+    refused (costmodel/p2p_overlap.py), not silently priced as off."""
     _check_engine(layout, engine)
     layout.check_model(model)
     check_fp8(system, layout.dtype, layout.fp8_recipe, layout.engine)
+    if p2p_overlap and (why := p2p_overlap_refusal(layout)):
+        raise UserError(why)
     row = {k: v[0].item()
            for k, v in evaluate(model, system, from_configs([layout]), moe_run=moe_run,
-                                grad_sync=grad_sync, cp_exchange=cp_exchange).items()}
+                                grad_sync=grad_sync, p2p_overlap=p2p_overlap,
+                                cp_exchange=cp_exchange).items()}
     return {
         "costmodel_version": COSTMODEL_VERSION,
         "step_time_s": row["step_time_s"],

@@ -68,12 +68,19 @@ def header(trainer: str, model: ModelSpec, layout: Layout,
 
 def export(trainer: str, model: ModelSpec, layout: Layout, system: SystemSpec | None = None,
            ds_config_path: str = DEFAULT_DS_CONFIG, bucket_mb: float | None = None,
-           compiled: bool = True) -> str:
+           compiled: bool = True, p2p_overlap: bool = False) -> str:
     """The trainer's text for ``layout``: flags, TOML or JSON (JSON has no comments).
     ``bucket_mb``: a tuned gradient bucket (flm tune best), where the trainer takes one;
-    ``compiled`` False: the layout was priced eager (flm plan --eager; torchtitan's [compile])."""
-    return _trainer(trainer).export_text(model, layout, system, ds_config_path=ds_config_path,
-                                         bucket_mb=bucket_mb, compiled=compiled)
+    ``compiled`` False: the layout was priced eager (flm plan --eager; torchtitan's [compile]);
+    ``p2p_overlap``: the layout was priced with its interleaved pipeline sends overlapped
+    (``--overlap-p2p-comm on``), refused by a trainer that renders no such setting."""
+    t = _trainer(trainer)
+    if p2p_overlap and not t.takes_p2p_overlap:
+        raise refuse(t.name, "--overlap-p2p-comm on is Megatron-Core's overlap_p2p_comm of "
+                     "Megatron-LM's interleaved schedule; "
+                     f"{t.title} has no such setting (export --to megatron-lm)")
+    return t.export_text(model, layout, system, ds_config_path=ds_config_path,
+                         bucket_mb=bucket_mb, compiled=compiled, p2p_overlap=p2p_overlap)
 
 
 def megatron_lm_argv(model: ModelSpec, layout: Layout) -> list[str]:

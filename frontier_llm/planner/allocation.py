@@ -486,6 +486,7 @@ def allocation_curve(
     tp_comm_overlap: bool = False,
     moe_run=None,
     cp_exchange: str | None = None,
+    p2p_overlap: bool = False,
 ) -> pd.DataFrame:
     """The best layout at each GPU count of ``counts`` with its intervals (``confidence``,
     default :data:`~frontier_llm.planner.intervals.DEFAULT_CONFIDENCE`) and, with ``tokens``,
@@ -498,8 +499,8 @@ def allocation_curve(
     PyTorch runs it, ``overlap_comm`` False DeepSpeed's ZeRO-1/2 reductions not overlapped,
     ``tp_comm_overlap`` Megatron-LM's ``--tp-comm-overlap``, ``moe_run`` an MoE run's
     dispatch and overlap (None: none overlapped), ``cp_exchange`` the native engine's
-    context-parallel exchange (None: the engine's rule)
-    (:func:`~frontier_llm.planner.plan.plan`)."""
+    context-parallel exchange (None: the engine's rule), ``p2p_overlap`` an interleaved
+    Megatron schedule's sends overlapped with compute (:func:`~frontier_llm.planner.plan.plan`)."""
     from frontier_llm.planner import intervals
     from frontier_llm.planner.plan import plan
 
@@ -510,6 +511,7 @@ def allocation_curve(
         plans.append(plan(model, system, n, fixed or growing_global_batch(model, n), space,
                           eager=eager, overlap_comm=overlap_comm,
                           tp_comm_overlap=tp_comm_overlap, cp_exchange=cp_exchange,
+                          p2p_overlap=p2p_overlap,
                           **({"moe_run": moe_run} if moe_run is not None else {})))
         if on_count:
             on_count(i + 1)

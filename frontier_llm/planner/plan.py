@@ -206,16 +206,17 @@ def check_space_fp8(system: SystemSpec, space) -> None:
 
 def in_dtype(model: ModelSpec, system: SystemSpec, layouts: LayoutTable, dtype: str,
              eager: bool = False, overlap_comm: bool = True,
-             cp_exchange: str | None = None) -> dict[str, np.ndarray]:
+             cp_exchange: str | None = None, p2p_overlap: bool = False
+             ) -> dict[str, np.ndarray]:
     """The cost model's figures for the same layouts trained in ``dtype`` (``flm plan
     --fp8-speedup``: an fp8 plan's layouts in bf16, or a bf16 plan's in fp8), with the plan's
-    ``cp_exchange``."""
+    ``cp_exchange`` and ``p2p_overlap`` (:func:`plan`), so both precisions are the same run."""
     if dtype == "fp8":
         check_fp8(system, dtype)
     cols = layouts.columns()
     cols["dtype"] = np.full(len(layouts), DType(dtype).code, dtype=cols["dtype"].dtype)
     return evaluate(model, system, LayoutTable(**cols), eager, overlap_comm,
-                    cp_exchange=cp_exchange)
+                    p2p_overlap=p2p_overlap, cp_exchange=cp_exchange)
 
 
 def layout_field_search(name: str) -> tuple:
@@ -246,12 +247,13 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
     accumulation; calibration's torchtitan rows) or only after the last (flm bench).
     ``fp8_params`` (None: where flm's export writes ``--fp8-param-gather``): Megatron FP8
     weights held as FP8 parameters (calibration's rows that state it). ``p2p_overlap``: an
-    interleaved Megatron schedule's pipeline sends overlapped with compute (calibration's rows
-    whose configs state ``overlap_p2p_comm``); off by default, every send exposed.
-    ``cp_exchange`` (None: the engine's rule, flm bench's single gather): the native engine's
-    context parallelism as flm bench runs it ("gather") or as PyTorch's ``context_parallel``
-    ring ("ring", torchtitan; ``flm plan --cp-exchange ring``; calibration's rows that state
-    it)."""
+    interleaved Megatron schedule's pipeline sends overlapped with compute (``flm plan
+    --overlap-p2p-comm on``; calibration's rows whose configs state ``overlap_p2p_comm``); off
+    by default, every send exposed, as flm's Megatron-LM command runs them
+    (``--no-overlap-p2p-communication``); other layouts are unchanged by it. ``cp_exchange``
+    (None: the engine's rule, flm bench's single gather): the native engine's context
+    parallelism as flm bench runs it ("gather") or as PyTorch's ``context_parallel`` ring
+    ("ring", torchtitan; ``flm plan --cp-exchange ring``; calibration's rows that state it)."""
     if not 1 <= gpus <= MAX_GPUS:
         raise UserError(f"the GPU count must be between 1 and {MAX_GPUS:,} (got {gpus})")
     gb = global_batch or default_global_batch(model, gpus)

@@ -66,6 +66,9 @@ class Trainer:
     exit_argv: tuple[str, ...] = ()
     # Whether its text takes a tuned gradient bucket (flm tune's bucket_mb run setting).
     takes_bucket = False
+    # Whether its text renders the interleaved pipeline's p2p overlap (Megatron-Core's
+    # overlap_p2p_comm; flm's --overlap-p2p-comm): flm export refuses the setting elsewhere.
+    takes_p2p_overlap = False
     # Whether its flags name the file of files() (Megatron-DeepSpeed's ds_config): flm export
     # --ds-config PATH writes it there.
     argv_names_files = False

@@ -3,6 +3,7 @@ its refusals, the environment ``validate_args`` asserts, and its exit signal."""
 
 from __future__ import annotations
 
+from frontier_llm.costmodel.p2p_overlap import P2P_OVERLAP_FLAG, p2p_overlap_refusal
 from frontier_llm.specs.layout import DType, Engine, Layout, PlacementKind, Schedule
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
@@ -39,6 +40,13 @@ MAX_CONNECTIONS = EnvVar(
 
 OVERLAP_GRAD_REDUCE_FLAG = "--overlap-grad-reduce"
 OVERLAP_PARAM_GATHER_FLAG = "--overlap-param-gather"
+# Megatron-Core's overlap_p2p_comm (megatron/training/arguments.py at 309ffca,
+# _add_distributed_args): ``--no-overlap-p2p-communication``, action='store_false',
+# dest='overlap_p2p_comm', so the overlap is ON unless this flag is given; validate_args turns
+# it off itself without virtual pipeline stages. flm prices every send exposed unless the user
+# asks for the overlap (--overlap-p2p-comm on), so an interleaved layout's command carries the
+# off-flag by default: the run is the one priced.
+NO_OVERLAP_P2P_FLAG = "--no-overlap-p2p-communication"
 
 
 def check_expert_tp(name: str, model: ModelSpec, layout: Layout) -> None:
@@ -85,8 +93,11 @@ class MegatronLM(Trainer):
     exit_signal = "TERM"
     exit_argv = ("--exit-signal-handler",)
     takes_bucket = True  # --ddp-bucket-size
+    takes_p2p_overlap = True  # --no-overlap-p2p-communication (NO_OVERLAP_P2P_FLAG)
 
-    def check(self, model: ModelSpec, layout: Layout) -> Layout:
+    def check(self, model: ModelSpec, layout: Layout, p2p_overlap: bool = False) -> Layout:
+        """The layout as Megatron-LM runs it, or ExportRefused; ``p2p_overlap``: the run
+        overlaps its interleaved pipeline sends (flm's --overlap-p2p-comm), else not."""
         sh = layout.sharding
         sharded = {sh.params.kind, sh.grads.kind} != {PlacementKind.REPLICATE}
         if layout.shard_ranks > 1 and sharded:
@@ -112,12 +123,25 @@ class MegatronLM(Trainer):
             raise refuse(self.name, "ep > 1 with fp16: validate_args asserts \"Expert "
                          "parallelism is not supported with fp16 training\" "
                          "(megatron/training/arguments.py at 309ffca); use bf16")
-        return check_engine_rules(self.name, Engine.MEGATRON, layout, model)
+        layout = check_engine_rules(self.name, Engine.MEGATRON, layout, model)
+        if p2p_overlap and (why := p2p_overlap_refusal(layout)):
+            raise refuse(self.name, why)
+        if layout.virtual_stages > 1 and layout.pp == 2 and not p2p_overlap:
+            raise refuse(self.name, "interleaved with pp 2 and its pipeline sends not "
+                         "overlapped (flm's default, as it prices them): validate_args asserts "
+                         "\"When interleaved schedule is used and p2p communication overlap is "
+                         "disabled, pipeline-model-parallel size should be greater than 2\" "
+                         "(megatron/training/arguments.py at 309ffca); plan and export with "
+                         f"{P2P_OVERLAP_FLAG} on (Megatron's default), or pp > 2")
+        return layout
 
-    def flags(self, model: ModelSpec, layout: Layout, bucket_mb: float | None = None) -> list[str]:
+    def flags(self, model: ModelSpec, layout: Layout, bucket_mb: float | None = None,
+              p2p_overlap: bool = False) -> list[str]:
         """``pretrain_gpt.py`` flags (ExportRefused where it cannot run the layout);
-        ``bucket_mb``: a tuned gradient bucket (flm tune best's run setting)."""
-        layout = self.check(model, layout)
+        ``bucket_mb``: a tuned gradient bucket (flm tune best's run setting); ``p2p_overlap``:
+        the interleaved schedule's sends overlapped with compute, as predicted with
+        ``--overlap-p2p-comm on`` (Megatron's default: no flag), else the off-flag."""
+        layout = self.check(model, layout, p2p_overlap)
         argv = (model_args(model, deepspeed=False) + batch_and_degrees(layout)
                 + moe_args(model, layout))
         if layout.cp > 1:
@@ -129,6 +153,8 @@ class MegatronLM(Trainer):
             # --num-virtual-stages-per-pipeline-rank, not --num-layers-per-virtual-pipeline-
             # stage, which validate_args refuses beside uneven ends.
             argv += [VIRTUAL_STAGES_FLAG, str(layout.virtual_stages)]
+        if layout.virtual_stages > 1 and not p2p_overlap:
+            argv.append(NO_OVERLAP_P2P_FLAG)
         # Megatron's split: the middle stages take the even share, the ends what the
         # --decoder-first/last flags give them (specs/pipeline_split.py).
         argv += stage_layer_args(model, layout)
@@ -169,7 +195,8 @@ class MegatronLM(Trainer):
     def export_text(self, model: ModelSpec, layout: Layout, system: SystemSpec | None = None,
                     **options: object) -> str:
         bucket = options.get("bucket_mb")
-        return render_argv(self.flags(model, layout, None if bucket is None else float(bucket)),
+        return render_argv(self.flags(model, layout, None if bucket is None else float(bucket),
+                                      bool(options.get("p2p_overlap"))),
                            self.header(model, layout, system))
 
     def required_env(self, model: ModelSpec, layout: Layout) -> tuple[EnvVar, ...]:

@@ -1,0 +1,32 @@
+"""``--overlap-p2p-comm``: the run setting flm plan, flm predict and flm export share for
+Megatron-Core's ``overlap_p2p_comm`` (costmodel/p2p_overlap.py says where it applies)."""
+
+from __future__ import annotations
+
+import argparse
+
+from frontier_llm.costmodel.p2p_overlap import P2P_OVERLAP_FLAG
+
+P2P_OVERLAP_HELP = (
+    "Megatron-LM's overlapped pipeline communication (Megatron-Core's overlap_p2p_comm: an "
+    "interleaved schedule's sends/receives issued beside the neighbouring chunks' compute; "
+    "engine megatron with --virtual-stages > 1 only). off (default): the command flm "
+    "renders, --no-overlap-p2p-communication, every send exposed; on: Megatron-LM's own "
+    "default at core_v0.15.3, as NeMo's MLPerf GPT-3 175B and Llama 3.1 405B configs run it "
+    "(docs/costmodel.md section 5)")
+
+
+def add_p2p_overlap(p: argparse.ArgumentParser, extra: str = "",
+                    default: str | None = "off") -> None:
+    """``--overlap-p2p-comm on|off`` (default off), styled as ``--tp-comm-overlap``;
+    ``default`` None where the command must tell a given value from none (flm export)."""
+    p.add_argument(P2P_OVERLAP_FLAG, choices=("on", "off"), default=default,
+                   help=P2P_OVERLAP_HELP + extra)
+
+
+def p2p_overlap_from_args(args: argparse.Namespace) -> bool:
+    """Whether the flags ask for the overlap (off where the command has no such flag)."""
+    return getattr(args, "overlap_p2p_comm", "off") == "on"
+
+
+__all__ = ["P2P_OVERLAP_HELP", "add_p2p_overlap", "p2p_overlap_from_args"]
