@@ -25,6 +25,7 @@ from frontier_llm.cli.overlap_args import add_p2p_overlap, p2p_overlap_from_args
 from frontier_llm.costmodel import predict
 from frontier_llm.costmodel.layouts import LayoutTable
 from frontier_llm.costmodel.p2p_overlap import P2P_OVERLAP_FLAG, WHERE, p2p_overlap_refusal
+from frontier_llm.costmodel.p2p_overlap import acts_on as p2p_acts_on
 from frontier_llm.errors import UserError
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.allocation import format_tokens
@@ -361,8 +362,7 @@ P2P_NO_EFFECT = (f"flm plan: note: {P2P_OVERLAP_FLAG} on has no effect here: it 
 
 def _any_interleaved_megatron(layouts: LayoutTable) -> bool:
     """Whether any layout of the plan is one ``p2p_overlap`` acts on."""
-    return bool(np.any((layouts.engine == Engine.MEGATRON.code)
-                       & (layouts.virtual_stages > 1)))
+    return bool(np.any(p2p_acts_on(layouts)))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

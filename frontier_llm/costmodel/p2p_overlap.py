@@ -12,12 +12,20 @@ could not change: a user who asks for it and gets the same number would believe 
 
 from __future__ import annotations
 
+import numpy as np
+
+from frontier_llm.costmodel.layouts import LayoutTable
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.vocab import Engine
 
 # The flag flm plan, flm predict and flm export take (on/off, as --tp-comm-overlap).
 P2P_OVERLAP_FLAG = "--overlap-p2p-comm"
 WHERE = "Megatron-LM's interleaved schedule only (engine megatron, virtual stages > 1)"
+
+
+def acts_on(t: LayoutTable) -> np.ndarray:
+    """Per layout of ``t``, whether ``p2p_overlap`` can change it (Megatron, virtual stages)."""
+    return (t.engine == Engine.MEGATRON.code) & (t.virtual_stages > 1)
 
 
 def p2p_overlap_refusal(layout: Layout) -> str | None:
@@ -31,4 +39,4 @@ def p2p_overlap_refusal(layout: Layout) -> str | None:
             "megatron/training/arguments.py at 309ffca)")
 
 
-__all__ = ["P2P_OVERLAP_FLAG", "WHERE", "p2p_overlap_refusal"]
+__all__ = ["P2P_OVERLAP_FLAG", "WHERE", "acts_on", "p2p_overlap_refusal"]

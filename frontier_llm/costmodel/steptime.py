@@ -57,6 +57,7 @@ from frontier_llm.costmodel.flops import (
 )
 from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks
 from frontier_llm.costmodel.memory import ACT_BYTES, STATE_BYTES, grad_sync_each
+from frontier_llm.costmodel.p2p_overlap import acts_on as p2p_acts_on
 from frontier_llm.costmodel.params import (
     kv_width_per_rank,
     layer_modules,
@@ -366,7 +367,7 @@ def stage_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     if p2p_overlap:
         # Overlapped sends hide behind the compute of the rank's chunks for that micro-batch,
         # never more than it lasts (as TP overlap behind its GEMMs, block_times).
-        hides = (t.virtual_stages > 1) & (t.engine == Engine.MEGATRON.code)
+        hides = p2p_acts_on(t)
         megatron_p2p = np.where(hides, np.maximum(
             0.0, megatron_p2p - np.minimum(ranks["most_but_last"], ranks["last"])
             * blk.compute), megatron_p2p)
