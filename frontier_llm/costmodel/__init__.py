@@ -81,7 +81,8 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
     priced in time and memory alike."""
     times = step_time(model, system, table, eager, overlap_comm, reduce_fp32, tp_comm_overlap,
                       moe_run, grad_sync, p2p_overlap, cp_exchange)
-    mem = peak_memory(model, system, table, reduce_fp32, grad_sync, fp8_params, cp_exchange)
+    mem = peak_memory(model, system, table, reduce_fp32, grad_sync, fp8_params, cp_exchange,
+                      dualpipe=moe_run.overlap == "dualpipe")
     tokens = table.global_batch * model.seq_len
     gpus = table.world_size
     # MFU and HFU of an fp8 layout are counted against the bf16 peak, as its sources count them
