@@ -12,9 +12,10 @@ recompute or flash attention (no ``a·s²`` terms), full recompute (the layer in
 grouped-query attention, SwiGLU, no dropout and fp32 all follow from the same count. The pipeline
 schedule sets how many micro-batches a stage holds: GPipe all ``m``; 1F1B ``p − r`` on stage
 ``r``; interleaved 1F1B ``(v−1)·p + 2·(p−1−r) + 1`` chunks (``p·(1 + (p−1)/(p·v))`` micro-batches
-of a stage on the first one). The first stage adds token ids and the embedding dropout mask; the
-last stage the final norm and the fp32 logits of the cross-entropy (``4·s·b·V/t`` bytes per
-micro-batch, kept for every micro-batch under GPipe).
+of a stage on the first one); DualPipe (``--moe-overlap dualpipe``) two stages a rank, ``P − h``
+and ``h + 1`` micro-batches of them (:func:`dualpipe_memory`). The first stage adds token ids
+and the embedding dropout mask; the last stage the final norm and the fp32 logits of the
+cross-entropy (``4·s·b·V/t`` bytes per micro-batch, kept for every micro-batch under GPipe).
 
 The figure predicted is the allocator's peak reserved (``torch.cuda.max_memory_reserved``) at the
 start of the backward pass: beside the above, the loss's vocabulary-sized temporaries
@@ -615,14 +616,14 @@ def _assemble(model: ModelSpec, system: SystemSpec, t: LayoutTable, r, held, sta
 def dualpipe_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank,
                     reduce_fp32: bool | None = None, phase: str | None = None,
                     grad_sync: bool | None = None, fp8_params: bool | None = None,
-                    cp_exchange: str | None = None) -> dict:
+                    cp_exchange: str | None = None, held=None) -> dict:
     """:func:`rank_memory` of DualPipe's pipeline rank ``pp_rank`` (DeepSeek-V3 report
     §3.2.1; ``--moe-overlap dualpipe``), which holds two stages of the engine's split, ``h``
     and ``P−1−h`` (moe.dualpipe_stages; the end ranks: the first stage's embedding and the
     last's head and MTP modules): the states of both stages' blocks and parts, their sum
-    (DualPipe's README@89f5de17: "Parameter Per Device 2×"; DeepSeek-V3's report says the
-    two copies "do not significantly increase the memory consumption since we use a large EP
-    size", but the second stage's experts are held all the same); the activations of ``P − h``
+    (DualPipe's README@89f5de17 table: Parameter "2×"; DeepSeek-V3's report says of the two
+    copies "this does not significantly increase the memory consumption since we use a large
+    EP size", but the second stage's experts are held all the same); the activations of ``P − h``
     micro-batches of stage ``h`` and ``h + 1`` of stage ``P−1−h``, ``P + 1`` stage-micro-batches
     (moe.dualpipe_in_flight, the README's "PP+1"), each kept as the layout's recompute keeps a
     block, one block rebuilt at a time and the last stage's logits for its one micro-batch in
@@ -631,12 +632,14 @@ def dualpipe_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_ran
     split (a layout's interleaving is not DualPipe's: its chunks count as one stage). Where
     both are the same stage (pp 1, or the middle rank of an odd pp, which DualPipe refuses)
     the rank holds it once, as the layout's schedule keeps it. The native engine's FSDP2
-    moments take the rank's blocks of both stages with the root of stage ``h``."""
+    moments take the rank's blocks of both stages with the root of stage ``h``. ``held``: the
+    two stages' layers when the caller has them (default: split.rank_layers)."""
     r = np.broadcast_to(np.asarray(pp_rank), (len(t),)).astype(np.int64)
     a, b = moe.dualpipe_stages(t.pp, r)
     two = a != b
     n_a, n_b = moe.dualpipe_in_flight(t.pp, t.num_microbatches, a)
-    held_a, held_b = rank_layers(model, t, a)[0], rank_layers(model, t, b)[0]
+    held_a, held_b = ((rank_layers(model, t, a)[0], rank_layers(model, t, b)[0])
+                      if held is None else held)
     # A DualPipe stage is the rank's whole share of the split, one chunk of ``held`` blocks.
     pa = activation_parts(model, t, a, held_a, cp_exchange, in_flight=n_a)
     pb = activation_parts(model, t, b, held_b, cp_exchange, in_flight=n_b)
@@ -700,11 +703,14 @@ def _dualpipe_peak(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     a middle pair fuller than the end ranks."""
     out = None
     pairs = (np.asarray(t.pp) + 1) // 2
+    table, split_of = _held_table(model, t)
     for h in range(int(pairs.max())):
         rows = np.flatnonzero(pairs > h)
         sub = t if len(rows) == len(t) else t.take(rows)
+        a, b = moe.dualpipe_stages(sub.pp, h)
         mem = dualpipe_memory(model, system, sub, h, reduce_fp32, grad_sync=grad_sync,
-                              fp8_params=fp8_params, cp_exchange=cp_exchange)
+                              fp8_params=fp8_params, cp_exchange=cp_exchange,
+                              held=(table[split_of[rows], a], table[split_of[rows], b]))
         mem["stage"] = np.full(len(sub), h)
         if out is None:
             out = {k: np.array(v, dtype=float) for k, v in mem.items()}
@@ -713,6 +719,23 @@ def _dualpipe_peak(model: ModelSpec, system: SystemSpec, t: LayoutTable,
         for k in out:
             out[k][rows[win]] = np.asarray(mem[k])[win]
     return out
+
+
+def _held_table(model: ModelSpec, t: LayoutTable) -> tuple[np.ndarray, np.ndarray]:
+    """(layers held by each pipeline rank of each distinct split, each row's split): split.
+    rank_layers looked up once per distinct (pp, v, engine, first, last) rather than row by
+    row, for DualPipe's every rank of a planner's table."""
+    cols = [np.asarray(c, dtype=np.int64) for c in (t.pp, t.virtual_stages, t.engine,
+                                                    t.first_stage_layers, t.last_stage_layers)]
+    key = np.zeros(len(t), dtype=np.int64)
+    for c in cols:  # a dense mixed-radix key over the columns' ranges
+        key = key * (int(c.max()) + 1) + c
+    _, first, split_of = np.unique(key, return_index=True, return_inverse=True)
+    reps = t.take(first)
+    width = int(t.pp.max())
+    table = np.stack([rank_layers(model, reps, np.minimum(r, reps.pp - 1))[0]
+                      for r in range(width)], axis=1)
+    return table, split_of.reshape(-1)
 
 
 def _schedule_peak(model: ModelSpec, system: SystemSpec, t: LayoutTable,
