@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from frontier_llm.costmodel.dualpipe_rules import check_dualpipe
 from frontier_llm.costmodel.flops import hardware_flops, model_flops
 from frontier_llm.costmodel.fp8 import check_fp8, compute_dtype
 from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks, from_configs
@@ -119,6 +120,8 @@ def predict(model: ModelSpec, system: SystemSpec, layout: Layout,
     _check_engine(layout, engine)
     layout.check_model(model)
     check_fp8(system, layout.dtype, layout.fp8_recipe, layout.engine)
+    if moe_run.overlap == "dualpipe":  # the planner's DualPipe rules (planner/space.py)
+        check_dualpipe(layout.pp, layout.schedule, layout.engine)
     row = {k: v[0].item()
            for k, v in evaluate(model, system, from_configs([layout]), moe_run=moe_run,
                                 grad_sync=grad_sync, cp_exchange=cp_exchange).items()}
