@@ -246,3 +246,112 @@ def test_dualpipe_pairs_each_rank_with_its_mirror_stage():
     two2 = steptime.stage_times(wide, H100, t, r2, blk2, moe_run=dual_run)
     assert two2.layers[0] == pytest.approx(2.5)
     assert two2.head[0] == pytest.approx(one2.head[0] / 2)
+
+
+def _dsv3_pp16(**kw):
+    """DeepSeek-V3 over pp 16 (Megatron-LM's split: 3 dense blocks, 14 x 4 MoE blocks, 2 MoE
+    blocks with the head and the MTP module), bf16 so that parameters are 2 bytes each."""
+    base = dict(pp=16, ep=64, dp=128, global_batch=15360, recompute="full")
+    return from_configs([_layout(**{**base, **kw})])
+
+
+def test_a_dualpipe_rank_holds_the_states_of_both_its_stages():
+    """DualPipe's rank r holds stage r and stage 15 - r (deepseek-ai/DualPipe example.py:
+    ``nn.Sequential(full_modules[rank], full_modules[pp_size - 1 - rank])``): a middle pair
+    holds 4 + 4 MoE blocks, the end ranks stage 0 (embedding, 3 dense blocks) and stage 15
+    (2 MoE blocks, head, MTP); parameters, gradients and optimizer states are the two stages'."""
+    from frontier_llm.costmodel import memory
+    from frontier_llm.costmodel.params import layer_params_per_rank
+
+    t = _dsv3_pp16()
+    one = [memory.rank_memory(DSV3, H100, t, r) for r in range(16)]
+    for h in (0, 1, 7):
+        dual = memory.dualpipe_memory(DSV3, H100, t, h)
+        for part in ("params", "grads", "optimizer"):
+            assert dual[part][0] == pytest.approx(one[h][part][0] + one[15 - h][part][0])
+        mirror = memory.dualpipe_memory(DSV3, H100, t, 15 - h)
+        assert mirror["peak"][0] == pytest.approx(dual["peak"][0])
+    # By hand: a middle pair's parameters are 8 MoE blocks' (4 of 256 routed experts on each
+    # of the 64 ep ranks), 2 bytes each in bf16; the 1F1B stage held 4.
+    block = moe.layer_params_per_rank(DSV3, 1, 64, layer_params_per_rank(DSV3, 1), 1.0, 1)[0]
+    assert memory.dualpipe_memory(DSV3, H100, t, 3)["params"][0] == pytest.approx(8 * block * 2)
+    assert one[3]["params"][0] == pytest.approx(4 * block * 2)
+
+
+def test_dualpipe_holds_pp_plus_one_stage_micro_batches_of_activations():
+    """DualPipe's README: activations per device PP + 1 (1F1B: PP) in micro-batches of one
+    stage; dualpipe.py's schedule holds P - h of stage h and h + 1 of stage P-1-h. Under full
+    recompute a block keeps its input, s·b·h·2 bytes: a middle pair keeps 17 micro-batches of
+    4 blocks, where 1F1B's rank 1 keeps 15 of its 4; the end ranks keep 1F1B's rank 0 and rank
+    15 (its one micro-batch and logits), one block rebuilt at a time."""
+    from frontier_llm.costmodel import memory
+
+    t = _dsv3_pp16()
+    block_input = DSV3.seq_len * 1 * DSV3.hidden * 2
+    one = [memory.rank_memory(DSV3, H100, t, r)["activations"][0] for r in range(16)]
+    rebuilt = one[1] - 15 * 4 * block_input  # the block rebuilt in backward
+    assert rebuilt > 0
+    for h in range(1, 8):
+        got = memory.dualpipe_memory(DSV3, H100, t, h)["activations"][0]
+        assert got - rebuilt == pytest.approx(17 * 4 * block_input)
+    end = memory.dualpipe_memory(DSV3, H100, t, 0)
+    assert end["activations"][0] == pytest.approx(one[0] + one[15] - rebuilt)
+    assert end["loss"][0] > 0  # the end ranks run the loss (stage 15)
+    assert memory.dualpipe_memory(DSV3, H100, t, 1)["loss"][0] == 0
+    # The peak is the fullest pair's, named by its rank.
+    peak = memory.peak_memory(DSV3, H100, t, dualpipe=True)
+    pairs = [memory.dualpipe_memory(DSV3, H100, t, h)["peak"][0] for h in range(8)]
+    assert peak["peak"][0] == pytest.approx(max(pairs))
+    assert peak["stage"][0] == int(np.argmax(pairs))
+
+
+def test_only_dualpipe_layouts_change_memory():
+    """The other overlaps and every layout without a pipeline keep the 1F1B-family memory
+    (GPipe, 1F1B, interleaved); DualPipe's fullest rank holds more than 1F1B's, less than
+    GPipe's (all 16 micro-batches of a stage)."""
+    from frontier_llm.costmodel import evaluate, memory
+
+    lays = [_layout(pp=16, ep=64, dp=128, global_batch=15360, recompute="full"),
+            _layout(pp=4, ep=8, dp=16, global_batch=256, recompute="selective"),
+            _layout(pp=4, ep=8, dp=16, global_batch=256, schedule="interleaved",
+                    virtual_stages=2, recompute="full"),
+            _layout(pp=4, ep=8, dp=16, global_batch=256, schedule="gpipe", engine="native"),
+            _layout(pp=1, ep=8, dp=16, global_batch=64)]
+    model = [DSV3, MIXTRAL, MIXTRAL, MIXTRAL, MIXTRAL]
+    for lay, m in zip(lays, model, strict=True):
+        t = from_configs([lay])
+        plain = memory.peak_memory(m, H100, t)
+        for run in (moe.NO_OVERLAP, moe.MoeRun("ep-a2a"), moe.MoeRun(dispatcher="flex")):
+            got = evaluate(m, H100, t, moe_run=run)
+            assert got["peak_memory_bytes"][0] == plain["peak"][0]
+        dual = evaluate(m, H100, t, moe_run=moe.MoeRun("dualpipe"))["peak_memory_bytes"][0]
+        if lay.pp == 1:
+            assert dual == plain["peak"][0]
+        elif lay.schedule == "gpipe":  # GPipe keeps every micro-batch, DualPipe P + 1
+            assert dual < plain["peak"][0]
+        else:  # two stages' states and one more micro-batch than 1F1B's first stage
+            assert dual > plain["peak"][0]
+    # A table mixing both: each row as alone.
+    t = from_configs(lays[1:])
+    both = memory.peak_memory(MIXTRAL, H100, t, dualpipe=True)
+    for i, lay in enumerate(lays[1:]):
+        alone = memory.peak_memory(MIXTRAL, H100, from_configs([lay]), dualpipe=True)
+        assert both["peak"][i] == pytest.approx(alone["peak"][0])
+        assert both["stage"][i] == alone["stage"][0]
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8, 16])
+def test_dualpipe_in_flight_counts_follow_its_schedule(pp):
+    """Replays dualpipe.py's ``step`` (steps 1 to 4's first ``F0``) counting the chunks each
+    phase holds: step 1 ``2(P/2 − h − 1)`` forwards of phase 0, step 2 ``h + 1`` forwards of
+    each phase, step 3 ``P/2 − h − 1`` times B1 then F1, then F0: the peak, ``P + 1`` in all."""
+    half = pp // 2
+    for rank in range(pp):
+        h = min(rank, pp - 1 - rank)
+        f0 = 2 * (half - h - 1) + (h + 1) + 1
+        f1 = (h + 1) - (half - h - 1) + (half - h - 1)
+        got = moe.dualpipe_in_flight(pp, 4 * pp, moe.dualpipe_stages(pp, rank)[0])
+        assert (int(got[0]), int(got[1])) == (f0, f1)
+        assert f0 + f1 == pp + 1
+        stages = sorted(int(s) for s in moe.dualpipe_stages(pp, rank))
+        assert stages == sorted((rank, pp - 1 - rank))

@@ -10,6 +10,14 @@ import dataclasses
 from frontier_llm.costmodel.moe import MOE_DISPATCHERS, MOE_OVERLAPS, ROUTER_BALANCES, MoeRun
 from frontier_llm.specs.model import ModelSpec
 
+# The plan's line under --moe-overlap dualpipe: what its rows mean and what an export runs.
+DUALPIPE_NOTE = (
+    "# --moe-overlap dualpipe: DualPipe (DeepSeek's own schedule) replaces the pipeline "
+    "schedule; its layouts are stated as Megatron-LM 1f1b with an even pp (the DeepSeek-V3 "
+    "calibration row's form), the others rejected. No trainer flm exports to runs DualPipe: "
+    "flm export writes these layouts under Megatron-LM's 1F1B, which the plan without "
+    "--moe-overlap dualpipe prices")
+
 
 def add_moe_args(p: argparse.ArgumentParser) -> None:
     """``--moe-overlap``, ``--moe-dispatcher``, ``--router-balance`` (read only for an MoE
@@ -21,7 +29,10 @@ def add_moe_args(p: argparse.ArgumentParser) -> None:
                         "Megatron-LM --overlap-moe-expert-parallel-comm --delay-wgrad-compute, "
                         "hidden behind the paired micro-batch's compute in the 1F1B steady "
                         "phase (Megatron-LM layouts only); dualpipe: DeepSeek-V3's DualPipe, "
-                        "every micro-batch paired, one copy per node")
+                        "every micro-batch paired, one copy per node; it replaces the "
+                        "pipeline schedule, so its layouts are Megatron-LM 1f1b with an even "
+                        "pp of 2 or more (the planner rejects the others, flm predict "
+                        "refuses them; no trainer flm exports to runs DualPipe)")
     g.add_argument("--moe-dispatcher", choices=MOE_DISPATCHERS, default="alltoall",
                    help="Megatron-LM --moe-token-dispatcher-type: alltoall (default) sends a "
                         "copy per routed expert; flex (DeepEP) sends a token once per "

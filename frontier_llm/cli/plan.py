@@ -19,7 +19,13 @@ from frontier_llm.cli.layout_args import (
     layout_from_args,
     space_from_args,
 )
-from frontier_llm.cli.moe_args import add_moe_args, moe_note, moe_run_from_args, with_router_balance
+from frontier_llm.cli.moe_args import (
+    DUALPIPE_NOTE,
+    add_moe_args,
+    moe_note,
+    moe_run_from_args,
+    with_router_balance,
+)
 from frontier_llm.cli.numbers import MAX_GPUS, count, gpus
 from frontier_llm.cli.overlap_args import add_p2p_overlap, p2p_overlap_from_args
 from frontier_llm.costmodel import predict
@@ -247,6 +253,8 @@ def run_plan(args: argparse.Namespace) -> int:
     note = _first_runs_where(model, ranked, p2p_overlap_from_args(args))
     if note:
         print(note, file=sys.stderr)
+    if moe_run_from_args(args).overlap == "dualpipe":
+        print(DUALPIPE_NOTE, file=sys.stderr)
     if args.format == "table":
         emit_frame(alloc_cli.display_columns(_display(ranked), ranked, args), "table")
     elif args.format == "csv":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from frontier_llm.costmodel.dualpipe_rules import check_dualpipe
 from frontier_llm.costmodel.flops import hardware_flops, model_flops
 from frontier_llm.costmodel.fp8 import check_fp8, compute_dtype
 from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks, from_configs
@@ -41,7 +42,8 @@ from frontier_llm.specs.system import SystemSpec
 # exchange as each trainer runs it (cp_exchange): flm bench's single gather, or PyTorch's
 # context_parallel ring (torchtitan), priced in time and memory; an interleaved Megatron
 # schedule's pipeline sends overlapped where a run states it (p2p_overlap); FSDP2's
-# block-backward memory moment; Jean Zay's Omni-Path without rails.
+# block-backward memory moment; DualPipe's two stages and PP+1 in-flight micro-batches per
+# rank (memory.py); Jean Zay's Omni-Path without rails.
 COSTMODEL_VERSION = "2.7"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
@@ -83,7 +85,8 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
     priced in time and memory alike."""
     times = step_time(model, system, table, eager, overlap_comm, reduce_fp32, tp_comm_overlap,
                       moe_run, grad_sync, p2p_overlap, cp_exchange)
-    mem = peak_memory(model, system, table, reduce_fp32, grad_sync, fp8_params, cp_exchange)
+    mem = peak_memory(model, system, table, reduce_fp32, grad_sync, fp8_params, cp_exchange,
+                      dualpipe=moe_run.overlap == "dualpipe")
     tokens = table.global_batch * model.seq_len
     gpus = table.world_size
     # MFU and HFU of an fp8 layout are counted against the bf16 peak, as its sources count them
@@ -125,6 +128,8 @@ def predict(model: ModelSpec, system: SystemSpec, layout: Layout,
     check_fp8(system, layout.dtype, layout.fp8_recipe, layout.engine)
     if p2p_overlap and (why := p2p_overlap_refusal(layout)):
         raise UserError(why)
+    if moe_run.overlap == "dualpipe":  # the planner's DualPipe rules (planner/space.py)
+        check_dualpipe(layout.pp, layout.schedule, layout.engine)
     row = {k: v[0].item()
            for k, v in evaluate(model, system, from_configs([layout]), moe_run=moe_run,
                                 grad_sync=grad_sync, p2p_overlap=p2p_overlap,

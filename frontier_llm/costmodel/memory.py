@@ -12,9 +12,10 @@ recompute or flash attention (no ``a·s²`` terms), full recompute (the layer in
 grouped-query attention, SwiGLU, no dropout and fp32 all follow from the same count. The pipeline
 schedule sets how many micro-batches a stage holds: GPipe all ``m``; 1F1B ``p − r`` on stage
 ``r``; interleaved 1F1B ``(v−1)·p + 2·(p−1−r) + 1`` chunks (``p·(1 + (p−1)/(p·v))`` micro-batches
-of a stage on the first one). The first stage adds token ids and the embedding dropout mask; the
-last stage the final norm and the fp32 logits of the cross-entropy (``4·s·b·V/t`` bytes per
-micro-batch, kept for every micro-batch under GPipe).
+of a stage on the first one); DualPipe (``--moe-overlap dualpipe``) two stages a rank, ``P − h``
+and ``h + 1`` micro-batches of them (:func:`dualpipe_memory`). The first stage adds token ids
+and the embedding dropout mask; the last stage the final norm and the fp32 logits of the
+cross-entropy (``4·s·b·V/t`` bytes per micro-batch, kept for every micro-batch under GPipe).
 
 The figure predicted is the allocator's peak reserved (``torch.cuda.max_memory_reserved``) at the
 start of the backward pass: beside the above, the loss's vocabulary-sized temporaries
@@ -256,12 +257,13 @@ def parts_total(parts: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def activation_parts(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None,
-                     cp_exchange: str | None = None) -> dict[str, np.ndarray]:
+                     cp_exchange: str | None = None, in_flight=None) -> dict[str, np.ndarray]:
     """:func:`activation_bytes` by part: ``steady`` (every in-flight block's saved tensors, the
     first stage's inputs, cp masks), ``head`` (the last stage's norm and logits), ``mtp``
     (its multi-token prediction modules'), ``transient`` (a block rebuilt in backward beyond
     what it kept), ``ring`` (one layer's attention backward under PyTorch's CP ring) and
-    ``per_layer`` (what one block keeps)."""
+    ``per_layer`` (what one block keeps). ``in_flight``: micro-batches of ``chunk`` layers held
+    at the peak instead of the layout's schedule's (DualPipe's, :func:`dualpipe_memory`)."""
     if chunk is None:
         chunk = rank_layers(model, t, pp_rank)[1]
     e = ACT_BYTES[t.dtype]
@@ -269,7 +271,7 @@ def activation_parts(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None,
     s, b, h = model.seq_len, t.micro_batch, model.hidden
     sb = t.local_seq(s) * b  # the rank's share of each sequence (cp)
     rep = np.where(t.sequence_parallel, 1.0 / t.tp, 1.0)
-    chunks = _in_flight_chunks(t, r)
+    chunks = _in_flight_chunks(t, r) if in_flight is None else np.asarray(in_flight)
     layers_per_chunk = chunk  # every chunk in flight counted as the rank's fullest
     full = layer_activation_bytes(model, t, cp_exchange=cp_exchange)
     # Full recompute keeps only each layer's input, and rebuilds one layer at a time (its input
@@ -288,7 +290,7 @@ def activation_parts(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None,
     rebuilt = layer_activation_bytes(model, t, rebuilt=True, cp_exchange=cp_exchange)
     transient = np.where(is_full | is_op, np.maximum(rebuilt - per_layer, 0), 0)
     layers = chunks * layers_per_chunk
-    micro_in_flight = np.where(t.schedule == Schedule.INTERLEAVED.code,
+    micro_in_flight = np.where((t.schedule == Schedule.INTERLEAVED.code) & (in_flight is None),
                                _cdiv(chunks, t.virtual_stages), chunks)
     drop = MASK_BYTES if model.dropout > 0 else 0
     first = np.where(r == 0, micro_in_flight * sb * (8 + drop * h * rep), 0)
@@ -298,7 +300,10 @@ def activation_parts(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None,
                         micro_in_flight * sb * h * e * rep, 0)
     first = first + received
     stats = 8 if model.norm == "layernorm" else 4
-    logits_mb = np.where(t.schedule == Schedule.GPIPE.code, t.num_microbatches, 1)
+    # The last stage's logits of every micro-batch in flight there: all under GPipe, one under
+    # 1F1B (and interleaving, whose last chunk runs each backward at once), DualPipe's count.
+    logits_mb = (np.where(t.schedule == Schedule.GPIPE.code, t.num_microbatches, 1)
+                 if in_flight is None else np.asarray(in_flight))
     last = np.where(
         r == t.pp - 1,
         logits_mb * sb * (e * h * rep + stats * rep + e * h + 4 * _cdiv(model.vocab, t.tp)),
@@ -414,19 +419,21 @@ def grad_sync_each(t: LayoutTable, grad_sync: bool | None = None) -> np.ndarray:
 
 
 def native_buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank, states: dict,
-                        grad_sync: bool | None = None) -> np.ndarray:
+                        grad_sync: bool | None = None, earlier=None) -> np.ndarray:
     """The native engine's (FSDP2's) unsharded copies at its backward peak: with
     ``reshard_after_forward`` off every parameter of the stage stays gathered from forward to
     backward; with more than one micro-batch the gradients accumulate unsharded until the last
     one (flm bench syncs them once, ``set_requires_gradient_sync``); on a stage without the
     loss, the layer in backward holds its gathered parameters and their gradient. The last
     stage's peak is its loss's backward, when every layer is resharded (the root too: flm bench
-    passes ``reshard_after_forward`` to it)."""
+    passes ``reshard_after_forward`` to it). ``earlier``: whether a backward ran before the
+    rank's peak (default: its schedule's, :func:`_earlier_backward`)."""
     e = ACT_BYTES[t.dtype]
     r = np.asarray(pp_rank)
     sharded = t.degree("grads") > 1
     n = states["count"]
-    earlier = _earlier_backward(t, r)
+    if earlier is None:
+        earlier = _earlier_backward(t, r)
     # torch's PipelineStage neither reduces nor reshards an FSDP2 stage after a backward until
     # its last one (torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``): the
     # gradients accumulate unsharded as without a pipeline; the parameters a backward left
@@ -534,18 +541,29 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
     behaviour.cp_ring)."""
     if held is None or chunk is None:
         held, chunk = rank_layers(model, t, pp_rank)
-    states = state_bytes(model, t, pp_rank, held, reduce_fp32, fp8_params)
+    r = np.asarray(pp_rank)
+    return _assemble(model, system, t, r, held,
+                     state_bytes(model, t, pp_rank, held, reduce_fp32, fp8_params),
+                     activation_parts(model, t, pp_rank, chunk, cp_exchange),
+                     r == t.pp - 1, buffer_bytes(model, t, pp_rank, held, reduce_fp32),
+                     _earlier_backward(t, r), phase, grad_sync, fp8_params)
+
+
+def _assemble(model: ModelSpec, system: SystemSpec, t: LayoutTable, r, held, states: dict,
+              parts: dict, holds_last, buffers, earlier, phase: str | None,
+              grad_sync: bool | None, fp8_params: bool | None) -> dict:
+    """:func:`rank_memory`'s terms from a rank's states, activation parts, whether it holds the
+    last stage (the loss), its non-native buffers and whether an earlier micro-batch's backward
+    ran before its peak; shared by the 1F1B-family ranks and DualPipe's
+    (:func:`dualpipe_memory`)."""
     native = t.engine == Engine.NATIVE.code
     sharded = t.degree("grads") > 1
-    parts = activation_parts(model, t, pp_rank, chunk, cp_exchange)
     activations = parts_total(parts)
-    loss = np.where(np.asarray(pp_rank) == t.pp - 1, loss_bytes(model, t), 0)
+    loss = np.where(holds_last, loss_bytes(model, t), 0)
     # The native engine's sequence-parallel all-gather output is the linear's saved input
     # (DTensor keeps the gathered one: in the activations), not a buffer of its own.
-    buffers = np.where(native, native_buffer_bytes(model, t, pp_rank, states, grad_sync),
-                       buffer_bytes(model, t, pp_rank, held, reduce_fp32))
-    r = np.asarray(pp_rank)
-    earlier = _earlier_backward(t, r)
+    buffers = np.where(native, native_buffer_bytes(model, t, r, states, grad_sync, earlier),
+                       buffers)
     # Sharded gradients are held at the backward peak once an earlier micro-batch's
     # reduce-scatter left them (a trainer that syncs every micro-batch); flm bench's are the
     # unsharded ones in ``buffers`` until its last micro-batch.
@@ -557,7 +575,8 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
                           states["grads"] + np.where(native & ~sharded,
                                                      native_embedding_grad_bytes(model, t, r),
                                                      0))
-    loss = np.where(native, np.maximum(loss, native_backward_bytes(model, t, r)), loss)
+    loss = np.where(native & ~np.asarray(holds_last),
+                    np.maximum(loss, native_backward_bytes(model, t, r)), loss)
     # FSDP2's second backward moment, a block's own backward (costmodel/block_backward.py):
     # where it holds more than the loss's, it is the backward's peak.
     block = _block_backward(model, t, r, states, held, parts, grads_back, buffers, earlier,
@@ -594,14 +613,135 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
     return out
 
 
+def dualpipe_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank,
+                    reduce_fp32: bool | None = None, phase: str | None = None,
+                    grad_sync: bool | None = None, fp8_params: bool | None = None,
+                    cp_exchange: str | None = None, held=None) -> dict:
+    """:func:`rank_memory` of DualPipe's pipeline rank ``pp_rank`` (DeepSeek-V3 report
+    §3.2.1; ``--moe-overlap dualpipe``), which holds two stages of the engine's split, ``h``
+    and ``P−1−h`` (moe.dualpipe_stages; the end ranks: the first stage's embedding and the
+    last's head and MTP modules): the states of both stages' blocks and parts, their sum
+    (DualPipe's README@89f5de17 table: Parameter "2×"; DeepSeek-V3's report says of the two
+    copies "this does not significantly increase the memory consumption since we use a large
+    EP size", but the second stage's experts are held all the same); the activations of ``P − h``
+    micro-batches of stage ``h`` and ``h + 1`` of stage ``P−1−h``, ``P + 1`` stage-micro-batches
+    (moe.dualpipe_in_flight, the README's "PP+1"), each kept as the layout's recompute keeps a
+    block, one block rebuilt at a time and the last stage's logits for its one micro-batch in
+    flight; both stages' communication buffers, since DualPipe runs a forward chunk of one
+    stage overlapped with a backward chunk of the other. A stage is the rank's layers of the
+    split (a layout's interleaving is not DualPipe's: its chunks count as one stage). Where
+    both are the same stage (pp 1, or the middle rank of an odd pp, which DualPipe refuses)
+    the rank holds it once, as the layout's schedule keeps it. The native engine's FSDP2
+    moments take the rank's blocks of both stages with the root of stage ``h``. ``held``: the
+    two stages' layers when the caller has them (default: split.rank_layers)."""
+    r = np.broadcast_to(np.asarray(pp_rank), (len(t),)).astype(np.int64)
+    a, b = moe.dualpipe_stages(t.pp, r)
+    two = a != b
+    n_a, n_b = moe.dualpipe_in_flight(t.pp, t.num_microbatches, a)
+    held_a, held_b = ((rank_layers(model, t, a)[0], rank_layers(model, t, b)[0])
+                      if held is None else held)
+    # A DualPipe stage is the rank's whole share of the split, one chunk of ``held`` blocks.
+    pa = activation_parts(model, t, a, held_a, cp_exchange, in_flight=n_a)
+    pb = activation_parts(model, t, b, held_b, cp_exchange, in_flight=n_b)
+    sa = state_bytes(model, t, a, held_a, reduce_fp32, fp8_params)
+    sb = state_bytes(model, t, b, held_b, reduce_fp32, fp8_params)
+    states = {k: sa[k] + sb[k] for k in sa}
+    masks = cp_mask_bytes(model, t, cp_exchange)  # one table per rank, shared by every layer
+    parts = {"steady": pa["steady"] + pb["steady"] - masks,
+             "head": pa["head"] + pb["head"], "mtp": pa["mtp"] + pb["mtp"],
+             "transient": np.maximum(pa["transient"], pb["transient"]),
+             "ring": np.maximum(pa["ring"], pb["ring"]), "per_layer": pa["per_layer"]}
+    buffers = (buffer_bytes(model, t, a, held_a, reduce_fp32)
+               + buffer_bytes(model, t, b, held_b, reduce_fp32))
+    # A backward ran before the peak unless it is the first backward of the rank's steady step:
+    # DualPipe's step 4 reaches the peak again while micro-batches of stage ``h`` remain.
+    earlier = t.num_microbatches // 2 > n_a
+    out = _assemble(model, system, t, a, held_a + held_b, states, parts, b == t.pp - 1,
+                    buffers, earlier, phase, grad_sync, fp8_params)
+    if two.all():
+        return out
+    once = rank_memory(model, system, t, a, reduce_fp32=reduce_fp32, phase=phase,
+                       grad_sync=grad_sync, fp8_params=fp8_params, cp_exchange=cp_exchange)
+    return {k: np.where(two, out[k], once[k]) for k in out}
+
+
 def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
                 reduce_fp32: bool | None = None, grad_sync: bool | None = None,
-                fp8_params: bool | None = None, cp_exchange: str | None = None) -> dict:
+                fp8_params: bool | None = None, cp_exchange: str | None = None,
+                dualpipe: bool = False) -> dict:
     """The rank with the most memory: the first stage (embeddings, most micro-batches in
     flight), the last (head, logits) or, where the engine splits layers unevenly, the middle
     stage holding the most layers (the earliest such, which holds the most micro-batches).
     ``reduce_fp32``: whether gradients are reduced in fp32 (None: the engine's rule);
-    ``fp8_params``: FP8 parameters (None: flm's export, costmodel/fp8.py ``fp8_params``)."""
+    ``fp8_params``: FP8 parameters (None: flm's export, costmodel/fp8.py ``fp8_params``).
+    ``dualpipe``: the run's pipeline is DeepSeek's DualPipe (``MoeRun.overlap``): the fullest
+    of its ranks, each holding two stages (:func:`dualpipe_memory`), for every layout with a
+    pipeline; ``stage`` is then the DualPipe rank ``h`` (ranks ``h`` and ``P−1−h`` hold the
+    same)."""
+    dual = np.asarray(t.pp) > 1 if dualpipe else np.zeros(len(t), dtype=bool)
+    args = (reduce_fp32, grad_sync, fp8_params, cp_exchange)
+    if not dual.any():
+        return _schedule_peak(model, system, t, *args)
+    if dual.all():
+        return _dualpipe_peak(model, system, t, *args)
+    rows, rest = np.flatnonzero(dual), np.flatnonzero(~dual)
+    got = _dualpipe_peak(model, system, t.take(rows), *args)
+    other = _schedule_peak(model, system, t.take(rest), *args)
+    out = {}
+    for k in got:
+        col = np.zeros(len(t), dtype=np.result_type(got[k], other[k]))
+        col[rows], col[rest] = got[k], other[k]
+        out[k] = col
+    return out
+
+
+def _dualpipe_peak(model: ModelSpec, system: SystemSpec, t: LayoutTable,
+                   reduce_fp32: bool | None, grad_sync: bool | None,
+                   fp8_params: bool | None, cp_exchange: str | None) -> dict:
+    """The fullest DualPipe rank (:func:`dualpipe_memory`) of every layout: each pair of
+    mirrored ranks evaluated, since an uneven split or DeepSeek-V3's light last stage can make
+    a middle pair fuller than the end ranks."""
+    out = None
+    pairs = (np.asarray(t.pp) + 1) // 2
+    table, split_of = _held_table(model, t)
+    for h in range(int(pairs.max())):
+        rows = np.flatnonzero(pairs > h)
+        sub = t if len(rows) == len(t) else t.take(rows)
+        a, b = moe.dualpipe_stages(sub.pp, h)
+        mem = dualpipe_memory(model, system, sub, h, reduce_fp32, grad_sync=grad_sync,
+                              fp8_params=fp8_params, cp_exchange=cp_exchange,
+                              held=(table[split_of[rows], a], table[split_of[rows], b]))
+        mem["stage"] = np.full(len(sub), h)
+        if out is None:
+            out = {k: np.array(v, dtype=float) for k, v in mem.items()}
+            continue
+        win = mem["peak"] > out["peak"][rows]
+        for k in out:
+            out[k][rows[win]] = np.asarray(mem[k])[win]
+    return out
+
+
+def _held_table(model: ModelSpec, t: LayoutTable) -> tuple[np.ndarray, np.ndarray]:
+    """(layers held by each pipeline rank of each distinct split, each row's split): split.
+    rank_layers looked up once per distinct (pp, v, engine, first, last) rather than row by
+    row, for DualPipe's every rank of a planner's table."""
+    cols = [np.asarray(c, dtype=np.int64) for c in (t.pp, t.virtual_stages, t.engine,
+                                                    t.first_stage_layers, t.last_stage_layers)]
+    key = np.zeros(len(t), dtype=np.int64)
+    for c in cols:  # a dense mixed-radix key over the columns' ranges
+        key = key * (int(c.max()) + 1) + c
+    _, first, split_of = np.unique(key, return_index=True, return_inverse=True)
+    reps = t.take(first)
+    width = int(t.pp.max())
+    table = np.stack([rank_layers(model, reps, np.minimum(r, reps.pp - 1))[0]
+                      for r in range(width)], axis=1)
+    return table, split_of.reshape(-1)
+
+
+def _schedule_peak(model: ModelSpec, system: SystemSpec, t: LayoutTable,
+                   reduce_fp32: bool | None = None, grad_sync: bool | None = None,
+                   fp8_params: bool | None = None, cp_exchange: str | None = None) -> dict:
+    """:func:`peak_memory` under the layout's own schedule (GPipe, 1F1B, interleaved)."""
     ranks = pipeline_ranks(model, t)
     out = None
     for r, held, chunk in ((np.zeros(len(t), dtype=np.int64), ranks["first"],

@@ -424,6 +424,33 @@ def dualpipe_pace(ranks: dict, per_layer, last_extra):
             np.where(ends_pace, last_extra / 2.0, 0.0))
 
 
+def dualpipe_stages(pp, rank):
+    """(stage ``h``, stage ``P−1−h``): the two stages DualPipe's pipeline rank ``rank`` holds,
+    ``h = min(rank, P−1−rank)`` its ``half_rank`` (deepseek-ai/DualPipe example.py@a96f8298:
+    ``nn.Sequential(full_modules[rank], full_modules[pp_size - 1 - rank])``; dualpipe.py
+    ``half_rank``): ranks ``r`` and ``P−1−r`` hold the same two, the end ranks stage 0 (the
+    embedding) and stage ``P−1`` (the head and MTP modules)."""
+    pp, rank = np.asarray(pp), np.asarray(rank)
+    h = np.minimum(rank, pp - 1 - rank)
+    return h, pp - 1 - h
+
+
+def dualpipe_in_flight(pp, micro_batches, half_rank):
+    """(micro-batches of stage ``h``, of stage ``P−1−h``) whose activations DualPipe's rank
+    of ``half_rank`` ``h`` holds at its peak, ``P + 1`` in all: the README@89f5de17's
+    "Activation Per Device" (``PP`` for 1F1B, ``PP+1`` for DualPipe, in micro-batches of one
+    stage) split over the two stages as deepseek-ai/DualPipe dualpipe.py's ``step`` builds it:
+    step 1 runs ``2(P/2 − h − 1)`` forwards of phase 0 (stage ``h``, the direction in which
+    the rank is ``h`` stages from the input), step 2 ``h + 1`` forwards of each phase, step 3
+    a backward then a forward of phase 1, and step 4's first ``F0`` (overlapped with ``B1``)
+    holds ``P − h`` of stage ``h`` beside ``h + 1`` of stage ``P−1−h`` — 1F1B's ``p − r`` of
+    each stage, on one rank. Each direction carries half the micro-batches (DualPipe asserts
+    ``num_chunks >= 2·P``; fewer are capped at ``m/2``)."""
+    half = np.maximum(np.asarray(micro_batches) // 2, 1)
+    h = np.asarray(half_rank)
+    return np.minimum(half, np.asarray(pp) - h), np.minimum(half, h + 1)
+
+
 def dualpipe_bubble_share(pp):
     """DualPipe's bubble in units of one micro-batch's stage time ``F + B`` (steptime.
     stage_times' ``t_avg``, whose 1F1B bubble is ``(P − 1)`` of them): ``(P/2 − 1)(F&B + B −

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -9,12 +10,19 @@ import numpy as np
 import pandas as pd
 
 from frontier_llm.costmodel import evaluate
+from frontier_llm.costmodel.dualpipe_rules import DUALPIPE_ENGINES
 from frontier_llm.costmodel.fp8 import check_fp8
 from frontier_llm.costmodel.layouts import LayoutTable
 from frontier_llm.costmodel.moe import NO_OVERLAP, MoeRun
 from frontier_llm.errors import UserError
 from frontier_llm.planner.intervals import memory_width
-from frontier_llm.planner.space import OOM, REASONS, SearchSpace, enumerate_layouts
+from frontier_llm.planner.space import (
+    OOM,
+    REASONS,
+    SearchSpace,
+    dualpipe_reasons,
+    enumerate_layouts,
+)
 from frontier_llm.specs.layout import (
     MAX_GPUS,
     DType,
@@ -257,8 +265,16 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
     if not 1 <= gpus <= MAX_GPUS:
         raise UserError(f"the GPU count must be between 1 and {MAX_GPUS:,} (got {gpus})")
     gb = global_batch or default_global_batch(model, gpus)
-    check_space_fp8(system, space or SearchSpace())
-    layouts, reason = enumerate_layouts(model, system, gpus, gb, space or SearchSpace())
+    space = space or SearchSpace()
+    if moe_run.overlap == "dualpipe" and space.engine is None:
+        # The open engine list is the native engine alone (specs/space.py), which has no
+        # DualPipe: a DualPipe run's open list is the engines that state it.
+        space = dataclasses.replace(space, engine=tuple(e.value for e in DUALPIPE_ENGINES))
+    check_space_fp8(system, space)
+    layouts, reason = enumerate_layouts(model, system, gpus, gb, space)
+    if moe_run.overlap == "dualpipe":
+        # DualPipe replaces the schedule: one label, an even pp, the engines that state it.
+        reason = dualpipe_reasons(reason, layouts)
     # The cost model runs on the layouts no rule rejected; the others get NaN figures.
     ok = np.flatnonzero(reason == 0)
     sub = evaluate(model, system, layouts.take(ok), eager, overlap_comm, reduce_fp32,

@@ -14,6 +14,7 @@ import itertools
 
 import numpy as np
 
+from frontier_llm.costmodel.dualpipe_rules import DUALPIPE_REASONS, dualpipe_codes
 from frontier_llm.costmodel.layouts import LayoutTable, encode, fill_defaults
 from frontier_llm.errors import UserError
 from frontier_llm.specs import axes
@@ -83,6 +84,8 @@ REASONS = (
     *_MODEL_REASONS,
     *(RULES[e].reason(r) for e, r in _ENGINE_MODEL),
     *NODE_REASONS,
+    # The run's rules (costmodel/dualpipe_rules.py), met only under --moe-overlap dualpipe.
+    *DUALPIPE_REASONS,
     "does not fit in memory",
 )
 OOM = REASONS.index("does not fit in memory")
@@ -479,6 +482,18 @@ def _node_reasons(reason: np.ndarray, t: LayoutTable, per_node: int, gpus: int) 
                        (axes.expert_stride(t) * t.ep, NODE_REASONS[1])):
         crosses = (span < per_node) & (per_node % np.maximum(span, 1) != 0) & (reason == 0)
         reason[crosses] = REASONS.index(text)
+    return reason
+
+
+def dualpipe_reasons(reason: np.ndarray, t: LayoutTable) -> np.ndarray:
+    """``reason`` with DualPipe's rules (:data:`DUALPIPE_REASONS`) set on the layouts that
+    break no earlier rule: a run under ``--moe-overlap dualpipe`` keeps one schedule label, an
+    even pp and the engines that state it (costmodel/dualpipe_rules.py)."""
+    reason = reason.copy()
+    codes = dualpipe_codes(t.pp, t.schedule, t.engine)
+    hit = (reason == 0) & (codes > 0)
+    first = REASONS.index(DUALPIPE_REASONS[0])
+    reason[hit] = first + codes[hit] - 1
     return reason
 
 
