@@ -353,9 +353,9 @@ def plot_memory_breakdown(breakdown: pd.DataFrame, title: str | None = None) -> 
     device = breakdown["device_memory_gb"].iloc[0] if "device_memory_gb" in breakdown else None
     if device is not None and device * scale <= 3 * max(left.max(), 1e-12):
         ax.axvline(device * scale, color=style.FAILED["color"], linestyle="--",
-                   label=f"device memory\n({device:g} GB)")
+                   label=f"device memory\n({device:.4g} GB)")
     elif device is not None:  # far off scale: say it rather than squash the bars
-        ax.plot([], [], " ", label=f"device memory\n{device:g} GB (off scale)")
+        ax.plot([], [], " ", label=f"device memory\n{device:.4g} GB (off scale)")
     ax.set_yticks(y, breakdown["layout"])
     ax.set_ylim(n - 0.5, -0.5)  # first row on top, no empty margin
     ax.grid(axis="y", visible=False)
