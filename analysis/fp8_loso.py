@@ -121,9 +121,11 @@ def speedups(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _error_with(row: pd.DataFrame, knobs: dict[str, float]) -> float:
-    """The row's error with the system's efficiency knobs replaced by ``knobs``."""
-    name = validate_runs(row)["system"].iloc[0]
+def _error_with(row: pd.DataFrame, knobs: dict[str, float], name: str | None = None) -> float:
+    """The row's error with the system's efficiency knobs replaced by ``knobs`` (``name``: the
+    row's system, when the caller knows it: finding it is a whole validation)."""
+    if name is None:
+        name = validate_runs(row)["system"].iloc[0]
     system = load_system(name)
     eff = dict(system.efficiency)
     eff.update({k: Efficiency(v, "implied by a published run") for k, v in knobs.items()})
@@ -137,14 +139,16 @@ def _solve(row: pd.DataFrame, key: str, held: dict[str, float]) -> float:
     that states its step time); NaN where no fraction in (0, 1] reaches it."""
     # The error of a step-time row falls as the knob grows; a rate row's rises.
     sign = -1.0 if pd.notna(row["iteration_time_s"].iloc[0]) else 1.0
+    name = validate_runs(row)["system"].iloc[0]
 
     def err(x: float) -> float:
-        return sign * _error_with(row, {**held, key: x})
+        return sign * _error_with(row, {**held, key: x}, name)
 
     lo, hi = 0.02, 1.0
     if err(hi) < 0 or err(lo) > 0:
         return float("nan")
-    for _ in range(30):
+    # 20 halvings leave the knob within 1e-6, far below what any row's error can tell apart.
+    for _ in range(20):
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if err(mid) > 0 else (mid, hi)
     return (lo + hi) / 2
