@@ -247,7 +247,7 @@ def run_curve(
             tp_comm_overlap=getattr(args, "tp_comm_overlap", "off") == "on",
             moe_run=moe_run_from_args(args),
             cp_exchange=getattr(args, "cp_exchange", None),
-            p2p_overlap=getattr(args, "overlap_p2p_comm", "off") == "on",
+            p2p_overlap=p2p_overlap_from_args(args),
         )
     selection = None
     if args.deadline is not None:

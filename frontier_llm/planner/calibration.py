@@ -177,11 +177,12 @@ def row_tp_comm_overlap(row: pd.Series) -> bool:
 
 def row_p2p_overlap(row: pd.Series) -> bool:
     """Whether the row's interleaved Megatron schedule overlapped its pipeline sends with
-    compute: its notes quote the config's ``overlap_p2p_comm`` on (NeMo's MLPerf GPT-3 175B and
-    Llama 3.1 405B ``conf/custom.yaml``: ``overlap_p2p_comm: ${oc.decode:${oc.env:
-    OVERLAP_P2P_COMM,True}}``, the variable unset in their configs). The others, as flm's
-    Megatron-LM command and the knobs' H100 fit price them, with every send exposed."""
-    return "overlap_p2p_comm: true" in _text(row, "notes")
+    compute: its ``p2p_overlap`` column (the fp8 table's; each such row's notes quote the
+    config's ``overlap_p2p_comm`` on: NeMo's MLPerf GPT-3 175B and Llama 3.1 405B
+    ``conf/custom.yaml``, ``overlap_p2p_comm: ${oc.decode:${oc.env:OVERLAP_P2P_COMM,True}}``,
+    the variable unset in their configs). A row that does not state it is priced as flm's
+    Megatron-LM command and the knobs' H100 fit price it, every send exposed."""
+    return _stated_true(row, "p2p_overlap")
 
 
 def row_grad_sync(row: pd.Series) -> bool | None:
@@ -227,9 +228,14 @@ def row_fp8_params(row: pd.Series) -> bool:
     (``--fp8-param-gather``, NeMo's ``fp8_params``, MLPerf's FP8_PARAMS=True): its
     ``fp8_params`` column (the fp8 table's); a row that does not state it ran without, as
     Megatron-LM's default is (costmodel/fp8.py ``fp8_params``)."""
-    if not _given(row.get("fp8_params")):
+    return _stated_true(row, "fp8_params")
+
+
+def _stated_true(row: pd.Series, column: str) -> bool:
+    """Whether the row's ``column`` states true (empty: not stated, False)."""
+    if not _given(row.get(column)):
         return False
-    return str(row["fp8_params"]).strip().lower() in ("true", "1", "yes")
+    return str(row[column]).strip().lower() in ("true", "1", "yes")
 
 
 def row_zero_stage(row: pd.Series) -> int | None:
