@@ -115,7 +115,12 @@ def _opt(out: dict, i: int) -> None:
 
 
 def _mtnlg(out: dict, i: int) -> None:
-    out["engine"] = "Megatron-DeepSpeed (ZeRO-powered DP, stage not stated)"
+    # The paper states the precision (§2, its hardware paragraph): "Model training is done with
+    # mixed precision using 16-bit bfloat16 on NVIDIA's Selene supercomputer" (the shared row's
+    # notes, a summary, leave it out).
+    out["engine"] = "Megatron-DeepSpeed (ZeRO-powered DP, stage not stated), bf16"
+    out["derived"].append("engine's bf16: the paper's hardware paragraph, 'Model training is "
+                          "done with mixed precision using 16-bit bfloat16'")
     out["vocab"] = 51200
     out["derived"].append("vocab 51200: the GPT-2 BPE padded as Narayanan's and Korthikanti's "
                           "rows of this shape (under 1 % of the FLOPs)")

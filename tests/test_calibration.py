@@ -360,6 +360,44 @@ def test_fsdp1_rows_reduce_in_their_policys_dtype(engine, fp32):
     assert row_reduce_fp32(pd.Series({"engine": engine})) is fp32
 
 
+@pytest.mark.parametrize(("engine", "fp32"), [
+    # Megatron-DeepSpeed in bf16 accumulates and reduces its gradients in fp32 (Megatron's
+    # arguments.py rule, DeepSpeed's BF16_Optimizer: planner/calibration.py _MDS_BF16); in fp16,
+    # and DeepSpeed under other trainers, the engine's rule stands.
+    ("Megatron-DeepSpeed (ZeRO-powered DP, stage not stated), bf16", True),
+    ("Megatron-DeepSpeed (BigScience fork: BF16_Optimizer, ZeRO-1)", True),
+    ("Megatron-DeepSpeed (ORNL fork), fp16, flash-attn", None),
+    ("Megatron-DeepSpeed (microsoft fork, examples_deepspeed/rebase), fp16, flash-attn", None),
+    ("HF Accelerate + DeepSpeed ZeRO-3 (fp32 master/optimizer, bf16 compute)", None),
+])
+def test_megatron_deepspeed_in_bf16_accumulates_and_reduces_in_fp32(engine, fp32):
+    assert row_reduce_fp32(pd.Series({"engine": engine})) is fp32
+
+
+def test_mtnlg_per_micro_batch_cost_is_its_rows_measured_slope(monkeypatch):
+    """MT-NLG's three rows (Smith et al. 2022: 2,240, 2,800 and 3,360 GPUs, one model, layout
+    and global batch) differ only in the micro-batches each pipeline runs (240, 192, 160 at dp
+    8, 10, 12): the slope of their step times, (60.1 − 44.4) s over 80 micro-batches, is the
+    cost of one micro-batch on the critical path, apart from what a step costs once. Its bf16
+    gradients accumulated into fp32 after every micro-batch (Megatron-DeepSpeed in bf16,
+    row_reduce_fp32) bring the model's slope to the measured one; without them it is 14 % short
+    (0.169 s against 0.196 s)."""
+    from frontier_llm.planner import calibration
+
+    runs = load_runs(DATA / "calibration_runs_published.csv")
+    rows = runs[runs["source"].str.startswith("Smith2022-MTNLG")].sort_values("num_gpus")
+    assert list(rows["num_gpus"]) == [2240, 2800, 3360]
+    assert list(rows["global_batch"]) == [1920] * 3
+    measured = (rows["iteration_time_s"].iloc[0] - rows["iteration_time_s"].iloc[-1]) / 80
+
+    def slope() -> float:
+        steps = [calibration.predict_row(row)["predicted"] for _, row in rows.iterrows()]
+        return (steps[0] - steps[-1]) / 80
+
+    assert slope() == pytest.approx(measured, rel=0.03)
+    monkeypatch.setattr(calibration, "row_reduce_fp32", lambda _row: None)
+    assert slope() < 0.9 * measured
+
 def test_reducing_in_bf16_halves_the_bytes_and_drops_the_fp32_copy():
     """A run whose FSDP policy reduces in bf16 moves half the gradient bytes of torchtitan's fp32
     reduction."""

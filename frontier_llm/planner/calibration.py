@@ -213,14 +213,27 @@ def row_reduce_fp32(row: pd.Series) -> bool | None:
     torchtitan's FSDP2 reduces in fp32. A DeepSpeed run that states BF16_Optimizer (BLOOM's
     BigScience fork) reduces its fp32 gradient copies (deepspeed/runtime/bf16_optimizer.py
     ``get_grads_for_reduction``), where DeepSpeed's ZeRO optimizer reduces in the training
-    dtype."""
+    dtype; so does a Megatron-DeepSpeed run that states bf16 (:data:`_MDS_BF16`)."""
     if _given(row.get("grad_reduce_dtype")):
         # A row that states its gradient buffer's dtype (the fp8 table's column: NeMo's MLPerf
         # scripts pass grad_reduce_in_fp32=False to Megatron-Core's DDP config).
         return str(row["grad_reduce_dtype"]).strip().lower() == "fp32"
-    if "bf16_optimizer" in _engine_text(row):
+    text = _engine_text(row)
+    if "bf16_optimizer" in text or _MDS_BF16.search(text):
         return True
-    return False if "fsdp1" in _engine_text(row) else None
+    return False if "fsdp1" in text else None
+
+
+# A Megatron-DeepSpeed row that trained in bf16: both halves of that code accumulate and reduce
+# its gradients in fp32. Megatron's: "bfloat16 requires gradient accumulation and all-reduce to
+# be done in fp32" (microsoft/Megatron-DeepSpeed@db97cd2a megatron/arguments.py, which forces
+# ``accumulate_allreduce_grads_in_fp32``; Megatron-LM 50a4b5fa, April 2021). DeepSpeed's: its
+# one bf16 pipeline optimizer, BF16_Optimizer (PR #1801), "is hardcoded for fp32 gradient
+# accumulation" (deepspeed/runtime/pipe/engine.py at 38327e07), bf16 accumulation in a pipeline
+# being "not safe numerically with large number of accumulation steps" (runtime/engine.py
+# ``_do_optimizer_sanity_check``). costmodel/steptime.py prices it as BF16_Optimizer's
+# per-micro-batch fp32 accumulation (``HP_GRAD_ACCUMULATE_BYTES``) and fp32 reduction.
+_MDS_BF16 = re.compile(r"megatron-deepspeed.*\bbf16\b")
 
 
 def row_fp8_params(row: pd.Series) -> bool:
