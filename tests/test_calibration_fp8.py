@@ -101,15 +101,15 @@ def test_fp8_nvidia_rows_and_the_two_long_context_misses(table):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "not met: FP8 x AMD (6 rows, three chips, six sources) is 21.7 % off (24.3 % on its first "
+    "not met: FP8 x AMD (7 rows, three chips, seven sources) is 21.0 % off (24.3 % on its first "
     "4 rows): the MI300X torchao row is 56 % fast (its bf16 twin 32 % fast: the MAMF-transferred "
     "bf16 knob; torchao on ROCm implies an FP8 matmul fraction of 0.21-0.24 against the 0.431 "
     "that Azure's measured hipBLASLt FP8 GEMM gives), one source, so nothing can be fitted to it "
     "leave-one-source-out; the four MI355X MLPerf Llama 3.1 8B rows (AMD's TransformerEngine "
     "code, run by AMD, GigaComputing, Dell and Supermicro) are 11-18 % slow with the FP8 knob "
-    "from AMD's measured hipBLASLt FP8 GEMM; AMD's 8-node MI325X Llama 3.1 8B run (its "
-    "performance-results page) is 20 % slow on the MI325X's assumed FP8 knob. Without the "
-    "MI300X row the family is 14.8 %"))
+    "from AMD's measured hipBLASLt FP8 GEMM; the two 8-node MI325X runs (AMD's "
+    "performance-results page's Llama 3.1 8B, a Primus log's Llama 2 7B) are 14-20 % slow in "
+    "speed on the MI325X's assumed FP8 knob. Without the MI300X row the family is 15.2 %"))
 def test_fp8_amd_family_error(table):
     fam = family_errors(table).set_index("family")
     assert fam.loc["fp8 x AMD", "mape"] <= 0.12, fam
@@ -120,18 +120,31 @@ def test_new_gpus_with_three_confident_rows(table):
     five sources: 8.6 %; Oracle's and Verda's 64-GPU cp-2 runs 20 % fast), the GB200 NVL72 (7
     MLPerf v5.0 Llama 3.1 405B rows, cp 2, NVIDIA and IBM+CoreWeave: 4.3 %), the H200 (Nebius's
     two 405B rows and HPE's 8B row, all with cp 2: 5.0 %) and the MI355X (4 rows, four
-    submitters of AMD's one recipe: 13.6 %) are within 15 %; the MI300X has 2 (torchao's), the
-    MI325X 2 (AMD's performance-results page: an FP8 8B and a bf16 70B run on 64 GPUs, one
-    source), and torchao's 'power limited' B200 rows are low confidence. The counts are asserted
-    so that a row added later makes the target bite."""
+    submitters of AMD's one recipe: 13.6 %) are within 15 %; the MI325X (3 rows, two sources:
+    AMD's performance-results page, an FP8 8B and a bf16 70B run on 64 GPUs, and a Primus log of
+    Llama 2 7B FP8 on 64 GPUs) is not (test_mi325x_error); the MI300X has 2 (torchao's), and
+    torchao's 'power limited' B200 rows are low confidence. The counts are asserted so that a
+    row added later makes the target bite."""
     per = family_errors(table, "system").set_index("system")
     eligible = per[(per["rows"] >= 3) & per.index.isin(NEW_GPUS)]
-    assert list(eligible.index) == ["dgx-b200", "dgx-h200", "gb200-nvl72", "mi355x"], per
+    assert list(eligible.index) == ["dgx-b200", "dgx-h200", "gb200-nvl72", "mi325x", "mi355x"], per
     assert (eligible["sources"] >= 2).all(), eligible
-    assert (eligible["mape"] <= 0.15).all(), eligible
+    assert (eligible.drop("mi325x")["mape"] <= 0.15).all(), eligible
     assert per.loc["mi300x", "rows"] == 2 and per.loc["mi355x", "rows"] == 4
-    assert per.loc["mi325x", "rows"] == 2 and per.loc["mi325x", "sources"] == 1
+    assert per.loc["mi325x", "rows"] == 3 and per.loc["mi325x", "sources"] == 2
     assert per.loc["dgx-b200", "rows"] == 6
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "not met: MI325X, 3 rows of two sources, 17.7 % (all slow, 14-20 % in speed): AMD's "
+    "performance-results page's 8-node Llama 3.1 8B FP8 run (19.5 %) and Llama 3.1 70B bf16 FSDP2 "
+    "run (16.6 %), and a Primus log's 8-node Llama 2 7B FP8 run (14.4 %). Its FP8 knob is ASSUMED "
+    "(the H100's FP8/bf16 ratio, 0.508); the FP8 rows imply 0.64-0.79, as AMD's TransformerEngine "
+    "rows on the MI355X imply 0.75-0.85 against its measured GEMM share 0.600, so the gap is not "
+    "in the GEMM rate alone (docs/costmodel.md 'FP8')"))
+def test_mi325x_error(table):
+    per = family_errors(table, "system").set_index("system")
+    assert per.loc["mi325x", "mape"] <= 0.15, per
 
 
 def test_mi355x_error(table):

@@ -163,9 +163,9 @@ def test_add_intervals_gives_the_margin_and_the_basis():
     "2-4 % since Jean Zay's Omni-Path is priced without rails (its measured NCCL rate), "
     "MT-NLG 530B still 22-25 % fast while Megatron-LM's own 529.6B run on the same machine "
     "and layout is within 9 %; native+sharded+fp8@nvidia, 14.1 % (TorchTitan's cp 4 / cp 8 "
-    "rows 46 % and 54 % fast with PyTorch's ring priced); megatron+fp8@amd, 15.8 % (4 MI355X "
-    "rows of AMD's one recipe, slow with the FP8 knob from AMD's measured GEMM, and AMD's "
-    "8-node MI325X Llama 3.1 8B run, 24 % slow in step time on the MI325X's assumed FP8 knob); "
+    "rows 46 % and 54 % fast with PyTorch's ring priced); megatron+fp8@amd, 15.9 % (4 MI355X "
+    "rows of AMD's one recipe, slow with the FP8 knob from AMD's measured GEMM, and two 8-node "
+    "MI325X runs, 17 % and 24 % slow in step time on the MI325X's assumed FP8 knob); "
     "docs/costmodel.md 'The corpus'"))
 def test_loso_step_time_error_per_family_at_most_ten_percent():
     res = intervals.usable(intervals.load_residuals())
