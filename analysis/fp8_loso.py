@@ -104,10 +104,12 @@ def family_errors(table: pd.DataFrame, by: str = "family") -> pd.DataFrame:
 
 
 def speedups(table: pd.DataFrame) -> pd.DataFrame:
-    """Each fp8 row beside the bf16 row of the same source and GPU: measured and predicted
-    speed-up (tokens/s ratio)."""
+    """Each fp8 row beside the bf16 row of the same source, GPU, model and GPU count: measured
+    and predicted speed-up (tokens/s ratio). The model and count are part of the pair because
+    one source can publish runs of several models (AMD's MI325X table: an fp8 8B and a bf16
+    70B run), whose ratio is no speed-up."""
     rows = []
-    for (src, gpu), group in table.groupby(["source", "gpu"]):
+    for (src, gpu, _, _), group in table.groupby(["source", "gpu", "model", "gpus"]):
         base = group[group["dtype"] == "bf16"]
         if base.empty:
             continue
@@ -167,7 +169,9 @@ def implied_knobs(path=FP8_RUNS) -> pd.DataFrame:
                 continue
             system = load_system(validate_runs(row)["system"].iloc[0])
             key = "matmul" if dtype == "bf16" else "matmul_fp8"
-            pair = (source_key(r["source"]), r["gpu_type"])
+            # The bf16 baseline is the same source's run of the same model on as many GPUs
+            # (see speedups).
+            pair = (source_key(r["source"]), r["gpu_type"], r["model"], r["num_gpus"])
             implied = _solve(row, key, {})
             if dtype == "bf16":
                 bf16_implied[pair] = implied

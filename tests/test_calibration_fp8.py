@@ -101,13 +101,15 @@ def test_fp8_nvidia_rows_and_the_two_long_context_misses(table):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "not met: FP8 x AMD (4 rows, two chips, four sources) is 24 % off: the MI300X torchao row "
-    "is 56 % fast (its bf16 twin 32 % fast: the MAMF-transferred bf16 knob; torchao on ROCm "
-    "implies an FP8 matmul fraction of 0.21-0.24 against the 0.431 that Azure's measured "
-    "hipBLASLt FP8 GEMM gives), one source, so nothing can be fitted to it leave-one-source-out; "
-    "the three MI355X MLPerf Llama 3.1 8B rows (AMD's TransformerEngine code, run by AMD, "
-    "GigaComputing and Dell) are 11-18 % slow with the FP8 knob from AMD's measured hipBLASLt "
-    "FP8 GEMM. Even with the MI355X rows exact the MI300X row alone puts the family at 14 %"))
+    "not met: FP8 x AMD (7 rows, three chips, seven sources) is 21.0 % off (24.3 % on its first "
+    "4 rows): the MI300X torchao row is 56 % fast (its bf16 twin 32 % fast: the MAMF-transferred "
+    "bf16 knob; torchao on ROCm implies an FP8 matmul fraction of 0.21-0.24 against the 0.431 "
+    "that Azure's measured hipBLASLt FP8 GEMM gives), one source, so nothing can be fitted to it "
+    "leave-one-source-out; the four MI355X MLPerf Llama 3.1 8B rows (AMD's TransformerEngine "
+    "code, run by AMD, GigaComputing, Dell and Supermicro) are 11-18 % slow with the FP8 knob "
+    "from AMD's measured hipBLASLt FP8 GEMM; the two 8-node MI325X runs (AMD's "
+    "performance-results page's Llama 3.1 8B, a Primus log's Llama 2 7B) are 14-20 % slow in "
+    "speed on the MI325X's assumed FP8 knob. Without the MI300X row the family is 15.2 %"))
 def test_fp8_amd_family_error(table):
     fam = family_errors(table).set_index("family")
     assert fam.loc["fp8 x AMD", "mape"] <= 0.12, fam
@@ -117,30 +119,45 @@ def test_new_gpus_with_three_confident_rows(table):
     """The per-GPU target applies to GPUs with >= 3 confident rows: the DGX B200 (6 MLPerf rows,
     five sources: 8.6 %; Oracle's and Verda's 64-GPU cp-2 runs 20 % fast), the GB200 NVL72 (7
     MLPerf v5.0 Llama 3.1 405B rows, cp 2, NVIDIA and IBM+CoreWeave: 4.3 %), the H200 (Nebius's
-    two 405B rows and HPE's 8B row, all with cp 2: 5.0 %) and the MI355X (3 rows, three
-    submitters of AMD's one recipe: 13.6 %) are within 15 %; the MI300X has 2, and torchao's
-    'power limited' B200 rows are low confidence. The counts are asserted so that a row added
-    later makes the target bite."""
+    two 405B rows and HPE's 8B row, all with cp 2: 5.0 %) and the MI355X (4 rows, four
+    submitters of AMD's one recipe: 13.6 %) are within 15 %; the MI325X (3 rows, two sources:
+    AMD's performance-results page, an FP8 8B and a bf16 70B run on 64 GPUs, and a Primus log of
+    Llama 2 7B FP8 on 64 GPUs) is not (test_mi325x_error); the MI300X has 2 (torchao's), and
+    torchao's 'power limited' B200 rows are low confidence. The counts are asserted so that a
+    row added later makes the target bite."""
     per = family_errors(table, "system").set_index("system")
     eligible = per[(per["rows"] >= 3) & per.index.isin(NEW_GPUS)]
-    assert list(eligible.index) == ["dgx-b200", "dgx-h200", "gb200-nvl72", "mi355x"], per
+    assert list(eligible.index) == ["dgx-b200", "dgx-h200", "gb200-nvl72", "mi325x", "mi355x"], per
     assert (eligible["sources"] >= 2).all(), eligible
-    assert (eligible["mape"] <= 0.15).all(), eligible
-    assert per.loc["mi300x", "rows"] == 2 and per.loc["mi355x", "rows"] == 3
+    assert (eligible.drop("mi325x")["mape"] <= 0.15).all(), eligible
+    assert per.loc["mi300x", "rows"] == 2 and per.loc["mi355x", "rows"] == 4
+    assert per.loc["mi325x", "rows"] == 3 and per.loc["mi325x", "sources"] == 2
     assert per.loc["dgx-b200", "rows"] == 6
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "not met: MI325X, 3 rows of two sources, 17.7 % (all slow, 14-20 % in speed): AMD's "
+    "performance-results page's 8-node Llama 3.1 8B FP8 run (19.5 %) and Llama 3.1 70B bf16 FSDP2 "
+    "run (16.6 %), and a Primus log's 8-node Llama 2 7B FP8 run (14.4 %). Its FP8 knob is ASSUMED "
+    "(the H100's FP8/bf16 ratio, 0.508); the FP8 rows imply 0.64-0.79, as AMD's TransformerEngine "
+    "rows on the MI355X imply 0.75-0.85 against its measured GEMM share 0.600, so the gap is not "
+    "in the GEMM rate alone (docs/costmodel.md 'FP8')"))
+def test_mi325x_error(table):
+    per = family_errors(table, "system").set_index("system")
+    assert per.loc["mi325x", "mape"] <= 0.15, per
+
+
 def test_mi355x_error(table):
-    """MI355X, 3 MLPerf v5.1 Llama 3.1 8B FP8 rows of three submitters (AMD, GigaComputing,
-    Dell, all AMD's one reference recipe: TransformerEngine delayed scaling, bf16 CK fused
-    attention, FP8 parameters, bf16 gradient buffers), within the issue's 15 % (13.6 %) with the
-    FP8 knob from AMD's measured hipBLASLt FP8 GEMM (ROCm blog cdna4-gemm-kernels, Table 5:
+    """MI355X, 4 MLPerf v5.1 Llama 3.1 8B FP8 rows of four submitters (AMD, GigaComputing,
+    Dell, Supermicro, all AMD's one reference recipe: TransformerEngine delayed scaling, bf16
+    CK fused attention, FP8 parameters, bf16 gradient buffers), within the issue's 15 % (13.6 %)
+    with the FP8 knob from AMD's measured hipBLASLt FP8 GEMM (ROCm blog cdna4-gemm-kernels, Table 5:
     3130.21 of 5,033.2 TFLOP/s at 8192^3, the MAMF bf16 share, so matmul_fp8 = matmul = 0.600):
     nothing is fitted to the rows. Every row is still predicted slow (10-15 % in speed), a
     margin of under a point and a half."""
     per = family_errors(table, "system").set_index("system")
     mi = per.loc["mi355x"]
-    assert mi["rows"] == 3 and mi["sources"] == 3, per
+    assert mi["rows"] == 4 and mi["sources"] == 4, per
     assert mi["mape"] <= 0.15, per
     rows = table[table["system"] == "mi355x"]
     assert (rows["fast"] < 0).all(), rows
@@ -229,7 +246,7 @@ def test_rows_state_fp8_parameters_and_the_gradient_dtype_in_their_own_columns()
     assert set(bf16.index) == set(runs[mlperf].index)
     assert all(("grad_reduce_in_fp32=False" in str(r["notes"])
                 or "grad_sync_dtype: bf16" in str(r["notes"])) for _, r in bf16.iterrows())
-    assert (bf16["gpu_type"].str.contains("MI355X")).sum() == 3
+    assert (bf16["gpu_type"].str.contains("MI355X")).sum() == 4
     # The interleaved rows (v4.1 GPT-3, v5.0 Llama 3.1 405B) quote overlap_p2p_comm on; the
     # others have no interleaved schedule for it to act on.
     inter = runs["notes"].astype(str).str.contains("INTERLEAVED_PIPELINE=[0-9]", regex=True)
@@ -243,9 +260,9 @@ def test_rows_state_fp8_parameters_and_the_gradient_dtype_in_their_own_columns()
 
 def test_a_loso_refit_of_the_fp8_knob_is_shown_not_adopted():
     """analysis/fp8_loso.py refit_loso, the diagnostic docs/costmodel.md "FP8" quotes: fitting
-    the MI355X's matmul_fp8 on the other two submitters' rows predicts the third within 5 %,
-    but at 0.76-0.81, above the chip's measured FP8 GEMM share the catalog carries (0.600 = the
-    hipBLASLt 0.622 transfer), so the fit absorbs non-GEMM terms; and the three sources run
+    the MI355X's matmul_fp8 on the other three submitters' rows predicts the fourth within 5 %,
+    but at 0.77-0.80, above the chip's measured FP8 GEMM share the catalog carries (0.600 = the
+    hipBLASLt 0.622 transfer), so the fit absorbs non-GEMM terms; and the four sources run
     one recipe. On the H200, whose two sources run different models (405B and 8B), the same
     refit predicts the held-out source worse than the measured-GEMM knob does."""
     from fp8_loso import refit_loso
@@ -254,7 +271,7 @@ def test_a_loso_refit_of_the_fp8_knob_is_shown_not_adopted():
 
     r = refit_loso(systems=("mi355x", "dgx-h200")).set_index(["system", "held_out"])
     mi = r.loc["mi355x"]
-    assert len(mi) == 3 and (mi["rows"] == 1).all()
+    assert len(mi) == 4 and (mi["rows"] == 1).all()
     assert (mi["mape_refit"] < 0.05).all() and (mi["mape_carried"] > 0.09).all(), mi
     assert (mi["fitted"] > load_system("mi355x").eff("matmul_fp8") + 0.15).all(), mi
     h200 = r.loc["dgx-h200"]
