@@ -299,3 +299,28 @@ def test_an_fp8_layout_rests_on_the_fp8_rows_of_its_engine():
     assert out["interval_basis"].iloc[0].startswith("megatron+fp8@nvidia")
     assert not out["interval_basis"].iloc[1].startswith("megatron+fp8")
     assert out["step_time_s_high"].iloc[0] != out["step_time_s_high"].iloc[1]
+
+
+def test_a_layout_row_beyond_its_family_scale_is_widened_as_a_curve_point(capsys):
+    """flm plan's and flm predict's rows carry a layout, not a ``gpus`` column: the scale rule
+    must read the layout's world. It did not, so a 512-GPU FSDP layout kept its family's own
+    width while the same point of a ``--curve`` was widened."""
+    system = load_system("dgx-h100")
+    row = pd.DataFrame([{"engine": "native", "sharding": "zero3", "tp": 1, "cp": 1, "pp": 1,
+                         "dp": 512, "step_time_s": 2.0, "tokens_per_s": 1.0,
+                         "peak_memory_bytes": 1e9}])
+    q = math.log(intervals.add_intervals(row, system)["step_time_s_high"].iloc[0] / 2.0)
+    at_scale = intervals.step_width(system, "native", sharding="zero3", gpus=512)
+    within = intervals.step_width(system, "native", sharding="zero3", gpus=8)
+    assert at_scale.q > within.q  # the rule acts at 512 GPUs on this family
+    assert q == pytest.approx(at_scale.q, rel=1e-12)
+
+    from frontier_llm.cli import main
+    assert main(["predict", "--model", "llama3-8b", "--system", "dgx-h100", "--gpus", "512",
+                 "--engine", "native", "--tp", "1", "--pp", "1", "--dp", "512",
+                 "--micro-batch", "1", "--global-batch", "512", "--zero", "3",
+                 "--format", "json"]) == 0
+    import json
+    out = json.loads(capsys.readouterr().out)
+    assert "beyond them in scale (512 GPUs" in out["interval_basis"]
+    assert math.log(out["step_time_s_high"] / out["step_time_s"]) == pytest.approx(at_scale.q)

@@ -53,6 +53,7 @@ import pandas as pd
 
 from frontier_llm.catalog import load_system
 from frontier_llm.errors import UserError
+from frontier_llm.specs import axes
 from frontier_llm.specs.system import SystemSpec
 
 RESIDUALS = Path(__file__).with_name("data") / "calibration_residuals.csv"
@@ -330,7 +331,15 @@ def add_intervals(
     # Rows without an engine (a curve's GPU count where nothing fits) get no interval.
     engines = _column(out, "engine", "native" if "engine" not in out else "").astype(str)
     shardings = _column(out, "sharding", "").astype(str)
-    gpus = _column(out, "gpus", np.nan).astype(float)
+    if "gpus" in out:
+        gpus = _column(out, "gpus", np.nan).astype(float)
+    elif "dp" in out:
+        # A plan's or flm predict's rows carry their layout, not a GPU count: the layout's world
+        # is the count :func:`family_width`'s scale rule reads (without it a layout at many
+        # times its family's largest run kept the family's own width).
+        gpus = axes.frame_world_size(out)
+    else:
+        gpus = np.full(len(out), np.nan)
     q = np.full(len(out), np.nan)
     basis = np.full(len(out), "", dtype=object)
     widths: dict[tuple, Width] = {}
