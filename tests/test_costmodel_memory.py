@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from frontier_llm.catalog import load_model, load_system
+from frontier_llm.costmodel import evaluate
 from frontier_llm.costmodel.layouts import from_configs
 from frontier_llm.costmodel.memory import (
     activation_bytes,
@@ -142,6 +143,23 @@ def test_zero_stages_divide_the_right_states(zero, divided):
         assert got[f"{part}_bytes"] == pytest.approx(base[f"{part}_bytes"] / factor, rel=1e-6)
     assert base["params_bytes"] + base["grads_bytes"] + base["optimizer_bytes"] == \
         18 * m.num_params()  # bf16: 2 + 4 + 12 bytes per parameter
+
+
+def test_bf16_optimizer_layouts_hold_fp32_gradients_once():
+    """DeepSpeed's BF16_Optimizer (its choice for an unstated bf16 pipeline at ZeRO 0,
+    costmodel/behaviour.py ``bf16_optimizer``) keeps an fp32 gradient per parameter
+    (``fp32_groups_gradients_flat``, deepspeed/runtime/bf16_optimizer.py 0.19.8): the 4 bytes
+    DeepSpeed's bf16 gradients are already priced at, not a second copy on top; fp16 keeps 2."""
+    m, s = load_model("gpt-22b"), load_system("dgx-a100")
+    cfg = dict(tp=4, dp=8, pp=4, global_batch=256, engine="deepspeed", sharding=0)
+    bf16 = rank_state_bytes(m, ParallelConfig(**cfg), 0)
+    fp16 = rank_state_bytes(m, ParallelConfig(**cfg, dtype="fp16"), 0)
+    assert bf16["grads_bytes"] == 4 * bf16["count_bytes"]
+    assert fp16["grads_bytes"] == 2 * fp16["count_bytes"]
+    t = from_configs([ParallelConfig(**cfg)])
+    rule, off = evaluate(m, s, t), evaluate(m, s, t, reduce_fp32=False)
+    assert rule["mem_grads_bytes"][0] == off["mem_grads_bytes"][0] > 0
+    assert rule["peak_memory_bytes"][0] == off["peak_memory_bytes"][0]
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])

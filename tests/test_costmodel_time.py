@@ -10,9 +10,11 @@ import pytest
 
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.costmodel import TIME_PARTS, evaluate, predict
+from frontier_llm.costmodel.behaviour import bf16_optimizer, reduces_fp32
 from frontier_llm.costmodel.comm import all_reduce, link_for_span, reduce_scatter, send_recv
 from frontier_llm.costmodel.layouts import from_configs
-from frontier_llm.costmodel.steptime import deepspeed_pipe_p2p
+from frontier_llm.costmodel.params import stage_params_per_rank
+from frontier_llm.costmodel.steptime import HP_GRAD_ACCUMULATE_BYTES, deepspeed_pipe_p2p
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.specs.parallel import ParallelConfig
 
@@ -217,6 +219,60 @@ def test_deepspeed_pipeline_reduces_after_the_flush():
     flat_mb = evaluate(m, s, from_configs([ParallelConfig(pp=1, **{**cfg, "tp": 8, "dp": 4})]),
                        reduce_fp32=True)
     assert flat_mb["time_optimizer_s"][0] == pytest.approx(flat["time_optimizer_s"][0])
+
+
+def test_deepspeed_picks_bf16_optimizer_for_an_unstated_bf16_pipeline_at_zero0():
+    """A plan that states nothing runs what DeepSpeed picks (0.19.8 runtime/engine.py
+    ``_do_optimizer_sanity_check``): bf16 with a pipeline and no ZeRO is BF16_Optimizer, whose
+    per-micro-batch fp32 accumulation costs (m + p - 1) x the stage's parameters x 20 bytes at
+    the memory rate, and whose reduction is in fp32; ZeRO-1 (bf16 accumulation in ``.grad``),
+    fp16 and pp 1 keep the ZeRO / fp16 / DDP paths; a stated reduce_fp32 still wins."""
+    m, s = load_model("gpt-22b"), load_system("dgx-a100")
+    cfg = dict(tp=4, dp=8, pp=4, global_batch=256, engine="deepspeed")
+
+    def run(reduce_fp32=None, **kw):
+        return evaluate(m, s, from_configs([ParallelConfig(**{**cfg, **kw})]),
+                        reduce_fp32=reduce_fp32)
+
+    rule, stated, off = run(sharding=0), run(True, sharding=0), run(False, sharding=0)
+    for key in ("step_time_s", "time_dp_comm_s", "time_optimizer_s", "peak_memory_bytes"):
+        assert rule[key][0] == stated[key][0]
+    m_b, pp = 256 // 8, 4
+    n_stage = max(stage_params_per_rank(m, 4, pp, r) for r in range(pp))
+    closed = (m_b + pp - 1) * n_stage * HP_GRAD_ACCUMULATE_BYTES / (
+        s.memory_bandwidth * s.eff("memory"))
+    assert HP_GRAD_ACCUMULATE_BYTES == 20
+    assert rule["time_optimizer_s"][0] - off["time_optimizer_s"][0] == pytest.approx(closed)
+    assert rule["time_dp_comm_s"][0] > 1.5 * off["time_dp_comm_s"][0]  # fp32, not bf16
+    fp16 = run(sharding=0, dtype="fp16")
+    assert fp16["time_optimizer_s"][0] == pytest.approx(off["time_optimizer_s"][0])
+    assert rule["step_time_s"][0] > fp16["step_time_s"][0] + closed
+    # ZeRO-1 with the default grad_accum_dtype: DeepSpeed's ZeRO optimizer, unchanged.
+    zero1, zero1_off = run(sharding=1), run(False, sharding=1)
+    assert zero1["step_time_s"][0] == zero1_off["step_time_s"][0]
+    assert zero1["step_time_s"][0] < rule["step_time_s"][0]
+    # Without a pipeline bf16 at ZeRO 0 is DDP_BFLOAT16: no accumulation priced.
+    flat = dict(pp=1, tp=8, dp=4)
+    assert run(sharding=0, **flat)["time_optimizer_s"][0] == pytest.approx(
+        run(False, sharding=0, **flat)["time_optimizer_s"][0])
+
+
+def test_bf16_optimizer_rule_row_by_row():
+    """One table, one answer per row: only DeepSpeed + bf16 + pp > 1 + nothing sharded (ZeRO-1
+    over one rank is still the ZeRO optimizer); a stated reduce_fp32 overrides every row."""
+    rows = [dict(engine="deepspeed", pp=4, dp=2, sharding=0),
+            dict(engine="deepspeed", pp=4, dp=2, sharding=1),
+            dict(engine="deepspeed", pp=4, dp=1, sharding=1),
+            dict(engine="deepspeed", pp=4, dp=2, sharding=0, dtype="fp16"),
+            dict(engine="deepspeed", pp=1, dp=8, sharding=0),
+            dict(engine="megatron", pp=4, dp=2, sharding=0),
+            dict(engine="native", pp=4, dp=2, sharding=0)]
+    t = from_configs([ParallelConfig(global_batch=16, **r) for r in rows])
+    assert bf16_optimizer(t).tolist() == [True, False, False, False, False, False, False]
+    # Megatron and the native engine reduce in fp32 by their own rules already.
+    assert reduces_fp32(t).tolist() == [True, False, False, False, False, True, True]
+    assert reduces_fp32(t, False).tolist() == [False] * len(rows)
+    assert reduces_fp32(t, True).tolist() == [True] * len(rows)
 
 
 def test_deepspeed_pipeline_exchanges_four_blocking_messages_and_rebuilds_its_slices():

@@ -31,6 +31,17 @@ def test_zero_stage_and_batch_come_from_the_layout(stage):
     assert ("stage3_param_persistence_threshold" in cfg["zero_optimization"]) == (stage == 3)
 
 
+def test_bf16_pipelines_leave_grad_accum_dtype_to_deepspeed():
+    """The cost model prices what DeepSpeed picks from this config (costmodel/behaviour.py
+    ``bf16_optimizer``): ZeRO stage from the sharding and no ``data_types.grad_accum_dtype``, so
+    bf16 + pipeline at stage 0 is BF16_Optimizer and at stage 1 the ZeRO optimizer with bf16
+    accumulation. Setting grad_accum_dtype here would change which optimizer runs."""
+    for stage in (0, 1):
+        cfg = deepspeed_config(ds(pp=4, dp=2, global_batch=16, sharding=stage))
+        assert cfg["zero_optimization"]["stage"] == stage and cfg["bf16"]["enabled"]
+        assert "data_types" not in cfg
+
+
 def test_dtype_bucket_and_recompute():
     cfg = deepspeed_config(ds(dtype="fp16", recompute="full"), bucket_mb=8)
     assert cfg["fp16"]["enabled"] and cfg["fp16"]["loss_scale"] == 0  # dynamic loss scaling

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from frontier_llm.specs.engine_rules import RULES, check_cp_exchange
-from frontier_llm.specs.layout import Engine
+from frontier_llm.specs.layout import DType, Engine, PlacementKind
 
 FIELDS = ("prefetch", "prefetch_bucket_params", "gather_per_module", "reduce_bucket_params",
           "reshard_after_forward", "gradient_bucketing", "tp_comm_overlap",
@@ -29,6 +29,34 @@ BEHAVIOUR = _arrays()
 def behaviour(t, name: str) -> np.ndarray:
     """One behaviour field for every layout of table ``t`` (by its engine column)."""
     return BEHAVIOUR[name][t.engine]
+
+
+def bf16_optimizer(t) -> np.ndarray:
+    """Whether DeepSpeed itself picks BF16_Optimizer for each layout of table ``t``, as flm's
+    DeepSpeed and Megatron-DeepSpeed exports configure it (trainers/deepspeed_config.py: ZeRO
+    stage from the sharding, no ``data_types.grad_accum_dtype``, so the accumulation dtype is the
+    model's). DeepSpeed 0.19.8 runtime/engine.py ``_do_optimizer_sanity_check``: without ZeRO,
+    ``elif model_dtype == grad_accum_dtype: ... if model_dtype == torch.bfloat16 and
+    self.pipeline_parallelism: ... return BFLOAT16``; with ZeRO-1 it returns BFLOAT16 only when
+    ``grad_accum_dtype == torch.float32`` (not flm's default), else ZERO_OPTIMIZATION (bf16
+    accumulation in ``.grad``). So: DeepSpeed, bf16, pp > 1, ZeRO stage 0 (nothing sharded; the
+    kinds, not the degrees, since ZeRO-1 over one rank is still the ZeRO optimizer)."""
+    zero0 = ((t.params_kind == PlacementKind.REPLICATE.code)
+             & (t.grads_kind == PlacementKind.REPLICATE.code)
+             & (t.optim_kind == PlacementKind.REPLICATE.code))
+    return ((t.engine == Engine.DEEPSPEED.code) & (t.dtype == DType.BF16.code)
+            & (np.asarray(t.pp) > 1) & zero0)
+
+
+def reduces_fp32(t, reduce_fp32: bool | None = None) -> np.ndarray:
+    """Whether each layout's 16-bit gradients are accumulated and reduced in fp32: ``reduce_fp32``
+    where the run states it (a calibration row, the API), else the engine's rule, which for
+    DeepSpeed is its ZeRO optimizer's training dtype except where DeepSpeed runs BF16_Optimizer
+    (:func:`bf16_optimizer`), which "is hardcoded for fp32 gradient accumulation"
+    (deepspeed/runtime/pipe/engine.py, DeepSpeed 0.19.8) and reduces its fp32 copies."""
+    if reduce_fp32 is not None:
+        return np.full(len(t), bool(reduce_fp32))
+    return behaviour(t, "reduce_fp32") | bf16_optimizer(t)
 
 
 def cp_ring(t, cp_exchange: str | None = None) -> np.ndarray:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from frontier_llm.costmodel import fp8, moe
-from frontier_llm.costmodel.behaviour import behaviour, cp_gather, cp_ring
+from frontier_llm.costmodel.behaviour import behaviour, cp_gather, cp_ring, reduces_fp32
 from frontier_llm.costmodel.block_backward import block_moment, mlp_backward_bytes, priced
 from frontier_llm.costmodel.checkpoint_policy import kept_bytes_per_token
 from frontier_llm.costmodel.deepspeed_buffers import (
@@ -369,8 +369,7 @@ def gathered_bytes(model: ModelSpec, t: LayoutTable, pp_rank=0, held=None,
     # those prefetched; kept: every layer of the stage, gathered since its forward.
     held = np.where(behaviour(t, "reshard_after_forward") & t.reshard_after_forward,
                     np.minimum(1 + behaviour(t, "prefetch"), layers), layers)
-    fp32 = behaviour(t, "reduce_fp32") if reduce_fp32 is None else reduce_fp32
-    fp32_copy = np.where(fp32 & (e < 4), 4, 0)
+    fp32_copy = np.where(reduces_fp32(t, reduce_fp32) & (e < 4), 4, 0)
     # DeepSpeed ZeRO-3 gathers module by module up to its live-parameter bound, and reduces
     # gradients through a bucket of ``reduce_bucket_size`` elements rather than a layer's whole
     # gradient (costmodel/deepspeed_buffers.py).

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from frontier_llm.costmodel import comm, fp8, gemm, moe
-from frontier_llm.costmodel.behaviour import behaviour, cp_ring
+from frontier_llm.costmodel.behaviour import behaviour, cp_ring, reduces_fp32
 from frontier_llm.costmodel.checkpoint_policy import kept_dense_fraction
 from frontier_llm.costmodel.flops import (
     layer_forward_flops_per_token,
@@ -428,8 +428,7 @@ def reduce_bytes(t: LayoutTable, reduce_fp32: bool | None = None) -> np.ndarray:
     """Bytes per gradient element on the wire: fp32 where the engine reduces in fp32 (or the
     training is fp32), else the 16-bit training dtype. ``reduce_fp32`` (None: the engine's rule)
     says it for the run instead (an FSDP mixed-precision policy's ``reduce_dtype``)."""
-    fp32 = behaviour(t, "reduce_fp32") if reduce_fp32 is None else reduce_fp32
-    return np.where(fp32, 4, ACT_BYTES[t.dtype])
+    return np.where(reduces_fp32(t, reduce_fp32), 4, ACT_BYTES[t.dtype])
 
 
 def sharded_param_times(model: ModelSpec, system: SystemSpec, t: LayoutTable,
@@ -513,16 +512,16 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     # (``enable_backward_allreduce = False``, deepspeed/runtime/pipe/engine.py) and reduces as
     # the schedule's last instructions, after the pipeline has drained (TrainSchedule's
     # ReduceTiedGrads, ReduceGrads, OptimizerStep: runtime/pipe/schedule.py): nothing hides
-    # behind a backward. A bf16 pipeline whose gradients are reduced in fp32 (``reduce_fp32``
-    # True: a run that states BF16_Optimizer, the engine's choice for bf16 with a pipeline at
-    # ZeRO stage 0 or with fp32 gradient accumulation, runtime/engine.py
-    # ``_do_optimizer_sanity_check``) all-reduces its fp32 gradient buffers
-    # (``_bf16_reduce_grads`` -> ``get_grads_for_reduction``) and the tied embedding's fp32
-    # ``_hp_grad`` between the first and last stage.
+    # behind a backward. A bf16 pipeline whose gradients are reduced in fp32 (BF16_Optimizer:
+    # a run that states it, ``reduce_fp32`` True, or DeepSpeed's own choice for bf16 with a
+    # pipeline at ZeRO stage 0 when the run states nothing, behaviour.bf16_optimizer)
+    # all-reduces its fp32 gradient buffers (``_bf16_reduce_grads`` ->
+    # ``get_grads_for_reduction``) and the tied embedding's fp32 ``_hp_grad`` between the first
+    # and last stage.
     kp, kg, ko = t.degree("params"), t.degree("grads"), t.degree("optim")
     sync_each = grad_sync_each(t, grad_sync)  # before ``grad_sync`` names the seconds below
     pipe = (t.engine == Engine.DEEPSPEED.code) & (pp > 1)
-    pipe_fp32 = pipe & (t.dtype == DType.BF16.code) & (kp == 1) & bool(reduce_fp32)
+    pipe_fp32 = pipe & (t.dtype == DType.BF16.code) & (kp == 1) & reduces_fp32(t, reduce_fp32)
     grad_bytes = n_stage * reduce_bytes(t, reduce_fp32)
     param_bytes = n_stage * fp8.param_gather_bytes(t, STATE_BYTES[t.dtype][:, 0])
     shard = np.maximum(kg, ko)
