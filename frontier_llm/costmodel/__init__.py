@@ -43,8 +43,10 @@ from frontier_llm.specs.system import SystemSpec
 # context_parallel ring (torchtitan), priced in time and memory; an interleaved Megatron
 # schedule's pipeline sends overlapped where a run states it (p2p_overlap); FSDP2's
 # block-backward memory moment; DualPipe's two stages and PP+1 in-flight micro-batches per
-# rank (memory.py); Jean Zay's Omni-Path without rails.
-COSTMODEL_VERSION = "2.7"
+# rank (memory.py); Jean Zay's Omni-Path without rails. 2.8: DeepSpeed's BF16_Optimizer where
+# DeepSpeed picks it on its own (behaviour.bf16_optimizer: bf16, pp > 1, no ZeRO): fp32
+# gradient accumulation each micro-batch and fp32 reduction; other layouts unchanged.
+COSTMODEL_VERSION = "2.8"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
               "pp_bubble", "head", "dp_comm", "optimizer")
