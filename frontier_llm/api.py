@@ -218,7 +218,7 @@ def _check_flag(name: str, value: Any) -> bool:
 
 def _planned(model, system, gpus, global_batch, seq_len, dtype, restrict,
              moe=("none", "alltoall", None), cp_exchange: str | None = None,
-             p2p_overlap: bool = False):
+             p2p_overlap: bool = False, tp_comm_overlap: bool = False):
     from frontier_llm.planner import plan as run_plan
 
     _check_numbers(gpus=gpus, global_batch=global_batch, seq_len=seq_len)
@@ -226,7 +226,8 @@ def _planned(model, system, gpus, global_batch, seq_len, dtype, restrict,
     m, run = _moe(m, *moe)
     return m, s, run_plan(m, s, gpus, global_batch, _space(dtype, restrict), moe_run=run,
                           cp_exchange=cp_exchange,
-                          p2p_overlap=_check_flag("p2p_overlap", p2p_overlap))
+                          p2p_overlap=_check_flag("p2p_overlap", p2p_overlap),
+                          tp_comm_overlap=_check_flag("tp_comm_overlap", tp_comm_overlap))
 
 
 def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "frontier",
@@ -236,7 +237,7 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
          risk_aware: bool = False, dtype: str = "bf16", moe_overlap: str = "none",
          moe_dispatcher: str = "alltoall", router_balance: str | None = None,
          cp_exchange: str | None = None, p2p_overlap: bool = False,
-         **restrict: Any) -> pd.DataFrame:
+         tp_comm_overlap: bool = False, **restrict: Any) -> pd.DataFrame:
     """Rank the layouts of ``model`` on ``gpus`` GPUs (Frontier: GCDs) of ``system``, fastest
     first: the rows ``flm plan --format json`` prints under ``layouts``, with the same columns
     (layout knobs, step time, throughput, MFU, peak memory, fits, their intervals, and with
@@ -257,6 +258,10 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
     their pipeline sends overlapped with compute (``--overlap-p2p-comm on``: Megatron-Core's
     ``overlap_p2p_comm``); the default, False, is the command flm exports
     (``--no-overlap-p2p-communication``); other layouts are unchanged by it.
+    ``tp_comm_overlap`` True: Megatron-LM's layouts with tp > 1 priced with their TP
+    collectives overlapped with the GEMMs (``--tp-comm-overlap on``: Megatron-LM's
+    ``--tp-comm-overlap``, which it runs only with sequence parallelism); the default, False,
+    is the command flm exports; other layouts are unchanged by it.
 
     The frame's ``attrs`` hold the rest of the JSON document: ``model``, ``system``, ``gpus``,
     ``global_batch``, ``evaluated`` and ``rejected`` (layouts per broken rule).
@@ -268,7 +273,7 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
     confidence = _confidence(confidence)
     m, s, result = _planned(model, system, gpus, global_batch, seq_len, dtype, restrict,
                             (moe_overlap, moe_dispatcher, router_balance), cp_exchange,
-                            p2p_overlap)
+                            p2p_overlap, tp_comm_overlap)
     ranked = result.ranked(None if risk_aware else top, fits_only=not include_oom,
                            frontier=not all_layouts)
     ranked = annotate(ranked, m, s, confidence=confidence, tokens=tokens, risk_aware=risk_aware,
@@ -372,16 +377,18 @@ def predict(model: str | ModelSpec, system: str | SystemSpec, layout: Layout | N
             confidence: float | None = None, moe_overlap: str = "none",
             moe_dispatcher: str = "alltoall", router_balance: str | None = None,
             cp_exchange: str | None = None, p2p_overlap: bool = False,
-            **fields: Any) -> dict[str, Any]:
+            tp_comm_overlap: bool = False, **fields: Any) -> dict[str, Any]:
     """One layout's predicted step time (with its breakdown), throughput, MFU/HFU, per-rank
     peak memory (with its breakdown), whether it fits, and the intervals: the document
     ``flm predict --format json`` prints (with ``tokens``: steps, days, node-hours, energy).
 
     The layout is ``layout`` or the fields of :func:`layout` (``tp=8, pp=16, dp=8, ...``).
     ``moe_overlap``, ``moe_dispatcher``, ``router_balance``, ``cp_exchange``,
-    ``p2p_overlap``: the run's settings, as in :func:`plan` (``--cp-exchange``,
-    ``--overlap-p2p-comm``); ``p2p_overlap`` True on a layout it does not act on (not
-    Megatron's interleaved schedule) raises UserError, as flm predict refuses it.
+    ``p2p_overlap``, ``tp_comm_overlap``: the run's settings, as in :func:`plan`
+    (``--cp-exchange``, ``--overlap-p2p-comm``, ``--tp-comm-overlap``); ``p2p_overlap`` True
+    on a layout it does not act on (not Megatron's interleaved schedule) raises UserError, as
+    flm predict refuses it, and so does ``tp_comm_overlap`` True on a layout Megatron-LM
+    would not run it on (not engine megatron with sequence parallelism).
     """
     from frontier_llm.costmodel import predict as cost
     from frontier_llm.planner.annotations import predict_extras
@@ -395,7 +402,8 @@ def predict(model: str | ModelSpec, system: str | SystemSpec, layout: Layout | N
     m, run = _moe(m, moe_overlap, moe_dispatcher, router_balance)
     out = {"model": m.name, "system": s.name, "layout": layout.to_dict(),
            **cost(m, s, layout, moe_run=run, cp_exchange=cp_exchange,
-                  p2p_overlap=_check_flag("p2p_overlap", p2p_overlap))}
+                  p2p_overlap=_check_flag("p2p_overlap", p2p_overlap),
+                  tp_comm_overlap=_check_flag("tp_comm_overlap", tp_comm_overlap))}
     out.update(predict_extras(out, layout, m, s, confidence=_confidence(confidence),
                               tokens=tokens))
     return out
@@ -403,18 +411,22 @@ def predict(model: str | ModelSpec, system: str | SystemSpec, layout: Layout | N
 
 def export_layout(trainer: str, model: str | ModelSpec, layout: Layout,
                   system: str | SystemSpec | None = None, *,
-                  p2p_overlap: bool = False) -> str:
+                  p2p_overlap: bool = False, tp_comm_overlap: bool = False) -> str:
     """``layout`` as another trainer's configuration text: ``megatron-lm`` and
     ``megatron-deepspeed`` flags, a ``torchtitan`` TOML job file or a ``deepspeed`` ds_config
     JSON (``flm export --to TRAINER``; docs/export.md). A layout the trainer cannot express is
     refused with :class:`~frontier_llm.export.ExportRefused` naming why. ``p2p_overlap``: the
     run :func:`predict` priced with it (``--overlap-p2p-comm``); Megatron-LM's interleaved
-    layouts get ``--no-overlap-p2p-communication`` without it, so the run is the one priced."""
+    layouts get ``--no-overlap-p2p-communication`` without it, so the run is the one priced.
+    ``tp_comm_overlap``: the run priced with ``--tp-comm-overlap``; Megatron-LM's command then
+    carries ``--tp-comm-overlap`` (a layout without sequence parallelism is refused, as
+    Megatron-LM asserts), and every other trainer refuses it."""
     from frontier_llm.export import export
 
     return export(trainer, load_model(model), layout,
                   None if system is None else load_system(system),
-                  p2p_overlap=_check_flag("p2p_overlap", p2p_overlap))
+                  p2p_overlap=_check_flag("p2p_overlap", p2p_overlap),
+                  tp_comm_overlap=_check_flag("tp_comm_overlap", tp_comm_overlap))
 
 
 # --- measured runs (flm collect, flm results, flm validate) ----------------------------------

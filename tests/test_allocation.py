@@ -515,3 +515,27 @@ def test_report_plan_takes_overlap_p2p_comm_for_megatron_only(tmp_path, capsys):
                  "deepspeed", "--tokens", "300B", "--overlap-p2p-comm", "on", "--out",
                  str(tmp_path / "ds")]) == 2
     assert "does nothing for --engine deepspeed" in capsys.readouterr().err
+
+
+def test_report_plan_takes_tp_comm_overlap_for_megatron_only(tmp_path, capsys):
+    """flm report plan --tp-comm-overlap on plans Megatron-LM's TP layouts with their TP
+    collectives overlapped, as flm plan does: no count slower, some faster on dgx-h100 (its
+    tp_overlap is 1.0), the notes say so; for another engine it is refused in one line."""
+    def curve(out, *flag):
+        assert main(["report", "plan", "--model", "gpt-175b", "--system", "dgx-h100",
+                     "--engine", "megatron", "--tokens", "300B", "--curve", "256-512",
+                     "--out", str(out), *flag]) == 0
+        capsys.readouterr()
+        return (pd.read_csv(out / "gpt-175b-dgx-h100-plan.csv"),
+                (out / "gpt-175b-dgx-h100-plan.md").read_text())
+
+    off, off_md = curve(tmp_path / "off")
+    on, on_md = curve(tmp_path / "on", "--tp-comm-overlap", "on")
+    assert (on["step_time_s"] <= off["step_time_s"] + 1e-12).all()
+    assert (on["step_time_s"] < off["step_time_s"]).any()
+    assert "(--tp-comm-overlap on)" in on_md and "tp-comm-overlap" not in off_md
+    assert main(["report", "plan", "--model", "gpt-175b", "--system", "dgx-h100", "--engine",
+                 "native", "--tokens", "300B", "--tp-comm-overlap", "on", "--out",
+                 str(tmp_path / "native")]) == 2
+    err = capsys.readouterr().err
+    assert "does nothing for --engine native" in err and len(err.strip().splitlines()) == 1

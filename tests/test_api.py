@@ -261,6 +261,42 @@ def test_notebooks_use_only_the_api(name):
     assert "flm." in code
 
 
+def test_tp_comm_overlap_is_the_flag_in_plan_predict_and_export(capsys):
+    """``tp_comm_overlap`` is --tp-comm-overlap: the same prediction as the flag, the step
+    flm.plan ranks for the layout with it, a shorter step on dgx-h100 (tp_overlap 1.0), a
+    UserError where Megatron-LM would not run it (no sequence parallelism) or for a value that
+    is not a bool, and the export of the run priced (--tp-comm-overlap in the command)."""
+    fields = dict(tp=4, pp=8, dp=8, micro_batch=2, global_batch=2048, zero=1,
+                  sequence_parallel=True, engine="megatron", recompute="none")
+    flags = ["--tp", "4", "--pp", "8", "--dp", "8", "--micro-batch", "2", "--global-batch",
+             "2048", "--zero", "1", "--sequence-parallel", "--engine", "megatron",
+             "--recompute", "none"]
+    doc = _cli_json(capsys, ["predict", "--model", "gpt-175b", "--system", "dgx-h100", *flags,
+                             "--tp-comm-overlap", "on", "--format", "json"])
+    on = flm.predict("gpt-175b", "dgx-h100", tp_comm_overlap=True, **fields)
+    _same(json.loads(json.dumps(on, default=str)), doc)
+    off = flm.predict("gpt-175b", "dgx-h100", **fields)
+    assert on["step_time_s"] < off["step_time_s"] - 1.0
+    with pytest.raises(UserError, match="only when sequence parallelism is enabled"):
+        flm.predict("gpt-175b", "dgx-h100", tp_comm_overlap=True,
+                    **{**fields, "sequence_parallel": False})
+    with pytest.raises(UserError, match="tp_comm_overlap must be True or False"):
+        flm.predict("gpt-175b", "dgx-h100", tp_comm_overlap="on", **fields)
+    restrict = dict(gpus=256, tp=4, pp=8, micro_batch=2, global_batch=2048, zero=1,
+                    sequence_parallel=True, recompute="none", engine="megatron",
+                    schedule="1f1b", include_oom=True, all_layouts=True, top=1)
+    ranked_on = flm.plan("gpt-175b", "dgx-h100", tp_comm_overlap=True, **restrict)
+    ranked_off = flm.plan("gpt-175b", "dgx-h100", **restrict)
+    assert ranked_on["step_time_s"].iloc[0] == pytest.approx(on["step_time_s"], rel=1e-9)
+    assert ranked_off["step_time_s"].iloc[0] == pytest.approx(off["step_time_s"], rel=1e-9)
+    lay = flm.layout(**fields)
+    assert "tp-comm-overlap" not in flm.export_layout("megatron-lm", "gpt-175b", lay)
+    assert "\n--tp-comm-overlap \\\n" in flm.export_layout("megatron-lm", "gpt-175b", lay,
+                                                             tp_comm_overlap=True)
+    with pytest.raises(UserError, match="torchtitan has async tensor parallelism"):
+        flm.export_layout("torchtitan", "llama3-8b", flm.layout(tp=2, global_batch=4),
+                          tp_comm_overlap=True)
+
 def test_p2p_overlap_is_the_flag_in_plan_predict_and_export(capsys):
     """``p2p_overlap`` is --overlap-p2p-comm: the same prediction as the flag, a shorter step on
     Megatron's interleaved schedule, a UserError on a layout it cannot change or a value that

@@ -370,3 +370,99 @@ def test_an_interleaved_pp2_winner_says_megatron_runs_it_only_with_the_overlap(c
     assert "runs under megatron-lm only with its p2p overlap" in capsys.readouterr().err
     assert main([*argv, "--overlap-p2p-comm", "on"]) == 0
     assert "rank 1 (" not in capsys.readouterr().err
+
+
+# --- --tp-comm-overlap: Megatron-LM's TP communication/GEMM overlap (costmodel/tp_overlap.py)
+# dgx-h100's tp_overlap is 1.0 (the Megatron-LM README's H100 runs state the overlap), so the
+# flag moves the step there; most other systems hold 0.0 and would hide nothing.
+TP_LAYOUT = [*P2P_LAYOUT, "--sequence-parallel", "--recompute", "none"]
+
+
+def test_tp_comm_overlap_is_one_flag_of_plan_predict_and_report_plan(capsys):
+    """The same --tp-comm-overlap on|off, with the same help, on every command that prices a
+    run (cli/overlap_args.py), so a plan's setting can be given again to predict it."""
+    from frontier_llm.cli.overlap_args import TP_OVERLAP_HELP
+
+    for command in (["plan"], ["predict"], ["report", "plan"], ["export"]):
+        with pytest.raises(SystemExit):
+            main([*command, "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert "--tp-comm-overlap {on,off}" in out
+        # argparse wraps at hyphens too: compared without the whitespace.
+        assert "".join(TP_OVERLAP_HELP.split()) in "".join(out.split())
+
+
+def test_predict_tp_comm_overlap_is_the_step_flm_plan_gives(capsys):
+    """flm predict with and without --tp-comm-overlap gives the step flm plan ranks for the
+    same layout with and without it (before, predict had no such flag and priced every plan's
+    layout with its TP collectives exposed); on, the TP collectives hide behind the GEMMs."""
+    def planned(*flag):
+        # TP_LAYOUT as flm plan's restrict flags: 256 GPUs over tp 4 x pp 8 leave dp 8.
+        doc = _cli_json(capsys, [
+            "plan", "--model", "gpt-175b", "--system", "dgx-h100", "--gpus", "256", "--tp",
+            "4", "--pp", "8", "--micro-batch", "2", "--global-batch", "2048", "--zero", "1",
+            "--recompute", "none", "--engine", "megatron", "--sequence-parallel", "on",
+            "--schedule", "1f1b", "--include-oom", "--all", "--top", "1", "--format", "json",
+            *flag])
+        return doc["layouts"][0]
+
+    def predicted(*flag):
+        return _cli_json(capsys, ["predict", *TP_LAYOUT, "--format", "json", *flag])
+
+    plan_off, plan_on = planned(), planned("--tp-comm-overlap", "on")
+    for row in (plan_off, plan_on):  # the one layout both commands price
+        assert (row["tp"], row["pp"], row["dp"], row["micro_batch"], row["schedule"],
+                row["recompute"], row["sequence_parallel"]) == (4, 8, 8, 2, "1f1b", "none",
+                                                                 True)
+    off, on = predicted(), predicted("--tp-comm-overlap", "on")
+    assert predicted("--tp-comm-overlap", "off") == off
+    assert off["step_time_s"] == pytest.approx(plan_off["step_time_s"], rel=1e-9)
+    assert on["step_time_s"] == pytest.approx(plan_on["step_time_s"], rel=1e-9)
+    assert on["step_time_s"] < off["step_time_s"] - 1.0
+    assert on["breakdown"]["time_s"]["tp_comm"] < 0.5 * off["breakdown"]["time_s"]["tp_comm"]
+    assert on["peak_memory_bytes"] == off["peak_memory_bytes"]  # a schedule of kernels
+    capsys.readouterr()
+    assert main(["predict", *TP_LAYOUT, "--tp-comm-overlap", "on"]) == 0
+    assert "(--tp-comm-overlap on)" in capsys.readouterr().out
+
+
+def test_predict_tp_comm_overlap_refused_where_megatron_does_not_run_it():
+    """On a layout Megatron-LM's validate_args would assert on (no sequence parallelism, so
+    also tp 1) or another engine, --tp-comm-overlap on is refused in one line, exit 2, as
+    --overlap-p2p-comm is: not priced as if it had run."""
+    no_sp = [*TP_LAYOUT[:TP_LAYOUT.index("--sequence-parallel")], "--recompute", "none"]
+    tp1 = [a if a != "4" else "1" for a in no_sp]  # --tp 4 -> --tp 1 (64 GPUs)
+    native = [a if a != "megatron" else "native" for a in TP_LAYOUT]
+    for layout, words in ((no_sp, "sequence parallelism off"), (tp1, "tp 1"),
+                          (native, "engine native")):
+        r = subprocess.run([sys.executable, "-m", "frontier_llm.cli", "predict", *layout,
+                            "--tp-comm-overlap", "on"], capture_output=True, text=True)
+        assert r.returncode == 2 and r.stdout == "", r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+        assert "applies to Megatron-LM with sequence parallelism only" in r.stderr
+        assert words in r.stderr
+        assert "only when sequence parallelism is enabled" in r.stderr  # Megatron's words
+
+
+def test_plan_tp_comm_overlap_says_where_it_cannot_act(capsys):
+    """flm plan --tp-comm-overlap on over a search with no Megatron TP layout ranks as without
+    it and says so; a #1 priced overlapped without sequence parallelism (the cost model hides
+    its collectives, Megatron-LM would assert) is named, as flm export --from-plan skips it."""
+    def best(*argv):
+        assert main(["plan", "--model", "gpt3-125m", "--system", "dgx-h100", "--gpus", "16",
+                     "--top", "1", "--format", "json", *argv]) == 0
+        got = capsys.readouterr()
+        return json.loads(got.out)["layouts"][0], got.err
+
+    plain, _ = best("--engine", "deepspeed")
+    same, err = best("--engine", "deepspeed", "--tp-comm-overlap", "on")
+    assert same["step_time_s"] == plain["step_time_s"]
+    assert "--tp-comm-overlap on has no effect here" in err
+    row, err = best("--engine", "megatron", "--tp", "2", "--sequence-parallel", "off",
+                    "--tp-comm-overlap", "on")
+    assert row["tp"] == 2 and not row["sequence_parallel"]
+    assert "which Megatron-LM runs only with sequence parallelism" in err
+    row, err = best("--engine", "megatron", "--tp", "2", "--sequence-parallel", "on",
+                    "--tp-comm-overlap", "on")
+    assert "(--tp-comm-overlap on)" in err and "has no effect" not in err
+    assert "runs only with sequence parallelism" not in err

@@ -170,6 +170,25 @@ def test_tp_comm_overlap_only_where_the_run_turns_it_on():
     assert on["step_time_s"][0] < off["step_time_s"][0]
 
 
+def test_predict_takes_tp_comm_overlap_where_megatron_runs_it_and_refuses_it_elsewhere():
+    """costmodel.predict's ``tp_comm_overlap`` (flm predict --tp-comm-overlap) is evaluate's
+    on Megatron with sequence parallelism; without it Megatron-LM's validate_args asserts
+    (309ffca), and on another engine it changes nothing: both refused, not priced."""
+    from frontier_llm.errors import UserError
+    from frontier_llm.specs.layout import Layout
+
+    m, s = load_model("gpt-175b"), load_system("dgx-h100")
+    cfg = dict(tp=4, pp=8, dp=8, global_batch=2048, micro_batch=2, sharding=1,
+               sequence_parallel=True, engine="megatron")
+    want = evaluate(m, s, from_configs([ParallelConfig(**cfg)]), tp_comm_overlap=True)
+    got = predict(m, s, Layout.from_dict({**cfg, "dtype": "bf16"}), tp_comm_overlap=True)
+    assert got["step_time_s"] == pytest.approx(want["step_time_s"][0], rel=1e-12)
+    assert got["step_time_s"] < predict(m, s, Layout.from_dict({**cfg, "dtype": "bf16"})
+                                        )["step_time_s"]
+    for other in ({**cfg, "sequence_parallel": False}, {**cfg, "engine": "native"}):
+        with pytest.raises(UserError, match="Megatron-LM with sequence parallelism only"):
+            predict(m, s, Layout.from_dict({**other, "dtype": "bf16"}), tp_comm_overlap=True)
+
 def test_p2p_overlap_hides_interleaved_sends_behind_compute():
     """Megatron-Core's overlap_p2p_comm (NeMo's MLPerf configs) overlaps an interleaved
     schedule's sends with the chunks' compute: with a send longer than its compute only the

@@ -184,7 +184,10 @@ MEGATRON_LM_FLAGS = {**_COMMON, "--group-query-attention": None, "--num-query-gr
                      # _add_distributed_args (core_v0.15.3, 309ffca, arguments.py):
                      # action='store_false', dest='overlap_p2p_comm': the overlap is on unless
                      # given.
-                     "--no-overlap-p2p-communication": StoreFalse("overlap_p2p_comm")}
+                     "--no-overlap-p2p-communication": StoreFalse("overlap_p2p_comm"),
+                     # _add_training_args (core_v0.15.3, 309ffca, arguments.py):
+                     # action='store_true', dest tp_comm_overlap: off unless given.
+                     "--tp-comm-overlap": None}
 MEGATRON_DEEPSPEED_FLAGS = {**_COMMON, "--num-key-value-heads": int,
                             "--use-rotary-position-embeddings": None,
                             "--no-position-embedding": None,
@@ -321,6 +324,73 @@ def test_export_overlap_p2p_comm_flag_and_from_plan(capsys):
     assert "--num-virtual-stages-per-pipeline-rank 2" in out and "overlap-p2p" not in out
     assert main([*plan, inter, "--overlap-p2p-comm", "on"]) == 2
     assert "give it in --plan-args" in capsys.readouterr().err
+
+
+def test_megatron_lm_tp_comm_overlap_is_the_run_priced():
+    """Megatron-LM core_v0.15.3 overlaps TP communication with the GEMMs only when
+    --tp-comm-overlap is given (store_true), and validate_args asserts sequence parallelism
+    for it. flm prices it only when asked (--tp-comm-overlap on), so the command carries the
+    flag exactly then; a layout without sequence parallelism is refused with it (Megatron would
+    assert), and every other trainer refuses the setting, naming what it has instead."""
+    model, parser = load_model("gpt3-125m"), megatron_parser(MEGATRON_LM_FLAGS)
+    sp = layout_of("--tp 2 --pp 2 --global-batch 4 --sequence-parallel", MEGATRON_LM)
+    off = export(MEGATRON_LM, model, sp)
+    assert "tp-comm-overlap" not in off
+    assert parser.parse_args(argv_of(off)).tp_comm_overlap is False
+    on = export(MEGATRON_LM, model, sp, tp_comm_overlap=True)
+    assert "\n--tp-comm-overlap \\\n" in on  # a line of its own
+    ns = parser.parse_args(argv_of(on))
+    assert ns.tp_comm_overlap is True and ns.sequence_parallel is True
+    assert on.replace("--tp-comm-overlap \\\n", "") == off
+    no_sp = layout_of("--tp 2 --pp 2 --global-batch 4", MEGATRON_LM)
+    export(MEGATRON_LM, model, no_sp)
+    with pytest.raises(ExportRefused, match="only when sequence parallelism is enabled"):
+        export(MEGATRON_LM, model, no_sp, tp_comm_overlap=True)
+    llama = load_model("tiny-llama")  # a model torchtitan's llama3 builds
+    titan = layout_of("--tp 2 --global-batch 4", TORCHTITAN)
+    export(TORCHTITAN, llama, titan)
+    with pytest.raises(ExportRefused, match="enable_async_tensor_parallel") as why:
+        export(TORCHTITAN, llama, titan, tp_comm_overlap=True)
+    assert len(str(why.value).splitlines()) == 1
+    with pytest.raises(ExportRefused, match="has no --tp-comm-overlap"):
+        export(MEGATRON_DEEPSPEED, model, layout_of("--tp 2 --pp 2 --global-batch 4"),
+               tp_comm_overlap=True)
+    with pytest.raises(ExportRefused, match="DeepSpeed has no such setting"):
+        export(DEEPSPEED, llama, layout_of("--dp 4 --zero 1 --global-batch 4", DEEPSPEED),
+               tp_comm_overlap=True)
+
+
+def test_export_tp_comm_overlap_flag_and_from_plan(capsys):
+    """flm export --tp-comm-overlap on renders the overlapped run (its command parses with
+    Megatron-LM's names); with --from-plan the setting is the plan's (--plan-args), a
+    different one beside it is refused, and a plan priced with it skips the layouts without
+    sequence parallelism, which Megatron-LM would not run with it."""
+    parser = megatron_parser(MEGATRON_LM_FLAGS)
+    base = ["export", "--to", "megatron-lm", "--model", "llama3-8b"]
+    layout = ["--tp", "2", "--pp", "2", "--global-batch", "8", "--sequence-parallel"]
+    capsys.readouterr()
+    assert main([*base, *layout]) == 0
+    assert "tp-comm-overlap" not in capsys.readouterr().out
+    assert main([*base, *layout, "--tp-comm-overlap", "on"]) == 0
+    assert parser.parse_args(argv_of(capsys.readouterr().out)).tp_comm_overlap is True
+    assert main([*base, *layout[:-1], "--tp-comm-overlap", "on"]) == 2
+    assert "only when sequence parallelism is enabled" in capsys.readouterr().err
+    plan = [*base, "--system", "dgx-h100", "--from-plan", "--gpus", "16", "--global-batch",
+            "64", "--plan-args"]
+    assert main([*plan, "--tp 2"]) == 0
+    assert "tp-comm-overlap" not in capsys.readouterr().out
+    assert main([*plan, "--tp 2 --sequence-parallel off --tp-comm-overlap on"]) == 2
+    assert "runnable by megatron-lm" in capsys.readouterr().err  # every one refused
+    assert main([*plan, "--tp 2 --tp-comm-overlap on"]) == 0
+    ns = parser.parse_args(argv_of(capsys.readouterr().out))
+    assert ns.tp_comm_overlap is True and ns.sequence_parallel is True
+    assert main([*plan, "--tp 2", "--tp-comm-overlap", "on"]) == 2
+    assert "give it in --plan-args" in capsys.readouterr().err
+    assert main(["export", "--to", "torchtitan", "--model", "llama3-8b", "--system",
+                 "dgx-h100", "--from-plan", "--gpus", "16", "--global-batch", "64",
+                 "--plan-args", "--tp-comm-overlap on"]) == 2
+    err = capsys.readouterr().err
+    assert "async tensor parallelism" in err and len(err.strip().splitlines()) == 1
 
 
 def test_megatron_gqa_spelled_per_trainer():

@@ -15,7 +15,12 @@ import pandas as pd
 from frontier_llm.cli.common import emit_frame, emit_json
 from frontier_llm.cli.moe_args import moe_run_from_args
 from frontier_llm.cli.numbers import MAX_GPUS, count, days, fraction, positive_float, tokens
-from frontier_llm.cli.overlap_args import add_p2p_overlap, p2p_overlap_from_args
+from frontier_llm.cli.overlap_args import (
+    add_p2p_overlap,
+    add_tp_overlap,
+    p2p_overlap_from_args,
+    tp_overlap_from_args,
+)
 from frontier_llm.cli.progress import Progress
 from frontier_llm.planner import SearchSpace, annotations, plan
 from frontier_llm.planner import allocation as alloc
@@ -244,7 +249,7 @@ def run_curve(
             grow_batch=args.grow_batch,
             eager=args.eager,
             overlap_comm=args.deepspeed_overlap_comm == "on",
-            tp_comm_overlap=getattr(args, "tp_comm_overlap", "off") == "on",
+            tp_comm_overlap=tp_overlap_from_args(args),
             moe_run=moe_run_from_args(args),
             cp_exchange=getattr(args, "cp_exchange", None),
             p2p_overlap=p2p_overlap_from_args(args),
@@ -460,6 +465,7 @@ def add_report_arguments(q: argparse.ArgumentParser) -> None:
     q.add_argument("--fp8-recipe", choices=FP8Recipe.words(), default="tensorwise",
                    help="FP8 scaling with --dtype fp8 (default tensorwise)")
     add_p2p_overlap(q, "; with --engine megatron only")
+    add_tp_overlap(q, "; with --engine megatron only")
     q.add_argument(
         "--global-batch",
         type=count(1),
@@ -478,6 +484,7 @@ def add_report_arguments(q: argparse.ArgumentParser) -> None:
 
 
 P2P_NOTE = "; interleaved pipeline sends overlapped (--overlap-p2p-comm on)"
+TP_NOTE = "; TP communication overlapped with the GEMMs (--tp-comm-overlap on)"
 
 
 def run_report_plan(args: argparse.Namespace) -> int:
@@ -498,6 +505,12 @@ def run_report_plan(args: argparse.Namespace) -> int:
         # One engine is planned here: the setting would change nothing in the report.
         raise UserError(f"--overlap-p2p-comm on is Megatron-LM's (its interleaved schedule): "
                         f"it does nothing for --engine {args.engine}; use --engine megatron")
+    tp_comm_overlap = tp_overlap_from_args(args)
+    if tp_comm_overlap and args.engine != "megatron":
+        # As for the p2p overlap: one engine is planned, and only Megatron-LM's changes.
+        raise UserError(f"--tp-comm-overlap on is Megatron-LM's (TransformerEngine's TP "
+                        f"overlap): it does nothing for --engine {args.engine}; use --engine "
+                        "megatron")
     model, system = load_model(args.model), load_system(args.system)
     counts = curve_counts(args, system)
     space = SearchSpace(engine=(args.engine,), dtype=args.dtype,
@@ -512,6 +525,7 @@ def run_report_plan(args: argparse.Namespace) -> int:
             space,
             on_count=lambda i: bar.update(i, len(counts)),
             global_batch=args.global_batch,
+            tp_comm_overlap=tp_comm_overlap,
             p2p_overlap=p2p_overlap,
         )
     selection = alloc.select_deadline(cur, args.deadline) if args.deadline else None
@@ -527,6 +541,7 @@ def run_report_plan(args: argparse.Namespace) -> int:
         f"{'' if args.dtype == 'bf16' else f', {args.dtype}'}"
         f"{f' ({args.fp8_recipe} scaling)' if args.dtype == 'fp8' else ''}"
         f"{P2P_NOTE if p2p_overlap else ''}"
+        f"{TP_NOTE if tp_comm_overlap else ''}"
         "; at each GPU "
         "count the planner's fastest layout that fits",
         alloc.batch_note(cur, model.seq_len, grown=False) if args.global_batch is None else

@@ -10,7 +10,12 @@ from pathlib import Path
 from frontier_llm.cli.common import add_command
 from frontier_llm.cli.layout_args import add_layout_args
 from frontier_llm.cli.numbers import count, gpus
-from frontier_llm.cli.overlap_args import add_p2p_overlap, p2p_overlap_from_args
+from frontier_llm.cli.overlap_args import (
+    add_p2p_overlap,
+    add_tp_overlap,
+    p2p_overlap_from_args,
+    tp_overlap_from_args,
+)
 from frontier_llm.errors import UserError
 from frontier_llm.specs.layout import Layout, given_options
 from frontier_llm.specs.model import ModelSpec
@@ -60,12 +65,20 @@ def _plan_layout(args: argparse.Namespace, model: ModelSpec, system) -> tuple[La
         raise UserError(f"--overlap-p2p-comm {given} but the plan (--plan-args) prices it "
                         f"{'on' if args.plan_p2p_overlap else 'off'}: give it in --plan-args, "
                         "where flm plan reads it")
-    # Megatron-LM's check depends on it (interleaved pp 2 needs the overlap); a trainer with
-    # no such setting refuses it in export().
-    run = ({"p2p_overlap": True} if args.plan_p2p_overlap and trainer.takes_p2p_overlap
-           else {})
+    # The same for --tp-comm-overlap: the exported command overlaps TP iff the plan priced it.
+    args.plan_tp_overlap = tp_overlap_from_args(ns)
+    given = getattr(args, "tp_comm_overlap", None)
+    if given is not None and (given == "on") != args.plan_tp_overlap:
+        raise UserError(f"--tp-comm-overlap {given} but the plan (--plan-args) prices it "
+                        f"{'on' if args.plan_tp_overlap else 'off'}: give it in --plan-args, "
+                        "where flm plan reads it")
+    # Megatron-LM's check depends on them (interleaved pp 2 needs the p2p overlap, the TP
+    # overlap needs sequence parallelism); a trainer with no such setting refuses it in
+    # export().
+    run = trainer.run_settings(args.plan_p2p_overlap, args.plan_tp_overlap)
     result = plan(model, system, ns.gpus, ns.global_batch, SearchSpace(dtype=ns.dtype, **space),
-                  eager=ns.eager, cp_exchange=exchange, p2p_overlap=args.plan_p2p_overlap)
+                  eager=ns.eager, cp_exchange=exchange, p2p_overlap=args.plan_p2p_overlap,
+                  tp_comm_overlap=args.plan_tp_overlap)
     ranked = result.ranked_indices(None, fits_only=not ns.include_oom, frontier=not ns.all)
     from frontier_llm.specs.forms import label
 
@@ -152,9 +165,11 @@ def run_export(args: argparse.Namespace) -> int:
     trainer = get(args.to)
     p2p_overlap = (args.plan_p2p_overlap if args.from_plan
                    else getattr(args, "overlap_p2p_comm", None) == "on")
+    tp_comm_overlap = (args.plan_tp_overlap if args.from_plan
+                       else getattr(args, "tp_comm_overlap", None) == "on")
     text = export(trainer.name, model, layout, system, ds_config_path=args.ds_config,
                   bucket_mb=bucket_mb, compiled=not getattr(args, "plan_eager", False),
-                  p2p_overlap=p2p_overlap)
+                  p2p_overlap=p2p_overlap, tp_comm_overlap=tp_comm_overlap)
     for note in trainer.notes(model, layout, bucket_mb=bucket_mb):
         print(f"flm export: {note}", file=sys.stderr)
     if trainer.argv_names_files and args.ds_config_given:
@@ -225,6 +240,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_p2p_overlap(p, "; --to megatron-lm, an interleaved layout only (pp 2 interleaved "
                     "needs it on: Megatron asserts pp > 2 without it); with --from-plan give it "
                     "in --plan-args, as flm plan reads it", default=None)
+    add_tp_overlap(p, "; --to megatron-lm only, a layout with --sequence-parallel (Megatron "
+                   "asserts it); other trainers refuse it; with --from-plan give it in "
+                   "--plan-args, as flm plan reads it", default=None)
     add_layout_args(p, required=False)
     # --global-batch is a layout flag; with --from-plan it is the plan's global batch.
     p.set_defaults(func=run_export)

@@ -1,11 +1,14 @@
-"""``--overlap-p2p-comm``: the run setting flm plan, flm predict and flm export share for
-Megatron-Core's ``overlap_p2p_comm`` (costmodel/p2p_overlap.py says where it applies)."""
+"""``--overlap-p2p-comm`` and ``--tp-comm-overlap``: the run settings flm plan, flm predict,
+flm report plan and flm export share for Megatron-Core's ``overlap_p2p_comm`` and Megatron-LM's
+``--tp-comm-overlap`` (costmodel/p2p_overlap.py and costmodel/tp_overlap.py say where each
+applies). One helper each, so every command reads and documents them alike."""
 
 from __future__ import annotations
 
 import argparse
 
 from frontier_llm.costmodel.p2p_overlap import P2P_OVERLAP_FLAG
+from frontier_llm.costmodel.tp_overlap import TP_OVERLAP_FLAG
 
 P2P_OVERLAP_HELP = (
     "Megatron-LM's overlapped pipeline communication (Megatron-Core's overlap_p2p_comm: an "
@@ -29,4 +32,27 @@ def p2p_overlap_from_args(args: argparse.Namespace) -> bool:
     return getattr(args, "overlap_p2p_comm", "off") == "on"
 
 
-__all__ = ["P2P_OVERLAP_HELP", "add_p2p_overlap", "p2p_overlap_from_args"]
+TP_OVERLAP_HELP = (
+    "Megatron-LM's --tp-comm-overlap (TransformerEngine pipelines its TP "
+    "all-gathers/reduce-scatters with the GEMMs; engine megatron with sequence parallelism "
+    "only: Megatron-LM asserts it). off (default): the command flm renders, every TP "
+    "collective exposed; on: a run that sets it, as the Megatron-LM README's H100 runs did "
+    "(docs/costmodel.md section 5 and 'The corpus'); flm export --to megatron-lm then writes "
+    "--tp-comm-overlap")
+
+
+def add_tp_overlap(p: argparse.ArgumentParser, extra: str = "",
+                   default: str | None = "off") -> None:
+    """``--tp-comm-overlap on|off`` (default off); ``default`` None where the command must
+    tell a given value from none (flm export)."""
+    p.add_argument(TP_OVERLAP_FLAG, choices=("on", "off"), default=default,
+                   help=TP_OVERLAP_HELP + extra)
+
+
+def tp_overlap_from_args(args: argparse.Namespace) -> bool:
+    """Whether the flags ask for TP overlap (off where the command has no such flag)."""
+    return getattr(args, "tp_comm_overlap", "off") == "on"
+
+
+__all__ = ["P2P_OVERLAP_HELP", "TP_OVERLAP_HELP", "add_p2p_overlap", "add_tp_overlap",
+           "p2p_overlap_from_args", "tp_overlap_from_args"]

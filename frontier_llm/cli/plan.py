@@ -27,11 +27,19 @@ from frontier_llm.cli.moe_args import (
     with_router_balance,
 )
 from frontier_llm.cli.numbers import MAX_GPUS, count, gpus
-from frontier_llm.cli.overlap_args import add_p2p_overlap, p2p_overlap_from_args
+from frontier_llm.cli.overlap_args import (
+    add_p2p_overlap,
+    add_tp_overlap,
+    p2p_overlap_from_args,
+    tp_overlap_from_args,
+)
 from frontier_llm.costmodel import predict
 from frontier_llm.costmodel.layouts import LayoutTable
 from frontier_llm.costmodel.p2p_overlap import P2P_OVERLAP_FLAG, WHERE, p2p_overlap_refusal
 from frontier_llm.costmodel.p2p_overlap import acts_on as p2p_acts_on
+from frontier_llm.costmodel.tp_overlap import TP_OVERLAP_FLAG, tp_overlap_refusal
+from frontier_llm.costmodel.tp_overlap import WHERE as TP_WHERE
+from frontier_llm.costmodel.tp_overlap import acts_on as tp_acts_on
 from frontier_llm.errors import UserError
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.planner.allocation import format_tokens
@@ -88,8 +96,8 @@ def _add_seq_len(p: argparse.ArgumentParser) -> None:
                         "context parallelism, --cp, splits it)")
 
 
-def _first_runs_where(model: ModelSpec, ranked: pd.DataFrame, p2p_overlap: bool = False
-                      ) -> str | None:
+def _first_runs_where(model: ModelSpec, ranked: pd.DataFrame, p2p_overlap: bool = False,
+                      tp_comm_overlap: bool = False) -> str | None:
     """A line when the ranking's #1 is a layout no trainer flm exports to can run (AMSP's
     partial sharding under the native engine, say): flm bench measures it, but a user who
     takes #1 to Megatron-LM or torchtitan would be refused (flm export --from-plan skips it)."""
@@ -100,11 +108,18 @@ def _first_runs_where(model: ModelSpec, ranked: pd.DataFrame, p2p_overlap: bool 
     if ranked.empty:
         return None
     layout = layout_from_row(ranked.iloc[0])
+    if (tp_comm_overlap and layout.engine == Engine.MEGATRON and layout.tp > 1
+            and tp_overlap_refusal(layout)):
+        # Priced overlapped (the cost model hides its TP collectives), but Megatron-LM asserts
+        # sequence parallelism for the overlap: no trainer runs the run that was priced.
+        return (f"# rank 1 ({label(layout)}) is priced with {TP_OVERLAP_FLAG} on, which "
+                "Megatron-LM runs only with sequence parallelism (validate_args asserts it): "
+                "--sequence-parallel on restricts the plan to layouts it runs; flm export "
+                "--from-plan skips this one")
     runs = []
     for name in NAMES:
         trainer = get(name)
-        # The plan's p2p overlap is the run's (Megatron-LM runs interleaved pp 2 only with it).
-        run = {"p2p_overlap": True} if p2p_overlap and trainer.takes_p2p_overlap else {}
+        run = trainer.run_settings(p2p_overlap, tp_comm_overlap)
         try:
             trainer.check(model, layout, **run)
         except UserError:
@@ -114,7 +129,8 @@ def _first_runs_where(model: ModelSpec, ranked: pd.DataFrame, p2p_overlap: bool 
         return None
     if not p2p_overlap and not p2p_overlap_refusal(layout):
         try:
-            get("megatron-lm").check(model, layout, p2p_overlap=True)
+            get("megatron-lm").check(model, layout, p2p_overlap=True,
+                                     tp_comm_overlap=tp_comm_overlap)
         except UserError:
             pass
         else:  # refused only for its pipeline sends not overlapped (interleaved pp 2)
@@ -175,6 +191,7 @@ def _compare_systems(args: argparse.Namespace) -> int:
         space = SearchSpace(dtype=args.dtype, **space_from_args(args))
         result = plan(model, system, one.gpus, args.global_batch, space, eager=args.eager,
                       overlap_comm=args.deepspeed_overlap_comm == "on",
+                      tp_comm_overlap=tp_overlap_from_args(args),
                       cp_exchange=args.cp_exchange,
                       p2p_overlap=p2p_overlap_from_args(args))
         ranked = result.ranked(args.top, fits_only=not args.include_oom, frontier=not args.all)
@@ -219,7 +236,7 @@ def run_plan(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     result = plan(model, system, args.gpus, args.global_batch, space, eager=args.eager,
                   overlap_comm=args.deepspeed_overlap_comm == "on",
-                  tp_comm_overlap=args.tp_comm_overlap == "on",
+                  tp_comm_overlap=tp_overlap_from_args(args),
                   moe_run=moe_run_from_args(args), cp_exchange=args.cp_exchange,
                   p2p_overlap=p2p_overlap_from_args(args))
     seconds = time.perf_counter() - start
@@ -238,7 +255,7 @@ def run_plan(args: argparse.Namespace) -> int:
         f"{'' if args.global_batch else ' (the default: 4M tokens in whole sequences)'}"
         f"{', element-wise work priced eager (--eager)' if args.eager else ''}"
         f"{NO_OVERLAP_NOTE if args.deepspeed_overlap_comm == 'off' else ''}"
-        f"{TP_OVERLAP_NOTE if args.tp_comm_overlap == 'on' else ''}"
+        f"{TP_OVERLAP_NOTE if tp_overlap_from_args(args) else ''}"
         f"{cp_exchange_note(args)}"
         f"{P2P_OVERLAP_NOTE if p2p_overlap_from_args(args) else ''}"
         f"{moe_note(args, model)}: "
@@ -250,7 +267,10 @@ def run_plan(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr)
     if p2p_overlap_from_args(args) and not _any_interleaved_megatron(result.layouts):
         print(P2P_NO_EFFECT, file=sys.stderr)
-    note = _first_runs_where(model, ranked, p2p_overlap_from_args(args))
+    if tp_overlap_from_args(args) and not np.any(tp_acts_on(result.layouts)):
+        print(TP_NO_EFFECT, file=sys.stderr)
+    note = _first_runs_where(model, ranked, p2p_overlap_from_args(args),
+                             tp_overlap_from_args(args))
     if note:
         print(note, file=sys.stderr)
     if moe_run_from_args(args).overlap == "dualpipe":
@@ -285,7 +305,7 @@ def _with_speedup(ranked: pd.DataFrame, result, model: ModelSpec, system, args
                                 fits_only=not args.include_oom, frontier=not args.all)
     fig = in_dtype(model, system, result.layouts.take(idx), other, args.eager,
                    args.deepspeed_overlap_comm == "on", args.cp_exchange,
-                   p2p_overlap_from_args(args))
+                   p2p_overlap_from_args(args), tp_overlap_from_args(args))
     mine = result.figures["step_time_s"][idx]
     out = ranked.copy()
     # annotate() may drop or reorder rows (--risk-aware): align on the rank the plan gave.
@@ -305,7 +325,8 @@ def run_predict(args: argparse.Namespace) -> int:
         layout.check_world(args.gpus)
     out = {"model": model.name, "system": system.name, "layout": layout.to_dict(),
            **predict(model, system, layout, moe_run=moe_run_from_args(args),
-                     cp_exchange=args.cp_exchange, p2p_overlap=p2p_overlap_from_args(args))}
+                     cp_exchange=args.cp_exchange, p2p_overlap=p2p_overlap_from_args(args),
+                     tp_comm_overlap=tp_overlap_from_args(args))}
     extra = alloc_cli.predict_extras(out, layout, model, system, args)
     out.update(extra)
     if args.format == "json":
@@ -315,7 +336,8 @@ def run_predict(args: argparse.Namespace) -> int:
     print(f"{model.name}{_at_length(args, model)} on {layout.world_size} x {system.gpu} "
           f"({system.name})")
     print(f"layout      {label(layout)}"
-          f"{P2P_OVERLAP_NOTE.replace(',', ';', 1) if p2p_overlap_from_args(args) else ''}")
+          f"{P2P_OVERLAP_NOTE.replace(',', ';', 1) if p2p_overlap_from_args(args) else ''}"
+          f"{TP_OVERLAP_NOTE.replace(',', ';', 1) if tp_overlap_from_args(args) else ''}")
     if layout.cp > 1 and layout.engine == Engine.NATIVE:
         exchange = args.cp_exchange or CP_EXCHANGE["flm-bench"]
         print(f"cp exchange {exchange} ("
@@ -366,6 +388,11 @@ P2P_OVERLAP_NOTE = (", Megatron-LM's interleaved pipeline sends overlapped with 
 # engine or schedule): said, so an unchanged ranking is not taken for the overlap's verdict.
 P2P_NO_EFFECT = (f"flm plan: note: {P2P_OVERLAP_FLAG} on has no effect here: it applies to "
                  f"{WHERE}, and no layout searched is one")
+
+
+# The same for --tp-comm-overlap: no layout searched has Megatron-LM's TP collectives.
+TP_NO_EFFECT = (f"flm plan: note: {TP_OVERLAP_FLAG} on has no effect here: it applies to "
+                f"{TP_WHERE}, and no layout searched is engine megatron with tp > 1")
 
 
 def _any_interleaved_megatron(layouts: LayoutTable) -> bool:
@@ -426,12 +453,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "key unset (DeepSpeed's default below stage 3, as Megatron-DeepSpeed's "
                         "example recipes do), reductions on the compute stream, exposed. "
                         "ZeRO-3 keeps its default, on (docs/costmodel.md 'DeepSpeed')")
-    p.add_argument("--tp-comm-overlap", choices=("on", "off"), default="off",
-                   help="Megatron-LM's --tp-comm-overlap (TransformerEngine pipelines its TP "
-                        "all-gathers/reduce-scatters with the GEMMs; sequence parallelism). "
-                        "off (default): the command flm renders, every TP collective exposed; "
-                        "on: a run that sets it, as the Megatron-LM README's H100 runs did "
-                        "(docs/costmodel.md section 5 and 'The corpus')")
+    add_tp_overlap(p)
     add_p2p_overlap(p)
     p.add_argument("--all", action="store_true",
                    help="rank every layout; by default a layout is left out when another is at "
@@ -470,6 +492,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="check that tp x cp x pp x dp uses exactly this many GPUs")
     add_layout_args(p)
     add_p2p_overlap(p, "; refused for any other layout")
+    add_tp_overlap(p, "; refused for any other layout")
     add_moe_args(p)
     add_cp_exchange(p)
     alloc_cli.add_predict_arguments(p)

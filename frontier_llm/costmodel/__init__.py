@@ -18,6 +18,7 @@ from frontier_llm.costmodel.memory import _check_engine, peak_memory
 from frontier_llm.costmodel.moe import NO_OVERLAP, MoeRun
 from frontier_llm.costmodel.p2p_overlap import p2p_overlap_refusal
 from frontier_llm.costmodel.steptime import step_time
+from frontier_llm.costmodel.tp_overlap import tp_overlap_refusal
 from frontier_llm.errors import UserError
 from frontier_llm.specs.layout import Layout, Recompute
 from frontier_llm.specs.model import ModelSpec
@@ -119,23 +120,28 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
 def predict(model: ModelSpec, system: SystemSpec, layout: Layout,
             engine: str | None = None, moe_run: MoeRun = NO_OVERLAP,
             grad_sync: bool | None = None, cp_exchange: str | None = None,
-            p2p_overlap: bool = False) -> dict:
+            p2p_overlap: bool = False, tp_comm_overlap: bool = False) -> dict:
     """One layout's prediction as a JSON-able dict (what a trace's ``prediction`` holds).
     ``engine`` (optional, for callers that name it) must agree with ``layout.engine``;
-    ``moe_run``, ``grad_sync``, ``cp_exchange``, ``p2p_overlap``: :func:`evaluate`'s.
-    ``p2p_overlap`` on a layout it cannot change (not Megatron's interleaved schedule) is
-    refused (costmodel/p2p_overlap.py), not silently priced as off."""
+    ``moe_run``, ``grad_sync``, ``cp_exchange``, ``p2p_overlap``, ``tp_comm_overlap``:
+    :func:`evaluate`'s. ``p2p_overlap`` on a layout it cannot change (not Megatron's
+    interleaved schedule) is refused (costmodel/p2p_overlap.py), not silently priced as off;
+    so is ``tp_comm_overlap`` where Megatron-LM would not run it (not Megatron with sequence
+    parallelism: costmodel/tp_overlap.py)."""
     _check_engine(layout, engine)
     layout.check_model(model)
     check_fp8(system, layout.dtype, layout.fp8_recipe, layout.engine)
     if p2p_overlap and (why := p2p_overlap_refusal(layout)):
+        raise UserError(why)
+    if tp_comm_overlap and (why := tp_overlap_refusal(layout)):
         raise UserError(why)
     if moe_run.overlap == "dualpipe":  # the planner's DualPipe rules (planner/space.py)
         check_dualpipe(layout.pp, layout.schedule, layout.engine)
     row = {k: v[0].item()
            for k, v in evaluate(model, system, from_configs([layout]), moe_run=moe_run,
                                 grad_sync=grad_sync, p2p_overlap=p2p_overlap,
-                                cp_exchange=cp_exchange).items()}
+                                cp_exchange=cp_exchange,
+                                tp_comm_overlap=tp_comm_overlap).items()}
     return {
         "costmodel_version": COSTMODEL_VERSION,
         "step_time_s": row["step_time_s"],

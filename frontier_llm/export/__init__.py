@@ -8,6 +8,7 @@ express the layout raises :class:`ExportRefused` with one line saying why.
 
 from __future__ import annotations
 
+from frontier_llm.costmodel.tp_overlap import TP_OVERLAP_FLAG
 from frontier_llm.errors import SpecError
 from frontier_llm.specs.layout import Engine, Layout, complete_layout
 from frontier_llm.specs.model import ModelSpec
@@ -68,19 +69,27 @@ def header(trainer: str, model: ModelSpec, layout: Layout,
 
 def export(trainer: str, model: ModelSpec, layout: Layout, system: SystemSpec | None = None,
            ds_config_path: str = DEFAULT_DS_CONFIG, bucket_mb: float | None = None,
-           compiled: bool = True, p2p_overlap: bool = False) -> str:
+           compiled: bool = True, p2p_overlap: bool = False,
+           tp_comm_overlap: bool = False) -> str:
     """The trainer's text for ``layout``: flags, TOML or JSON (JSON has no comments).
     ``bucket_mb``: a tuned gradient bucket (flm tune best), where the trainer takes one;
     ``compiled`` False: the layout was priced eager (flm plan --eager; torchtitan's [compile]);
     ``p2p_overlap``: the layout was priced with its interleaved pipeline sends overlapped
-    (``--overlap-p2p-comm on``), refused by a trainer that renders no such setting."""
+    (``--overlap-p2p-comm on``), refused by a trainer that renders no such setting;
+    ``tp_comm_overlap``: priced with Megatron-LM's ``--tp-comm-overlap`` (flm's
+    ``--tp-comm-overlap on``), likewise refused by every other trainer."""
     t = _trainer(trainer)
     if p2p_overlap and not t.takes_p2p_overlap:
         raise refuse(t.name, "--overlap-p2p-comm on is Megatron-Core's overlap_p2p_comm of "
                      "Megatron-LM's interleaved schedule; "
                      f"{t.title} has no such setting (export --to megatron-lm)")
+    if tp_comm_overlap and not t.takes_tp_overlap:
+        raise refuse(t.name, f"{TP_OVERLAP_FLAG} on is Megatron-LM's TransformerEngine TP "
+                     f"communication/GEMM overlap; {t.title} has {t.tp_overlap_instead} "
+                     "(export --to megatron-lm)")
     return t.export_text(model, layout, system, ds_config_path=ds_config_path,
-                         bucket_mb=bucket_mb, compiled=compiled, p2p_overlap=p2p_overlap)
+                         bucket_mb=bucket_mb, compiled=compiled, p2p_overlap=p2p_overlap,
+                         tp_comm_overlap=tp_comm_overlap)
 
 
 def megatron_lm_argv(model: ModelSpec, layout: Layout) -> list[str]:

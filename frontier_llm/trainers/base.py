@@ -69,6 +69,12 @@ class Trainer:
     # Whether its text renders the interleaved pipeline's p2p overlap (Megatron-Core's
     # overlap_p2p_comm; flm's --overlap-p2p-comm): flm export refuses the setting elsewhere.
     takes_p2p_overlap = False
+    # Whether its text renders Megatron-LM's --tp-comm-overlap (flm's --tp-comm-overlap): flm
+    # export refuses the setting elsewhere, naming what the trainer has instead.
+    takes_tp_overlap = False
+    # The trainer's own words for what it has in place of --tp-comm-overlap (flm export's
+    # refusal); torchtitan's async TP is another mechanism and not priced, so never mapped.
+    tp_overlap_instead = "no TP communication/GEMM overlap flm renders"
     # Whether its flags name the file of files() (Megatron-DeepSpeed's ds_config): flm export
     # --ds-config PATH writes it there.
     argv_names_files = False
@@ -77,6 +83,18 @@ class Trainer:
         """The layout as this trainer runs it, or ExportRefused (one line: the trainer's own
         reason)."""
         raise NotImplementedError
+
+    def run_settings(self, p2p_overlap: bool = False, tp_comm_overlap: bool = False
+                     ) -> dict[str, bool]:
+        """A plan's run settings as :meth:`check` takes them, each only where this trainer
+        renders it (Megatron-LM: interleaved pp 2 runs only with the p2p overlap, and the TP
+        overlap needs sequence parallelism); a trainer without one refuses it in export()."""
+        run = {}
+        if p2p_overlap and self.takes_p2p_overlap:
+            run["p2p_overlap"] = True
+        if tp_comm_overlap and self.takes_tp_overlap:
+            run["tp_comm_overlap"] = True
+        return run
 
     def argv(self, model: ModelSpec, layout: Layout, job_dir: str) -> list[str]:
         """What a sweep job appends to the user's command; config files are in ``job_dir``."""

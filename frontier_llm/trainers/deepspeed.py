@@ -121,6 +121,7 @@ class DeepSpeed(Trainer):
     order = 4
     source = "DeepSpeed 0.19 deepspeed/runtime/config.py"
     engines = (Engine.DEEPSPEED,)
+    tp_overlap_instead = "no such setting in the ds_config flm writes"
     log_reader = DeepSpeedLog()
     takes_bucket = True
     # The script is the user's: DeepSpeed has no step flag, checkpoint flag or exit signal of its

@@ -41,6 +41,10 @@ class MegatronDeepSpeed(Trainer):
     order = 2
     source = "Megatron-DeepSpeed 4efb479 megatron/arguments.py"
     engines = (Engine.MEGATRON, Engine.DEEPSPEED)
+    # Megatron-DeepSpeed's arguments.py (f4157be) has --overlap-p2p-communication but no
+    # --tp-comm-overlap: its TP collectives run exposed, so flm export refuses the setting.
+    tp_overlap_instead = ("no such flag (megatron/arguments.py at f4157be has no "
+                          "--tp-comm-overlap)")
     log_reader = MegatronLog()  # it prints Megatron's arguments and iteration lines
     step_flag = "--train-iters"
     save_flag = "--save"

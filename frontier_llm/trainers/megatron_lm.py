@@ -4,6 +4,7 @@ its refusals, the environment ``validate_args`` asserts, and its exit signal."""
 from __future__ import annotations
 
 from frontier_llm.costmodel.p2p_overlap import P2P_OVERLAP_FLAG, p2p_overlap_refusal
+from frontier_llm.costmodel.tp_overlap import TP_OVERLAP_FLAG, tp_overlap_refusal
 from frontier_llm.specs.layout import DType, Engine, Layout, PlacementKind, Schedule
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
@@ -47,6 +48,12 @@ OVERLAP_PARAM_GATHER_FLAG = "--overlap-param-gather"
 # asks for the overlap (--overlap-p2p-comm on), so an interleaved layout's command carries the
 # off-flag by default: the run is the one priced.
 NO_OVERLAP_P2P_FLAG = "--no-overlap-p2p-communication"
+# TransformerEngine's TP communication/GEMM overlap (megatron/training/arguments.py at 309ffca,
+# _add_training_args: ``--tp-comm-overlap``, action='store_true', dest tp_comm_overlap; off
+# unless given). flm's flag of the same name (TP_OVERLAP_FLAG) prices it; written only when
+# the run was priced with it, so the command runs what was priced. Its sub-switches
+# (--tp-comm-overlap-cfg, --disable-tp-comm-overlap-ag/-rs, ...) stay at Megatron's defaults.
+TP_COMM_OVERLAP_FLAG = TP_OVERLAP_FLAG
 
 
 def check_expert_tp(name: str, model: ModelSpec, layout: Layout) -> None:
@@ -94,10 +101,14 @@ class MegatronLM(Trainer):
     exit_argv = ("--exit-signal-handler",)
     takes_bucket = True  # --ddp-bucket-size
     takes_p2p_overlap = True  # --no-overlap-p2p-communication (NO_OVERLAP_P2P_FLAG)
+    takes_tp_overlap = True  # --tp-comm-overlap (TP_COMM_OVERLAP_FLAG)
 
-    def check(self, model: ModelSpec, layout: Layout, p2p_overlap: bool = False) -> Layout:
+    def check(self, model: ModelSpec, layout: Layout, p2p_overlap: bool = False,
+              tp_comm_overlap: bool = False) -> Layout:
         """The layout as Megatron-LM runs it, or ExportRefused; ``p2p_overlap``: the run
-        overlaps its interleaved pipeline sends (flm's --overlap-p2p-comm), else not."""
+        overlaps its interleaved pipeline sends (flm's --overlap-p2p-comm), else not;
+        ``tp_comm_overlap``: the run overlaps its TP collectives (flm's --tp-comm-overlap),
+        which validate_args allows only with sequence parallelism."""
         sh = layout.sharding
         sharded = {sh.params.kind, sh.grads.kind} != {PlacementKind.REPLICATE}
         if layout.shard_ranks > 1 and sharded:
@@ -126,6 +137,8 @@ class MegatronLM(Trainer):
         layout = check_engine_rules(self.name, Engine.MEGATRON, layout, model)
         if p2p_overlap and (why := p2p_overlap_refusal(layout)):
             raise refuse(self.name, why)
+        if tp_comm_overlap and (why := tp_overlap_refusal(layout)):
+            raise refuse(self.name, why)
         if layout.virtual_stages > 1 and layout.pp == 2 and not p2p_overlap:
             raise refuse(self.name, "interleaved with pp 2 and its pipeline sends not "
                          "overlapped (flm's default, as it prices them): validate_args asserts "
@@ -136,12 +149,14 @@ class MegatronLM(Trainer):
         return layout
 
     def flags(self, model: ModelSpec, layout: Layout, bucket_mb: float | None = None,
-              p2p_overlap: bool = False) -> list[str]:
+              p2p_overlap: bool = False, tp_comm_overlap: bool = False) -> list[str]:
         """``pretrain_gpt.py`` flags (ExportRefused where it cannot run the layout);
         ``bucket_mb``: a tuned gradient bucket (flm tune best's run setting); ``p2p_overlap``:
         the interleaved schedule's sends overlapped with compute, as predicted with
-        ``--overlap-p2p-comm on`` (Megatron's default: no flag), else the off-flag."""
-        layout = self.check(model, layout, p2p_overlap)
+        ``--overlap-p2p-comm on`` (Megatron's default: no flag), else the off-flag;
+        ``tp_comm_overlap``: ``--tp-comm-overlap``, as predicted with ``--tp-comm-overlap on``
+        (Megatron's default is off: no flag)."""
+        layout = self.check(model, layout, p2p_overlap, tp_comm_overlap)
         argv = (model_args(model, deepspeed=False) + batch_and_degrees(layout)
                 + moe_args(model, layout))
         if layout.cp > 1:
@@ -161,6 +176,8 @@ class MegatronLM(Trainer):
         argv += mtp_args(model)
         if layout.sequence_parallel:
             argv.append(SEQUENCE_PARALLEL_FLAG)
+        if tp_comm_overlap:  # check() refused it without sequence parallelism
+            argv.append(TP_COMM_OVERLAP_FLAG)
         argv += recompute_args(layout)
         if layout.shard_ranks > 1:
             # The gradient reduction overlapped with backward, bucket by bucket, as flm's
@@ -196,7 +213,8 @@ class MegatronLM(Trainer):
                     **options: object) -> str:
         bucket = options.get("bucket_mb")
         return render_argv(self.flags(model, layout, None if bucket is None else float(bucket),
-                                      bool(options.get("p2p_overlap"))),
+                                      bool(options.get("p2p_overlap")),
+                                      bool(options.get("tp_comm_overlap"))),
                            self.header(model, layout, system))
 
     def required_env(self, model: ModelSpec, layout: Layout) -> tuple[EnvVar, ...]:

@@ -436,6 +436,13 @@ class Torchtitan(Trainer):
     # PyTorch's context_parallel ring (context_parallel_rotate_method, written below), not
     # flm bench's single gather.
     cp_exchange = CP_EXCHANGE["torchtitan"]
+    # Its nearest to Megatron-LM's --tp-comm-overlap is async TP (torch's symmetric-memory
+    # micro-pipelining under torch.compile), a different mechanism the cost model does not
+    # price: flm export refuses the setting rather than map it.
+    tp_overlap_instead = ("async tensor parallelism instead ([parallelism] "
+                          "enable_async_tensor_parallel, only with torch.compile: "
+                          "torchtitan/config/job_config.py at v0.2.2), a different mechanism "
+                          "flm neither prices nor maps")
     log_reader = TorchtitanLog()
     # [training] steps as a command-line override (job_config.py v0.2.2, Training.steps).
     step_flag = "--training.steps"
