@@ -445,9 +445,10 @@ def test_predict_tp_comm_overlap_refused_where_megatron_does_not_run_it():
 
 
 def test_plan_tp_comm_overlap_says_where_it_cannot_act(capsys):
-    """flm plan --tp-comm-overlap on over a search with no Megatron TP layout ranks as without
-    it and says so; a #1 priced overlapped without sequence parallelism (the cost model hides
-    its collectives, Megatron-LM would assert) is named, as flm export --from-plan skips it."""
+    """flm plan --tp-comm-overlap on over a search with no Megatron TP layout with sequence
+    parallelism ranks as without it and says so; a #1 without sequence parallelism is priced
+    as Megatron-LM runs it, without the overlap (Megatron asserts sequence parallelism for
+    it), and is named, as flm export --from-plan skips it."""
     def best(*argv):
         assert main(["plan", "--model", "gpt3-125m", "--system", "dgx-h100", "--gpus", "16",
                      "--top", "1", "--format", "json", *argv]) == 0
@@ -458,10 +459,13 @@ def test_plan_tp_comm_overlap_says_where_it_cannot_act(capsys):
     same, err = best("--engine", "deepspeed", "--tp-comm-overlap", "on")
     assert same["step_time_s"] == plain["step_time_s"]
     assert "--tp-comm-overlap on has no effect here" in err
+    off, _ = best("--engine", "megatron", "--tp", "2", "--sequence-parallel", "off")
     row, err = best("--engine", "megatron", "--tp", "2", "--sequence-parallel", "off",
                     "--tp-comm-overlap", "on")
     assert row["tp"] == 2 and not row["sequence_parallel"]
-    assert "which Megatron-LM runs only with sequence parallelism" in err
+    assert row["step_time_s"] == off["step_time_s"]  # no overlap priced without SP
+    assert "priced without --tp-comm-overlap, which Megatron-LM runs only with sequence" in err
+    assert "--tp-comm-overlap on has no effect here" in err
     row, err = best("--engine", "megatron", "--tp", "2", "--sequence-parallel", "on",
                     "--tp-comm-overlap", "on")
     assert "(--tp-comm-overlap on)" in err and "has no effect" not in err

@@ -110,12 +110,12 @@ def _first_runs_where(model: ModelSpec, ranked: pd.DataFrame, p2p_overlap: bool 
     layout = layout_from_row(ranked.iloc[0])
     if (tp_comm_overlap and layout.engine == Engine.MEGATRON and layout.tp > 1
             and tp_overlap_refusal(layout)):
-        # Priced overlapped (the cost model hides its TP collectives), but Megatron-LM asserts
-        # sequence parallelism for the overlap: no trainer runs the run that was priced.
-        return (f"# rank 1 ({label(layout)}) is priced with {TP_OVERLAP_FLAG} on, which "
+        # Priced as Megatron-LM runs it, without the overlap (which it asserts sequence
+        # parallelism for): said, since the plan was asked for the overlap.
+        return (f"# rank 1 ({label(layout)}) is priced without {TP_OVERLAP_FLAG}, which "
                 "Megatron-LM runs only with sequence parallelism (validate_args asserts it): "
-                "--sequence-parallel on restricts the plan to layouts it runs; flm export "
-                "--from-plan skips this one")
+                "--sequence-parallel on restricts the plan to layouts it runs overlapped; flm "
+                f"export --from-plan with {TP_OVERLAP_FLAG} on skips this one")
     runs = []
     for name in NAMES:
         trainer = get(name)
@@ -392,7 +392,8 @@ P2P_NO_EFFECT = (f"flm plan: note: {P2P_OVERLAP_FLAG} on has no effect here: it 
 
 # The same for --tp-comm-overlap: no layout searched has Megatron-LM's TP collectives.
 TP_NO_EFFECT = (f"flm plan: note: {TP_OVERLAP_FLAG} on has no effect here: it applies to "
-                f"{TP_WHERE}, and no layout searched is engine megatron with tp > 1")
+                f"{TP_WHERE}, and no layout searched is engine megatron with tp > 1 and "
+                "sequence parallelism")
 
 
 def _any_interleaved_megatron(layouts: LayoutTable) -> bool:

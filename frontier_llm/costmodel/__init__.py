@@ -46,7 +46,9 @@ from frontier_llm.specs.system import SystemSpec
 # block-backward memory moment; DualPipe's two stages and PP+1 in-flight micro-batches per
 # rank (memory.py); Jean Zay's Omni-Path without rails. 2.8: DeepSpeed's BF16_Optimizer where
 # DeepSpeed picks it on its own (behaviour.bf16_optimizer: bf16, pp > 1, no ZeRO): fp32
-# gradient accumulation each micro-batch and fp32 reduction; other layouts unchanged.
+# gradient accumulation each micro-batch and fp32 reduction; Megatron's --tp-comm-overlap
+# priced only beside sequence parallelism, as Megatron-LM runs it (costmodel/tp_overlap.py);
+# other layouts unchanged.
 COSTMODEL_VERSION = "2.8"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",

@@ -211,8 +211,10 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     recompute = np.select([full, selective, op], [fwd, f_attn + f_softmax, op_replay], 0.0)
     recompute_comm = np.where(full, fwd_comm, 0.0)
     # Overlapped TP communication (Megatron's tp-comm-overlap) hides behind the GEMMs it is
-    # pipelined with, never more than they last.
-    overlap = np.where(behaviour(t, "tp_comm_overlap") & tp_comm_overlap,
+    # pipelined with, never more than they last; only beside sequence parallelism, the one way
+    # Megatron-LM runs it (costmodel/tp_overlap.py: validate_args asserts it).
+    overlap = np.where(behaviour(t, "tp_comm_overlap") & tp_comm_overlap
+                       & t.sequence_parallel.astype(bool),
                        system.eff("tp_overlap", 0.0), 0.0)
     hidden_by = overlap * (3 * f_dense + np.where(full, f_dense, 0))
     block_comm = np.maximum(0.0, fwd_comm + bwd_comm + recompute_comm - hidden_by)

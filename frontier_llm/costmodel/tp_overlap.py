@@ -3,14 +3,15 @@
 GEMMs; priced in :func:`~frontier_llm.costmodel.steptime.block_times`, up to the system's
 ``tp_overlap`` fraction of the GEMM time).
 
-The cost model changes it on Megatron-LM layouts with TP collectives (engine megatron, tp > 1:
-:func:`acts_on`). Megatron-LM runs it only beside sequence parallelism: ``validate_args``
-turns sequence parallelism off at tp 1 and then asserts "Tensor parallel communication/GEMM
-overlap can happen only when sequence parallelism is enabled" (NVIDIA/Megatron-LM
-core_v0.15.3, 309ffca, megatron/training/arguments.py). So ``flm predict``, the Python API and
-``flm export`` refuse alike a layout without it (:func:`tp_overlap_refusal`): a layout it
-would not change, or one Megatron-LM would not start, priced as if it ran overlapped. flm's
-other engines have no such setting (torchtitan's async TP is another mechanism, not priced).
+Megatron-LM runs it only beside sequence parallelism: ``validate_args`` turns sequence
+parallelism off at tp 1 and then asserts "Tensor parallel communication/GEMM overlap can happen
+only when sequence parallelism is enabled" (NVIDIA/Megatron-LM core_v0.15.3, 309ffca,
+megatron/training/arguments.py). So the cost model changes it on those layouts only (engine
+megatron, tp > 1, sequence parallelism: :func:`acts_on`; a plan's other layouts are priced
+as Megatron-LM runs them, without it), and ``flm predict``, the Python API and ``flm export``
+refuse it for a layout without it (:func:`tp_overlap_refusal`): one Megatron-LM would not
+start with the flag. flm's other engines have no such setting (torchtitan's async TP is
+another mechanism, not priced).
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ WHERE = "Megatron-LM with sequence parallelism only (engine megatron, tp > 1)"
 
 
 def acts_on(t: LayoutTable) -> np.ndarray:
-    """Per layout of ``t``, whether ``tp_comm_overlap`` can change its price (Megatron, tp > 1:
-    the layouts with TP collectives that steptime.block_times hides)."""
-    return (t.engine == Engine.MEGATRON.code) & (t.tp > 1)
+    """Per layout of ``t``, whether ``tp_comm_overlap`` can change its price (Megatron, tp > 1,
+    sequence parallelism: the layouts whose TP collectives steptime.block_times hides)."""
+    return (t.engine == Engine.MEGATRON.code) & (t.tp > 1) & t.sequence_parallel.astype(bool)
 
 
 def tp_overlap_refusal(layout: Layout) -> str | None:
