@@ -58,20 +58,17 @@ def _plan_layout(args: argparse.Namespace, model: ModelSpec, system) -> tuple[La
                             "(PyTorch's context_parallel ring), so its plan is priced that way; "
                             "drop the flag, or plan flm bench's own with flm plan")
         exchange = trainer.cp_exchange
-    # Priced with the plan's own --overlap-p2p-comm: the export renders the same run.
+    # Priced with the plan's own --overlap-p2p-comm and --tp-comm-overlap: the export renders
+    # the same run, so a value given beside --plan-args must agree with the plan's.
     args.plan_p2p_overlap = p2p_overlap_from_args(ns)
-    given = getattr(args, "overlap_p2p_comm", None)
-    if given is not None and (given == "on") != args.plan_p2p_overlap:
-        raise UserError(f"--overlap-p2p-comm {given} but the plan (--plan-args) prices it "
-                        f"{'on' if args.plan_p2p_overlap else 'off'}: give it in --plan-args, "
-                        "where flm plan reads it")
-    # The same for --tp-comm-overlap: the exported command overlaps TP iff the plan priced it.
     args.plan_tp_overlap = tp_overlap_from_args(ns)
-    given = getattr(args, "tp_comm_overlap", None)
-    if given is not None and (given == "on") != args.plan_tp_overlap:
-        raise UserError(f"--tp-comm-overlap {given} but the plan (--plan-args) prices it "
-                        f"{'on' if args.plan_tp_overlap else 'off'}: give it in --plan-args, "
-                        "where flm plan reads it")
+    for flag, given, priced in (
+            ("--overlap-p2p-comm", getattr(args, "overlap_p2p_comm", None), args.plan_p2p_overlap),
+            ("--tp-comm-overlap", getattr(args, "tp_comm_overlap", None), args.plan_tp_overlap)):
+        if given is not None and (given == "on") != priced:
+            raise UserError(f"{flag} {given} but the plan (--plan-args) prices it "
+                            f"{'on' if priced else 'off'}: give it in --plan-args, "
+                            "where flm plan reads it")
     # Megatron-LM's check depends on them (interleaved pp 2 needs the p2p overlap, the TP
     # overlap needs sequence parallelism); a trainer with no such setting refuses it in
     # export().

@@ -19,17 +19,26 @@ P2P_OVERLAP_HELP = (
     "(docs/costmodel.md section 5)")
 
 
+def _add_switch(p: argparse.ArgumentParser, flag: str, help_text: str,
+                default: str | None) -> None:
+    p.add_argument(flag, choices=("on", "off"), default=default, help=help_text)
+
+
+def _is_on(args: argparse.Namespace, dest: str) -> bool:
+    # Off where the command has no such flag.
+    return getattr(args, dest, "off") == "on"
+
+
 def add_p2p_overlap(p: argparse.ArgumentParser, extra: str = "",
                     default: str | None = "off") -> None:
     """``--overlap-p2p-comm on|off`` (default off), styled as ``--tp-comm-overlap``;
     ``default`` None where the command must tell a given value from none (flm export)."""
-    p.add_argument(P2P_OVERLAP_FLAG, choices=("on", "off"), default=default,
-                   help=P2P_OVERLAP_HELP + extra)
+    _add_switch(p, P2P_OVERLAP_FLAG, P2P_OVERLAP_HELP + extra, default)
 
 
 def p2p_overlap_from_args(args: argparse.Namespace) -> bool:
     """Whether the flags ask for the overlap (off where the command has no such flag)."""
-    return getattr(args, "overlap_p2p_comm", "off") == "on"
+    return _is_on(args, "overlap_p2p_comm")
 
 
 TP_OVERLAP_HELP = (
@@ -45,13 +54,12 @@ def add_tp_overlap(p: argparse.ArgumentParser, extra: str = "",
                    default: str | None = "off") -> None:
     """``--tp-comm-overlap on|off`` (default off); ``default`` None where the command must
     tell a given value from none (flm export)."""
-    p.add_argument(TP_OVERLAP_FLAG, choices=("on", "off"), default=default,
-                   help=TP_OVERLAP_HELP + extra)
+    _add_switch(p, TP_OVERLAP_FLAG, TP_OVERLAP_HELP + extra, default)
 
 
 def tp_overlap_from_args(args: argparse.Namespace) -> bool:
     """Whether the flags ask for TP overlap (off where the command has no such flag)."""
-    return getattr(args, "tp_comm_overlap", "off") == "on"
+    return _is_on(args, "tp_comm_overlap")
 
 
 __all__ = ["P2P_OVERLAP_HELP", "TP_OVERLAP_HELP", "add_p2p_overlap", "add_tp_overlap",
