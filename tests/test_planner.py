@@ -85,6 +85,30 @@ def test_oom_layouts_are_rejected_with_their_reason():
     assert not np.any(np.diff(tight[order].astype(int)) < 0)  # no fit after a tight one
 
 
+def test_tight_layouts_under_the_capacity_rank_before_those_over_it():
+    """gpt-22b on one DGX H100: every kept layout is tight. The fastest (tp1 pp4 dp2, 91 GB)
+    is predicted over the 80 GB; one a few percent slower (tp2 pp2 sp, 77 GB) under it: the
+    one predicted to fit ranks first, and the frontier keeps both groups in that order."""
+    p = plan(load_model("gpt-22b"), load_system("dgx-h100"), 8)
+    capacity = p.system.memory_bytes
+    mem, tps = p.figures["peak_memory_bytes"], p.figures["tokens_per_s"]
+    order = p.order()
+    tight = p.figures["memory_tight"][order]
+    over = tight & (mem[order] > capacity)
+    assert tight.all() and over.any() and (~over).any()
+    assert tps[order][over].max() > tps[order][~over].max()  # the case the groups decide
+    assert not np.any(np.diff(over.astype(int)) < 0)  # none under after one over
+    assert mem[order[0]] <= capacity
+    shown = p.ranked_indices(None, frontier=True)
+    shown_over = mem[shown] > capacity
+    assert shown_over.any() and not shown_over[0]
+    assert not np.any(np.diff(shown_over.astype(int)) < 0)
+    # An over layout is shown only when faster than every layout under the capacity.
+    assert tps[shown[shown_over]].min() > tps[shown[~shown_over]].max()
+    for group in (shown[~shown_over], shown[shown_over]):
+        assert (np.diff(tps[group]) <= 0).all() and (np.diff(mem[group]) < 0).all()
+
+
 def test_rejection_counts_add_up(frontier_22b):
     total = int(frontier_22b.valid.sum()) + sum(frontier_22b.rejections().values())
     assert total == len(frontier_22b.reason)

@@ -78,16 +78,24 @@ class Plan:
         return self.reason == 0
 
     def order(self) -> np.ndarray:
-        """Indices of valid layouts, those that fit first, then the tight ones; fastest first
-        within each (ties: less memory first)."""
+        """Indices of valid layouts: those that fit, then the tight ones whose point estimate
+        of peak memory is within the device, then the tight ones whose point estimate is over
+        it; fastest first within each group (ties: less memory first)."""
         if self._order is None:
             idx = np.flatnonzero(self.valid)
-            # Tight layouts (their memory interval straddles the device) after those that fit.
-            tight = self.figures.get("memory_tight", np.zeros(len(self.reason), dtype=bool))
             keys = (self.figures["peak_memory_bytes"][idx], -self.figures["tokens_per_s"][idx],
-                    tight[idx])
+                    self.memory_group()[idx])
             self._order = idx[np.lexsort(keys)]
         return self._order
+
+    def memory_group(self) -> np.ndarray:
+        """Per row, how sure the plan is that it fits: 0 its whole memory interval fits, 1 it
+        is tight (the interval straddles the device) with the point estimate within the
+        device, 2 tight with the point estimate over it. A tight layout ranked by speed alone
+        put one predicted over the capacity before a slower one predicted under it."""
+        tight = self.figures.get("memory_tight", np.zeros(len(self.reason), dtype=bool))
+        over = self.figures["peak_memory_bytes"] > self.system.memory_bytes
+        return tight.astype(np.int8) + (tight & over).astype(np.int8)
 
     def rejections(self) -> dict[str, int]:
         counts = np.bincount(self.reason, minlength=len(REASONS))
@@ -133,17 +141,23 @@ class Plan:
         return idx if top is None else idx[:top]
 
     def _frontier(self, idx: np.ndarray) -> np.ndarray:
-        """The non-dominated layouts of ``order()``: those that fit, then the tight ones that
-        are faster than every layout that fits (a tight layout always needs more memory than
-        one that fits, so a slower one is dominated), each group fastest first."""
-        tight = self.figures.get("memory_tight", np.zeros(len(self.reason), dtype=bool))[idx]
+        """The non-dominated layouts of ``order()``, group by group (:meth:`memory_group`):
+        those that fit, then the tight ones under the capacity that are faster than every
+        layout before them, then the tight ones over it that are faster still (a later group's
+        layout needs more memory than an earlier one's, so a slower one is dominated), each
+        group fastest first."""
+        group = self.memory_group()[idx]
         mem, tps = self.figures["peak_memory_bytes"], self.figures["tokens_per_s"]
-        fits = idx[~tight]
-        fits = fits[non_dominated(mem[fits])]
-        over = idx[tight]
-        if len(fits):
-            over = over[tps[over] > tps[fits].max()]
-        return np.concatenate([fits, over[non_dominated(mem[over])]])
+        kept: list[np.ndarray] = []
+        fastest = -np.inf
+        for g in range(3):
+            members = idx[group == g]
+            members = members[tps[members] > fastest]
+            members = members[non_dominated(mem[members])]
+            if len(members):
+                fastest = max(fastest, float(tps[members].max()))
+            kept.append(members)
+        return np.concatenate(kept)
 
     def layout(self, i: int) -> Layout:
         """Row ``i`` as a Layout object (what the sweep turns into a job)."""
@@ -297,7 +311,8 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
             figures[key][ok] = values
     # The verdict (docs/planner.md, "Will it fit?"): a layout is rejected only when even the
     # low end of its memory interval exceeds the device (``exceeds``); one whose interval
-    # straddles the capacity is ``tight``: kept, ranked after every layout that fits.
+    # straddles the capacity is ``tight``: kept, ranked after every layout that fits (those
+    # whose point estimate is within the device first: Plan.memory_group).
     low, high = memory_bounds(sub["peak_memory_bytes"])
     exceeds = low > system.memory_bytes
     figures["memory_tight"] = np.zeros(len(reason), dtype=bool)
