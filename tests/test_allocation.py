@@ -250,6 +250,19 @@ def test_plan_json_carries_intervals_and_the_budget(capsys):
     assert first["steps"] == math.ceil(3e11 / (first["global_batch"] * 2048))
 
 
+def test_a_curve_point_with_only_tight_layouts_shows_the_best_tight_one(capsys):
+    """gpt-175b on 64 Frontier GCDs keeps only tight layouts (the best one's point estimate,
+    77 GB, is over the 64 GB GCD; its interval starts below it): the curve shows that layout,
+    marked tight, as flm plan --gpus 64 ranks it, not a blank row."""
+    argv = ["plan", "--model", "gpt-175b", "--system", "frontier", "--curve", "32-128"]
+    assert main(argv) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows["32"] == ["32", "False"]  # nothing kept at 32
+    assert "tight" in rows["64"] and rows["64"][-1] == "False"
+    assert rows["64"][1:4] == ["4", "8", "2"]  # tp pp dp of flm plan --gpus 64's rank 1
+    assert "fits" in rows["128"] and rows["128"][-1] == "True"
+
+
 def test_plan_deadline_on_a_short_curve(capsys):
     """The CLI's choice is the curve's row with the fewest node-hours among those whose
     interval's high end finishes by the deadline, and it says so."""

@@ -289,7 +289,15 @@ def run_curve(
             file=sys.stdout if args.format == "table" else sys.stderr,
         )
         return 0 if selection.row is not None else 1
-    return 0 if cur["fits"].astype(bool).any() else 1
+    return 0 if curve_has_layout(cur).any() else 1
+
+
+def curve_has_layout(cur: pd.DataFrame) -> np.ndarray:
+    """Per curve row, whether the plan kept a layout at that count (one that fits or a tight
+    one: planner.plan's verdict), not only whether its point estimate fits."""
+    if "step_time_s" not in cur:
+        return np.zeros(len(cur), dtype=bool)
+    return cur["step_time_s"].notna().to_numpy()
 
 
 def curve_counts(args: argparse.Namespace, system: SystemSpec) -> list[int]:
@@ -301,12 +309,16 @@ def curve_counts(args: argparse.Namespace, system: SystemSpec) -> list[int]:
 
 
 def curve_table(cur: pd.DataFrame, args: argparse.Namespace) -> pd.DataFrame:
-    """The curve as a readable table: one row per GPU count (blank where nothing fits)."""
+    """The curve as a readable table: one row per GPU count (blank where no layout is kept).
+    A count whose best layout is tight (its memory interval straddles the device; the point
+    estimate may be over it, so ``fits`` is False) shows that layout, its ``mem`` column
+    ``tight``: blank said nothing could run where the plan keeps a layout that may."""
     fits = cur["fits"].astype(bool).to_numpy()
-    if not fits.any():
+    kept = curve_has_layout(cur)
+    if not kept.any():
         return pd.DataFrame({"gpus": cur["gpus"], "fits": fits})
-    # The counts where nothing fits made the layout's integer columns floats: back to counts.
-    ok = cur[fits].astype({n: int for n, kind in layout_types().items()
+    # The counts without a layout made the layout's integer columns floats: back to counts.
+    ok = cur[kept].astype({n: int for n, kind in layout_types().items()
                            if kind is int and n in cur})
     out = pd.DataFrame({"gpus": ok["gpus"].astype(int)})
     if "nodes" in ok:
@@ -321,10 +333,10 @@ def curve_table(cur: pd.DataFrame, args: argparse.Namespace) -> pd.DataFrame:
     out["step_s"] = ok["step_time_s"].round(2)
     out = display_columns(out, ok, args)
     out = out.astype(object)
-    # Counts where nothing fits: the GPU count and a blank row.
-    missing = pd.DataFrame({"gpus": cur.loc[~fits, "gpus"].astype(int)}).astype(object)
+    # Counts without a layout: the GPU count and a blank row.
+    missing = pd.DataFrame({"gpus": cur.loc[~kept, "gpus"].astype(int)}).astype(object)
     table = pd.concat([out, missing]).sort_values("gpus", kind="stable")
-    if len(missing):
+    if not fits.all():
         table["fits"] = [bool(f) for f in fits[np.argsort(cur["gpus"].to_numpy(), kind="stable")]]
     return table.fillna("").reset_index(drop=True)
 
