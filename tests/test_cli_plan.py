@@ -470,3 +470,75 @@ def test_plan_tp_comm_overlap_says_where_it_cannot_act(capsys):
                     "--tp-comm-overlap", "on")
     assert "(--tp-comm-overlap on)" in err and "has no effect" not in err
     assert "runs only with sequence parallelism" not in err
+
+
+def _record_plans(monkeypatch) -> list[dict]:
+    """Every planner.plan call flm plan's paths make, by its keywords (the real plan runs)."""
+    from frontier_llm.cli import allocation as alloc_cli
+    from frontier_llm.cli import plan as plan_cli
+    from frontier_llm.planner import plan as real_plan
+
+    calls: list[dict] = []
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs)
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(plan_cli, "plan", recording)
+    monkeypatch.setattr(alloc_cli, "plan", recording)
+    return calls
+
+
+def test_min_gpus_prices_every_run_setting(capsys, monkeypatch):
+    """--min-gpus planned without --overlap-p2p-comm, --tp-comm-overlap, --eager and
+    --deepspeed-overlap-comm: each of its plans now gets every run setting the flags give."""
+    calls = _record_plans(monkeypatch)
+    assert main(["plan", "--model", "gpt-22b", "--system", "dgx-h100", "--gpus", "64",
+                 "--engine", "megatron", "--min-gpus", "--overlap-p2p-comm", "on",
+                 "--tp-comm-overlap", "on", "--eager", "--deepspeed-overlap-comm", "off",
+                 "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["min_gpus"][0]["min_gpus"] is not None
+    assert len(calls) >= 2
+    for kw in calls:
+        assert kw["p2p_overlap"] is True and kw["tp_comm_overlap"] is True, kw
+        assert kw["eager"] is True and kw["overlap_comm"] is False, kw
+
+
+def test_compared_systems_price_the_moe_run_settings(capsys, monkeypatch):
+    """--system A,B dropped --moe-overlap and --moe-dispatcher: each system's rows are now the
+    ones flm plan --system NAME gives with the same flags."""
+    import io
+
+    import pandas as pd
+
+    from frontier_llm.costmodel.moe import MoeRun
+
+    calls = _record_plans(monkeypatch)
+    flags = ["--model", "mixtral-8x7b", "--nodes", "4", "--engine", "megatron",
+             "--moe-overlap", "ep-a2a", "--moe-dispatcher", "flex", "--top", "3",
+             "--format", "csv"]
+    assert main(["plan", "--system", "dgx-h100,dgx-a100", *flags]) == 0
+    both = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert [kw["moe_run"] for kw in calls] == [MoeRun("ep-a2a", "flex")] * 2
+    assert main(["plan", "--system", "dgx-h100", *flags]) == 0
+    alone = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    h100 = both[both["system"] == "dgx-h100"].reset_index(drop=True)
+    assert h100["step_time_s"].tolist() == alone["step_time_s"].tolist()
+
+
+def test_one_place_builds_every_run_setting_plan_takes():
+    """cli/run_settings.py gives every keyword of planner.plan that is a run setting (all but
+    the calibration-only ones), and the curve takes the same: a setting added to the planner
+    must be added there, where every flm plan path reads it."""
+    import argparse
+    import inspect
+
+    from frontier_llm.cli.run_settings import CALIBRATION_ONLY, run_settings
+    from frontier_llm.planner import plan as plan_fn
+    from frontier_llm.planner.allocation import allocation_curve
+
+    given = set(run_settings(argparse.Namespace()))
+    params = list(inspect.signature(plan_fn).parameters)
+    settings = set(params[params.index("space") + 1:]) - set(CALIBRATION_ONLY)
+    assert given == settings
+    assert given <= set(inspect.signature(allocation_curve).parameters)

@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 
 from frontier_llm.cli.common import emit_frame, emit_json
-from frontier_llm.cli.moe_args import moe_run_from_args
 from frontier_llm.cli.numbers import MAX_GPUS, count, days, fraction, positive_float, tokens
 from frontier_llm.cli.overlap_args import (
     add_p2p_overlap,
@@ -22,6 +21,7 @@ from frontier_llm.cli.overlap_args import (
     tp_overlap_from_args,
 )
 from frontier_llm.cli.progress import Progress
+from frontier_llm.cli.run_settings import run_settings
 from frontier_llm.planner import SearchSpace, annotations, plan
 from frontier_llm.planner import allocation as alloc
 from frontier_llm.planner.annotations import DEFAULT_CURVE
@@ -247,12 +247,7 @@ def run_curve(
             on_count=lambda i: bar.update(i, len(counts)),
             global_batch=args.global_batch,
             grow_batch=args.grow_batch,
-            eager=args.eager,
-            overlap_comm=args.deepspeed_overlap_comm == "on",
-            tp_comm_overlap=tp_overlap_from_args(args),
-            moe_run=moe_run_from_args(args),
-            cp_exchange=getattr(args, "cp_exchange", None),
-            p2p_overlap=p2p_overlap_from_args(args),
+            **run_settings(args),
         )
     selection = None
     if args.deadline is not None:
@@ -349,12 +344,12 @@ def run_min_gpus(
     from dataclasses import replace
 
     counts = alloc.power_of_two_counts(1, MAX_GPUS)
+    settings = run_settings(args)
     rows = []
     for engine in knob_values(space, "engine"):
         sub = replace(space, engine=(engine,))
         smallest = alloc.min_gpus(
-            lambda n, sub=sub: plan(model, system, n, None, sub, moe_run=moe_run_from_args(args),
-                                    cp_exchange=args.cp_exchange),
+            lambda n, sub=sub: plan(model, system, n, None, sub, **settings),
             counts)
         row = {
             "engine": engine,
@@ -368,8 +363,7 @@ def run_min_gpus(
             row["min_gpus"] = smallest.gpus
             row["largest_micro_batch_at_min"] = int(best["micro_batch"].iloc[0])
         here = alloc.largest_micro_batch(plan(model, system, args.gpus, args.global_batch, sub,
-                                                  moe_run=moe_run_from_args(args),
-                                                  cp_exchange=args.cp_exchange))
+                                              **settings))
         if len(here):
             row["largest_micro_batch_at_gpus"] = int(here["micro_batch"].iloc[0])
         rows.append(row)

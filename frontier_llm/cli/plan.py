@@ -33,6 +33,7 @@ from frontier_llm.cli.overlap_args import (
     p2p_overlap_from_args,
     tp_overlap_from_args,
 )
+from frontier_llm.cli.run_settings import run_settings
 from frontier_llm.costmodel import predict
 from frontier_llm.costmodel.layouts import LayoutTable
 from frontier_llm.costmodel.p2p_overlap import P2P_OVERLAP_FLAG, WHERE, p2p_overlap_refusal
@@ -189,11 +190,7 @@ def _compare_systems(args: argparse.Namespace) -> int:
             print(f"flm plan: {wrong}", file=sys.stderr)
             return 2
         space = SearchSpace(dtype=args.dtype, **space_from_args(args))
-        result = plan(model, system, one.gpus, args.global_batch, space, eager=args.eager,
-                      overlap_comm=args.deepspeed_overlap_comm == "on",
-                      tp_comm_overlap=tp_overlap_from_args(args),
-                      cp_exchange=args.cp_exchange,
-                      p2p_overlap=p2p_overlap_from_args(args))
+        result = plan(model, system, one.gpus, args.global_batch, space, **run_settings(args))
         ranked = result.ranked(args.top, fits_only=not args.include_oom, frontier=not args.all)
         ranked = alloc_cli.annotate(ranked, model, system, one, args.top)
         nodes = -(-one.gpus // system.gpus_per_node)
@@ -234,11 +231,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if alloc_cli.wants_curve(args):
         return alloc_cli.run_curve(args, model, system, space)
     start = time.perf_counter()
-    result = plan(model, system, args.gpus, args.global_batch, space, eager=args.eager,
-                  overlap_comm=args.deepspeed_overlap_comm == "on",
-                  tp_comm_overlap=tp_overlap_from_args(args),
-                  moe_run=moe_run_from_args(args), cp_exchange=args.cp_exchange,
-                  p2p_overlap=p2p_overlap_from_args(args))
+    result = plan(model, system, args.gpus, args.global_batch, space, **run_settings(args))
     seconds = time.perf_counter() - start
     ranked = result.ranked(None if args.risk_aware else args.top,
                            fits_only=not args.include_oom, frontier=not args.all)
@@ -303,9 +296,7 @@ def _with_speedup(ranked: pd.DataFrame, result, model: ModelSpec, system, args
     other = "bf16" if args.dtype == "fp8" else "fp8"
     idx = result.ranked_indices(None if args.risk_aware else args.top,
                                 fits_only=not args.include_oom, frontier=not args.all)
-    fig = in_dtype(model, system, result.layouts.take(idx), other, args.eager,
-                   args.deepspeed_overlap_comm == "on", args.cp_exchange,
-                   p2p_overlap_from_args(args), tp_overlap_from_args(args))
+    fig = in_dtype(model, system, result.layouts.take(idx), other, **run_settings(args))
     mine = result.figures["step_time_s"][idx]
     out = ranked.copy()
     # annotate() may drop or reorder rows (--risk-aware): align on the rank the plan gave.

@@ -229,17 +229,18 @@ def check_space_fp8(system: SystemSpec, space) -> None:
 def in_dtype(model: ModelSpec, system: SystemSpec, layouts: LayoutTable, dtype: str,
              eager: bool = False, overlap_comm: bool = True,
              cp_exchange: str | None = None, p2p_overlap: bool = False,
-             tp_comm_overlap: bool = False) -> dict[str, np.ndarray]:
+             tp_comm_overlap: bool = False, moe_run: MoeRun = NO_OVERLAP
+             ) -> dict[str, np.ndarray]:
     """The cost model's figures for the same layouts trained in ``dtype`` (``flm plan
     --fp8-speedup``: an fp8 plan's layouts in bf16, or a bf16 plan's in fp8), with the plan's
-    ``cp_exchange``, ``p2p_overlap`` and ``tp_comm_overlap`` (:func:`plan`), so both
-    precisions are the same run."""
+    ``cp_exchange``, ``p2p_overlap``, ``tp_comm_overlap`` and ``moe_run`` (:func:`plan`), so
+    both precisions are the same run."""
     if dtype == "fp8":
         check_fp8(system, dtype)
     cols = layouts.columns()
     cols["dtype"] = np.full(len(layouts), DType(dtype).code, dtype=cols["dtype"].dtype)
     return evaluate(model, system, LayoutTable(**cols), eager, overlap_comm,
-                    tp_comm_overlap=tp_comm_overlap, p2p_overlap=p2p_overlap,
+                    tp_comm_overlap=tp_comm_overlap, moe_run=moe_run, p2p_overlap=p2p_overlap,
                     cp_exchange=cp_exchange)
 
 
