@@ -126,14 +126,40 @@ def test_an_mi250x_family_short_of_rows_rests_on_the_mi250x_rows_not_nvidias():
         short = intervals.step_width(load_system(system), "megatron", 0.8, res,
                                      sharding="zero1", gpus=64)
         worst = float(np.max(np.abs(use[use["family"] == "megatron@amd"]["loso_log_residual"])))
-        assert short.q == max(q, worst) and f"too few for 80%: at least {name}" in short.basis
+        assert short.q == max(q, worst) == worst
+        assert f"too few for 80%: their largest error, wider than {name}" in short.basis
         other_gpu = intervals.step_width(load_system(system), "native", 0.8, res,
                                          sharding="zero3", gpus=8)
-        assert other_gpu.q >= q and f"widened to at least {name}" in other_gpu.basis
+        assert other_gpu.q >= q and name in other_gpu.basis
     # Beyond the rows' scale the all-family quantile still bounds it from below.
     far = intervals.step_width(load_system("frontier"), "native", 0.8, res, sharding="zero3",
                                gpus=4096)
     assert "all-family" in far.basis
+
+
+def test_the_basis_says_whether_a_fallback_widened_the_interval():
+    """Frontier's bases said "widened to at least" a fallback the width already exceeded
+    (gpt-1t under Megatron-LM at 3,072 GCDs: the one megatron@amd row's error, ×1.39, is wider
+    than the MI250X and all-family quantiles): each clause now says which it was."""
+    res = intervals.load_residuals()
+    frontier = load_system("frontier")
+    megatron = intervals.step_width(frontier, "megatron", 0.8, res, sharding="zero1",
+                                    gpus=3072)
+    assert "widened" not in megatron.basis
+    assert "beyond them in scale (3072 GPUs > 2 x 64): already wider than the all-family " \
+           "quantile" in megatron.basis
+    fsdp = intervals.step_width(frontier, "native", 0.8, res, sharding="zero3", gpus=64)
+    assert "widened" not in fsdp.basis
+    assert "(the family ran on mi300x, mi325x): already wider than the AMD MI250X" in fsdp.basis
+    # Where the fallback does set the width, the basis says so.
+    h100 = intervals.step_width(load_system("dgx-h100"), "deepspeed", 0.8, res,
+                                sharding="zero1", gpus=64)
+    own = intervals.residual_quantile(
+        intervals.usable(res).query("family == 'deepspeed@nvidia'")["loso_log_residual"], 0.8)
+    assert h100.q > own and "widened to the NVIDIA H100-SXM5 80GB quantile" in h100.basis
+    # Equal to the fallback: said as such, not as widened.
+    assert intervals._at_least(0.2, 0.2, "x") == (0.2, "already as wide as x")
+    assert intervals._at_least(0.1, 0.2, "x") == (0.2, "widened to x")
 
 
 def test_low_confidence_rows_carry_no_weight():

@@ -215,21 +215,35 @@ def family_width(residuals: pd.DataFrame, fam: str, system: str, gpus: float | N
              f"({', '.join(sorted(rows['source'].unique()))}; on "
              f"{', '.join(sorted(set(rows['system'])))}), leave-one-source-out")
     if not math.isfinite(q):
-        q = max(ref, float(np.max(np.abs(group))))
-        basis += f"; too few for {confidence:.0%}: at least {ref_name}"
+        worst = float(np.max(np.abs(group)))
+        q = max(ref, worst)
+        basis += (f"; too few for {confidence:.0%}: "
+                  + (f"their largest error, wider than {ref_name}" if worst > ref
+                     else f"widened to {ref_name}"))
     ran_on = sorted(set(rows["system"]))
     if system not in ran_on and gpu not in {gpu_of(s) for s in ran_on}:
         # Another system with the same GPU (Frontier and LUMI-G: MI250X GCDs on Slingshot 11)
         # runs the same kernels: within the family's rows, not beyond them.
-        q = max(q, ref)
+        q, words = _at_least(q, ref, ref_name)
         basis += (f"; beyond them in system {system} (the family ran on {', '.join(ran_on)}): "
-                  f"widened to at least {ref_name}")
+                  f"{words}")
     top = float(rows["gpus"].max())
     if gpus is not None and np.isfinite(gpus) and gpus > SCALE_REACH * top:
-        q = max(q, residual_quantile(pool, confidence))
-        basis += (f"; beyond them in scale ({gpus:.0f} GPUs > {SCALE_REACH:g} x {top:.0f}): "
-                  f"widened to at least the all-family quantile of {len(pool)} rows")
+        q, words = _at_least(q, residual_quantile(pool, confidence),
+                             f"the all-family quantile of {len(pool)} rows")
+        basis += f"; beyond them in scale ({gpus:.0f} GPUs > {SCALE_REACH:g} x {top:.0f}): {words}"
     return Width(q, basis)
+
+
+def _at_least(q: float, floor: float, floor_name: str) -> tuple[float, str]:
+    """``q`` raised to ``floor``, and words that say whether it was: a basis that said
+    "widened to at least" where the width was already wider told a reader the fallback had
+    set it."""
+    if floor > q:
+        return floor, f"widened to {floor_name}"
+    if floor == q:
+        return q, f"already as wide as {floor_name}"
+    return q, f"already wider than {floor_name}"
 
 
 def step_width(
@@ -288,13 +302,13 @@ def moe_width(width: Width, confidence: float = DEFAULT_CONFIDENCE,
     pool = residual_quantile(ok["loso_log_residual"].to_numpy(float), confidence)
     moe = ok[ok["family"].fillna("").astype(str).str.contains("+moe", regex=False)]
     if moe.empty:
-        return Width(max(width.q, pool), f"no MoE calibration: widened to at least the "
-                                         f"all-family quantile ({width.basis})")
+        q, words = _at_least(width.q, pool, "the all-family quantile")
+        return Width(q, f"no MoE calibration: {words} ({width.basis})")
     worst = float(np.max(np.abs(moe["loso_log_residual"].to_numpy(float))))
-    return Width(max(width.q, pool, worst),
-                 f"{len(moe)} MoE calibration row(s) of {moe['source'].nunique()} source(s): "
-                 f"widened to at least their largest error and the all-family quantile "
-                 f"({width.basis})")
+    q, words = _at_least(width.q, max(pool, worst),
+                         "the larger of their largest error and the all-family quantile")
+    return Width(q, f"{len(moe)} MoE calibration row(s) of {moe['source'].nunique()} "
+                    f"source(s): {words} ({width.basis})")
 
 
 def check_confidence(confidence: float) -> None:
