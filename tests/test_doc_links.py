@@ -73,3 +73,47 @@ def test_the_published_runs_ship_with_the_package():
     assert "Korthikanti" in readme and "arXiv 2205.05198" in readme
     assert "frontier_llm/planner/data/calibration_runs*.csv" in (ROOT / "README.md").read_text()
     assert "published_runs_a.csv" in readme and "calibration_runs_published.csv" in readme
+
+
+def test_doc_examples_reruns_every_plan_transcript_in_the_form_the_doc_gives(tmp_path,
+                                                                            monkeypatch):
+    """analysis/doc_examples.py reran only the transcripts whose stderr lines sit in the
+    command's block: one whose stderr is a separate ``stderr (exit N):`` block kept its old
+    interval line. Every form is now rerun (the command's run is stubbed here): combined
+    (stderr first), split (stdout above, stderr in its block, the exit status rewritten) and
+    stdout alone; a line that moved only in its timing stays as it was."""
+    import importlib
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(ROOT / "analysis"))
+    try:
+        doc_examples = importlib.import_module("doc_examples")
+    finally:
+        sys.path.remove(str(ROOT / "analysis"))
+
+    def fake_run(argv, **_):
+        words = " ".join(argv)
+        return subprocess.CompletedProcess(
+            argv, 1 if "--deadline" in words else 0, stdout=f"table for {argv[-1]}\n",
+            stderr="# plan: 10 layouts evaluated in 0.99 s\n# intervals at 80%: new\n")
+
+    monkeypatch.setattr(doc_examples.subprocess, "run", fake_run)
+    page = tmp_path / "page.md"
+    page.write_text("\n".join([
+        "```", "$ flm plan --top 1",
+        "# plan: 10 layouts evaluated in 0.04 s", "# intervals at 80%: old", "table old", "```",
+        "", "```", "$ flm plan --deadline 9d --top 2", "table old", "```", "",
+        "stderr (exit 0):", "", "```", "# plan: 10 layouts evaluated in 0.04 s",
+        "# intervals at 80%: old", "```", "",
+        "```", "$ flm plan --top 3", "table old", "```", "",
+        "```", "$ flm export --top 4", "untouched", "```", ""]))
+    assert doc_examples.rerun(page) == 3
+    assert page.read_text().split("\n") == [
+        "```", "$ flm plan --top 1",
+        "# plan: 10 layouts evaluated in 0.04 s", "# intervals at 80%: new", "table for 1", "```",
+        "", "```", "$ flm plan --deadline 9d --top 2", "table for 2", "```", "",
+        "stderr (exit 1):", "", "```", "# plan: 10 layouts evaluated in 0.04 s",
+        "# intervals at 80%: new", "```", "",
+        "```", "$ flm plan --top 3", "table for 3", "```", "",
+        "```", "$ flm export --top 4", "untouched", "```", ""]
