@@ -79,7 +79,7 @@ def test_fp8_nvidia_family_error(table):
     row, FP8 parameters on the 11,616-GPU GPT-3 row, NVIDIA's GB200 rows and HPE's H200 row,
     11.89 %; the interleaved rows' overlapped pipeline sends, overlap_p2p_comm, 10.27 %; and
     PyTorch's context_parallel ring priced for TorchTitan's cp rows, 10.1 %). TorchTitan's
-    cp 4 / cp 8 rows (46 % and 54 % fast) carry much of what is left.
+    cp 4 / cp 8 rows (45 % and 53 % fast) carry much of what is left.
     TorchTitan's rows are predicted with the Grand Teton knob its bf16 row was not fitted to
     (analysis/fp8_loso.py systems_left_out)."""
     fam = family_errors(table).set_index("family")

@@ -115,9 +115,14 @@ def test_kv_exchange_volume_and_time_by_hand():
     got = cp_exchange_times(m, system, t, e, 0.0, ring)[0]
     assert got == pytest.approx(2 * gather + cp * hop2, rel=1e-12)
     assert comm.link_for_span(system, tp * cp)[0][()] == pytest.approx(bw)
-    # Attention longer than every collective hides all but the last dK/dV send, which the
-    # backward waits for after its last partial attention.
-    assert cp_exchange_times(m, system, t, e, 1.0, ring)[0] == pytest.approx(hop2, rel=1e-12)
+    # Eager, attention longer than every collective hides all but the last dK/dV send, which
+    # the backward waits for after its last partial attention.
+    assert cp_exchange_times(m, system, t, e, 1.0, ring, eager=True)[0] == pytest.approx(
+        hop2, rel=1e-12)
+    # Compiled (the default, as torchtitan compiles each block whole), every collective of the
+    # traced ring is waited at once: nothing hides, however long the attention.
+    assert cp_exchange_times(m, system, t, e, 1.0, ring)[0] == pytest.approx(
+        2 * gather + cp * hop2, rel=1e-12)
     # Megatron's ring: 3 steps forward of one chunk and 3 backward of two, with no attention
     # to hide behind (attention time 0) all exposed; the wrap-around hop spans 7 ranks.
     mt = from_configs([_layout(tp=tp, cp=cp, dp=1, global_batch=4, engine="megatron")])
@@ -139,6 +144,39 @@ def test_kv_exchange_volume_and_time_by_hand():
                                        engine="megatron")])
             assert cp_exchange_times(m, system, rt, e, 0.0)[0] == pytest.approx(
                 (6 if ring_again else 3) * hop + 3 * hop2)
+
+
+def test_compiled_ring_waits_for_every_collective():
+    """torchtitan compiles each block whole (fullgraph), so PyTorch's ring is traced, and a
+    traced functional collective is waited at once (``_maybe_wrap_tensor``): the compiled
+    ring's K/V gathers and dK/dV sends are exposed whatever the attention, where the eager
+    ring hides all but the last send (docs/costmodel.md, "The K/V exchange"). Only cp_comm
+    moves, by exactly the exchange's difference, layers x micro-batches."""
+    from frontier_llm.costmodel import comm, evaluate
+    from frontier_llm.costmodel.layouts import from_configs
+    from frontier_llm.costmodel.steptime import kv_exchange_bytes
+
+    m, system = _model("llama3-8b", 131072), load_system("dgx-h100")
+    cp, e = 4, 2
+    t = from_configs([_layout(tp=1, cp=cp, pp=1, dp=2, global_batch=2, recompute="full")])
+    compiled, eager = (evaluate(m, system, t, eager=x, cp_exchange="ring") for x in (False, True))
+    chunk = kv_exchange_bytes(m, t, e)
+    gather = comm.all_gather(system, cp, 1, cp * chunk)[0]
+    grads = comm.send_recv(system, cp - 1, chunk * 2.0)[0]
+    # Full recompute: the forward's gather, the replay's, the backward's, and cp sends.
+    serial = 3 * gather + cp * grads
+    # Eager at these shapes: every collective but the last dK/dV send hides behind attention.
+    overlapped = grads
+    micro_batches = 1
+    diff = compiled["time_cp_comm_s"][0] - eager["time_cp_comm_s"][0]
+    assert diff == pytest.approx(m.layers * micro_batches * (serial - overlapped), rel=1e-9)
+    assert diff > 0
+    # The native gather (flm bench's) and Megatron's ring do not depend on compilation here.
+    for other in (dict(), dict(engine="megatron")):
+        o = from_configs([_layout(tp=1, cp=cp, pp=1, dp=2, global_batch=2, recompute="full",
+                                  **other)])
+        a, b = (evaluate(m, system, o, eager=x)["time_cp_comm_s"][0] for x in (False, True))
+        assert a == b
 
 
 def test_native_merge_bytes_by_hand():

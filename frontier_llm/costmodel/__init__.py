@@ -48,8 +48,10 @@ from frontier_llm.specs.system import SystemSpec
 # DeepSpeed picks it on its own (behaviour.bf16_optimizer: bf16, pp > 1, no ZeRO): fp32
 # gradient accumulation each micro-batch and fp32 reduction; Megatron's --tp-comm-overlap
 # priced only beside sequence parallelism, as Megatron-LM runs it (costmodel/tp_overlap.py);
-# other layouts unchanged.
-COSTMODEL_VERSION = "2.8"
+# other layouts unchanged. 2.9: PyTorch's context_parallel ring compiled (eager False) waits
+# for each K/V gather and dK/dV send at once (traced functional collectives), nothing overlapped
+# (steptime.cp_exchange_times); the eager ring and other layouts unchanged.
+COSTMODEL_VERSION = "2.9"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
               "pp_bubble", "head", "dp_comm", "optimizer")

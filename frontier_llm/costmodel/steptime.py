@@ -224,7 +224,7 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     ring = cp_ring(t, cp_exchange)
     fwd_merge, bwd_merge = cp_merge_bytes(model, t, e, ring)
     merge_replay = np.where(t.recompute == Recompute.NONE.code, 0.0, fwd_merge)
-    cp_comm = (cp_exchange_times(model, system, t, e, f_attn, ring)
+    cp_comm = (cp_exchange_times(model, system, t, e, f_attn, ring, eager)
                + (fwd_merge + bwd_merge + merge_replay) / r.memory)
     # The all-to-alls, exposed beyond the compute they overlap with (costmodel/moe.py).
     ep_comm = (moe.all_to_all_times(model, system, t, e, moe_run, 3 * fwd + recompute)
@@ -242,7 +242,7 @@ def kv_exchange_bytes(model: ModelSpec, t: LayoutTable, act_bytes) -> np.ndarray
 
 
 def cp_exchange_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, act_bytes,
-                      f_attn, ring=None) -> np.ndarray:
+                      f_attn, ring=None, eager: bool = False) -> np.ndarray:
     """Exposed seconds of the context-parallel K/V exchange per layer and micro-batch (forward,
     backward and any recompute). The cp group is the ``cp`` ranks ``tp`` apart (cp is next to
     tp in the rank order of torchtitan's mesh ``[pp, dp_replicate, dp_shard, cp, tp]`` and
@@ -276,7 +276,15 @@ def cp_exchange_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, act_
       waited after the loop. A block replayed in backward gathers again: full recompute, and
       op-level selective, whose policy keeps the attention kernel's output but not the
       collective's (torchtitan's save list). Selective recompute (the attention core) keeps
-      its inputs, the gathered K/V: no second gather.
+      its inputs, the gathered K/V: no second gather. That overlap is the eager ring's
+      (``eager``): compiled, nothing overlaps. torchtitan compiles each block whole
+      (``torch.compile(transformer_block, fullgraph=True)``: parallelize_llama.py at 9dec370,
+      llama3/infra/parallelize.py at v0.2.2), so the ring is traced into the block's graph,
+      and a functional collective traced returns only after ``wait_tensor``
+      (torch/distributed/_functional_collectives.py ``_maybe_wrap_tensor``, the same from
+      2023 to 2.13), with Inductor's reordering passes off by default
+      (``reorder_for_compute_comm_overlap = False``): every gather and every dK/dV send
+      waits before the next partial attention is issued.
     - ``megatron`` (TransformerEngine ring attention, ``cp_comm_type`` p2p; Liu et al. 2023's
       ring): ``cp−1`` steps, each sending the K/V block on to the next rank while attention runs
       on the block in hand (``1/cp`` of the rank's attention): a step exposes ``max(0, send −
@@ -298,6 +306,8 @@ def cp_exchange_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, act_
                   + (n - 1) * np.maximum(0.0, grads - 2 * step_fwd) + grads)
     again = full | (t.recompute == Recompute.SELECTIVE_OP.code)
     torch_ring = gather_fwd + native_bwd + np.where(again, gather_fwd, 0.0)
+    if not eager:
+        torch_ring = 2 * gather + n * grads + np.where(again, gather, 0.0)
     bench = (gather + comm.reduce_scatter(system, n, t.tp, n * chunk)
              + np.where(again, gather, 0.0))
     native = np.where(ring, torch_ring, bench)
