@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from frontier_llm.costmodel import comm, fp8, gemm, moe
+from frontier_llm.costmodel import attention_kernels, comm, fp8, gemm, moe
 from frontier_llm.costmodel.behaviour import behaviour, cp_ring, reduces_fp32
 from frontier_llm.costmodel.checkpoint_policy import kept_dense_fraction
 from frontier_llm.costmodel.flops import (
@@ -107,6 +107,8 @@ class BlockTimes:
     cp_comm: np.ndarray  # exposed context-parallel K/V exchange (cp_exchange_times) and
     # the native ring's fp32 merge traffic (cp_merge_bytes)
     ep_comm: np.ndarray | float = 0.0  # exposed expert-parallel all-to-alls (costmodel/moe.py)
+    attn_bwd_extra: np.ndarray | float = 0.0  # a measured kernel's backward beyond 2x its
+    # forward (costmodel/attention_kernels.py), in ``compute``
 
 
 @dataclass
@@ -171,6 +173,12 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
         routed = moe.routed_flops_per_token(model) * tokens / tp / r.linear
         f_dense = f_dense + moe.routed_gemm_extra(model, t, routed, system.matmul_half_hidden)
     f_attn = attn * tokens / tp / r.flops
+    # Where the engine's fused kernel has a published rate on this chip, the attention core
+    # runs at it: the kernel's forward, and its backward in place of twice that.
+    kernel, k_fwd, k_bwd = attention_kernels.kernel_times(
+        model, system, t, attn * tokens / tp, t.local_seq(s))
+    f_attn = np.where(kernel, k_fwd, f_attn)
+    attn_bwd_extra = np.where(kernel, k_bwd - 2 * k_fwd, 0.0)
     drop = model.dropout > 0
     # Element-wise passes over b·s·h: 2 norms (read + write) and 2 bias-dropout-residual adds
     # (read 2, write 1, plus the mask); over b·s·f/t: the fused bias + activation (read, write).
@@ -227,10 +235,11 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     cp_comm = (cp_exchange_times(model, system, t, e, f_attn, ring, eager)
                + (fwd_merge + bwd_merge + merge_replay) / r.memory)
     # The all-to-alls, exposed beyond the compute they overlap with (costmodel/moe.py).
-    ep_comm = (moe.all_to_all_times(model, system, t, e, moe_run, 3 * fwd + recompute)
+    compute = 3 * fwd + recompute + attn_bwd_extra
+    ep_comm = (moe.all_to_all_times(model, system, t, e, moe_run, compute)
                if model.is_moe else 0.0)
     return BlockTimes(f_dense, f_attn, f_elem, f_softmax, f_fixed, fwd, recompute,
-                      3 * fwd + recompute, block_comm, cp_comm, ep_comm)
+                      compute, block_comm, cp_comm, ep_comm, attn_bwd_extra)
 
 
 def kv_exchange_bytes(model: ModelSpec, t: LayoutTable, act_bytes) -> np.ndarray:
@@ -633,7 +642,7 @@ def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable, eager: bool 
     layers = stage.layers * m
     return {
         "step_time": stage.pipeline + dp["dp_comm"] + dp["optimizer"],
-        "compute": layers * 3 * (blk.dense + blk.attn),
+        "compute": layers * (3 * (blk.dense + blk.attn) + blk.attn_bwd_extra),
         "elementwise": layers * 3 * (blk.elem + blk.softmax + blk.fixed),
         "recompute": layers * blk.recompute,
         "tp_comm": layers * blk.comm,
