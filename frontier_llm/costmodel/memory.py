@@ -87,7 +87,9 @@ def _cdiv(a, b):
 # the parameters made views of it); their bf16 ``.grad``, which autograd allocates and
 # ``clear_lp_grads`` only zeroes before each micro-batch's backward (``set_to_none=False``:
 # ``backward_prologue``, pipe/engine.py ``_exec_backward_pass``) until ``zero_grad`` frees it
-# after the step; a whole, unpartitioned gradient accumulator (``fp32_groups_gradients_flat =
+# after the step (with ``bf16.immediate_grad_update`` off, DeepSpeed's default and flm's config;
+# on, a hook frees each ``.grad`` once added: ``accumulate_hp_grads_and_remove_lp``); a whole,
+# unpartitioned gradient accumulator (``fp32_groups_gradients_flat =
 # torch.zeros_like(self.bf16_groups_flat[i], dtype=self.grad_acc_dtype)``) the ``.grad`` is
 # added into after every micro-batch (``update_hp_grads``); and only the rank's 1/dp partition
 # of the fp32 master (``fp32_groups_flat_partition``) and, through it, of Adam's two moments,
