@@ -12,6 +12,7 @@ paid once. Teardown as machine-notes: barrier, destroy_process_group, flush, os.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -69,6 +70,52 @@ class CollectiveLog:
         ds_engine.backward, ds_engine.step = tagged_backward, tagged_step
 
 
+@contextlib.contextmanager
+def grad_accum_dtype(dtype: str | None):
+    """While the engine is built, its ds_config states ``data_types.grad_accum_dtype`` (None:
+    flm's config as exported, which leaves it unset)."""
+    from frontier_llm.bench import deepspeed_engine
+
+    plain = deepspeed_engine.deepspeed_config
+    if dtype is not None:
+        deepspeed_engine.deepspeed_config = lambda *a, **k: {
+            **plain(*a, **k), "data_types": {"grad_accum_dtype": dtype}}
+    try:
+        yield
+    finally:
+        deepspeed_engine.deepspeed_config = plain
+
+
+def watch_bf16_optimizer(ds_engine, held: dict[str, int]) -> None:
+    """Record in ``held`` the bytes of every tensor DeepSpeed's BF16_Optimizer keeps when the
+    last micro-batch's backward is done and its reduction starts (PipelineEngine's ReduceGrads:
+    ``_bf16_reduce_grads``), when all of them are alive at once after a first step: the flat
+    bf16 parameters, their ``.grad``, the whole gradient accumulator, the fp32 master partition
+    and the wrapped optimizer's state (Adam's moments). Each storage counted once."""
+    import torch
+
+    opt = ds_engine.optimizer
+    reduce = ds_engine._bf16_reduce_grads
+
+    def nbytes(tensors) -> int:
+        seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in tensors if isinstance(t, torch.Tensor) and t.numel()}
+        return sum(seen.values())
+
+    def measured(*args, **kwargs):
+        held.update(
+            lp_params=nbytes(opt.bf16_groups_flat),
+            lp_grads=nbytes(p.grad for g in opt.bf16_groups for p in g),
+            accumulator=nbytes(opt.fp32_groups_gradients_flat),
+            accumulator_itemsize=opt.fp32_groups_gradients_flat[0].element_size(),
+            master=nbytes(opt.fp32_groups_flat_partition),
+            moments=nbytes(t for s in opt.optimizer.state.values() for t in s.values()
+                           if isinstance(t, torch.Tensor) and t.dim() > 0))
+        return reduce(*args, **kwargs)
+
+    ds_engine._bf16_reduce_grads = measured
+
+
 def main(out: Path, cases: list[dict]) -> int:
     import torch
     import torch.distributed as dist
@@ -87,10 +134,16 @@ def main(out: Path, cases: list[dict]) -> int:
     for case in cases:
         # "model_fields": ModelSpec fields changed for the case (tied embeddings).
         spec = dataclasses.replace(load_model(case["model"]), **case.get("model_fields", {}))
-        layout = Layout.from_dict({**case["layout"], "engine": "deepspeed", "dtype": "fp32"})
-        engine = DeepSpeedEngine(spec, layout, rank=rank, world_size=world,
-                                 device=torch.device("cpu"), seed=0)
+        # "dtype": the case's training dtype (fp32 unless it says; bf16 for BF16_Optimizer).
+        layout = Layout.from_dict({**case["layout"], "engine": "deepspeed",
+                                   "dtype": case.get("dtype", "fp32")})
+        with grad_accum_dtype(case.get("grad_accum_dtype")):
+            engine = DeepSpeedEngine(spec, layout, rank=rank, world_size=world,
+                                     device=torch.device("cpu"), seed=0)
         losses = [engine.step(s) for s in range(case["steps"] - 1)]
+        held: dict[str, int] = {}
+        if case.get("bf16_optimizer"):
+            watch_bf16_optimizer(engine.engine, held)
         if case.get("collectives"):
             log.events = {}
             log.watch(engine.engine)
@@ -100,9 +153,12 @@ def main(out: Path, cases: list[dict]) -> int:
                         "has_last": engine.has_last, "params_bytes": state.params_bytes,
                         "grads_bytes": state.grads_bytes,
                         "optimizer_bytes": state.optimizer_bytes,
+                        # The optimizer DeepSpeed chose (BF16_Optimizer, DeepSpeedZeroOptimizer).
+                        "optimizer": type(engine.engine.optimizer).__name__,
                         # PipelineModule's own piece boundaries (pp > 1).
                         "parts": [int(p) for p in getattr(engine.engine.module, "parts", [])],
                         "collectives": log.events if case.get("collectives") else None,
+                        "bf16_optimizer": held,
                         "param_elements": sum(p.numel() for p in engine.parameters())})
         dist.barrier()
     (out / f"rank{rank}.json").write_text(json.dumps(results))

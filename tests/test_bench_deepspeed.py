@@ -231,3 +231,46 @@ def test_deepspeed_engine_under_mpiexec_and_the_deepspeed_launcher(tmp_path, ds_
     ref = reference_losses(load_model("tiny-gpt"), Layout(global_batch=4, dtype="fp32"), 2)
     for got, want in zip([s["loss"] for s in trace["steps"]], ref, strict=True):
         assert abs(got - want) <= 1e-5 * want
+
+
+# DeepSpeed's BF16_Optimizer on 4 ranks (dp2 x pp2, bf16): chosen by DeepSpeed itself at ZeRO
+# stage 0 with flm's config (no grad_accum_dtype: a bf16 accumulator), and at ZeRO-1 with a
+# config stating ``data_types.grad_accum_dtype`` fp32 (an fp32 accumulator), which the cost
+# model sees as a stated fp32 reduction (``reduce_fp32`` True).
+BF16_OPT_CASES = [
+    ("dp2xpp2-zero0-bf16", dict(dp=2, pp=2, global_batch=4, sharding=0), None),
+    ("dp2xpp2-zero1-bf16-fp32acc", dict(dp=2, pp=2, global_batch=4, sharding=1), "fp32"),
+]
+
+
+@pytest.mark.slow
+def test_bf16_optimizer_state_bytes_are_priced(tmp_path, ds_extension_cache):
+    """The cost model's model-state bytes of a layout DeepSpeed trains with BF16_Optimizer
+    (costmodel/memory.py ``bf16_optimizer_states``) against the tensors the real optimizer
+    holds once its first step has run, at the reduction after the last micro-batch's backward
+    (tests/deepspeed_ranks.py ``watch_bf16_optimizer``): bf16 parameters (2 B), their bf16
+    ``.grad`` (2 B) and a whole accumulator in the accumulation dtype (2 or 4 B), the fp32
+    master and Adam's moments over the two data-parallel ranks (12/2 B)."""
+    from frontier_llm.costmodel.layouts import from_configs
+    from frontier_llm.costmodel.memory import state_bytes
+
+    model = load_model("tiny-gpt")
+    cases = [{"id": i, "model": "tiny-gpt", "layout": f, "steps": 2, "dtype": "bf16",
+              "bf16_optimizer": True, "grad_accum_dtype": acc}
+             for i, f, acc in BF16_OPT_CASES]
+    ranks = launch(tmp_path, ds_extension_cache, 4, cases)
+    for n, (case_id, fields, acc) in enumerate(BF16_OPT_CASES):
+        layout = Layout(dtype="bf16", engine="deepspeed", **fields)
+        for rank in ranks:
+            got = rank[n]
+            assert got["optimizer"] == "BF16_Optimizer", (case_id, got["optimizer"])
+            held = got["bf16_optimizer"]
+            assert held["accumulator_itemsize"] == (4 if acc == "fp32" else 2), held
+            want = state_bytes(model, from_configs([layout]), got["coords"]["pp"],
+                               reduce_fp32=True if acc == "fp32" else None)
+            measured = {"params": held["lp_params"],
+                        "grads": held["lp_grads"] + held["accumulator"],
+                        "optimizer": held["master"] + held["moments"]}
+            for key, value in measured.items():
+                assert value == pytest.approx(int(want[key][0]), rel=0.005), (case_id, key,
+                                                                             held, want)

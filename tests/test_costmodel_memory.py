@@ -145,21 +145,37 @@ def test_zero_stages_divide_the_right_states(zero, divided):
         18 * m.num_params()  # bf16: 2 + 4 + 12 bytes per parameter
 
 
-def test_bf16_optimizer_layouts_hold_fp32_gradients_once():
-    """DeepSpeed's BF16_Optimizer (its choice for an unstated bf16 pipeline at ZeRO 0,
-    costmodel/behaviour.py ``bf16_optimizer``) keeps an fp32 gradient per parameter
-    (``fp32_groups_gradients_flat``, deepspeed/runtime/bf16_optimizer.py 0.19.8): the 4 bytes
-    DeepSpeed's bf16 gradients are already priced at, not a second copy on top; fp16 keeps 2."""
+def test_bf16_optimizer_states_are_what_deepspeed_allocates():
+    """DeepSpeed's BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py, DeepSpeed 0.19.8;
+    costmodel/memory.py ``bf16_optimizer_states``), where DeepSpeed picks it for an unstated bf16
+    pipeline at ZeRO 0 (costmodel/behaviour.py ``bf16_optimizer``): the bf16 ``.grad`` (2 B,
+    zeroed, not freed, by ``clear_lp_grads``) beside a whole accumulator in the model's dtype
+    (``fp32_groups_gradients_flat``, ``grad_acc_dtype`` bf16 with flm's config: 2 B), and the
+    fp32 master and Adam's moments over the dp ranks (``fp32_groups_flat_partition``: 12/dp B).
+    A stated fp32 reduction makes the accumulator fp32 (4 B), at ZeRO 0 and, as DeepSpeed then
+    picks BF16_Optimizer there too (``_do_optimizer_sanity_check``), at ZeRO-1. fp16, pp 1 and an
+    unstated ZeRO-1 keep their paths. tests/test_bench_deepspeed.py measures the real ones."""
     m, s = load_model("gpt-22b"), load_system("dgx-a100")
     cfg = dict(tp=4, dp=8, pp=4, global_batch=256, engine="deepspeed", sharding=0)
     bf16 = rank_state_bytes(m, ParallelConfig(**cfg), 0)
+    n = bf16["count_bytes"]
+    assert bf16["params_bytes"] == 2 * n
+    assert bf16["grads_bytes"] == (2 + 2) * n
+    assert bf16["optimizer_bytes"] == 12 * -(-n // 8)
     fp16 = rank_state_bytes(m, ParallelConfig(**cfg, dtype="fp16"), 0)
-    assert bf16["grads_bytes"] == 4 * bf16["count_bytes"]
-    assert fp16["grads_bytes"] == 2 * fp16["count_bytes"]
+    assert (fp16["grads_bytes"], fp16["optimizer_bytes"]) == (2 * n, 12 * n)
+    no_pipe = rank_state_bytes(m, ParallelConfig(**{**cfg, "pp": 1}), 0)
+    assert no_pipe["optimizer_bytes"] == 12 * no_pipe["count_bytes"]
     t = from_configs([ParallelConfig(**cfg)])
-    rule, off = evaluate(m, s, t), evaluate(m, s, t, reduce_fp32=False)
-    assert rule["mem_grads_bytes"][0] == off["mem_grads_bytes"][0] > 0
-    assert rule["peak_memory_bytes"][0] == off["peak_memory_bytes"][0]
+    rule, fp32 = evaluate(m, s, t), evaluate(m, s, t, reduce_fp32=True)
+    assert rule["mem_grads_bytes"][0] == 4 * n
+    assert fp32["mem_grads_bytes"][0] == 6 * n
+    assert rule["mem_optimizer_bytes"][0] == fp32["mem_optimizer_bytes"][0] == 12 * -(-n // 8)
+    z1 = from_configs([ParallelConfig(**{**cfg, "sharding": 1})])
+    plain, stated = evaluate(m, s, z1), evaluate(m, s, z1, reduce_fp32=True)
+    assert plain["mem_grads_bytes"][0] == 4 * n
+    assert stated["mem_grads_bytes"][0] == 6 * n
+    assert plain["mem_optimizer_bytes"][0] == stated["mem_optimizer_bytes"][0]
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])

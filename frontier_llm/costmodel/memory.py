@@ -40,7 +40,13 @@ from __future__ import annotations
 import numpy as np
 
 from frontier_llm.costmodel import fp8, moe
-from frontier_llm.costmodel.behaviour import behaviour, cp_gather, cp_ring, reduces_fp32
+from frontier_llm.costmodel.behaviour import (
+    behaviour,
+    bf16_optimizer,
+    cp_gather,
+    cp_ring,
+    reduces_fp32,
+)
 from frontier_llm.costmodel.block_backward import block_moment, mlp_backward_bytes, priced
 from frontier_llm.costmodel.checkpoint_policy import kept_bytes_per_token
 from frontier_llm.costmodel.deepspeed_buffers import (
@@ -74,6 +80,43 @@ MASK_BYTES = 1  # dropout masks are bytes (Korthikanti et al. 2022 §4.1)
 
 def _cdiv(a, b):
     return -(-a // b)
+
+
+# DeepSpeed's BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py, DeepSpeed 0.19.8) keeps, per
+# parameter of the rank's stage: the bf16 parameters in one flat buffer (``bf16_groups_flat``,
+# the parameters made views of it); their bf16 ``.grad``, which autograd allocates and
+# ``clear_lp_grads`` only zeroes before each micro-batch's backward (``set_to_none=False``:
+# ``backward_prologue``, pipe/engine.py ``_exec_backward_pass``) until ``zero_grad`` frees it
+# after the step (with ``bf16.immediate_grad_update`` off, DeepSpeed's default and flm's config;
+# on, a hook frees each ``.grad`` once added: ``accumulate_hp_grads_and_remove_lp``); a whole,
+# unpartitioned gradient accumulator (``fp32_groups_gradients_flat =
+# torch.zeros_like(self.bf16_groups_flat[i], dtype=self.grad_acc_dtype)``) the ``.grad`` is
+# added into after every micro-batch (``update_hp_grads``); and only the rank's 1/dp partition
+# of the fp32 master (``fp32_groups_flat_partition``) and, through it, of Adam's two moments,
+# over the data-parallel group (``dp_process_group=self.seq_data_parallel_group``). The
+# accumulator's dtype is the engine's ``grad_accum_dtype`` (runtime/engine.py
+# ``get_data_types``): the model's, bf16, unless the config's ``data_types.grad_accum_dtype``
+# says fp32 (flm's exports leave it unset: measured 2 bytes on a real BF16_Optimizer,
+# tests/test_bench_deepspeed.py).
+BF16_OPT_LP_GRAD_BYTES = 2
+BF16_OPT_MASTER_BYTES = 4 + 4 + 4  # fp32 master partition + Adam's exp_avg and exp_avg_sq
+
+
+def bf16_optimizer_states(t: LayoutTable, reduce_fp32: bool | None = None
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """Which layouts of ``t`` DeepSpeed trains with BF16_Optimizer and the bytes per parameter
+    of its gradient accumulator. DeepSpeed 0.19.8 runtime/engine.py ``_do_optimizer_sanity_check``
+    picks it for bf16 with a pipeline and no ZeRO (:func:`bf16_optimizer`, accumulating in bf16
+    unless the run states fp32, ``reduce_fp32`` True, as the BigScience fork's hard-coded fp32
+    buffer is) and for bf16 ZeRO-1 with ``grad_accum_dtype == torch.float32`` (a DeepSpeed run
+    at ZeRO stage 1 whose gradients are stated reduced in fp32: BLOOM's and LUMI's
+    Megatron-DeepSpeed rows); ZeRO-2/3 keep the ZeRO optimizer."""
+    fp32 = np.full(len(t), reduce_fp32 is not None and bool(reduce_fp32))
+    zero1 = ((t.params_kind == PlacementKind.REPLICATE.code)
+             & (t.grads_kind == PlacementKind.REPLICATE.code)
+             & (t.optim_kind != PlacementKind.REPLICATE.code))
+    stated = ((t.engine == Engine.DEEPSPEED.code) & (t.dtype == DType.BF16.code) & zero1 & fp32)
+    return bf16_optimizer(t) | stated, np.where(fp32, 4, 2)
 
 
 def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None,
@@ -120,6 +163,18 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None,
     if reduce_fp32 is not None and not reduce_fp32:
         grad_bytes = np.where(t.engine == Engine.MEGATRON.code,
                               np.minimum(grad_bytes, per[:, 0]), grad_bytes)
+    # BF16_Optimizer (:func:`bf16_optimizer_states`): the bf16 ``.grad`` beside a whole
+    # accumulator, and the master and moments over the data-parallel group even at ZeRO stage 0,
+    # as ZeRO-1 partitions them (routed experts over expert-dp: ``real_dp_process_group``).
+    bf16_opt, accum = bf16_optimizer_states(t, reduce_fp32)
+    grad_bytes = np.where(bf16_opt, BF16_OPT_LP_GRAD_BYTES + accum, grad_bytes)
+    optim = shard("optim") * per[:, 2]
+    if bf16_opt.any():
+        zero1 = LayoutTable(**{**t.columns(), "optim_kind": np.where(
+            bf16_opt, PlacementKind.FULL.code, t.optim_kind)})
+        part = (moe.sharded_count(n, routed, zero1, "optim") if model.is_moe
+                else _cdiv(n, zero1.degree("optim")))
+        optim = np.where(bf16_opt, part * BF16_OPT_MASTER_BYTES, optim)
     # FP8 parameters (costmodel/fp8.py): the linear weights held in 1 byte, not the 16-bit 2;
     # their count on the rank is its blocks' linear parameters (not sharded: ZeRO-1).
     linear = np.asarray(held) * layer_params_per_rank(model, t.tp)
@@ -129,7 +184,7 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None,
                    - np.where(params_n == n, fp8_saving, 0)),
         "grads": shard("grads") * grad_bytes,
         # DeepSpeed's fp32 master partition (costmodel/deepspeed_buffers.py).
-        "optimizer": shard("optim") * per[:, 2] + extra_optimizer_bytes(t, n),
+        "optimizer": optim + extra_optimizer_bytes(t, n),
         "count": n,
         "local": shard("grads"),
     }
