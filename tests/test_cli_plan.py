@@ -45,10 +45,19 @@ def test_plan_csv_has_every_column(capsys):
             "peak_memory_bytes", "reject_reason"} <= set(header)
 
 
+ENGINES = ("native", "megatron", "deepspeed")
+
+
 @pytest.mark.parametrize("system", system_names())
-@pytest.mark.parametrize("engine", ["native", "megatron", "deepspeed"])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_plan_and_predict_work_for_every_catalog_model(system, engine, capsys):
-    for model in model_names():
+    """Every catalog model on every catalog system is planned and its winner predicted, each
+    (model, system) pair with one of the three engines, rotating so that every engine meets
+    every model on a third of the systems and every system with a third of the models (a
+    covering of the full product at a third of its cost: the suite's largest module ran the
+    whole product)."""
+    s, e = system_names().index(system), ENGINES.index(engine)
+    for model in [m for j, m in enumerate(model_names()) if (j + s + e) % len(ENGINES) == 0]:
         assert main(["plan", "--model", model, "--system", system, "--gpus", "64",
                      "--top", "1", "--format", "json", "--engine", engine]) in (0, 1), model
         doc = json.loads(capsys.readouterr().out)
