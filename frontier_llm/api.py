@@ -203,9 +203,7 @@ def _moe(m, moe_overlap: str, moe_dispatcher: str, router_balance: str | None):
         run = MoeRun(moe_overlap, moe_dispatcher)
     except ValueError as e:
         raise UserError(str(e)) from None
-    if router_balance is not None and m.is_moe:
-        m = dataclasses.replace(m, router_balance=router_balance)
-    return m, run
+    return _balanced(m, router_balance), run
 
 
 def _check_flag(name: str, value: Any) -> bool:
@@ -216,18 +214,33 @@ def _check_flag(name: str, value: Any) -> bool:
     return value
 
 
-def _planned(model, system, gpus, global_batch, seq_len, dtype, restrict,
-             moe=("none", "alltoall", None), cp_exchange: str | None = None,
-             p2p_overlap: bool = False, tp_comm_overlap: bool = False):
+def _run(local: dict[str, Any]):
+    """The RunSettings of a planning call from its own keywords (``locals()``), flm plan's
+    run-setting flags by name (planner/run_settings.py). Every name is looked up, so a setting
+    the planner gains is a TypeError in each function here until that function takes it (the
+    API once lacked --eager, --deepspeed-overlap-comm and, in its curve, every setting); a
+    value of the wrong kind is a UserError naming it."""
+    from frontier_llm.planner.run_settings import NAMES, RunSettings
+
+    return RunSettings(**{name: local[name] for name in NAMES if name in local})
+
+
+def _planned(model, system, gpus, global_batch, seq_len, dtype, restrict, run,
+             router_balance: str | None):
     from frontier_llm.planner import plan as run_plan
 
     _check_numbers(gpus=gpus, global_batch=global_batch, seq_len=seq_len)
     m, s = load_model(model, seq_len), load_system(system)
-    m, run = _moe(m, *moe)
-    return m, s, run_plan(m, s, gpus, global_batch, _space(dtype, restrict), moe_run=run,
-                          cp_exchange=cp_exchange,
-                          p2p_overlap=_check_flag("p2p_overlap", p2p_overlap),
-                          tp_comm_overlap=_check_flag("tp_comm_overlap", tp_comm_overlap))
+    m = _balanced(m, router_balance)
+    return m, s, run_plan(m, s, gpus, global_batch, _space(dtype, restrict), **run.keywords())
+
+
+def _balanced(m, router_balance: str | None):
+    """The model with ``router_balance`` applied (``--router-balance``; a dense model has no
+    router)."""
+    if router_balance is not None and m.is_moe:
+        m = dataclasses.replace(m, router_balance=router_balance)
+    return m
 
 
 def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "frontier",
@@ -237,7 +250,8 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
          risk_aware: bool = False, dtype: str = "bf16", moe_overlap: str = "none",
          moe_dispatcher: str = "alltoall", router_balance: str | None = None,
          cp_exchange: str | None = None, p2p_overlap: bool = False,
-         tp_comm_overlap: bool = False, **restrict: Any) -> pd.DataFrame:
+         tp_comm_overlap: bool = False, eager: bool = False,
+         deepspeed_overlap_comm: bool = True, **restrict: Any) -> pd.DataFrame:
     """Rank the layouts of ``model`` on ``gpus`` GPUs (Frontier: GCDs) of ``system``, fastest
     first: the rows ``flm plan --format json`` prints under ``layouts``, with the same columns
     (layout knobs, step time, throughput, MFU, peak memory, fits, their intervals, and with
@@ -261,19 +275,25 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
     ``tp_comm_overlap`` True: Megatron-LM's layouts with tp > 1 priced with their TP
     collectives overlapped with the GEMMs (``--tp-comm-overlap on``: Megatron-LM's
     ``--tp-comm-overlap``, which it runs only with sequence parallelism); the default, False,
-    is the command flm exports; other layouts are unchanged by it.
+    is the command flm exports; other layouts are unchanged by it. ``eager`` True: element-wise
+    work priced as un-compiled PyTorch runs it (``--eager``; Megatron-LM layouts stay fused).
+    ``deepspeed_overlap_comm`` False: DeepSpeed's ZeRO-1/2 layouts as a ds_config without
+    ``overlap_comm`` runs them (``--deepspeed-overlap-comm off``); the default, True, is the
+    ds_config flm exports. These are every run setting of flm plan
+    (planner/run_settings.py), as are :func:`explain`'s, :func:`plan_memory`'s and
+    :func:`allocation`'s keywords of the same names.
 
     The frame's ``attrs`` hold the rest of the JSON document: ``model``, ``system``, ``gpus``,
     ``global_batch``, ``evaluated`` and ``rejected`` (layouts per broken rule).
     """
     from frontier_llm.planner.annotations import annotate
 
+    run = _run(locals())
     _check_numbers(gpus=gpus, global_batch=global_batch, seq_len=seq_len, top=top,
                    tokens=tokens)
     confidence = _confidence(confidence)
-    m, s, result = _planned(model, system, gpus, global_batch, seq_len, dtype, restrict,
-                            (moe_overlap, moe_dispatcher, router_balance), cp_exchange,
-                            p2p_overlap, tp_comm_overlap)
+    m, s, result = _planned(model, system, gpus, global_batch, seq_len, dtype, restrict, run,
+                            router_balance)
     ranked = result.ranked(None if risk_aware else top, fits_only=not include_oom,
                            frontier=not all_layouts)
     ranked = annotate(ranked, m, s, confidence=confidence, tokens=tokens, risk_aware=risk_aware,
@@ -287,26 +307,38 @@ def plan(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "fronti
 
 def explain(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "frontier",
             gpus: int = 1024, *, global_batch: int | None = None, seq_len: int | None = None,
-            dtype: str = "bf16", **restrict: Any) -> str:
+            dtype: str = "bf16", moe_overlap: str = "none", moe_dispatcher: str = "alltoall",
+            router_balance: str | None = None, cp_exchange: str | None = None,
+            p2p_overlap: bool = False, tp_comm_overlap: bool = False, eager: bool = False,
+            deepspeed_overlap_comm: bool = True, **restrict: Any) -> str:
     """Why the planner's winner wins: what the fastest layout with a different choice of each
-    knob would cost, and how many layouts each rule rejected (``flm plan --explain``)."""
+    knob would cost, and how many layouts each rule rejected (``flm plan --explain``). The run
+    settings are :func:`plan`'s."""
     from frontier_llm.planner.explain import explain as why
 
-    return why(_planned(model, system, gpus, global_batch, seq_len, dtype, restrict)[2])
+    run = _run(locals())
+    return why(_planned(model, system, gpus, global_batch, seq_len, dtype, restrict, run,
+                        router_balance)[2])
 
 
 def plan_memory(model: str | ModelSpec = "gpt-175b", system: str | SystemSpec = "frontier",
                 gpus: int = 1024, *, top: int = 5, global_batch: int | None = None,
-                seq_len: int | None = None, dtype: str = "bf16",
-                **restrict: Any) -> pd.DataFrame:
+                seq_len: int | None = None, dtype: str = "bf16", moe_overlap: str = "none",
+                moe_dispatcher: str = "alltoall", router_balance: str | None = None,
+                cp_exchange: str | None = None, p2p_overlap: bool = False,
+                tp_comm_overlap: bool = False, eager: bool = False,
+                deepspeed_overlap_comm: bool = True, **restrict: Any) -> pd.DataFrame:
     """Predicted memory per GPU, by part (GB: params, grads, optimizer, activations, loss,
     buffers, reserved), of the planner's ``top`` fastest layouts that fit, fastest first, with
-    the device's capacity: the table :func:`plot_memory` draws."""
+    the device's capacity: the table :func:`plot_memory` draws. The run settings are
+    :func:`plan`'s."""
     from frontier_llm.report import memory_breakdown
     from frontier_llm.report.frames import plan_rows
 
+    run = _run(locals())
     _check_numbers(top=top)
-    result = _planned(model, system, gpus, global_batch, seq_len, dtype, restrict)[2]
+    result = _planned(model, system, gpus, global_batch, seq_len, dtype, restrict, run,
+                      router_balance)[2]
     return memory_breakdown(plan_rows(result, top=top))
 
 
@@ -315,7 +347,11 @@ def allocation(model: str | ModelSpec, system: str | SystemSpec = "frontier", *,
                deadline_days: float | None = None, max_node_hours: float | None = None,
                global_batch: int | None = None, seq_len: int | None = None,
                confidence: float | None = None, risk_aware: bool = False, dtype: str = "bf16",
-               grow_batch: bool = False, **restrict: Any) -> pd.DataFrame:
+               grow_batch: bool = False, moe_overlap: str = "none",
+               moe_dispatcher: str = "alltoall", router_balance: str | None = None,
+               cp_exchange: str | None = None, p2p_overlap: bool = False,
+               tp_comm_overlap: bool = False, eager: bool = False,
+               deepspeed_overlap_comm: bool = True, **restrict: Any) -> pd.DataFrame:
     """The planner's best layout at each power-of-two GPU count from ``gpus = (lo, hi)``
     (default: one node's GPUs to 65,536), with its step-time interval and, with ``tokens``,
     days to train, node-hours, GPU-hours and energy with their intervals: the ``curve`` of
@@ -328,13 +364,15 @@ def allocation(model: str | ModelSpec, system: str | SystemSpec = "frontier", *,
     batch and what the answer rests on are in ``attrs["batch"]`` and ``attrs["rests_on"]``.
     ``risk_aware`` ranks by the low end of the throughput interval. The choice is in
     ``attrs["selection"]``: ``message`` (the sentence flm plan prints) and ``gpus`` (None when
-    no count qualifies).
+    no count qualifies). The run settings are :func:`plan`'s, as ``flm plan --curve`` takes
+    them.
     """
     from frontier_llm.errors import UserError
     from frontier_llm.planner import allocation as alloc
     from frontier_llm.planner.annotations import allocation_refusal, curve_counts
     from frontier_llm.specs.layout import MAX_GPUS
 
+    run = _run(locals())
     _check_numbers(tokens=tokens, deadline_days=deadline_days, max_node_hours=max_node_hours,
                    global_batch=global_batch, seq_len=seq_len)
     if gpus is not None:
@@ -353,9 +391,10 @@ def allocation(model: str | ModelSpec, system: str | SystemSpec = "frontier", *,
     if refused:
         raise UserError(refused)
     m, s = load_model(model, seq_len), load_system(system)
+    m = _balanced(m, router_balance)
     cur = alloc.allocation_curve(m, s, curve_counts(s, gpus), tokens, confidence,
                                  _space(dtype, restrict), global_batch=global_batch,
-                                 grow_batch=grow_batch)
+                                 grow_batch=grow_batch, **run.keywords())
     selection = None
     if deadline_days is not None:
         selection = alloc.select_deadline(cur, deadline_days)

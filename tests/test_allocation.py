@@ -552,3 +552,29 @@ def test_report_plan_takes_tp_comm_overlap_for_megatron_only(tmp_path, capsys):
                  str(tmp_path / "native")]) == 2
     err = capsys.readouterr().err
     assert "does nothing for --engine native" in err and len(err.strip().splitlines()) == 1
+
+
+def test_risk_aware_keeps_the_plans_memory_groups():
+    """--risk-aware orders by the low end of throughput within the plan's memory groups
+    (Plan.memory_group): every layout that fits, then the tight ones whose point estimate is
+    within the device, then the tight ones over it. It once sorted on the point estimate's
+    ``fits``, which put a fast tight layout predicted under the device before slower ones that
+    fit. The plan's two fastest made tight: the first under the device, the second over."""
+    from frontier_llm.planner import SearchSpace, plan
+    from frontier_llm.planner.annotations import annotate, memory_groups
+
+    model, system = load_model("gpt-22b"), load_system("dgx-a100")
+    result = plan(model, system, 64, None, SearchSpace(engine=("megatron",), tp=(4, 8)))
+    ranked = result.ranked(12)
+    assert not ranked["memory_tight"].any() and len(ranked) == 12
+    ranked.loc[0, "memory_tight"] = True
+    ranked.loc[1, ["memory_tight", "fits"]] = True, False
+    ranked.loc[1, "peak_memory_bytes"] = system.memory_bytes * 1.05
+    assert list(memory_groups(ranked, system)[:3]) == [1, 2, 0]
+    risky = annotate(ranked, model, system, risk_aware=True)
+    assert list(risky["rank"]) == list(range(1, 13))
+    assert list(risky["step_time_s"][-2:]) == list(ranked["step_time_s"][:2])
+    low = risky["tokens_per_s_low"].to_numpy()[:10]
+    assert (np.diff(low) <= 1e-9).all()
+    assert list(annotate(ranked, model, system, risk_aware=True, top=3)["step_time_s"]) == \
+        list(risky["step_time_s"][:3])

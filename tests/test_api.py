@@ -329,3 +329,61 @@ def test_p2p_overlap_is_the_flag_in_plan_predict_and_export(capsys):
     assert "--no-overlap-p2p-communication" in flm.export_layout("megatron-lm", "gpt-175b", lay)
     assert "overlap-p2p" not in flm.export_layout("megatron-lm", "gpt-175b", lay,
                                                   p2p_overlap=True)
+
+
+PLANNING = ("plan", "explain", "plan_memory", "allocation")
+
+
+def test_every_planning_function_takes_every_run_setting_of_flm_plan():
+    """planner/run_settings.py names every run setting flm plan prices (cli/run_settings.py
+    reads its flags into it); each planning function of the API takes each one, with flm plan's
+    default. The API once lacked --eager and --deepspeed-overlap-comm, and allocation (flm
+    plan --curve) every setting."""
+    import argparse
+
+    from frontier_llm.cli import build_parser
+    from frontier_llm.cli.run_settings import settings_from_args
+    from frontier_llm.planner.run_settings import DEFAULTS, NAMES
+
+    args = build_parser("plan").parse_args(["plan"])
+    assert settings_from_args(args) == DEFAULTS
+    assert settings_from_args(argparse.Namespace()) == DEFAULTS
+    for name in PLANNING:
+        params = inspect.signature(getattr(api, name)).parameters
+        for setting in NAMES:
+            assert setting in params, f"{name}() lacks {setting}"
+            assert params[setting].default == getattr(DEFAULTS, setting), (name, setting)
+        assert "router_balance" in params, name
+
+
+def test_run_settings_reach_the_planner_from_every_planning_function(monkeypatch):
+    """What each planning function hands the planner is RunSettings.keywords() of its keywords:
+    the same keywords flm plan's flags give it."""
+    import frontier_llm.planner as planner_pkg
+    from frontier_llm.costmodel.moe import MoeRun
+    from frontier_llm.planner import allocation as alloc_mod
+
+    seen: list[dict] = []
+
+    class Stop(Exception):
+        pass
+
+    def record(*args, **kwargs):
+        seen.append(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(planner_pkg, "plan", record)
+    monkeypatch.setattr(alloc_mod, "allocation_curve", record)
+    given = {"eager": True, "deepspeed_overlap_comm": False, "tp_comm_overlap": True,
+             "p2p_overlap": True, "moe_overlap": "ep-a2a", "moe_dispatcher": "flex",
+             "cp_exchange": "ring"}
+    want = {"eager": True, "overlap_comm": False, "tp_comm_overlap": True, "p2p_overlap": True,
+            "moe_run": MoeRun("ep-a2a", "flex"), "cp_exchange": "ring"}
+    for name in PLANNING:
+        with pytest.raises(Stop):
+            getattr(api, name)("gpt-22b", "frontier", **given)
+        assert {k: seen[-1][k] for k in want} == want, name
+    with pytest.raises(UserError, match="deepspeed_overlap_comm must be True or False"):
+        flm.plan("gpt-22b", "frontier", 64, deepspeed_overlap_comm="off")
+    with pytest.raises(UserError, match="cp_exchange must be None or one of"):
+        flm.plan("gpt-22b", "frontier", 64, cp_exchange="ringg")

@@ -536,18 +536,24 @@ def test_compared_systems_price_the_moe_run_settings(capsys, monkeypatch):
 
 
 def test_one_place_builds_every_run_setting_plan_takes():
-    """cli/run_settings.py gives every keyword of planner.plan that is a run setting (all but
-    the calibration-only ones), and the curve takes the same: a setting added to the planner
-    must be added there, where every flm plan path reads it."""
+    """planner/run_settings.py's RunSettings gives every keyword of planner.plan that is a run
+    setting (all but the calibration-only ones), the curve and --fp8-speedup take the same, and
+    cli/run_settings.py reads a flag for each of its fields: a setting added to the planner
+    must be added there, where every flm plan path (and the Python API) reads it."""
     import argparse
+    import dataclasses
     import inspect
 
-    from frontier_llm.cli.run_settings import CALIBRATION_ONLY, run_settings
+    from frontier_llm.cli.run_settings import READERS, run_settings
     from frontier_llm.planner import plan as plan_fn
     from frontier_llm.planner.allocation import allocation_curve
+    from frontier_llm.planner.plan import in_dtype
+    from frontier_llm.planner.run_settings import CALIBRATION_ONLY, RunSettings
 
+    assert set(READERS) == {f.name for f in dataclasses.fields(RunSettings)}
     given = set(run_settings(argparse.Namespace()))
     params = list(inspect.signature(plan_fn).parameters)
     settings = set(params[params.index("space") + 1:]) - set(CALIBRATION_ONLY)
     assert given == settings
     assert given <= set(inspect.signature(allocation_curve).parameters)
+    assert given <= set(inspect.signature(in_dtype).parameters)

@@ -57,3 +57,57 @@ def test_from_plan_compiles_unless_the_plan_was_eager(tmp_path, capsys):
     assert main([*base, "--plan-args=--eager", "--out", str(eager)]) == 0
     assert tomllib.loads(fused.read_text())["compile"] == {"enable": True}
     assert "compile" not in tomllib.loads(eager.read_text())
+
+
+def test_from_plan_refuses_a_setting_the_export_would_not_write(capsys):
+    """A plan priced with DeepSpeed's overlap_comm off, another MoE dispatcher or an MoE
+    overlap ranks a run the exported file is not (its ds_config sets overlap_comm, Megatron-LM
+    gets --moe-token-dispatcher-type alltoall and no overlap): one line naming what the export
+    writes, exit 2, nothing written. These were once dropped in silence."""
+    cases = [
+        ("deepspeed", "llama3-8b", "--deepspeed-overlap-comm off",
+         "sets zero_optimization.overlap_comm true"),
+        ("megatron-deepspeed", "llama3-8b", "--deepspeed-overlap-comm off",
+         "sets zero_optimization.overlap_comm true"),
+        ("megatron-lm", "tiny-moe", "--moe-dispatcher flex",
+         "all-to-all token dispatch (--moe-dispatcher alltoall"),
+        ("megatron-lm", "tiny-moe", "--moe-overlap ep-a2a",
+         "without overlap (--moe-overlap none"),
+        ("torchtitan", "tiny-moe", "--moe-overlap dualpipe",
+         "without overlap (--moe-overlap none"),
+    ]
+    for trainer, model, flags, says in cases:
+        capsys.readouterr()
+        assert main(["export", "--to", trainer, "--model", model, "--from-plan", "--gpus", "8",
+                     f"--plan-args={flags}"]) == 2, (trainer, flags)
+        out = capsys.readouterr()
+        assert out.out == ""
+        lines = out.err.strip().splitlines()
+        assert len(lines) == 1 and f"--plan-args '{flags}'" in lines[0], out.err
+        assert says in lines[0], lines[0]
+
+
+def test_from_plan_prices_and_writes_the_plans_router_balance(capsys):
+    """--router-balance in --plan-args is the model's: Megatron-LM's command carries the
+    aux-free router's expert bias (it was once neither priced nor written)."""
+    base = ["export", "--to", "megatron-lm", "--model", "tiny-moe", "--from-plan", "--gpus", "8"]
+    assert main(base) == 0
+    assert "--moe-router-enable-expert-bias" not in capsys.readouterr().out
+    assert main([*base, "--plan-args=--router-balance aux-free"]) == 0
+    assert "--moe-router-enable-expert-bias" in capsys.readouterr().out.split()
+
+
+def test_from_plan_accounts_for_every_run_setting_of_the_plan():
+    """Each run setting flm plan prices (planner/run_settings.py) is written by the export or
+    refused (cli/export.py SETTINGS_EXPORTED, unwritten_setting), so one added to the planner
+    is not priced in the plan and dropped from the file in silence; the defaults pass."""
+    from frontier_llm.catalog import load_model
+    from frontier_llm.cli.export import SETTINGS_EXPORTED, unwritten_setting
+    from frontier_llm.planner.run_settings import DEFAULTS, NAMES
+    from frontier_llm.trainers import NAMES as TRAINERS
+    from frontier_llm.trainers import get
+
+    assert set(SETTINGS_EXPORTED) == set(NAMES)
+    for name in TRAINERS:
+        for model in ("tiny-moe", "llama3-8b"):
+            assert unwritten_setting(get(name), load_model(model), DEFAULTS) is None

@@ -9,20 +9,71 @@ from pathlib import Path
 
 from frontier_llm.cli.common import add_command
 from frontier_llm.cli.layout_args import add_layout_args
+from frontier_llm.cli.moe_args import with_router_balance
 from frontier_llm.cli.numbers import count, gpus
-from frontier_llm.cli.overlap_args import (
-    add_p2p_overlap,
-    add_tp_overlap,
-    p2p_overlap_from_args,
-    tp_overlap_from_args,
-)
+from frontier_llm.cli.overlap_args import add_p2p_overlap, add_tp_overlap
+from frontier_llm.cli.run_settings import settings_from_args
 from frontier_llm.errors import UserError
+from frontier_llm.planner.run_settings import RunSettings
 from frontier_llm.specs.layout import Layout, given_options
 from frontier_llm.specs.model import ModelSpec
-from frontier_llm.trainers import NAMES, get
+from frontier_llm.trainers import NAMES, Trainer, get
 
 TRAINER_CHOICES = NAMES
 SKIPPED_SHOWN = 5  # --from-plan: the skipped ranks named one a line, the rest counted
+
+
+# How --from-plan treats each run setting of the plan (planner/run_settings.py's names):
+# written by the export as priced, or refused by unwritten_setting when the export would write
+# another run (tests/test_export_from_plan.py holds this to every setting, so a new one is not
+# priced in the plan and dropped from the file in silence).
+SETTINGS_EXPORTED = {
+    "eager": "written: compilation off (torchtitan) where the plan was priced eager",
+    "tp_comm_overlap": "written: Megatron-LM's --tp-comm-overlap, refused by other trainers",
+    "p2p_overlap": "written: Megatron-LM's --overlap-p2p-communication, refused by others",
+    "cp_exchange": "refused unless the trainer's own (torchtitan: ring)",
+    "deepspeed_overlap_comm": "refused off where the export writes a ds_config",
+    "moe_overlap": "refused unless none for an MoE model",
+    "moe_dispatcher": "refused unless alltoall for an MoE model",
+}
+
+
+def unwritten_setting(trainer: Trainer, model: ModelSpec, settings: RunSettings) -> str | None:
+    """One line refusing a plan setting the export would not write (the plan would rank a run
+    other than the file's), naming what it writes instead; None when the export writes the run
+    the plan prices. A setting with no effect on the trainer's layouts (DeepSpeed's
+    overlap_comm beside Megatron-LM; the MoE settings of a dense model) passes."""
+    from frontier_llm.specs.layout import Engine
+
+    if (trainer.cp_exchange is not None
+            and settings.cp_exchange not in (None, trainer.cp_exchange)):
+        # The trainer's own context parallelism is what the plan prices (torchtitan:
+        # PyTorch's ring); a plan asked for another exchange would rank layouts the trainer
+        # does not run.
+        return (f"--plan-args '--cp-exchange {settings.cp_exchange}': {trainer.title} runs "
+                f"context parallelism as --cp-exchange {trainer.cp_exchange} (PyTorch's "
+                "context_parallel ring), so its plan is priced that way; drop the flag, or "
+                "plan flm bench's own with flm plan")
+    if not settings.deepspeed_overlap_comm and Engine.DEEPSPEED in trainer.engines:
+        # trainers/deepspeed_config.py writes zero_optimization.overlap_comm true.
+        return (f"--plan-args '--deepspeed-overlap-comm off': the ds_config flm export writes "
+                f"for {trainer.title} sets zero_optimization.overlap_comm true, so its plan is "
+                "priced with it on; drop the flag")
+    if not model.is_moe:
+        return None
+    if settings.moe_overlap != "none":
+        # trainers/megatron_common.py writes no --overlap-moe-expert-parallel-comm, and no
+        # trainer flm exports to runs DualPipe (cli/moe_args.py DUALPIPE_NOTE).
+        return (f"--plan-args '--moe-overlap {settings.moe_overlap}': flm export writes "
+                f"{trainer.title}'s MoE all-to-alls without overlap (--moe-overlap none: no "
+                "--overlap-moe-expert-parallel-comm, no DualPipe), so its plan is priced that "
+                "way; drop the flag")
+    if settings.moe_dispatcher != "alltoall":
+        return (f"--plan-args '--moe-dispatcher {settings.moe_dispatcher}': flm export writes "
+                f"{trainer.title}'s all-to-all token dispatch (--moe-dispatcher alltoall; "
+                "Megatron-LM --moe-token-dispatcher-type alltoall), so its plan is priced that "
+                "way; drop the flag")
+    return None
 
 
 def _plan_layout(args: argparse.Namespace, model: ModelSpec, system) -> tuple[Layout, ModelSpec]:
@@ -47,21 +98,20 @@ def _plan_layout(args: argparse.Namespace, model: ModelSpec, system) -> tuple[La
     space = space_from_args(ns)
     if space.get("engine") is None:
         space["engine"] = tuple(e.value for e in trainer.engines)
-    args.plan_eager = bool(ns.eager)  # priced eager: the export leaves compilation off
-    # The trainer's own context parallelism is what the plan prices (torchtitan: PyTorch's
-    # ring); a plan asked for another exchange would rank layouts the trainer does not run.
-    exchange = ns.cp_exchange
+    # The plan's --router-balance is the model's: priced, and written by the trainer (Megatron
+    # -LM's --moe-router-load-balancing-type and friends) or refused in its check.
+    model = with_router_balance(model, ns)
+    settings = settings_from_args(ns)
+    refused = unwritten_setting(trainer, model, settings)
+    if refused:
+        raise UserError(refused)
+    args.plan_eager = settings.eager  # priced eager: the export leaves compilation off
     if trainer.cp_exchange is not None:
-        if exchange not in (None, trainer.cp_exchange):
-            raise UserError(f"--plan-args '--cp-exchange {exchange}': {trainer.title} runs "
-                            f"context parallelism as --cp-exchange {trainer.cp_exchange} "
-                            "(PyTorch's context_parallel ring), so its plan is priced that way; "
-                            "drop the flag, or plan flm bench's own with flm plan")
-        exchange = trainer.cp_exchange
+        settings = dataclasses.replace(settings, cp_exchange=trainer.cp_exchange)
     # Priced with the plan's own --overlap-p2p-comm and --tp-comm-overlap: the export renders
     # the same run, so a value given beside --plan-args must agree with the plan's.
-    args.plan_p2p_overlap = p2p_overlap_from_args(ns)
-    args.plan_tp_overlap = tp_overlap_from_args(ns)
+    args.plan_p2p_overlap = settings.p2p_overlap
+    args.plan_tp_overlap = settings.tp_comm_overlap
     for flag, given, priced in (
             ("--overlap-p2p-comm", getattr(args, "overlap_p2p_comm", None), args.plan_p2p_overlap),
             ("--tp-comm-overlap", getattr(args, "tp_comm_overlap", None), args.plan_tp_overlap)):
@@ -74,8 +124,7 @@ def _plan_layout(args: argparse.Namespace, model: ModelSpec, system) -> tuple[La
     # export().
     run = trainer.run_settings(args.plan_p2p_overlap, args.plan_tp_overlap)
     result = plan(model, system, ns.gpus, ns.global_batch, SearchSpace(dtype=ns.dtype, **space),
-                  eager=ns.eager, cp_exchange=exchange, p2p_overlap=args.plan_p2p_overlap,
-                  tp_comm_overlap=args.plan_tp_overlap)
+                  **settings.keywords())
     ranked = result.ranked_indices(None, fits_only=not ns.include_oom, frontier=not ns.all)
     from frontier_llm.specs.forms import label
 

@@ -37,15 +37,33 @@ def annotate(frame: pd.DataFrame, model: ModelSpec, system: SystemSpec, *,
     if tokens is not None and len(out):
         out = alloc.add_allocation(out, system, model.seq_len, tokens)
     if risk_aware and len(out):
-        # Rank by the low end of throughput; layouts that do not fit stay after those that do.
-        fits = out["fits"].astype(bool) if "fits" in out else pd.Series(True, index=out.index)
-        out = out.assign(_fit=~fits).sort_values(
-            ["_fit", "tokens_per_s_low"], ascending=[True, False], kind="stable"
+        # Rank by the low end of throughput within the plan's memory groups, so a tight layout
+        # never goes before one that fits (sorting on the point estimate's ``fits`` put a
+        # tight layout predicted under the device among those that fit).
+        out = out.assign(_group=memory_groups(out, system)).sort_values(
+            ["_group", "tokens_per_s_low"], ascending=[True, False], kind="stable"
         )
-        out = out.drop(columns="_fit").head(top).reset_index(drop=True)
+        out = out.drop(columns="_group").head(top).reset_index(drop=True)
         if "rank" in out:
             out["rank"] = np.arange(1, len(out) + 1)
     return out
+
+
+def memory_groups(frame: pd.DataFrame, system: SystemSpec) -> np.ndarray:
+    """Per row, planner.plan.Plan.memory_group's groups: 0 its memory interval fits, 1 tight
+    (``memory_tight``: the interval straddles the device) with the point estimate within the
+    device, 2 tight with it over; then 3 for a row that is not tight yet over the device (a
+    layout that does not fit, ranked with --include-oom) or has no prediction."""
+    peak = frame["peak_memory_bytes"].to_numpy(float)
+    if "memory_tight" in frame:
+        tight = frame["memory_tight"].eq(True).to_numpy()
+    else:  # a frame without the plan's verdict: the intervals' own
+        tight = frame.get("memory_verdict", pd.Series("", index=frame.index)).eq(
+            "tight").to_numpy()
+    with np.errstate(invalid="ignore"):
+        over = peak > system.memory_bytes
+    groups = tight.astype(np.int8) + (tight & over).astype(np.int8)
+    return np.where((~tight & over) | np.isnan(peak), 3, groups)
 
 
 def predict_extras(out: dict, layout: Layout, model: ModelSpec, system: SystemSpec, *,
