@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from frontier_llm.planner import allocation as alloc
-from frontier_llm.planner.intervals import DEFAULT_CONFIDENCE, add_intervals
+from frontier_llm.planner.intervals import DEFAULT_CONFIDENCE, add_intervals, memory_group
 from frontier_llm.specs.forms import layout_record
 from frontier_llm.specs.layout import Layout
 from frontier_llm.specs.model import ModelSpec
@@ -50,10 +50,10 @@ def annotate(frame: pd.DataFrame, model: ModelSpec, system: SystemSpec, *,
 
 
 def memory_groups(frame: pd.DataFrame, system: SystemSpec) -> np.ndarray:
-    """Per row, planner.plan.Plan.memory_group's groups: 0 its memory interval fits, 1 tight
-    (``memory_tight``: the interval straddles the device) with the point estimate within the
-    device, 2 tight with it over; then 3 for a row that is not tight yet over the device (a
-    layout that does not fit, ranked with --include-oom) or has no prediction."""
+    """Per row, the plan's memory groups (intervals.memory_group): 0 its memory interval
+    fits, 1 tight (``memory_tight``: the interval straddles the device) with the point estimate
+    within the device, 2 tight with it over; then 3 for a row that is not tight yet over the
+    device (a layout that does not fit, ranked with --include-oom) or has no prediction."""
     peak = frame["peak_memory_bytes"].to_numpy(float)
     if "memory_tight" in frame:
         tight = frame["memory_tight"].eq(True).to_numpy()
@@ -62,8 +62,8 @@ def memory_groups(frame: pd.DataFrame, system: SystemSpec) -> np.ndarray:
             "tight").to_numpy()
     with np.errstate(invalid="ignore"):
         over = peak > system.memory_bytes
-    groups = tight.astype(np.int8) + (tight & over).astype(np.int8)
-    return np.where((~tight & over) | np.isnan(peak), 3, groups)
+    return np.where((~tight & over) | np.isnan(peak), 3,
+                    memory_group(tight, peak, system.memory_bytes))
 
 
 def predict_extras(out: dict, layout: Layout, model: ModelSpec, system: SystemSpec, *,

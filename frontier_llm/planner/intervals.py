@@ -478,3 +478,15 @@ def family_table(residuals: pd.DataFrame, confidence: float = DEFAULT_CONFIDENCE
                     "bias": f"{r.bias:+.1%}", f"{confidence:.0%} coverage": f"{r.coverage:.0%}",
                     "median half-width": f"{r.median_half_width:.1%}"})
     return pd.DataFrame(out)
+
+
+def memory_group(tight: np.ndarray, peak_bytes: np.ndarray, capacity_bytes: float) -> np.ndarray:
+    """Per layout, how sure the verdict is that it fits, the planner's ranking groups: 0 its
+    whole memory interval fits, 1 tight (the interval straddles the device) with the point
+    estimate within the device, 2 tight with the point estimate over it. One owner, because
+    flm plan's order and --risk-aware's must agree on the groups."""
+    tight = np.asarray(tight, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        over = np.asarray(peak_bytes, dtype=float) > capacity_bytes
+    return tight.astype(np.int8) + (tight & over).astype(np.int8)
+

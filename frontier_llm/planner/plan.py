@@ -15,7 +15,7 @@ from frontier_llm.costmodel.fp8 import check_fp8
 from frontier_llm.costmodel.layouts import LayoutTable
 from frontier_llm.costmodel.moe import NO_OVERLAP, MoeRun
 from frontier_llm.errors import UserError
-from frontier_llm.planner.intervals import memory_width
+from frontier_llm.planner.intervals import memory_group, memory_width
 from frontier_llm.planner.space import (
     OOM,
     REASONS,
@@ -94,8 +94,7 @@ class Plan:
         device, 2 tight with the point estimate over it. A tight layout ranked by speed alone
         put one predicted over the capacity before a slower one predicted under it."""
         tight = self.figures.get("memory_tight", np.zeros(len(self.reason), dtype=bool))
-        over = self.figures["peak_memory_bytes"] > self.system.memory_bytes
-        return tight.astype(np.int8) + (tight & over).astype(np.int8)
+        return memory_group(tight, self.figures["peak_memory_bytes"], self.system.memory_bytes)
 
     def rejections(self) -> dict[str, int]:
         counts = np.bincount(self.reason, minlength=len(REASONS))
