@@ -362,7 +362,8 @@ def allocation(model: str | ModelSpec, system: str | SystemSpec = "frontier", *,
     high end as flm plan judges it. Every count trains the same global batch (``global_batch``
     or 4M tokens) unless ``grow_batch`` lets it grow with the count (``--grow-batch``); the
     batch and what the answer rests on are in ``attrs["batch"]`` and ``attrs["rests_on"]``.
-    ``risk_aware`` ranks by the low end of the throughput interval. The choice is in
+    ``risk_aware`` is refused (each count's best is by its point estimate; :func:`plan` ranks
+    one count by the low end of the throughput interval). The choice is in
     ``attrs["selection"]``: ``message`` (the sentence flm plan prints) and ``gpus`` (None when
     no count qualifies). The run settings are :func:`plan`'s, as ``flm plan --curve`` takes
     them.
@@ -385,9 +386,10 @@ def allocation(model: str | ModelSpec, system: str | SystemSpec = "frontier", *,
         raise UserError(f"gpus needs 1 <= lo <= hi <= {MAX_GPUS:,} (got {gpus})")
     refused = allocation_refusal(
         tokens=tokens, deadline_days=deadline_days, max_node_hours=max_node_hours,
-        global_batch=global_batch, grow_batch=grow_batch, curve=True,
+        global_batch=global_batch, grow_batch=grow_batch, curve=True, risk_aware=risk_aware,
         names={k: k for k in ("tokens", "deadline_days", "max_node_hours", "global_batch",
-                              "grow_batch")})
+                              "grow_batch", "risk_aware")} | {"curve": "allocation",
+                                                "one_count": "plan(gpus=N, risk_aware=True)"})
     if refused:
         raise UserError(refused)
     m, s = load_model(model, seq_len), load_system(system)

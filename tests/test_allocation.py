@@ -89,6 +89,16 @@ def test_deadline_without_tokens_is_refused(capsys):
     assert "--tokens" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("curve", [["--curve"], ["--deadline", "45d", "--tokens", "1e12"]])
+def test_risk_aware_is_refused_with_the_curve(curve, capsys):
+    """The curve keeps each count's fastest by its point estimate: it used to accept
+    --risk-aware and answer without it."""
+    assert main(["plan", "--model", "gpt-22b", "--risk-aware", *curve]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--risk-aware ranks one GPU count's layouts" in err and "--gpus N" in err
+    assert len(err.splitlines()) == 1
+
+
 def _rows(**cols) -> pd.DataFrame:
     return pd.DataFrame(cols)
 

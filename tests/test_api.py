@@ -135,6 +135,12 @@ def test_allocation_refuses_a_deadline_without_tokens_in_its_own_words():
         flm.allocation("gpt-22b", deadline_days=90)
 
 
+def test_allocation_refuses_risk_aware_it_cannot_honour():
+    with pytest.raises(UserError, match=r"^risk_aware ranks one GPU count's layouts .* "
+                                        r"plan\(gpus=N, risk_aware=True\)$"):
+        flm.allocation("gpt-22b", "dgx-h100", risk_aware=True)
+
+
 @pytest.mark.parametrize(("restrict", "message"), [
     ({"tp": "x"},
      r"^tp= takes one value or a list of whole numbers of at least 1 \(got \('x',\)\)$"),

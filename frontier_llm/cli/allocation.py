@@ -154,7 +154,7 @@ def check(args: argparse.Namespace) -> str | None:
     return annotations.allocation_refusal(
         tokens=args.tokens, deadline_days=args.deadline, max_node_hours=args.max_node_hours,
         global_batch=args.global_batch, grow_batch=getattr(args, "grow_batch", False),
-        curve=bool(args.curve))
+        curve=bool(args.curve), risk_aware=bool(getattr(args, "risk_aware", False)))
 
 
 def annotate(

@@ -82,12 +82,13 @@ def predict_extras(out: dict, layout: Layout, model: ModelSpec, system: SystemSp
 def allocation_refusal(*, tokens: float | None, deadline_days: float | None,
                        max_node_hours: float | None, global_batch: int | None = None,
                        grow_batch: bool = False, curve: bool = False,
+                       risk_aware: bool = False,
                        names: dict[str, str] | None = None) -> str | None:
     """One line for an allocation question that cannot be answered, else None. ``names``: how
     the asker spells each setting (the command line's flags by default)."""
     n = {"tokens": "--tokens", "deadline_days": "--deadline", "max_node_hours":
          "--max-node-hours", "global_batch": "--global-batch", "grow_batch": "--grow-batch",
-         "curve": "--curve", **(names or {})}
+         "curve": "--curve", "risk_aware": "--risk-aware", "one_count": "--gpus N", **(names or {})}
     if (deadline_days is not None or max_node_hours is not None) and tokens is None:
         return (f"{n['deadline_days']} and {n['max_node_hours']} need {n['tokens']} (the "
                 "budget to train)")
@@ -100,6 +101,13 @@ def allocation_refusal(*, tokens: float | None, deadline_days: float | None,
     if grow_batch and not wants_curve:
         return (f"{n['grow_batch']} needs {n['curve']}, {n['deadline_days']} or "
                 f"{n['max_node_hours']}")
+    # The curve keeps each count's best by its point estimate (and prices the budget on it):
+    # accepting the flag there would answer another question than the one asked.
+    if risk_aware and wants_curve:
+        return (f"{n['risk_aware']} ranks one GPU count's layouts by the low end of their "
+                f"throughput; the curve ({n['curve']}, {n['deadline_days']}, "
+                f"{n['max_node_hours']}) takes each count's fastest by its point estimate: drop "
+                f"{n['risk_aware']}, or rank one count with {n['one_count']}")
     return None
 
 
