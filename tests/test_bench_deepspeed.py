@@ -233,13 +233,16 @@ def test_deepspeed_engine_under_mpiexec_and_the_deepspeed_launcher(tmp_path, ds_
         assert abs(got - want) <= 1e-5 * want
 
 
-# DeepSpeed's BF16_Optimizer on 4 ranks (dp2 x pp2, bf16): chosen by DeepSpeed itself at ZeRO
-# stage 0 with flm's config (no grad_accum_dtype: a bf16 accumulator), and at ZeRO-1 with a
-# config stating ``data_types.grad_accum_dtype`` fp32 (an fp32 accumulator), which the cost
-# model sees as a stated fp32 reduction (``reduce_fp32`` True).
+# DeepSpeed's BF16_Optimizer on 4 ranks (dp2 x pp2 and dp1 x pp4, bf16): chosen by DeepSpeed
+# itself at ZeRO stage 0 with flm's config (no grad_accum_dtype: a bf16 accumulator), and at
+# ZeRO-1 with a config stating ``data_types.grad_accum_dtype`` fp32 (an fp32 accumulator),
+# which the cost model sees as a stated fp32 reduction (``reduce_fp32`` True).
 BF16_OPT_CASES = [
     ("dp2xpp2-zero0-bf16", dict(dp=2, pp=2, global_batch=4, sharding=0), None),
     ("dp2xpp2-zero1-bf16-fp32acc", dict(dp=2, pp=2, global_batch=4, sharding=1), "fp32"),
+    # One data-parallel rank: the fp32 copy of the partition the step hands Adam (4 B a
+    # parameter) is twice the bf16 accumulator (2 B), where at dp 2 they coincide.
+    ("dp1xpp4-zero0-bf16", dict(dp=1, pp=4, global_batch=4, sharding=0), None),
 ]
 
 
@@ -274,3 +277,9 @@ def test_bf16_optimizer_state_bytes_are_priced(tmp_path, ds_extension_cache):
             for key, value in measured.items():
                 assert value == pytest.approx(int(want[key][0]), rel=0.005), (case_id, key,
                                                                              held, want)
+            # flm bench's own count (bench/deepspeed_engine.py ``_measure``) is what the
+            # optimizer holds: the accumulator, not the fp32 copy of its partition the step
+            # hands Adam when it accumulates in bf16.
+            bench = {"params": got["params_bytes"], "grads": got["grads_bytes"],
+                     "optimizer": got["optimizer_bytes"]}
+            assert bench == measured, (case_id, bench, measured)

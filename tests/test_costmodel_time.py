@@ -11,10 +11,21 @@ import pytest
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.costmodel import TIME_PARTS, evaluate, predict
 from frontier_llm.costmodel.behaviour import bf16_optimizer, reduces_fp32
-from frontier_llm.costmodel.comm import all_reduce, link_for_span, reduce_scatter, send_recv
+from frontier_llm.costmodel.comm import (
+    all_gather,
+    all_reduce,
+    link_for_span,
+    reduce_scatter,
+    send_recv,
+)
 from frontier_llm.costmodel.layouts import from_configs
 from frontier_llm.costmodel.params import stage_params_per_rank
-from frontier_llm.costmodel.steptime import HP_GRAD_ACCUMULATE_BYTES, deepspeed_pipe_p2p
+from frontier_llm.costmodel.steptime import (
+    HP_GRAD_ACCUMULATE_BYTES,
+    LP_GRAD_ACCUMULATE_BYTES,
+    LP_GRAD_CAST_BYTES,
+    deepspeed_pipe_p2p,
+)
 from frontier_llm.planner import SearchSpace, plan
 from frontier_llm.specs.parallel import ParallelConfig
 
@@ -225,54 +236,75 @@ def test_p2p_overlap_hides_interleaved_sends_behind_compute():
 
 def test_deepspeed_pipeline_reduces_after_the_flush():
     """DeepSpeed's PipelineEngine reduces gradients after the pipeline drains (nothing behind a
-    backward); a run stating BF16_Optimizer reduces fp32 copies and adds each micro-batch's
-    gradients into them (reduce_fp32=True)."""
+    backward); a run stating fp32 accumulation at ZeRO-1 (BF16_Optimizer) reduces fp32 copies
+    and adds each micro-batch's gradients into them (reduce_fp32=True), with or without a
+    pipeline: the plain engine calls ``backward_epilogue`` -> ``update_hp_grads`` after every
+    backward too (DeepSpeed 0.19.8 runtime/engine.py ``_backward_epilogue``)."""
     m, s = load_model("gpt-22b"), load_system("dgx-a100")
     cfg = dict(tp=4, dp=8, global_batch=256, sharding=1, engine="deepspeed")
     pipe = evaluate(m, s, from_configs([ParallelConfig(pp=4, **cfg)]))
     bf16_opt = evaluate(m, s, from_configs([ParallelConfig(pp=4, **cfg)]), reduce_fp32=True)
     assert bf16_opt["time_dp_comm_s"][0] > 1.5 * pipe["time_dp_comm_s"][0]
     assert bf16_opt["time_optimizer_s"][0] > 10 * pipe["time_optimizer_s"][0]
-    # Without a pipeline the reduction runs in the backward hooks, behind the backward.
-    flat = evaluate(m, s, from_configs([ParallelConfig(pp=1, **{**cfg, "tp": 8, "dp": 4})]))
-    flat_mb = evaluate(m, s, from_configs([ParallelConfig(pp=1, **{**cfg, "tp": 8, "dp": 4})]),
-                       reduce_fp32=True)
-    assert flat_mb["time_optimizer_s"][0] == pytest.approx(flat["time_optimizer_s"][0])
+    flat_cfg = ParallelConfig(pp=1, **{**cfg, "tp": 8, "dp": 4})
+    flat = evaluate(m, s, from_configs([flat_cfg]))
+    flat_mb = evaluate(m, s, from_configs([flat_cfg]), reduce_fp32=True)
+    n_stage = stage_params_per_rank(m, 8, 1, 0)
+    accumulate = (256 // 4) * n_stage * HP_GRAD_ACCUMULATE_BYTES / (
+        s.memory_bandwidth * s.eff("memory"))
+    assert flat_mb["time_optimizer_s"][0] - flat["time_optimizer_s"][0] == pytest.approx(
+        accumulate)
 
 
 def test_deepspeed_picks_bf16_optimizer_for_an_unstated_bf16_pipeline_at_zero0():
     """A plan that states nothing runs what DeepSpeed picks (0.19.8 runtime/engine.py
-    ``_do_optimizer_sanity_check``): bf16 with a pipeline and no ZeRO is BF16_Optimizer, whose
-    per-micro-batch fp32 accumulation costs (m + p - 1) x the stage's parameters x 20 bytes at
-    the memory rate, and whose reduction is in fp32; ZeRO-1 (bf16 accumulation in ``.grad``),
-    fp16 and pp 1 keep the ZeRO / fp16 / DDP paths; a stated reduce_fp32 still wins."""
+    ``_do_optimizer_sanity_check``): bf16 with a pipeline and no ZeRO is BF16_Optimizer. Its
+    accumulator is ``grad_acc_dtype``, bf16 as flm exports the config (runtime/bf16_optimizer.py
+    l.191, engine.py ``get_data_types``), so each micro-batch costs (m + p - 1) x the stage's
+    parameters x 8 bytes at the memory rate, the step casts the 1/dp partition to fp32 and steps
+    Adam on it only, the whole accumulator is all-reduced in bf16 and the updated bf16 partitions
+    are all-gathered over dp (``update_lp_params``); a run stating fp32 (reduce_fp32 True, the
+    BigScience era's hard-coded fp32 buffer) pays 20 bytes a micro-batch and reduces in fp32.
+    ZeRO-1, fp16 and pp 1 keep the ZeRO / fp16 / DDP paths."""
     m, s = load_model("gpt-22b"), load_system("dgx-a100")
-    cfg = dict(tp=4, dp=8, pp=4, global_batch=256, engine="deepspeed")
+    dp, tp, pp = 8, 4, 4
+    cfg = dict(tp=tp, dp=dp, pp=pp, global_batch=256, engine="deepspeed")
 
     def run(reduce_fp32=None, **kw):
         return evaluate(m, s, from_configs([ParallelConfig(**{**cfg, **kw})]),
                         reduce_fp32=reduce_fp32)
 
     rule, stated, off = run(sharding=0), run(True, sharding=0), run(False, sharding=0)
-    for key in ("step_time_s", "time_dp_comm_s", "time_optimizer_s"):
-        assert rule[key][0] == stated[key][0]
-    # Memory: the accumulator is ``grad_acc_dtype``, bf16 as flm exports the config (2 B) and
-    # fp32 where the run states it (4 B); costmodel/memory.py ``bf16_optimizer_states``.
+    # Unstated is DeepSpeed's default, bf16 accumulation: what a run stating bf16 gets.
+    for key in ("step_time_s", "time_dp_comm_s", "time_optimizer_s", "mem_grads_bytes"):
+        assert rule[key][0] == off[key][0]
+    # Memory: the accumulator is 2 B unstated, 4 B where the run states fp32
+    # (costmodel/memory.py ``bf16_optimizer_states``): the same dtype rule as the time.
     assert stated["mem_grads_bytes"][0] == pytest.approx(1.5 * rule["mem_grads_bytes"][0])
-    m_b, pp = 256 // 8, 4
-    n_stage = max(stage_params_per_rank(m, 4, pp, r) for r in range(pp))
-    closed = (m_b + pp - 1) * n_stage * HP_GRAD_ACCUMULATE_BYTES / (
-        s.memory_bandwidth * s.eff("memory"))
-    assert HP_GRAD_ACCUMULATE_BYTES == 20
-    assert rule["time_optimizer_s"][0] - off["time_optimizer_s"][0] == pytest.approx(closed)
-    assert rule["time_dp_comm_s"][0] > 1.5 * off["time_dp_comm_s"][0]  # fp32, not bf16
+    m_b = 256 // dp
+    n_stage = max(stage_params_per_rank(m, tp, pp, r) for r in range(pp))
+    rate = s.memory_bandwidth * s.eff("memory")
+    assert (HP_GRAD_ACCUMULATE_BYTES, LP_GRAD_ACCUMULATE_BYTES, LP_GRAD_CAST_BYTES) == (20, 8, 6)
+    extra = ((m_b + pp - 1) * n_stage * (HP_GRAD_ACCUMULATE_BYTES - LP_GRAD_ACCUMULATE_BYTES)
+             - np.ceil(n_stage / dp) * LP_GRAD_CAST_BYTES) / rate
+    assert stated["time_optimizer_s"][0] - rule["time_optimizer_s"][0] == pytest.approx(extra)
+    assert stated["time_dp_comm_s"][0] > 1.5 * rule["time_dp_comm_s"][0]  # fp32, not bf16
+    # fp16 at ZeRO 0 is DeepSpeed's FP16 optimizer: the same 2-byte all-reduce, Adam over the
+    # whole stage, no accumulator, no gather. BF16_Optimizer adds the bf16 all-gather of the
+    # updated partitions over dp (exposed: inside the step) ...
     fp16 = run(sharding=0, dtype="fp16")
-    assert fp16["time_optimizer_s"][0] == pytest.approx(off["time_optimizer_s"][0])
-    assert rule["step_time_s"][0] > fp16["step_time_s"][0] + closed
+    gather = all_gather(s, dp, tp, n_stage * 2, True)
+    assert rule["time_dp_comm_s"][0] - fp16["time_dp_comm_s"][0] == pytest.approx(gather)
+    # ... and steps Adam on its 1/dp partition (cast to fp32 first) after accumulating.
+    adam_bytes = 2 + 4 + 12 + 2 + 12
+    assert rule["time_optimizer_s"][0] == pytest.approx(
+        (np.ceil(n_stage / dp) * (adam_bytes + LP_GRAD_CAST_BYTES)
+         + (m_b + pp - 1) * n_stage * LP_GRAD_ACCUMULATE_BYTES) / rate)
+    assert fp16["time_optimizer_s"][0] == pytest.approx(n_stage * adam_bytes / rate)
     # ZeRO-1 with the default grad_accum_dtype: DeepSpeed's ZeRO optimizer, unchanged.
     zero1, zero1_off = run(sharding=1), run(False, sharding=1)
     assert zero1["step_time_s"][0] == zero1_off["step_time_s"][0]
-    assert zero1["step_time_s"][0] < rule["step_time_s"][0]
+    assert zero1["time_optimizer_s"][0] < rule["time_optimizer_s"][0]
     # Without a pipeline bf16 at ZeRO 0 is DDP_BFLOAT16: no accumulation priced.
     flat = dict(pp=1, tp=8, dp=4)
     assert run(sharding=0, **flat)["time_optimizer_s"][0] == pytest.approx(
@@ -291,8 +323,9 @@ def test_bf16_optimizer_rule_row_by_row():
             dict(engine="native", pp=4, dp=2, sharding=0)]
     t = from_configs([ParallelConfig(global_batch=16, **r) for r in rows])
     assert bf16_optimizer(t).tolist() == [True, False, False, False, False, False, False]
-    # Megatron and the native engine reduce in fp32 by their own rules already.
-    assert reduces_fp32(t).tolist() == [True, False, False, False, False, True, True]
+    # BF16_Optimizer reduces its accumulator in DeepSpeed's default bf16; Megatron and the native
+    # engine reduce in fp32 by their own rules.
+    assert reduces_fp32(t).tolist() == [False, False, False, False, False, True, True]
     assert reduces_fp32(t, False).tolist() == [False] * len(rows)
     assert reduces_fp32(t, True).tolist() == [True] * len(rows)
 

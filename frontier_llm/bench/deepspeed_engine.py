@@ -303,7 +303,17 @@ class DeepSpeedEngine:
         opt_params = [p for g in self.inner.param_groups for p in g["params"]]
         # Gradients: the model's .grad (ZeRO 0/1 keep whole ones) and the partitions the
         # torch optimizer was handed (ZeRO 1-3); the same storage counted once.
-        grads = [p.grad for p in self._model_params] + [p.grad for p in opt_params]
+        accumulator = getattr(self.engine.optimizer, "fp32_groups_gradients_flat", None)
+        if accumulator is None:
+            grads = [p.grad for p in self._model_params] + [p.grad for p in opt_params]
+        else:
+            # BF16_Optimizer holds the bf16 .grad beside its whole accumulator in
+            # ``grad_acc_dtype`` (deepspeed/runtime/bf16_optimizer.py, DeepSpeed 0.19.8). The
+            # partition Adam is handed is a view of it when that is fp32, but a transient fp32
+            # copy made in ``step`` (``grad_partition.to(param_partition.dtype)``, dropped right
+            # after) when it is bf16: counting that copy would report 4 bytes per parameter over
+            # dp in place of the 2-byte accumulator the optimizer keeps all step.
+            grads = [p.grad for p in self._model_params] + list(accumulator)
         # Optimizer: Adam's moments, plus DeepSpeed's fp32 master partition where it is a copy
         # (ZeRO 1/2 always clone it, even in fp32; ZeRO-3 shares the fp32 parameters).
         state = [t for s in self.inner.state.values() for t in s.values()

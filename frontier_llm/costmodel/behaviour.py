@@ -50,13 +50,19 @@ def bf16_optimizer(t) -> np.ndarray:
 
 def reduces_fp32(t, reduce_fp32: bool | None = None) -> np.ndarray:
     """Whether each layout's 16-bit gradients are accumulated and reduced in fp32: ``reduce_fp32``
-    where the run states it (a calibration row, the API), else the engine's rule, which for
-    DeepSpeed is its ZeRO optimizer's training dtype except where DeepSpeed runs BF16_Optimizer
-    (:func:`bf16_optimizer`), which "is hardcoded for fp32 gradient accumulation"
-    (deepspeed/runtime/pipe/engine.py, DeepSpeed 0.19.8) and reduces its fp32 copies."""
+    where the run states it (a calibration row, the API), else the engine's rule. For DeepSpeed
+    that is the training dtype, BF16_Optimizer (:func:`bf16_optimizer`) included: its
+    accumulator is ``grad_acc_dtype`` (runtime/bf16_optimizer.py l.191, DeepSpeed 0.19.8), the
+    model's dtype unless the config sets ``data_types.grad_accum_dtype`` (runtime/engine.py
+    ``get_data_types``, l.1799-1810; flm's exports leave it unset), and the engine all-reduces it
+    cast to ``communication_data_type`` (``allreduce_bucket``, l.3795-3821), bf16 for a bf16 run
+    when unset (l.1719-1730). The pipe engine's "hardcoded for fp32 gradient accumulation"
+    (runtime/pipe/engine.py l.84) dates from the 2022-2023 optimizer, whose accumulator was
+    ``dtype=torch.float32``: runs of that era state it (planner/calibration.py
+    ``row_reduce_fp32``)."""
     if reduce_fp32 is not None:
         return np.full(len(t), bool(reduce_fp32))
-    return behaviour(t, "reduce_fp32") | bf16_optimizer(t)
+    return behaviour(t, "reduce_fp32")
 
 
 def cp_ring(t, cp_exchange: str | None = None) -> np.ndarray:

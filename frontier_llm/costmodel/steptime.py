@@ -56,7 +56,12 @@ from frontier_llm.costmodel.flops import (
     logits_forward_flops_per_token,
 )
 from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks
-from frontier_llm.costmodel.memory import ACT_BYTES, STATE_BYTES, grad_sync_each
+from frontier_llm.costmodel.memory import (
+    ACT_BYTES,
+    STATE_BYTES,
+    bf16_optimizer_states,
+    grad_sync_each,
+)
 from frontier_llm.costmodel.p2p_overlap import acts_on as p2p_acts_on
 from frontier_llm.costmodel.params import (
     kv_width_per_rank,
@@ -66,7 +71,7 @@ from frontier_llm.costmodel.params import (
 )
 from frontier_llm.costmodel.split import pipeline_ranks
 from frontier_llm.specs import axes
-from frontier_llm.specs.layout import DType, Engine, Recompute
+from frontier_llm.specs.layout import DType, Engine, PlacementKind, Recompute
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
 
@@ -76,9 +81,19 @@ OPTIMIZER_TRAFFIC = np.array([{DType.FP32: 4 + 4 + 8 + 4 + 8, DType.BF16: 2 + 4 
                                DType.FP16: 2 + 4 + 12 + 2 + 12,
                                DType.FP8: 2 + 4 + 12 + 2 + 12}[d] for d in DType])
 
-# Bytes per parameter BF16_Optimizer moves after each micro-batch under a DeepSpeed pipeline
-# (:func:`data_parallel_times`).
+# Bytes per parameter BF16_Optimizer moves after each micro-batch (:func:`data_parallel_times`)
+# into an fp32 accumulator: read the bf16 ``.grad`` (2), write and read its fp32 copy
+# (``lp.grad.to(hp_grad.dtype)``: 4 + 4), read and write the accumulator (4 + 4), zero the
+# ``.grad`` before the next backward (2).
 HP_GRAD_ACCUMULATE_BYTES = 2 + 4 + 4 + 4 + 4 + 2
+# Into a bf16 one (``grad_acc_dtype`` bf16, DeepSpeed's default: ``.to`` of a tensor already in
+# that dtype returns it, no copy): read the ``.grad`` (2), read and write the accumulator (2 + 2),
+# zero the ``.grad`` (2).
+LP_GRAD_ACCUMULATE_BYTES = 2 + 2 + 2 + 2
+# Bytes per element of its partition BF16_Optimizer's step adds to Adam's (OPTIMIZER_TRAFFIC,
+# which reads an fp32 gradient) when it accumulates in bf16: ``grad_partition.to(fp32)`` reads
+# the bf16 partition and writes an fp32 copy (runtime/bf16_optimizer.py ``step``).
+LP_GRAD_CAST_BYTES = 2 + 4
 
 
 @dataclass
@@ -533,16 +548,23 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     # (``enable_backward_allreduce = False``, deepspeed/runtime/pipe/engine.py) and reduces as
     # the schedule's last instructions, after the pipeline has drained (TrainSchedule's
     # ReduceTiedGrads, ReduceGrads, OptimizerStep: runtime/pipe/schedule.py): nothing hides
-    # behind a backward. A bf16 pipeline whose gradients are reduced in fp32 (BF16_Optimizer:
-    # a run that states it, ``reduce_fp32`` True, or DeepSpeed's own choice for bf16 with a
-    # pipeline at ZeRO stage 0 when the run states nothing, behaviour.bf16_optimizer)
-    # all-reduces its fp32 gradient buffers (``_bf16_reduce_grads`` ->
-    # ``get_grads_for_reduction``) and the tied embedding's fp32 ``_hp_grad`` between the first
-    # and last stage.
+    # behind a backward. Under BF16_Optimizer (memory.bf16_optimizer_states: DeepSpeed's own
+    # choice for bf16 with a pipeline at ZeRO stage 0, or a run stating fp32 accumulation) the
+    # schedule all-reduces the whole accumulator (``_bf16_reduce_grads`` ->
+    # ``buffered_allreduce_fallback`` -> ``get_grads_for_reduction``, runtime/pipe/engine.py
+    # l.287-298, engine.py l.3921-3935) in :func:`reduce_bytes`, and the tied embedding's
+    # ``_hp_grad`` between the first and last stage.
     kp, kg, ko = t.degree("params"), t.degree("grads"), t.degree("optim")
     sync_each = grad_sync_each(t, grad_sync)  # before ``grad_sync`` names the seconds below
     pipe = (t.engine == Engine.DEEPSPEED.code) & (pp > 1)
-    pipe_fp32 = pipe & (t.dtype == DType.BF16.code) & (kp == 1) & reduces_fp32(t, reduce_fp32)
+    bf16_opt, accum = bf16_optimizer_states(t, reduce_fp32)
+    # BF16_Optimizer steps Adam on the rank's 1/dp partition of its fp32 master even at ZeRO
+    # stage 0 (its memory, memory.state_bytes), then all-gathers the updated bf16 partitions over
+    # the data-parallel group (``update_lp_params`` -> ``all_gather_dp_groups``,
+    # runtime/bf16_optimizer.py l.593-603), as ZeRO-1 does.
+    opt_part = LayoutTable(**{**t.columns(), "optim_kind": np.where(
+        bf16_opt, PlacementKind.FULL.code, t.optim_kind)}).degree("optim")
+    ko = np.where(bf16_opt, np.maximum(ko, opt_part), ko)
     grad_bytes = n_stage * reduce_bytes(t, reduce_fp32)
     param_bytes = n_stage * fp8.param_gather_bytes(t, STATE_BYTES[t.dtype][:, 0])
     shard = np.maximum(kg, ko)
@@ -605,15 +627,18 @@ def data_parallel_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r:
     fsdp_exposed = np.where(sync_each, m * synced,
                             (m - 1) * unsynced + synced)
     optimizer = np.ceil(n_stage / ko) * OPTIMIZER_TRAFFIC[t.dtype] / r.memory
-    # BF16_Optimizer under DeepSpeed's pipeline (PR #1801, "bf16+pipeline parallelism", the
-    # branch BLOOM trained on): after every micro-batch's backward the stage's 16-bit gradients
-    # are added into its fp32 ones, parameter by parameter (``update_hp_grads``:
-    # ``hp_grad.add_(lp.grad.to(fp32))``: read 2, write and read a 4-byte copy, read and write
-    # 4) and zeroed before the next (``clear_lp_grads``: write 2): 20 bytes per parameter per
-    # micro-batch, on every backward of the critical path (m + p - 1 of them).
-    accumulate = np.where(pipe_fp32, (m + pp - 1) * n_stage * HP_GRAD_ACCUMULATE_BYTES
-                          / r.memory, 0.0)
-    optimizer = optimizer + accumulate
+    # BF16_Optimizer (PR #1801, "bf16+pipeline parallelism", the branch BLOOM trained on): after
+    # every micro-batch's backward the stage's 16-bit gradients are added into its accumulator,
+    # parameter by parameter (``update_hp_grads``: ``hp_grad.add_(lp.grad.to(hp_grad.dtype))``,
+    # runtime/bf16_optimizer.py l.508-539; pipe/engine.py l.839-863) and zeroed before the next
+    # (``clear_lp_grads``): HP_GRAD_ACCUMULATE_BYTES into fp32, LP_GRAD_ACCUMULATE_BYTES into
+    # bf16, on every backward of the critical path (m + p - 1 of them); a bf16 accumulator is
+    # cast to fp32 for the step (LP_GRAD_CAST_BYTES on the partition).
+    per_mb = np.where(accum == 4, HP_GRAD_ACCUMULATE_BYTES, LP_GRAD_ACCUMULATE_BYTES)
+    accumulate = np.where(bf16_opt, (m + pp - 1) * n_stage * per_mb / r.memory, 0.0)
+    cast = np.where(bf16_opt & (accum < 4), np.ceil(n_stage / ko) * LP_GRAD_CAST_BYTES
+                    / r.memory, 0.0)
+    optimizer = optimizer + accumulate + cast
     return {"dp_comm": dp_exposed + fsdp_exposed, "optimizer": optimizer}
 
 
