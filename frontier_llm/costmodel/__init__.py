@@ -50,7 +50,12 @@ from frontier_llm.specs.system import SystemSpec
 # priced only beside sequence parallelism, as Megatron-LM runs it (costmodel/tp_overlap.py);
 # other layouts unchanged. 2.9: PyTorch's context_parallel ring compiled (eager False) waits
 # for each K/V gather and dK/dV send at once (traced functional collectives), nothing overlapped
-# (steptime.cp_exchange_times); the eager ring and other layouts unchanged.
+# (steptime.cp_exchange_times); the eager ring and other layouts unchanged. Megatron-LM's fused
+# attention at its kernel's published measured rate where one exists (attention_kernels.py:
+# cuDNN on Hopper, CK/AITER v3 on the MI355X). BF16_Optimizer as DeepSpeed 0.19.8 runs it
+# unless a run states otherwise: a bf16 accumulator and reduction (the fp32 of 2.8 stays for
+# runs that state it), Adam on the 1/dp partition, the bf16 all-gather after the step, and its
+# memory (memory.bf16_optimizer_states).
 COSTMODEL_VERSION = "2.9"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
