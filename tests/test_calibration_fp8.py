@@ -282,3 +282,40 @@ def test_a_loso_refit_of_the_fp8_knob_is_shown_not_adopted():
     worse = (h200["mape_refit"] * h200["rows"]).sum() / h200["rows"].sum()
     carried = (h200["mape_carried"] * h200["rows"]).sum() / h200["rows"].sum()
     assert worse > carried + 0.05, h200
+
+
+def test_torchtitan_cp_rows_state_the_repeated_kv_heads():
+    """The fp8 table's ``cp_heads`` column: TorchTitan's Table 2 cp rows state the torchtitan
+    they ran (9dec370, before ff0829c dropped ``repeat_kv``), so their ring exchanged all 32
+    query heads, and their prediction prices it; every other row states none (the model's kv
+    heads). Without the column the rows are predicted faster."""
+    from frontier_llm.errors import UserError
+    from frontier_llm.planner.calibration import (
+        CALIBRATION_FILES,
+        load_runs,
+        predict_row,
+        row_cp,
+        row_cp_heads,
+    )
+
+    stated = 0
+    for path in CALIBRATION_FILES:
+        for _, row in load_runs(path).iterrows():
+            heads = row_cp_heads(row)
+            if heads is None:
+                continue
+            stated += 1
+            assert row_cp(row) > 1 and "torchtitan 9dec370" in row["source"], row["source"]
+            assert heads == int(row["heads"]) == 32
+            assert "repeat_kv" in row["derived"] and "ff0829c" in row["derived"]
+    assert stated == 3
+    fp8 = load_runs(next(p for p in CALIBRATION_FILES if str(p).endswith("_fp8.csv")))
+    row = fp8[(fp8["cp"] == 8) & fp8["source"].str.contains("TorchTitan")].iloc[0]
+    assert row_cp_heads(row) == 32
+    with_heads = predict_row(row)
+    without = predict_row(row.copy().drop(labels=["cp_heads"]))
+    assert with_heads["predicted"] < without["predicted"]  # tokens/s: a slower step
+    bad = row.copy()
+    bad["cp_heads"] = 2.5
+    with pytest.raises(UserError, match="cp_heads"):
+        row_cp_heads(bad)

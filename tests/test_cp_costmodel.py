@@ -234,3 +234,54 @@ def test_cp_divides_a_ranks_compute_and_shards_over_dp_x_cp():
     t = from_configs([_layout(dp=2, cp=4, sharding=Sharding.parse("zero3"))])
     assert t.degree("params")[0] == t.shard_ranks[0] == 8
     assert t.world_size[0] == 2 * 4 * 2 * 2
+
+
+def test_ring_exchanges_the_heads_sdpa_receives():
+    """``cp_heads``: PyTorch's ring works on SDPA's inputs, so a run whose model code repeats
+    K/V to every query head before SDPA (torchtitan before ff0829c: ``repeat_kv`` in
+    torchtitan/models/llama/model.py at 9dec370) gathers, sends, accumulates and holds them
+    all; the default (None) is the model's kv heads, as flm's torchtitan (v0.2.2, ``enable_gqa``)
+    runs it. flm bench's gather and Megatron's ring are not changed by it."""
+    from frontier_llm.costmodel import evaluate
+    from frontier_llm.costmodel.layouts import from_configs
+    from frontier_llm.costmodel.memory import cp_ring_backward_bytes
+    from frontier_llm.costmodel.steptime import (
+        cp_exchange_times,
+        cp_merge_bytes,
+        kv_exchange_bytes,
+        ring_kv_bytes,
+    )
+
+    m, system, e = _model("llama3-8b", 65536), load_system("dgx-h100"), 2
+    assert (m.heads, m.kv_heads) == (32, 8)
+    t = from_configs([_layout(tp=1, pp=1, cp=4, dp=2, global_batch=2, recompute="full")])
+    unit = kv_exchange_bytes(m, t, e)[0]
+    assert ring_kv_bytes(m, t, e)[0] == unit
+    assert ring_kv_bytes(m, t, e, 32)[0] == pytest.approx(4 * unit, rel=1e-12)
+    ring = np.array([True])
+    # No attention to hide behind: the compiled ring's gathers and dK/dV sends scale with
+    # the unit (all bandwidth but the latencies).
+    kv8 = cp_exchange_times(m, system, t, e, 0.0, ring)[0]
+    kv32 = cp_exchange_times(m, system, t, e, 0.0, ring, cp_heads=32)[0]
+    assert 3.5 * kv8 < kv32 < 4 * kv8
+    assert cp_exchange_times(m, system, t, e, 0.0, ring, cp_heads=8)[0] == kv8
+    # flm bench's gather ignores it (its attention takes the kv heads: enable_gqa).
+    bench = np.array([False])
+    assert (cp_exchange_times(m, system, t, e, 0.0, bench, cp_heads=32)[0]
+            == cp_exchange_times(m, system, t, e, 0.0, bench)[0])
+    # The merge's backward accumulates dK/dV of the repeated heads; its forward (the output)
+    # is the query heads' either way.
+    f8, b8 = cp_merge_bytes(m, t, e, ring)
+    f32, b32 = cp_merge_bytes(m, t, e, ring, cp_heads=32)
+    assert f32[0] == f8[0] and b32[0] > b8[0]
+    ring_t = from_configs([_layout(tp=1, pp=1, cp=4, dp=2, global_batch=2, recompute="full")])
+    assert (cp_ring_backward_bytes(m, ring_t, "ring", 32)[0]
+            > cp_ring_backward_bytes(m, ring_t, "ring")[0] > 0)
+    base = evaluate(m, system, t, cp_exchange="ring")
+    rep = evaluate(m, system, t, cp_exchange="ring", cp_heads=32)
+    assert rep["time_cp_comm_s"][0] > base["time_cp_comm_s"][0]
+    assert rep["step_time_s"][0] > base["step_time_s"][0]
+    # At cp 1 there is no exchange: nothing moves.
+    one = from_configs([_layout(tp=1, pp=1, cp=1, dp=8, global_batch=8, recompute="full")])
+    assert (evaluate(m, system, one, cp_exchange="ring", cp_heads=32)["step_time_s"][0]
+            == evaluate(m, system, one, cp_exchange="ring")["step_time_s"][0])

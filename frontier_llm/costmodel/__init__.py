@@ -72,8 +72,8 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
              tp_comm_overlap: bool = False,
              moe_run: MoeRun = NO_OVERLAP, grad_sync: bool | None = None,
              fp8_params: bool | None = None,
-             p2p_overlap: bool = False, cp_exchange: str | None = None
-             ) -> dict[str, np.ndarray]:
+             p2p_overlap: bool = False, cp_exchange: str | None = None,
+             cp_heads: int | None = None) -> dict[str, np.ndarray]:
     """Every figure of the model for every layout in ``table`` (numpy columns). Each layout's
     engine (its ``engine`` column) decides how its work is scheduled and what it keeps
     (specs/engine_rules.py). ``eager``: un-compiled PyTorch element-wise kernels
@@ -94,11 +94,14 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
     ``cp_exchange``: the native engine's context-parallel exchange, "gather" (flm bench's one
     K/V all-gather and masked attention) or "ring" (PyTorch's ``context_parallel``, as
     torchtitan runs it); None: the engine's rule (specs/engine_rules.py ``CP_EXCHANGE``),
-    priced in time and memory alike."""
+    priced in time and memory alike. ``cp_heads``: the K/V heads that ring exchanges and holds
+    (None: the model's kv heads, as torchtitan v0.2.2, which flm renders, runs it; a number:
+    a run whose model code repeats K/V to that many heads before SDPA, torchtitan before
+    ff0829c; :func:`~frontier_llm.costmodel.steptime.ring_kv_bytes`)."""
     times = step_time(model, system, table, eager, overlap_comm, reduce_fp32, tp_comm_overlap,
-                      moe_run, grad_sync, p2p_overlap, cp_exchange)
+                      moe_run, grad_sync, p2p_overlap, cp_exchange, cp_heads)
     mem = peak_memory(model, system, table, reduce_fp32, grad_sync, fp8_params, cp_exchange,
-                      dualpipe=moe_run.overlap == "dualpipe")
+                      dualpipe=moe_run.overlap == "dualpipe", cp_heads=cp_heads)
     tokens = table.global_batch * model.seq_len
     gpus = table.world_size
     # MFU and HFU of an fp8 layout are counted against the bf16 peak, as its sources count them

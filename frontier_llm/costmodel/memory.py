@@ -312,13 +312,15 @@ def parts_total(parts: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def activation_parts(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None,
-                     cp_exchange: str | None = None, in_flight=None) -> dict[str, np.ndarray]:
+                     cp_exchange: str | None = None, in_flight=None,
+                     cp_heads: int | None = None) -> dict[str, np.ndarray]:
     """:func:`activation_bytes` by part: ``steady`` (every in-flight block's saved tensors, the
     first stage's inputs, cp masks), ``head`` (the last stage's norm and logits), ``mtp``
     (its multi-token prediction modules'), ``transient`` (a block rebuilt in backward beyond
     what it kept), ``ring`` (one layer's attention backward under PyTorch's CP ring) and
     ``per_layer`` (what one block keeps). ``in_flight``: micro-batches of ``chunk`` layers held
-    at the peak instead of the layout's schedule's (DualPipe's, :func:`dualpipe_memory`)."""
+    at the peak instead of the layout's schedule's (DualPipe's, :func:`dualpipe_memory`).
+    ``cp_heads``: the K/V heads PyTorch's CP ring holds (:func:`cp_ring_backward_bytes`)."""
     if chunk is None:
         chunk = rank_layers(model, t, pp_rank)[1]
     e = ACT_BYTES[t.dtype]
@@ -371,7 +373,8 @@ def activation_parts(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None,
         per_layer + sb * 2 * h * e * rep + sb * 4 * _cdiv(model.vocab, t.tp)), 0)
     return {"steady": layers * per_layer + first + cp_mask_bytes(model, t, cp_exchange),
             "head": last, "mtp": mtp, "transient": transient,
-            "ring": cp_ring_backward_bytes(model, t, cp_exchange), "per_layer": per_layer}
+            "ring": cp_ring_backward_bytes(model, t, cp_exchange, cp_heads),
+            "per_layer": per_layer}
 
 
 def cp_mask_bytes(model: ModelSpec, t: LayoutTable, cp_exchange: str | None = None
@@ -389,8 +392,8 @@ def cp_mask_bytes(model: ModelSpec, t: LayoutTable, cp_exchange: str | None = No
                     per_entry * t.local_seq(model.seq_len) * model.seq_len, 0)
 
 
-def cp_ring_backward_bytes(model: ModelSpec, t: LayoutTable, cp_exchange: str | None = None
-                           ) -> np.ndarray:
+def cp_ring_backward_bytes(model: ModelSpec, t: LayoutTable, cp_exchange: str | None = None,
+                           cp_heads: int | None = None) -> np.ndarray:
     """What PyTorch's CP ring (native, ``cp_exchange`` "ring") holds during one layer's
     attention backward beyond the saved tensors, per micro-batch
     (_context_parallel/_attention.py ``_templated_ring_attention_backward``, torch 2.13.0 at
@@ -398,11 +401,15 @@ def cp_ring_backward_bytes(model: ModelSpec, t: LayoutTable, cp_exchange: str | 
     ``_AllGatherRotater`` buffer) and the local K/V concatenated to send (one unit); dQ, dK and
     dV accumulated in fp32 (``convert_to_f32``); the fp32 dK/dV being passed round the ring,
     the concatenated send and the received buffer (``_AllToAllRotater``); one partial
-    attention's dQ, dK, dV in the training dtype. 0 for every other layout."""
+    attention's dQ, dK, dV in the training dtype. 0 for every other layout. ``cp_heads``: the
+    K/V heads SDPA receives and the ring holds (steptime.ring_kv_bytes; None: the model's kv
+    heads; torchtitan before ff0829c repeats K/V to every query head)."""
     e = ACT_BYTES[t.dtype]
     tokens = t.local_seq(model.seq_len) * t.micro_batch
     q = tokens * model.q_dim / t.tp
-    kv = 2 * tokens * kv_width_per_rank(model, t.tp)  # K and V elements
+    width = (kv_width_per_rank(model, t.tp) if cp_heads is None
+             else cp_heads / t.tp * model.head_dim)
+    kv = 2 * tokens * width  # K and V elements
     held = (np.asarray(t.cp) + 1) * kv * e + 4 * (q + kv) + 2 * 4 * kv + e * (q + kv)
     return np.where(cp_ring(t, cp_exchange), held, 0)
 
@@ -575,7 +582,7 @@ def native_step_bytes(t: LayoutTable, states: dict) -> np.ndarray:
 def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, held=None,
                 chunk=None, reduce_fp32: bool | None = None, phase: str | None = None,
                 grad_sync: bool | None = None, fp8_params: bool | None = None,
-                cp_exchange: str | None = None) -> dict:
+                cp_exchange: str | None = None, cp_heads: int | None = None) -> dict:
     """Every memory term of one rank of stage ``pp_rank`` (holding ``held`` layers, its fullest
     chunk ``chunk``; default: from the engine's split), and their total ``peak``.
 
@@ -592,13 +599,14 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
     for the loss's backward alone, or ``step``) gives that moment's terms instead of the
     larger's.
     ``cp_exchange``: the native engine's context-parallel exchange (None: the engine's rule;
-    behaviour.cp_ring)."""
+    behaviour.cp_ring); ``cp_heads``: the K/V heads its ring holds (:func:`activation_parts`)."""
     if held is None or chunk is None:
         held, chunk = rank_layers(model, t, pp_rank)
     r = np.asarray(pp_rank)
     return _assemble(model, system, t, r, held,
                      state_bytes(model, t, pp_rank, held, reduce_fp32, fp8_params),
-                     activation_parts(model, t, pp_rank, chunk, cp_exchange),
+                     activation_parts(model, t, pp_rank, chunk, cp_exchange,
+                                      cp_heads=cp_heads),
                      r == t.pp - 1, buffer_bytes(model, t, pp_rank, held, reduce_fp32),
                      _earlier_backward(t, r), phase, grad_sync, fp8_params)
 
@@ -670,7 +678,8 @@ def _assemble(model: ModelSpec, system: SystemSpec, t: LayoutTable, r, held, sta
 def dualpipe_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank,
                     reduce_fp32: bool | None = None, phase: str | None = None,
                     grad_sync: bool | None = None, fp8_params: bool | None = None,
-                    cp_exchange: str | None = None, held=None) -> dict:
+                    cp_exchange: str | None = None, held=None,
+                    cp_heads: int | None = None) -> dict:
     """:func:`rank_memory` of DualPipe's pipeline rank ``pp_rank`` (DeepSeek-V3 report
     §3.2.1; ``--moe-overlap dualpipe``), which holds two stages of the engine's split, ``h``
     and ``P−1−h`` (moe.dualpipe_stages; the end ranks: the first stage's embedding and the
@@ -695,8 +704,8 @@ def dualpipe_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_ran
     held_a, held_b = ((rank_layers(model, t, a)[0], rank_layers(model, t, b)[0])
                       if held is None else held)
     # A DualPipe stage is the rank's whole share of the split, one chunk of ``held`` blocks.
-    pa = activation_parts(model, t, a, held_a, cp_exchange, in_flight=n_a)
-    pb = activation_parts(model, t, b, held_b, cp_exchange, in_flight=n_b)
+    pa = activation_parts(model, t, a, held_a, cp_exchange, in_flight=n_a, cp_heads=cp_heads)
+    pb = activation_parts(model, t, b, held_b, cp_exchange, in_flight=n_b, cp_heads=cp_heads)
     sa = state_bytes(model, t, a, held_a, reduce_fp32, fp8_params)
     sb = state_bytes(model, t, b, held_b, reduce_fp32, fp8_params)
     states = {k: sa[k] + sb[k] for k in sa}
@@ -715,14 +724,15 @@ def dualpipe_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_ran
     if two.all():
         return out
     once = rank_memory(model, system, t, a, reduce_fp32=reduce_fp32, phase=phase,
-                       grad_sync=grad_sync, fp8_params=fp8_params, cp_exchange=cp_exchange)
+                       grad_sync=grad_sync, fp8_params=fp8_params, cp_exchange=cp_exchange,
+                       cp_heads=cp_heads)
     return {k: np.where(two, out[k], once[k]) for k in out}
 
 
 def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
                 reduce_fp32: bool | None = None, grad_sync: bool | None = None,
                 fp8_params: bool | None = None, cp_exchange: str | None = None,
-                dualpipe: bool = False) -> dict:
+                dualpipe: bool = False, cp_heads: int | None = None) -> dict:
     """The rank with the most memory: the first stage (embeddings, most micro-batches in
     flight), the last (head, logits) or, where the engine splits layers unevenly, the middle
     stage holding the most layers (the earliest such, which holds the most micro-batches).
@@ -731,9 +741,10 @@ def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     ``dualpipe``: the run's pipeline is DeepSeek's DualPipe (``MoeRun.overlap``): the fullest
     of its ranks, each holding two stages (:func:`dualpipe_memory`), for every layout with a
     pipeline; ``stage`` is then the DualPipe rank ``h`` (ranks ``h`` and ``P−1−h`` hold the
-    same)."""
+    same). ``cp_heads``: the K/V heads the native CP ring holds (None: the model's kv heads;
+    :func:`cp_ring_backward_bytes`)."""
     dual = np.asarray(t.pp) > 1 if dualpipe else np.zeros(len(t), dtype=bool)
-    args = (reduce_fp32, grad_sync, fp8_params, cp_exchange)
+    args = (reduce_fp32, grad_sync, fp8_params, cp_exchange, cp_heads)
     if not dual.any():
         return _schedule_peak(model, system, t, *args)
     if dual.all():
@@ -751,7 +762,8 @@ def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
 
 def _dualpipe_peak(model: ModelSpec, system: SystemSpec, t: LayoutTable,
                    reduce_fp32: bool | None, grad_sync: bool | None,
-                   fp8_params: bool | None, cp_exchange: str | None) -> dict:
+                   fp8_params: bool | None, cp_exchange: str | None,
+                   cp_heads: int | None = None) -> dict:
     """The fullest DualPipe rank (:func:`dualpipe_memory`) of every layout: each pair of
     mirrored ranks evaluated, since an uneven split or DeepSeek-V3's light last stage can make
     a middle pair fuller than the end ranks."""
@@ -764,7 +776,8 @@ def _dualpipe_peak(model: ModelSpec, system: SystemSpec, t: LayoutTable,
         a, b = moe.dualpipe_stages(sub.pp, h)
         mem = dualpipe_memory(model, system, sub, h, reduce_fp32, grad_sync=grad_sync,
                               fp8_params=fp8_params, cp_exchange=cp_exchange,
-                              held=(table[split_of[rows], a], table[split_of[rows], b]))
+                              held=(table[split_of[rows], a], table[split_of[rows], b]),
+                              cp_heads=cp_heads)
         mem["stage"] = np.full(len(sub), h)
         if out is None:
             out = {k: np.array(v, dtype=float) for k, v in mem.items()}
@@ -794,7 +807,8 @@ def _held_table(model: ModelSpec, t: LayoutTable) -> tuple[np.ndarray, np.ndarra
 
 def _schedule_peak(model: ModelSpec, system: SystemSpec, t: LayoutTable,
                    reduce_fp32: bool | None = None, grad_sync: bool | None = None,
-                   fp8_params: bool | None = None, cp_exchange: str | None = None) -> dict:
+                   fp8_params: bool | None = None, cp_exchange: str | None = None,
+                   cp_heads: int | None = None) -> dict:
     """:func:`peak_memory` under the layout's own schedule (GPipe, 1F1B, interleaved)."""
     ranks = pipeline_ranks(model, t)
     out = None
@@ -803,7 +817,7 @@ def _schedule_peak(model: ModelSpec, system: SystemSpec, t: LayoutTable,
                            (t.pp - 1, ranks["last"], ranks["chunk_last"])):
         mem = rank_memory(model, system, t, r, held, chunk, reduce_fp32,
                           grad_sync=grad_sync, fp8_params=fp8_params,
-                          cp_exchange=cp_exchange)
+                          cp_exchange=cp_exchange, cp_heads=cp_heads)
         mem["stage"] = np.broadcast_to(r, (len(t),))
         if out is None:
             out = mem
@@ -818,7 +832,7 @@ def _schedule_peak(model: ModelSpec, system: SystemSpec, t: LayoutTable,
         sub = t.take(rows)
         mem = rank_memory(model, system, sub, ranks["mid"][rows], ranks["mid_held"][rows],
                           ranks["chunk_mid"][rows], reduce_fp32, grad_sync=grad_sync,
-                          fp8_params=fp8_params, cp_exchange=cp_exchange)
+                          fp8_params=fp8_params, cp_exchange=cp_exchange, cp_heads=cp_heads)
         mem["stage"] = ranks["mid"][rows]
         bigger = rows[mem["peak"] > out["peak"][rows]]
         win = mem["peak"] > out["peak"][rows]

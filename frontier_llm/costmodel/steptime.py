@@ -161,8 +161,8 @@ def _rates(model: ModelSpec, system: SystemSpec, t: LayoutTable) -> _Rates:
 
 def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
                 eager: bool = False, tp_comm_overlap: bool = False,
-                moe_run: moe.MoeRun = moe.NO_OVERLAP, cp_exchange: str | None = None
-                ) -> BlockTimes:
+                moe_run: moe.MoeRun = moe.NO_OVERLAP, cp_exchange: str | None = None,
+                cp_heads: int | None = None) -> BlockTimes:
     """One block's compute, element-wise, recompute and TP communication time. ``eager``: the
     run executes PyTorch's ops one kernel each (no torch.compile), so its element-wise work is
     :data:`EAGER_BYTES_PER_TOKEN`, not the fused count. ``tp_comm_overlap``: the run turns on
@@ -172,7 +172,8 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     every TP collective is exposed. ``moe_run``: how an MoE run dispatches and overlaps its
     all-to-alls (costmodel/moe.py MoeRun; default Megatron-LM's, none overlapped).
     ``cp_exchange``: the native engine's context-parallel exchange (None: the engine's rule;
-    :func:`~frontier_llm.costmodel.behaviour.cp_ring`)."""
+    :func:`~frontier_llm.costmodel.behaviour.cp_ring`). ``cp_heads``: the K/V heads the
+    native ring exchanges and merges (:func:`ring_kv_bytes`; None: the model's kv heads)."""
     s, h, f = model.seq_len, model.hidden, model.ffn_hidden
     tp, e = t.tp, r.act_bytes
     # The rank's tokens: seq_len/cp of each sequence (context parallelism). Attention work per
@@ -245,9 +246,9 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     # partial attentions (native with cp_exchange "ring": PyTorch's context_parallel), merging
     # them in fp32.
     ring = cp_ring(t, cp_exchange)
-    fwd_merge, bwd_merge = cp_merge_bytes(model, t, e, ring)
+    fwd_merge, bwd_merge = cp_merge_bytes(model, t, e, ring, cp_heads)
     merge_replay = np.where(t.recompute == Recompute.NONE.code, 0.0, fwd_merge)
-    cp_comm = (cp_exchange_times(model, system, t, e, f_attn, ring, eager)
+    cp_comm = (cp_exchange_times(model, system, t, e, f_attn, ring, eager, cp_heads)
                + (fwd_merge + bwd_merge + merge_replay) / r.memory)
     # The all-to-alls, exposed beyond the compute they overlap with (costmodel/moe.py).
     compute = 3 * fwd + recompute + attn_bwd_extra
@@ -265,8 +266,25 @@ def kv_exchange_bytes(model: ModelSpec, t: LayoutTable, act_bytes) -> np.ndarray
     return 2 * t.local_seq(model.seq_len) * t.micro_batch * kv * act_bytes
 
 
+def ring_kv_bytes(model: ModelSpec, t: LayoutTable, act_bytes, cp_heads: int | None = None
+                  ) -> np.ndarray:
+    """:func:`kv_exchange_bytes` as PyTorch's CP ring (native, ``cp_exchange`` "ring") moves
+    it: the K/V its SDPA receives. ``cp_heads`` None: the model's kv heads (torchtitan v0.2.2,
+    which flm renders, passes ``enable_gqa``: torchtitan/models/llama3/model/model.py). A
+    number: the run's model code expands K/V to that many heads before SDPA, so the ring
+    gathers, sends and accumulates them all: torchtitan before ff0829c ("GQA without kv
+    repeats", 2026-01-27; first release v0.2.2) calls ``repeat_kv`` to every query head ahead
+    of ``F.scaled_dot_product_attention`` (torchtitan/models/llama/model.py at 9dec370,
+    torchtitan/models/llama3/model/model.py at v0.2.1), and the ring works on SDPA's inputs."""
+    if cp_heads is None:
+        return kv_exchange_bytes(model, t, act_bytes)
+    return (2 * t.local_seq(model.seq_len) * t.micro_batch * (cp_heads / t.tp)
+            * model.head_dim * act_bytes)
+
+
 def cp_exchange_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, act_bytes,
-                      f_attn, ring=None, eager: bool = False) -> np.ndarray:
+                      f_attn, ring=None, eager: bool = False, cp_heads: int | None = None
+                      ) -> np.ndarray:
     """Exposed seconds of the context-parallel K/V exchange per layer and micro-batch (forward,
     backward and any recompute). The cp group is the ``cp`` ranks ``tp`` apart (cp is next to
     tp in the rank order of torchtitan's mesh ``[pp, dp_replicate, dp_shard, cp, tp]`` and
@@ -308,7 +326,8 @@ def cp_exchange_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, act_
       (torch/distributed/_functional_collectives.py ``_maybe_wrap_tensor``, the same from
       2023 to 2.13), with Inductor's reordering passes off by default
       (``reorder_for_compute_comm_overlap = False``): every gather and every dK/dV send
-      waits before the next partial attention is issued.
+      waits before the next partial attention is issued. The unit the ring moves is
+      :func:`ring_kv_bytes` (``cp_heads``: the K/V heads its SDPA receives).
     - ``megatron`` (TransformerEngine ring attention, ``cp_comm_type`` p2p; Liu et al. 2023's
       ring): ``cp−1`` steps, each sending the K/V block on to the next rank while attention runs
       on the block in hand (``1/cp`` of the rank's attention): a step exposes ``max(0, send −
@@ -318,22 +337,24 @@ def cp_exchange_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, act_
     """
     n = t.cp
     chunk = kv_exchange_bytes(model, t, act_bytes)
+    ring_chunk = ring_kv_bytes(model, t, act_bytes, cp_heads)
     full = t.recompute == Recompute.FULL.code
     if ring is None:
         ring = cp_ring(t)
     hop = t.tp * (n - 1)
     step_fwd = f_attn / n
-    gather = comm.all_gather(system, n, t.tp, n * chunk)
+    gather = comm.all_gather(system, n, t.tp, n * ring_chunk)
     gather_fwd = np.maximum(0.0, gather - step_fwd)
-    grads = comm.send_recv(system, hop, chunk * 4.0 / act_bytes)  # fp32 dK and dV
+    grads = comm.send_recv(system, hop, ring_chunk * 4.0 / act_bytes)  # fp32 dK and dV
     native_bwd = (np.maximum(0.0, gather - 2 * step_fwd)
                   + (n - 1) * np.maximum(0.0, grads - 2 * step_fwd) + grads)
     again = full | (t.recompute == Recompute.SELECTIVE_OP.code)
     torch_ring = gather_fwd + native_bwd + np.where(again, gather_fwd, 0.0)
     if not eager:
         torch_ring = 2 * gather + n * grads + np.where(again, gather, 0.0)
-    bench = (gather + comm.reduce_scatter(system, n, t.tp, n * chunk)
-             + np.where(again, gather, 0.0))
+    bench_gather = comm.all_gather(system, n, t.tp, n * chunk)
+    bench = (bench_gather + comm.reduce_scatter(system, n, t.tp, n * chunk)
+             + np.where(again, bench_gather, 0.0))
     native = np.where(ring, torch_ring, bench)
     fwd = (n - 1) * np.maximum(0.0, comm.send_recv(system, hop, chunk) - step_fwd)
     bwd = (n - 1) * np.maximum(0.0, comm.send_recv(system, hop, 2 * chunk) - 2 * step_fwd)
@@ -342,8 +363,8 @@ def cp_exchange_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, act_
     return np.where(n > 1, exposed, 0.0)
 
 
-def cp_merge_bytes(model: ModelSpec, t: LayoutTable, act_bytes, ring=None
-                   ) -> tuple[np.ndarray, np.ndarray]:
+def cp_merge_bytes(model: ModelSpec, t: LayoutTable, act_bytes, ring=None,
+                   cp_heads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) HBM bytes one rank moves per layer and micro-batch merging the
     ``cp`` partial attentions of PyTorch's ``context_parallel`` (native rows whose exchange is
     the ring, ``ring``, default :func:`~frontier_llm.costmodel.behaviour.cp_ring`; 0 for flm
@@ -361,14 +382,15 @@ def cp_merge_bytes(model: ModelSpec, t: LayoutTable, act_bytes, ring=None
     gradient (read 4 and ``e``, write 4), cast back at the end (read 4, write ``e``):
     ``(q + kv)·(cp·(8+e) + 8 + e)``. The log-sum-exp rows (``1/head_dim`` of the output) and
     the eager code's extra copies (``torch.cat`` of the buffers each step) are left out: this is
-    the least traffic the merge needs. A replayed block merges its forward again (the caller)."""
+    the least traffic the merge needs. A replayed block merges its forward again (the caller).
+    ``cp_heads``: the K/V heads the ring accumulates dK/dV over (:func:`ring_kv_bytes`)."""
     n = np.asarray(t.cp)
     e = np.asarray(act_bytes, dtype=float)
     tokens = t.micro_batch * t.local_seq(model.seq_len)
     heads = model.heads / t.tp
     out = tokens * heads * (model.out_dim / model.heads)
     q = tokens * heads * (model.q_dim / model.heads)
-    kv = kv_exchange_bytes(model, t, act_bytes) / e  # K and V elements
+    kv = ring_kv_bytes(model, t, act_bytes, cp_heads) / e  # K and V elements
     fwd = out * (n * (8 + e) + e)
     bwd = (q + kv) * (n * (8 + e) + 8 + e)
     ring = cp_ring(t) if ring is None else ring
@@ -646,8 +668,8 @@ def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable, eager: bool 
               overlap_comm: bool = True, reduce_fp32: bool | None = None,
               tp_comm_overlap: bool = False,
               moe_run: moe.MoeRun = moe.NO_OVERLAP, grad_sync: bool | None = None,
-              p2p_overlap: bool = False, cp_exchange: str | None = None
-              ) -> dict[str, np.ndarray]:
+              p2p_overlap: bool = False, cp_exchange: str | None = None,
+              cp_heads: int | None = None) -> dict[str, np.ndarray]:
     """Seconds per iteration and its parts (seconds, summed over the iteration, on the slowest
     pipeline stage), for every layout of ``t``: per block, per stage, data parallel. ``eager``:
     the run is un-compiled PyTorch (:func:`block_times`); ``overlap_comm``: DeepSpeed's, for
@@ -657,9 +679,11 @@ def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable, eager: bool 
     :func:`~frontier_llm.costmodel.memory.grad_sync_each`); ``p2p_overlap``:
     :func:`stage_times`; ``cp_exchange``: the native engine's context-parallel exchange,
     "gather" or "ring" (None: the engine's rule,
-    :func:`~frontier_llm.costmodel.behaviour.cp_ring`)."""
+    :func:`~frontier_llm.costmodel.behaviour.cp_ring`); ``cp_heads``: the K/V heads that ring
+    exchanges (:func:`ring_kv_bytes`; None: the model's kv heads)."""
     r = _rates(model, system, t)
-    blk = block_times(model, system, t, r, eager, tp_comm_overlap, moe_run, cp_exchange)
+    blk = block_times(model, system, t, r, eager, tp_comm_overlap, moe_run, cp_exchange,
+                      cp_heads)
     stage = stage_times(model, system, t, r, blk, p2p_overlap, moe_run)
     dp = data_parallel_times(model, system, t, r, blk, stage, overlap_comm, reduce_fp32,
                              grad_sync)

@@ -203,6 +203,21 @@ def row_cp_exchange(row: pd.Series) -> str | None:
     return None
 
 
+def row_cp_heads(row: pd.Series) -> int | None:
+    """The K/V heads the row's context-parallel ring exchanged, as its ``cp_heads`` column
+    states it (the fp8 table's; set where the row's source states a torchtitan that repeats K/V
+    to every query head before SDPA, which the ring then gathers, sends and accumulates:
+    ``repeat_kv`` in torchtitan/models/llama/model.py at 9dec370, dropped in ff0829c, first
+    released in v0.2.2); None (the model's kv heads, as flm's torchtitan runs it) where the
+    row states none. A stated count must be a positive whole number of heads."""
+    if not _given(row.get("cp_heads")):
+        return None
+    value = float(row["cp_heads"])
+    if not value.is_integer() or value < 1:
+        raise UserError(f"cp_heads must be a positive whole number of heads (got {value})")
+    return int(value)
+
+
 def row_reduce_fp32(row: pd.Series) -> bool | None:
     """Whether the row's gradients were reduced in fp32, where its framework says otherwise
     than the engine's rule (None: the rule; costmodel/steptime.py ``reduce_bytes``). PyTorch
@@ -608,7 +623,8 @@ def _best(row: pd.Series, model: ModelSpec, system: SystemSpec, recompute: str |
                       overlap_comm=row_overlap_comm(row), reduce_fp32=row_reduce_fp32(row),
                       tp_comm_overlap=row_tp_comm_overlap(row), moe_run=row_moe_run(row),
                       grad_sync=row_grad_sync(row), fp8_params=row_fp8_params(row),
-                      p2p_overlap=row_p2p_overlap(row), cp_exchange=row_cp_exchange(row))
+                      p2p_overlap=row_p2p_overlap(row), cp_exchange=row_cp_exchange(row),
+                      cp_heads=row_cp_heads(row))
         # A published run ran: when none of its layouts is predicted to fit, the fastest is
         # predicted anyway (after those that fit) and the table says it was predicted not to fit.
         order = result.ranked_indices(fits_only=False)

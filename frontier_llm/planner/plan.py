@@ -254,7 +254,8 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
          overlap_comm: bool = True, reduce_fp32: bool | None = None,
          tp_comm_overlap: bool = False, moe_run: MoeRun = NO_OVERLAP,
          grad_sync: bool | None = None, fp8_params: bool | None = None,
-         p2p_overlap: bool = False, cp_exchange: str | None = None) -> Plan:
+         p2p_overlap: bool = False, cp_exchange: str | None = None,
+         cp_heads: int | None = None) -> Plan:
     """Evaluate every layout of ``space`` for ``model`` on ``gpus`` GPUs of ``system``;
     ``eager``: element-wise work as un-compiled PyTorch runs it (``flm plan --eager``;
     calibration's rows whose model code is plain PyTorch); Megatron-LM layouts stay fused.
@@ -277,7 +278,10 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
     (``--no-overlap-p2p-communication``); other layouts are unchanged by it. ``cp_exchange``
     (None: the engine's rule, flm bench's single gather): the native engine's context
     parallelism as flm bench runs it ("gather") or as PyTorch's ``context_parallel`` ring
-    ("ring", torchtitan; ``flm plan --cp-exchange ring``; calibration's rows that state it)."""
+    ("ring", torchtitan; ``flm plan --cp-exchange ring``; calibration's rows that state it).
+    ``cp_heads`` (None: the model's kv heads, as flm's torchtitan runs it): the K/V heads that
+    ring exchanges (calibration's rows whose torchtitan repeats K/V before SDPA;
+    costmodel.evaluate)."""
     if not 1 <= gpus <= MAX_GPUS:
         raise UserError(f"the GPU count must be between 1 and {MAX_GPUS:,} (got {gpus})")
     gb = global_batch or default_global_batch(model, gpus)
@@ -294,7 +298,8 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
     # The cost model runs on the layouts no rule rejected; the others get NaN figures.
     ok = np.flatnonzero(reason == 0)
     sub = evaluate(model, system, layouts.take(ok), eager, overlap_comm, reduce_fp32,
-                   tp_comm_overlap, moe_run, grad_sync, fp8_params, p2p_overlap, cp_exchange)
+                   tp_comm_overlap, moe_run, grad_sync, fp8_params, p2p_overlap, cp_exchange,
+                   cp_heads)
     # Every row gets every figure: NaN (False) where a rule rejected it. One block for the
     # float figures, each row written once (the tables run to millions of rows).
     floats = [k for k, v in sub.items() if v.dtype != bool]

@@ -16,8 +16,9 @@ from frontier_llm.errors import UserError
 from frontier_llm.specs.engine_rules import CP_EXCHANGES
 
 # planner.plan's keywords that are a calibration row's, not a setting of flm plan (the row's
-# stated reduction dtype, gradient sync and FP8 parameters; planner/calibration.py).
-CALIBRATION_ONLY = ("reduce_fp32", "grad_sync", "fp8_params")
+# stated reduction dtype, gradient sync, FP8 parameters and the K/V heads an older torchtitan's
+# ring exchanged; planner/calibration.py). flm exports torchtitan v0.2.2, which moves kv heads.
+CALIBRATION_ONLY = ("reduce_fp32", "grad_sync", "fp8_params", "cp_heads")
 
 
 @dataclass(frozen=True)
