@@ -13,6 +13,7 @@ from frontier_llm.costmodel import evaluate
 from frontier_llm.costmodel.layouts import from_configs
 from frontier_llm.costmodel.memory import (
     activation_bytes,
+    activation_parts,
     layer_activation_bytes,
     rank_state_bytes,
 )
@@ -216,3 +217,29 @@ def test_peak_memory_fits_flag_against_capacity():
     parts = ok["breakdown"]["memory_bytes"]
     assert sum(parts.values()) == pytest.approx(ok["peak_memory_bytes"])
     assert np.isfinite(ok["step_time_s"])
+
+
+def test_sdpa_kv_heads_are_what_the_fused_kernel_saves():
+    """``cp_heads`` (the K/V heads SDPA receives): torchtitan before ff0829c repeats Llama 3's 8
+    K/V heads to all 32 query heads before SDPA, and the flash kernel saves its inputs, so a
+    block saves 4x the K/V flm counts for the model's kv heads: wherever the block's attention
+    inputs are kept (no recompute) or rebuilt (full and op-level recompute: the rebuilt block),
+    never in what a recomputed block keeps."""
+    m = load_model("llama3-8b")
+    base = dict(tp=2, pp=2, dp=1, micro_batch=1, global_batch=8, flash_attention=True)
+    # K and V, 24 more heads each, in bf16 (2 bytes), over tp 2.
+    extra = 2 * m.seq_len * (32 - m.kv_heads) * m.head_dim * 2 / 2
+    for recompute in ("none", "full", "selective-op"):
+        t = from_configs([ParallelConfig(**base, recompute=recompute)])
+        kv = activation_parts(m, t, 0)
+        rep = activation_parts(m, t, 0, cp_heads=32)
+        if recompute == "none":
+            assert rep["per_layer"][0] - kv["per_layer"][0] == pytest.approx(extra)
+            assert rep["transient"][0] == kv["transient"][0] == 0
+        else:
+            assert rep["per_layer"][0] == kv["per_layer"][0]
+            assert rep["transient"][0] - kv["transient"][0] == pytest.approx(extra)
+    # The kv heads themselves price as the default.
+    t = from_configs([ParallelConfig(**base)])
+    assert (activation_parts(m, t, 0, cp_heads=m.kv_heads)["per_layer"]
+            == activation_parts(m, t, 0)["per_layer"])

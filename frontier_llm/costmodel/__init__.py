@@ -94,10 +94,12 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
     ``cp_exchange``: the native engine's context-parallel exchange, "gather" (flm bench's one
     K/V all-gather and masked attention) or "ring" (PyTorch's ``context_parallel``, as
     torchtitan runs it); None: the engine's rule (specs/engine_rules.py ``CP_EXCHANGE``),
-    priced in time and memory alike. ``cp_heads``: the K/V heads that ring exchanges and holds
-    (None: the model's kv heads, as torchtitan v0.2.2, which flm renders, runs it; a number:
-    a run whose model code repeats K/V to that many heads before SDPA, torchtitan before
-    ff0829c; :func:`~frontier_llm.costmodel.steptime.ring_kv_bytes`)."""
+    priced in time and memory alike. ``cp_heads``: the K/V heads SDPA receives, which a fused
+    kernel saves and that ring exchanges and holds (None: the model's kv heads, as torchtitan
+    v0.2.2, which flm renders, runs it; a number: a run whose model code repeats K/V to that
+    many heads before SDPA, torchtitan before ff0829c;
+    :func:`~frontier_llm.costmodel.steptime.ring_kv_bytes`,
+    :func:`~frontier_llm.costmodel.memory.layer_activation_bytes`)."""
     times = step_time(model, system, table, eager, overlap_comm, reduce_fp32, tp_comm_overlap,
                       moe_run, grad_sync, p2p_overlap, cp_exchange, cp_heads)
     mem = peak_memory(model, system, table, reduce_fp32, grad_sync, fp8_params, cp_exchange,

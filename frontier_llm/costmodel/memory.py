@@ -191,21 +191,24 @@ def state_bytes(model: ModelSpec, t: LayoutTable, pp_rank, held=None,
 
 
 def layer_activation_bytes(model: ModelSpec, t: LayoutTable, rebuilt: bool = False,
-                           cp_exchange: str | None = None) -> np.ndarray:
+                           cp_exchange: str | None = None,
+                           cp_heads: int | None = None) -> np.ndarray:
     """Bytes one transformer block saves for backward per micro-batch (no recompute); with
     ``rebuilt``, those of a block being rebuilt in backward, which keeps the unfused attention
     scores whatever the recompute mode. Computed once per table and model (every pipeline rank
     reads both). ``cp_exchange``: the native engine's context-parallel exchange (None: the
-    engine's rule; behaviour.cp_ring)."""
+    engine's rule; behaviour.cp_ring). ``cp_heads``: the K/V heads SDPA receives, which a
+    fused kernel saves (None: the model's kv heads)."""
     memo = t.__dict__.get("_layer_activations")
-    if memo is None or memo[0] is not model or memo[1] != cp_exchange:
-        memo = (model, cp_exchange, _layer_activation_bytes(model, t, cp_exchange))
+    key = (cp_exchange, cp_heads)
+    if memo is None or memo[0] is not model or memo[1] != key:
+        memo = (model, key, _layer_activation_bytes(model, t, cp_exchange, cp_heads))
         t.__dict__["_layer_activations"] = memo
     return memo[2][1] if rebuilt else memo[2][0]
 
 
-def _layer_activation_bytes(model: ModelSpec, t: LayoutTable, cp_exchange: str | None = None
-                            ) -> tuple[np.ndarray, np.ndarray]:
+def _layer_activation_bytes(model: ModelSpec, t: LayoutTable, cp_exchange: str | None = None,
+                            cp_heads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(saved, rebuilt) bytes of :func:`layer_activation_bytes`."""
     e = ACT_BYTES[t.dtype]
     tp = t.tp
@@ -242,7 +245,15 @@ def _layer_activation_bytes(model: ModelSpec, t: LayoutTable, cp_exchange: str |
     # PyTorch's CP ring dispatches only the flash, memory-efficient and cuDNN kernels
     # (_context_parallel/_attention.py ``_sdpa_handler``): a ring layout is priced fused.
     fused = t.flash_attention | cp_ring(t, cp_exchange)
-    kv_saved = np.where(~fused & (t.recompute != Recompute.SELECTIVE.code), q, kv)
+    # A fused kernel saves the K and V it is given (aten ``_scaled_dot_product_flash_attention``
+    # keeps its query, key, value, output and log-sum-exp for backward). torchtitan before
+    # ff0829c (9dec370 torchtitan/models/llama/model.py) hands SDPA K/V already repeated to every
+    # query head (``repeat_kv``: unsqueeze, expand, then a reshape that copies), so the copies
+    # are what is saved; the unrepeated rotary output is saved by nothing (the repeat's
+    # backward is a sum needing no input, the rotary product's a multiply by the constant
+    # frequencies). ``cp_heads`` states that count.
+    fused_kv = kv if cp_heads is None else cp_heads / tp * model.head_dim
+    kv_saved = np.where(~fused & (t.recompute != Recompute.SELECTIVE.code), q, fused_kv)
     # Q, K | V | projection input | MLP
     # The activation's output (the last of ``mlp_saved``) is the second matrix's input.
     split = sb * (e * ((q + kv_saved) + kv_saved * v_scale + (mlp_saved - 1) * f_rank)
@@ -320,7 +331,9 @@ def activation_parts(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None,
     what it kept), ``ring`` (one layer's attention backward under PyTorch's CP ring) and
     ``per_layer`` (what one block keeps). ``in_flight``: micro-batches of ``chunk`` layers held
     at the peak instead of the layout's schedule's (DualPipe's, :func:`dualpipe_memory`).
-    ``cp_heads``: the K/V heads PyTorch's CP ring holds (:func:`cp_ring_backward_bytes`)."""
+    ``cp_heads``: the K/V heads SDPA receives, saved by a fused kernel
+    (:func:`layer_activation_bytes`) and held by PyTorch's CP ring
+    (:func:`cp_ring_backward_bytes`)."""
     if chunk is None:
         chunk = rank_layers(model, t, pp_rank)[1]
     e = ACT_BYTES[t.dtype]
@@ -330,7 +343,7 @@ def activation_parts(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None,
     rep = np.where(t.sequence_parallel, 1.0 / t.tp, 1.0)
     chunks = _in_flight_chunks(t, r) if in_flight is None else np.asarray(in_flight)
     layers_per_chunk = chunk  # every chunk in flight counted as the rank's fullest
-    full = layer_activation_bytes(model, t, cp_exchange=cp_exchange)
+    full = layer_activation_bytes(model, t, cp_exchange=cp_exchange, cp_heads=cp_heads)
     # Full recompute keeps only each layer's input, and rebuilds one layer at a time (its input
     # is then part of the rebuilt layer); op-level selective keeps the input and what its policy
     # saves (costmodel/checkpoint_policy.py), and rebuilds the rest of one layer at a time.
@@ -344,7 +357,8 @@ def activation_parts(model: ModelSpec, t: LayoutTable, pp_rank, chunk=None,
     # A block rebuilt in backward (full or op-level recompute) runs the unfused attention core
     # again, which saves its s x s scores until its backward (flm bench measures it:
     # test_bench_checkpoint_policy.py).
-    rebuilt = layer_activation_bytes(model, t, rebuilt=True, cp_exchange=cp_exchange)
+    rebuilt = layer_activation_bytes(model, t, rebuilt=True, cp_exchange=cp_exchange,
+                                     cp_heads=cp_heads)
     transient = np.where(is_full | is_op, np.maximum(rebuilt - per_layer, 0), 0)
     layers = chunks * layers_per_chunk
     micro_in_flight = np.where((t.schedule == Schedule.INTERLEAVED.code) & (in_flight is None),
@@ -599,7 +613,7 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
     for the loss's backward alone, or ``step``) gives that moment's terms instead of the
     larger's.
     ``cp_exchange``: the native engine's context-parallel exchange (None: the engine's rule;
-    behaviour.cp_ring); ``cp_heads``: the K/V heads its ring holds (:func:`activation_parts`)."""
+    behaviour.cp_ring); ``cp_heads``: the K/V heads SDPA receives (:func:`activation_parts`)."""
     if held is None or chunk is None:
         held, chunk = rank_layers(model, t, pp_rank)
     r = np.asarray(pp_rank)
@@ -741,8 +755,8 @@ def peak_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable,
     ``dualpipe``: the run's pipeline is DeepSeek's DualPipe (``MoeRun.overlap``): the fullest
     of its ranks, each holding two stages (:func:`dualpipe_memory`), for every layout with a
     pipeline; ``stage`` is then the DualPipe rank ``h`` (ranks ``h`` and ``P−1−h`` hold the
-    same). ``cp_heads``: the K/V heads the native CP ring holds (None: the model's kv heads;
-    :func:`cp_ring_backward_bytes`)."""
+    same). ``cp_heads``: the K/V heads SDPA receives (None: the model's kv heads;
+    :func:`layer_activation_bytes`, :func:`cp_ring_backward_bytes`)."""
     dual = np.asarray(t.pp) > 1 if dualpipe else np.zeros(len(t), dtype=bool)
     args = (reduce_fp32, grad_sync, fp8_params, cp_exchange, cp_heads)
     if not dual.any():

@@ -204,12 +204,15 @@ def row_cp_exchange(row: pd.Series) -> str | None:
 
 
 def row_cp_heads(row: pd.Series) -> int | None:
-    """The K/V heads the row's context-parallel ring exchanged, as its ``cp_heads`` column
-    states it (the fp8 table's; set where the row's source states a torchtitan that repeats K/V
-    to every query head before SDPA, which the ring then gathers, sends and accumulates:
-    ``repeat_kv`` in torchtitan/models/llama/model.py at 9dec370, dropped in ff0829c, first
-    released in v0.2.2); None (the model's kv heads, as flm's torchtitan runs it) where the
-    row states none. A stated count must be a positive whole number of heads."""
+    """The K/V heads the row's SDPA received, as its ``cp_heads`` column states it (the fp8
+    table's; set where the row's source states a torchtitan that repeats K/V to every query
+    head before SDPA: ``repeat_kv`` in torchtitan/models/llama/model.py at 9dec370, dropped in
+    ff0829c, first released in v0.2.2). The flash kernel saves those K/V for backward
+    (costmodel/memory.py ``layer_activation_bytes``) and a context-parallel ring gathers, sends
+    and accumulates them (costmodel/steptime.py ``ring_kv_bytes``). The name is the column's
+    first use, the ring's, kept for the rows and callers that state it. None (the model's kv
+    heads, as flm's torchtitan v0.2.2 runs it) where the row states none. A stated count must
+    be a positive whole number of heads."""
     if not _given(row.get("cp_heads")):
         return None
     value = float(row["cp_heads"])

@@ -279,9 +279,9 @@ def plan(model: ModelSpec, system: SystemSpec, gpus: int, global_batch: int | No
     (None: the engine's rule, flm bench's single gather): the native engine's context
     parallelism as flm bench runs it ("gather") or as PyTorch's ``context_parallel`` ring
     ("ring", torchtitan; ``flm plan --cp-exchange ring``; calibration's rows that state it).
-    ``cp_heads`` (None: the model's kv heads, as flm's torchtitan runs it): the K/V heads that
-    ring exchanges (calibration's rows whose torchtitan repeats K/V before SDPA;
-    costmodel.evaluate)."""
+    ``cp_heads`` (None: the model's kv heads, as flm's torchtitan runs it): the K/V heads SDPA
+    receives, saved by its kernel and exchanged by a ring (calibration's rows whose torchtitan
+    repeats K/V before SDPA; costmodel.evaluate)."""
     if not 1 <= gpus <= MAX_GPUS:
         raise UserError(f"the GPU count must be between 1 and {MAX_GPUS:,} (got {gpus})")
     gb = global_batch or default_global_batch(model, gpus)
