@@ -312,7 +312,7 @@ def test_torchtitan_cp_rows_state_the_repeated_kv_heads():
             assert any(c in text for c in ("9dec370", "7a04053", "2c8b5947", "6fc499f6")), text
             assert heads == int(row["heads"])
             assert "repeat_kv" in row["derived"] and "ff0829c" in row["derived"]
-    assert (stated, cp_rows) == (18, 3)
+    assert (stated, cp_rows) == (36, 3)
     fp8 = load_runs(next(p for p in CALIBRATION_FILES if str(p).endswith("_fp8.csv")))
     row = fp8[(fp8["cp"] == 8) & fp8["source"].str.contains("TorchTitan")].iloc[0]
     assert row_cp_heads(row) == 32
