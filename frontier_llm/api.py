@@ -194,26 +194,6 @@ def _space(dtype: str, restrict: dict[str, Any]):
     return SearchSpace(dtype=dtype, **lists)
 
 
-def _moe(m, moe_overlap: str, moe_dispatcher: str, router_balance: str | None):
-    """(the model with ``router_balance`` applied, the MoE run settings) as flm plan's and flm
-    predict's ``--router-balance``, ``--moe-overlap`` and ``--moe-dispatcher`` give them."""
-    from frontier_llm.costmodel.moe import MoeRun
-
-    try:
-        run = MoeRun(moe_overlap, moe_dispatcher)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    return _balanced(m, router_balance), run
-
-
-def _check_flag(name: str, value: Any) -> bool:
-    """A run setting's switch as a bool (flm plan's on/off flag), a UserError for anything
-    else: 'off' or 0 taken for on would price the run the user did not ask for."""
-    if not isinstance(value, bool):
-        raise UserError(f"{name} must be True or False (got {value!r})")
-    return value
-
-
 def _run(local: dict[str, Any]):
     """The RunSettings of a planning call from its own keywords (``locals()``), flm plan's
     run-setting flags by name (planner/run_settings.py). Every name is looked up, so a setting
@@ -433,18 +413,20 @@ def predict(model: str | ModelSpec, system: str | SystemSpec, layout: Layout | N
     """
     from frontier_llm.costmodel import predict as cost
     from frontier_llm.planner.annotations import predict_extras
+    from frontier_llm.planner.run_settings import DEFAULTS as RUN_DEFAULTS
 
     _check_numbers(seq_len=seq_len, tokens=tokens, confidence=confidence)
     if layout is None:
         layout = _layout(fields)
     elif fields:
         raise UserError("give a Layout or its fields, not both")
-    m, s = load_model(model, seq_len), load_system(system)
-    m, run = _moe(m, moe_overlap, moe_dispatcher, router_balance)
+    # flm predict has no --eager or --deepspeed-overlap-comm: those two at flm plan's defaults.
+    run = _run({**dataclasses.asdict(RUN_DEFAULTS), **locals()})
+    m = _balanced(load_model(model, seq_len), router_balance)
+    s = load_system(system)
     out = {"model": m.name, "system": s.name, "layout": layout.to_dict(),
-           **cost(m, s, layout, moe_run=run, cp_exchange=cp_exchange,
-                  p2p_overlap=_check_flag("p2p_overlap", p2p_overlap),
-                  tp_comm_overlap=_check_flag("tp_comm_overlap", tp_comm_overlap))}
+           **cost(m, s, layout, moe_run=run.moe_run(), cp_exchange=run.cp_exchange,
+                  p2p_overlap=run.p2p_overlap, tp_comm_overlap=run.tp_comm_overlap)}
     out.update(predict_extras(out, layout, m, s, confidence=_confidence(confidence),
                               tokens=tokens))
     return out
@@ -463,11 +445,12 @@ def export_layout(trainer: str, model: str | ModelSpec, layout: Layout,
     carries ``--tp-comm-overlap`` (a layout without sequence parallelism is refused, as
     Megatron-LM asserts), and every other trainer refuses it."""
     from frontier_llm.export import export
+    from frontier_llm.planner.run_settings import switch
 
     return export(trainer, load_model(model), layout,
                   None if system is None else load_system(system),
-                  p2p_overlap=_check_flag("p2p_overlap", p2p_overlap),
-                  tp_comm_overlap=_check_flag("tp_comm_overlap", tp_comm_overlap))
+                  p2p_overlap=switch("p2p_overlap", p2p_overlap),
+                  tp_comm_overlap=switch("tp_comm_overlap", tp_comm_overlap))
 
 
 # --- measured runs (flm collect, flm results, flm validate) ----------------------------------

@@ -21,6 +21,14 @@ from frontier_llm.specs.engine_rules import CP_EXCHANGES
 CALIBRATION_ONLY = ("reduce_fp32", "grad_sync", "fp8_params", "cp_heads")
 
 
+def switch(name: str, value: object) -> bool:
+    """A run setting's on/off switch as a bool, a UserError naming it for anything else:
+    'off' or 0 taken for on would price the run the user did not ask for."""
+    if not isinstance(value, bool):
+        raise UserError(f"{name} must be True or False (got {value!r})")
+    return value
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """One run's settings as flm plan names them: ``eager`` (``--eager``),
@@ -40,9 +48,7 @@ class RunSettings:
 
     def __post_init__(self) -> None:
         for name in ("eager", "deepspeed_overlap_comm", "tp_comm_overlap", "p2p_overlap"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise UserError(f"{name} must be True or False (got {value!r})")
+            switch(name, getattr(self, name))
         if self.cp_exchange is not None and self.cp_exchange not in CP_EXCHANGES:
             raise UserError(f"cp_exchange must be None or one of {', '.join(CP_EXCHANGES)} "
                             f"(got {self.cp_exchange!r})")
