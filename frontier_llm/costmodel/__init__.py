@@ -98,7 +98,7 @@ def evaluate(model: ModelSpec, system: SystemSpec, table: LayoutTable,
     kernel saves and that ring exchanges and holds (None: the model's kv heads, as torchtitan
     v0.2.2, which flm renders, runs it; a number: a run whose model code repeats K/V to that
     many heads before SDPA, torchtitan before ff0829c;
-    :func:`~frontier_llm.costmodel.steptime.ring_kv_bytes`,
+    :func:`~frontier_llm.costmodel.steptime.kv_exchange_bytes`,
     :func:`~frontier_llm.costmodel.memory.layer_activation_bytes`)."""
     times = step_time(model, system, table, eager, overlap_comm, reduce_fp32, tp_comm_overlap,
                       moe_run, grad_sync, p2p_overlap, cp_exchange, cp_heads)

@@ -31,6 +31,16 @@ def kv_width_per_rank(model: ModelSpec, tp):
     return np.where(model.kv_heads % tp == 0, model.kv_dim // np.maximum(tp, 1), model.head_dim)
 
 
+def sdpa_kv_width_per_rank(model: ModelSpec, tp, heads: int | None = None):
+    """Width of the K (or V) SDPA receives on one TP rank: :func:`kv_width_per_rank`, or, where
+    the run's model code expands K/V to ``heads`` heads before SDPA (torchtitan before ff0829c
+    calls ``repeat_kv`` to every query head: torchtitan/models/llama/model.py at 9dec370), that
+    many heads' share."""
+    if heads is None:
+        return kv_width_per_rank(model, tp)
+    return heads / np.asarray(tp) * model.head_dim
+
+
 def size_factor(side, half_side: float) -> np.ndarray:
     """``d / (d + h½)``: the share of the asymptotic rate a GEMM whose weight's smaller side is
     ``side`` reaches."""

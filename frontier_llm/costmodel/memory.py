@@ -56,6 +56,7 @@ from frontier_llm.costmodel.deepspeed_buffers import (
     grad_bytes_per_param,
     zero3_live_params,
 )
+from frontier_llm.costmodel.gemm import sdpa_kv_width_per_rank
 from frontier_llm.costmodel.layouts import LayoutTable, from_configs
 from frontier_llm.costmodel.params import (
     kv_width_per_rank,
@@ -217,7 +218,7 @@ def _layer_activation_bytes(model: ModelSpec, t: LayoutTable, cp_exchange: str |
     # token-proportional tensor is divided by cp (docs/costmodel.md, "Context parallelism").
     sb = t.local_seq(s) * b
     rep = np.where(t.sequence_parallel, 1.0 / tp, 1.0)  # the parts TP alone leaves whole
-    q, kv, f_rank, heads = model.q_dim / tp, kv_width_per_rank(model, tp), f / tp, model.heads / tp
+    q, f_rank, heads = model.q_dim / tp, f / tp, model.heads / tp
     # The attention output's width; V's is kv's scaled by v_dim/kv_dim (both 1 but under MLA,
     # whose per-head V is narrower than its K; its small latents are not counted).
     out, v_scale = model.out_dim / tp, model.v_dim / model.kv_dim
@@ -252,7 +253,7 @@ def _layer_activation_bytes(model: ModelSpec, t: LayoutTable, cp_exchange: str |
     # are what is saved; the unrepeated rotary output is saved by nothing (the repeat's
     # backward is a sum needing no input, the rotary product's a multiply by the constant
     # frequencies). ``cp_heads`` states that count.
-    fused_kv = kv if cp_heads is None else cp_heads / tp * model.head_dim
+    fused_kv = sdpa_kv_width_per_rank(model, tp, cp_heads)
     kv_saved = np.where(~fused & (t.recompute != Recompute.SELECTIVE.code), q, fused_kv)
     # Q, K | V | projection input | MLP
     # The activation's output (the last of ``mlp_saved``) is the second matrix's input.
@@ -416,14 +417,12 @@ def cp_ring_backward_bytes(model: ModelSpec, t: LayoutTable, cp_exchange: str | 
     dV accumulated in fp32 (``convert_to_f32``); the fp32 dK/dV being passed round the ring,
     the concatenated send and the received buffer (``_AllToAllRotater``); one partial
     attention's dQ, dK, dV in the training dtype. 0 for every other layout. ``cp_heads``: the
-    K/V heads SDPA receives and the ring holds (steptime.ring_kv_bytes; None: the model's kv
+    K/V heads SDPA receives and the ring holds (steptime.kv_exchange_bytes; None: the model's kv
     heads; torchtitan before ff0829c repeats K/V to every query head)."""
     e = ACT_BYTES[t.dtype]
     tokens = t.local_seq(model.seq_len) * t.micro_batch
     q = tokens * model.q_dim / t.tp
-    width = (kv_width_per_rank(model, t.tp) if cp_heads is None
-             else cp_heads / t.tp * model.head_dim)
-    kv = 2 * tokens * width  # K and V elements
+    kv = 2 * tokens * sdpa_kv_width_per_rank(model, t.tp, cp_heads)  # K and V elements
     held = (np.asarray(t.cp) + 1) * kv * e + 4 * (q + kv) + 2 * 4 * kv + e * (q + kv)
     return np.where(cp_ring(t, cp_exchange), held, 0)
 

@@ -55,6 +55,7 @@ from frontier_llm.costmodel.flops import (
     layer_forward_flops_per_token,
     logits_forward_flops_per_token,
 )
+from frontier_llm.costmodel.gemm import sdpa_kv_width_per_rank
 from frontier_llm.costmodel.layouts import LayoutTable, dtype_peaks
 from frontier_llm.costmodel.memory import (
     ACT_BYTES,
@@ -64,7 +65,6 @@ from frontier_llm.costmodel.memory import (
 )
 from frontier_llm.costmodel.p2p_overlap import acts_on as p2p_acts_on
 from frontier_llm.costmodel.params import (
-    kv_width_per_rank,
     layer_modules,
     stage_params_per_rank,
     table_layer_params,
@@ -173,7 +173,7 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
     all-to-alls (costmodel/moe.py MoeRun; default Megatron-LM's, none overlapped).
     ``cp_exchange``: the native engine's context-parallel exchange (None: the engine's rule;
     :func:`~frontier_llm.costmodel.behaviour.cp_ring`). ``cp_heads``: the K/V heads the
-    native ring exchanges and merges (:func:`ring_kv_bytes`; None: the model's kv heads)."""
+    native ring exchanges and merges (:func:`kv_exchange_bytes`; None: the model's kv heads)."""
     s, h, f = model.seq_len, model.hidden, model.ffn_hidden
     tp, e = t.tp, r.act_bytes
     # The rank's tokens: seq_len/cp of each sequence (context parallelism). Attention work per
@@ -258,28 +258,17 @@ def block_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, r: _Rates,
                       compute, block_comm, cp_comm, ep_comm, attn_bwd_extra)
 
 
-def kv_exchange_bytes(model: ModelSpec, t: LayoutTable, act_bytes) -> np.ndarray:
+def kv_exchange_bytes(model: ModelSpec, t: LayoutTable, act_bytes,
+                      cp_heads: int | None = None) -> np.ndarray:
     """Bytes of K and V one rank holds for its ``seq/cp`` tokens of one micro-batch and layer
     (``2·(seq/cp)·b·kv/t`` elements, ``kv`` the K/V width: grouped-query attention exchanges
-    only its kv heads, Megatron-LM's CP documentation): the unit both exchanges move."""
-    kv = kv_width_per_rank(model, t.tp)
+    only its kv heads, Megatron-LM's CP documentation): the unit both exchanges move.
+    ``cp_heads``: the K/V heads SDPA receives where the run's model code expands them first
+    (:func:`~frontier_llm.costmodel.gemm.sdpa_kv_width_per_rank`); PyTorch's CP ring works on
+    SDPA's inputs, so it gathers, sends and accumulates them all. None: the model's kv heads
+    (torchtitan v0.2.2, which flm renders, passes ``enable_gqa``)."""
+    kv = sdpa_kv_width_per_rank(model, t.tp, cp_heads)
     return 2 * t.local_seq(model.seq_len) * t.micro_batch * kv * act_bytes
-
-
-def ring_kv_bytes(model: ModelSpec, t: LayoutTable, act_bytes, cp_heads: int | None = None
-                  ) -> np.ndarray:
-    """:func:`kv_exchange_bytes` as PyTorch's CP ring (native, ``cp_exchange`` "ring") moves
-    it: the K/V its SDPA receives. ``cp_heads`` None: the model's kv heads (torchtitan v0.2.2,
-    which flm renders, passes ``enable_gqa``: torchtitan/models/llama3/model/model.py). A
-    number: the run's model code expands K/V to that many heads before SDPA, so the ring
-    gathers, sends and accumulates them all: torchtitan before ff0829c ("GQA without kv
-    repeats", 2026-01-27; first release v0.2.2) calls ``repeat_kv`` to every query head ahead
-    of ``F.scaled_dot_product_attention`` (torchtitan/models/llama/model.py at 9dec370,
-    torchtitan/models/llama3/model/model.py at v0.2.1), and the ring works on SDPA's inputs."""
-    if cp_heads is None:
-        return kv_exchange_bytes(model, t, act_bytes)
-    return (2 * t.local_seq(model.seq_len) * t.micro_batch * (cp_heads / t.tp)
-            * model.head_dim * act_bytes)
 
 
 def cp_exchange_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, act_bytes,
@@ -327,7 +316,7 @@ def cp_exchange_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, act_
       2023 to 2.13), with Inductor's reordering passes off by default
       (``reorder_for_compute_comm_overlap = False``): every gather and every dK/dV send
       waits before the next partial attention is issued. The unit the ring moves is
-      :func:`ring_kv_bytes` (``cp_heads``: the K/V heads its SDPA receives).
+      :func:`kv_exchange_bytes` (``cp_heads``: the K/V heads its SDPA receives).
     - ``megatron`` (TransformerEngine ring attention, ``cp_comm_type`` p2p; Liu et al. 2023's
       ring): ``cp−1`` steps, each sending the K/V block on to the next rank while attention runs
       on the block in hand (``1/cp`` of the rank's attention): a step exposes ``max(0, send −
@@ -337,7 +326,7 @@ def cp_exchange_times(model: ModelSpec, system: SystemSpec, t: LayoutTable, act_
     """
     n = t.cp
     chunk = kv_exchange_bytes(model, t, act_bytes)
-    ring_chunk = ring_kv_bytes(model, t, act_bytes, cp_heads)
+    ring_chunk = kv_exchange_bytes(model, t, act_bytes, cp_heads)
     full = t.recompute == Recompute.FULL.code
     if ring is None:
         ring = cp_ring(t)
@@ -383,14 +372,14 @@ def cp_merge_bytes(model: ModelSpec, t: LayoutTable, act_bytes, ring=None,
     ``(q + kv)·(cp·(8+e) + 8 + e)``. The log-sum-exp rows (``1/head_dim`` of the output) and
     the eager code's extra copies (``torch.cat`` of the buffers each step) are left out: this is
     the least traffic the merge needs. A replayed block merges its forward again (the caller).
-    ``cp_heads``: the K/V heads the ring accumulates dK/dV over (:func:`ring_kv_bytes`)."""
+    ``cp_heads``: the K/V heads the ring accumulates dK/dV over (:func:`kv_exchange_bytes`)."""
     n = np.asarray(t.cp)
     e = np.asarray(act_bytes, dtype=float)
     tokens = t.micro_batch * t.local_seq(model.seq_len)
     heads = model.heads / t.tp
     out = tokens * heads * (model.out_dim / model.heads)
     q = tokens * heads * (model.q_dim / model.heads)
-    kv = ring_kv_bytes(model, t, act_bytes, cp_heads) / e  # K and V elements
+    kv = kv_exchange_bytes(model, t, act_bytes, cp_heads) / e  # K and V elements
     fwd = out * (n * (8 + e) + e)
     bwd = (q + kv) * (n * (8 + e) + 8 + e)
     ring = cp_ring(t) if ring is None else ring
@@ -680,7 +669,7 @@ def step_time(model: ModelSpec, system: SystemSpec, t: LayoutTable, eager: bool 
     :func:`stage_times`; ``cp_exchange``: the native engine's context-parallel exchange,
     "gather" or "ring" (None: the engine's rule,
     :func:`~frontier_llm.costmodel.behaviour.cp_ring`); ``cp_heads``: the K/V heads that ring
-    exchanges (:func:`ring_kv_bytes`; None: the model's kv heads)."""
+    exchanges (:func:`kv_exchange_bytes`; None: the model's kv heads)."""
     r = _rates(model, system, t)
     blk = block_times(model, system, t, r, eager, tp_comm_overlap, moe_run, cp_exchange,
                       cp_heads)

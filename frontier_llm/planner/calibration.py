@@ -209,7 +209,7 @@ def row_cp_heads(row: pd.Series) -> int | None:
     head before SDPA: ``repeat_kv`` in torchtitan/models/llama/model.py at 9dec370, dropped in
     ff0829c, first released in v0.2.2). The flash kernel saves those K/V for backward
     (costmodel/memory.py ``layer_activation_bytes``) and a context-parallel ring gathers, sends
-    and accumulates them (costmodel/steptime.py ``ring_kv_bytes``). The name is the column's
+    and accumulates them (costmodel/steptime.py ``kv_exchange_bytes``). The name is the column's
     first use, the ring's, kept for the rows and callers that state it. None (the model's kv
     heads, as flm's torchtitan v0.2.2 runs it) where the row states none. A stated count must
     be a positive whole number of heads."""
