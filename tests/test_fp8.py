@@ -220,13 +220,18 @@ def test_the_six_systems_say_what_they_rest_on():
         assert s.peak("fp8") == pytest.approx(2 * s.peak("bf16"), rel=0.01), name
         assert "matmul_fp8" in s.efficiency, name
         assert ("mxfp8" in s.peak_flops) == (name in ("dgx-b200", "gb200-nvl72", "mi355x")), name
-    # Where no FP8 achievable-matmul measurement is published the knob says it is assumed
-    # (MI325X); MI300X's and MI355X's rest on a measured FP8 GEMM rate, which their sources name.
-    assert load_system("mi325x").efficiency["matmul_fp8"].source.startswith("ASSUMED")
-    for name in ("mi300x", "mi355x", "dgx-b200"):
+    # Every new system's FP8 knob rests on a measured FP8 GEMM rate, which its sources name.
+    for name in ("mi300x", "mi325x", "mi355x", "dgx-b200"):
         assert not load_system(name).efficiency["matmul_fp8"].source.startswith("ASSUMED"), name
-    for name in ("mi300x", "mi355x"):
+    for name in ("mi300x", "mi325x", "mi355x"):
         assert "FP8" in load_system(name).sources["matmul_fp8"], name
+    # CDNA3: both knobs are the DGX H100 transfer (0.77 / 0.803 of the H100's MAMF share) of AMD's
+    # MAF table (ROCm blog, Table 1), the bf16 and FP8 columns of one tool.
+    for name, maf_bf16, maf_fp8 in (("mi300x", 708e12, 1273e12), ("mi325x", 843e12, 1519e12)):
+        s = load_system(name)
+        transfer = 0.77 / 0.803
+        assert s.eff("matmul") == pytest.approx(transfer * maf_bf16 / s.peak("bf16"), abs=0.001)
+        assert s.eff("matmul_fp8") == pytest.approx(transfer * maf_fp8 / s.peak("fp8"), abs=0.001)
     # MI355X: AMD's hipBLASLt FP8 GEMM (3130.21 TFLOP/s at 8192^3) is the same share of the FP8
     # peak as the MAMF bf16 figure of the bf16 peak, so the two knobs are equal.
     mi355 = load_system("mi355x")
