@@ -33,7 +33,22 @@ def test_megatron_on_mi355x_runs_aiter_s_measured_rates():
     assert np.isnan(fwd[1]) and np.isnan(bwd[1])
 
 
-@pytest.mark.parametrize("model,system", [("llama3-8b", "mi325x"), ("llama3-8b", "dgx-a100"),
+@pytest.mark.parametrize("system", ["mi300x", "mi325x"])
+def test_megatron_on_cdna3_runs_aiter_s_mi300x_rates_unscaled(system):
+    """MI325X is the MI300X die at the same bf16 peak: both take AITER's MI300X table as is,
+    the backward its fp32-atomic column (TransformerEngine's and Primus-Turbo's default)."""
+    m, s = load_model("llama3-8b"), load_system(system)
+    t = _table("megatron", "native")
+    _, attn = layer_forward_flops_per_token(m)
+    full = attn * m.seq_len
+    measured, fwd, bwd = kernel_times(m, s, t, np.full(2, full), t.local_seq(m.seq_len))
+    assert list(measured) == [True, False]
+    causal = full * (m.seq_len + 1) / (2 * m.seq_len)
+    assert fwd[0] == pytest.approx(causal / 537.36e12, rel=1e-9)
+    assert bwd[0] == pytest.approx(2.5 * causal / 441.4e12, rel=1e-9)
+
+
+@pytest.mark.parametrize("model,system", [("llama3-8b", "lumi-g"), ("llama3-8b", "dgx-a100"),
                                           ("llama3-8b", "dgx-b200"),
                                           ("deepseek-v3", "dgx-h800")])
 def test_no_published_measurement_keeps_today_s_pricing(model, system):

@@ -100,14 +100,13 @@ def test_fp8_nvidia_rows_and_the_two_long_context_misses(table):
     assert nv.loc[~long_cp, "error"].abs().mean() <= 0.09
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not met: FP8 x AMD (7 rows, three chips, seven sources) is 13.4 % off: the MI300X torchao "
-    "row is 66 % fast (its bf16 twin 39 % fast) on knobs that transfer AMD's own measured "
-    "max-achievable matmul (its MAF table, hipBLASLt of ROCm 7.0), where torchao on ROCm implies "
-    "an FP8 matmul fraction of 0.21-0.24 against the 0.467 carried; one source, so nothing can "
-    "be fitted to it leave-one-source-out. The four MI355X MLPerf rows are within 3.4 %, the two "
-    "8-node MI325X FP8 runs 13 % slow and 8 % fast. Without the MI300X row the family is 4.6 %"))
 def test_fp8_amd_family_error(table):
+    """FP8 x AMD, 7 rows of seven sources on three chips, within 12 % (11.8 %): the four MI355X
+    MLPerf rows within 3.4 %, the two 8-node MI325X runs 6 % slow and 4 % fast (Megatron's
+    attention at AITER's measured MI300X rate, the matmul knobs from AMD's MAF table); the
+    MI300X torchao row alone is 66 % fast (its bf16 twin 39 %: torchtitan on ROCm, whose SDPA
+    kernel has no published backward rate), so without it the family is 2.8 %. It was 14.2 %
+    with CDNA3's attention at the GEMM rate and the MI325X's FP8 knob assumed."""
     fam = family_errors(table).set_index("family")
     assert fam.loc["fp8 x AMD", "mape"] <= 0.12, fam
 
@@ -134,10 +133,11 @@ def test_new_gpus_with_three_confident_rows(table):
 
 def test_mi325x_error(table):
     """MI325X, 3 rows of two sources (AMD's performance-results page: 8-node Llama 3.1 8B FP8 and
-    70B bf16 FSDP2 runs; a Primus log's 8-node Llama 2 7B FP8 run), within 15 % (10.6 %: 13 % and
-    11 % slow, 8 % fast) on knobs transferred from AMD's measured MAF table (bf16 843, FP8 1519
-    TFLOP/s). It was 17.7 %, all three slow, while the bf16 knob came from an older hipBLASLt
-    (ROCm 6.2.4, 784.9) and the FP8 one was ASSUMED from the H100's FP8/bf16 ratio."""
+    70B bf16 FSDP2 runs; a Primus log's 8-node Llama 2 7B FP8 run), within 15 % (6.9 %: 6 % and
+    11 % slow, 4 % fast) on knobs transferred from AMD's measured MAF table (bf16 843, FP8 1519
+    TFLOP/s) and, for the two Megatron runs, attention at AITER's measured MI300X rate. It was
+    17.7 %, all three slow, while the bf16 knob came from an older hipBLASLt (ROCm 6.2.4, 784.9),
+    the FP8 one was ASSUMED from the H100's FP8/bf16 ratio and attention ran at the GEMM rate."""
     per = family_errors(table, "system").set_index("system")
     assert per.loc["mi325x", "mape"] <= 0.15, per
 

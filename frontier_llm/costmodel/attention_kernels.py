@@ -13,9 +13,11 @@ Megatron-LM only: its attention is TransformerEngine's fused attention whatever 
 kernel on Hopper (TE prefers it there: NVIDIA/NeMo#9188, ``memory_optimizations.rst``) and CK's
 fused attention v3 (AITER's assembly kernels) under ROCm's TransformerEngine where the run sets
 ``NVTE_CK_USES_FWD_V3`` / ``NVTE_CK_USES_BWD_V3`` (AMD's MLPerf v5.1 recipe,
-mlcommons/training_results_v5.1@441d65f4 AMD/.../config_MI355X_1x8x1_8b.sh). The ``native`` label
+mlcommons/training_results_v5.1@441d65f4 AMD/.../config_MI355X_1x8x1_8b.sh), on the MI355X and
+on CDNA3 (MI300X, MI325X) alike, where AMD's Primus runs them through TE or Primus-Turbo's AITER
+attention. The ``native`` label
 covers PyTorch SDPA (torchtitan, FMS) and JAX (MaxText) runs whose kernels differ by stack and
-version, so it keeps today's pricing; so do A100, Blackwell and CDNA3 (no published measurement
+version, so it keeps today's pricing; so do A100, Blackwell and MI250X (no published measurement
 of the kernel TE runs there), MLA (its 192-wide Q·K heads were not measured) and head widths other
 than 128 (every measurement's).
 """
@@ -42,6 +44,16 @@ KERNELS: dict[str, tuple[float, dict[int, tuple[float, float]]]] = {
     # (aiter.flash_attn_func, bf16, B 16, H 16, D 128, causal), both measured.
     "mi355x": (2516.6e12, {1024: (554.6, 388.7), 2048: (876.3, 673.1), 4096: (1069.0, 876.8),
                            8192: (1173.2, 1034.1), 16384: (1247.4, 1108.7)}),
+    # The same kernels on CDNA3, MI300X: ROCm/aiter@e4048607a535ace3a2b51ded31b1c8c2d45c0879
+    # op_tests/cpp/mha/README.md, "the asm kernel performance of the attention forwards and
+    # attention backwards" (bf16, BSHD), causal rows of batch 8, 32 query / 8 K/V heads (lines
+    # 168-170) and, at 16384, batch 1, 64 / 8 heads (line 202); causal FLOPs halved (ROCm/aiter
+    # PR #4874). Backward: the fp32-atomic column ("BWD-a32"), TransformerEngine's and
+    # Primus-Turbo's default on CDNA3 (NVTE_CK_IS_V3_ATOMIC_FP32 = 1; AMD-AGI/Primus-Turbo@a6a16cdc
+    # primus_turbo/common/constants.py: "Default: "1" (enabled)"). MI325X is the same die at the
+    # same bf16 peak, so it takes these rates unscaled.
+    "mi300x": (1307.4e12, {2048: (412.99, 326.355), 4096: (513.1, 409.05), 8192: (537.36, 441.4),
+                           16384: (541.55, 412.04)}),
 }
 HEAD_DIM = 128
 BACKWARD_WORK = 2.5
@@ -53,6 +65,8 @@ def chip(system: SystemSpec) -> str | None:
         return "hopper"
     if "MI355X" in system.gpu:
         return "mi355x"
+    if "MI300X" in system.gpu or "MI325X" in system.gpu:
+        return "mi300x"
     return None
 
 
