@@ -19,14 +19,20 @@ def _table(*engines):
                          for e in engines])
 
 
-def test_megatron_on_mi355x_runs_aiter_s_measured_rates():
-    m, s = load_model("llama3-8b"), load_system("mi355x")
+def _megatron_and_native_llama3_8b(system: str):
+    """Llama 3 8B's Megatron and native layouts on one system: (measured flags, forward and
+    backward kernel seconds, the causal forward work)."""
+    m, s = load_model("llama3-8b"), load_system(system)
     t = _table("megatron", "native")
     _, attn = layer_forward_flops_per_token(m)
     full = attn * m.seq_len
     measured, fwd, bwd = kernel_times(m, s, t, np.full(2, full), t.local_seq(m.seq_len))
+    return measured, fwd, bwd, full * (m.seq_len + 1) / (2 * m.seq_len)
+
+
+def test_megatron_on_mi355x_runs_aiter_s_measured_rates():
+    measured, fwd, bwd, causal = _megatron_and_native_llama3_8b("mi355x")
     assert list(measured) == [True, False]
-    causal = full * (m.seq_len + 1) / (2 * m.seq_len)
     rate_fwd, rate_bwd = KERNELS["mi355x"][1][8192]  # llama3-8b's sequence: a measured point
     assert fwd[0] == pytest.approx(causal / (rate_fwd * 1e12), rel=1e-9)
     assert bwd[0] == pytest.approx(2.5 * causal / (rate_bwd * 1e12), rel=1e-9)
@@ -37,13 +43,8 @@ def test_megatron_on_mi355x_runs_aiter_s_measured_rates():
 def test_megatron_on_cdna3_runs_aiter_s_mi300x_rates_unscaled(system):
     """MI325X is the MI300X die at the same bf16 peak: both take AITER's MI300X table as is,
     the backward its fp32-atomic column (TransformerEngine's and Primus-Turbo's default)."""
-    m, s = load_model("llama3-8b"), load_system(system)
-    t = _table("megatron", "native")
-    _, attn = layer_forward_flops_per_token(m)
-    full = attn * m.seq_len
-    measured, fwd, bwd = kernel_times(m, s, t, np.full(2, full), t.local_seq(m.seq_len))
+    measured, fwd, bwd, causal = _megatron_and_native_llama3_8b(system)
     assert list(measured) == [True, False]
-    causal = full * (m.seq_len + 1) / (2 * m.seq_len)
     assert fwd[0] == pytest.approx(causal / 537.36e12, rel=1e-9)
     assert bwd[0] == pytest.approx(2.5 * causal / 441.4e12, rel=1e-9)
 

@@ -55,8 +55,10 @@ from frontier_llm.specs.system import SystemSpec
 # cuDNN on Hopper, CK/AITER v3 on the MI355X). BF16_Optimizer as DeepSpeed 0.19.8 runs it
 # unless a run states otherwise: a bf16 accumulator and reduction (the fp32 of 2.8 stays for
 # runs that state it), Adam on the 1/dp partition, the bf16 all-gather after the step, and its
-# memory (memory.bf16_optimizer_states).
-COSTMODEL_VERSION = "2.9"
+# memory (memory.bf16_optimizer_states). 2.10: the same kernel rule on CDNA3 (MI300X, MI325X:
+# AITER's measured v3 rates, fp32-atomic backward); the CDNA3 systems' matmul knobs from AMD's
+# measured MAF table (catalog data, not this module).
+COSTMODEL_VERSION = "2.10"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
               "pp_bubble", "head", "dp_comm", "optimizer")

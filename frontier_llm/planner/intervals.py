@@ -129,7 +129,7 @@ def residual_quantile(abs_residuals: np.ndarray, confidence: float) -> float:
     beyond it. Split-conformal's ``ceil((n + 1)·c)``-th guarantees at least ``c`` for
     exchangeable runs and, measured leave-one-source-out on the 46-row corpus where the choice
     was made, covered 91 % at 80 % with a half-width of ×1.165 against the empirical
-    quantile's 87 % at ×1.150; on today's 147 rows the two cover 81 % (×1.154) and 78 %
+    quantile's 87 % at ×1.150; on today's 147 rows the two cover 80 % (×1.154) and 77 %
     (×1.144) (docs/planner.md)."""
     r = np.sort(np.abs(np.asarray(abs_residuals, dtype=float)))
     n = len(r)
