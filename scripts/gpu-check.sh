@@ -96,13 +96,16 @@ step() {  # step NAME LIMIT_S: run one step under its limit, cut to what the bud
     echo "gpu-check: $name exit $rc after $((SECONDS - t0)) s (limit $limit s)" >&2
 }
 
-# Limits sized for gpt3-1.3b on one H100/H200 (docs/gpu.md): they add up to the budget less
-# the summary's share; a step that needs less gives the rest to the ones after it.
+# Limits sized for gpt3-1.3b on one H100/H200 (docs/gpu.md): the first five add up to the
+# budget less the summary's share; a step that needs less gives the rest to the ones after it.
 step preflight 40
 step mfu 110
 step memory 150
 step calibrate 45
 step deepspeed 100
+# SDPA's own rate at a context-parallel rank's call shapes (seconds of kernels; most of the
+# limit is importing torch).
+step attention 30
 # Last: fp8 (torchao float8 beside bf16) takes what the budget has left, skipped when none.
 step fp8 90
 

@@ -8,9 +8,10 @@ import pytest
 
 from frontier_llm.catalog import load_model, load_system
 from frontier_llm.costmodel import evaluate
-from frontier_llm.costmodel.attention_kernels import KERNELS, kernel_times
+from frontier_llm.costmodel.attention_kernels import KERNELS, kernel_times, priced_rates
 from frontier_llm.costmodel.flops import layer_forward_flops_per_token
 from frontier_llm.costmodel.layouts import from_configs
+from frontier_llm.costmodel.steptime import _rates, block_times
 from frontier_llm.specs.parallel import ParallelConfig
 
 
@@ -76,3 +77,20 @@ def test_the_kernel_s_backward_is_priced_as_measured_not_twice_the_forward():
     assert per_layer[0] - per_layer[1] == pytest.approx(
         fwd[0] + bwd[0] - 3 * gemm_attn[1], rel=1e-6)
     assert fwd[0] + bwd[0] < 3 * gemm_attn[1]
+
+
+@pytest.mark.parametrize("system", ["grand-teton-h100", "h200-sxm", "frontier"])
+def test_priced_rates_are_what_block_times_charges_a_native_layout(system):
+    """The rates the GPU check sets its measured SDPA rates beside are the cost model's own: a
+    native layout's attention core (forward, and twice it backward) takes exactly the causal
+    work over them, so the two cannot drift apart."""
+    m, s = load_model("llama3-8b"), load_system(system)
+    t = _table("native")
+    blk = block_times(m, s, t, _rates(m, s, t))
+    _, attn = layer_forward_flops_per_token(m)
+    causal = attn * m.seq_len * (m.seq_len + 1) / (2 * m.seq_len)
+    fwd, bwd = priced_rates(m, s)
+    assert blk.attn[0] == pytest.approx(causal / fwd, rel=1e-9)
+    assert 2 * blk.attn[0] == pytest.approx(2.5 * causal / bwd, rel=1e-9)
+    assert float(np.asarray(blk.attn_bwd_extra).max()) == 0.0  # no measured kernel here
+    assert fwd < s.peak("bf16") / 2 and bwd == pytest.approx(1.25 * fwd)

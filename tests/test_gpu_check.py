@@ -101,6 +101,24 @@ def test_tiny_mode_runs_every_step_through_the_script(tmp_path):
     assert ds["version"] == md.version("deepspeed")
     assert [r["status"] for r in ds["runs"]] == ["completed"] * len(modes.TINY.deepspeed_zero)
 
+    # Attention: every shape timed, its rates beside the cost model's own (the CPU's figures say
+    # nothing about a GPU's; the test checks the arithmetic and that each shape ran).
+    att = doc["attention"]
+    assert [r["name"] for r in att["shapes"]] == [n for n, *_ in modes.TINY.attention_shapes]
+    from frontier_llm.catalog import load_model
+    from frontier_llm.costmodel.attention_kernels import priced_rates
+
+    fwd_rate, bwd_rate = priced_rates(load_model("tiny-llama"), load_system("cpu-local"), "fp32")
+    assert att["priced_tflops"] == {"forward": fwd_rate / 1e12, "backward": bwd_rate / 1e12}
+    for r in att["shapes"]:
+        assert r["forward_s"] > 0 and r["backward_s"] > 0, r
+        pairs = r["q_len"] * (r["q_len"] + 1) / 2 if r["causal"] else r["q_len"] * r["kv_len"]
+        assert r["forward_flops"] == 4 * pairs * att["heads"] * att["head_dim"]
+        assert r["backward_tflops"] == pytest.approx(2.5 * r["forward_flops"] / r["backward_s"]
+                                                     / 1e12)
+        assert r["forward_over_priced"] == pytest.approx(r["forward_tflops"] * 1e12 / fwd_rate)
+    assert "ring-q-half-512" in (out / "summary.md").read_text()
+
     # Calibration: a fitted system file that the catalog loads, and the step-time error of the
     # built-in and the fitted system on every completed run.
     cal = doc["calibration"]

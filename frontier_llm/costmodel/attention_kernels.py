@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from frontier_llm.costmodel import gemm
 from frontier_llm.specs.layout import DType, Engine
 from frontier_llm.specs.model import ModelSpec
 from frontier_llm.specs.system import SystemSpec
@@ -68,6 +69,20 @@ def chip(system: SystemSpec) -> str | None:
     if "MI300X" in system.gpu or "MI325X" in system.gpu:
         return "mi300x"
     return None
+
+
+def priced_rates(model: ModelSpec, system: SystemSpec, dtype: str = "bf16"
+                 ) -> tuple[float, float]:
+    """``(forward, backward)`` FLOP/s, in FlashAttention's count (causal halves the work), that
+    the cost model charges the attention core of ``model`` at tp 1 where no kernel is measured
+    (steptime.block_times: the full ``s x s`` work at the GEMM rate through the size law,
+    forward once and backward twice). The same rates whatever the call's shape: a context-
+    parallel rank's partial attentions are priced as its share of the whole causal work. What
+    the GPU check sets its measured SDPA rates beside (gpucheck/steps.py ``attention``)."""
+    rate = (system.peak(dtype) * system.eff("matmul")
+            * float(gemm.block_factor(model, np.array([1]), system.matmul_half_hidden)[0]))
+    causal = (model.seq_len + 1) / (2 * model.seq_len)
+    return rate * causal, rate * causal * BACKWARD_WORK / 2
 
 
 def _rate(points: dict[int, tuple[float, float]], seq, which: int) -> np.ndarray:

@@ -33,7 +33,7 @@ def require(gpu: bool) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m frontier_llm.gpucheck")
     p.add_argument("step", choices=("require", "preflight", "mfu", "memory", "calibrate",
-                                    "deepspeed", "fp8", "summarize"))
+                                    "deepspeed", "attention", "fp8", "summarize"))
     p.add_argument("--work", type=Path, help="folder of the steps' results")
     p.add_argument("--out", type=Path, help="summarize: OUTDIR")
     p.add_argument("--tiny", action="store_true", help="the CPU self-test mode")

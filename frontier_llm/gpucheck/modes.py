@@ -37,6 +37,13 @@ class Mode:
     run_timeout_s: float  # one flm bench run, start to trace
     gemm_budget_s: float  # seconds of calls per GEMM in the calibration
     gpu: bool
+    # The attention step: SDPA at these (name, query length, key length, causal) shapes, heads
+    # of head_dim, each timed attention_reps times; priced as attention_model's core.
+    attention_shapes: tuple[tuple[str, int, int, bool], ...] = ()
+    attention_heads: int = 32
+    attention_head_dim: int = 128
+    attention_reps: int = 5
+    attention_model: str = "llama3-8b"
 
 
 GPU = Mode(
@@ -47,6 +54,13 @@ GPU = Mode(
     recomputes=RECOMPUTES, memory_micro_batches=(1, 4), memory_steps=1, memory_warmup=1,
     deepspeed_zero=(0, 1, 3), deepspeed_micro_batch=4, deepspeed_steps=2, deepspeed_warmup=1,
     run_timeout_s=120.0, gemm_budget_s=0.2, gpu=True,
+    # TorchTitan's Table 2 ring at 32K tokens a rank (Llama 3.1 8B, 32 query heads of 128, the
+    # K/V repeated to 32 by torchtitan 9dec370): step 0 causal over the rank's two chunks, the
+    # later steps all queries against the first half of the keys or the second half of the
+    # queries against all keys; and 8K causal, the corpus's usual length.
+    attention_shapes=(("causal-8k", 8192, 8192, True), ("causal-32k", 32768, 32768, True),
+                      ("ring-kv-half-32k", 32768, 16384, False),
+                      ("ring-q-half-32k", 16384, 32768, False)),
 )
 
 # The same code on a CPU in seconds: tiny-gpt, fp32, two steps per run, lists cut to keep the
@@ -57,6 +71,10 @@ TINY = Mode(
     recomputes=RECOMPUTES, memory_micro_batches=(2,), memory_steps=1, memory_warmup=1,
     deepspeed_zero=(1,), deepspeed_micro_batch=1, deepspeed_steps=1, deepspeed_warmup=1,
     run_timeout_s=120.0, gemm_budget_s=0.01, gpu=False,
+    attention_shapes=(("causal-128", 128, 128, True), ("causal-512", 512, 512, True),
+                      ("ring-kv-half-512", 512, 256, False),
+                      ("ring-q-half-512", 256, 512, False)),
+    attention_heads=4, attention_head_dim=32, attention_reps=2, attention_model="tiny-llama",
 )
 
 MODES = {m.name: m for m in (GPU, TINY)}

@@ -466,8 +466,99 @@ def fp8(mode: Mode, work: Path, limit_s: float) -> int:
     return 0 if all(r["status"] == RunStatus.COMPLETED for r in doc["runs"]) else 1
 
 
+def attention(mode: Mode, work: Path, limit_s: float) -> int:
+    """PyTorch SDPA's forward and backward at a context-parallel rank's call shapes
+    (:attr:`Mode.attention_shapes`), beside the rates the cost model charges a native layout's
+    attention (costmodel/attention_kernels.py ``priced_rates``: one rate whatever the shape).
+
+    SDPA is held to the flash and memory-efficient backends, as torchtitan holds it under
+    context parallelism. TorchTitan's cp 4 and cp 8 runs are slower per attention FLOP than its
+    cp 1 and cp 2 runs, though every partial attention has one of these shapes (issue 51): what
+    the shapes' own rates say is what this measures. Rates are in FlashAttention's count (the
+    (query, key) pairs computed, causal halving a square; backward 2.5 times the forward)."""
+    import torch
+
+    from frontier_llm.catalog import load_model, load_system
+    from frontier_llm.costmodel.attention_kernels import BACKWARD_WORK, priced_rates
+
+    budget = Budget(limit_s)
+    system_ref = _system(mode)
+    fwd_rate, bwd_rate = priced_rates(load_model(mode.attention_model), load_system(system_ref),
+                                      mode.dtype)
+    doc: dict[str, Any] = {
+        "step": "attention", "system": system_ref, "dtype": mode.dtype,
+        "heads": mode.attention_heads, "head_dim": mode.attention_head_dim,
+        "backends": ["flash", "efficient"], "model": mode.attention_model,
+        "priced_tflops": {"forward": fwd_rate / 1e12, "backward": bwd_rate / 1e12},
+        "shapes": [], "failures": []}
+    device = "cuda" if mode.gpu else "cpu"
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[mode.dtype]
+    for name, q_len, kv_len, causal in mode.attention_shapes:
+        if budget.left() < 5:
+            doc["failures"].append({"what": name, "error": "not run: the step's time is spent"})
+            continue
+        pairs = q_len * (q_len + 1) / 2 if causal else q_len * kv_len
+        flops = 4.0 * pairs * mode.attention_heads * mode.attention_head_dim
+        rec: dict[str, Any] = {"name": name, "q_len": q_len, "kv_len": kv_len,
+                               "causal": causal, "forward_flops": flops}
+        try:
+            fwd_s, bwd_s = _time_sdpa(mode, device, dtype, q_len, kv_len, causal)
+        except Exception as exc:  # an OOM or a refused shape is a finding, not the end
+            rec["error"] = first_error_line(f"{type(exc).__name__}: {exc}")
+            doc["failures"].append({"what": name, "error": rec["error"]})
+        else:
+            rec.update({
+                "forward_s": fwd_s, "backward_s": bwd_s,
+                "forward_tflops": flops / fwd_s / 1e12,
+                "backward_tflops": BACKWARD_WORK * flops / bwd_s / 1e12})
+            rec["forward_over_priced"] = rec["forward_tflops"] * 1e12 / fwd_rate
+            rec["backward_over_priced"] = rec["backward_tflops"] * 1e12 / bwd_rate
+        doc["shapes"].append(rec)
+        save(work, "attention", doc)
+    save(work, "attention", doc)
+    return 0 if not doc["failures"] else 1
+
+
+def _time_sdpa(mode: Mode, device: str, dtype, q_len: int, kv_len: int, causal: bool
+               ) -> tuple[float, float]:
+    """Median seconds of one SDPA forward and of its backward, over ``mode.attention_reps``
+    timed calls after one warm-up (each call waited for: the kernels run milliseconds)."""
+    import statistics
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    shape = (1, mode.attention_heads, q_len, mode.attention_head_dim)
+    kv_shape = (1, mode.attention_heads, kv_len, mode.attention_head_dim)
+    q = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+    k = torch.randn(kv_shape, device=device, dtype=dtype, requires_grad=True)
+    v = torch.randn(kv_shape, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn(shape, device=device, dtype=dtype)
+    fwd, bwd = [], []
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        for rep in range(mode.attention_reps + 1):
+            sync()
+            t0 = time.perf_counter()
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            sync()
+            t1 = time.perf_counter()
+            out.backward(grad)
+            sync()
+            t2 = time.perf_counter()
+            if rep:  # the first call is the warm-up
+                fwd.append(t1 - t0)
+                bwd.append(t2 - t1)
+            q.grad = k.grad = v.grad = None
+    return statistics.median(fwd), statistics.median(bwd)
+
+
 # The fp8 step's micro-batch on a GPU: gpt3-1.3b's GEMMs at 8 x 2048 tokens, as the mfu step's.
 FP8_MICRO_BATCH = 8
 
 STEPS = {"preflight": preflight, "mfu": mfu, "memory": memory, "calibrate": calibrate,
-         "deepspeed": deepspeed, "fp8": fp8}
+         "deepspeed": deepspeed, "attention": attention, "fp8": fp8}

@@ -25,7 +25,7 @@ from frontier_llm.specs.vocab import RunStatus
 
 MAX_FILES = 8
 LOG_TAIL_BYTES = 2**20
-STEP_ORDER = ("preflight", "mfu", "memory", "calibrate", "deepspeed", "fp8")
+STEP_ORDER = ("preflight", "mfu", "memory", "calibrate", "deepspeed", "attention", "fp8")
 SKIPPED = 125  # scripts/gpu-check.sh: a step the budget had no time left for
 ERROR_LINE = re.compile(r"^\s*([\w.]*(Error|Exception|Interrupt)\b.*|flm bench: .*|.*error: .*)$")
 DOES_NOT_FIT = "does-not-fit"  # a run left out because flm predict says it cannot fit
@@ -141,6 +141,9 @@ def build(mode: Mode, work: Path, total_limit_s: float | None = None) -> dict:
         "deepspeed": {"version": (docs["deepspeed"] or {}).get("deepspeed"),
                       "runs": (docs["deepspeed"] or {}).get("runs", [])},
         "calibration": cal,
+        # SDPA at a context-parallel rank's shapes beside the cost model's rates (steps.py).
+        "attention": {k: (docs["attention"] or {}).get(k) for k in (
+            "dtype", "heads", "head_dim", "backends", "priced_tflops", "shapes")},
         # flm bench --dtype fp8 beside bf16 (steps.py fp8): the speed-up measured and predicted.
         "fp8": {k: (docs["fp8"] or {}).get(k) for k in ("runs", "speedup", "refusal")},
         "step_time_error": errors,
@@ -173,6 +176,10 @@ def _pct(x) -> str:
 
 def _num(x, fmt: str = "{:.3f}") -> str:
     return "–" if x is None else fmt.format(x)
+
+
+def _ms(seconds):
+    return None if seconds is None else 1e3 * seconds
 
 
 def markdown(doc: dict) -> str:
@@ -229,6 +236,28 @@ def markdown(doc: dict) -> str:
                          f" | {_pct(r.get('after_error'))} |")
         lines.append(f"| **MAPE** | | {_pct(err['mape'].get('before'))} | "
                      f"{_pct(err['mape'].get('after'))} |")
+    att = doc.get("attention") or {}
+    lines += ["", "## Attention (PyTorch SDPA, flash or memory-efficient) at a context-parallel "
+              "rank's shapes", ""]
+    if att.get("shapes"):
+        priced = att["priced_tflops"]
+        lines += [f"{att['heads']} heads of {att['head_dim']}, {att['dtype']}; TFLOP/s in "
+                  "FlashAttention's count. The cost model charges a native layout "
+                  f"{priced['forward']:.3g} forward and {priced['backward']:.3g} backward "
+                  "whatever the shape.", "",
+                  "| shape | queries | keys | causal | forward ms | backward ms | forward TFLOP/s "
+                  "| backward TFLOP/s | forward / priced | backward / priced |",
+                  "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+        for r in att["shapes"]:
+            lines.append(f"| {r['name']} | {r['q_len']} | {r['kv_len']} | {r['causal']} | "
+                         f"{_num(_ms(r.get('forward_s')), '{:.2f}')} | "
+                         f"{_num(_ms(r.get('backward_s')), '{:.2f}')} | "
+                         f"{_num(r.get('forward_tflops'), '{:.3g}')} | "
+                         f"{_num(r.get('backward_tflops'), '{:.3g}')} | "
+                         f"{_num(r.get('forward_over_priced'))} | "
+                         f"{_num(r.get('backward_over_priced'))} |")
+    else:
+        lines.append("not measured (see the failures)")
     f8 = doc.get("fp8") or {}
     lines += ["", "## FP8 (flm bench --dtype fp8, torchao float8, beside bf16)", ""]
     if f8.get("speedup"):
