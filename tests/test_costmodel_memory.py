@@ -15,6 +15,7 @@ from frontier_llm.costmodel.memory import (
     activation_bytes,
     activation_parts,
     layer_activation_bytes,
+    rank_memory,
     rank_state_bytes,
 )
 from frontier_llm.costmodel.params import stage_params_per_rank
@@ -243,3 +244,32 @@ def test_sdpa_kv_heads_are_what_the_fused_kernel_saves():
     t = from_configs([ParallelConfig(**base)])
     assert (activation_parts(m, t, 0, cp_heads=m.kv_heads)["per_layer"]
             == activation_parts(m, t, 0)["per_layer"])
+
+
+def test_a_native_pipeline_accumulates_gradients_whatever_its_trainer_syncs():
+    """torch's PipelineStage turns FSDP2's gradient sync off for every backward
+    (torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``) and reduces after the
+    schedule: at pp > 1 a trainer that reduce-scatters every micro-batch (torchtitan's loop,
+    grad_sync True) holds the stage's whole unsharded gradients as one that syncs once does, and
+    no sharded ones; without a pipeline it keeps only its shard. Where the run states an
+    fp32-reducing policy, FSDP2 holds the accumulated gradient in fp32
+    (``_fsdp_param.py`` ``to_accumulated_grad_if_needed``): twice the bf16 bytes."""
+    model, system = load_model("llama3-8b"), load_system("dgx-h100")
+
+    def terms(pp, grad_sync, reduce_fp32=None):
+        t = from_configs([ParallelConfig(pp=pp, dp=4, micro_batch=1, global_batch=32,
+                                         sharding=Sharding.parse("zero3"),
+                                         recompute="full")])
+        got = rank_memory(model, system, t, 0, grad_sync=grad_sync, reduce_fp32=reduce_fp32)
+        # The first stage's parameters, whole (an even split: its embedding, half the blocks).
+        stage = stage_params_per_rank(model, 1, pp, 0)
+        return float(got["buffers"][0]), float(got["grads"][0]), float(stage)
+
+    each, sharded_each, stage = terms(2, True)
+    once, sharded_once, _ = terms(2, False)
+    assert each == once == pytest.approx(2 * stage, rel=1e-6)  # bf16, whole stage
+    assert sharded_each == sharded_once == 0.0
+    fp32, _, _ = terms(2, True, reduce_fp32=True)
+    assert fp32 == pytest.approx(2 * each)
+    flat_each, flat_sharded, flat_stage = terms(1, True)
+    assert flat_each == 0.0 and flat_sharded == pytest.approx(2 * flat_stage / 4, rel=1e-3)

@@ -57,8 +57,11 @@ from frontier_llm.specs.system import SystemSpec
 # runs that state it), Adam on the 1/dp partition, the bf16 all-gather after the step, and its
 # memory (memory.bf16_optimizer_states). 2.10: the same kernel rule on CDNA3 (MI300X, MI325X:
 # AITER's measured v3 rates, fp32-atomic backward); the CDNA3 systems' matmul knobs from AMD's
-# measured MAF table (catalog data, not this module).
-COSTMODEL_VERSION = "2.10"
+# measured MAF table (catalog data, not this module). 2.11: FSDP2 under a pipeline accumulates
+# unsharded gradients until the stage's last micro-batch whatever the trainer's loop (torch's
+# PipelineStage turns gradient sync off), held in fp32 where the run states an fp32-reducing
+# policy (torchtitan); memory only, layouts priced by default unchanged.
+COSTMODEL_VERSION = "2.11"
 
 TIME_PARTS = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
               "pp_bubble", "head", "dp_comm", "optimizer")

@@ -489,11 +489,17 @@ def grad_sync_each(t: LayoutTable, grad_sync: bool | None = None) -> np.ndarray:
     engine's rule, ``fsdp_grad_sync_each_microbatch``; a trainer's own: GRAD_SYNC_EACH in
     specs/engine_rules.py)."""
     rule = behaviour(t, "fsdp_grad_sync_each_microbatch")
-    return rule if grad_sync is None else np.full(len(t), bool(grad_sync))
+    each = rule if grad_sync is None else np.full(len(t), bool(grad_sync))
+    # Under a native pipeline the stage's backward never syncs before its last micro-batch:
+    # torch's PipelineStage (torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``,
+    # torch 2.13) calls ``set_requires_gradient_sync(False)`` on an FSDP2 stage for every
+    # backward and reduces after the schedule, whatever the trainer's own loop does.
+    return each & ~((t.engine == Engine.NATIVE.code) & (t.pp > 1))
 
 
 def native_buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank, states: dict,
-                        grad_sync: bool | None = None, earlier=None) -> np.ndarray:
+                        grad_sync: bool | None = None, earlier=None,
+                        reduce_fp32: bool | None = None) -> np.ndarray:
     """The native engine's (FSDP2's) unsharded copies at its backward peak: with
     ``reshard_after_forward`` off every parameter of the stage stays gathered from forward to
     backward; with more than one micro-batch the gradients accumulate unsharded until the last
@@ -501,7 +507,10 @@ def native_buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank, states: dict,
     loss, the layer in backward holds its gathered parameters and their gradient. The last
     stage's peak is its loss's backward, when every layer is resharded (the root too: flm bench
     passes ``reshard_after_forward`` to it). ``earlier``: whether a backward ran before the
-    rank's peak (default: its schedule's, :func:`_earlier_backward`)."""
+    rank's peak (default: its schedule's, :func:`_earlier_backward`). ``reduce_fp32`` True: the
+    run states an FSDP2 ``MixedPrecisionPolicy`` reducing in fp32 (torchtitan's
+    ``mixed_precision_reduce``), so a 16-bit accumulated gradient is held in fp32; flm bench sets
+    no policy and accumulates in the training dtype (None, the default)."""
     e = ACT_BYTES[t.dtype]
     r = np.asarray(pp_rank)
     sharded = t.degree("grads") > 1
@@ -516,7 +525,11 @@ def native_buffer_bytes(model: ModelSpec, t: LayoutTable, pp_rank, states: dict,
     whole = np.where(kept, n * e, 0)
     # A trainer that reduce-scatters after every micro-batch (torchtitan) keeps only the sharded
     # gradient between them (counted in ``grads``), no unsharded one.
-    accumulated = np.where(earlier & ~grad_sync_each(t, grad_sync), n * e, 0)
+    # FSDP2 keeps a gradient accumulated without sync in its policy's ``reduce_dtype`` where
+    # that differs (torch 2.13 ``_fsdp_param.py`` ``to_accumulated_grad_if_needed``:
+    # ``unsharded_grad.to(self.reduce_dtype)``).
+    acc_e = np.where((reduce_fp32 is True) & (e < 4), 4, e)
+    accumulated = np.where(earlier & ~grad_sync_each(t, grad_sync), n * acc_e, 0)
     return np.where(sharded, whole + accumulated, 0)
 
 
@@ -621,12 +634,13 @@ def rank_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_rank, h
                      activation_parts(model, t, pp_rank, chunk, cp_exchange,
                                       cp_heads=cp_heads),
                      r == t.pp - 1, buffer_bytes(model, t, pp_rank, held, reduce_fp32),
-                     _earlier_backward(t, r), phase, grad_sync, fp8_params)
+                     _earlier_backward(t, r), phase, grad_sync, fp8_params, reduce_fp32)
 
 
 def _assemble(model: ModelSpec, system: SystemSpec, t: LayoutTable, r, held, states: dict,
               parts: dict, holds_last, buffers, earlier, phase: str | None,
-              grad_sync: bool | None, fp8_params: bool | None) -> dict:
+              grad_sync: bool | None, fp8_params: bool | None,
+              reduce_fp32: bool | None = None) -> dict:
     """:func:`rank_memory`'s terms from a rank's states, activation parts, whether it holds the
     last stage (the loss), its non-native buffers and whether an earlier micro-batch's backward
     ran before its peak; shared by the 1F1B-family ranks and DualPipe's
@@ -637,8 +651,8 @@ def _assemble(model: ModelSpec, system: SystemSpec, t: LayoutTable, r, held, sta
     loss = np.where(holds_last, loss_bytes(model, t), 0)
     # The native engine's sequence-parallel all-gather output is the linear's saved input
     # (DTensor keeps the gathered one: in the activations), not a buffer of its own.
-    buffers = np.where(native, native_buffer_bytes(model, t, r, states, grad_sync, earlier),
-                       buffers)
+    buffers = np.where(native, native_buffer_bytes(model, t, r, states, grad_sync, earlier,
+                                                   reduce_fp32), buffers)
     # Sharded gradients are held at the backward peak once an earlier micro-batch's
     # reduce-scatter left them (a trainer that syncs every micro-batch); flm bench's are the
     # unsharded ones in ``buffers`` until its last micro-batch.
@@ -733,7 +747,7 @@ def dualpipe_memory(model: ModelSpec, system: SystemSpec, t: LayoutTable, pp_ran
     # DualPipe's step 4 reaches the peak again while micro-batches of stage ``h`` remain.
     earlier = t.num_microbatches // 2 > n_a
     out = _assemble(model, system, t, a, held_a + held_b, states, parts, b == t.pp - 1,
-                    buffers, earlier, phase, grad_sync, fp8_params)
+                    buffers, earlier, phase, grad_sync, fp8_params, reduce_fp32)
     if two.all():
         return out
     once = rank_memory(model, system, t, a, reduce_fp32=reduce_fp32, phase=phase,

@@ -42,6 +42,7 @@ from frontier_llm.specs.system import SystemSpec
 
 # "interleaved pipeline with 3 stages per rank": the interleaving depth a row's notes state.
 _STAGES_PER_RANK = re.compile(r"(\d+)\s+(?:virtual\s+)?stages\s+per\s+rank", re.IGNORECASE)
+_ONE_F_ONE_B = re.compile(r"\b1F1B\b", re.IGNORECASE)
 # First match wins: the 500 W, HBM2e H100 of Meta's Grand Teton hosts is a system of its own.
 # A row's GPU text -> its catalog system; the first key found in the lowercased text wins, so a
 # machine that names its maker's GPU (an H100) must come before the GPU's default system.
@@ -238,6 +239,11 @@ def row_reduce_fp32(row: pd.Series) -> bool | None:
         return str(row["grad_reduce_dtype"]).strip().lower() == "fp32"
     text = _engine_text(row)
     if "bf16_optimizer" in text or _MDS_BF16.search(text):
+        return True
+    if "torchtitan" in _text(row, "source", "notes", "engine"):
+        # torchtitan's FSDP2 MixedPrecisionPolicy reduces in --training.mixed_precision_reduce,
+        # default and only choice "float32" (torchtitan/config_manager.py at 9dec370;
+        # parallelisms/parallelize_llama.py passes it as reduce_dtype).
         return True
     return False if "fsdp1" in text else None
 
@@ -568,6 +574,14 @@ def row_space(row: pd.Series, gpus_per_node: int = 8) -> SearchSpace:
         text = f"interleaved:{depth.group(1)}" if depth else "interleaved"
         kw.update({k: (v,) for k, v in parse_schedule_label(text).items()
                    if depth or k == "schedule"})
+    elif _ONE_F_ONE_B.search(notes):
+        # A row that names 1F1B and no interleaving ran the plain schedule, one stage a rank.
+        kw.update({k: (v,) for k, v in parse_schedule_label(str(Schedule.ONE_F_ONE_B)).items()})
+    if "torchtitan" in _text(row, "source", "notes", "engine") and (kw["pp"] or (1,))[0] > 1:
+        # torchtitan keeps each stage's parameters gathered from forward to backward: "For PP,
+        # do not reshard after forward to avoid per-microbatch all-gathers" (apply_fsdp,
+        # torchtitan/parallelisms/parallelize_llama.py at 9dec370).
+        kw["reshard_after_forward"] = (False,)
     # The search covers what the sources' framework offers: Megatron-LM shards nothing or the
     # optimizer states (its distributed optimizer, ZeRO-1), and schedules pipelines with 1F1B or
     # interleaved 1F1B (Megatron-DeepSpeed's pipelines likewise take ZeRO-0/1 only).
