@@ -186,11 +186,16 @@ def row_p2p_overlap(row: pd.Series) -> bool:
     return _stated_true(row, "p2p_overlap")
 
 
+def _torchtitan(row: pd.Series) -> bool:
+    """Whether the row's source, notes or engine name torchtitan as its trainer."""
+    return "torchtitan" in _text(row, "source", "notes", "engine")
+
+
 def row_grad_sync(row: pd.Series) -> bool | None:
     """Whether the row's FSDP2 gradient accumulation reduce-scatters every micro-batch: its
     trainer's setting (specs/engine_rules.py ``GRAD_SYNC_EACH``), torchtitan's for a torchtitan
     row; None (the engine's rule) for the others."""
-    if "torchtitan" in _text(row, "source", "notes", "engine"):
+    if _torchtitan(row):
         return GRAD_SYNC_EACH["torchtitan"]
     return None
 
@@ -240,7 +245,7 @@ def row_reduce_fp32(row: pd.Series) -> bool | None:
     text = _engine_text(row)
     if "bf16_optimizer" in text or _MDS_BF16.search(text):
         return True
-    if "torchtitan" in _text(row, "source", "notes", "engine"):
+    if _torchtitan(row):
         # torchtitan's FSDP2 MixedPrecisionPolicy reduces in --training.mixed_precision_reduce,
         # default and only choice "float32" (torchtitan/config_manager.py at 9dec370;
         # parallelisms/parallelize_llama.py passes it as reduce_dtype).
@@ -576,8 +581,8 @@ def row_space(row: pd.Series, gpus_per_node: int = 8) -> SearchSpace:
                    if depth or k == "schedule"})
     elif _ONE_F_ONE_B.search(notes):
         # A row that names 1F1B and no interleaving ran the plain schedule, one stage a rank.
-        kw.update({k: (v,) for k, v in parse_schedule_label(str(Schedule.ONE_F_ONE_B)).items()})
-    if "torchtitan" in _text(row, "source", "notes", "engine") and (kw["pp"] or (1,))[0] > 1:
+        kw.update(schedule=(str(Schedule.ONE_F_ONE_B),), virtual_stages=(1,))
+    if _torchtitan(row) and (kw["pp"] or (1,))[0] > 1:
         # torchtitan keeps each stage's parameters gathered from forward to backward: "For PP,
         # do not reshard after forward to avoid per-microbatch all-gathers" (apply_fsdp,
         # torchtitan/parallelisms/parallelize_llama.py at 9dec370).
