@@ -11,18 +11,27 @@ import socket
 import subprocess
 import time
 
+from frontier_llm.bench.launch import _ephemeral_range, free_port
 from frontier_llm.bench.placement import collective_timeout_s, rendezvous_timeout_s
 from frontier_llm.child import flm
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def test_a_local_run_meets_on_a_free_port_no_outgoing_connection_can_take():
+    """The port is listenable now and below the kernel's ephemeral range, where an outgoing
+    connection of another run (the suite's other worker, a gloo mesh) could take it between
+    this choice and rank 0's listen."""
+    ephemeral = _ephemeral_range()
+    ports = {free_port() for _ in range(20)}
+    assert all(p not in ephemeral for p in ports)
+    assert len(ports) > 1  # chosen at random: two runs started together rarely collide
+    with socket.socket() as held:  # one that is listened on is never handed out
+        held.bind(("", min(ports)))
+        held.listen()
+        assert min(ports) not in {free_port() for _ in range(200)}
 
 
 def test_a_rank_later_than_the_hang_bound_still_joins(tmp_path):
-    port = _free_port()
+    port = free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMI_"))}
     base.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                 TORCHELASTIC_RUN_ID="rdv", OMP_NUM_THREADS="1",

@@ -69,6 +69,28 @@ def test_an_interrupted_measure_kills_its_ranks_and_writes_no_results(tmp_path):
         assert not os.path.exists(f"/proc/{pid}")
 
 
+def test_a_failed_rank_ends_the_measurement_without_waiting_for_its_peers(tmp_path, monkeypatch):
+    """Rank 1 exits with 3 at once while rank 0 would wait ten minutes (as a rank does in a
+    rendezvous or collective whose peer is gone): measure returns 3 after the grace, not the
+    timeout, and leaves no rank behind. The ranks are real processes running a stand-in body:
+    a real microbenchmark rank cannot be made to fail on one rank only."""
+    import sys
+    import time
+
+    from frontier_llm.calibrate import local
+
+    body = ("import os, sys, time\n"
+            "sys.exit(3) if os.environ['RANK'] == '1' else time.sleep(600)")
+    monkeypatch.setattr(local, "python_module", lambda module, args: [sys.executable, "-c", body])
+    before = set(_children(os.getpid()))
+    started = time.monotonic()
+    code = measure(_config(), 2, tmp_path / "r.calibration.json", "tiny-gpt", "cpu-local",
+                   timeout_s=300)
+    assert code == 3
+    assert time.monotonic() - started < 120  # the grace (10 s), not the 300 s timeout
+    assert set(_children(os.getpid())) <= before
+
+
 def _children(parent: int) -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit() and _child_of(int(p), parent)]
 

@@ -29,6 +29,7 @@ torchrun variables set, watches them, and ends the survivors when one fails.
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -79,8 +80,35 @@ def first_host(nodelist: str) -> str:
     return expand_nodelist(nodelist)[0]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
+# Local ranks meet on a port below the kernel's ephemeral range: a port the kernel handed out
+# (bind to 0) is free only until rank 0 listens on it, and in between any outgoing connection of
+# the machine (another run's gloo mesh) may take it, so rank 0 fails with EADDRINUSE and its
+# peers wait out the rendezvous timeout (one CI run of the suite lost 120 s so).
+_LOCAL_PORTS = range(10000, 20000)  # below SLURM jobs' 20000+ (jobs.contract.DEFAULT_MASTER_PORT)
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def _ephemeral_range() -> range:
+    try:
+        with open(_EPHEMERAL_RANGE) as fh:
+            low, high = (int(x) for x in fh.read().split())
+        return range(low, high + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)  # Linux's default (kernel ip-sysctl documentation)
+
+
+def free_port(attempts: int = 64) -> int:
+    """A TCP port nobody listens on now, outside the ephemeral range where it can."""
+    ephemeral = _ephemeral_range()
+    candidates = [p for p in _LOCAL_PORTS if p not in ephemeral]
+    for port in random.sample(candidates, min(attempts, len(candidates))):
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # every candidate taken: let the kernel choose
         s.bind(("", 0))
         return s.getsockname()[1]
 
@@ -177,9 +205,11 @@ def spawn_local(argv: list[str], nproc: int, grace_s: float = 15.0) -> list[int]
             procs.append(subprocess.Popen(
                 flm(["bench", *argv]), env=env
             ))
-        while any(p.poll() is None for p in procs):
+        while None in (states := [p.poll() for p in procs]):
+            # Every rank polled: any() would stop at rank 0, still running, and never see
+            # rank 1 fail.
             now = time.monotonic()
-            if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
+            if failed_at is None and any(c not in (None, 0) for c in states):
                 failed_at = now
             if failed_at is not None:
                 # Rank 0 writes the trace; once it is gone the survivors have nothing to add.

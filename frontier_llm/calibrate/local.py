@@ -78,13 +78,18 @@ def spawn(worker_argv: list[str], nproc: int, use_mpi: bool, timeout_s: float) -
     return max(codes)
 
 
+# How long the other ranks get to end on their own once one has failed.
+FAILED_RANK_GRACE_S = 10.0
+
+
 def measure(cfg: WorkerConfig, nproc: int, out: Path, model: str, system: str,
             timeout_s: float = 300.0, log: Path | None = None,
             on_progress: Callable[[str], None] | None = None) -> int:
     """Run the microbenchmark as ``nproc`` local processes (no MPI baseline); rank 0 writes
     ``out`` (atomically). ``on_progress`` gets rank 0's progress lines as they come ("24 GEMMs
     timed", "node x2 all_reduce done", ...); every rank's output goes to ``log``. Returns the
-    worst exit code (124 on timeout). Interrupted (Ctrl-C), it kills its ranks and re-raises:
+    worst exit code: 124 on timeout; when a rank fails, its own code, the others ended
+    ``FAILED_RANK_GRACE_S`` later. Interrupted (Ctrl-C), it kills its ranks and re-raises:
     ``out`` is then either absent or a whole file from an earlier run."""
     out = Path(out)
     log = Path(log) if log else out.with_suffix(".log")
@@ -101,16 +106,25 @@ def measure(cfg: WorkerConfig, nproc: int, out: Path, model: str, system: str,
                                   stderr=subprocess.STDOUT) for rank in range(nproc)]
         try:
             deadline = time.monotonic() + timeout_s
-            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
+                # Every rank polled (any() would stop at the first one still running).
+                states = [p.poll() for p in procs]
+                if None not in states:
+                    break
                 time.sleep(0.2)
                 if on_progress:
                     seen = _progress(log, seen, on_progress)
+                if any(c not in (None, 0) for c in states):
+                    # A rank that failed leaves its peers waiting in a collective until the
+                    # timeout: its error is the result, and they have nothing to add.
+                    deadline = min(deadline, time.monotonic() + FAILED_RANK_GRACE_S)
             codes = [124 if p.poll() is None else p.returncode for p in procs]
         finally:
             _end(procs)
     if on_progress:
         _progress(log, seen, on_progress)
-    return max(codes)
+    failed = [c for c in codes if c not in (0, 124)]
+    return max(failed or codes)
 
 
 _MARK = "flm-calibrate-progress: "

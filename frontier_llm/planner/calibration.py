@@ -581,7 +581,8 @@ def row_space(row: pd.Series, gpus_per_node: int = 8) -> SearchSpace:
                    if depth or k == "schedule"})
     elif _ONE_F_ONE_B.search(notes):
         # A row that names 1F1B and no interleaving ran the plain schedule, one stage a rank.
-        kw.update(schedule=(str(Schedule.ONE_F_ONE_B),), virtual_stages=(1,))
+        # The schedule's label parser owns what "1f1b" means for the stage count.
+        kw.update({k: (v,) for k, v in parse_schedule_label(str(Schedule.ONE_F_ONE_B)).items()})
     if _torchtitan(row) and (kw["pp"] or (1,))[0] > 1:
         # torchtitan keeps each stage's parameters gathered from forward to backward: "For PP,
         # do not reshard after forward to avoid per-microbatch all-gathers" (apply_fsdp,
