@@ -83,7 +83,7 @@ def first_host(nodelist: str) -> str:
 # Local ranks meet on a port below the kernel's ephemeral range: a port the kernel handed out
 # (bind to 0) is free only until rank 0 listens on it, and in between any outgoing connection of
 # the machine (another run's gloo mesh) may take it, so rank 0 fails with EADDRINUSE and its
-# peers wait out the rendezvous timeout (one CI run of the suite lost 120 s so).
+# peers wait out the rendezvous timeout (the likely cause of a CI run losing 120 s so).
 _LOCAL_PORTS = range(10000, 20000)  # below SLURM jobs' 20000+ (jobs.contract.DEFAULT_MASTER_PORT)
 _EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
 
